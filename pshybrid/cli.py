@@ -1,0 +1,75 @@
+"""Command line: ``python -m pshybrid <command>`` (DESIGN §10)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from . import __version__
+from .errors import ConfigError
+
+MODES = ("hybrid", "ps", "allreduce", "auto")
+MODES_WITHOUT_SERVERS = ("allreduce",)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (same on every rank) instead of exiting."""
+
+    def error(self, message):
+        raise ConfigError(f"{self.prog}: {message}", collective=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="pshybrid", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"pshybrid {__version__}")
+    sub = p.add_subparsers(dest="command", metavar="<command>", parser_class=_Parser)
+    sub.required = True
+    info = sub.add_parser("info", help="topology, MPI library, CUDA-awareness, devices, "
+                          "per-rank roles")
+    info.add_argument("--servers", type=int, default=None,
+                      help="number of server ranks (default: one per node)")
+    info.add_argument("--mode", choices=MODES, default="hybrid",
+                      help="communication mode, decides whether servers are needed")
+    info.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    info.set_defaults(func=cmd_info)
+    return p
+
+
+def cmd_info(args) -> int:
+    from mpi4py import MPI
+
+    from .devices import cuda_aware_mpi, pick_device
+    from .topology import Topology
+
+    topo = Topology.create(MPI.COMM_WORLD, args.servers,
+                           need_servers=args.mode not in MODES_WITHOUT_SERVERS)
+    device = pick_device(args.device, topo.local_rank) if not topo.is_server else "cpu"
+    row = (topo.rank, topo.role, topo.server_index if topo.is_server else topo.worker_index,
+           topo.node_of_rank[topo.rank], topo.node_names[topo.node_of_rank[topo.rank]],
+           topo.local_rank, device, os.getpid())
+    # Wire: gather of one small tuple per rank to rank 0; rank 0 waits for all.
+    rows = topo.world.gather(row, root=0)
+    if topo.rank == 0:
+        aware, how = cuda_aware_mpi()
+        lib = " ".join(MPI.Get_library_version().split("\n", 1)[0].split())
+        print(f"pshybrid {__version__}")
+        print(f"MPI library     : {lib} (MPI standard {'.'.join(map(str, MPI.Get_version()))})")
+        print(f"CUDA-aware MPI  : {'yes' if aware else 'no'} ({how})")
+        print(f"mode            : {args.mode}")
+        print(f"ranks           : {topo.size} on {topo.n_nodes} node(s): "
+              f"{topo.n_servers} server(s) {topo.server_ranks}, "
+              f"{topo.n_workers} worker(s)")
+        print(f"{'rank':>4}  {'role':<6} {'index':>5}  {'node':>4}  {'host':<20} "
+              f"{'local':>5}  {'device':<8} {'pid':>8}")
+        for r in rows:
+            print(f"{r[0]:>4}  {r[1]:<6} {r[2]:>5}  {r[3]:>4}  {r[4]:<20} {r[5]:>5}  "
+                  f"{r[6]:<8} {r[7]:>8}")
+        sys.stdout.flush()
+    topo.free()
+    return 0
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)

@@ -1,0 +1,41 @@
+"""Device facts: CUDA-aware MPI detection and per-rank GPU choice."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+
+from .backend import cupy_available
+
+_CUDA_AWARE_ENV = "PSHYBRID_CUDA_AWARE"
+
+
+def cuda_aware_mpi() -> tuple[bool, str]:
+    """(is MPI CUDA-aware, how we know). ``PSHYBRID_CUDA_AWARE=0|1`` overrides detection;
+    otherwise ``MPIX_Query_cuda_support()`` of the loaded MPI library (MPICH, Open MPI)."""
+    env = os.environ.get(_CUDA_AWARE_ENV)
+    if env is not None:
+        return env.strip().lower() in ("1", "true", "yes"), f"{_CUDA_AWARE_ENV}={env}"
+    from mpi4py import MPI  # noqa: F401  (loads libmpi)
+
+    for lib in ("libmpi.so.12", "libmpi.so.40", "libmpi.so"):
+        try:
+            fn = ctypes.CDLL(lib, mode=os.RTLD_NOLOAD).MPIX_Query_cuda_support
+        except (OSError, AttributeError):
+            continue
+        return bool(fn()), f"MPIX_Query_cuda_support() in {lib}"
+    return False, "no MPIX_Query_cuda_support in the loaded MPI library"
+
+
+def pick_device(kind: str, local_rank: int) -> str:
+    """'cpu', or 'cuda:<local_rank % device_count>' for kind 'cuda' (workers pin one GPU)."""
+    if kind == "cpu":
+        return "cpu"
+    if not cupy_available():
+        from .errors import ConfigError
+
+        raise ConfigError("--device cuda: no CUDA device visible (is cupy installed? "
+                          "pip install 'pshybrid[gpu]')", collective=True)
+    import cupy
+
+    return f"cuda:{local_rank % cupy.cuda.runtime.getDeviceCount()}"

@@ -1,0 +1,26 @@
+"""Public exceptions (tier 1 of STYLE.md §10): each carries an actionable message.
+
+The launcher (`pshybrid.launch`) prints these as one line per rank and exits with
+status 2, without a traceback; any other exception aborts the whole MPI job.
+"""
+
+
+class PshybridError(Exception):
+    """Base class of errors a user can fix (bad option, bad file, bad id).
+
+    ``collective=True`` means every rank raises this error at the same point (a check
+    whose verdict was shared, or one computed identically everywhere from the options),
+    so the job can exit cleanly; otherwise the launcher aborts the whole job.
+    """
+
+    def __init__(self, message: str, *, collective: bool = False):
+        super().__init__(message)
+        self.collective = collective
+
+
+class ConfigError(PshybridError):
+    """A command-line option or config key is invalid (names the key)."""
+
+
+class InputError(PshybridError):
+    """Data passed to the library is invalid (names the table/file and the offending value)."""

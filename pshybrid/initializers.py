@@ -1,0 +1,57 @@
+"""Deterministic, placement-independent initialisation of embedding rows. Pure NumPy.
+
+Element ``(r, c)`` of table ``name`` with seed ``seed`` is a function of those values
+alone, so a table is identical for any number of servers and any partition:
+
+    key   = (seed * 2**32 + crc32(name)) mod 2**64
+    x     = key + (r * dim + c + 1) * 0x9E3779B97F4A7C15           (mod 2**64)
+    z     = splitmix64_finalizer(x)
+          = ((x ^ x>>30) * 0xBF58476D1CE4E5B9, then ^ >>27, * 0x94D049BB133111EB, ^ >>31)
+    u     = (z >> 11) * 2**-53                                      in [0, 1)
+    value = scale * (2u - 1)                                        in [-scale, scale)
+
+(``>>`` is a logical shift of the uint64; all arithmetic wraps mod 2**64.)
+Written in chunks into the destination, so memory stays bounded for any table size.
+"""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_CHUNK = 1 << 20  # elements per chunk
+
+
+def table_key(seed: int, name: str) -> np.uint64:
+    return np.uint64(((seed & 0xFFFFFFFF) << 32 | zlib.crc32(name.encode())) & (2**64 - 1))
+
+
+def uniform_rows(out: np.ndarray, global_ids: np.ndarray, seed: int, name: str,
+                 scale: float) -> None:
+    """Fill ``out`` (n, dim) with the rows ``global_ids`` (n,) of table ``name``."""
+    n, dim = out.shape
+    assert global_ids.shape == (n,), (global_ids.shape, out.shape)
+    key = table_key(seed, name)
+    rows_per_chunk = max(1, _CHUNK // max(dim, 1))
+    cols = np.arange(dim, dtype=np.uint64) + np.uint64(1)
+    with np.errstate(over="ignore"):
+        for a in range(0, n, rows_per_chunk):
+            b = min(n, a + rows_per_chunk)
+            x = global_ids[a:b].astype(np.uint64)[:, None] * np.uint64(dim) + cols
+            x *= _GOLDEN
+            x += key
+            x ^= x >> np.uint64(30)
+            x *= _M1
+            x ^= x >> np.uint64(27)
+            x *= _M2
+            x ^= x >> np.uint64(31)
+            x >>= np.uint64(11)
+            u = x.astype(np.float64)
+            u *= 2.0 ** -52  # = 2u in [0, 2)
+            u -= 1.0
+            u *= scale
+            out[a:b] = u

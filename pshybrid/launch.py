@@ -1,0 +1,60 @@
+"""Abort-on-error launch (DESIGN §9, STYLE §10).
+
+``run(main, argv)`` runs a command so that the MPI job can never hang on an error:
+
+- a ``PshybridError`` raised on every rank at the same point (``collective``) prints one
+  line per rank, ``pshybrid: error: <message>``, and every rank exits with status 2;
+- any other exception (or a ``PshybridError`` on some ranks only) prints the rank and
+  the error (with traceback for unexpected ones) and calls ``MPI.COMM_WORLD.Abort``,
+  which ends every rank of the job within seconds with a non-zero status.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+
+from .errors import PshybridError
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def _abort(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    world = _world()
+    if world.size > 1:
+        world.Abort(code)  # Wire: MPI_Abort kills every rank of the job; nobody waits.
+    sys.exit(code)
+
+
+def excepthook(exc_type, exc, tb) -> None:
+    """sys.excepthook that aborts the whole job (for uncaught exceptions anywhere)."""
+    world = _world()
+    sys.stderr.write(f"pshybrid: rank {world.rank}/{world.size}: uncaught exception:\n")
+    traceback.print_exception(exc_type, exc, tb)
+    _abort(1)
+
+
+def run(main, argv=None) -> int:
+    """Run ``main(argv)`` under the error policy above; return its exit status."""
+    sys.excepthook = excepthook
+    try:
+        return main(argv) or 0
+    except PshybridError as exc:
+        world = _world()
+        where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
+        sys.stderr.write(f"pshybrid: error{where}: {exc}\n")
+        if exc.collective or world.size == 1:
+            sys.stderr.flush()
+            return 2
+        _abort(2)
+    except SystemExit:
+        raise
+    except BaseException:
+        excepthook(*sys.exc_info())
+    return 1

@@ -1,0 +1,273 @@
+"""Embedding store: tables sharded row-wise over server ranks, moved by one-sided RMA.
+
+Every rank calls ``MPI.Win.Allocate`` once on ``topo.world``: each server exposes one
+window holding all its shards (workers expose 0 bytes), and every rank opens a single
+``Lock_all`` epoch for the store's lifetime. Per table and server the window holds one
+``(local_rows, dim)`` region per *slot*: ``"w"`` (the weights) and any extra slots a
+table asks for (gradient sums, optimizer state), zero-initialised.
+
+``pull`` deduplicates the ids, groups them by owner (``partition.group_by_owner``) and
+issues **one** indexed ``Get`` per owner with a ``hindexed_block`` target datatype
+(64-bit byte displacements), then expands rows with the inverse index.
+``push`` sums the rows of duplicate ids locally, then issues **one**
+``Accumulate(SUM)`` per owner; MPI makes concurrent accumulates to one element atomic,
+so workers never lose each other's updates. Both complete with ``Flush(owner)`` before
+returning, so once every worker has returned from ``push`` and the workers have
+synchronised (an Allreduce or ``barrier``), every later ``pull`` sees the update.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from mpi4py import MPI
+
+from . import partition
+from .errors import ConfigError, InputError, PshybridError
+from .initializers import uniform_rows
+from .kernels import gather, segment_sum
+from .topology import Topology
+from .transport import idle_barrier, mpi_type, rows_type
+
+_ALIGN = 64  # bytes; each region starts on a cache line
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table: ``rows`` x ``dim`` of ``dtype``.
+
+    init: ``"uniform"`` (deterministic from seed, name and global row, see
+    ``initializers``; values in ``[-init_scale, init_scale)``) or ``"zeros"``.
+    slots: names of extra zero-initialised per-row regions kept beside the weights.
+    """
+
+    name: str
+    rows: int
+    dim: int
+    dtype: str = "float32"
+    init: str = "uniform"
+    init_scale: float = 0.05
+    slots: tuple[str, ...] = ()
+
+    def validate(self) -> None:
+        if not self.name:
+            raise ConfigError("table name must be non-empty")
+        if self.rows < 1 or self.dim < 1:
+            raise ConfigError(f"table {self.name!r}: rows and dim must be >= 1, got "
+                              f"rows={self.rows} dim={self.dim}")
+        if self.dtype not in ("float32", "float64"):
+            raise ConfigError(f"table {self.name!r}: dtype must be float32 or float64, "
+                              f"got {self.dtype!r}")
+        if self.init not in ("uniform", "zeros"):
+            raise ConfigError(f"table {self.name!r}: init must be 'uniform' or 'zeros', "
+                              f"got {self.init!r}")
+        if "w" in self.slots or len(set(self.slots)) != len(self.slots):
+            raise ConfigError(f"table {self.name!r}: slot names must be unique and not 'w'")
+
+
+@dataclass
+class _Table:
+    spec: TableSpec
+    itemsize: int
+    base: MPI.Datatype
+    offsets: dict[str, int]  # slot -> byte offset of its region on this server (same layout rule on all)
+
+
+@dataclass
+class Traffic:
+    """Bytes and operations moved by this rank (instrumentation for --metrics and bench)."""
+
+    get_bytes: int = 0
+    get_ops: int = 0
+    acc_bytes: int = 0
+    acc_ops: int = 0
+
+
+class EmbeddingStore:
+    """Sharded embedding tables. Collective construction over ``topo.world``.
+
+    ``tables``: TableSpecs (unique names). ``seed``: initialisation seed.
+    Workers call ``pull``/``push``; servers hold the shards (``shard``) and call
+    ``serve_until_closed``; every rank calls ``close`` (collective).
+    """
+
+    def __init__(self, topo: Topology, tables: list[TableSpec], seed: int = 0):
+        names = [t.name for t in tables]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"duplicate table names in {names}", collective=True)
+        for t in tables:
+            try:
+                t.validate()
+            except PshybridError as e:
+                e.collective = True  # same specs on every rank: same verdict, clean exit
+                raise
+        if topo.n_servers < 1:
+            raise ConfigError("the embedding store needs at least one server rank", collective=True)
+        self.topo = topo
+        self.seed = seed
+        self.traffic = Traffic()
+        self.tables: dict[str, _Table] = {}
+        nbytes = 0
+        S, me = topo.n_servers, topo.server_index
+        for spec in tables:
+            itemsize = np.dtype(spec.dtype).itemsize
+            offsets = {}
+            for slot in ("w",) + spec.slots:
+                offsets[slot] = nbytes
+                if topo.is_server:
+                    region = partition.shard_rows(spec.rows, S, me) * spec.dim * itemsize
+                    nbytes += -(-region // _ALIGN) * _ALIGN
+            self.tables[spec.name] = _Table(spec, itemsize, mpi_type(spec.dtype), offsets)
+        # Offsets differ per server (shard sizes differ by one row): every rank learns all.
+        # Wire: one allgather of each rank's {table: {slot: offset}}; all ranks wait.
+        layouts = topo.world.allgather({n: t.offsets for n, t in self.tables.items()})
+        self._remote = [layouts[r] for r in topo.server_ranks]
+        # Wire: collective window creation over world; servers expose their shards.
+        self.win = MPI.Win.Allocate(nbytes, 1, comm=topo.world)
+        self._mem = np.frombuffer(self.win.tomemory(), dtype=np.uint8) if nbytes else None
+        if topo.is_server:
+            for name in self.tables:
+                self._init_shard(name)
+        # Wire: barrier so no worker reads a shard before its server initialised it.
+        topo.world.Barrier()
+        self.win.Lock_all()
+        self._open = True
+
+    # -- server side -----------------------------------------------------------------------
+    def shard(self, table: str, slot: str = "w") -> np.ndarray:
+        """This server's rows of ``table`` (``slot`` region): (local_rows, dim) view."""
+        t = self.tables[table]
+        assert self.topo.is_server, "only servers hold shards"
+        n = partition.shard_rows(t.spec.rows, self.topo.n_servers, self.topo.server_index)
+        count = n * t.spec.dim
+        a = t.offsets[slot]
+        return self._mem[a:a + count * t.itemsize].view(t.spec.dtype).reshape(n, t.spec.dim)
+
+    def shard_ids(self, table: str) -> np.ndarray:
+        """Global row ids of this server's rows of ``table``, in local order."""
+        t = self.tables[table]
+        return partition.shard_ids(t.spec.rows, self.topo.n_servers, self.topo.server_index)
+
+    def _init_shard(self, name: str) -> None:
+        t = self.tables[name]
+        w = self.shard(name)
+        if t.spec.init == "uniform":
+            uniform_rows(w, self.shard_ids(name), self.seed, name, t.spec.init_scale)
+        else:
+            w[...] = 0
+        for slot in t.spec.slots:
+            self.shard(name, slot)[...] = 0
+
+    # -- worker side -----------------------------------------------------------------------
+    def _check_ids(self, t: _Table, ids) -> np.ndarray:
+        ids = np.asarray(ids)
+        if ids.dtype.kind not in "iu":
+            raise InputError(f"table {t.spec.name!r}: ids must be integers, got dtype {ids.dtype}")
+        ids = ids.astype(np.int64, copy=False)
+        if ids.size:
+            bad = (ids < 0) | (ids >= t.spec.rows)
+            if bad.any():
+                pos = int(np.flatnonzero(bad.ravel())[0])
+                raise InputError(
+                    f"table {t.spec.name!r}: id {int(ids.ravel()[pos])} at flat position {pos} "
+                    f"is out of range [0, {t.spec.rows}) ({int(bad.sum())} bad id(s)); "
+                    "nothing was read or written")
+        return ids
+
+    def _targets(self, t: _Table, slot: str, unique: np.ndarray, bounds: np.ndarray):
+        """Yield (server index, world rank, row slice, committed datatype) per non-empty owner."""
+        S = self.topo.n_servers
+        row_bytes = t.spec.dim * t.itemsize
+        for s in range(S):
+            a, b = int(bounds[s]), int(bounds[s + 1])
+            if a == b:
+                continue
+            disps = self._remote[s][t.spec.name][slot] + partition.local_row(unique[a:b], S) * row_bytes
+            yield s, self.topo.server_ranks[s], slice(a, b), rows_type(t.base, t.spec.dim, disps)
+
+    def pull(self, table: str, ids, slot: str = "w") -> np.ndarray:
+        """Rows of ``table`` for ``ids``: (B,) or (B, F) int64 -> ids.shape + (dim,).
+
+        Duplicates are fetched once. One indexed Get per owner server.
+        """
+        t = self.tables[table]
+        ids = self._check_ids(t, ids)
+        unique, inverse, bounds = partition.group_by_owner(ids, t.spec.rows, self.topo.n_servers)
+        buf = np.empty((unique.size, t.spec.dim), dtype=t.spec.dtype)
+        ops = []
+        for _, rank, sl, dt in self._targets(t, slot, unique, bounds):
+            # Wire: one indexed Get of (rows, dim) from server `rank`; origin buf stays alive until Flush.
+            self.win.Get([buf[sl], t.base], rank, [0, 1, dt])
+            ops.append((rank, dt))
+        self._complete(ops)
+        self.traffic.get_bytes += buf.nbytes
+        self.traffic.get_ops += len(ops)
+        return gather(buf, inverse)
+
+    def push(self, table: str, ids, grads, scale: float = 1.0, slot: str = "w") -> None:
+        """Add ``scale * grads`` to the rows ``ids`` of ``table`` (``slot`` region).
+
+        ids: (B,) or (B, F) int64; grads: ids.shape + (dim,). Rows of duplicate ids are
+        summed locally first; then one Accumulate(SUM) per owner server, flushed.
+        """
+        t = self.tables[table]
+        ids = self._check_ids(t, ids)
+        grads = np.asarray(grads)
+        if grads.shape != ids.shape + (t.spec.dim,):
+            raise InputError(f"table {table!r}: grads shape {grads.shape} does not match "
+                             f"ids shape {ids.shape} + (dim={t.spec.dim},)")
+        S = self.topo.n_servers
+        keys = partition.sort_key(ids.ravel(), t.spec.rows, S)
+        ukeys, sums = segment_sum(keys, grads.reshape(-1, t.spec.dim).astype(t.spec.dtype, copy=False))
+        if scale != 1.0:
+            sums = sums * np.asarray(scale, dtype=t.spec.dtype)
+        sums = np.ascontiguousarray(sums)
+        unique = partition.key_to_global(ukeys, t.spec.rows, S)
+        bounds = partition.key_bounds(ukeys, t.spec.rows, S)
+        ops = []
+        for _, rank, sl, dt in self._targets(t, slot, unique, bounds):
+            # Wire: one indexed Accumulate(SUM) of (rows, dim) into server `rank`; no one waits but us (Flush).
+            self.win.Accumulate([sums[sl], t.base], rank, [0, 1, dt], op=MPI.SUM)
+            ops.append((rank, dt))
+        self._complete(ops)
+        self.traffic.acc_bytes += sums.nbytes
+        self.traffic.acc_ops += len(ops)
+
+    def push_sgd(self, table: str, ids, grads, lr: float) -> None:
+        """Direct SGD: ``w[ids] -= lr * sum of grads`` by accumulating ``-lr * g`` (Hetu style)."""
+        self.push(table, ids, grads, scale=-lr)
+
+    def _complete(self, ops) -> None:
+        for rank, _ in ops:
+            self.win.Flush(rank)  # waits until the ops to `rank` are complete at both ends
+        for _, dt in ops:
+            dt.Free()
+
+    def barrier(self) -> None:
+        """Workers only: after it, every push issued before it by any worker is visible.
+        Wire: zero-byte barrier over the workers communicator; all workers wait."""
+        self.topo.workers.Barrier()
+
+    # -- lifetime --------------------------------------------------------------------------
+    def serve_until_closed(self) -> None:
+        """Servers: idle (making MPI progress, not spinning a core) until workers call close."""
+        self.close()
+
+    def close(self) -> None:
+        """Collective over world: end the epoch and free the window.
+        Wire: Ibarrier over world; servers wait politely, workers until all pushes are done."""
+        if not self._open:
+            return
+        idle_barrier(self.topo.world)
+        self.win.Unlock_all()
+        self._mem = None
+        self.win.Free()
+        self._open = False
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if exc[0] is None:
+            self.close()

@@ -1,0 +1,145 @@
+"""Server/worker topology of one MPI job.
+
+``Topology.create(comm, n_servers)`` duplicates ``comm`` (the library never uses the
+caller's communicator directly), finds the nodes with ``Split_type(COMM_TYPE_SHARED)``,
+picks the server ranks spread over nodes first (``place_servers``), and splits the
+world into a ``servers`` and a ``workers`` communicator. RMA windows live on
+``world`` so workers can target servers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mpi4py import MPI
+
+from .errors import ConfigError
+
+
+def check_servers(n_servers: int, world_size: int, need_servers: bool = True) -> None:
+    """Validate a server count before any collective (same verdict on every rank)."""
+    if n_servers < 0:
+        raise ConfigError(f"--servers must be >= 0, got {n_servers}", collective=True)
+    if n_servers >= world_size:
+        raise ConfigError(
+            f"--servers {n_servers} leaves no worker in a job of {world_size} rank(s); "
+            f"use --servers <= {world_size - 1} or launch more ranks (mpiexec -n N)",
+            collective=True)
+    if need_servers and n_servers == 0:
+        raise ConfigError(
+            "--servers 0: this mode keeps embedding tables on server ranks and needs "
+            f"--servers >= 1 (and at least 2 ranks; this job has {world_size})",
+            collective=True)
+
+
+def default_servers(n_nodes: int, world_size: int) -> int:
+    """One server per node, leaving at least one worker."""
+    return max(0, min(n_nodes, world_size - 1))
+
+
+def place_servers(node_of_rank: list[int], n_servers: int) -> list[int]:
+    """Pick ``n_servers`` world ranks, spread over nodes first. Pure.
+
+    Round-robin over nodes (in order of their lowest rank); on each node take the
+    highest rank not yet taken, so world rank 0 stays a worker whenever possible.
+    Returns the chosen world ranks sorted ascending (server index = position).
+    """
+    nodes: dict[int, list[int]] = {}
+    for rank, node in enumerate(node_of_rank):
+        nodes.setdefault(node, []).append(rank)
+    free = [sorted(r, reverse=True) for _, r in sorted(nodes.items(), key=lambda kv: kv[1][0])]
+    chosen: list[int] = []
+    while len(chosen) < n_servers:
+        progressed = False
+        for ranks in free:
+            if ranks and len(chosen) < n_servers:
+                chosen.append(ranks.pop(0))
+                progressed = True
+        if not progressed:
+            raise ConfigError(f"cannot place {n_servers} servers on {len(node_of_rank)} ranks",
+                              collective=True)
+    return sorted(chosen)
+
+
+@dataclass
+class Topology:
+    world: MPI.Comm          # Dup of the caller's communicator; RMA windows live here
+    node: MPI.Comm           # ranks sharing this node's memory
+    servers: MPI.Comm        # MPI.COMM_NULL on workers
+    workers: MPI.Comm        # MPI.COMM_NULL on servers
+    server_ranks: list[int]  # world rank of server s
+    worker_ranks: list[int]  # world rank of worker w
+    node_of_rank: list[int]  # node index of each world rank
+    node_names: list[str]    # host name of each node index
+
+    @classmethod
+    def create(cls, comm: MPI.Comm, n_servers: int | None = None, need_servers: bool = True):
+        """Collective over ``comm``. ``n_servers=None``: one per node (default_servers)."""
+        world = comm.Dup()
+        if n_servers is not None:
+            check_servers(n_servers, world.size, need_servers)  # identical on every rank: no hang
+        # Wire: node-local split, then an allgather of (node leader, host name); all wait.
+        node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
+        leader = node.bcast(world.rank, root=0)
+        info = world.allgather((leader, MPI.Get_processor_name()))
+        leaders = sorted({lead for lead, _ in info})
+        node_of_rank = [leaders.index(lead) for lead, _ in info]
+        node_names = [info[lead][1] for lead in leaders]
+        if n_servers is None:
+            n_servers = default_servers(len(leaders), world.size)
+            check_servers(n_servers, world.size, need_servers)
+        server_ranks = place_servers(node_of_rank, n_servers)
+        is_server = world.rank in server_ranks
+        # Wire: two splits of world by role; every rank waits for all.
+        servers = world.Split(0 if is_server else MPI.UNDEFINED, key=world.rank)
+        workers = world.Split(MPI.UNDEFINED if is_server else 0, key=world.rank)
+        worker_ranks = [r for r in range(world.size) if r not in server_ranks]
+        return cls(world, node, servers, workers, server_ranks, worker_ranks,
+                   node_of_rank, node_names)
+
+    # -- convenience -------------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.world.rank
+
+    @property
+    def size(self) -> int:
+        return self.world.size
+
+    @property
+    def n_servers(self) -> int:
+        return len(self.server_ranks)
+
+    @property
+    def n_workers(self) -> int:
+        return len(self.worker_ranks)
+
+    @property
+    def is_server(self) -> bool:
+        return self.servers != MPI.COMM_NULL
+
+    @property
+    def role(self) -> str:
+        return "server" if self.is_server else "worker"
+
+    @property
+    def server_index(self) -> int:
+        return self.server_ranks.index(self.rank) if self.is_server else -1
+
+    @property
+    def worker_index(self) -> int:
+        return self.worker_ranks.index(self.rank) if not self.is_server else -1
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.node_names)
+
+    @property
+    def local_rank(self) -> int:
+        return self.node.rank
+
+    def free(self) -> None:
+        """Free the communicators this topology created (collective)."""
+        for c in (self.servers, self.workers, self.node, self.world):
+            if c != MPI.COMM_NULL:
+                c.Free()

@@ -1,0 +1,46 @@
+"""Test harness: MPI tests must never hang.
+
+- MPI tests (``@pytest.mark.mpi``) run under ``mpiexec -n N python -m pytest --with-mpi``
+  (tests/run.py does this at 2, 3 and 5 ranks). Their bodies reduce pass/fail across
+  ranks before asserting (``mpi_util.assert_all``).
+- If a test still fails on one rank only, the hook below prints the failure and calls
+  ``MPI_Abort``, which ends every rank at once instead of letting the others hang in
+  the next test's collective.
+- pytest-timeout (thread method, setup.cfg) ends a stuck rank; tests/run.py puts an
+  outer ``timeout`` on every mpiexec.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def _world():
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed and item.config.getoption("with_mpi", False) and _world().size > 1:
+        w = _world()
+        sys.stderr.write(f"\n[rank {w.rank}/{w.size}] FAILED {item.nodeid} ({rep.when}):\n"
+                         f"{rep.longreprtext}\n[rank {w.rank}] aborting the MPI job\n")
+        sys.stderr.flush()
+        w.Abort(1)  # Wire: kills every rank; nobody waits.
+
+
+@pytest.fixture
+def comm():
+    """A fresh Dup of COMM_WORLD per test (the library never uses COMM_WORLD itself)."""
+    c = _world().Dup()
+    yield c
+    c.Free()

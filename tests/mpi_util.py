@@ -1,0 +1,47 @@
+"""Helpers shared by the tests: collective asserts and whole-job launches."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+JOB_TIMEOUT = float(os.environ.get("PSHYBRID_TEST_JOB_TIMEOUT", "120"))
+
+
+def assert_all(comm, ok: bool, msg: str = "") -> None:
+    """Collective assert: every rank fails if any rank's ``ok`` is false, naming them.
+
+    Wire: allgather of (ok, msg) over ``comm``; all ranks wait. Reduce before asserting,
+    so one rank's failure cannot leave the others waiting in the next collective.
+    """
+    verdicts = comm.allgather((bool(ok), "" if ok else str(msg)))
+    bad = [f"rank {r}: {m}" for r, (good, m) in enumerate(verdicts) if not good]
+    assert not bad, "; ".join(bad)
+
+
+def mpiexec() -> str:
+    """The mpiexec of the environment running the tests (the mpich wheel's)."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else (shutil.which("mpiexec") or "mpiexec")
+
+
+def run_job(n: int, args: list[str], timeout: float = JOB_TIMEOUT, env=None):
+    """Run ``mpiexec -n n <args>`` with a hard timeout; return CompletedProcess.
+
+    A job that outlives ``timeout`` is killed and the test fails (a hang is a failure).
+    """
+    cmd = [mpiexec(), "-n", str(n)] + args
+    full_env = dict(os.environ, **(env or {}))
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                              env=full_env, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"job hung: {' '.join(cmd)} ran past {timeout}s\n"
+                             f"stdout: {exc.stdout}\nstderr: {exc.stderr}") from None
+
+
+def pshybrid(*args: str) -> list[str]:
+    """argv that runs ``python -m pshybrid args...`` in this interpreter."""
+    return [sys.executable, "-m", "pshybrid", *args]

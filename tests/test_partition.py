@@ -1,0 +1,95 @@
+"""Partition math and server placement: pure functions, checked at simulated sizes."""
+
+import numpy as np
+import pytest
+
+from pshybrid import partition
+from pshybrid.errors import ConfigError
+from pshybrid.topology import check_servers, default_servers, place_servers
+
+CASES = [(rows, S) for rows in (0, 1, 2, 7, 10, 13, 100, 1001) for S in (1, 2, 3, 5, 16)]
+
+
+@pytest.mark.parametrize("rows,S", CASES)
+def test_shards_cover_every_row_once(rows, S):
+    sizes = [partition.shard_rows(rows, S, s) for s in range(S)]
+    assert sum(sizes) == rows
+    assert max(sizes) - min(sizes) <= 1
+    ids = np.concatenate([partition.shard_ids(rows, S, s) for s in range(S)])
+    assert sorted(ids.tolist()) == list(range(rows))
+    for s in range(S):
+        mine = partition.shard_ids(rows, S, s)
+        assert len(mine) == sizes[s]
+        # every id in shard s is owned by s at its position
+        assert (partition.owner(mine, S) == s).all()
+        assert (partition.local_row(mine, S) == np.arange(len(mine))).all()
+        assert (partition.global_row(np.arange(len(mine)), s, S) == mine).all()
+
+
+def test_round_trip_large_ids():
+    S = 7
+    ids = np.array([0, 1, 2**31 - 1, 2**31, 2**40 + 3, 2**62 + 5], dtype=np.int64)
+    back = partition.global_row(partition.local_row(ids, S), partition.owner(ids, S), S)
+    assert (back == ids).all()
+
+
+@pytest.mark.parametrize("rows,S", [(10, 3), (1000, 4), (5, 8), (2**33, 3)])
+def test_group_by_owner(rows, S):
+    rng = np.random.default_rng(rows + S)
+    ids = rng.integers(0, rows, size=(50, 3), dtype=np.int64)
+    ids[1] = ids[0]  # duplicates for sure
+    unique, inverse, bounds = partition.group_by_owner(ids, rows, S)
+    assert inverse.shape == ids.shape
+    assert (unique[inverse] == ids).all()
+    assert sorted(unique.tolist()) == sorted(set(ids.ravel().tolist()))
+    assert bounds[0] == 0 and bounds[-1] == len(unique)
+    for s in range(S):
+        grp = unique[bounds[s]:bounds[s + 1]]
+        assert (partition.owner(grp, S) == s).all()
+        assert (np.diff(partition.local_row(grp, S)) > 0).all()
+
+
+def test_sort_key_is_bijection():
+    rows, S = 23, 4
+    ids = np.arange(rows, dtype=np.int64)
+    keys = partition.sort_key(ids, rows, S)
+    assert len(set(keys.tolist())) == rows
+    assert (partition.key_to_global(keys, rows, S) == ids).all()
+
+
+def test_bad_partition_arguments():
+    with pytest.raises(ValueError):
+        partition.shard_rows(10, 0, 0)
+    with pytest.raises(ValueError):
+        partition.shard_rows(10, 2, 2)
+
+
+def test_place_servers_spreads_over_nodes_first():
+    nodes = [0] * 4 + [1] * 4 + [2] * 4  # 3 nodes x 4 ranks
+    assert place_servers(nodes, 3) == [3, 7, 11]        # one per node, highest local rank
+    assert place_servers(nodes, 4) == [2, 3, 7, 11]     # second round starts at node 0
+    assert place_servers(nodes, 0) == []
+    assert place_servers([0, 0, 0, 0], 1) == [3]        # rank 0 stays a worker
+    # interleaved node order (ranks round-robin over nodes)
+    assert place_servers([0, 1, 0, 1], 2) == [2, 3]
+    with pytest.raises(ConfigError):
+        place_servers([0, 0], 3)
+
+
+@pytest.mark.parametrize("S,N,need,ok", [
+    (1, 2, True, True), (0, 1, False, True), (0, 3, True, False), (-1, 4, True, False),
+    (2, 2, True, False), (3, 2, False, False), (4, 5, True, True)])
+def test_check_servers(S, N, need, ok):
+    if ok:
+        check_servers(S, N, need)
+    else:
+        with pytest.raises(ConfigError) as e:
+            check_servers(S, N, need)
+        assert "--servers" in str(e.value) and e.value.collective
+
+
+def test_default_servers():
+    assert default_servers(1, 4) == 1
+    assert default_servers(4, 16) == 4
+    assert default_servers(4, 3) == 2
+    assert default_servers(1, 1) == 0

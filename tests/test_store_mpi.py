@@ -1,0 +1,245 @@
+"""Embedding store over RMA: sharded == unsharded, exact under concurrent pushes.
+
+Runs at every world size tests/run.py uses (2, 3, 5 ranks) with 1 and 2 servers
+(every server count that leaves a worker).
+"""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from mpi_util import assert_all
+from pshybrid.errors import ConfigError, InputError
+from pshybrid.initializers import uniform_rows
+from pshybrid.store import EmbeddingStore, TableSpec
+from pshybrid.topology import Topology
+
+SEED = 11
+SPECS = [TableSpec("small", rows=7, dim=3, dtype="float64", init_scale=0.5),
+         TableSpec("big", rows=1001, dim=8, dtype="float64", slots=("g",)),
+         TableSpec("f32", rows=64, dim=4, dtype="float32")]
+
+
+def server_counts(size):
+    return [s for s in (1, 2) if s < size]
+
+
+def reference(spec, seed=SEED):
+    """Unsharded table built on this rank alone."""
+    ref = np.zeros((spec.rows, spec.dim), dtype=spec.dtype)
+    if spec.init == "uniform":
+        uniform_rows(ref, np.arange(spec.rows, dtype=np.int64), seed, spec.name, spec.init_scale)
+    return ref
+
+
+def random_ids(rng, spec, shape):
+    # Zipf-distributed with guaranteed duplicates
+    return np.minimum(rng.zipf(1.2, size=shape) - 1, spec.rows - 1).astype(np.int64)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("S", [1, 2])
+def test_pull_equals_unsharded(comm, S):
+    if S >= comm.size:
+        pytest.skip(f"{S} servers need > {S} ranks")
+    topo = Topology.create(comm, S)
+    store = EmbeddingStore(topo, SPECS, seed=SEED)
+    ok, msg = True, ""
+    if not topo.is_server:
+        rng = np.random.default_rng(100 + topo.worker_index)
+        for spec in SPECS:
+            ref = reference(spec)
+            for shape in [(1,), (257,), (32, 5)]:
+                ids = random_ids(rng, spec, shape)
+                got = store.pull(spec.name, ids)
+                if got.shape != shape + (spec.dim,) or not np.array_equal(got, ref[ids]):
+                    ok, msg = False, f"{spec.name} {shape}: pull != table[ids]"
+            if not np.array_equal(store.pull(spec.name, np.zeros((0,), np.int64)),
+                                  ref[:0]):
+                ok, msg = False, "empty pull"
+    store.close()
+    topo.free()
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("S", [1, 2])
+def test_concurrent_pushes_are_exact(comm, S):
+    """Every worker pushes integer-valued grads for several rounds at once; every
+    server's shard must equal init + the sum of all pushes (exact in float64)."""
+    if S >= comm.size:
+        pytest.skip(f"{S} servers need > {S} ranks")
+    # Sums are exact in any order only from a zero start (small integers times 0.5)
+    specs = [replace(s, init="zeros") for s in SPECS]
+    topo = Topology.create(comm, S)
+    store = EmbeddingStore(topo, specs, seed=SEED)
+    rounds, lr = 4, 0.5
+
+    def pushes(worker):
+        rng = np.random.default_rng(1000 + worker)
+        for rnd in range(rounds):
+            for spec in specs:
+                ids = random_ids(rng, spec, (40, 3))
+                grads = rng.integers(-4, 5, size=ids.shape + (spec.dim,)).astype(spec.dtype)
+                yield rnd, spec, ids, grads
+
+    if not topo.is_server:
+        for rnd, spec, ids, grads in pushes(topo.worker_index):
+            if rnd % 2:
+                store.push_sgd(spec.name, ids, grads, lr)
+            else:
+                store.push(spec.name, ids, grads, slot="g" if spec.slots else "w")
+    # Wire: every worker's accumulates are flushed before it enters this barrier.
+    comm.Barrier()
+    ok, msg = True, ""
+    if topo.is_server:
+        want = {s.name: reference(s) for s in specs}
+        want_g = {s.name: np.zeros((s.rows, s.dim), s.dtype) for s in specs}
+        for w in range(topo.n_workers):
+            for rnd, spec, ids, grads in pushes(w):
+                tgt = want[spec.name] if rnd % 2 or not spec.slots else want_g[spec.name]
+                np.add.at(tgt, ids.ravel(), (-lr if rnd % 2 else 1.0) * grads.reshape(-1, spec.dim))
+        for spec in specs:
+            mine = store.shard_ids(spec.name)
+            if not np.array_equal(store.shard(spec.name), want[spec.name][mine]):
+                ok, msg = False, f"server {topo.server_index}: weights of {spec.name} differ"
+            if spec.slots and not np.array_equal(store.shard(spec.name, "g"),
+                                                 want_g[spec.name][mine]):
+                ok, msg = False, f"server {topo.server_index}: slot g of {spec.name} differs"
+    store.close()
+    topo.free()
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_same_seed_same_table_for_any_server_count(comm):
+    spec = TableSpec("t", rows=53, dim=5, dtype="float32")
+    tables = {}
+    for S in range(1, min(comm.size, 4)):
+        topo = Topology.create(comm, S)
+        store = EmbeddingStore(topo, [spec], seed=SEED)
+        if topo.rank == topo.worker_ranks[0]:
+            tables[S] = store.pull("t", np.arange(spec.rows))
+        store.close()
+        topo.free()
+    ok = all(np.array_equal(tables[1], t) for t in tables.values())
+    ok = ok and (not tables or np.array_equal(tables[1], reference(spec)))
+    assert_all(comm, ok, f"tables differ across server counts {sorted(tables)}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_ids_raise_and_write_nothing(comm):
+    spec = TableSpec("users", rows=10, dim=2, dtype="float64")
+    topo = Topology.create(comm, 1)
+    store = EmbeddingStore(topo, [spec], seed=SEED)
+    ok, msg = True, ""
+    if not topo.is_server:
+        for bad in ([3, -1], [[0, 10]], [2**40]):
+            for op in ("pull", "push"):
+                try:
+                    if op == "pull":
+                        store.pull("users", np.array(bad))
+                    else:
+                        ids = np.array(bad)
+                        store.push("users", ids, np.ones(ids.shape + (2,)))
+                    ok, msg = False, f"{op}({bad}) did not raise"
+                except InputError as e:
+                    text = str(e)
+                    offending = [v for v in np.ravel(bad) if not 0 <= v < 10][0]
+                    if "'users'" not in text or str(offending) not in text:
+                        ok, msg = False, f"message does not name table and id: {text}"
+        try:
+            store.pull("users", np.array([1.5]))
+            ok, msg = False, "float ids accepted"
+        except InputError:
+            pass
+        try:
+            store.push("users", np.array([1, 2]), np.ones((2, 3)))
+            ok, msg = False, "wrong grads shape accepted"
+        except InputError:
+            pass
+    comm.Barrier()
+    if not topo.is_server and not np.array_equal(store.pull("users", np.arange(10)),
+                                                 reference(spec)):
+        ok, msg = False, "a rejected push wrote to the table"
+    store.close()
+    topo.free()
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_bad_specs_are_collective_config_errors(comm):
+    topo = Topology.create(comm, 1)
+    for specs in ([TableSpec("a", 0, 2)], [TableSpec("a", 3, 2), TableSpec("a", 3, 2)],
+                  [TableSpec("a", 3, 2, dtype="int8")]):
+        with pytest.raises(ConfigError) as e:
+            EmbeddingStore(topo, specs)
+        assert e.value.collective
+    topo.free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_topology_roles(comm):
+    S = comm.size - 1
+    topo = Topology.create(comm, S)
+    ok = (topo.n_servers == S and topo.n_workers == 1
+          and topo.server_ranks == list(range(1, comm.size))  # one node: highest ranks
+          and topo.worker_ranks == [0] and topo.role == ("worker" if comm.rank == 0 else "server")
+          and (topo.servers.size == S if topo.is_server else topo.workers.size == 1)
+          and topo.world != comm)
+    topo.free()
+    assert_all(comm, ok, "roles or communicators wrong")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_agree_raises_everywhere(comm):
+    from pshybrid.errors import PshybridError
+    from pshybrid.transport import agree
+
+    agree(comm, None)  # no error: returns on every rank
+    err = InputError("bad row 7 in file x") if comm.rank == comm.size - 1 else None
+    with pytest.raises(PshybridError) as e:
+        agree(comm, err)
+    assert "bad row 7" in str(e.value) and e.value.collective
+
+
+def test_row_datatype_takes_64bit_byte_displacements():
+    """The RMA target datatype of rows past 2**31 elements (here past 2**34 bytes):
+    its true extent ends exactly at the last row's end, so offsets were not truncated."""
+    from mpi4py import MPI
+
+    from pshybrid.transport import rows_type
+
+    dim = 16
+    rows = np.array([3, 2**31 + 5, 2**32 + 7], dtype=np.int64)
+    disps = rows * dim * 4
+    dt = rows_type(MPI.FLOAT, dim, disps)
+    lb, extent = dt.Get_true_extent()
+    assert lb == disps[0] and lb + extent == disps[-1] + dim * 4
+    assert dt.Get_size() == len(rows) * dim * 4
+    dt.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.skipif(not __import__("os").environ.get("PSHYBRID_BIG_TESTS"),
+                    reason="needs ~9 GB of memory: set PSHYBRID_BIG_TESTS=1")
+def test_table_past_2_31_elements(comm):
+    """One float32 table of 2**27 + 3 rows x 16 = 2.1e9 elements (8.6 GB) on one server."""
+    rows, dim = 2**27 + 3, 16
+    topo = Topology.create(comm, 1)
+    store = EmbeddingStore(topo, [TableSpec("huge", rows, dim, init="zeros")], seed=0)
+    ok, msg = True, ""
+    ids = np.array([0, 5, rows - 1, rows - 2, 2**27 - 1, rows - 1], dtype=np.int64)
+    grads = np.arange(ids.size * dim, dtype=np.float32).reshape(ids.size, dim)
+    want = np.stack([grads[ids == r].sum(0) for r in ids])  # duplicates summed
+    if topo.rank == topo.worker_ranks[0]:
+        store.push("huge", ids, grads)
+        ok, msg = np.array_equal(store.pull("huge", ids), want), "pulled rows wrong"
+    comm.Barrier()  # Wire: the worker's push is flushed before it enters
+    if topo.is_server:
+        ok = np.array_equal(store.shard("huge")[ids], want)
+        msg = "server's shard wrong past 2**31 elements"
+    store.close()
+    topo.free()
+    assert_all(comm, ok, msg)
