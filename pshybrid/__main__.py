@@ -2,8 +2,12 @@
 
 import sys
 
-from .cli import main as _cli_main
-from .launch import run
+from .threads import apply_thread_limits
+
+apply_thread_limits()  # before NumPy loads its BLAS: one pool of the right size per rank
+
+from .cli import main as _cli_main  # noqa: E402
+from .launch import run  # noqa: E402
 
 
 def main(argv=None) -> int:

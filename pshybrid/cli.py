@@ -7,24 +7,23 @@ import os
 import sys
 
 from . import __version__
-from .errors import ConfigError
+from .config import ArgumentParser, TrainConfig, add_arguments, resolve
 
 MODES = ("hybrid", "ps", "allreduce", "auto")
 MODES_WITHOUT_SERVERS = ("allreduce",)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises ConfigError (same on every rank) instead of exiting."""
-
-    def error(self, message):
-        raise ConfigError(f"{self.prog}: {message}", collective=True)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="pshybrid", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="pshybrid", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"pshybrid {__version__}")
-    sub = p.add_subparsers(dest="command", metavar="<command>", parser_class=_Parser)
+    sub = p.add_subparsers(dest="command", metavar="<command>", parser_class=ArgumentParser)
     sub.required = True
+    train = sub.add_parser("train", help="train a CTR model (default: WDL on the built-in "
+                           "synthetic stream)", description="Train a CTR model. Every option "
+                           "can also come from a TOML file (--config FILE; same names, - or _); "
+                           "the command line wins.")
+    add_arguments(train, TrainConfig)
+    train.set_defaults(func=cmd_train)
     info = sub.add_parser("info", help="topology, MPI library, CUDA-awareness, devices, "
                           "per-rank roles")
     info.add_argument("--servers", type=int, default=None,
@@ -67,6 +66,15 @@ def cmd_info(args) -> int:
                   f"{r[6]:<8} {r[7]:>8}")
         sys.stdout.flush()
     topo.free()
+    return 0
+
+
+def cmd_train(args) -> int:
+    from mpi4py import MPI
+
+    from .train import train
+
+    train(resolve(TrainConfig, args), MPI.COMM_WORLD)
     return 0
 
 

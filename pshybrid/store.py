@@ -205,11 +205,13 @@ class EmbeddingStore:
         self.traffic.get_ops += len(ops)
         return gather(buf, inverse)
 
-    def push(self, table: str, ids, grads, scale: float = 1.0, slot: str = "w") -> None:
+    def push(self, table: str, ids, grads, scale: float = 1.0, slot: str = "w"):
         """Add ``scale * grads`` to the rows ``ids`` of ``table`` (``slot`` region).
 
         ids: (B,) or (B, F) int64; grads: ids.shape + (dim,). Rows of duplicate ids are
         summed locally first; then one Accumulate(SUM) per owner server, flushed.
+        Returns ``(unique, bounds)``: the distinct ids pushed, grouped by owner server
+        (owner s's are ``unique[bounds[s]:bounds[s+1]]``).
         """
         t = self.tables[table]
         ids = self._check_ids(t, ids)
@@ -233,10 +235,11 @@ class EmbeddingStore:
         self._complete(ops)
         self.traffic.acc_bytes += sums.nbytes
         self.traffic.acc_ops += len(ops)
+        return unique, bounds
 
-    def push_sgd(self, table: str, ids, grads, lr: float) -> None:
+    def push_sgd(self, table: str, ids, grads, lr: float):
         """Direct SGD: ``w[ids] -= lr * sum of grads`` by accumulating ``-lr * g`` (Hetu style)."""
-        self.push(table, ids, grads, scale=-lr)
+        return self.push(table, ids, grads, scale=-lr)
 
     def _complete(self, ops) -> None:
         for rank, _ in ops:

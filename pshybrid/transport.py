@@ -40,6 +40,20 @@ def poll_wait(req: MPI.Request, max_sleep: float = 1e-3) -> None:
         sleep = min(2 * sleep, max_sleep)
 
 
+def poll_recv(comm: MPI.Comm, source: int, dtype=np.int64, max_sleep: float = 1e-3):
+    """Receive one message of unknown length from ``source`` without spinning a core:
+    Iprobe with back-off sleeps, then Recv. Returns (array, tag)."""
+    st = MPI.Status()
+    sleep = 1e-6
+    while not comm.Iprobe(source, MPI.ANY_TAG, st):
+        time.sleep(sleep)
+        sleep = min(2 * sleep, max_sleep)
+    base = mpi_type(dtype) if np.dtype(dtype).kind == "f" else MPI.INT64_T
+    buf = np.empty(st.Get_count(base), dtype)
+    comm.Recv([buf, base], source, st.tag)
+    return buf, st.tag
+
+
 def idle_barrier(comm: MPI.Comm, max_sleep: float = 1e-3) -> None:
     """Barrier that waits with ``poll_wait``. Wire: a zero-byte Ibarrier; all ranks wait."""
     poll_wait(comm.Ibarrier(), max_sleep)

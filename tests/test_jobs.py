@@ -52,3 +52,89 @@ def test_one_rank_raising_ends_the_job_fast(kind, needle):
     assert needle in p.stderr, p.stderr
     assert "rank 2/4" in p.stderr, p.stderr
     assert elapsed < 10, f"took {elapsed:.1f}s to end the job"
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--model", "bogus"], "invalid choice: 'bogus'"),
+    (["--mode", "bogus"], "invalid choice: 'bogus'"),
+    (["--batch-size", "0"], "--batch-size: must be > 0, got 0"),
+    (["--mlp", "abc"], "--mlp: expected comma-separated integers, got 'abc'"),
+    (["--lr", "-1"], "--lr"),
+    (["--mode", "auto"], "--mode auto"),
+    (["--consistency", "asp"], "--consistency asp"),
+    (["--mode", "allreduce", "--servers", "1"], "drop --servers 1"),
+])
+def test_train_bad_options_fail_on_every_rank(args, needle):
+    p = run_job(2, pshybrid("train", "--steps", "2", *args), timeout=60)
+    assert p.returncode != 0
+    for rank in (0, 1):
+        assert f"(rank {rank}/2)" in p.stderr and needle in p.stderr, p.stderr
+    assert p.stderr.count("pshybrid: error") == 2 and "Traceback" not in p.stderr, p.stderr
+
+
+def test_train_unknown_config_key(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('model = "dcn"\nbatch_sise = 64\n')
+    p = run_job(2, pshybrid("train", "--config", str(cfg)), timeout=60)
+    assert p.returncode != 0
+    assert "unknown key 'batch_sise'" in p.stderr and str(cfg) in p.stderr, p.stderr
+    assert "did you mean batch_size" in p.stderr
+
+
+def test_train_config_file_and_metrics(tmp_path):
+    """A TOML config with a command-line override; --metrics gets one JSON object per log
+    and a final summary with the per-phase split."""
+    import json
+
+    cfg = tmp_path / "run.toml"
+    cfg.write_text('model = "deepfm"\nsteps = 50\nbatch_size = 16\nlog_every = 10\n'
+                   'embedding_dim = 4\nmlp = [16, 8]\n')
+    metrics = tmp_path / "m.jsonl"
+    p = run_job(3, pshybrid("train", "--config", str(cfg), "--steps", "20",
+                            "--metrics", str(metrics)), timeout=120)
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in recs[:-1]] == [10, 20]  # --steps 20 beat the file's 50
+    for r in recs[:-1]:
+        assert r["loss"] > 0 and r["samples_per_s"] > 0 and set(r["seconds"]) >= {"pull", "push"}
+    s = recs[-1]
+    assert s["summary"] and s["model"] == "deepfm" and s["workers"] == 2 and s["servers"] == 1
+    assert abs(sum(s["phase_fraction"].values()) - 1) < 1e-6
+    assert "done: hybrid deepfm  20 steps" in p.stdout
+
+
+def test_job_scripts_parse_and_local_one_runs():
+    import glob
+    import subprocess
+
+    scripts = sorted(glob.glob(os.path.join(HERE, "..", "jobs", "*.sh")))
+    assert len(scripts) >= 3
+    for path in scripts:
+        first_comment = open(path).read().splitlines()[1]
+        assert first_comment.startswith("# ") and os.path.basename(path) in first_comment, path
+        assert subprocess.run(["bash", "-n", path], capture_output=True).returncode == 0, path
+    env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    p = subprocess.run(["bash", os.path.join(HERE, "..", "jobs", "local.sh"), "3", "--steps", "5",
+                        "--batch-size", "8", "--log-every", "5"], capture_output=True, text=True,
+                       timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
+    assert "done: hybrid wdl  5 steps" in p.stdout
+
+
+def test_default_command_learns(tmp_path):
+    """The README's run command (WDL, hybrid, synthetic stream, 2000 steps): mean logloss
+    over the last 10% of steps < 0.9 x the logloss of always predicting the base rate."""
+    import json
+
+    metrics = tmp_path / "m.jsonl"
+    p = run_job(4, pshybrid("train", "--metrics", str(metrics)), timeout=400)
+    assert p.returncode == 0, p.stderr
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    summary, logs = recs[-1], recs[:-1]
+    assert summary["steps"] == 2000 and summary["mode"] == "hybrid" and summary["model"] == "wdl"
+    tail = [r["loss"] for r in logs if r["step"] > 1800]  # each: mean over its 100 steps
+    assert len(tail) == 2
+    ratio = (sum(tail) / len(tail)) / summary["base_rate_logloss"]
+    print(f"last-10% logloss {sum(tail) / len(tail):.4f} / base rate "
+          f"{summary['base_rate_logloss']:.4f} = {ratio:.3f}")
+    assert ratio < 0.9

@@ -1,0 +1,271 @@
+"""Configuration: one dataclass per concern ⇄ command-line options ⇄ TOML file (DESIGN §10).
+
+Each field of a config dataclass is one option (``batch_size`` → ``--batch-size``) and one
+TOML key (``batch_size`` or ``batch-size``). ``resolve`` starts from the defaults, overlays the
+``--config FILE`` TOML file, then the options given on the command line (the command line
+wins), and validates every field. Field metadata (see ``option``): ``help``, ``choices`` and
+``check(value) -> error string | None``; a dataclass may add ``validate(self)`` for
+cross-field rules. Every error is a ``ConfigError`` naming the option or key; it is
+``collective``: each rank parses the same arguments and reaches the same verdict.
+
+Supported field types: ``int``, ``float``, ``str``, ``bool`` (``--flag/--no-flag``), the
+``X | None`` of all but bool (``none`` on the command line), and ``tuple[int, ...]``
+(``1024,512,256`` on the command line; an array of integers or that string in TOML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import math
+import re
+import tomllib
+import types
+import typing
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse that raises ConfigError (same on every rank) instead of exiting."""
+
+    def error(self, message):
+        raise ConfigError(f"{self.prog}: {message}", collective=True)
+
+
+def option(default, help: str, *, choices: tuple | None = None, check=None):
+    """A config field: ``default``, one-line ``help``, allowed ``choices``, and ``check``."""
+    return dataclasses.field(default=default,
+                             metadata={"help": help, "choices": choices, "check": check})
+
+
+def _error(message: str) -> ConfigError:
+    return ConfigError(message, collective=True)
+
+
+_EXPECTED = {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+             tuple: "comma-separated integers"}
+
+
+def _kind(tp) -> tuple[type, bool]:
+    """``(base, optional)`` of a supported field type; base is int, float, str, bool or tuple."""
+    args = typing.get_args(tp)
+    optional = (typing.get_origin(tp) in (types.UnionType, typing.Union)
+                and len(args) == 2 and type(None) in args)
+    if optional:
+        tp = next(a for a in args if a is not type(None))
+    if typing.get_origin(tp) is tuple and typing.get_args(tp) == (int, ...):
+        return tuple, optional
+    if tp in (int, float, str) or (tp is bool and not optional):
+        return tp, optional
+    raise TypeError(f"unsupported config field type {tp!r}")
+
+
+def _fields(cls) -> list[tuple[dataclasses.Field, type, bool]]:
+    hints = typing.get_type_hints(cls)
+    return [(f, *_kind(hints[f.name])) for f in dataclasses.fields(cls)]
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _show(value) -> str:
+    """A value as it is written on the command line."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return str(value).lower()
+    return ",".join(map(str, value)) if isinstance(value, tuple) else str(value)
+
+
+def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
+    """Add ``--config FILE`` and one ``--kebab-name`` option per field of dataclass ``cls``.
+
+    Options default to ``argparse.SUPPRESS`` (absent from the namespace unless given) and
+    keep their text: ``resolve`` converts and checks them.
+    """
+    parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                        help="TOML file with any of these options, as keys (the command "
+                             "line wins)")
+    for f, base, optional in _fields(cls):
+        text = f"{f.metadata.get('help', '')} (default: {_show(f.default)})".replace("%", "%%")
+        kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
+        if base is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif f.metadata.get("choices"):
+            none = ["none"] if optional else []
+            kwargs["choices"] = [*map(_show, f.metadata["choices"]), *none]
+        parser.add_argument(_flag(f.name), **kwargs)
+
+
+def _from_text(text, base: type, optional: bool, where: str):
+    """A command-line value (text, or a bool from a flag) → the field's value."""
+    if optional and text == "none":
+        return None
+    if base in (str, bool):
+        return text
+    try:
+        return tuple(int(s) for s in text.split(",")) if base is tuple else base(text)
+    except ValueError:
+        raise _error(f"{where}: expected {_EXPECTED[base]}, got {text!r}") from None
+
+
+def _typed(value, base: type, optional: bool, where: str):
+    """A TOML / stored value → the field's value (int → float, list → tuple), type-checked."""
+    if value is None and optional:
+        return None
+    if base is tuple and isinstance(value, str):
+        return _from_text(value, base, optional, where)
+    if base is float and type(value) is int:
+        value = float(value)
+    if base is tuple and isinstance(value, (list, tuple)):
+        value = tuple(value)
+        if all(type(v) is int for v in value):
+            return value
+    elif type(value) is base:
+        return value
+    expected = "an array of integers" if base is tuple else _EXPECTED[base]
+    raise _error(f"{where}: expected {expected}, got {value!r}")
+
+
+def _keyed(cls, d: dict, source: str) -> tuple[dict, dict]:
+    """Map the keys of ``d`` (``_`` or ``-``) to field names: ``(values, where)``."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    values, where = {}, {}
+    for key, value in d.items():
+        name = key.replace("-", "_")
+        if name not in names:
+            close = difflib.get_close_matches(name, names)
+            hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(names)}"
+            raise _error(f"unknown key {key!r} in {source}; {hint}")
+        if name in values:
+            raise _error(f"key {key!r} given twice in {source}")
+        values[name], where[name] = value, f"{key} (in {source})"
+    return values, where
+
+
+def _build(cls, values: dict, where: dict):
+    """Defaults overlaid with ``values``; every field type-, choice- and range-checked."""
+    kwargs = {}
+    for f, base, optional in _fields(cls):
+        label = where.get(f.name, f.name)
+        value = _typed(values.get(f.name, f.default), base, optional, label)
+        choices, check = f.metadata.get("choices"), f.metadata.get("check")
+        if value is not None and choices and value not in choices:
+            raise _error(f"{label}: must be one of {', '.join(map(_show, choices))}, "
+                         f"got {value!r}")
+        if value is not None and check and (problem := check(value)):
+            raise _error(f"{label}: {problem}, got {value!r}")
+        kwargs[f.name] = value
+    cfg = cls(**kwargs)
+    if hasattr(cfg, "validate"):
+        cfg.validate()
+    return cfg
+
+
+def _read_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise _error(f"--config {path}: cannot read: {exc.strerror or exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise _error(f"--config {path}: invalid TOML: {exc}") from None
+
+
+def resolve(cls, ns: argparse.Namespace):
+    """The ``cls`` instance of defaults < ``--config`` TOML file < command-line options."""
+    values, where = {}, {}
+    if getattr(ns, "config", None) is not None:
+        values, where = _keyed(cls, _read_toml(ns.config), ns.config)
+    for f, base, optional in _fields(cls):
+        if hasattr(ns, f.name):
+            where[f.name] = _flag(f.name)
+            values[f.name] = _from_text(getattr(ns, f.name), base, optional, where[f.name])
+    return _build(cls, values, where)
+
+
+def to_dict(cfg) -> dict:
+    """``{field: value}`` of a config, JSON-able (tuples → lists; None stays None)."""
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def from_dict(cls, d: dict, source: str):
+    """Inverse of ``to_dict`` (e.g. a config stored in a checkpoint), checked like a TOML file;
+    ``source`` names where ``d`` came from in error messages. Missing keys take defaults."""
+    return _build(cls, *_keyed(cls, d, source))
+
+
+# -- checks ---------------------------------------------------------------------------------
+
+def _at_least(lo):
+    return lambda v: None if v >= lo else f"must be >= {lo}"
+
+
+def _positive(v):
+    return None if v > 0 else "must be > 0"
+
+
+def _learning_rate(v):
+    return None if math.isfinite(v) and v >= 0 else "must be >= 0 and finite"
+
+
+def _layer_sizes(v):
+    return None if v and all(n > 0 for n in v) else "must be a non-empty list of sizes > 0"
+
+
+def _consistency(v):
+    ok = re.fullmatch(r"bsp|asp|ssp:[0-9]+", v)
+    return None if ok else "must be bsp, asp or ssp:K (K >= 0 an integer: the staleness bound)"
+
+
+@dataclass
+class TrainConfig:
+    """Options of ``python -m pshybrid train`` (DESIGN §10)."""
+
+    model: str = option("wdl", "model architecture",
+                        choices=("wdl", "deepfm", "dcn", "dlrm"))
+    mode: str = option("hybrid", "communication: sparse via servers + dense allreduce, all via "
+                       "servers, all allreduce, or chosen automatically",
+                       choices=("hybrid", "ps", "allreduce", "auto"))
+    servers: int | None = option(None, "number of server ranks (none: one per node)",
+                                 check=_at_least(0))
+    data: str | None = option(None, "training dataset file (none: built-in synthetic stream)")
+    eval_data: str | None = option(None, "evaluation dataset file")
+    batch_size: int = option(128, "batch size per worker", check=_positive)
+    steps: int = option(2000, "number of training steps", check=_at_least(0))
+    epochs: int | None = option(None, "number of passes over --data (instead of --steps)",
+                                check=_positive)
+    lr: float = option(0.05, "learning rate of the embedding rows (sparse optimizer)",
+                       check=_learning_rate)
+    dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
+                                  choices=("sgd", "adam"))
+    sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows",
+                                   choices=("sgd", "adagrad", "adam"))
+    dense_lr: float | None = option(0.001, "learning rate of the dense parameters (none: --lr)",
+                                    check=_learning_rate)
+    embedding_dim: int = option(16, "embedding dimension", check=_positive)
+    mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated",
+                                  check=_layer_sizes)
+    cross_layers: int = option(2, "number of cross layers (dcn only)", check=_at_least(0))
+    seed: int = option(0, "random seed", check=_at_least(0))
+    consistency: str = option("bsp", "bsp, asp, or ssp:K (at most K steps of staleness)",
+                              check=_consistency)
+    device: str = option("cpu", "device of the workers", choices=("cpu", "cuda"))
+    dtype: str = option("float32", "floating-point type of parameters and activations",
+                        choices=("float32", "float64"))
+    metrics: str | None = option(None, "JSON-lines file of per-step and evaluation metrics")
+    log_every: int = option(100, "log (and write metrics) every this many steps",
+                            check=_positive)
+    checkpoint_dir: str | None = option(None, "directory for checkpoints (none: no checkpoints)")
+    checkpoint_every: int = option(0, "save a checkpoint every K steps (0: never periodically)",
+                                   check=_at_least(0))
+    resume: str | None = option(None, "checkpoint directory to resume from")
+
+    def validate(self) -> None:
+        """Cross-field rules."""
+        if self.epochs is not None and self.data is None:
+            raise _error("--epochs needs --data; the synthetic stream is endless: use --steps")

@@ -1,0 +1,254 @@
+"""Dense layers with hand-written backward passes, on one flat parameter buffer (STYLE.md §8).
+
+``ParamSpace`` holds every dense parameter of a model in one flat buffer ``flat`` (P,)
+and every gradient in one flat buffer ``flat_grad`` (P,), in registration order, each
+parameter contiguous; layers hold only names and look up views (``ps.param(name)``,
+``ps.grad(name)``), so a fused Allreduce of ``flat_grad`` copies nothing.
+
+Initialisation of parameter ``name`` under ``seed`` depends on those values alone:
+
+    rng            = numpy.random.default_rng([seed, crc32(name)])
+    zeros / ones   : 0 / 1
+    xavier_uniform : rng.uniform(-a, a, size=shape), a = sqrt(6 / (fan_in + fan_out)),
+                     (fan_in, fan_out) = shape for 2-D, (n, 1) for 1-D shape (n,)
+    uniform        : rng.uniform(-scale, scale, size=shape)
+    normal         : rng.standard_normal(shape) * scale
+
+drawn in float64, then cast to the buffer's dtype.
+
+Layers cache in ``forward`` what ``backward`` needs; ``backward(dy)`` returns the input
+gradient and accumulates (+=) into the parameter gradients (the trainer zeroes them).
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import numpy as np
+
+from .backend import array_module
+
+INITS = ("zeros", "ones", "xavier_uniform", "uniform", "normal")
+
+
+def _init_values(name: str, shape: tuple[int, ...], init: str, scale: float,
+                 seed: int) -> np.ndarray:
+    """The documented initial values of one parameter: (*shape) float64."""
+    if init == "zeros":
+        return np.zeros(shape)
+    if init == "ones":
+        return np.ones(shape)
+    rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+    if init == "xavier_uniform":
+        assert len(shape) in (1, 2), (name, shape)
+        fan_in, fan_out = shape if len(shape) == 2 else (shape[0], 1)
+        a = math.sqrt(6.0 / (fan_in + fan_out))
+        return rng.uniform(-a, a, size=shape)
+    if init == "uniform":
+        return rng.uniform(-scale, scale, size=shape)
+    return rng.standard_normal(shape) * scale
+
+
+class ParamSpace:
+    """All dense parameters of a model in one flat buffer, their gradients in another."""
+
+    def __init__(self):
+        self._specs: dict[str, tuple[tuple[int, ...], str, float]] = {}
+        self._offsets: dict[str, int] = {}
+        self.size = 0
+        self.flat = None
+        self.flat_grad = None
+
+    def add(self, name: str, shape: tuple[int, ...], init: str, scale: float = 0.0) -> None:
+        """Register parameter ``name`` of ``shape`` (before ``build``)."""
+        assert self.flat is None, f"add({name!r}) after build"
+        if name in self._specs:
+            raise ValueError(f"parameter {name!r} is already registered")
+        if init not in INITS:
+            raise ValueError(f"parameter {name!r}: init {init!r} is not one of {INITS}")
+        shape = tuple(int(s) for s in shape)
+        self._specs[name] = (shape, init, float(scale))
+        self._offsets[name] = self.size
+        self.size += math.prod(shape)
+
+    def build(self, xp, dtype, seed: int) -> None:
+        """Allocate ``flat`` (P,) and zeroed ``flat_grad`` (P,) in ``xp``/``dtype``; initialise."""
+        self.flat = xp.zeros(self.size, dtype=dtype)
+        self.flat_grad = xp.zeros(self.size, dtype=dtype)
+        for name, (shape, init, scale) in self._specs.items():
+            values = _init_values(name, shape, init, scale, seed).astype(dtype).ravel()
+            o = self._offsets[name]
+            self.flat[o:o + values.size] = xp.asarray(values)
+
+    @property
+    def names(self) -> list[str]:
+        """Parameter names in registration (= buffer) order."""
+        return list(self._specs)
+
+    def offset(self, name: str) -> int:
+        """First element of ``name`` in ``flat`` / ``flat_grad``."""
+        return self._offsets[name]
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        """Registered shape of ``name``."""
+        return self._specs[name][0]
+
+    def _view(self, buf, name: str):
+        assert buf is not None, "ParamSpace.build() has not been called"
+        o, shape = self._offsets[name], self._specs[name][0]
+        return buf[o:o + math.prod(shape)].reshape(shape)
+
+    def param(self, name: str):
+        """View of parameter ``name`` into ``flat``: (*shape)."""
+        return self._view(self.flat, name)
+
+    def grad(self, name: str):
+        """View of the gradient of ``name`` into ``flat_grad``: (*shape)."""
+        return self._view(self.flat_grad, name)
+
+    def zero_grad(self) -> None:
+        """Set every gradient to zero."""
+        self.flat_grad[...] = 0
+
+
+class Linear:
+    """y = x @ W + b; x: (B, d_in), W: (d_in, d_out), b: (d_out,) -> y: (B, d_out)."""
+
+    def __init__(self, ps: ParamSpace, name: str, d_in: int, d_out: int):
+        self.ps, self.w, self.b = ps, f"{name}.weight", f"{name}.bias"
+        ps.add(self.w, (d_in, d_out), "xavier_uniform")
+        ps.add(self.b, (d_out,), "zeros")
+
+    def forward(self, x):
+        """x: (B, d_in) -> (B, d_out)."""
+        self.x = x
+        return x @ self.ps.param(self.w) + self.ps.param(self.b)
+
+    def backward(self, dy):
+        """dy: (B, d_out) -> dx: (B, d_in); dW += x^T dy, db += sum_B dy."""
+        gw, gb = self.ps.grad(self.w), self.ps.grad(self.b)
+        gw += self.x.T @ dy
+        gb += dy.sum(axis=0)
+        return dy @ self.ps.param(self.w).T
+
+
+class ReLU:
+    """y = max(x, 0), elementwise."""
+
+    def forward(self, x):
+        """x: (...) -> (...)."""
+        self.mask = x > 0
+        return x * self.mask
+
+    def backward(self, dy):
+        """dy: (...) -> dx: (...)."""
+        return dy * self.mask
+
+
+class MLP:
+    """Linear layers ``{name}.{i}`` over consecutive ``sizes``, ReLU after each (but the
+    last when ``final_activation`` is False); x: (B, sizes[0]) -> (B, sizes[-1])."""
+
+    def __init__(self, ps: ParamSpace, name: str, sizes: list[int],
+                 final_activation: bool = True):
+        assert len(sizes) >= 2, sizes
+        self.out_dim = sizes[-1]
+        self.layers = []
+        for i, (d_in, d_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            self.layers.append(Linear(ps, f"{name}.{i}", d_in, d_out))
+            if final_activation or i < len(sizes) - 2:
+                self.layers.append(ReLU())
+
+    def forward(self, x):
+        """x: (B, sizes[0]) -> (B, sizes[-1])."""
+        for layer in self.layers:
+            x = layer.forward(x)
+        return x
+
+    def backward(self, dy):
+        """dy: (B, sizes[-1]) -> dx: (B, sizes[0])."""
+        for layer in reversed(self.layers):
+            dy = layer.backward(dy)
+        return dy
+
+
+def sigmoid(z):
+    """1 / (1 + exp(-z)) without overflow; z: (...) -> (...)."""
+    xp = array_module(z)
+    e = xp.exp(-xp.abs(z))
+    s = 1.0 / (1.0 + e)
+    return xp.where(z >= 0, s, e * s)
+
+
+def bce_with_logits(z, y):
+    """Binary cross-entropy of logits z: (B,) against labels y: (B,) -> (losses (B,), dz (B,))."""
+    xp = array_module(z, y)
+    loss = xp.maximum(z, 0) - z * y + xp.log1p(xp.exp(-xp.abs(z)))
+    return loss, sigmoid(z) - y
+
+
+class FMInteraction:
+    """Factorisation-machine second-order term: e: (B, F, D) -> y: (B,) = sum_{i<j} <e_i, e_j>."""
+
+    def forward(self, e):
+        """e: (B, F, D) -> (B,) = 0.5 * sum_d[(sum_f e)^2 - sum_f e^2]."""
+        self.e, self.s = e, e.sum(axis=1)
+        return 0.5 * ((self.s * self.s).sum(axis=1) - (e * e).sum(axis=(1, 2)))
+
+    def backward(self, dy):
+        """dy: (B,) -> de: (B, F, D) = dy * (sum_f e - e)."""
+        return dy[:, None, None] * (self.s[:, None, :] - self.e)
+
+
+class CrossNet:
+    """DCN cross layers x_{l+1} = x_0 * (x_l @ w_l)[:, None] + b_l + x_l; x0: (B, d) -> (B, d)."""
+
+    def __init__(self, ps: ParamSpace, name: str, d: int, n_layers: int):
+        self.ps = ps
+        self.params = [(f"{name}.{l}.weight", f"{name}.{l}.bias") for l in range(n_layers)]
+        for w, b in self.params:
+            ps.add(w, (d,), "xavier_uniform")
+            ps.add(b, (d,), "zeros")
+
+    def forward(self, x0):
+        """x0: (B, d) -> x_L: (B, d)."""
+        self.xs, self.us = [x0], []
+        for w, b in self.params:
+            x = self.xs[-1]
+            u = x @ self.ps.param(w)
+            self.us.append(u)
+            self.xs.append(x0 * u[:, None] + self.ps.param(b) + x)
+        return self.xs[-1]
+
+    def backward(self, dy):
+        """dy: (B, d) -> dx0: (B, d), summed over the x_0 term of every layer and the x_l chain."""
+        x0, dx0 = self.xs[0], 0
+        for (w, b), x, u in reversed(list(zip(self.params, self.xs, self.us))):
+            gw, gb = self.ps.grad(w), self.ps.grad(b)
+            du = (dy * x0).sum(axis=1)
+            gb += dy.sum(axis=0)
+            gw += x.T @ du
+            dx0 = dx0 + dy * u[:, None]
+            dy = dy + du[:, None] * self.ps.param(w)
+        return dx0 + dy
+
+
+class DotInteraction:
+    """DLRM pairwise dots: z: (B, n, D) -> (B, n(n-1)/2), z_i . z_j for (i, j) in
+    tril_indices(n, k=-1) order."""
+
+    def forward(self, z):
+        """z: (B, n, D) -> (B, n(n-1)/2)."""
+        xp = array_module(z)
+        self.z = z
+        self.i, self.j = xp.tril_indices(z.shape[1], k=-1)
+        return (z @ z.transpose(0, 2, 1))[:, self.i, self.j]
+
+    def backward(self, dy):
+        """dy: (B, n(n-1)/2) -> dz: (B, n, D)."""
+        xp = array_module(dy)
+        b, n, _ = self.z.shape
+        dg = xp.zeros((b, n, n), dtype=dy.dtype)
+        dg[:, self.i, self.j] = dy
+        return (dg + dg.transpose(0, 2, 1)) @ self.z

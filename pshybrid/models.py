@@ -1,0 +1,166 @@
+"""CTR models built from named parts (TorchRec's words): a sparse arch (embedding lookup,
+done by the training mode through the store), a dense arch, an interaction arch and an
+over arch. ``docs/models.md`` states every forward pass exactly.
+
+A model sees ``dense: (B, n_dense)`` and ``emb: (B, F, E)``, the pulled rows of the fused
+sparse table (``SparseArch``), and returns ``logits: (B,)``. ``backward(dlogits)``
+accumulates dense gradients into the ParamSpace and returns ``demb: (B, F, E)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .backend import array_module
+from .errors import ConfigError
+from .layers import MLP, CrossNet, DotInteraction, FMInteraction, Linear, ParamSpace
+from .store import TableSpec
+from .synthetic import Schema
+
+
+class SparseArch:
+    """All sparse fields in one fused table ``name``: field f's id i is global row
+    ``offsets[f] + i``; a row holds the field's ``dim``-wide embedding followed by
+    ``wide`` extra columns (1 for the per-id linear weight of WDL and DeepFM, else 0).
+    One table means one indexed Get and one Accumulate per server per step."""
+
+    def __init__(self, schema: Schema, dim: int, wide: int, dtype: str, name: str = "sparse"):
+        self.schema, self.dim, self.wide = schema, dim, wide
+        self.offsets = np.concatenate(([0], np.cumsum(schema.cardinalities)[:-1])).astype(np.int64)
+        self.table = TableSpec(name, rows=int(sum(schema.cardinalities)), dim=dim + wide,
+                               dtype=dtype, init="uniform", init_scale=0.05)
+
+    def global_ids(self, sparse: np.ndarray) -> np.ndarray:
+        """sparse: (B, F) per-field ids -> (B, F) int64 rows of the fused table."""
+        return sparse.astype(np.int64, copy=False) + self.offsets
+
+
+class CTRModel:
+    """Base: subclasses register parameters in ``__init__`` and define forward/backward."""
+
+    wide = 0
+
+    def __init__(self, schema: Schema, dim: int, mlp: tuple[int, ...], ps: ParamSpace):
+        self.schema, self.dim, self.mlp, self.ps = schema, dim, tuple(mlp), ps
+        self.F, self.Fd = len(schema.cardinalities), schema.n_dense
+
+    def forward(self, dense, emb):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def backward(self, dlogits):  # pragma: no cover - interface
+        raise NotImplementedError
+
+    def _deep_input(self, dense, emb):
+        """concat(dense, flattened embeddings without wide columns): (B, Fd + F*D)."""
+        xp = array_module(dense)
+        B = dense.shape[0]
+        return xp.concatenate([dense, emb[:, :, :self.dim].reshape(B, self.F * self.dim)], axis=1)
+
+    def _split_deep_grad(self, dx, emb_shape):
+        """Inverse of _deep_input for gradients: dx (B, Fd+F*D) -> demb (B, F, E) (wide cols 0)."""
+        xp = array_module(dx)
+        demb = xp.zeros(emb_shape, dtype=dx.dtype)
+        demb[:, :, :self.dim] = dx[:, self.Fd:].reshape(emb_shape[0], self.F, self.dim)
+        return demb
+
+
+class WDL(CTRModel):
+    """Wide & Deep: logit = wide(dense) + sum_f w_f[id_f] + deep(concat(dense, emb))."""
+
+    wide = 1
+    linear_name = "wide.dense"
+
+    def __init__(self, schema, dim, mlp, ps):
+        super().__init__(schema, dim, mlp, ps)
+        self.linear = Linear(ps, self.linear_name, self.Fd, 1)
+        self.deep = MLP(ps, "over", [self.Fd + self.F * dim, *mlp, 1], final_activation=False)
+
+    def forward(self, dense, emb):
+        self._shape = emb.shape
+        return (self.linear.forward(dense)[:, 0] + emb[:, :, self.dim].sum(1)
+                + self.deep.forward(self._deep_input(dense, emb))[:, 0])
+
+    def backward(self, dlogits):
+        self.linear.backward(dlogits[:, None])
+        demb = self._split_deep_grad(self.deep.backward(dlogits[:, None]), self._shape)
+        demb[:, :, self.dim] = dlogits[:, None]
+        return demb
+
+
+class DeepFM(WDL):
+    """DeepFM: WDL's logit (its wide part is the first-order term) + FM(emb)."""
+
+    linear_name = "fm.dense"
+
+    def __init__(self, schema, dim, mlp, ps):
+        super().__init__(schema, dim, mlp, ps)
+        self.fm = FMInteraction()
+
+    def forward(self, dense, emb):
+        return super().forward(dense, emb) + self.fm.forward(emb[:, :, :self.dim])
+
+    def backward(self, dlogits):
+        demb = super().backward(dlogits)
+        demb[:, :, :self.dim] += self.fm.backward(dlogits)
+        return demb
+
+
+class DCN(CTRModel):
+    """Deep & Cross: x0 = concat(dense, emb); logit = out(concat(cross(x0), deep(x0)))."""
+
+    def __init__(self, schema, dim, mlp, ps, cross_layers: int = 2):
+        super().__init__(schema, dim, mlp, ps)
+        d = self.Fd + self.F * dim
+        self.cross = CrossNet(ps, "cross", d, cross_layers)
+        self.deep = MLP(ps, "deep", [d, *mlp], final_activation=True)
+        self.out = Linear(ps, "over", d + mlp[-1], 1)
+
+    def forward(self, dense, emb):
+        xp = array_module(dense)
+        self._shape = emb.shape
+        x0 = self._deep_input(dense, emb)
+        self._d = x0.shape[1]
+        return self.out.forward(xp.concatenate([self.cross.forward(x0), self.deep.forward(x0)],
+                                               axis=1))[:, 0]
+
+    def backward(self, dlogits):
+        dcat = self.out.backward(dlogits[:, None])
+        dx0 = self.cross.backward(dcat[:, :self._d]) + self.deep.backward(dcat[:, self._d:])
+        return self._split_deep_grad(dx0, self._shape)
+
+
+class DLRM(CTRModel):
+    """DLRM: z = bottom(dense) (B, D); pairwise dots of [z, emb_1..emb_F];
+    logit = top(concat(z, dots))."""
+
+    def __init__(self, schema, dim, mlp, ps, bottom: tuple[int, ...] = (64,)):
+        super().__init__(schema, dim, mlp, ps)
+        self.bottom = MLP(ps, "bottom", [self.Fd, *bottom, dim], final_activation=True)
+        self.dot = DotInteraction()
+        n = self.F + 1
+        self.top = MLP(ps, "over", [dim + n * (n - 1) // 2, *mlp, 1], final_activation=False)
+
+    def forward(self, dense, emb):
+        xp = array_module(dense)
+        z = self.bottom.forward(dense)
+        stacked = xp.concatenate([z[:, None, :], emb], axis=1)
+        return self.top.forward(xp.concatenate([z, self.dot.forward(stacked)], axis=1))[:, 0]
+
+    def backward(self, dlogits):
+        dtop = self.top.backward(dlogits[:, None])
+        dstack = self.dot.backward(dtop[:, self.dim:])
+        self.bottom.backward(dtop[:, :self.dim] + dstack[:, 0, :])
+        return dstack[:, 1:, :]
+
+
+MODELS = {"wdl": WDL, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM}
+
+
+def build_model(name: str, schema: Schema, dim: int, mlp, ps: ParamSpace, dtype: str,
+                cross_layers: int = 2):
+    """Model ``name`` and its SparseArch; registers the dense parameters in ``ps``."""
+    if name not in MODELS:
+        raise ConfigError(f"unknown model {name!r}: choose from {sorted(MODELS)}", collective=True)
+    kw = {"cross_layers": cross_layers} if name == "dcn" else {}
+    model = MODELS[name](schema, dim, tuple(mlp), ps, **kw)
+    return model, SparseArch(schema, dim, model.wide, dtype)

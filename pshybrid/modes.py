@@ -1,0 +1,315 @@
+"""Communication modes (DESIGN §3): where embeddings and dense weights live, how they move.
+
+Every mode offers workers the same verbs, so the training loop is one piece of code:
+``begin_step`` (ps: pull the dense weights), ``lookup(ids)`` (pull embedding rows),
+``update(ids, demb, step)`` (apply sparse and dense gradients; returns with the step's
+updates visible to every worker: BSP), ``full_dense``/``full_table`` (gather parameters,
+for tests and export) and ``finish``; servers call ``serve``.
+
+- ``hybrid``: embeddings sharded on servers (RMA); dense weights replicated on workers,
+  gradients Allreduced over the workers.
+- ``ps``: embeddings as hybrid; the dense flat buffer is a table of ``DENSE_ROW``-wide
+  rows sharded on the servers, pulled every step and pushed back; its optimizer runs on
+  the servers.
+- ``allreduce``: every worker holds the whole table; each worker's deduplicated sparse
+  gradient rows are exchanged with Allgather (ids + rows, Horovod style) and every worker
+  applies the same update; dense gradients Allreduced.
+
+Optimizers with state (and every non-SGD dense optimizer in ``ps``) run on the servers:
+workers Accumulate raw gradient sums into a ``"g"`` slot and send each server the local
+rows they touched (8 bytes per row); each server takes the union, applies the optimizer
+to those rows and zeroes their ``"g"`` rows, then joins an end-of-step barrier. Plain SGD
+skips the server step: workers accumulate ``-lr * g`` straight into the weights.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+from mpi4py import MPI
+
+from . import partition
+from .initializers import uniform_rows
+from .kernels import gather, segment_sum
+from .layers import ParamSpace
+from .models import SparseArch
+from .optim import Optimizer
+from .store import EmbeddingStore, TableSpec
+from .topology import Topology
+from .transport import idle_barrier, mpi_type, poll_recv
+
+DENSE_ROW = 256  # width of a row of the dense "table" in ps mode
+TAG_STEP, TAG_STOP = 101, 102
+
+
+class Timers(defaultdict):
+    """Seconds per phase, accumulated."""
+
+    def __init__(self):
+        super().__init__(float)
+
+    def time(self, phase: str):
+        timers = self
+
+        class _T:
+            def __enter__(self):
+                self.t0 = time.perf_counter()
+
+            def __exit__(self, *exc):
+                timers[phase] += time.perf_counter() - self.t0
+
+        return _T()
+
+
+class Mode:
+    name = ""
+
+    def __init__(self, topo: Topology, sparse: SparseArch, ps: ParamSpace,
+                 sparse_opt: Optimizer, dense_opt: Optimizer, seed: int):
+        self.topo, self.sparse, self.ps = topo, sparse, ps
+        self.sparse_opt, self.dense_opt, self.seed = sparse_opt, dense_opt, seed
+        self.timers = Timers()
+        self.dense_state = {k: np.zeros_like(ps.flat) for k in dense_opt.slots}
+        self.allreduce_bytes = 0
+
+    # dense weights replicated on workers (hybrid, allreduce)
+    def _allreduce_dense(self, step: int) -> None:
+        with self.timers.time("allreduce"):
+            # Wire: one Allreduce(SUM) of the flat dense gradient over the workers; all workers wait.
+            self.topo.workers.Allreduce(MPI.IN_PLACE, [self.ps.flat_grad, mpi_type(self.ps.flat_grad.dtype)])
+            self.allreduce_bytes += self.ps.flat_grad.nbytes
+        with self.timers.time("dense_apply"):
+            self.dense_opt.update(self.ps.flat, self.ps.flat_grad, self.dense_state, step)
+
+    def begin_step(self, step: int) -> None:
+        pass
+
+    def full_dense(self) -> np.ndarray:
+        return self.ps.flat.copy()
+
+    def serve(self) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+    def traffic(self) -> dict:
+        return {"allreduce_bytes": self.allreduce_bytes}
+
+
+class _ServerMode(Mode):
+    """Shared by hybrid and ps: the fused sparse table (and ps's dense table) on servers."""
+
+    dense_on_servers = False
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        spec = self.sparse.table
+        self.sparse_server_step = self.sparse_opt.kind != "sgd"
+        tables = [TableSpec(spec.name, spec.rows, spec.dim, spec.dtype, spec.init, spec.init_scale,
+                            (("g",) + self.sparse_opt.slots) if self.sparse_server_step else ())]
+        if self.dense_on_servers:
+            P = self.ps.size
+            self.dense_rows = -(-P // DENSE_ROW)
+            self.dense_server_step = self.dense_opt.kind != "sgd"
+            tables.append(TableSpec("dense", self.dense_rows, DENSE_ROW, str(self.ps.flat.dtype),
+                                    "zeros", 0.0,
+                                    (("g",) + self.dense_opt.slots) if self.dense_server_step else ()))
+        else:
+            self.dense_server_step = False
+        self.server_step = self.sparse_server_step or self.dense_server_step
+        self.store = EmbeddingStore(self.topo, tables, seed=self.seed)
+        self.step_bytes = 0  # two-sided row-id messages sent
+
+    def lookup(self, ids):
+        with self.timers.time("pull"):
+            return self.store.pull(self.sparse.table.name, ids)
+
+    # ps mode: the dense flat buffer as rows of the "dense" table
+    def _dense_ids(self):
+        return np.arange(self.dense_rows, dtype=np.int64)
+
+    def _padded(self, flat):
+        out = np.zeros(self.dense_rows * DENSE_ROW, flat.dtype)
+        out[:flat.size] = flat
+        return out.reshape(self.dense_rows, DENSE_ROW)
+
+    def _notify_servers(self, touched) -> None:
+        """Wire: to each server, one int64 message of the local sparse rows this worker
+        touched (empty if none); the server waits for one from every worker."""
+        unique, bounds = touched if touched is not None else (np.zeros(0, np.int64), None)
+        S, reqs, keep = self.topo.n_servers, [], []
+        for s in range(S):
+            rows = (partition.local_row(unique[bounds[s]:bounds[s + 1]], S)
+                    if bounds is not None else unique)
+            rows = np.ascontiguousarray(rows, dtype=np.int64)
+            keep.append(rows)
+            reqs.append(self.topo.world.Isend([rows, MPI.INT64_T], self.topo.server_ranks[s],
+                                              TAG_STEP))
+            self.step_bytes += rows.nbytes
+        MPI.Request.Waitall(reqs)
+
+    def update(self, ids, demb, step: int) -> None:
+        """Apply step ``step``'s gradients; on return every worker's next pull sees them.
+
+        Pushes into a ``"g"`` slot (server-side optimizers) are invisible to pulls and go
+        first. Direct-SGD pushes write the live weights, so they wait until every worker
+        has pulled this step (BSP): the dense Allreduce is that sync point in hybrid mode,
+        a workers' barrier in ps mode.
+        """
+        sparse, store = self.sparse.table.name, self.store
+        direct_sparse = not self.sparse_server_step
+        direct_dense = self.dense_on_servers and not self.dense_server_step
+        touched = None
+        with self.timers.time("push"):
+            if self.sparse_server_step:
+                touched = store.push(sparse, ids, demb, slot="g")
+            if self.dense_on_servers and self.dense_server_step:
+                store.push("dense", self._dense_ids(), self._padded(self.ps.flat_grad), slot="g")
+        notify_early = self.server_step and not (direct_sparse or direct_dense)
+        if notify_early:
+            self._notify_servers(touched)  # servers start applying while we Allreduce
+        if not self.dense_on_servers:
+            self._allreduce_dense(step)
+        elif direct_sparse or direct_dense:
+            with self.timers.time("wait"):
+                store.barrier()  # Wire: workers' zero-byte barrier: everyone has pulled step t
+        with self.timers.time("push"):
+            if direct_sparse:
+                touched = store.push_sgd(sparse, ids, demb, self.sparse_opt.lr)
+            if direct_dense:
+                store.push_sgd("dense", self._dense_ids(), self._padded(self.ps.flat_grad),
+                               self.dense_opt.lr)
+        if self.server_step and not notify_early:
+            self._notify_servers(touched)
+        with self.timers.time("wait"):
+            if self.server_step:
+                # Wire: zero-byte Ibarrier over world; servers join after applying the step.
+                self.topo.world.Ibarrier().Wait()
+            else:
+                store.barrier()  # Wire: workers' zero-byte barrier: every push is complete
+
+    def serve(self) -> None:
+        """Servers: apply each step's optimizer to the rows the workers touched."""
+        if not self.server_step:
+            return
+        topo, store, name = self.topo, self.store, self.sparse.table.name
+        step = 0
+        while True:
+            msgs = []
+            with self.timers.time("wait"):
+                for r in topo.worker_ranks:
+                    msgs.append(poll_recv(topo.world, r))  # Wire: touched rows from worker r
+            tags = {tag for _, tag in msgs}
+            if tags == {TAG_STOP}:
+                return
+            assert tags == {TAG_STEP}, f"workers out of step: tags {tags}"
+            step += 1
+            with self.timers.time("server_apply"):
+                store.win.Sync()  # see the workers' completed Accumulates
+                if self.sparse_server_step:
+                    rows = np.unique(np.concatenate([m for m, _ in msgs]))
+                    g = store.shard(name, "g")
+                    state = {k: store.shard(name, k) for k in self.sparse_opt.slots}
+                    self.sparse_opt.update_rows(store.shard(name), rows, g[rows], state, step)
+                    g[rows] = 0
+                if self.dense_server_step:
+                    g = store.shard("dense", "g")
+                    state = {k: store.shard("dense", k) for k in self.dense_opt.slots}
+                    self.dense_opt.update(store.shard("dense"), g, state, step)
+                    g[...] = 0
+                store.win.Sync()  # publish before the workers' next Get
+            with self.timers.time("wait"):
+                idle_barrier(topo.world)
+
+    def full_table(self) -> np.ndarray:
+        """Workers: the whole fused table, pulled in chunks."""
+        spec = self.sparse.table
+        out = np.empty((spec.rows, spec.dim), spec.dtype)
+        for a in range(0, spec.rows, 1 << 16):
+            b = min(spec.rows, a + (1 << 16))
+            out[a:b] = self.store.pull(spec.name, np.arange(a, b, dtype=np.int64))
+        return out
+
+    def finish(self) -> None:
+        if not self.topo.is_server and self.server_step:
+            reqs = [self.topo.world.Isend([np.zeros(0, np.int64), MPI.INT64_T], r, TAG_STOP)
+                    for r in self.topo.server_ranks]  # Wire: empty STOP message to every server
+            MPI.Request.Waitall(reqs)
+        self.store.close()
+
+    def traffic(self) -> dict:
+        t = self.store.traffic
+        return {"rma_get_bytes": t.get_bytes, "rma_acc_bytes": t.acc_bytes,
+                "p2p_bytes": self.step_bytes, "allreduce_bytes": self.allreduce_bytes}
+
+
+class HybridMode(_ServerMode):
+    name = "hybrid"
+
+
+class PSMode(_ServerMode):
+    name = "ps"
+    dense_on_servers = True
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        # Worker 0 writes the initial dense weights into the zeroed dense table.
+        if self.topo.rank == self.topo.worker_ranks[0]:
+            self.store.push("dense", self._dense_ids(), self._padded(self.ps.flat))
+        # Wire: zero-byte barrier over world so nobody pulls before the initial weights landed.
+        idle_barrier(self.topo.world)
+
+    def begin_step(self, step: int) -> None:
+        with self.timers.time("pull"):
+            rows = self.store.pull("dense", self._dense_ids())
+            self.ps.flat[...] = rows.ravel()[:self.ps.size]
+
+    def full_dense(self) -> np.ndarray:
+        self.begin_step(-1)
+        return self.ps.flat.copy()
+
+
+class AllreduceMode(Mode):
+    name = "allreduce"
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        spec = self.sparse.table
+        self.table = np.empty((spec.rows, spec.dim), spec.dtype)
+        uniform_rows(self.table, np.arange(spec.rows, dtype=np.int64), self.seed, spec.name,
+                     spec.init_scale)
+        self.sparse_state = {k: np.zeros_like(self.table) for k in self.sparse_opt.slots}
+        self.gather_bytes = 0
+
+    def lookup(self, ids):
+        with self.timers.time("pull"):
+            return gather(self.table, ids)
+
+    def update(self, ids, demb, step: int) -> None:
+        comm, dim = self.topo.workers, self.table.shape[1]
+        with self.timers.time("push"):
+            uids, sums = segment_sum(ids.ravel(), demb.reshape(-1, dim))
+            # Wire: Allgather of counts, then Allgatherv of ids (8 B/row) and rows (itemsize*dim
+            # B/row) over the workers; all workers wait.
+            counts = np.array(comm.allgather(uids.size))
+            all_ids = np.empty(counts.sum(), np.int64)
+            comm.Allgatherv(uids, [all_ids, counts, MPI.INT64_T])
+            all_rows = np.empty((counts.sum(), dim), self.table.dtype)
+            T = mpi_type(self.table.dtype)
+            comm.Allgatherv(np.ascontiguousarray(sums), [all_rows, counts * dim, T])
+            self.gather_bytes += all_ids.nbytes + all_rows.nbytes
+            rows, g = segment_sum(all_ids, all_rows)
+            self.sparse_opt.update_rows(self.table, rows, g, self.sparse_state, step)
+        self._allreduce_dense(step)
+
+    def full_table(self) -> np.ndarray:
+        return self.table.copy()
+
+    def traffic(self) -> dict:
+        return {"allgather_bytes": self.gather_bytes, "allreduce_bytes": self.allreduce_bytes}
+
+
+MODES = {"hybrid": HybridMode, "ps": PSMode, "allreduce": AllreduceMode}

@@ -1,0 +1,72 @@
+"""Optimizers, written once for dense buffers and sparse rows alike (xp arrays).
+
+``update(w, g, state, step)`` updates ``w`` in place from gradient ``g`` (same shape)
+with state arrays ``state[slot]`` (same shape, zero-initialised) at 1-based ``step``:
+
+    sgd      w -= lr * g
+    adagrad  a += g*g;                      w -= lr * g / (sqrt(a) + eps)
+    adam     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
+             w -= lr * (m / (1 - b1**step)) / (sqrt(v / (1 - b2**step)) + eps)
+
+Dense parameters pass the whole flat buffer. Sparse tables pass the gathered rows a step
+touched (the union over all workers) and scatter them back: *lazy* updates, so rows no
+worker touched keep their weights and state unchanged (for Adam: their moments do not
+decay), and ``step`` is the global step for bias correction (TensorFlow's LazyAdam).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .backend import array_module
+from .errors import ConfigError
+
+SLOTS = {"sgd": (), "adagrad": ("acc",), "adam": ("m", "v")}
+
+
+@dataclass(frozen=True)
+class Optimizer:
+    kind: str
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self):
+        if self.kind not in SLOTS:
+            raise ConfigError(f"unknown optimizer {self.kind!r}: choose from {sorted(SLOTS)}",
+                              collective=True)
+
+    @property
+    def slots(self) -> tuple[str, ...]:
+        """Names of the state arrays this optimizer keeps beside each weight."""
+        return SLOTS[self.kind]
+
+    def update(self, w, g, state: dict, step: int) -> None:
+        """w, g, state[*]: same shape; updated in place. step: 1-based."""
+        xp = array_module(w)
+        if self.kind == "sgd":
+            w -= self.lr * g
+        elif self.kind == "adagrad":
+            acc = state["acc"]
+            acc += g * g
+            w -= self.lr * g / (xp.sqrt(acc) + self.eps)
+        else:
+            m, v = state["m"], state["v"]
+            m *= self.beta1
+            m += (1 - self.beta1) * g
+            v *= self.beta2
+            v += (1 - self.beta2) * g * g
+            mhat = m / (1 - self.beta1 ** step)
+            vhat = v / (1 - self.beta2 ** step)
+            w -= self.lr * mhat / (xp.sqrt(vhat) + self.eps)
+
+    def update_rows(self, w, rows, g, state: dict, step: int) -> None:
+        """Lazy sparse update of ``w[rows]`` (w: (N, D), rows: (U,) unique, g: (U, D));
+        ``state[slot]``: (N, D) arrays updated at the same rows."""
+        W = w[rows]
+        S = {k: state[k][rows] for k in self.slots}
+        self.update(W, g, S, step)
+        w[rows] = W
+        for k in self.slots:
+            state[k][rows] = S[k]

@@ -1,0 +1,148 @@
+"""Config: dataclass ⇄ argparse ⇄ TOML. Oracles: round trips and exact error texts."""
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+import pytest
+
+from pshybrid.config import (ArgumentParser, TrainConfig, add_arguments, from_dict, option,
+                             resolve, to_dict)
+from pshybrid.errors import ConfigError
+
+
+@dataclass
+class Toy:
+    """Every supported field type, generically."""
+
+    flag: bool = option(False, "a switch")
+    rate: float = option(0.5, "a rate", check=lambda v: None if v < 1 else "must be < 1")
+    count: int | None = option(None, "a count")
+    name: str | None = option(None, "a name", choices=("a", "b"))
+    sizes: tuple[int, ...] = option((3,), "sizes")
+
+
+def parse(cls, *argv):
+    parser = ArgumentParser(prog="prog")
+    add_arguments(parser, cls)
+    return resolve(cls, parser.parse_args(argv))
+
+
+def toml(tmp_path, text):
+    path = tmp_path / "cfg.toml"
+    path.write_text(text)
+    return str(path)
+
+
+def fails(fn, *args):
+    """The message of the ConfigError that ``fn(*args)`` raises; it must be collective."""
+    with pytest.raises(ConfigError) as info:
+        fn(*args)
+    assert info.value.collective
+    return str(info.value)
+
+
+def test_defaults_when_nothing_given():
+    assert parse(TrainConfig) == TrainConfig()
+    assert parse(Toy) == Toy()
+
+
+def test_cli_overrides_toml_overrides_defaults(tmp_path):
+    path = toml(tmp_path, 'model = "dcn"\nbatch-size = 64\nlr = 1\nmlp = [64, 32]\n')
+    cfg = parse(TrainConfig, "--config", path, "--batch-size", "32", "--seed", "7")
+    assert cfg == TrainConfig(model="dcn", batch_size=32, lr=1.0, mlp=(64, 32), seed=7)
+    assert type(cfg.lr) is float
+
+
+def test_cli_values():
+    cfg = parse(TrainConfig, "--mlp", "64,32", "--servers", "none", "--dense-lr", "0.1",
+                "--consistency", "ssp:3", "--data", "train.h5", "--epochs", "2")
+    assert cfg == TrainConfig(mlp=(64, 32), servers=None, dense_lr=0.1, consistency="ssp:3",
+                              data="train.h5", epochs=2)
+    assert parse(TrainConfig, "--servers", "2").servers == 2
+
+
+def test_generic_types(tmp_path):
+    assert parse(Toy, "--flag", "--rate", "0.25", "--count", "3", "--name", "b",
+                 "--sizes", "1,2") == Toy(True, 0.25, 3, "b", (1, 2))
+    path = toml(tmp_path, 'flag = true\nrate = 0\ncount = 5\nname = "a"\nsizes = "4,5"\n')
+    assert parse(Toy, "--config", path) == Toy(True, 0.0, 5, "a", (4, 5))
+    assert parse(Toy, "--config", path, "--no-flag", "--count", "none", "--name", "none") == \
+        Toy(False, 0.0, None, None, (4, 5))
+
+
+@pytest.mark.parametrize("cls,cfg", [
+    (TrainConfig, TrainConfig()),
+    (TrainConfig, TrainConfig(model="dlrm", servers=3, data="d.h5", epochs=1, dense_lr=0.5,
+                              mlp=(8,), consistency="asp", resume="ckpt")),
+    (Toy, Toy(True, 0.0, 7, "a", (1, 2, 3))),
+])
+def test_to_dict_from_dict_round_trip(cls, cfg):
+    d = to_dict(cfg)
+    assert from_dict(cls, json.loads(json.dumps(d)), "checkpoint") == cfg
+    assert d == {k: list(v) if isinstance(v, tuple) else v
+                 for k, v in dataclasses.asdict(cfg).items()}
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--mlp", "abc"], "--mlp: expected comma-separated integers, got 'abc'"),
+    (["--mlp", "64,0"], "--mlp: must be a non-empty list of sizes > 0, got (64, 0)"),
+    (["--batch-size", "0"], "--batch-size: must be > 0, got 0"),
+    (["--batch-size", "1.5"], "--batch-size: expected an integer, got '1.5'"),
+    (["--lr", "-1"], "--lr: must be >= 0 and finite, got -1.0"),
+    (["--lr", "inf"], "--lr: must be >= 0 and finite, got inf"),
+    (["--servers", "-1"], "--servers: must be >= 0, got -1"),
+    (["--consistency", "ssp:x"], "--consistency: must be bsp, asp or ssp:K "
+                                 "(K >= 0 an integer: the staleness bound), got 'ssp:x'"),
+    (["--model", "bogus"], "prog: argument --model: invalid choice: 'bogus' "
+                           "(choose from 'wdl', 'deepfm', 'dcn', 'dlrm')"),
+    (["--epochs", "2"], "--epochs needs --data; the synthetic stream is endless: use --steps"),
+])
+def test_cli_errors(argv, message):
+    assert fails(parse, TrainConfig, *argv) == message
+
+
+@pytest.mark.parametrize("text,message", [
+    ("batch_sise = 12\n", "unknown key 'batch_sise' in {path}; did you mean batch_size?"),
+    ("steps = 1\nsteps-per = 2\n", "unknown key 'steps-per' in {path}; did you mean steps?"),
+    ("batch_size = 1\nbatch-size = 2\n", "key 'batch-size' given twice in {path}"),
+    ('batch_size = "12"\n', "batch_size (in {path}): expected an integer, got '12'"),
+    ("lr = true\n", "lr (in {path}): expected a number, got True"),
+    ("epochs = 1.0\n", "epochs (in {path}): expected an integer, got 1.0"),
+    ("mlp = [64, true]\n", "mlp (in {path}): expected an array of integers, got (64, True)"),
+    ('mlp = "64,x"\n', "mlp (in {path}): expected comma-separated integers, got '64,x'"),
+    ('model = "bogus"\n', "model (in {path}): must be one of wdl, deepfm, dcn, dlrm, "
+                          "got 'bogus'"),
+])
+def test_toml_errors(tmp_path, text, message):
+    path = toml(tmp_path, text)
+    assert fails(parse, TrainConfig, "--config", path) == message.format(path=path)
+
+
+def test_unreadable_or_invalid_toml(tmp_path):
+    missing = str(tmp_path / "missing.toml")
+    assert fails(parse, TrainConfig, "--config", missing) == \
+        f"--config {missing}: cannot read: No such file or directory"
+    assert fails(parse, TrainConfig, "--config", str(tmp_path)) == \
+        f"--config {tmp_path}: cannot read: Is a directory"
+    for text in ("seed = \n", "seed = 1\nseed = 2\n"):
+        path = toml(tmp_path, text)
+        message = fails(parse, TrainConfig, "--config", path)
+        assert message.startswith(f"--config {path}: invalid TOML: ") and "line" in message
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b'data = "\xff"\n')
+    assert fails(parse, TrainConfig, "--config", str(binary)).startswith(
+        f"--config {binary}: invalid TOML: ")
+
+
+def test_generic_errors():
+    assert fails(parse, Toy, "--rate", "1") == "--rate: must be < 1, got 1.0"
+    assert fails(parse, Toy, "--count", "x") == "--count: expected an integer, got 'x'"
+    assert fails(parse, Toy, "--name", "c") == \
+        "prog: argument --name: invalid choice: 'c' (choose from 'a', 'b', 'none')"
+    assert fails(from_dict, Toy, {"name": "c"}, "src") == \
+        "name (in src): must be one of a, b, got 'c'"
+    assert fails(from_dict, Toy, {"flag": 1}, "src") == \
+        "flag (in src): expected true or false, got 1"
+    assert fails(from_dict, Toy, {"zzz": 1}, "ckpt/config.json") == \
+        "unknown key 'zzz' in ckpt/config.json; known: flag, rate, count, name, sizes"

@@ -1,0 +1,216 @@
+"""Dense layers: backward against central finite differences; forward against explicit
+loops; ParamSpace against its documented layout and initialisation formula."""
+
+import math
+import zlib
+
+import numpy as np
+import pytest
+
+from pshybrid.layers import (MLP, CrossNet, DotInteraction, FMInteraction, Linear, ParamSpace,
+                             ReLU, bce_with_logits)
+
+H = 1e-6
+
+
+def numeric_grad(loss, a):
+    """Central differences of the scalar ``loss()`` in every element of ``a`` (perturbed in place)."""
+    flat, out = a.reshape(-1), np.empty(a.size)
+    assert np.shares_memory(flat, a)
+    for k in range(a.size):
+        old = flat[k]
+        flat[k] = old + H
+        up = loss()
+        flat[k] = old - H
+        down = loss()
+        flat[k] = old
+        out[k] = (up - down) / (2 * H)
+    return out.reshape(a.shape)
+
+
+def check_backward(layer, x, ps=None):
+    """backward(g) == d/dx and (accumulated) d/dparams of L = sum(forward(x) * g), by FD."""
+    rng = np.random.default_rng(1)
+    if ps is not None:
+        ps.flat[:] = rng.standard_normal(ps.size)  # non-zero biases too
+        before = rng.standard_normal(ps.size)
+        ps.flat_grad[:] = before  # backward must add to it, not overwrite
+    g = rng.standard_normal(layer.forward(x).shape)
+
+    def loss():
+        return float(np.sum(layer.forward(x) * g))
+
+    layer.forward(x)
+    dx = layer.backward(g)
+    np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-8)
+    if ps is not None:
+        np.testing.assert_allclose(ps.flat_grad - before, numeric_grad(loss, ps.flat),
+                                   rtol=1e-6, atol=1e-8)
+
+
+def built(make, seed=0):
+    ps = ParamSpace()
+    layer = make(ps)
+    ps.build(np, np.float64, seed)
+    return ps, layer
+
+
+# ---------------------------------------------------------------- ParamSpace
+
+def test_layout_is_contiguous_in_order_and_views_alias():
+    ps = ParamSpace()
+    ps.add("a", (2, 3), "uniform", 0.5)
+    ps.add("b", (4,), "zeros")
+    ps.add("c", (1, 5), "ones")
+    ps.build(np, np.float64, 0)
+    assert ps.names == ["a", "b", "c"] and ps.size == 15
+    assert [ps.offset(n) for n in ps.names] == [0, 6, 10]
+    assert [ps.shape(n) for n in ps.names] == [(2, 3), (4,), (1, 5)]
+    assert ps.flat.shape == ps.flat_grad.shape == (15,)
+    np.testing.assert_array_equal(ps.flat[6:15], [0] * 4 + [1] * 5)
+    ps.param("b")[...] = 7.0
+    ps.grad("c")[0, 2] = 3.0
+    np.testing.assert_array_equal(ps.flat[6:10], 7.0)
+    assert ps.flat_grad[12] == 3.0 and ps.flat_grad.sum() == 3.0
+    ps.flat[0] = -9.0
+    assert ps.param("a")[0, 0] == -9.0
+    held = ps.flat_grad  # e.g. registered with the allreduce: must be zeroed in place
+    ps.zero_grad()
+    assert ps.flat_grad is held and not held.any()
+
+
+def test_init_matches_documented_formula_and_dtype_cast():
+    ps = ParamSpace()
+    ps.add("w", (7, 3), "xavier_uniform")
+    ps.add("v", (5,), "xavier_uniform")
+    ps.add("u", (4,), "uniform", 0.3)
+    ps.add("n", (2, 2), "normal", 0.1)
+    ps.build(np, np.float32, 11)
+
+    def rng(name):
+        return np.random.default_rng([11, zlib.crc32(name.encode())])
+
+    expect = {"w": rng("w").uniform(-math.sqrt(6 / 10), math.sqrt(6 / 10), size=(7, 3)),
+              "v": rng("v").uniform(-math.sqrt(6 / 6), math.sqrt(6 / 6), size=(5,)),
+              "u": rng("u").uniform(-0.3, 0.3, size=(4,)),
+              "n": rng("n").standard_normal((2, 2)) * 0.1}
+    assert ps.flat.dtype == ps.flat_grad.dtype == np.float32
+    for name, values in expect.items():
+        np.testing.assert_array_equal(ps.param(name), values.astype(np.float32))
+
+
+def test_xavier_bounds():
+    ps = ParamSpace()
+    ps.add("w", (30, 20), "xavier_uniform")
+    ps.add("v", (200,), "xavier_uniform")
+    ps.build(np, np.float64, 0)
+    for name, a in [("w", math.sqrt(6 / 50)), ("v", math.sqrt(6 / 201))]:
+        m = np.abs(ps.param(name)).max()
+        assert 0.9 * a < m <= a, (name, m, a)
+
+
+def test_init_is_deterministic_and_independent_of_other_params():
+    def values(seed, before=()):
+        ps = ParamSpace()
+        for name in before:
+            ps.add(name, (3, 3), "normal", 1.0)
+        ps.add("w", (4, 5), "xavier_uniform")
+        ps.build(np, np.float64, seed)
+        return ps.param("w").copy()
+
+    np.testing.assert_array_equal(values(5), values(5))
+    np.testing.assert_array_equal(values(5), values(5, before=["x", "y"]))
+    assert not np.isclose(values(5), values(6)).any()
+
+
+def test_duplicate_name_and_unknown_init_raise():
+    ps = ParamSpace()
+    ps.add("w", (2,), "zeros")
+    with pytest.raises(ValueError, match="'w'"):
+        ps.add("w", (3,), "ones")
+    with pytest.raises(ValueError, match="glorot"):
+        ps.add("v", (3,), "glorot")
+
+
+# ---------------------------------------------------------------- gradients by FD
+
+def test_linear_grads():
+    ps, layer = built(lambda ps: Linear(ps, "fc", 4, 3))
+    assert ps.names == ["fc.weight", "fc.bias"] and ps.shape("fc.weight") == (4, 3)
+    assert not ps.param("fc.bias").any()
+    x = np.random.default_rng(2).standard_normal((5, 4))
+    y = layer.forward(x)
+    np.testing.assert_allclose(y, x @ ps.param("fc.weight") + ps.param("fc.bias"))
+    check_backward(layer, x, ps)
+
+
+def test_relu_grads():
+    rng = np.random.default_rng(3)
+    x = rng.uniform(0.1, 1.0, (4, 5)) * rng.choice([-1.0, 1.0], (4, 5))  # away from the kink
+    np.testing.assert_array_equal(ReLU().forward(x), np.where(x > 0, x, 0.0))
+    check_backward(ReLU(), x)
+
+
+@pytest.mark.parametrize("final_activation", [True, False])
+def test_mlp_grads(final_activation):
+    ps, mlp = built(lambda ps: MLP(ps, "dense", [4, 6, 3], final_activation))
+    assert ps.names == ["dense.0.weight", "dense.0.bias", "dense.1.weight", "dense.1.bias"]
+    assert mlp.out_dim == 3
+    x = np.random.default_rng(4).standard_normal((5, 4))
+    ps.flat[:] = np.random.default_rng(1).standard_normal(ps.size)
+    w0, b0, w1, b1 = (ps.param(n) for n in ps.names)
+    out = np.maximum(x @ w0 + b0, 0) @ w1 + b1
+    np.testing.assert_allclose(mlp.forward(x), np.maximum(out, 0) if final_activation else out)
+    check_backward(mlp, x, ps)
+
+
+def test_fm_equals_pairwise_sum_and_grads():
+    e = np.random.default_rng(5).standard_normal((3, 4, 5))
+    pairs = [[e[b, i] @ e[b, j] for i in range(4) for j in range(i + 1, 4)] for b in range(3)]
+    np.testing.assert_allclose(FMInteraction().forward(e), np.sum(pairs, axis=1))
+    check_backward(FMInteraction(), e)
+
+
+def test_crossnet_grads():
+    ps, net = built(lambda ps: CrossNet(ps, "cross", 4, 2))
+    assert ps.names == ["cross.0.weight", "cross.0.bias", "cross.1.weight", "cross.1.bias"]
+    x0 = np.random.default_rng(6).standard_normal((3, 4))
+    ps.flat[:] = np.random.default_rng(1).standard_normal(ps.size)
+    x = x0
+    for l in range(2):
+        x = x0 * (x @ ps.param(f"cross.{l}.weight"))[:, None] + ps.param(f"cross.{l}.bias") + x
+    np.testing.assert_allclose(net.forward(x0), x)
+    check_backward(net, x0, ps)
+
+
+def test_dot_interaction_equals_loop_and_grads():
+    z = np.random.default_rng(7).standard_normal((2, 4, 3))
+    i, j = np.tril_indices(4, k=-1)
+    loop = [[z[b, i[k]] @ z[b, j[k]] for k in range(6)] for b in range(2)]
+    out = DotInteraction().forward(z)
+    assert out.shape == (2, 6) and all(i > j)
+    np.testing.assert_allclose(out, loop)
+    check_backward(DotInteraction(), z)
+
+
+# ---------------------------------------------------------------- loss
+
+def test_bce_matches_naive_formula_and_fd():
+    rng = np.random.default_rng(8)
+    z = rng.uniform(-8, 8, 20)
+    y = np.concatenate([rng.integers(0, 2, 15), rng.uniform(0, 1, 5)])  # soft labels too
+    p = 1 / (1 + np.exp(-z))
+    loss, dz = bce_with_logits(z, y)
+    np.testing.assert_allclose(loss, -y * np.log(p) - (1 - y) * np.log(1 - p), rtol=1e-10)
+    np.testing.assert_allclose(dz, p - y, rtol=1e-10, atol=1e-14)
+    fd = (bce_with_logits(z + H, y)[0] - bce_with_logits(z - H, y)[0]) / (2 * H)
+    np.testing.assert_allclose(dz, fd, rtol=1e-6, atol=1e-8)
+
+
+def test_bce_extreme_logits_are_exact_without_fp_errors():
+    z = np.array([1000.0, 1000.0, -1000.0, -1000.0])
+    y = np.array([1.0, 0.0, 0.0, 1.0])
+    with np.errstate(all="raise", under="ignore"):  # exp(-1000) -> 0 is the right answer
+        loss, dz = bce_with_logits(z, y)
+    np.testing.assert_array_equal(loss, [0.0, 1000.0, 0.0, 1000.0])
+    np.testing.assert_array_equal(dz, [0.0, 1.0, 0.0, -1.0])
