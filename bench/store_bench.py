@@ -13,7 +13,11 @@ by the store. Throughput is MB/s of unique rows moved per worker. Rank 0 prints.
 
 from __future__ import annotations
 
-import argparse
+from pshybrid.threads import apply_thread_limits
+
+apply_thread_limits()  # before NumPy loads its BLAS, as `python -m pshybrid` does
+
+import argparse  # noqa: E402
 import statistics
 import sys
 

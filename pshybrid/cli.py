@@ -8,6 +8,7 @@ import sys
 
 from . import __version__
 from .config import ArgumentParser, TrainConfig, add_arguments, resolve
+from .prep import add_prep_commands
 
 MODES = ("hybrid", "ps", "allreduce", "auto")
 MODES_WITHOUT_SERVERS = ("allreduce",)
@@ -24,6 +25,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "the command line wins.")
     add_arguments(train, TrainConfig)
     train.set_defaults(func=cmd_train)
+    add_prep_commands(sub)
+    export = sub.add_parser("export", help="write a checkpoint as one plain HDF5 file "
+                            "(/dense/<param>, /embeddings/<field>, optimizer state)")
+    export.add_argument("ckpt", help="checkpoint directory (its 'latest') or a step-N directory")
+    export.add_argument("out", help="output .h5 file (written atomically)")
+    export.set_defaults(func=cmd_export)
     info = sub.add_parser("info", help="topology, MPI library, CUDA-awareness, devices, "
                           "per-rank roles")
     info.add_argument("--servers", type=int, default=None,
@@ -75,6 +82,15 @@ def cmd_train(args) -> int:
     from .train import train
 
     train(resolve(TrainConfig, args), MPI.COMM_WORLD)
+    return 0
+
+
+def cmd_export(args) -> int:
+    from .checkpoint import export
+
+    info = export(args.ckpt, args.out)
+    print(f"exported step {info['step']}: {info['dense_params']} dense parameters, "
+          f"{info['tables']} embedding tables -> {args.out}")
     return 0
 
 

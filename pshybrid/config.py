@@ -234,7 +234,9 @@ class TrainConfig:
     servers: int | None = option(None, "number of server ranks (none: one per node)",
                                  check=_at_least(0))
     data: str | None = option(None, "training dataset file (none: built-in synthetic stream)")
-    eval_data: str | None = option(None, "evaluation dataset file")
+    eval_data: str | None = option(None, "evaluation dataset file (exact AUC and logloss)")
+    eval_every: int = option(0, "evaluate every K steps (0: only at the end)", check=_at_least(0))
+    shuffle: bool = option(True, "block-shuffle --data each epoch (blocks of 1024 rows, by --seed)")
     batch_size: int = option(128, "batch size per worker", check=_positive)
     steps: int = option(2000, "number of training steps", check=_at_least(0))
     epochs: int | None = option(None, "number of passes over --data (instead of --steps)",
@@ -264,8 +266,14 @@ class TrainConfig:
     checkpoint_every: int = option(0, "save a checkpoint every K steps (0: never periodically)",
                                    check=_at_least(0))
     resume: str | None = option(None, "checkpoint directory to resume from")
+    keep_last: int = option(0, "keep only the newest K checkpoints (0: keep all)",
+                            check=_at_least(0))
 
     def validate(self) -> None:
         """Cross-field rules."""
         if self.epochs is not None and self.data is None:
             raise _error("--epochs needs --data; the synthetic stream is endless: use --steps")
+        if self.checkpoint_every and self.checkpoint_dir is None:
+            raise _error("--checkpoint-every needs --checkpoint-dir")
+        if self.eval_every and self.eval_data is None:
+            raise _error("--eval-every needs --eval-data")

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 
 from .errors import PshybridError
@@ -28,6 +29,7 @@ def _abort(code: int) -> None:
     sys.stderr.flush()
     world = _world()
     if world.size > 1:
+        time.sleep(0.3)  # let the launcher forward our message before it kills the job
         world.Abort(code)  # Wire: MPI_Abort kills every rank of the job; nobody waits.
     sys.exit(code)
 

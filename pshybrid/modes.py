@@ -36,12 +36,12 @@ from .kernels import gather, segment_sum
 from .layers import ParamSpace
 from .models import SparseArch
 from .optim import Optimizer
-from .store import EmbeddingStore, TableSpec
+from .store import EmbeddingStore, TableSpec, Traffic
 from .topology import Topology
 from .transport import idle_barrier, mpi_type, poll_recv
 
 DENSE_ROW = 256  # width of a row of the dense "table" in ps mode
-TAG_STEP, TAG_STOP = 101, 102
+TAG_STEP, TAG_STOP, TAG_CKPT = 101, 102, 103
 
 
 class Timers(defaultdict):
@@ -65,6 +65,7 @@ class Timers(defaultdict):
 
 class Mode:
     name = ""
+    needs_servers = True
 
     def __init__(self, topo: Topology, sparse: SparseArch, ps: ParamSpace,
                  sparse_opt: Optimizer, dense_opt: Optimizer, seed: int):
@@ -73,6 +74,7 @@ class Mode:
         self.timers = Timers()
         self.dense_state = {k: np.zeros_like(ps.flat) for k in dense_opt.slots}
         self.allreduce_bytes = 0
+        self.start_step = 0  # the step a resumed run starts from (servers' Adam step count)
 
     # dense weights replicated on workers (hybrid, allreduce)
     def _allreduce_dense(self, step: int) -> None:
@@ -89,11 +91,27 @@ class Mode:
     def full_dense(self) -> np.ndarray:
         return self.ps.flat.copy()
 
-    def serve(self) -> None:
-        pass
+    def serve(self, on_checkpoint) -> None:
+        """Servers: run until the workers finish (no servers in this mode)."""
+
+    def request_checkpoint(self, step: int) -> None:
+        """Workers: tell the servers to join ``checkpoint.save`` for ``step``."""
 
     def finish(self) -> None:
         pass
+
+    # -- state for checkpoints (sparse_state, set_sparse_rows, owns: in the subclasses) --
+    def dense_state_full(self):
+        """Workers: (flat (P,), {slot: (P,)}) of the dense parameters and their optimizer."""
+        return self.ps.flat, self.dense_state
+
+    def set_dense_state(self, flat, state: dict) -> None:
+        """Every rank of a load calls this; only workers hold the dense buffer here."""
+        if self.topo.is_server:
+            return
+        self.ps.flat[...] = flat
+        for k, arr in self.dense_state.items():
+            arr[...] = state[k]
 
     def traffic(self) -> dict:
         return {"allreduce_bytes": self.allreduce_bytes}
@@ -191,21 +209,25 @@ class _ServerMode(Mode):
             else:
                 store.barrier()  # Wire: workers' zero-byte barrier: every push is complete
 
-    def serve(self) -> None:
-        """Servers: apply each step's optimizer to the rows the workers touched."""
-        if not self.server_step:
-            return
+    def serve(self, on_checkpoint) -> None:
+        """Servers: handle rounds of one message from every worker until STOP:
+        STEP (apply the step's optimizer to the union of the rows the workers touched),
+        CKPT (call ``on_checkpoint(step)``, collective with the workers)."""
         topo, store, name = self.topo, self.store, self.sparse.table.name
-        step = 0
+        step = self.start_step
         while True:
             msgs = []
             with self.timers.time("wait"):
                 for r in topo.worker_ranks:
-                    msgs.append(poll_recv(topo.world, r))  # Wire: touched rows from worker r
+                    msgs.append(poll_recv(topo.world, r))  # Wire: one message from worker r
             tags = {tag for _, tag in msgs}
-            if tags == {TAG_STOP}:
+            assert len(tags) == 1, f"workers out of step: tags {tags}"
+            tag = tags.pop()
+            if tag == TAG_STOP:
                 return
-            assert tags == {TAG_STEP}, f"workers out of step: tags {tags}"
+            if tag == TAG_CKPT:
+                on_checkpoint(int(msgs[0][0][0]))
+                continue
             step += 1
             with self.timers.time("server_apply"):
                 store.win.Sync()  # see the workers' completed Accumulates
@@ -224,6 +246,33 @@ class _ServerMode(Mode):
             with self.timers.time("wait"):
                 idle_barrier(topo.world)
 
+    def _tell_servers(self, tag: int, payload=None) -> None:
+        """Wire: one small int64 message (``payload``, or empty) to every server."""
+        buf = np.asarray(payload if payload is not None else [], np.int64)
+        MPI.Request.Waitall([self.topo.world.Isend([buf, MPI.INT64_T], r, tag)
+                             for r in self.topo.server_ranks])
+
+    def request_checkpoint(self, step: int) -> None:
+        self._tell_servers(TAG_CKPT, [step])
+
+    # -- checkpoint state: servers hold the sparse shards; the dense buffer per mode --
+    def sparse_state(self):
+        name = self.sparse.table.name
+        slots = {"w": self.store.shard(name)}
+        slots.update({k: self.store.shard(name, k) for k in self.sparse_opt.slots
+                      if self.sparse_server_step})
+        return self.store.shard_ids(name), slots
+
+    def set_sparse_rows(self, ids, values: dict) -> None:
+        name, S = self.sparse.table.name, self.topo.n_servers
+        local = partition.local_row(ids, S)
+        for slot, arr in values.items():
+            self.store.shard(name, slot)[local] = arr
+        self.store.win.Sync()  # publish before any worker's Get
+
+    def owns(self, ids):
+        return partition.owner(ids, self.topo.n_servers) == self.topo.server_index
+
     def full_table(self) -> np.ndarray:
         """Workers: the whole fused table, pulled in chunks."""
         spec = self.sparse.table
@@ -234,10 +283,8 @@ class _ServerMode(Mode):
         return out
 
     def finish(self) -> None:
-        if not self.topo.is_server and self.server_step:
-            reqs = [self.topo.world.Isend([np.zeros(0, np.int64), MPI.INT64_T], r, TAG_STOP)
-                    for r in self.topo.server_ranks]  # Wire: empty STOP message to every server
-            MPI.Request.Waitall(reqs)
+        if not self.topo.is_server:
+            self._tell_servers(TAG_STOP)
         self.store.close()
 
     def traffic(self) -> dict:
@@ -259,6 +306,7 @@ class PSMode(_ServerMode):
         # Worker 0 writes the initial dense weights into the zeroed dense table.
         if self.topo.rank == self.topo.worker_ranks[0]:
             self.store.push("dense", self._dense_ids(), self._padded(self.ps.flat))
+            self.store.traffic = Traffic()  # count training steps only
         # Wire: zero-byte barrier over world so nobody pulls before the initial weights landed.
         idle_barrier(self.topo.world)
 
@@ -271,9 +319,28 @@ class PSMode(_ServerMode):
         self.begin_step(-1)
         return self.ps.flat.copy()
 
+    def dense_state_full(self):
+        P, ids = self.ps.size, self._dense_ids()
+        flat = self.store.pull("dense", ids).ravel()[:P]
+        slots = self.dense_opt.slots if self.dense_server_step else ()
+        return flat, {k: self.store.pull("dense", ids, slot=k).ravel()[:P] for k in slots}
+
+    def set_dense_state(self, flat, state: dict) -> None:
+        """Servers write their rows of the dense table (weights and optimizer state);
+        the caller's collective barrier orders it before any pull."""
+        if not self.topo.is_server:
+            self.ps.flat[...] = flat
+            return
+        mine = self.store.shard_ids("dense")
+        self.store.shard("dense")[...] = self._padded(flat)[mine]
+        for k in (self.dense_opt.slots if self.dense_server_step else ()):
+            self.store.shard("dense", k)[...] = self._padded(state[k])[mine]
+        self.store.win.Sync()
+
 
 class AllreduceMode(Mode):
     name = "allreduce"
+    needs_servers = False
 
     def __init__(self, *args):
         super().__init__(*args)
@@ -281,7 +348,7 @@ class AllreduceMode(Mode):
         self.table = np.empty((spec.rows, spec.dim), spec.dtype)
         uniform_rows(self.table, np.arange(spec.rows, dtype=np.int64), self.seed, spec.name,
                      spec.init_scale)
-        self.sparse_state = {k: np.zeros_like(self.table) for k in self.sparse_opt.slots}
+        self.sparse_state_arrays = {k: np.zeros_like(self.table) for k in self.sparse_opt.slots}
         self.gather_bytes = 0
 
     def lookup(self, ids):
@@ -302,7 +369,7 @@ class AllreduceMode(Mode):
             comm.Allgatherv(np.ascontiguousarray(sums), [all_rows, counts * dim, T])
             self.gather_bytes += all_ids.nbytes + all_rows.nbytes
             rows, g = segment_sum(all_ids, all_rows)
-            self.sparse_opt.update_rows(self.table, rows, g, self.sparse_state, step)
+            self.sparse_opt.update_rows(self.table, rows, g, self.sparse_state_arrays, step)
         self._allreduce_dense(step)
 
     def full_table(self) -> np.ndarray:
@@ -310,6 +377,23 @@ class AllreduceMode(Mode):
 
     def traffic(self) -> dict:
         return {"allgather_bytes": self.gather_bytes, "allreduce_bytes": self.allreduce_bytes}
+
+    # -- checkpoint state: every worker holds every row (only worker 0 writes them) --
+    def sparse_state(self):
+        """(global ids (n,), {slot: (n, E) array}) this rank holds; workers of the
+        allreduce mode hold every row (only worker 0 writes them)."""
+        rows = self.table.shape[0]
+        return np.arange(rows, dtype=np.int64), {"w": self.table, **self.sparse_state_arrays}
+
+    def set_sparse_rows(self, ids, values: dict) -> None:
+        """Load rows ``ids`` (this rank's) of each slot from ``values``."""
+        self.table[ids] = values["w"]
+        for k, arr in self.sparse_state_arrays.items():
+            arr[ids] = values[k]
+
+    def owns(self, ids):
+        """Mask of the global ids this rank holds."""
+        return np.ones(ids.shape, bool)
 
 
 MODES = {"hybrid": HybridMode, "ps": PSMode, "allreduce": AllreduceMode}

@@ -7,6 +7,8 @@ with state arrays ``state[slot]`` (same shape, zero-initialised) at 1-based ``st
     adagrad  a += g*g;                      w -= lr * g / (sqrt(a) + eps)
     adam     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
              w -= lr * (m / (1 - b1**step)) / (sqrt(v / (1 - b2**step)) + eps)
+             (computed as (lr / (1-b1**step)) * m / (sqrt(v) / sqrt(1-b2**step) + eps),
+             in place with one scratch buffer: equal up to float rounding)
 
 Dense parameters pass the whole flat buffer. Sparse tables pass the gathered rows a step
 touched (the union over all workers) and scatter them back: *lazy* updates, so rows no
@@ -16,6 +18,7 @@ decay), and ``step`` is the global step for bias correction (TensorFlow's LazyAd
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .backend import array_module
@@ -55,11 +58,16 @@ class Optimizer:
             m, v = state["m"], state["v"]
             m *= self.beta1
             m += (1 - self.beta1) * g
+            g2 = g * g  # the one scratch buffer; reused below
+            g2 *= 1 - self.beta2
             v *= self.beta2
-            v += (1 - self.beta2) * g * g
-            mhat = m / (1 - self.beta1 ** step)
-            vhat = v / (1 - self.beta2 ** step)
-            w -= self.lr * mhat / (xp.sqrt(vhat) + self.eps)
+            v += g2
+            den = xp.sqrt(v, out=g2)
+            den *= 1 / math.sqrt(1 - self.beta2 ** step)
+            den += self.eps
+            upd = xp.divide(m, den, out=den)
+            upd *= self.lr / (1 - self.beta1 ** step)
+            w -= upd
 
     def update_rows(self, w, rows, g, state: dict, step: int) -> None:
         """Lazy sparse update of ``w[rows]`` (w: (N, D), rows: (U,) unique, g: (U, D));

@@ -115,3 +115,33 @@ class SyntheticCTR:
         cat = [np.concatenate(p) for p in zip(*parts)] if parts else None
         off = (start // BLOCK) * BLOCK
         return tuple(c[start - off:stop - off] for c in cat)
+
+
+def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
+                    valid_out: str | None = None, chunk: int = 65536, **generator) -> dict:
+    """Write ``rows`` rows of ``SyntheticCTR(**generator)`` to ``out`` (the last
+    ``round(valid_fraction * rows)`` to ``valid_out``), each file atomically, with the
+    planted model's own AUC on that file's rows as attribute ``planted_auc``.
+    Returns {path: (rows, planted_auc)}."""
+    from .data import DatasetWriter
+    from .metrics import auc
+
+    gen = SyntheticCTR(**generator)
+    sch = gen.schema
+    n_valid = int(round(valid_fraction * rows))
+    parts = [(out, 0, rows - n_valid)] + ([(valid_out, rows - n_valid, rows)] if n_valid else [])
+    done = {}
+    for path, a, b in parts:
+        with DatasetWriter(path, sch.dense_names, sch.sparse_names) as w:
+            labels, probs = [], []
+            for s in range(a, b, chunk):
+                e = min(b, s + chunk)
+                label, dense, sparse = gen.rows(s, e)
+                w.append(label, dense, sparse)
+                labels.append(label)
+                probs.append(gen.planted_probability(s, e))
+            planted = auc(np.concatenate(probs), np.concatenate(labels)) if b > a else float("nan")
+            w.close(sch.cardinalities, planted_auc=planted, source="pshybrid prep synthetic",
+                    transform=f"SyntheticCTR(seed={gen.seed}, zipf={gen.zipf}) rows [{a}, {b})")
+        done[path] = (b - a, planted)
+    return done

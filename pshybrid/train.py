@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import resource
 import sys
 import time
 from dataclasses import dataclass, field
@@ -17,17 +19,21 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import __version__
+from . import __version__, checkpoint
 from .config import TrainConfig
-from .errors import ConfigError
+from .data import BatchPlan, H5Dataset, prefetch, read_ranges
+from .errors import ConfigError, InputError, PshybridError
+from .metrics import auc, logloss_from_logits
 from .layers import ParamSpace, bce_with_logits
 from .models import build_model
 from .modes import MODES
 from .optim import Optimizer
 from .synthetic import SyntheticCTR
 from .topology import Topology
+from .transport import agree
 
-PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "wait")
+PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "wait", "eval")
+EVAL_BATCH = 4096
 
 
 def check_supported(cfg: TrainConfig) -> None:
@@ -41,12 +47,8 @@ def check_supported(cfg: TrainConfig) -> None:
         no(f"--consistency {cfg.consistency} (only bsp)")
     if cfg.device != "cpu":
         no(f"--device {cfg.device}")
-    if cfg.data or cfg.eval_data or cfg.epochs:
-        no("training from a dataset file (--data, --eval-data, --epochs)")
-    if cfg.checkpoint_dir or cfg.resume or cfg.checkpoint_every:
-        no("checkpointing (--checkpoint-dir, --checkpoint-every, --resume)")
-    if cfg.mode == "allreduce" and cfg.servers:
-        raise ConfigError(f"--mode allreduce keeps every table on every worker and uses no "
+    if cfg.mode in MODES and not MODES[cfg.mode].needs_servers and cfg.servers:
+        raise ConfigError(f"--mode {cfg.mode} keeps every table on every worker and uses no "
                           f"server: drop --servers {cfg.servers} (or use --servers 0)",
                           collective=True)
 
@@ -55,6 +57,8 @@ def check_supported(cfg: TrainConfig) -> None:
 class TrainResult:
     role: str
     log: list = field(default_factory=list)      # reporter only: one dict per logged step
+    evals: list = field(default_factory=list)    # reporter only: one dict per evaluation
+    step_seconds: list = field(default_factory=list)  # reporter only: wall time of each step
     summary: dict = field(default_factory=dict)  # reporter only
     dense: np.ndarray | None = None              # workers, when collect=True
     table: np.ndarray | None = None              # workers, when collect=True
@@ -77,6 +81,14 @@ class _Reporter:
             self.out.write(f"\r[{'#' * done}{'.' * (30 - done)}] {msg}   ")
         else:
             self.out.write(msg + "\n")
+        self.out.flush()
+        self._write(rec)
+
+    def evaluation(self, rec: dict) -> None:
+        if self.tty:
+            self.out.write("\n")
+        self.out.write(f"eval at step {rec['step']}: auc {rec['auc']:.4f}  logloss "
+                       f"{rec['logloss']:.4f}  ({rec['rows']} rows)\n")
         self.out.flush()
         self._write(rec)
 
@@ -107,15 +119,95 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
     ``collect``: return the final dense parameters and the whole fused table on workers."""
     check_supported(cfg)
     out = out or sys.stdout
-    topo = Topology.create(comm, 0 if cfg.mode == "allreduce" else cfg.servers,
-                           need_servers=cfg.mode != "allreduce")
+    needs_servers = MODES[cfg.mode].needs_servers
+    topo = Topology.create(comm, cfg.servers if needs_servers else 0, need_servers=needs_servers)
+    opened = []
     try:
-        return _train(cfg, topo, dataset or SyntheticCTR(seed=cfg.seed), collect, out)
+        data, evdata = _open_data(cfg, topo, dataset, opened)
+        return _train(cfg, topo, data, evdata, collect, out)
     finally:
+        for d in opened:
+            d.close()
         topo.free()
 
 
-def _train(cfg, topo, data, collect, out) -> TrainResult:
+class TrainingDiverged(PshybridError):
+    """The loss became NaN or infinite."""
+
+
+def _injected_fault(topo) -> int | None:
+    """Testing hook: ``PSHYBRID_INJECT_FAULT=RANK:STEP`` makes world rank RANK raise at STEP."""
+    spec = os.environ.get("PSHYBRID_INJECT_FAULT", "")
+    if ":" in spec:
+        rank, step = spec.split(":", 1)
+        if int(rank) == topo.rank:
+            return int(step)
+    return None
+
+
+def _open_data(cfg, topo, dataset, opened):
+    """Open and validate --data and --eval-data on every rank (workers scan their share of
+    the rows) with one shared verdict, before the first step. Returns (train, eval)."""
+    err = None
+    data = evdata = None
+    try:
+        if dataset is not None:
+            data = dataset
+        elif cfg.data:
+            data = H5Dataset(cfg.data)
+            opened.append(data)
+        else:
+            data = SyntheticCTR(seed=cfg.seed)
+        if cfg.eval_data:
+            evdata = H5Dataset(cfg.eval_data)
+            opened.append(evdata)
+            if evdata.schema != data.schema:
+                raise InputError(f"{cfg.eval_data}: fields or cardinalities differ from the "
+                                 f"training data's ({evdata.schema} vs {data.schema})")
+        G = topo.n_workers * cfg.batch_size
+        for d in (data, evdata):
+            n = getattr(d, "n_rows", None)
+            if n is None:
+                continue
+            if d is data and n < G:
+                raise InputError(f"{d.path}: {n} rows, fewer than one global batch "
+                                 f"({topo.n_workers} workers x --batch-size {cfg.batch_size} = {G})")
+            if not topo.is_server:  # each worker scans its share
+                W, w = topo.n_workers, topo.worker_index
+                d.validate(n * w // W, n * (w + 1) // W)
+    except PshybridError as e:
+        err = e
+    agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
+    return data, evdata
+
+
+def _evaluate(cfg, topo, mode, model, sparse, ev, step) -> dict | None:
+    """Exact AUC and logloss over the whole eval file: worker w scores rows
+    [n*w/W, n*(w+1)/W); logits and labels are gathered to worker 0."""
+    mode.begin_step(step)  # ps: pull the current dense weights
+    W, w, n = topo.n_workers, topo.worker_index, ev.n_rows
+    a, b = n * w // W, n * (w + 1) // W
+    zs, ys = [np.zeros(0)], [np.zeros(0)]
+    for s in range(a, b, EVAL_BATCH):
+        label, dense, sp = ev.rows(s, min(b, s + EVAL_BATCH))
+        zs.append(model.forward(dense.astype(cfg.dtype), mode.lookup(sparse.global_ids(sp))))
+        ys.append(label)
+    z = np.concatenate(zs).astype(np.float64)
+    y = np.concatenate(ys).astype(np.float64)
+    counts = np.array(topo.workers.allgather(z.size))
+    root = 0
+    allz = np.empty(counts.sum()) if w == root else None
+    ally = np.empty(counts.sum()) if w == root else None
+    # Wire: Gatherv of logits and labels (8 B each per row) to worker 0; all workers wait.
+    topo.workers.Gatherv(z, [allz, counts, MPI.DOUBLE] if w == root else None, root)
+    topo.workers.Gatherv(y, [ally, counts, MPI.DOUBLE] if w == root else None, root)
+    if w != root:
+        return None
+    return {"eval": True, "step": step, "auc": auc(allz, ally),
+            "logloss": logloss_from_logits(allz, ally), "rows": int(counts.sum())}
+
+
+def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
     ps = ParamSpace()
     model, sparse = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, ps,
                                 cfg.dtype, cfg.cross_layers)
@@ -129,8 +221,17 @@ def _train(cfg, topo, data, collect, out) -> TrainResult:
     reporter = _Reporter(cfg, out, W) if topo.rank == reporter_rank else None
     t_start = time.perf_counter()
 
+    plan = BatchPlan(getattr(data, "n_rows", None), W * b, cfg.shuffle, cfg.seed)
+    steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
+    start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema) if cfg.resume else 0
+    saved = start
+
+    def save(step):
+        return checkpoint.save(cfg.checkpoint_dir, step, cfg, topo, mode, ps, data.schema)
+
+    fault = _injected_fault(topo)
     if topo.is_server:
-        mode.serve()
+        mode.serve(on_checkpoint=save)
     else:
         timers = mode.timers
         dtype = np.dtype(cfg.dtype)
@@ -138,11 +239,15 @@ def _train(cfg, topo, data, collect, out) -> TrainResult:
         acc = np.zeros(3)  # loss sum, samples, label sum since the last log
         totals = np.zeros(3)
         t_log = time.perf_counter()
-        last_log = 0
-        for step in range(cfg.steps):
+        t_step = time.perf_counter()
+        offset = topo.worker_index * b
+        batches = prefetch(lambda i: read_ranges(data, plan.ranges(start + i, offset, b)),
+                           max(steps - start, 0))
+        for step in range(start, steps):
+            if step == fault:
+                raise RuntimeError(f"injected fault (PSHYBRID_INJECT_FAULT) at step {step}")
             with timers.time("data"):
-                a = step * W * b + topo.worker_index * b
-                label, dense, sparse_ids = data.rows(a, a + b)
+                label, dense, sparse_ids = next(batches)
                 dense = dense.astype(dtype, copy=False)
                 label = label.astype(dtype, copy=False)
                 ids = sparse.global_ids(sparse_ids)
@@ -153,9 +258,19 @@ def _train(cfg, topo, data, collect, out) -> TrainResult:
                 losses, dz = bce_with_logits(logits, label)
                 ps.zero_grad()
                 demb = model.backward(dz * scale)
+            loss_sum = float(losses.sum())
+            if not math.isfinite(loss_sum):
+                where = (f"{cfg.checkpoint_dir}/latest names the last good checkpoint"
+                         if cfg.checkpoint_dir else "no checkpoint directory was given")
+                raise TrainingDiverged(f"loss is {loss_sum} at step {step + 1} on worker "
+                                       f"{topo.worker_index}: training stopped; {where}")
             mode.update(ids, demb, step + 1)
-            acc += (float(losses.sum()), b, float(label.sum()))
-            if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.steps:
+            if reporter:
+                now = time.perf_counter()
+                result.step_seconds.append(now - t_step)
+                t_step = now
+            acc += (loss_sum, b, float(label.sum()))
+            if (step + 1) % cfg.log_every == 0 or step + 1 == steps:
                 # Wire: Allreduce of 3 doubles (loss sum, samples, labels) over the workers.
                 glob = topo.workers.allreduce(acc, op=MPI.SUM)
                 totals += glob
@@ -166,10 +281,23 @@ def _train(cfg, topo, data, collect, out) -> TrainResult:
                 if reporter:
                     result.log.append(rec)
                     reporter.step(rec)
-                if not math.isfinite(rec["loss"]):
-                    raise FloatingPointError(f"loss is {rec['loss']} at step {step + 1}")
                 acc[:] = 0
-                t_log, last_log = now, step + 1
+                t_log = now
+            if evdata is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0)
+                                       or step + 1 == steps):
+                t_eval, before = time.perf_counter(), dict(timers)
+                rec = _evaluate(cfg, topo, mode, model, sparse, evdata, step + 1)
+                timers.update(before)  # the eval's pulls count as eval, not as training
+                timers["eval"] += time.perf_counter() - t_eval
+                if reporter:
+                    result.evals.append(rec)
+                    reporter.evaluation(rec)
+                t_log += time.perf_counter() - t_eval  # samples/s excludes evaluation
+            if cfg.checkpoint_dir and ((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every
+                                        == 0) or step + 1 == steps) and saved != step + 1:
+                mode.request_checkpoint(step + 1)
+                save(step + 1)
+                saved = step + 1
         if collect:
             result.dense = mode.full_dense()
             result.table = mode.full_table()
@@ -177,7 +305,9 @@ def _train(cfg, topo, data, collect, out) -> TrainResult:
     mode.finish()
 
     # Wire: gather of each rank's phase timers and traffic to the reporter; all wait.
-    stats = topo.world.gather((topo.role, dict(mode.timers), mode.traffic()), root=reporter_rank)
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    stats = topo.world.gather((topo.role, dict(mode.timers), mode.traffic(), peak_mb),
+                              root=reporter_rank)
     if reporter:
         worker_t = {k: float(np.mean([s[1].get(k, 0.0) for s in stats if s[0] == "worker"]))
                     for k in PHASES}
@@ -186,16 +316,22 @@ def _train(cfg, topo, data, collect, out) -> TrainResult:
         base = totals[2] / max(totals[1], 1)
         base_ll = -(base * math.log(base) + (1 - base) * math.log(1 - base)) if 0 < base < 1 else 0.0
         final = result.log[-1]["loss"] if result.log else float("nan")
-        steps = cfg.steps
         result.summary = {
             "summary": True, "mode": cfg.mode, "model": cfg.model, "steps": steps,
             "workers": W, "servers": topo.n_servers, "batch_size": b,
-            "samples_per_s": steps * W * b / elapsed if elapsed > 0 else 0.0,
+            "steps_run": steps - start,
+            "samples_per_s": (steps - start) * W * b / max(elapsed - worker_t["eval"], 1e-9),
             "seconds": elapsed, "final_loss": final, "base_rate": base,
             "base_rate_logloss": base_ll, "phase_seconds": worker_t,
             "phase_fraction": {k: v / busy for k, v in worker_t.items()},
             "server_apply_seconds": max(server_apply, default=0.0),
-            "traffic_per_step": {k: v / max(steps, 1) for k, v in stats[reporter_rank][2].items()},
+            "traffic_per_step": {k: v / max(steps - start, 1)
+                                 for k, v in stats[reporter_rank][2].items()},
+            "peak_rss_mb": {role: max((s[3] for s in stats if s[0] == role), default=0.0)
+                            for role in ("worker", "server")},
         }
+        if result.evals:
+            result.summary["auc"] = result.evals[-1]["auc"]
+            result.summary["eval_logloss"] = result.evals[-1]["logloss"]
         reporter.close(result.summary)
     return result

@@ -42,8 +42,9 @@ def run(label: str, cmd: list[str], timeout: int, totals: dict) -> bool:
         out += f"\n!!! {label} ran past {timeout}s: killed (a hang is a failure)\n"
         code = 124
     sys.stdout.write(out)
+    summary = [ln for ln in out.splitlines() if COUNT.search(ln) and " in " in ln]
     found = dict((k.rstrip("s") if k.startswith("error") else k, int(n))
-                 for n, k in COUNT.findall(out.strip().splitlines()[-1] if out.strip() else ""))
+                 for n, k in COUNT.findall(summary[-1] if summary else ""))
     for k in ("passed", "failed", "skipped", "error"):
         totals[k] += found.get(k, 0)
     ok = code in (0, 5) and not found.get("failed") and not found.get("error")

@@ -138,3 +138,68 @@ def test_default_command_learns(tmp_path):
     print(f"last-10% logloss {sum(tail) / len(tail):.4f} / base rate "
           f"{summary['base_rate_logloss']:.4f} = {ratio:.3f}")
     assert ratio < 0.9
+
+
+def _small_file(path, rows=600, **kw):
+    from pshybrid.synthetic import write_synthetic
+
+    write_synthetic(str(path), rows, seed=2, n_dense=3, cardinalities=(7, 30, 200, 5), **kw)
+    return str(path)
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("missing", "no such dataset file"),
+    ("small", "fewer than one global batch"),
+    ("bad_id", "/sparse row 123 has an id outside [0, cardinality): field C3 id 200"),
+    ("eval_schema", "fields or cardinalities differ"),
+])
+def test_train_bad_data_fails_on_every_rank(tmp_path, case, needle):
+    import h5py
+
+    args = ["--steps", "3", "--batch-size", "16", "--embedding-dim", "4", "--mlp", "8"]
+    data = _small_file(tmp_path / "d.h5")
+    if case == "missing":
+        data = str(tmp_path / "nope.h5")
+    elif case == "small":
+        args += ["--batch-size", "400"]
+    elif case == "bad_id":
+        with h5py.File(data, "a") as f:
+            f["sparse"][123, 2] = 200
+    elif case == "eval_schema":
+        from pshybrid.synthetic import write_synthetic
+
+        write_synthetic(str(tmp_path / "e.h5"), 100, seed=2, n_dense=3, cardinalities=(7, 30, 201, 5))
+        args += ["--eval-data", str(tmp_path / "e.h5")]
+    p = run_job(3, pshybrid("train", "--data", data, *args), timeout=60)
+    assert p.returncode != 0
+    assert p.stderr.count("pshybrid: error") == 3, p.stderr
+    for rank in range(3):
+        assert f"(rank {rank}/3)" in p.stderr, p.stderr
+    assert needle in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_training_on_prep_synthetic_reaches_planted_auc(tmp_path):
+    """`prep synthetic` file (fields capped at 1000 ids), one epoch of WDL with evaluation:
+    AUC on the validation split >= 0.97 x the planted model's own AUC stored in the file."""
+    import json
+    import subprocess
+
+    import h5py
+
+    out = tmp_path / "syn.h5"
+    p = subprocess.run(pshybrid("prep", "synthetic", str(out), "--rows", "240000",
+                                "--valid-fraction", "0.1666667", "--max-cardinality", "1000",
+                                "--seed", "1"), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    valid = tmp_path / "syn.valid.h5"
+    with h5py.File(valid, "r") as f:
+        planted = float(f.attrs["planted_auc"])
+    metrics = tmp_path / "m.jsonl"
+    p = run_job(4, pshybrid("train", "--data", str(out), "--eval-data", str(valid),
+                            "--epochs", "1", "--log-every", "100", "--metrics", str(metrics)),
+                timeout=300)
+    assert p.returncode == 0, p.stderr
+    evals = [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("eval")]
+    auc = evals[-1]["auc"]
+    print(f"AUC {auc:.4f} vs planted {planted:.4f}: {auc / planted:.3f}")
+    assert evals[-1]["rows"] == 40000 and auc >= 0.97 * planted

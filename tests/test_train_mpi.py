@@ -84,3 +84,39 @@ def test_modes_agree_with_each_other(comm, sparse_opt):
         else:
             ok, msg = False, f"global batches differ: {gb}"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["hybrid", "allreduce"])
+def test_file_data_shuffled_epochs_and_distributed_eval(comm, mpi_tmp_path, mode):
+    """Training from a block-shuffled file over 2+ epochs equals one process with the
+    global batch, and the distributed evaluation (AUC, logloss over all workers) equals
+    the single process's evaluation of the same parameters."""
+    from pshybrid.synthetic import write_synthetic
+
+    train_f, valid_f = str(mpi_tmp_path / "t.h5"), str(mpi_tmp_path / "v.h5")
+    if comm.rank == 0:
+        write_synthetic(train_f, 2600, valid_fraction=0.25, valid_out=valid_f, seed=9,
+                        n_dense=3, cardinalities=(7, 30, 200, 5))
+    comm.Barrier()
+    S = 0 if mode == "allreduce" else 1
+    W = comm.size - S
+    cfg = replace(BASE, mode=mode, servers=S, data=train_f, eval_data=valid_f, epochs=2,
+                  eval_every=5, batch_size=60 // W if 60 % W == 0 else 12, shuffle=True)
+    got = train(cfg, comm, collect=True, out=io.StringIO())
+    ok, msg = True, ""
+    if got.role == "worker":
+        ref = train(replace(cfg, mode="allreduce", servers=0, batch_size=W * cfg.batch_size),
+                    MPI.COMM_SELF, collect=True, out=io.StringIO())
+        if rel_err(got.table, ref.table) > 1e-9 or rel_err(got.dense, ref.dense) > 1e-9:
+            ok, msg = False, "file-trained parameters differ from the single process"
+        if comm.rank == 0:
+            steps_per_epoch = 1950 // (W * cfg.batch_size)
+            if [e["step"] for e in got.evals] != [e["step"] for e in ref.evals] or \
+                    got.evals[-1]["step"] != 2 * steps_per_epoch:
+                ok, msg = False, f"eval steps {[e['step'] for e in got.evals]}"
+            for g, r in zip(got.evals, ref.evals):
+                if g["rows"] != 650 or abs(g["auc"] - r["auc"]) > 1e-9 or \
+                        abs(g["logloss"] - r["logloss"]) > 1e-9:
+                    ok, msg = False, f"distributed eval {g} != single-process {r}"
+    assert_all(comm, ok, msg)

@@ -1,0 +1,194 @@
+#!/usr/bin/env python3
+# mpiexec -n 3 python bench/modes_bench.py [--steps 80 --warmup 20 --json bench_modes.json --png bench_modes.png]
+"""Mode benchmark (issue: the paper's claim): the same model, data, seed and workers trained
+in hybrid, ps and allreduce -- and a compute-only run (same workers, no communication at
+all) as the floor -- one after another in one invocation.
+
+Default workload mirrors the paper's: WDL, 26 Criteo-like tables (Criteo Kaggle
+cardinalities capped at 10**6: 6.6M rows), dim 16, MLP 1024-512-256, batch 256 per
+worker, Adagrad sparse / Adam dense. With N ranks: 1 server + N-1 workers in hybrid and
+ps; allreduce and compute-only run on the same N-1 worker ranks (the server rank idles).
+
+Per mode: samples/s from the median step time after warm-up, the workers' per-phase
+split, bytes per step per worker by kind (the library's own counters) beside the analytic
+formula computed from the data, peak RSS per role. Rank 0 prints a table with the
+Hybrid/PS and Hybrid/AllReduce ratios and writes JSON (and a PNG with matplotlib).
+"""
+
+from __future__ import annotations
+
+from pshybrid.threads import apply_thread_limits
+
+apply_thread_limits()  # before NumPy loads its BLAS, as `python -m pshybrid` does
+
+import argparse  # noqa: E402
+import io
+import json
+import statistics
+import sys
+from dataclasses import replace
+
+import numpy as np
+from mpi4py import MPI
+
+from pshybrid.config import TrainConfig
+from pshybrid.kernels import segment_sum
+from pshybrid.modes import DENSE_ROW, MODES, AllreduceMode
+from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
+from pshybrid.train import train
+from pshybrid.transport import idle_barrier
+
+CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
+                 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
+                 142572)
+assert len(CRITEO_KAGGLE) == len(CRITEO_LIKE)
+
+
+class ComputeOnlyMode(AllreduceMode):
+    """Every worker trains its own replica with nothing on the wire: the floor."""
+
+    name = "compute"
+
+    def update(self, ids, demb, step: int) -> None:
+        with self.timers.time("push"):
+            rows, g = segment_sum(ids.ravel(), demb.reshape(-1, self.table.shape[1]))
+            self.sparse_opt.update_rows(self.table, rows, g, self.sparse_state_arrays, step)
+        with self.timers.time("dense_apply"):
+            self.dense_opt.update(self.ps.flat, self.ps.flat_grad, self.dense_state, step)
+
+
+MODES["compute"] = ComputeOnlyMode
+
+
+def analytic_bytes(mode, U, E, P, W, itemsize):
+    """Bytes per step per worker predicted from the data: U = unique ids of a worker's
+    batch (list over workers), E = row width, P = dense parameters."""
+    u = U[0]
+    dense_rows = -(-P // DENSE_ROW) * DENSE_ROW
+    if mode == "hybrid":
+        return {"rma_get_bytes": u * E * itemsize, "rma_acc_bytes": u * E * itemsize,
+                "p2p_bytes": u * 8, "allreduce_bytes": P * itemsize}
+    if mode == "ps":
+        return {"rma_get_bytes": (u * E + dense_rows) * itemsize,
+                "rma_acc_bytes": (u * E + dense_rows) * itemsize, "p2p_bytes": u * 8}
+    if mode == "allreduce":
+        return {"allgather_bytes": sum(U) * (8 + E * itemsize), "allreduce_bytes": P * itemsize}
+    return {}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=80)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--mlp", default="1024,512,256")
+    ap.add_argument("--max-cardinality", type=int, default=1_000_000)
+    ap.add_argument("--modes", default="hybrid,ps,allreduce,compute")
+    ap.add_argument("--sparse-optimizer", default="adagrad")
+    ap.add_argument("--json", default="bench_modes.json")
+    ap.add_argument("--png", default="bench_modes.png")
+    a = ap.parse_args(argv)
+    world = MPI.COMM_WORLD
+    if world.size < 2:
+        raise SystemExit("run with at least 2 ranks: mpiexec -n 3 python bench/modes_bench.py")
+    W = world.size - 1
+    workers_only = world.Split(0 if world.rank < W else MPI.UNDEFINED, world.rank)
+    cards = tuple(min(c, a.max_cardinality) for c in CRITEO_KAGGLE)
+    data = SyntheticCTR(seed=0, cardinalities=cards)
+    data.rows(0, 1)  # build the generator's tables outside the timed runs
+    base = TrainConfig(model="wdl", steps=a.steps, batch_size=a.batch_size, embedding_dim=16,
+                       mlp=tuple(int(x) for x in a.mlp.split(",")), log_every=a.steps,
+                       sparse_optimizer=a.sparse_optimizer, dense_optimizer="adam")
+    results = {}
+    for mode in a.modes.split(","):
+        on_workers = not MODES[mode].needs_servers
+        comm = workers_only if on_workers else world
+        if comm == MPI.COMM_NULL:  # the idle server rank of a workers-only mode
+            idle_barrier(world)  # Wire: polite zero-byte barrier: leaves the cores to workers
+            continue
+        cfg = replace(base, mode=mode, servers=0 if on_workers else 1)
+        t0 = MPI.Wtime()
+        res = train(cfg, comm, dataset=data, out=io.StringIO())
+        wall = MPI.Wtime() - t0
+        idle_barrier(world)  # Wire: zero-byte barrier; the next mode starts on a quiet machine
+        if world.rank == 0:
+            s = res.summary
+            step = statistics.median(res.step_seconds[a.warmup:])
+            E = 16 + 1
+            U = []
+            for w in range(W):  # unique ids of each worker's batches (from the data)
+                us = []
+                for t in range(a.warmup, a.steps):
+                    start = t * W * a.batch_size + w * a.batch_size
+                    us.append(np.unique(data.rows(start, start + a.batch_size)[2]
+                                        + np.concatenate(([0], np.cumsum(cards)[:-1]))).size)
+                U.append(float(np.mean(us)))
+            P = int(s["traffic_per_step"].get("allreduce_bytes", 0) / 4) or None
+            results[mode] = {
+                "samples_per_s": W * a.batch_size / step, "step_seconds_median": step,
+                "wall_seconds": wall, "phase_seconds_per_step":
+                    {k: v / a.steps for k, v in s["phase_seconds"].items()},
+                "phase_fraction": s["phase_fraction"],
+                "server_apply_seconds_per_step": s["server_apply_seconds"] / a.steps,
+                "bytes_per_step": s["traffic_per_step"], "unique_ids_per_worker_step": U,
+                "peak_rss_mb": s["peak_rss_mb"], "workers": W,
+                "servers": 0 if on_workers else 1, "final_loss": s["final_loss"]}
+            results[mode]["_P"] = P
+    if world.rank != 0:
+        return 0
+    P = next(r["_P"] for r in results.values() if r["_P"])
+    for m, r in results.items():
+        r.pop("_P")
+        r["dense_params"] = P
+        r["bytes_analytic"] = analytic_bytes(m, r["unique_ids_per_worker_step"], 17, P, W, 4)
+    print(f"modes benchmark: WDL, 26 tables ({sum(cards) / 1e6:.1f}M rows, dim 16), MLP "
+          f"{a.mlp} ({P / 1e6:.2f}M dense params), batch {a.batch_size}/worker, {W} workers"
+          f" + 1 server, {a.steps} steps ({a.warmup} warm-up), {a.sparse_optimizer}/adam")
+    print(f"{'mode':<10}{'samples/s':>11}{'step ms':>9}  {'phases (ms/step)':<62}"
+          f"{'RSS w/s MB':>12}")
+    for m, r in results.items():
+        ph = " ".join(f"{k}={v * 1e3:.1f}" for k, v in r["phase_seconds_per_step"].items()
+                      if v * 1e3 >= 0.05)
+        rss = r["peak_rss_mb"]
+        print(f"{m:<10}{r['samples_per_s']:>11,.0f}{r['step_seconds_median'] * 1e3:>9.1f}  "
+              f"{ph:<62}{rss['worker']:>6.0f}/{rss['server']:<5.0f}")
+    print("bytes per step per worker: measured (library counters) vs analytic (from the data)")
+    for m, r in results.items():
+        for k, v in r["bytes_analytic"].items():
+            got = r["bytes_per_step"].get(k, 0.0)
+            print(f"  {m:<10}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
+    h = results.get("hybrid")
+    for other in ("ps", "allreduce", "compute"):
+        if h and other in results:
+            ratio = h["samples_per_s"] / results[other]["samples_per_s"]
+            label = "step time / compute-only step" if other == "compute" else f"Hybrid/{other}"
+            value = 1 / ratio if other == "compute" else ratio
+            print(f"{label:<32}= {value:.2f}x")
+    with open(a.json, "w") as f:
+        json.dump({"args": vars(a), "results": results}, f, indent=1)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        bottom = np.zeros(len(results))
+        phases = list(next(iter(results.values()))["phase_seconds_per_step"])
+        for ph in phases:
+            vals = np.array([r["phase_seconds_per_step"].get(ph, 0) * 1e3 for r in results.values()])
+            ax.bar(list(results), vals, bottom=bottom, label=ph)
+            bottom += vals
+        ax.set_ylabel("ms per step (workers' mean)")
+        ax.set_title("pshybrid modes: per-phase step time")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(a.png, dpi=120)
+        print(f"wrote {a.json} and {a.png}")
+    except ImportError:
+        print(f"wrote {a.json} (no PNG: pip install 'pshybrid[bench]' for matplotlib)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

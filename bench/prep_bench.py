@@ -1,0 +1,103 @@
+"""python bench/prep_bench.py [--rows 1000000] [--repeats 2]
+
+``prep criteo`` throughput on one core (STYLE §15), beside its reference in the same run,
+each the best of ``--repeats`` runs after a warm-up read of the input:
+  raw line read   iterating the file's lines in Python (``for line in f``): the floor;
+  hashing         ``prep criteo IN OUT`` (default --buckets), one pass;
+  vocabulary      ``prep criteo IN OUT --min-count 2``, two passes (count, then write).
+The input is a generated Criteo TSV: labels ~ Bernoulli(0.25); I1..I13 rounded log-normal
+integers (I2 may be negative), each missing with its own probability up to 45%; C1..C26
+8-digit hex values of Zipf(1.1) ids over per-field cardinalities from 3 to 300k, some fields
+often missing. Everything lives in a temporary directory that is removed at the end.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: before NumPy loads its BLAS
+
+import argparse  # noqa: E402
+import contextlib  # noqa: E402
+import io  # noqa: E402
+import sys  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from pshybrid.cli import main  # noqa: E402
+
+CARDINALITIES = [1400, 550, 300_000, 200_000, 300, 24, 12_000, 630, 3, 90_000, 5500, 250_000,
+                 3200, 27, 14_000, 180_000, 10, 5600, 2200, 4, 220_000, 18, 15, 140_000, 100,
+                 70_000]
+CAT_MISSING = [0, 0, .03, .03, 0, .1, 0, 0, 0, 0, 0, .03, 0, 0, 0, .03, 0, 0, .44, .44, .03,
+               0, .76, .03, .03, .44]
+DENSE_MISSING = [.45, 0, .2, .2, .03, .22, .04, .0, .04, .45, .04, .77, .2]
+
+
+def generate(path: str, rows: int, seed: int = 0, block: int = 100_000) -> None:
+    """Write ``rows`` Criteo-format lines to ``path``."""
+    rng = np.random.default_rng(seed)
+    with open(path, "w") as f:
+        for a in range(0, rows, block):
+            n = min(block, rows - a)
+            cols = [rng.binomial(1, 0.25, n).astype(str)]
+            for j, p in enumerate(DENSE_MISSING):
+                x = np.rint(rng.lognormal(1.5, 1.5, n)).astype(np.int64) - (j == 1) * 3
+                cols.append(np.where(rng.random(n) < p, "", x.astype(str)))
+            for f_, (card, p) in enumerate(zip(CARDINALITIES, CAT_MISSING)):
+                ids, at = np.unique((rng.zipf(1.1, n) - 1) % card, return_inverse=True)
+                hexes = [f"{(i * 2654435761 + f_ * 40503) % 2**32:08x}" for i in ids.tolist()]
+                cols.append(np.where(rng.random(n) < p, "", np.array(hexes)[at]))
+            f.write("\n".join(map("\t".join, zip(*(c.tolist() for c in cols)))) + "\n")
+
+
+def raw_read(path: str) -> float:
+    """Seconds to iterate the file's lines."""
+    t0 = time.perf_counter()
+    with open(path, "rb") as f:
+        for _ in f:
+            pass
+    return time.perf_counter() - t0
+
+
+def prep(*argv: str) -> float:
+    """Seconds of one in-process ``pshybrid prep criteo IN OUT ...`` run (its output
+    swallowed, OUT removed afterwards)."""
+    t0 = time.perf_counter()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        main(["prep", "criteo", *argv])
+    sec = time.perf_counter() - t0
+    os.remove(argv[1])
+    return sec
+
+
+def run(rows: int, repeats: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="prep_bench.") as d:
+        src, out = os.path.join(d, "criteo.tsv"), os.path.join(d, "out.h5")
+        t0 = time.perf_counter()
+        generate(src, rows)
+        mb = os.path.getsize(src) / 1e6
+        print(f"input: {rows:,} Criteo lines, {mb:.0f} MB, generated in "
+              f"{time.perf_counter() - t0:.1f} s; one core "
+              f"(cpu {sorted(os.sched_getaffinity(0))})")
+        raw_read(src)  # warm-up: the file into the page cache
+        figures = [(name, min(fn() for _ in range(repeats))) for name, fn in (
+            ("raw line read", lambda: raw_read(src)),
+            ("prep criteo (hashing)", lambda: prep(src, out)),
+            ("prep criteo --min-count 2", lambda: prep(src, out, "--min-count", "2")))]
+        floor = rows / figures[0][1]
+        for name, sec in figures:
+            print(f"{name:<28} {sec:7.2f} s  {rows / sec:>12,.0f} rows/s  "
+                  f"{mb / sec:7.1f} MB/s  {rows / sec / floor:6.1%} of raw read")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000, help="input lines (default: 1000000)")
+    ap.add_argument("--repeats", type=int, default=2, help="runs of each, best kept (default: 2)")
+    args = ap.parse_args()
+    os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
+    run(args.rows, args.repeats)

@@ -1,0 +1,123 @@
+"""Checkpoints: exact resume, resharding to other server counts, export == live rows,
+refusal of corrupt or mismatched checkpoints (every rank gets the same error)."""
+
+import io
+import json
+import os
+from dataclasses import replace
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpi_util import assert_all
+from pshybrid.checkpoint import export
+from pshybrid.errors import PshybridError
+from test_train_mpi import BASE, DATA, rel_err, run
+
+
+def same(a, b, W):
+    """Bitwise with one worker; with several, concurrent Accumulates sum in a run-dependent
+    order, so allow float64 rounding."""
+    return np.array_equal(a, b) if W == 1 else rel_err(a, b) <= 1e-12
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode,sparse_opt", [("hybrid", "adagrad"), ("hybrid", "adam"),
+                                             ("ps", "adagrad"), ("ps", "adam"),
+                                             ("allreduce", "adam")])
+def test_resume_continues_exactly(comm, mpi_tmp_path, mode, sparse_opt):
+    S = 0 if mode == "allreduce" else 1
+    W = comm.size - S
+    cfg = replace(BASE, mode=mode, servers=S, sparse_optimizer=sparse_opt,
+                  dense_optimizer="adam", steps=8, log_every=2)
+    ckpt = str(mpi_tmp_path / f"ck-{mode}-{sparse_opt}")
+    straight = run(cfg, comm)
+    run(replace(cfg, steps=4, checkpoint_dir=ckpt), comm)
+    resumed = run(replace(cfg, resume=ckpt), comm)
+    ok, msg = True, ""
+    if straight.role == "worker":
+        if not (same(straight.table, resumed.table, W) and same(straight.dense, resumed.dense, W)):
+            ok, msg = False, (f"resumed parameters differ: table {rel_err(straight.table, resumed.table)}"
+                              f" dense {rel_err(straight.dense, resumed.dense)}")
+        if comm.rank == 0:
+            a = [(r["step"], r["loss"]) for r in straight.log if r["step"] > 4]
+            b = [(r["step"], r["loss"]) for r in resumed.log]
+            if [s for s, _ in a] != [s for s, _ in b] or \
+                    not same(np.array([x for _, x in a]), np.array([x for _, x in b]), W):
+                ok, msg = False, f"logged losses differ: {a} vs {b}"
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=5)
+def test_reshard_to_other_server_counts(comm, mpi_tmp_path):
+    """Checkpoint with S=2, resume with S=1, 2, 3 (same global batch 12): identical
+    parameters right after loading, and training continues identically."""
+    ckpt = str(mpi_tmp_path / "ck-reshard")
+    cfg = replace(BASE, servers=2, batch_size=4, steps=3, sparse_optimizer="adam",
+                  checkpoint_dir=ckpt)
+    run(cfg, comm)
+    loaded, continued = {}, {}
+    for S in (1, 2, 3):
+        c = replace(cfg, servers=S, batch_size=12 // (comm.size - S), checkpoint_dir=None,
+                    resume=ckpt)
+        loaded[S] = run(replace(c, steps=3), comm)
+        continued[S] = run(replace(c, steps=6), comm)
+    ok, msg = True, ""
+    if comm.rank == 0:
+        for S in (1, 3):
+            if not (np.array_equal(loaded[S].table, loaded[2].table)
+                    and np.array_equal(loaded[S].dense, loaded[2].dense)):
+                ok, msg = False, f"S={S}: loaded parameters differ from S=2"
+            e = max(rel_err(continued[S].table, continued[2].table),
+                    rel_err(continued[S].dense, continued[2].dense))
+            if e > 1e-9:
+                ok, msg = False, f"S={S}: continued training differs by {e}"
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_export_equals_live_rows(comm, mpi_tmp_path):
+    ckpt, out = str(mpi_tmp_path / "ck-export"), str(mpi_tmp_path / "export.h5")
+    cfg = replace(BASE, servers=1, steps=3, sparse_optimizer="adagrad", checkpoint_dir=ckpt)
+    live = run(cfg, comm)
+    ok, msg = True, ""
+    if comm.rank == 0:
+        export(ckpt, out)
+        cards = DATA.cardinalities
+        offsets = np.concatenate(([0], np.cumsum(cards)[:-1]))
+        with h5py.File(out, "r") as f:
+            assert f.attrs["step"] == 3 and json.loads(f.attrs["config"])["model"] == "wdl"
+            for i, name in enumerate(("C1", "C2", "C3", "C4")):
+                rows = live.table[offsets[i]:offsets[i] + cards[i]]
+                if not (np.array_equal(f[f"embeddings/{name}"][...], rows[:, :4])
+                        and np.array_equal(f[f"linear/{name}"][...], rows[:, 4])
+                        and f[f"optimizer/embeddings/{name}/acc"].shape == rows.shape):
+                    ok, msg = False, f"exported table {name} != live rows"
+            flat = np.concatenate([f[f"dense/{k}"][...].ravel() for k in
+                                   ("wide.dense.weight", "wide.dense.bias")])
+            if not np.array_equal(flat, live.dense[:flat.size]):
+                ok, msg = False, "exported dense != live"
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_corrupt_or_mismatched_checkpoint_is_refused(comm, mpi_tmp_path):
+    ckpt = str(mpi_tmp_path / "ck-bad")
+    cfg = replace(BASE, servers=1, steps=2, checkpoint_dir=ckpt)
+    run(cfg, comm)
+    checks = []
+    with pytest.raises(PshybridError) as e:
+        run(replace(cfg, embedding_dim=5, checkpoint_dir=None, resume=ckpt), comm)
+    checks.append("embedding_dim = 4" in str(e.value) and "meta.json" in str(e.value))
+    comm.Barrier()
+    if comm.rank == 0:
+        shard = os.path.join(ckpt, "step-2", "shard-00000.h5")
+        with open(shard, "r+b") as f:
+            f.truncate(os.path.getsize(shard) // 2)
+    comm.Barrier()
+    with pytest.raises(PshybridError) as e:
+        run(replace(cfg, checkpoint_dir=None, resume=ckpt), comm)
+    checks.append("shard-00000.h5" in str(e.value))
+    assert_all(comm, all(checks), f"messages: {checks}")

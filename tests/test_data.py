@@ -1,0 +1,156 @@
+"""Dataset files: writer atomicity, reader validation (one clear message naming file, key,
+row), the batch plan (DESIGN §5 order, block shuffle) and the prefetcher."""
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from pshybrid.data import (SHUFFLE_BLOCK, BatchPlan, DatasetWriter, H5Dataset, prefetch,
+                           read_ranges)
+from pshybrid.errors import InputError
+
+
+def write(path, n=50, cards=(3, 5), fd=2, **overrides):
+    rng = np.random.default_rng(0)
+    label = (rng.random(n) < 0.4).astype(np.float32)
+    dense = rng.random((n, fd)).astype(np.float32)
+    sparse = np.stack([rng.integers(0, c, n) for c in cards], axis=1)
+    arrays = dict(label=label, dense=dense, sparse=sparse)
+    arrays.update(overrides)
+    with DatasetWriter(path, [f"I{i}" for i in range(fd)], [f"C{i}" for i in range(len(cards))]) as w:
+        w.append(arrays["label"], arrays["dense"], arrays["sparse"])
+        w.close(cards)
+    return arrays
+
+
+def test_round_trip(tmp_path):
+    p = tmp_path / "d.h5"
+    want = write(p)
+    ds = H5Dataset(p)
+    assert ds.n_rows == 50 and ds.schema.cardinalities == (3, 5)
+    assert ds.schema.dense_names == ("I0", "I1") and ds.schema.sparse_names == ("C0", "C1")
+    got = ds.rows(0, 50)
+    for g, k in zip(got, ("label", "dense", "sparse")):
+        np.testing.assert_array_equal(g, want[k])
+    ds.validate(0, 50)
+    ds.close()
+
+
+def test_writer_is_atomic(tmp_path):
+    p = tmp_path / "d.h5"
+    write(p)
+    before = p.read_bytes()
+    with pytest.raises(RuntimeError):
+        with DatasetWriter(p, ["I0"], ["C0"]) as w:
+            w.append(np.zeros(3, np.float32), np.zeros((3, 1), np.float32), np.zeros((3, 1), np.int64))
+            raise RuntimeError("boom")
+    assert p.read_bytes() == before
+    assert os.listdir(tmp_path) == ["d.h5"]  # no temporary file left
+
+
+@pytest.mark.parametrize("corrupt,needle", [
+    (lambda f: f.__delitem__("dense"), "missing dataset /dense"),
+    (lambda f: (f.__delitem__("label"), f.create_dataset("label", data=np.zeros(50))),
+     "/label must be 1-D float32, found 1-D float64"),
+    (lambda f: (f.__delitem__("label"), f.create_dataset("label", data=np.zeros(49, np.float32))),
+     "row counts disagree"),
+    (lambda f: f.attrs.__delitem__("cardinalities"), "missing attribute 'cardinalities'"),
+    (lambda f: f.attrs.__setitem__("cardinalities", [3]), "do not match"),
+])
+def test_structure_errors_name_file_and_key(tmp_path, corrupt, needle):
+    p = tmp_path / "d.h5"
+    write(p)
+    with h5py.File(p, "a") as f:
+        corrupt(f)
+    with pytest.raises(InputError) as e:
+        H5Dataset(p)
+    assert str(p) in str(e.value) and needle in str(e.value)
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("label", 2.0, "/label row 7 has a label outside {0, 1}: 2.0"),
+    ("dense", np.nan, "/dense row 7 has a NaN or infinite value"),
+    ("dense", np.inf, "/dense row 7 has a NaN or infinite value"),
+    ("sparse", 5, "/sparse row 7 has an id outside [0, cardinality): field C1 id 5, cardinality 5"),
+    ("sparse", -1, "/sparse row 7 has an id outside [0, cardinality): field C1 id -1"),
+])
+def test_value_errors_name_row(tmp_path, field, value, needle):
+    arrays = write(tmp_path / "ok.h5")
+    arr = arrays[field].copy()
+    if field == "sparse":
+        arr[7, 1] = value
+    elif field == "dense":
+        arr[7, 0] = value
+    else:
+        arr[7] = value
+    p = tmp_path / "bad.h5"
+    write(p, **{field: arr})
+    ds = H5Dataset(p)
+    ds.validate(0, 7)  # the bad row is outside this share
+    with pytest.raises(InputError) as e:
+        ds.validate(5, 50)
+    assert str(p) in str(e.value) and needle in str(e.value)
+
+
+def test_missing_and_non_hdf5(tmp_path):
+    with pytest.raises(InputError, match="no such dataset file"):
+        H5Dataset(tmp_path / "nope.h5")
+    (tmp_path / "x.h5").write_text("not hdf5")
+    with pytest.raises(InputError, match="not a readable HDF5 file"):
+        H5Dataset(tmp_path / "x.h5")
+
+
+def covered(plan, step, W, b):
+    rows = []
+    for w in range(W):
+        for a, c in plan.ranges(step, w * b, b):
+            rows.extend(range(a, c))
+    return rows
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_plan_epoch_is_a_permutation_and_independent_of_w(shuffle):
+    n, G = 10 * SHUFFLE_BLOCK + 300, 768
+    plan = BatchPlan(n, G, shuffle, seed=4)
+    assert plan.steps_per_epoch == n // G  # the last partial global batch is dropped
+    epoch = [r for t in range(plan.steps_per_epoch) for r in covered(plan, t, 3, 256)]
+    assert len(epoch) == len(set(epoch)) == plan.steps_per_epoch * G
+    assert max(epoch) < n
+    if shuffle:
+        assert epoch != sorted(epoch)
+        nxt = [r for r in covered(plan, plan.steps_per_epoch, 3, 256)]
+        assert nxt != epoch[:G]  # epoch 1 is ordered differently from epoch 0
+    else:
+        assert epoch == list(range(plan.steps_per_epoch * G))
+    one = BatchPlan(n, G, shuffle, seed=4)  # one process reading the global batch
+    for t in (0, 3, plan.steps_per_epoch + 2):
+        assert covered(plan, t, 3, 256) == covered(one, t, 1, G)
+
+
+def test_plan_endless_stream():
+    plan = BatchPlan(None, 12, True, 0)
+    assert plan.ranges(5, 4, 4) == [(64, 68)]
+
+
+def test_read_ranges_and_prefetch_order(tmp_path):
+    p = tmp_path / "d.h5"
+    want = write(p, n=40)
+    ds = H5Dataset(p)
+    lab, _, sp = read_ranges(ds, [(30, 35), (2, 4)])
+    np.testing.assert_array_equal(sp, np.concatenate([want["sparse"][30:35], want["sparse"][2:4]]))
+    got = list(prefetch(lambda i: ds.rows(i, i + 1)[0], 40))
+    np.testing.assert_array_equal(np.concatenate(got), want["label"])
+
+
+def test_prefetch_propagates_errors():
+    def produce(i):
+        if i == 3:
+            raise ValueError("bad block 3")
+        return i
+
+    it = prefetch(produce, 10)
+    assert [next(it) for _ in range(3)] == [0, 1, 2]
+    with pytest.raises(ValueError, match="bad block 3"):
+        next(it)

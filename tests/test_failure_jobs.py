@@ -1,0 +1,89 @@
+"""Whole-job failure behaviour: a job fails loudly and fast, never silently, and never
+leaves a broken checkpoint behind."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from mpi_util import mpiexec, pshybrid, run_job
+
+pytestmark = pytest.mark.job
+SMALL = ["--batch-size", "16", "--embedding-dim", "4", "--mlp", "16", "--log-every", "5"]
+
+
+def test_rank_raising_mid_training_ends_job_fast():
+    t0 = time.time()
+    p = run_job(4, pshybrid("train", "--steps", "200", *SMALL),
+                env={"PSHYBRID_INJECT_FAULT": "1:7"}, timeout=60)
+    elapsed = time.time() - t0
+    assert p.returncode != 0
+    assert "rank 1/4" in p.stderr and "injected fault" in p.stderr and "at step 7" in p.stderr, p.stderr
+    assert elapsed < 10, f"{elapsed:.1f}s"
+
+
+def test_nan_loss_stops_with_last_good_checkpoint(tmp_path):
+    ckpt = tmp_path / "ck"
+    p = run_job(3, pshybrid("train", "--steps", "60", "--checkpoint-dir", str(ckpt),
+                            "--checkpoint-every", "1", "--lr", "1e8", "--dense-lr", "1e8",
+                            "--sparse-optimizer", "sgd", "--dense-optimizer", "sgd", *SMALL),
+                timeout=120)
+    assert p.returncode != 0, p.stdout
+    assert ("loss is nan" in p.stderr or "loss is inf" in p.stderr
+            or "not finite at step" in p.stderr), p.stderr
+    latest = (ckpt / "latest").read_text().strip()
+    out = tmp_path / "last.h5"
+    e = subprocess.run(pshybrid("export", str(ckpt), str(out)), capture_output=True, text=True,
+                       timeout=60)
+    assert e.returncode == 0, e.stderr
+    with h5py.File(out, "r") as f:
+        assert f"step-{f.attrs['step']}" == latest
+        for group in ("dense", "embeddings"):
+            for k in f[group]:
+                assert np.isfinite(f[group][k][...]).all(), (latest, group, k)
+    print(f"stopped; latest = {latest}")
+
+
+def test_sigkill_while_checkpointing_keeps_previous_checkpoint(tmp_path):
+    """Checkpoints of the default-size tables (~150 MB each with Adagrad state): kill -9
+    the whole job while one is being written; `latest` still names a complete one."""
+    ckpt = tmp_path / "ck"
+    cmd = [mpiexec(), "-n", "3"] + pshybrid("train", "--steps", "100000", "--checkpoint-dir",
+                                            str(ckpt), "--checkpoint-every", "3",
+                                            "--batch-size", "16", "--log-every", "1000")
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    killed_during = None
+    try:
+        deadline = time.time() + 150
+        while time.time() < deadline and killed_during is None:
+            if (ckpt / "latest").exists():
+                done = (ckpt / "latest").read_text().strip()
+                tmps = [d for d in os.listdir(ckpt) if d.startswith(".step-")]
+                if tmps and tmps[0] != f".{done}.tmp":
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    killed_during = (tmps[0], done)
+            time.sleep(0.005)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    assert killed_during, "never caught a checkpoint being written"
+    latest = (ckpt / "latest").read_text().strip()
+    assert latest == killed_during[1]
+    assert (ckpt / latest / "meta.json").exists()
+    e = subprocess.run(pshybrid("export", str(ckpt), str(tmp_path / "x.h5")),
+                       capture_output=True, text=True, timeout=120)
+    assert e.returncode == 0, e.stderr
+    with h5py.File(tmp_path / "x.h5", "r") as f:
+        assert f"step-{f.attrs['step']}" == latest
+    # and a job resumes from it
+    r = run_job(3, pshybrid("train", "--resume", str(ckpt), "--steps",
+                            str(int(latest[5:]) + 2), "--batch-size", "16"), timeout=120)
+    assert r.returncode == 0, r.stderr
+    print(f"killed while writing {killed_during[0]}; latest stayed {latest}")

@@ -1,0 +1,490 @@
+"""``pshybrid prep criteo|csv``. Oracles: hand-written tables with hand-derived arrays (the
+documented transform, hash and vocabulary rules written out here independently), split ==
+unsplit, and failed runs leaving the directory exactly as it was."""
+
+import gzip
+import math
+import os
+import re
+import subprocess
+import sys
+import zlib
+
+import h5py
+import numpy as np
+import pytest
+
+from pshybrid import prep
+from pshybrid.cli import main
+from pshybrid.data import H5Dataset
+from pshybrid.errors import ConfigError, InputError
+
+# Criteo rows, only the columns that hold values: label|I1|I2|I3|I4|I13|C1|C2|C3|C26.
+# I5..I12 and C4..C25 are empty (missing) everywhere; see criteo_line.
+ROWS = """\
+0|1|5||0|3|68fd1e64|80e26c9b|fb936136|
+1||-1|12|7||8cf07265|0468d672|02cf9876|b1252a9d
+0|0|2|3||10|68fd1e64|80e26c9b|6b3a6b0d|
+0|4|-3||2||05db9164|287130e0|fb936136|49d68486
+1|2|0|45||1|68fd1e64||c5fe64d9|
+0||1|1|1|0|8cf07265|80e26c9b|77f2f2e5|b1252a9d
+0|10|100||||be589b51|0468d672|02cf9876|
+1|1|0|8|3|4|68fd1e64|80e26c9b|fb936136|b1252a9d
+0||6|2||2|05db9164|287130e0|9a8cb066|
+0|3|-2||9||8cf07265||74e1a23a|49d68486
+1|0|15|7|0|6|68fd1e64|0468d672|fb936136|
+0|6|1|||1|05db9164|80e26c9b|1d04f4a4|
+0||4|20|5|||287130e0|02cf9876|b1252a9d
+1|2|3|0||12|8cf07265|80e26c9b|3e4fa2cc|
+0|1|0||1|0|68fd1e64|0468d672|6b3a6b0d|
+0|7|-1|5|2||05db9164|80e26c9b|e5ba7672|49d68486
+1||2|9||3|8cf07265|287130e0|fb936136|
+0|5|8|1|4||68fd1e64|80e26c9b|0b153874|
+0|0|1|||5|be589b51||02cf9876|49d68486
+1|1234567|0|6|2|2|68fd1e64|0468d672|7e5c2ff4|
+"""
+LABEL = [0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1]
+# I1, I2, I3, I4, I13 as integers, missing = 0 (the documented rule).
+X = [[1, 5, 0, 0, 3], [0, -1, 12, 7, 0], [0, 2, 3, 0, 10], [4, -3, 0, 2, 0], [2, 0, 45, 0, 1],
+     [0, 1, 1, 1, 0], [10, 100, 0, 0, 0], [1, 0, 8, 3, 4], [0, 6, 2, 0, 2], [3, -2, 0, 9, 0],
+     [0, 15, 7, 0, 6], [6, 1, 0, 0, 1], [0, 4, 20, 5, 0], [2, 3, 0, 0, 12], [1, 0, 0, 1, 0],
+     [7, -1, 5, 2, 0], [0, 2, 9, 0, 3], [5, 8, 1, 4, 0], [0, 1, 0, 0, 5], [1234567, 0, 6, 2, 2]]
+# --min-count 2, ids of C1, C2, C3, C26 derived by hand (C4..C25 are all missing: id 0):
+# C1: 68fd1e64 x8 -> 2, 8cf07265 x5 -> 3, 05db9164 x4 -> 4, be589b51 x2 -> 5; card 6.
+# C2: 80e26c9b x8 -> 2, 0468d672 x5 -> 3, 287130e0 x4 -> 4; card 5.
+# C3: fb936136 x5 -> 2, 02cf9876 x4 -> 3, 6b3a6b0d x2 -> 4, nine values seen once -> 1; card 5.
+# C26: 49d68486 x4 and b1252a9d x4 tie, bytes order: 49d68486 -> 2, b1252a9d -> 3; card 4.
+VOCAB = [[2, 2, 2, 0], [3, 3, 3, 3], [2, 2, 4, 0], [4, 4, 2, 2], [2, 0, 1, 0], [3, 2, 1, 3],
+         [5, 3, 3, 0], [2, 2, 2, 3], [4, 4, 1, 0], [3, 0, 1, 2], [2, 3, 2, 0], [4, 2, 1, 0],
+         [0, 4, 3, 3], [3, 2, 1, 0], [2, 3, 4, 0], [4, 2, 1, 2], [3, 4, 2, 0], [2, 2, 1, 0],
+         [5, 0, 3, 2], [2, 3, 1, 0]]
+VOCAB_CARDS = [6, 5, 5] + [2] * 22 + [4]
+NAMES = [f"I{i}" for i in range(1, 14)] + [f"C{i}" for i in range(1, 27)]
+
+
+def criteo_line(short: str) -> str:
+    """A 40-field Criteo line from a ROWS line: the empty I5..I12, C4..C25 put back."""
+    f = short.split("|")
+    return "\t".join(f[:5] + [""] * 8 + f[5:9] + [""] * 22 + f[9:])
+
+
+CRITEO = "".join(criteo_line(r) + "\n" for r in ROWS.splitlines())
+
+
+def log1p0(x) -> np.float32:
+    """The documented dense transform, written out: float32(log(1 + max(x, 0)))."""
+    return np.float32(math.log1p(max(x, 0)))
+
+
+def expected_dense() -> np.ndarray:
+    dense = np.zeros((20, 13), np.float32)
+    dense[:, [0, 1, 2, 3, 12]] = [[log1p0(x) for x in row] for row in X]
+    return dense
+
+
+def hashed(value: str, buckets: int) -> int:
+    """The documented hash, written out: 0 if missing else 1 + crc32(bytes) % (buckets - 1)."""
+    return 0 if value == "" else 1 + zlib.crc32(value.encode()) % (buckets - 1)
+
+
+def expected_hashed(buckets: list[int]) -> np.ndarray:
+    cats = [line.split("\t")[14:] for line in CRITEO.splitlines()]
+    return np.array([[hashed(v, b) for v, b in zip(row, buckets)] for row in cats], np.int64)
+
+
+def expected_vocab() -> np.ndarray:
+    sparse = np.zeros((20, 26), np.int64)
+    sparse[:, [0, 1, 2, 25]] = VOCAB
+    return sparse
+
+
+def read(path):
+    """(label, dense, sparse, attrs) of a dataset file, read with plain h5py."""
+    with h5py.File(path, "r") as f:
+        assert f["label"].dtype == np.float32 and f["dense"].dtype == np.float32
+        assert f["sparse"].dtype == np.int64
+        attrs = {k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in f.attrs.items()}
+        assert attrs["format_version"] == 1
+        return f["label"][:], f["dense"][:], f["sparse"][:], attrs
+
+
+def write(path, text: str, gz: bool = False) -> str:
+    data = text.encode()
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return str(path)
+
+
+def run(*argv) -> int:
+    return main(["prep", *map(str, argv)])
+
+
+def listing(d) -> dict:
+    """{name: bytes} of every file in directory d."""
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
+
+
+# -- criteo ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+@pytest.mark.parametrize("block", [prep.BLOCK_BYTES, 100], ids=["one-block", "100-byte-blocks"])
+def test_criteo_hashing_exact(tmp_path, monkeypatch, capsys, gz, block):
+    monkeypatch.setattr(prep, "BLOCK_BYTES", block)
+    src = write(tmp_path / ("in.tsv.gz" if gz else "in.tsv"), CRITEO, gz)
+    assert run("criteo", src, tmp_path / "out.h5", "--buckets", "1000") == 0
+    label, dense, sparse, attrs = read(tmp_path / "out.h5")
+    np.testing.assert_array_equal(label, np.array(LABEL, np.float32))
+    np.testing.assert_array_equal(dense, expected_dense())
+    np.testing.assert_array_equal(sparse, expected_hashed([1000] * 26))
+    assert attrs["cardinalities"] == [1000] * 26 and attrs["field_names"] == NAMES
+    assert attrs["source"] == src and "crc32" in attrs["transform"]
+    assert "prep criteo: 20 rows -> " in capsys.readouterr().out
+
+
+def test_criteo_per_field_buckets_and_default(tmp_path):
+    src = write(tmp_path / "in.tsv", CRITEO)
+    buckets = [2 + 37 * f for f in range(26)]
+    run("criteo", src, tmp_path / "a.h5", "--buckets", ",".join(map(str, buckets)))
+    _, _, sparse, attrs = read(tmp_path / "a.h5")
+    np.testing.assert_array_equal(sparse, expected_hashed(buckets))
+    assert attrs["cardinalities"] == buckets
+    run("criteo", src, tmp_path / "b.h5")
+    _, _, sparse, attrs = read(tmp_path / "b.h5")
+    np.testing.assert_array_equal(sparse, expected_hashed([1_000_000] * 26))
+    assert attrs["cardinalities"] == [1_000_000] * 26
+
+
+@pytest.mark.parametrize("block", [prep.BLOCK_BYTES, 100], ids=["one-block", "100-byte-blocks"])
+def test_criteo_vocabulary_exact(tmp_path, monkeypatch, block):
+    monkeypatch.setattr(prep, "BLOCK_BYTES", block)
+    src = write(tmp_path / "in.tsv.gz", CRITEO, gz=True)
+    run("criteo", src, tmp_path / "out.h5", "--min-count", "2")
+    label, dense, sparse, attrs = read(tmp_path / "out.h5")
+    np.testing.assert_array_equal(label, np.array(LABEL, np.float32))
+    np.testing.assert_array_equal(dense, expected_dense())
+    np.testing.assert_array_equal(sparse, expected_vocab())
+    assert attrs["cardinalities"] == VOCAB_CARDS and attrs["field_names"] == NAMES
+    ds = H5Dataset(tmp_path / "out.h5")   # the trainer's reader accepts the file
+    ds.validate(0, ds.n_rows)
+    ds.close()
+
+
+def test_criteo_crlf_and_no_final_newline(tmp_path):
+    src = write(tmp_path / "in.tsv", CRITEO.replace("\n", "\r\n")[:-2])
+    run("criteo", src, tmp_path / "out.h5", "--min-count", "2")
+    label, dense, sparse, _ = read(tmp_path / "out.h5")
+    np.testing.assert_array_equal(label, np.array(LABEL, np.float32))
+    np.testing.assert_array_equal(dense, expected_dense())
+    np.testing.assert_array_equal(sparse, expected_vocab())
+
+
+def test_criteo_max_rows(tmp_path, capsys):
+    bad_after = CRITEO + "0\tnot a criteo line\n"   # never reached
+    src = write(tmp_path / "in.tsv", bad_after)
+    run("criteo", src, tmp_path / "out.h5", "--max-rows", "7", "--buckets", "1000")
+    label, dense, sparse, _ = read(tmp_path / "out.h5")
+    np.testing.assert_array_equal(label, np.array(LABEL[:7], np.float32))
+    np.testing.assert_array_equal(dense, expected_dense()[:7])
+    np.testing.assert_array_equal(sparse, expected_hashed([1000] * 26)[:7])
+    assert "prep criteo: 7 rows -> " in capsys.readouterr().out
+
+
+def test_options_from_toml_file_command_line_wins(tmp_path):
+    src = write(tmp_path / "in.tsv", CRITEO)
+    (tmp_path / "prep.toml").write_text("buckets = [1000]\nmax-rows = 7\nvalid_fraction = 0.5\n")
+    run("criteo", src, tmp_path / "out.h5", "--config", tmp_path / "prep.toml", "--max-rows", "6")
+    train, valid = read(tmp_path / "out.h5"), read(tmp_path / "out.valid.h5")
+    np.testing.assert_array_equal(np.concatenate([train[2], valid[2]]),
+                                  expected_hashed([1000] * 26)[:6])
+    assert len(valid[0]) == 3
+    (tmp_path / "bad.toml").write_text("min_cont = 2\n")
+    with pytest.raises(ConfigError, match=r"unknown key 'min_cont' in .*bad\.toml; did you mean "
+                                          r"min_count\?"):
+        run("criteo", src, tmp_path / "x.h5", "--config", tmp_path / "bad.toml")
+
+
+@pytest.mark.parametrize("encoding", [["--buckets", "1000"], ["--min-count", "2"]],
+                         ids=["hashing", "vocabulary"])
+def test_valid_fraction_split_equals_unsplit(tmp_path, capsys, encoding):
+    src = write(tmp_path / "in.tsv", CRITEO)
+    run("criteo", src, tmp_path / "all.h5", *encoding)
+    run("criteo", src, tmp_path / "train.h5", *encoding, "--valid-fraction", "0.25")
+    assert "15 rows -> " in capsys.readouterr().out.splitlines()[-1]
+    whole = read(tmp_path / "all.h5")
+    train, valid = read(tmp_path / "train.h5"), read(tmp_path / "train.valid.h5")
+    assert len(train[0]) == 15 and len(valid[0]) == 5   # the last round(0.25 * 20) rows
+    for a, b, c in zip(whole[:3], train[:3], valid[:3]):
+        np.testing.assert_array_equal(np.concatenate([b, c]), a)
+    assert train[3] == valid[3] == whole[3]
+
+
+def test_valid_out_path(tmp_path):
+    src = write(tmp_path / "in.tsv", CRITEO)
+    run("criteo", src, tmp_path / "train", "--valid-fraction", "0.1",
+        "--valid-out", tmp_path / "v.h5")
+    assert len(read(tmp_path / "train")[0]) == 18 and len(read(tmp_path / "v.h5")[0]) == 2
+    run("criteo", src, tmp_path / "data", "--valid-fraction", "0.1")
+    assert len(read(tmp_path / "data.valid.h5")[0]) == 2
+
+
+# -- csv ------------------------------------------------------------------------------------
+
+RATINGS = """\
+user,item,rating,age,price,genre,city
+u1,i9,5,23,9.99,drama,san francisco
+u2,i3,3,,12.5,comedy,new york
+u3,i9,4,41,-1,drama,san francisco
+u1,i7,1,35,0.5,,{long}
+u4,i3,4.5,19,1e3,comedy,new york
+""".format(long="x" * 70)
+RATING_CLICKS = [1, 0, 1, 0, 1]                         # rating >= 4
+AGE_PRICE = [[23, 9.99], [0, 12.5], [41, -1], [35, 0.5], [19, 1000]]
+CSV_SPARSE = [["u1", "i9", "drama", "san francisco"], ["u2", "i3", "comedy", "new york"],
+              ["u3", "i9", "drama", "san francisco"], ["u1", "i7", "", "x" * 70],
+              ["u4", "i3", "comedy", "new york"]]
+
+
+def check_ratings(path, names, buckets=1000):
+    label, dense, sparse, attrs = read(path)
+    np.testing.assert_array_equal(label, np.array(RATING_CLICKS, np.float32))
+    np.testing.assert_array_equal(dense, [[log1p0(x) for x in row] for row in AGE_PRICE])
+    np.testing.assert_array_equal(sparse, [[hashed(v, buckets) for v in row]
+                                           for row in CSV_SPARSE])
+    assert attrs["field_names"] == names and attrs["cardinalities"] == [buckets] * 4
+
+
+def test_csv_by_names_and_by_indices(tmp_path):
+    src = write(tmp_path / "ratings.csv", RATINGS)
+    names = ["age", "price", "user", "item", "genre", "city"]
+    run("csv", src, tmp_path / "a.h5", "--label", "rating", "--label-threshold", "4",
+        "--dense", "age,price", "--sparse", "user,item,genre,city", "--buckets", "1000")
+    check_ratings(tmp_path / "a.h5", names)
+    run("csv", src, tmp_path / "b.h5", "--label", "2", "--label-threshold", "4",
+        "--dense", "3,4", "--sparse", "0,1,5,6", "--buckets", "1000")
+    check_ratings(tmp_path / "b.h5", names)
+
+
+def test_csv_no_header_and_separator(tmp_path):
+    body = RATINGS.split("\n", 1)[1].replace(",", ";")
+    src = write(tmp_path / "ratings.txt", body)
+    run("csv", src, tmp_path / "out.h5", "--no-header", "--sep", ";", "--label", "2",
+        "--label-threshold", "4", "--dense", "3,4", "--sparse", "0,1,5,6", "--buckets", "1000")
+    check_ratings(tmp_path / "out.h5", ["c3", "c4", "c0", "c1", "c5", "c6"])
+
+
+def test_csv_vocabulary_and_raw_dense(tmp_path):
+    src = write(tmp_path / "ratings.csv.gz", RATINGS, gz=True)
+    run("csv", src, tmp_path / "out.h5", "--label", "rating", "--label-threshold", "4",
+        "--dense", "price", "--dense-transform", "none", "--sparse", "user,item,genre,city",
+        "--min-count", "2")
+    _, dense, sparse, attrs = read(tmp_path / "out.h5")
+    np.testing.assert_array_equal(dense, np.array([[9.99], [12.5], [-1], [0.5], [1000]],
+                                                  np.float32))
+    # user: u1 x2 -> 2; item: i3, i9 x2 tie -> 2, 3; genre: comedy, drama x2 tie -> 2, 3;
+    # city: "new york" (8 bytes), "san francisco" (13) x2 tie -> 2, 3; the rest once -> 1.
+    assert sparse.tolist() == [[2, 3, 3, 3], [1, 2, 2, 2], [1, 3, 3, 3], [2, 1, 0, 1],
+                               [1, 2, 2, 2]]
+    assert attrs["cardinalities"] == [3, 4, 4, 4]
+
+
+def test_csv_label_must_be_0_or_1_without_threshold(tmp_path):
+    src = write(tmp_path / "clicks.csv", "clicked,x,cat\n1,2.5,a\n0,,b\n1.0,-3,\n")
+    run("csv", src, tmp_path / "out.h5", "--label", "clicked", "--dense", "x",
+        "--sparse", "cat", "--buckets", "10")
+    label, dense, sparse, _ = read(tmp_path / "out.h5")
+    assert label.tolist() == [1, 0, 1] and sparse.tolist() == [[hashed("a", 10)],
+                                                                [hashed("b", 10)], [0]]
+    np.testing.assert_array_equal(dense, [[log1p0(2.5)], [0], [0]])
+    write(tmp_path / "clicks.csv", "clicked,x,cat\n1,2.5,a\n2,1,b\n")
+    with pytest.raises(InputError, match=r"clicks\.csv:3: label '2' is not 0 or 1"):
+        run("csv", src, tmp_path / "out2.h5", "--label", "clicked", "--dense", "x")
+
+
+@pytest.mark.parametrize("text, extra, line, why", [
+    ("y,x,c\n1,2.5,a\n0,1\n1,1,b\n", [], 3, "wrong number of fields: 2, expected 3"),
+    ("y,x,c\n1,abc,a\n0,1,b\n", [], 2, "x value 'abc' is not a finite number"),
+    ("y,x,c\n1,1,a\n0,nan,b\n", [], 3, "x value 'nan' is not a finite number"),
+    ("y,x,c\n4,1,a\nfive,1,b\n", ["--label-threshold", "3"], 3, "label 'five' is not a number"),
+    ("y,x,c\n0,1e39,a\n1,1,b\n", ["--dense-transform", "none"], 2,
+     "x value '1e39' is not a float32"),
+], ids=["fields", "text", "nan", "label", "float32"])
+def test_csv_bad_lines(tmp_path, capsys, text, extra, line, why):
+    src = write(tmp_path / "t.csv", text)
+    with pytest.raises(InputError) as info:
+        run("csv", src, tmp_path / "out.h5", "--label", "y", "--dense", "x", "--sparse", "c",
+            *extra)
+    assert str(info.value) == f"{src}:{line}: {why} (--skip-bad-lines skips such lines)"
+    assert os.listdir(tmp_path) == ["t.csv"]
+    run("csv", src, tmp_path / "out.h5", "--label", "y", "--dense", "x", "--sparse", "c",
+        "--skip-bad-lines", *extra)
+    assert len(read(tmp_path / "out.h5")[0]) == text.count("\n") - 2
+    assert "; 1 bad lines skipped;" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--label", "nope", "--dense", "age"], r"--label: no column 'nope'"),
+    (["--label", "rating", "--dense", "age,rating"], r"column 'rating' is used twice"),
+    (["--label", "rating"], r"--dense and/or --sparse"),
+    (["--label", "rating", "--sparse", "user", "--buckets", "10,20"], r"--buckets: 2 values"),
+    (["--label", "rating", "--sparse", "user", "--sep", "ab"],
+     r"--sep: must be one ASCII character \(or \\t\), got 'ab'"),
+    (["--dense", "age"], r"--label is required"),
+])
+def test_csv_bad_options(tmp_path, argv, message):
+    src = write(tmp_path / "ratings.csv", RATINGS)
+    with pytest.raises(ConfigError, match=message):
+        run("csv", src, tmp_path / "out.h5", *argv)
+    assert os.listdir(tmp_path) == ["ratings.csv"]
+
+
+# -- bad input ------------------------------------------------------------------------------
+
+def replace_line(n: int, line: str) -> str:
+    """CRITEO with its 1-based line n replaced by ``line``."""
+    lines = CRITEO.splitlines()
+    lines[n - 1] = line
+    return "\n".join(lines) + "\n"
+
+
+def with_field(n: int, index: int, value: str) -> str:
+    """CRITEO with field ``index`` of line n set to ``value``."""
+    fields = CRITEO.splitlines()[n - 1].split("\t")
+    fields[index] = value
+    return replace_line(n, "\t".join(fields))
+
+
+BAD = {
+    "39 fields": (replace_line(7, criteo_line(ROWS.splitlines()[6]).rsplit("\t", 1)[0]), 7,
+                  "wrong number of fields: 39, expected 40"),
+    "41 fields": (replace_line(20, CRITEO.splitlines()[19] + "\t"), 20,
+                  "wrong number of fields: 41, expected 40"),
+    "blank line": (replace_line(11, ""), 11, "wrong number of fields: 1, expected 40"),
+    "float dense": (with_field(3, 2, "1.5"), 3, "I2 value '1.5' is not an integer"),
+    "text dense": (with_field(16, 13, "abc"), 16, "I13 value 'abc' is not an integer"),
+    "label 2": (with_field(12, 0, "2"), 12, "label '2' is not 0 or 1"),
+    "empty label": (with_field(1, 0, ""), 1, "label '' is not 0 or 1"),
+}
+ENCODINGS = {"hashing": [], "vocabulary": ["--min-count", "2"], "split": ["--valid-fraction",
+                                                                           "0.5"]}
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+@pytest.mark.parametrize("case", BAD)
+def test_bad_line_fails_and_leaves_nothing(tmp_path, monkeypatch, case, encoding):
+    monkeypatch.setattr(prep, "BLOCK_BYTES", 100)   # rows before the bad line get written
+    text, line, why = BAD[case]
+    src = write(tmp_path / "in.tsv", text)
+    (tmp_path / "out.h5").write_bytes(b"an older file that must survive")
+    before = listing(tmp_path)
+    with pytest.raises(InputError) as info:
+        run("criteo", src, tmp_path / "out.h5", *ENCODINGS[encoding])
+    assert str(info.value) == f"{src}:{line}: {why} (--skip-bad-lines skips such lines)"
+    assert listing(tmp_path) == before
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_skip_bad_lines(tmp_path, monkeypatch, capsys, case):
+    monkeypatch.setattr(prep, "BLOCK_BYTES", 100)
+    text, line, _ = BAD[case]
+    src = write(tmp_path / "in.tsv", text)
+    run("criteo", src, tmp_path / "out.h5", "--skip-bad-lines", "--min-count", "2")
+    label, dense, _, _ = read(tmp_path / "out.h5")
+    keep = [i for i in range(20) if i != line - 1]
+    np.testing.assert_array_equal(label, np.array(LABEL, np.float32)[keep])
+    np.testing.assert_array_equal(dense, expected_dense()[keep])
+    assert "19 rows -> " in capsys.readouterr().out
+
+
+def test_skip_counts_several_and_too_long_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(prep, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(prep, "MAX_LINE_BYTES", 150)
+    lines = with_field(15, 1, "-").splitlines()                      # I1 = "-"
+    lines[4] += "x" * 200                                            # too long
+    lines[9] = "1\t2"                                                # 2 fields
+    src = write(tmp_path / "in.tsv", "\n".join(lines) + "\n")
+    with pytest.raises(InputError, match=r"in\.tsv:5: line longer than 150 bytes"):
+        run("criteo", src, tmp_path / "out.h5")
+    run("criteo", src, tmp_path / "out.h5", "--skip-bad-lines", "--buckets", "1000")
+    keep = [i for i in range(20) if i not in (4, 9, 14)]
+    label, dense, sparse, _ = read(tmp_path / "out.h5")
+    np.testing.assert_array_equal(label, np.array(LABEL, np.float32)[keep])
+    np.testing.assert_array_equal(dense, expected_dense()[keep])
+    np.testing.assert_array_equal(sparse, expected_hashed([1000] * 26)[keep])
+    summary = capsys.readouterr().out.splitlines()[-1]
+    assert "17 rows -> " in summary and "; 3 bad lines skipped;" in summary
+
+
+def test_empty_and_all_bad_inputs(tmp_path):
+    src = write(tmp_path / "empty.tsv", "")
+    for extra in ([], ["--min-count", "2"]):
+        with pytest.raises(InputError, match=r"empty\.tsv: no data rows$"):
+            run("criteo", src, tmp_path / "out.h5", *extra)
+    src = write(tmp_path / "bad.tsv", "x\ny\n")
+    with pytest.raises(InputError, match=r"bad\.tsv: no data rows \(2 bad lines skipped\)"):
+        run("criteo", src, tmp_path / "out.h5", "--skip-bad-lines")
+    with pytest.raises(InputError, match=r"empty\.csv: no data rows"):
+        run("csv", write(tmp_path / "empty.csv", ""), tmp_path / "out.h5", "--label", "0",
+            "--sparse", "1")
+    assert sorted(os.listdir(tmp_path)) == ["bad.tsv", "empty.csv", "empty.tsv"]
+
+
+def test_missing_input_and_output_directory(tmp_path):
+    src = write(tmp_path / "in.tsv", CRITEO)
+    missing = tmp_path / "nope.tsv"
+    with pytest.raises(InputError, match=rf"{re.escape(str(missing))}: cannot read: No such"):
+        run("criteo", missing, tmp_path / "out.h5")
+    with pytest.raises(InputError, match=r"OUT .*/no/out\.h5: directory .*/no does not exist"):
+        run("criteo", src, tmp_path / "no" / "out.h5")
+    with pytest.raises(InputError, match=r"--valid-out .*/no/v\.h5: directory"):
+        run("criteo", src, tmp_path / "out.h5", "--valid-fraction", "0.5",
+            "--valid-out", tmp_path / "no" / "v.h5")
+    assert os.listdir(tmp_path) == ["in.tsv"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--valid-fraction", "1"], r"--valid-fraction: must be in \[0, 1\), got 1\.0"),
+    (["--valid-fraction", "x"], r"--valid-fraction: expected a number, got 'x'"),
+    (["--buckets", "10,1"], r"--buckets: must be integers >= 2, got \(10, 1\)"),
+    (["--buckets", "10,20"], r"--buckets: 2 values for 26 sparse fields"),
+    (["--buckets", "10", "--min-count", "2"], r"exclude each other"),
+    (["--max-rows", "0"], r"--max-rows: must be > 0, got 0"),
+    (["--valid-out", "v.h5"], r"--valid-out needs --valid-fraction > 0"),
+    (["--no-such-option"], r"unrecognized arguments: --no-such-option"),
+])
+def test_criteo_bad_options(tmp_path, argv, message):
+    src = write(tmp_path / "in.tsv", CRITEO)
+    with pytest.raises(ConfigError, match=message):
+        run("criteo", src, tmp_path / "out.h5", *argv)
+    assert os.listdir(tmp_path) == ["in.tsv"]
+
+
+def test_cli_subprocess_exit_status_and_message(tmp_path):
+    text, line, why = BAD["float dense"]
+    src = write(tmp_path / "in.tsv", text)
+    proc = subprocess.run([sys.executable, "-m", "pshybrid", "prep", "criteo", src,
+                           str(tmp_path / "out.h5")], capture_output=True, text=True,
+                          timeout=60, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == f"pshybrid: error: {src}:{line}: {why} (--skip-bad-lines skips " \
+                          "such lines)\n"
+    assert os.listdir(tmp_path) == ["in.tsv"]
+
+
+# -- NumPy field parsers against Python ------------------------------------------------------
+
+def test_block_parsers_match_python():
+    rng = np.random.default_rng(0)
+    values = [bytes(rng.integers(1, 256, n, dtype=np.uint8)) for n in
+              rng.choice([0, 1, 2, 7, 8, 9, 16, 17, 64, 65, 200], 500)]
+    ints = [b"0", b"-0", b"7", b"-12", b"123456789", b"-999999999999999999", b"+1", b"1 ",
+            b"-", b"--1", b"1-2", b"12345678901234567890", b"0x1", b"9" * 18, b"9" * 19, b""]
+    for vals in (values, ints):
+        data = b"".join(vals)
+        L = np.array([len(v) for v in vals])
+        s = np.concatenate([[0], np.cumsum(L)[:-1]])
+        block = prep._Block(data)
+        assert block.crc32(s, L).tolist() == [zlib.crc32(v) for v in vals]
+    v, ok = block.ints(s, L)
+    python = [0 if x == b"" else int(x) if re.fullmatch(rb"-?[0-9]{1,18}", x) else None
+              for x in ints]
+    assert ok.tolist() == [p is not None for p in python]
+    assert [x for x, good in zip(v.tolist(), ok) if good] == [p for p in python if p is not None]
