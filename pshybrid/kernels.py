@@ -1,15 +1,29 @@
-"""Embedding kernels: gather rows by index and scatter-add rows with duplicate ids.
+"""Embedding kernels: gather rows by index, deduplicate ids, scatter-add rows with duplicate ids.
 
-Each kernel has an ``xp`` reference twin (``*_ref``: the plainest NumPy/CuPy code)
-that is its test oracle (STYLE.md §6). The CPU fast paths below are sort-based
-segment reductions, deterministic (stable order) and much faster than ``np.add.at``.
+Each kernel has an ``xp`` reference twin that is its test oracle (STYLE.md §6):
+``gather_ref`` / ``scatter_add_ref`` (the plainest NumPy/CuPy code), and the NumPy
+sort-based ``segment_sum_numpy`` / ``unique_inverse_numpy``, which are also the fallback
+on GPU arrays and where numba is missing.
+
+CPU fast path: numba kernels (``@njit(cache=True, nogil=True)``, serial: MPI ranks already
+fill the cores). numba is imported and the kernels are compiled lazily, on the first call
+that needs them, so importing ``pshybrid`` does not pay for numba. Dedup is a hash map
+(key -> slot in first-occurrence order) plus an LSD radix argsort of the U distinct keys;
+rows are summed into their slot **in input order**, so results equal ``np.add.at`` bit for
+bit (float32 and float64), whatever the hash layout. ``gather`` stays
+``np.take``: it already runs near memcpy speed (bench/kernels_bench.py).
 """
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 from .backend import array_module
+
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_NB_MAX_ROWS = 2**31 - 1  # the numba hash table numbers slots in int32
 
 
 # -- references (oracles) ------------------------------------------------------------------
@@ -19,16 +33,61 @@ def gather_ref(rows, index):
 
 
 def scatter_add_ref(index, values, n: int):
-    """index: (B,) int64 in [0, n); values: (B, D) -> (n, D) with out[i] = sum of values[index == i]."""
+    """index: (B,) int64 in [0, n); values: (B, D) -> (n, D), out[i] = sum of values[index == i]
+    (``np.add.at``: strictly in input order)."""
     xp = array_module(values)
     out = xp.zeros((n,) + values.shape[1:], dtype=values.dtype)
     xp.add.at(out, index, values)
     return out
 
 
-# -- fast paths ----------------------------------------------------------------------------
+def segment_sum_numpy(keys, values):
+    """``xp`` twin of ``segment_sum``: stable argsort, then ``add.reduceat`` over the runs.
+
+    Same keys and, for exactly representable sums (integer-valued rows), the same sums.
+    Float rounding differs on runs of 3+ rows: ``reduceat`` adds ``first + (pairwise sum of
+    the rest)``, not strictly in input order (``np.add.at`` and ``segment_sum`` do).
+    """
+    xp = array_module(values)
+    keys = keys.ravel()
+    assert values.shape[0] == keys.shape[0], (values.shape, keys.shape)
+    if keys.size == 0:
+        return keys[:0], values[:0]
+    order = xp.argsort(keys, kind="stable")
+    skeys = keys[order]
+    starts = xp.flatnonzero(xp.concatenate([xp.ones(1, bool), skeys[1:] != skeys[:-1]]))
+    sums = xp.add.reduceat(values[order], starts, axis=0)
+    return skeys[starts], sums
+
+
+def unique_inverse_numpy(keys, m: int = 1):
+    """``xp`` twin of ``unique_inverse``: one unstable argsort of the (cyclic) sort key (~2x
+    faster than ``np.unique(return_inverse=True)``), then a cumulative sum of run starts."""
+    xp = array_module(keys)
+    keys = keys.ravel()
+    skey = keys
+    if m > 1 and keys.size:
+        lo = int(keys.min()) // m
+        div, mod = xp.divmod(keys, m)
+        skey = mod * (int(keys.max()) // m - lo + 1) + (div - lo)
+    order = xp.argsort(skey)
+    sorted_keys = keys[order]
+    first = xp.empty(sorted_keys.shape, bool)
+    first[:1] = True
+    xp.not_equal(sorted_keys[1:], sorted_keys[:-1], out=first[1:])
+    inverse = xp.empty(keys.shape, xp.int64)
+    inverse[order] = xp.cumsum(first) - 1
+    uniq = sorted_keys[first]
+    bounds = xp.searchsorted(uniq % m, xp.arange(m + 1, dtype=xp.int64)).astype(xp.int64)
+    return uniq, inverse, bounds
+
+
+# -- public kernels ------------------------------------------------------------------------
 def gather(rows, index):
-    """rows: (N, D); index: any shape int64 -> index.shape + (D,). Same result as ``gather_ref``."""
+    """rows: (N, D); index: any shape int64 -> index.shape + (D,). Same result as ``gather_ref``.
+
+    ``np.take`` on CPU: it copies whole rows and runs near memcpy speed (bench/kernels_bench.py).
+    """
     xp = array_module(rows)
     if xp is np:
         return np.take(rows, index, axis=0)
@@ -36,10 +95,7 @@ def gather(rows, index):
 
 
 def scatter_add(index, values, n: int):
-    """index: (B,) int64 in [0, n); values: (B, D) -> (n, D) sums of rows per index.
-
-    Sort-based segment sum: stable argsort of ``index`` then ``add.reduceat`` over runs.
-    """
+    """index: (B,) int64 in [0, n); values: (B, D) -> (n, D) sums of rows per index."""
     xp = array_module(values)
     out = xp.zeros((n,) + values.shape[1:], dtype=values.dtype)
     if index.size == 0:
@@ -53,15 +109,239 @@ def segment_sum(keys, values):
     """Sum the rows of ``values`` that share a key.
 
     keys: (B,) int64; values: (B, D). Returns ``(uniq, sums)``: uniq (U,) sorted int64,
-    sums (U, D) with sums[u] = sum of values[keys == uniq[u]] (added in input order).
+    sums (U, D) with sums[u] = sum of values[keys == uniq[u]]. The numba path adds strictly
+    in input order: deterministic and bit for bit equal to ``scatter_add_ref`` (``np.add.at``)
+    in float32 and float64. The NumPy fallback rounds long runs differently (see its twin).
     """
-    xp = array_module(values)
-    keys = keys.ravel()
-    assert values.shape[0] == keys.shape[0], (values.shape, keys.shape)
-    if keys.size == 0:
-        return keys[:0], values[:0]
-    order = xp.argsort(keys, kind="stable")
-    skeys = keys[order]
-    starts = xp.flatnonzero(xp.concatenate([xp.ones(1, bool), skeys[1:] != skeys[:-1]]))
-    sums = xp.add.reduceat(values[order], starts, axis=0)
-    return skeys[starts], sums
+    if (array_module(keys, values) is np and values.dtype in _FLOATS
+            and keys.size <= _NB_MAX_ROWS and numba_active()):
+        keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
+        assert values.shape[0] == keys.shape[0], (values.shape, keys.shape)
+        if keys.size == 0:
+            return keys, values[:0]
+        width = int(np.prod(values.shape[1:], dtype=np.int64))
+        uniq, sums = _nb_segment_sum(keys, np.ascontiguousarray(values).reshape(keys.size, width))
+        return uniq, sums.reshape((uniq.size,) + values.shape[1:])
+    return segment_sum_numpy(keys, values)
+
+
+def unique_inverse(keys, m: int = 1):
+    """Distinct keys, the inverse index, and the groups of equal ``key % m``.
+
+    keys: any-shape int64; m >= 1. Returns ``(uniq, inverse, bounds)``: uniq (U,) int64
+    distinct keys sorted by key, or with ``m > 1`` by ``(key % m, key // m)`` (the owner-major
+    order of a cyclic partition over m servers); inverse (keys.size,) int64 with
+    ``uniq[inverse] == keys.ravel()``; bounds (m+1,) int64 so that the keys with
+    ``key % m == r`` are ``uniq[bounds[r]:bounds[r+1]]``. Same result as ``unique_inverse_numpy``.
+    With m > 1 the keys' span must leave room for the sort key: max - min + m < 2**63.
+    """
+    assert m >= 1, m
+    if array_module(keys) is np and keys.size <= _NB_MAX_ROWS and numba_active():
+        keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
+        if keys.size == 0:
+            return keys, np.empty(0, np.int64), np.zeros(m + 1, np.int64)
+        return _nb_unique_inverse(keys, int(m))
+    return unique_inverse_numpy(keys, m)
+
+
+# -- numba plumbing: import + jit on first use, NumPy twins when numba is unavailable --------
+_NUMBA: bool | None = None  # None: not tried yet
+_NUMBA_LOCK = threading.Lock()
+_JITTED = ("_nb_hash_dedup", "_nb_radix_argsort", "_nb_sorted_dedup", "_nb_unique_inverse",
+           "_nb_segment_sum", "_nb_uniform_rows")
+
+
+def numba_active() -> bool:
+    """True when the numba kernels serve the CPU paths (imports numba on the first call).
+
+    The module-level ``_nb_*`` functions are plain Python until then; here they are replaced
+    in place by their ``njit`` dispatchers (compiled per signature on first call, cached on
+    disk), so the kernels that call each other see dispatchers and stay cacheable.
+    """
+    global _NUMBA
+    if _NUMBA is None:
+        with _NUMBA_LOCK:
+            if _NUMBA is None:
+                try:
+                    import numba
+                except Exception:  # not installed, or does not support this NumPy/Python
+                    _NUMBA = False
+                else:
+                    jit = numba.njit(cache=True, nogil=True)
+                    g = globals()
+                    for name in _JITTED:
+                        g[name] = jit(g[name])
+                    _NUMBA = True
+    return _NUMBA
+
+
+# -- numba kernels (plain Python until ``numba_active()`` jits them) -----------------------
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier, 2^64 / golden ratio
+_RADIX_BITS = 11                          # 2048-bucket histograms (16 KiB) stay in L1
+_RADIX_MASK = np.uint64((1 << _RADIX_BITS) - 1)
+
+
+def _nb_hash_dedup(keys):
+    """keys (B,) int64 -> (slot (B,) int32, ukeys (U,) int64): slot[i] numbers keys[i] by first
+    occurrence, ukeys[slot[i]] == keys[i]. Open addressing, linear probing, load <= 1/2."""
+    n = keys.size
+    bits = 4
+    while (1 << bits) < 2 * n:
+        bits += 1
+    mask = (1 << bits) - 1
+    shift = np.uint64(64 - bits)
+    table = np.full(1 << bits, -1, np.int32)
+    slot = np.empty(n, np.int32)
+    ukeys = np.empty(n, np.int64)
+    u = 0
+    for i in range(n):
+        k = keys[i]
+        h = np.intp((np.uint64(k) * _GOLDEN) >> shift)
+        while True:
+            s = table[h]
+            if s < 0:
+                table[h] = u
+                ukeys[u] = k
+                slot[i] = u
+                u += 1
+                break
+            if ukeys[s] == k:
+                slot[i] = s
+                break
+            h = (h + 1) & mask
+    return slot, ukeys[:u]
+
+
+def _nb_radix_argsort(keys):
+    """Stable argsort of (n,) int64 keys: LSD radix on ``key - min`` (uint64, so any span),
+    11 bits a pass, only as many passes as the span has bits."""
+    n = keys.size
+    order = np.arange(n)
+    if n < 2:
+        return order
+    base = np.uint64(keys.min())
+    span = np.uint64(keys.max()) - base
+    u = np.empty(n, np.uint64)
+    for i in range(n):
+        u[i] = np.uint64(keys[i]) - base
+    order2 = np.empty(n, order.dtype)
+    u2 = np.empty(n, np.uint64)
+    count = np.empty((1 << _RADIX_BITS) + 1, np.intp)
+    shift = np.uint64(0)
+    while span:
+        count[:] = 0
+        for i in range(n):
+            count[np.intp((u[i] >> shift) & _RADIX_MASK) + 1] += 1
+        for b in range(1 << _RADIX_BITS):
+            count[b + 1] += count[b]
+        for i in range(n):
+            b = np.intp((u[i] >> shift) & _RADIX_MASK)
+            p = count[b]
+            count[b] = p + 1
+            order2[p] = order[i]
+            u2[p] = u[i]
+        order, order2 = order2, order
+        u, u2 = u2, u
+        shift += np.uint64(_RADIX_BITS)
+        span >>= np.uint64(_RADIX_BITS)
+    return order
+
+
+def _nb_sorted_dedup(keys, m):
+    """keys (B,) int64, B >= 1 -> (slot (B,) int32, uniq (U,) int64, rank (U,) int64, bounds
+    (m+1,) int64): the distinct keys sorted by (key % m, key // m) (plain key order when
+    m == 1); ``slot`` as in ``_nb_hash_dedup``; ``rank[slot[i]]`` is the position of keys[i]
+    in ``uniq``; group r (key % m == r) is ``uniq[bounds[r]:bounds[r+1]]``."""
+    slot, ukeys = _nb_hash_dedup(keys)
+    u = ukeys.size
+    bounds = np.zeros(m + 1, np.int64)
+    if m > 1:  # cyclic order: one division per distinct key, not per row
+        kmin, kmax = ukeys.min(), ukeys.max()
+        lo = kmin // m
+        per = kmax // m - lo + 1
+        # |k| < 2^50: floor(k * (1/m)) is off by at most one, fixed below; ~5x cheaper than
+        # a 64-bit integer division. Larger keys divide exactly.
+        fast = -(1 << 50) < kmin and kmax < (1 << 50)
+        inv = 1.0 / m
+        skeys = np.empty(u, np.int64)
+        for s in range(u):
+            k = ukeys[s]
+            if fast:
+                q = np.int64(np.floor(k * inv))
+            else:
+                q = k // m
+            r = k - q * m
+            if r < 0:
+                q -= 1
+                r += m
+            elif r >= m:
+                q += 1
+                r -= m
+            skeys[s] = r * per + (q - lo)  # r == k % m, q == k // m (floor, as NumPy)
+            bounds[r + 1] += 1
+        for r in range(m):
+            bounds[r + 1] += bounds[r]
+        order = _nb_radix_argsort(skeys)
+    else:
+        bounds[1] = u
+        order = _nb_radix_argsort(ukeys)
+    uniq = np.empty(u, np.int64)
+    rank = np.empty(u, np.int64)
+    for j in range(u):
+        s = order[j]
+        uniq[j] = ukeys[s]
+        rank[s] = j
+    return slot, uniq, rank, bounds
+
+
+def _nb_unique_inverse(keys, m):
+    """keys (B,) int64, B >= 1 -> (uniq (U,), inverse (B,) int64, bounds (m+1,) int64); as
+    ``_nb_sorted_dedup``."""
+    slot, uniq, rank, bounds = _nb_sorted_dedup(keys, m)
+    inverse = np.empty(keys.size, np.int64)
+    for i in range(keys.size):
+        inverse[i] = rank[slot[i]]
+    return uniq, inverse, bounds
+
+
+def _nb_segment_sum(keys, values):
+    """keys (B,) int64, B >= 1; values (B, D) C-contiguous -> (uniq (U,) sorted, sums (U, D)).
+
+    The first row of a key is copied, later ones are added in input order (the order of
+    ``np.add.at``), so the result does not depend on the hash layout.
+    """
+    slot, uniq, rank, _ = _nb_sorted_dedup(keys, 1)
+    n, d = values.shape
+    sums = np.empty((uniq.size, d), values.dtype)
+    fresh = 0  # slots are numbered by first occurrence: slot == fresh <=> first row of its key
+    for i in range(n):
+        s = slot[i]
+        r = rank[s]
+        if s == fresh:
+            fresh += 1
+            for j in range(d):
+                sums[r, j] = values[i, j]
+        else:
+            for j in range(d):
+                sums[r, j] += values[i, j]
+    return uniq, sums
+
+
+_INIT_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_INIT_M2 = np.uint64(0x94D049BB133111EB)  # splitmix64 constants (initializers.py)
+
+
+def _nb_uniform_rows(out, ids, key, scale):
+    """``initializers.uniform_rows``'s formula, one element at a time: out (n, dim) from
+    global ids (n,), table key (uint64) and scale."""
+    n, dim = out.shape
+    for i in range(n):
+        base = np.uint64(ids[i]) * np.uint64(dim)
+        for c in range(dim):
+            x = (base + np.uint64(c + 1)) * _GOLDEN + key
+            x ^= x >> np.uint64(30)
+            x *= _INIT_M1
+            x ^= x >> np.uint64(27)
+            x *= _INIT_M2
+            x ^= x >> np.uint64(31)
+            out[i, c] = scale * (float(x >> np.uint64(11)) * 2.0 ** -52 - 1.0)

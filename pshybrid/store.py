@@ -18,6 +18,7 @@ synchronised (an Allreduce or ``barrier``), every later ``pull`` sees the update
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,6 +81,7 @@ class Traffic:
 
     get_bytes: int = 0
     get_ops: int = 0
+    shm_bytes: int = 0  # read through the same-node shared-memory path
     acc_bytes: int = 0
     acc_ops: int = 0
 
@@ -88,11 +90,16 @@ class EmbeddingStore:
     """Sharded embedding tables. Collective construction over ``topo.world``.
 
     ``tables``: TableSpecs (unique names). ``seed``: initialisation seed.
+    ``shared_memory``: the same-node fast path (default: on when every rank shares one
+    node; ``PSHYBRID_SHARED_MEMORY=0`` turns it off): the window is allocated with
+    ``Win.Allocate_shared`` and workers read the servers' shards directly (``pull`` is a
+    gather from a zero-copy view); pushes stay MPI Accumulates (atomic).
     Workers call ``pull``/``push``; servers hold the shards (``shard``) and call
     ``serve_until_closed``; every rank calls ``close`` (collective).
     """
 
-    def __init__(self, topo: Topology, tables: list[TableSpec], seed: int = 0):
+    def __init__(self, topo: Topology, tables: list[TableSpec], seed: int = 0,
+                 shared_memory: bool | None = None):
         names = [t.name for t in tables]
         if len(set(names)) != len(names):
             raise ConfigError(f"duplicate table names in {names}", collective=True)
@@ -123,8 +130,17 @@ class EmbeddingStore:
         # Wire: one allgather of each rank's {table: {slot: offset}}; all ranks wait.
         layouts = topo.world.allgather({n: t.offsets for n, t in self.tables.items()})
         self._remote = [layouts[r] for r in topo.server_ranks]
+        if shared_memory is None:
+            shared_memory = (topo.n_nodes == 1
+                             and os.environ.get("PSHYBRID_SHARED_MEMORY", "1") != "0")
         # Wire: collective window creation over world; servers expose their shards.
-        self.win = MPI.Win.Allocate(nbytes, 1, comm=topo.world)
+        if shared_memory:
+            self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=topo.world)
+            self._views = [np.frombuffer(self.win.Shared_query(r)[0], np.uint8)
+                           for r in topo.server_ranks]
+        else:
+            self.win = MPI.Win.Allocate(nbytes, 1, comm=topo.world)
+            self._views = None
         self._mem = np.frombuffer(self.win.tomemory(), dtype=np.uint8) if nbytes else None
         if topo.is_server:
             for name in self.tables:
@@ -193,6 +209,8 @@ class EmbeddingStore:
         """
         t = self.tables[table]
         ids = self._check_ids(t, ids)
+        if self._views is not None:
+            return self._pull_shared(t, ids, slot)
         unique, inverse, bounds = partition.group_by_owner(ids, t.spec.rows, self.topo.n_servers)
         buf = np.empty((unique.size, t.spec.dim), dtype=t.spec.dtype)
         ops = []
@@ -204,6 +222,27 @@ class EmbeddingStore:
         self.traffic.get_bytes += buf.nbytes
         self.traffic.get_ops += len(ops)
         return gather(buf, inverse)
+
+    def _region(self, t: _Table, s: int, slot: str) -> np.ndarray:
+        """Server s's (rows, dim) region of ``slot``, a zero-copy view of shared memory."""
+        n = partition.shard_rows(t.spec.rows, self.topo.n_servers, s)
+        a = self._remote[s][t.spec.name][slot]
+        return self._views[s][a:a + n * t.spec.dim * t.itemsize].view(t.spec.dtype).reshape(n, t.spec.dim)
+
+    def _pull_shared(self, t: _Table, ids, slot: str) -> np.ndarray:
+        """Same-node fast path: gather straight from the servers' shared memory."""
+        S = self.topo.n_servers
+        self.win.Sync()  # memory barrier: see every Accumulate completed before our barrier
+        if S == 1:
+            out = gather(self._region(t, 0, slot), ids)
+        else:
+            local, own = np.divmod(ids, S)
+            out = np.empty(ids.shape + (t.spec.dim,), t.spec.dtype)
+            for s in range(S):
+                m = own == s
+                out[m] = gather(self._region(t, s, slot), local[m])
+        self.traffic.shm_bytes += out.nbytes
+        return out
 
     def push(self, table: str, ids, grads, scale: float = 1.0, slot: str = "w"):
         """Add ``scale * grads`` to the rows ``ids`` of ``table`` (``slot`` region).
@@ -264,7 +303,7 @@ class EmbeddingStore:
             return
         idle_barrier(self.topo.world)
         self.win.Unlock_all()
-        self._mem = None
+        self._mem = self._views = None
         self.win.Free()
         self._open = False
 

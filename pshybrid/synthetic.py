@@ -6,7 +6,9 @@ Rows are made in blocks of ``BLOCK`` rows; block ``k`` draws from
 ``numpy.random.default_rng([seed, k])``, in this order: dense ``(BLOCK, n_dense)``
 ``= log1p(exponential(scale_j))`` with ``scale_j = 10 ** (2 j / (n_dense - 1))``;
 ``q ~ U[0,1)`` ``(BLOCK, F)``, turned into ids by the inverse CDF of a Zipf law truncated
-to each field, ``P(id = i) ∝ (i + 1) ** -zipf`` for ``i < cardinality_f``; then
+to each field, ``P(id = i) ∝ (i + 1) ** -zipf`` for ``i < cardinality_f`` (fields of more
+than ``EXACT_CDF_MAX`` ids use the continuous power law instead, so no table of that size
+is built: ``id = floor((1 - q (1 - (C+1) ** (1-a))) ** (1/(1-a))) - 1``); then
 ``u ~ U[0,1)`` ``(BLOCK,)``. The planted model is
 
     logit = bias + sum_f w[offset_f + id_f] + sum_j v_j * (dense_j - mean_j)
@@ -28,6 +30,7 @@ import numpy as np
 from .initializers import uniform_rows
 
 BLOCK = 512
+EXACT_CDF_MAX = 1 << 20
 # Criteo Kaggle cardinalities, capped at 100k rows per field for a laptop-sized default.
 CRITEO_LIKE = (1460, 583, 100000, 100000, 305, 24, 12517, 633, 3, 93145, 5683, 100000, 3194,
                27, 14992, 100000, 10, 5652, 2173, 4, 100000, 18, 15, 100000, 105, 100000)
@@ -73,7 +76,7 @@ class SyntheticCTR:
             mean = np.log1p(np.random.default_rng([self.seed, 2**31]).exponential(
                 scales, size=(4096, self.n_dense))).mean(0)
             cdfs = [np.cumsum(np.arange(1, c + 1, dtype=np.float64) ** -self.zipf)
-                    for c in self.cardinalities]
+                    if c <= EXACT_CDF_MAX else c for c in self.cardinalities]
             offsets = np.concatenate(([0], np.cumsum(self.cardinalities)[:-1])).astype(np.int64)
             self._cache["planted"] = (v[:, 0], scales, mean, cdfs, offsets)
         return self._cache["planted"]
@@ -87,9 +90,14 @@ class SyntheticCTR:
         dense = np.log1p(rng.exponential(scales, size=(BLOCK, self.n_dense)))
         q = rng.random((BLOCK, len(self.cardinalities)))
         sparse = np.empty(q.shape, np.int64)
+        a1 = 1.0 - self.zipf
         for f, cdf in enumerate(cdfs):
-            sparse[:, f] = np.minimum(np.searchsorted(cdf, q[:, f] * cdf[-1], side="right"),
-                                      cdf.size - 1)
+            if isinstance(cdf, int):  # continuous power law on [1, C+1)
+                x = (1.0 - q[:, f] * (1.0 - (cdf + 1.0) ** a1)) ** (1.0 / a1)
+                sparse[:, f] = np.clip(np.floor(x).astype(np.int64) - 1, 0, cdf - 1)
+            else:
+                sparse[:, f] = np.minimum(np.searchsorted(cdf, q[:, f] * cdf[-1],
+                                                          side="right"), cdf.size - 1)
         w = np.empty((sparse.size, 1))
         uniform_rows(w, (sparse + offsets).ravel(), self.seed, "planted", self.field_scale)
         logit = self.bias + (dense - mean) @ v + w.reshape(sparse.shape).sum(1)

@@ -208,6 +208,7 @@ def _evaluate(cfg, topo, mode, model, sparse, ev, step) -> dict | None:
 
 
 def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
+    t_begin = time.perf_counter()
     ps = ParamSpace()
     model, sparse = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, ps,
                                 cfg.dtype, cfg.cross_layers)
@@ -219,7 +220,6 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
     W, b = topo.n_workers, cfg.batch_size
     reporter_rank = topo.worker_ranks[0]
     reporter = _Reporter(cfg, out, W) if topo.rank == reporter_rank else None
-    t_start = time.perf_counter()
 
     plan = BatchPlan(getattr(data, "n_rows", None), W * b, cfg.shuffle, cfg.seed)
     steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
@@ -230,6 +230,8 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
         return checkpoint.save(cfg.checkpoint_dir, step, cfg, topo, mode, ps, data.schema)
 
     fault = _injected_fault(topo)
+    t_start = time.perf_counter()
+    startup = t_start - t_begin  # model, tables (servers initialise them), resume
     if topo.is_server:
         mode.serve(on_checkpoint=save)
     else:
@@ -321,7 +323,7 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
             "workers": W, "servers": topo.n_servers, "batch_size": b,
             "steps_run": steps - start,
             "samples_per_s": (steps - start) * W * b / max(elapsed - worker_t["eval"], 1e-9),
-            "seconds": elapsed, "final_loss": final, "base_rate": base,
+            "seconds": elapsed, "startup_seconds": startup, "final_loss": final, "base_rate": base,
             "base_rate_logloss": base_ll, "phase_seconds": worker_t,
             "phase_fraction": {k: v / busy for k, v in worker_t.items()},
             "server_apply_seconds": max(server_apply, default=0.0),

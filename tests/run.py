@@ -3,7 +3,8 @@
 
 1. serial tests (pure functions, kernels, whole-job tests that launch mpiexec);
 2. MPI tests (``-m mpi``) under ``mpiexec -n N python -m pytest --with-mpi`` for
-   N = 2, 3, 5 (oversubscribed on small machines; that is fine).
+   N = 2, 3, 5 (oversubscribed on small machines; that is fine); the 3-rank run turns the
+   same-node shared-memory pull off, so training is also checked over RMA end to end.
 
 Every mpiexec runs under a hard outer timeout, so nothing can hang CI. Only rank 0's
 pytest report reaches stdout; other ranks keep stderr. Exits non-zero on any failure
@@ -25,6 +26,7 @@ sys.path.insert(0, HERE)
 from mpi_util import mpiexec  # noqa: E402
 
 SIZES = [int(n) for n in os.environ.get("PSHYBRID_TEST_SIZES", "2,3,5").split(",") if n]
+RMA_ONLY_SIZE = 3  # this run turns the same-node shared-memory path off: RMA end to end
 MPI_TIMEOUT = int(os.environ.get("PSHYBRID_TEST_MPI_TIMEOUT", "300"))
 SERIAL_TIMEOUT = int(os.environ.get("PSHYBRID_TEST_SERIAL_TIMEOUT", "900"))
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected)")
@@ -62,10 +64,12 @@ def main(argv: list[str]) -> int:
     for n in SIZES:
         args = ["-m", "mpi", "--with-mpi", "tests"] + argv
         quiet = ["sh", "-c", 'exec "$@" >/dev/null', "quiet"]  # ranks > 0: stdout dropped
-        cmd = ["timeout", "-k", "10", str(MPI_TIMEOUT), mpiexec(), "-n", "1"] + py + args
+        env = ["-genv", "PSHYBRID_SHARED_MEMORY", "0"] if n == RMA_ONLY_SIZE else []
+        cmd = ["timeout", "-k", "10", str(MPI_TIMEOUT), mpiexec(), *env, "-n", "1"] + py + args
         if n > 1:
             cmd += [":", "-n", str(n - 1)] + quiet + py + args
-        ok = run(f"mpi -n {n}", cmd, MPI_TIMEOUT + 30, totals) and ok
+        label = f"mpi -n {n}" + (" (RMA only)" if env else "")
+        ok = run(label, cmd, MPI_TIMEOUT + 30, totals) and ok
     errors = f", {totals['error']} errors" if totals["error"] else ""
     print(f"\n{totals['passed']} passed, {totals['failed']} failed, "
           f"{totals['skipped']} skipped{errors}")

@@ -56,3 +56,16 @@ def test_float32_is_rounded_float64():
     uniform_rows(a, np.arange(50), 1, "t", 0.05)
     uniform_rows(b, np.arange(50), 1, "t", 0.05)
     np.testing.assert_array_equal(a, b.astype(np.float32))
+
+
+def test_numba_and_numpy_paths_agree(monkeypatch):
+    from pshybrid import kernels
+
+    ids = np.array([0, 3, 2**33 + 1, 77], dtype=np.int64)
+    a = np.empty((4, 5), np.float32)
+    assert kernels.numba_active(), "numba path not active"
+    uniform_rows(a, ids, 5, "emb", 0.05)
+    monkeypatch.setattr(kernels, "numba_active", lambda: False)
+    b = np.empty((4, 5), np.float32)
+    uniform_rows(b, ids, 5, "emb", 0.05)
+    np.testing.assert_array_equal(a, b)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pshybrid import kernels
+from pshybrid import kernels, partition
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -49,3 +49,167 @@ def test_segment_sum_matches_scatter_add_reference():
     ref = kernels.scatter_add_ref(keys, values, 1000)
     np.testing.assert_array_equal(sums, ref[uniq])
     assert set(uniq.tolist()) == set(keys.tolist())
+
+
+# -- numba fast paths against the oracles (np.add.at, the NumPy twins, the old group_by_owner) --
+def _zipf_keys(rng, n, a=1.1, rows=1_000_000):
+    return ((rng.zipf(a, size=n) - 1) % rows).astype(np.int64)
+
+
+def _bits(x):
+    """Raw bytes of a float array: equality here is bit for bit (no -0.0 == 0.0, NaN-safe)."""
+    return np.ascontiguousarray(x).view(np.uint8)
+
+
+def test_numba_path_is_active():
+    # numba is a runtime dependency: a silent fall back to NumPy here must fail CI.
+    assert kernels.numba_active()
+    kernels.segment_sum(np.array([3, 1, 3]), np.ones((3, 2), np.float32))
+    kernels.unique_inverse(np.array([3, 1, 3]), 2)
+    for name in kernels._JITTED:  # plain functions become numba dispatchers...
+        assert hasattr(getattr(kernels, name), "signatures"), f"{name} is not a numba dispatcher"
+    for entry in (kernels._nb_segment_sum, kernels._nb_unique_inverse):  # ...and the entries ran
+        assert entry.signatures, f"{entry} was not called"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dist", ["zipf", "uniform", "few"])
+@pytest.mark.parametrize("n,dim", [(1, 3), (7, 1), (4096, 16), (6656, 64)])
+def test_segment_sum_numba_equals_add_at_bitwise(dtype, dist, n, dim):
+    rng = np.random.default_rng(n + dim)
+    keys = {"zipf": _zipf_keys(rng, n),
+            "uniform": rng.integers(0, 10 * n, size=n),
+            "few": rng.integers(0, 3, size=n)}[dist]
+    values = rng.standard_normal((n, dim)).astype(dtype)
+    uniq, sums = kernels.segment_sum(keys, values)
+    assert uniq.dtype == np.int64 and sums.dtype == dtype and sums.shape == (uniq.size, dim)
+    np.testing.assert_array_equal(uniq, np.unique(keys))
+    # oracle: np.add.at in the same dtype, strictly in input order, into the deduplicated rows
+    ref = np.zeros_like(sums)
+    np.add.at(ref, np.searchsorted(uniq, keys), values)
+    np.testing.assert_array_equal(_bits(sums), _bits(ref))
+    # the NumPy twin: same keys, same sums up to rounding (reduceat is pairwise on long runs)
+    uniq0, sums0 = kernels.segment_sum_numpy(keys, values)
+    np.testing.assert_array_equal(uniq, uniq0)
+    tol = 1e-4 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(sums, sums0, rtol=tol, atol=tol * np.sqrt(n))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_segment_sum_numba_equals_numpy_twin_bitwise_on_integers(dtype):
+    rng = np.random.default_rng(4)
+    keys = _zipf_keys(rng, 5000, a=1.05)
+    values = rng.integers(-8, 9, size=(5000, 24)).astype(dtype)  # every order sums exactly
+    uniq, sums = kernels.segment_sum(keys, values)
+    uniq0, sums0 = kernels.segment_sum_numpy(keys, values)
+    np.testing.assert_array_equal(uniq, uniq0)
+    np.testing.assert_array_equal(_bits(sums), _bits(sums0))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_segment_sum_edge_cases(dtype):
+    empty_u, empty_s = kernels.segment_sum(np.zeros(0, np.int64), np.zeros((0, 5), dtype))
+    assert empty_u.shape == (0,) and empty_s.shape == (0, 5) and empty_s.dtype == dtype
+    # all duplicates: one key, rows summed in input order
+    values = np.random.default_rng(5).standard_normal((1000, 4)).astype(dtype)
+    uniq, sums = kernels.segment_sum(np.full(1000, 42, np.int64), values)
+    want = values[0].copy()
+    for row in values[1:]:
+        want = want + row
+    assert uniq.tolist() == [42]
+    np.testing.assert_array_equal(_bits(sums[0]), _bits(want))
+    # a single row is returned as is
+    uniq, sums = kernels.segment_sum(np.array([7]), values[:1])
+    assert uniq.tolist() == [7] and np.array_equal(_bits(sums), _bits(values[:1]))
+    # keys near 2**62 and across the whole int64 range (radix on key - min, as uint64)
+    big = np.array([2**62 + 5, 2**62, 2**62 + 5, 2**62 - 1, 0, 2**62], np.int64)
+    huge = np.array([2**63 - 1, -2**63, 5, -1, 2**63 - 1, -2**63, 0], np.int64)
+    for keys in (big, huge):
+        vals = np.arange(keys.size * 3, dtype=dtype).reshape(-1, 3)
+        uniq, sums = kernels.segment_sum(keys, vals)
+        uniq0, sums0 = kernels.segment_sum_numpy(keys, vals)
+        np.testing.assert_array_equal(uniq, uniq0)
+        np.testing.assert_array_equal(sums, sums0)
+
+
+def test_segment_sum_other_shapes_and_layouts():
+    rng = np.random.default_rng(6)
+    keys = rng.integers(0, 20, size=300)
+    for values in (rng.standard_normal(300),                       # (B,)
+                   rng.standard_normal((300, 2, 3)),               # (B, F, D)
+                   rng.standard_normal((300, 8))[:, ::2],          # strided rows
+                   rng.standard_normal((300, 0))):                 # D = 0
+        uniq, sums = kernels.segment_sum(keys, values)
+        ref = kernels.scatter_add_ref(np.searchsorted(uniq, keys), values, uniq.size)
+        assert sums.shape == ref.shape
+        np.testing.assert_array_equal(sums, ref)
+    # dtypes the numba kernel does not take go to the NumPy twin
+    ints = rng.integers(-3, 4, size=(300, 2))
+    np.testing.assert_array_equal(kernels.segment_sum(keys, ints)[1],
+                                  kernels.segment_sum_numpy(keys, ints)[1])
+
+
+def test_radix_argsort_is_stable_over_full_int64_range():
+    rng = np.random.default_rng(7)
+    kernels.numba_active()
+    for keys in (rng.integers(-2**63, 2**63 - 1, size=3000, dtype=np.int64, endpoint=True),
+                 rng.integers(0, 50, size=3000), np.full(10, 3), np.array([2**62, 1, 2**62, 0])):
+        keys = keys.astype(np.int64)
+        np.testing.assert_array_equal(kernels._nb_radix_argsort(keys),
+                                      np.argsort(keys, kind="stable"))
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 7, 16])
+def test_unique_inverse_equals_numpy_twin(m):
+    rng = np.random.default_rng(m)
+    for keys in (np.zeros(0, np.int64), np.array([5]), rng.integers(0, 50, size=(40, 3)),
+                 _zipf_keys(rng, 6656), 2**62 - rng.integers(0, 10**6, size=2000),
+                 # negative keys, and both sides of 2^50 (float-reciprocal vs exact division)
+                 rng.integers(-2**50, 2**50, size=3000), np.arange(-5 * m, 5 * m).repeat(2),
+                 np.array([2**50 - 1, 2**50, -2**50, 1 - 2**50, 0, -1, 2**61, -2**61])):
+        got = kernels.unique_inverse(keys, m)
+        for g, w in zip(got, kernels.unique_inverse_numpy(keys, m)):
+            assert g.dtype == w.dtype == np.int64
+            np.testing.assert_array_equal(g, w)
+        uniq, inverse, bounds = got
+        assert inverse.shape == (keys.size,) and (uniq[inverse] == keys.ravel()).all()
+        assert bounds.shape == (m + 1,) and bounds[0] == 0 and bounds[-1] == uniq.size
+        for r in range(m):
+            grp = uniq[bounds[r]:bounds[r + 1]]
+            assert (grp % m == r).all() and (np.diff(grp) > 0).all()
+
+
+def _group_by_owner_old(ids, rows, n_servers):
+    """The pre-numba ``partition.group_by_owner`` (argsort of ``sort_key``): the oracle."""
+    keys = partition.sort_key(ids, rows, n_servers).ravel()
+    order = np.argsort(keys)
+    skeys = keys[order]
+    first = np.empty(skeys.shape, bool)
+    first[:1] = True
+    np.not_equal(skeys[1:], skeys[:-1], out=first[1:])
+    ukey = skeys[first]
+    inverse = np.empty(keys.shape, np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return (partition.key_to_global(ukey, rows, n_servers), inverse.reshape(ids.shape),
+            partition.key_bounds(ukey, rows, n_servers))
+
+
+@pytest.mark.parametrize("numba_on", [True, False])
+@pytest.mark.parametrize("rows,S", [(1, 1), (10, 1), (10, 3), (1000, 4), (5, 8), (3, 16),
+                                    (1_000_000, 7), (2**33, 3), (2**62, 5)])
+def test_group_by_owner_equals_old_contract(monkeypatch, numba_on, rows, S):
+    if not numba_on:
+        monkeypatch.setattr(kernels, "_NUMBA", False)  # the NumPy twin path
+    rng = np.random.default_rng(rows % 1000 + S)
+    for shape in ((0,), (1,), (300,), (64, 26)):
+        ids = rng.integers(0, rows, size=shape, dtype=np.int64)
+        if ids.size > 2:
+            ids.ravel()[1] = ids.ravel()[0]  # a duplicate for sure
+        got = partition.group_by_owner(ids, rows, S)
+        want = _group_by_owner_old(ids, rows, S)
+        for g, w, what in zip(got, want, ("unique", "inverse", "bounds")):
+            assert g.dtype == np.int64 and g.shape == w.shape, what
+            np.testing.assert_array_equal(g, w, err_msg=what)
+    ids = _zipf_keys(rng, 6656, rows=min(rows, 10**6))
+    for g, w in zip(partition.group_by_owner(ids, rows, S), _group_by_owner_old(ids, rows, S)):
+        np.testing.assert_array_equal(g, w)

@@ -39,13 +39,14 @@ def random_ids(rng, spec, shape):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("shm", [False, True], ids=["rma", "shm"])
 @pytest.mark.parametrize("S", [1, 2])
-def test_pull_equals_unsharded(comm, S):
+def test_pull_equals_unsharded(comm, S, shm):
     if S >= comm.size:
         pytest.skip(f"{S} servers need > {S} ranks")
     topo = Topology.create(comm, S)
-    store = EmbeddingStore(topo, SPECS, seed=SEED)
-    ok, msg = True, ""
+    store = EmbeddingStore(topo, SPECS, seed=SEED, shared_memory=shm)
+    ok, msg = store._views is not None or not shm, "shared-memory path not taken"
     if not topo.is_server:
         rng = np.random.default_rng(100 + topo.worker_index)
         for spec in SPECS:
@@ -64,8 +65,9 @@ def test_pull_equals_unsharded(comm, S):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("shm", [False, True], ids=["rma", "shm"])
 @pytest.mark.parametrize("S", [1, 2])
-def test_concurrent_pushes_are_exact(comm, S):
+def test_concurrent_pushes_are_exact(comm, S, shm):
     """Every worker pushes integer-valued grads for several rounds at once; every
     server's shard must equal init + the sum of all pushes (exact in float64)."""
     if S >= comm.size:
@@ -73,7 +75,7 @@ def test_concurrent_pushes_are_exact(comm, S):
     # Sums are exact in any order only from a zero start (small integers times 0.5)
     specs = [replace(s, init="zeros") for s in SPECS]
     topo = Topology.create(comm, S)
-    store = EmbeddingStore(topo, specs, seed=SEED)
+    store = EmbeddingStore(topo, specs, seed=SEED, shared_memory=shm)
     rounds, lr = 4, 0.5
 
     def pushes(worker):

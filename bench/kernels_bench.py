@@ -1,0 +1,177 @@
+# python bench/kernels_bench.py
+"""python bench/kernels_bench.py [--batch 4096 6656] [--dim 16 64] [--zipf 1.05 1.2] [--cold]
+
+CPU embedding-kernel benchmark (STYLE §15), one process, no MPI. For each (B, D, dtype, a):
+B ids drawn Zipf(a) over ``--rows`` rows, gradient rows (B, D). Every figure sits beside
+its references, measured in the same run on the same data:
+  memcpy       np.copyto of a (B, D) buffer: the machine's copy bandwidth for those bytes;
+  add.at       np.unique(return_inverse) + np.add.at into (U, D): the same job as segment_sum;
+  add.at only  np.add.at alone, inverse precomputed (the scatter, without the dedup);
+  numpy        the sort-based NumPy twin (stable argsort + add.reduceat, the old path);
+  numba        kernels.segment_sum (hash dedup + radix sort + input-order sums);
+  gbo old/new  partition.group_by_owner before (argsort of sort_key) and now;
+  gather       kernels.gather (np.take) of the B rows from U unique rows, and rows[index].
+GB/s is bytes of the (B, D) rows (gather: rows written; group_by_owner: the B int64 ids)
+per second. Warm-up first (numba compile time is printed once, not timed), then the
+median of ``--repeat`` runs of time.perf_counter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+import numpy as np
+
+
+def timeit(fn, warmup: int, repeat: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def group_by_owner_old(ids, rows, n_servers):
+    """partition.group_by_owner as it was before the numba kernels (one argsort of sort_key)."""
+    from pshybrid import partition
+
+    keys = partition.sort_key(ids, rows, n_servers).ravel()
+    order = np.argsort(keys)
+    skeys = keys[order]
+    first = np.empty(skeys.shape, bool)
+    first[:1] = True
+    np.not_equal(skeys[1:], skeys[:-1], out=first[1:])
+    ukey = skeys[first]
+    inverse = np.empty(keys.shape, np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return (partition.key_to_global(ukey, rows, n_servers), inverse.reshape(ids.shape),
+            partition.key_bounds(ukey, rows, n_servers))
+
+
+def compile_report(kernels) -> str:
+    """Import numba and run each kernel signature once; the first calls are compile (or cache
+    load) time, which the timed runs below exclude."""
+    t0 = time.perf_counter()
+    active = kernels.numba_active()
+    t_import = time.perf_counter() - t0
+    if not active:
+        return "numba: NOT available, the numba columns time the NumPy fallback"
+    parts = [f"import {t_import:.2f} s"]
+    for dtype in (np.float32, np.float64):
+        t0 = time.perf_counter()
+        kernels.segment_sum(np.array([2, 1, 2]), np.ones((3, 4), dtype))
+        parts.append(f"segment_sum[{np.dtype(dtype).name}] {time.perf_counter() - t0:.2f} s")
+    t0 = time.perf_counter()
+    kernels.unique_inverse(np.array([2, 1, 2]), 3)
+    parts.append(f"unique_inverse {time.perf_counter() - t0:.2f} s")
+    hits = sum(sum(f.stats.cache_hits.values()) for f in (kernels._nb_segment_sum,
+                                                          kernels._nb_unique_inverse))
+    misses = sum(sum(f.stats.cache_misses.values()) for f in (kernels._nb_segment_sum,
+                                                              kernels._nb_unique_inverse))
+    where = f"cache {hits} hit(s), {misses} miss(es) in {kernels._nb_segment_sum.stats.cache_path}"
+    return "numba first calls (per process): " + ", ".join(parts) + f"  [{where}]"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[2])
+    ap.add_argument("--batch", type=int, nargs="+", default=[4096, 26 * 256])
+    ap.add_argument("--dim", type=int, nargs="+", default=[16, 64])
+    ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"])
+    ap.add_argument("--zipf", type=float, nargs="+", default=[1.05, 1.2])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--servers", type=int, default=4, help="S for group_by_owner")
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--cold", action="store_true",
+                    help="compile into an empty numba cache, to see the cold compile time")
+    a = ap.parse_args(argv)
+    if a.cold:  # numba is imported lazily (first kernel call), so this still takes effect
+        cold_dir = tempfile.mkdtemp(prefix="pshybrid-numba-")
+        atexit.register(shutil.rmtree, cold_dir, ignore_errors=True)
+        os.environ["NUMBA_CACHE_DIR"] = cold_dir
+
+    from pshybrid import kernels, partition
+
+    print(compile_report(kernels))
+    print(f"ids ~ Zipf(a) mod {a.rows} rows; group_by_owner with S={a.servers}; "
+          f"median of {a.repeat} after {a.warmup} warm-up; us = microseconds\n")
+    hdr1 = (f"{'B':>5} {'D':>3} {'dtype':>7} {'a':>4} {'U':>5} | {'memcpy us':>9} {'GB/s':>5} | "
+            f"{'add.at':>7} {'only':>7} {'numpy':>7} {'numba':>6} {'GB/s':>5} | "
+            f"{'x add.at':>8} {'x only':>6} {'x numpy':>7} {'x memcpy':>8}")
+    hdr2 = (f"{'B':>5} {'D':>3} {'dtype':>7} {'a':>4} {'U':>5} | {'gbo old':>7} {'gbo new':>7} "
+            f"{'x':>5} {'GB/s':>5} | {'take us':>7} {'GB/s':>5} {'rows[i]':>7} {'x memcpy':>8}")
+    seg_lines, gbo_lines = [hdr1, "-" * len(hdr1)], [hdr2, "-" * len(hdr2)]
+    rng = np.random.default_rng(0)
+    T = lambda fn: timeit(fn, a.warmup, a.repeat)  # noqa: E731
+    for dtype in map(np.dtype, a.dtype):
+        for B in a.batch:
+            for D in a.dim:
+                for z in a.zipf:
+                    keys = ((rng.zipf(z, size=B) - 1) % a.rows).astype(np.int64)
+                    values = rng.standard_normal((B, D)).astype(dtype)
+                    uniq, inverse = np.unique(keys, return_inverse=True)
+                    U, nbytes = uniq.size, values.nbytes
+
+                    # correctness first: numba == np.add.at bit for bit, gbo new == old
+                    u_nb, s_nb = kernels.segment_sum(keys, values)
+                    ref = np.zeros((U, D), dtype)
+                    np.add.at(ref, inverse, values)
+                    assert np.array_equal(u_nb, uniq) and np.array_equal(s_nb.view(np.uint8),
+                                                                         ref.view(np.uint8))
+                    for g, w in zip(partition.group_by_owner(keys, a.rows, a.servers),
+                                    group_by_owner_old(keys, a.rows, a.servers)):
+                        assert np.array_equal(g, w)
+
+                    dst = np.empty_like(values)
+                    t_copy = T(lambda: np.copyto(dst, values))
+
+                    def add_at():
+                        u, inv = np.unique(keys, return_inverse=True)
+                        out = np.zeros((u.size, D), dtype)
+                        np.add.at(out, inv, values)
+
+                    def add_at_only():
+                        out = np.zeros((U, D), dtype)
+                        np.add.at(out, inverse, values)
+
+                    t_at, t_only = T(add_at), T(add_at_only)
+                    t_np = T(lambda: kernels.segment_sum_numpy(keys, values))
+                    t_nb = T(lambda: kernels.segment_sum(keys, values))
+                    t_old = T(lambda: group_by_owner_old(keys, a.rows, a.servers))
+                    t_new = T(lambda: partition.group_by_owner(keys, a.rows, a.servers))
+                    rows_u = np.ascontiguousarray(s_nb)
+                    t_take = T(lambda: kernels.gather(rows_u, inverse))
+                    t_fancy = T(lambda: kernels.gather_ref(rows_u, inverse))
+
+                    us = lambda t: f"{t * 1e6:.0f}" if t >= 1e-4 else f"{t * 1e6:.1f}"  # noqa: E731
+                    gbs = lambda n, t: f"{n / t / 1e9:.1f}"  # noqa: E731
+                    case = f"{B:>5} {D:>3} {dtype.name:>7} {z:>4} {U:>5} |"
+                    seg_lines.append(
+                        f"{case} {us(t_copy):>9} {gbs(nbytes, t_copy):>5} | {us(t_at):>7} "
+                        f"{us(t_only):>7} {us(t_np):>7} {us(t_nb):>6} {gbs(nbytes, t_nb):>5} | "
+                        f"{t_at / t_nb:>8.1f} {t_only / t_nb:>6.1f} {t_np / t_nb:>7.1f} "
+                        f"{t_nb / t_copy:>8.1f}")
+                    gbo_lines.append(
+                        f"{case} {us(t_old):>7} {us(t_new):>7} {t_old / t_new:>5.1f} "
+                        f"{gbs(keys.nbytes, t_new):>5} | {us(t_take):>7} {gbs(nbytes, t_take):>5} "
+                        f"{us(t_fancy):>7} {t_take / t_copy:>8.1f}")
+    print("segment_sum (dedup + scatter-add of gradient rows): times in us; x = speed-up of numba "
+          "over that column; x memcpy = numba time / memcpy time")
+    print("\n".join(seg_lines))
+    print("\ngroup_by_owner (dedup + inverse + owner bounds) and gather (np.take vs rows[index]); "
+          "x memcpy = take time / memcpy time")
+    print("\n".join(gbo_lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
