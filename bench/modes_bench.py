@@ -24,6 +24,7 @@ apply_thread_limits()  # before NumPy loads its BLAS, as `python -m pshybrid` do
 import argparse  # noqa: E402
 import io
 import json
+import os
 import statistics
 import sys
 from dataclasses import replace
@@ -85,9 +86,14 @@ def main(argv=None) -> int:
     ap.add_argument("--max-cardinality", type=int, default=1_000_000)
     ap.add_argument("--modes", default="hybrid,ps,allreduce,compute")
     ap.add_argument("--sparse-optimizer", default="adagrad")
+    ap.add_argument("--shared-memory", action="store_true",
+                    help="let single-node jobs pull through shared memory (default: RMA, as "
+                         "between nodes, so the modes move what a cluster's network would)")
     ap.add_argument("--json", default="bench_modes.json")
     ap.add_argument("--png", default="bench_modes.png")
     a = ap.parse_args(argv)
+    if not a.shared_memory:
+        os.environ["PSHYBRID_SHARED_MEMORY"] = "0"
     world = MPI.COMM_WORLD
     if world.size < 2:
         raise SystemExit("run with at least 2 ranks: mpiexec -n 3 python bench/modes_bench.py")
@@ -155,6 +161,8 @@ def main(argv=None) -> int:
     print("bytes per step per worker: measured (library counters) vs analytic (from the data)")
     for m, r in results.items():
         for k, v in r["bytes_analytic"].items():
+            if a.shared_memory and k == "rma_get_bytes":
+                continue  # pulls went through shared memory (shm_read_bytes)
             got = r["bytes_per_step"].get(k, 0.0)
             print(f"  {m:<10}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
     h = results.get("hybrid")

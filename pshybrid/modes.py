@@ -77,11 +77,17 @@ class Mode:
         self.start_step = 0  # the step a resumed run starts from (servers' Adam step count)
 
     # dense weights replicated on workers (hybrid, allreduce)
-    def _allreduce_dense(self, step: int) -> None:
+    def _start_allreduce(self):
+        """Start the dense gradient's Allreduce; finish it with ``_finish_allreduce``, so
+        the sparse exchange in between overlaps it.
+        Wire: one Iallreduce(SUM) of the flat dense gradient over the workers."""
+        g = self.ps.flat_grad
+        self.allreduce_bytes += g.nbytes
+        return self.topo.workers.Iallreduce(MPI.IN_PLACE, [g, mpi_type(g.dtype)])
+
+    def _finish_allreduce(self, req, step: int) -> None:
         with self.timers.time("allreduce"):
-            # Wire: one Allreduce(SUM) of the flat dense gradient over the workers; all workers wait.
-            self.topo.workers.Allreduce(MPI.IN_PLACE, [self.ps.flat_grad, mpi_type(self.ps.flat_grad.dtype)])
-            self.allreduce_bytes += self.ps.flat_grad.nbytes
+            req.Wait()  # all workers have contributed: also a sync point for BSP
         with self.timers.time("dense_apply"):
             self.dense_opt.update(self.ps.flat, self.ps.flat_grad, self.dense_state, step)
 
@@ -181,6 +187,7 @@ class _ServerMode(Mode):
         direct_sparse = not self.sparse_server_step
         direct_dense = self.dense_on_servers and not self.dense_server_step
         touched = None
+        allreduce = None if self.dense_on_servers else self._start_allreduce()
         with self.timers.time("push"):
             if self.sparse_server_step:
                 touched = store.push(sparse, ids, demb, slot="g")
@@ -188,9 +195,9 @@ class _ServerMode(Mode):
                 store.push("dense", self._dense_ids(), self._padded(self.ps.flat_grad), slot="g")
         notify_early = self.server_step and not (direct_sparse or direct_dense)
         if notify_early:
-            self._notify_servers(touched)  # servers start applying while we Allreduce
-        if not self.dense_on_servers:
-            self._allreduce_dense(step)
+            self._notify_servers(touched)  # servers start applying while the Allreduce runs
+        if allreduce is not None:
+            self._finish_allreduce(allreduce, step)
         elif direct_sparse or direct_dense:
             with self.timers.time("wait"):
                 store.barrier()  # Wire: workers' zero-byte barrier: everyone has pulled step t
@@ -289,7 +296,8 @@ class _ServerMode(Mode):
 
     def traffic(self) -> dict:
         t = self.store.traffic
-        return {"rma_get_bytes": t.get_bytes, "rma_acc_bytes": t.acc_bytes,
+        return {"rma_get_bytes": t.get_bytes, "shm_read_bytes": t.shm_bytes,
+                "rma_acc_bytes": t.acc_bytes,
                 "p2p_bytes": self.step_bytes, "allreduce_bytes": self.allreduce_bytes}
 
 
@@ -357,6 +365,7 @@ class AllreduceMode(Mode):
 
     def update(self, ids, demb, step: int) -> None:
         comm, dim = self.topo.workers, self.table.shape[1]
+        allreduce = self._start_allreduce()  # overlaps the sparse exchange below
         with self.timers.time("push"):
             uids, sums = segment_sum(ids.ravel(), demb.reshape(-1, dim))
             # Wire: Allgather of counts, then Allgatherv of ids (8 B/row) and rows (itemsize*dim
@@ -370,7 +379,7 @@ class AllreduceMode(Mode):
             self.gather_bytes += all_ids.nbytes + all_rows.nbytes
             rows, g = segment_sum(all_ids, all_rows)
             self.sparse_opt.update_rows(self.table, rows, g, self.sparse_state_arrays, step)
-        self._allreduce_dense(step)
+        self._finish_allreduce(allreduce, step)
 
     def full_table(self) -> np.ndarray:
         return self.table.copy()
