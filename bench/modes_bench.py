@@ -106,6 +106,13 @@ def main(argv=None) -> int:
                        mlp=tuple(int(x) for x in a.mlp.split(",")), log_every=a.steps,
                        sparse_optimizer=a.sparse_optimizer, dense_optimizer="adam")
     results = {}
+    # Warm-up runs (not measured): numba compiles its kernels on first use in each process.
+    for mode in ("hybrid", "allreduce"):
+        comm = workers_only if mode == "allreduce" else world
+        if comm != MPI.COMM_NULL:
+            train(replace(base, mode=mode, servers=1 if mode == "hybrid" else 0, steps=3),
+                  comm, dataset=data, out=io.StringIO())
+        idle_barrier(world)
     for mode in a.modes.split(","):
         on_workers = not MODES[mode].needs_servers
         comm = workers_only if on_workers else world

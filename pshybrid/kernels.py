@@ -148,7 +148,8 @@ def unique_inverse(keys, m: int = 1):
 _NUMBA: bool | None = None  # None: not tried yet
 _NUMBA_LOCK = threading.Lock()
 _JITTED = ("_nb_hash_dedup", "_nb_radix_argsort", "_nb_sorted_dedup", "_nb_unique_inverse",
-           "_nb_segment_sum", "_nb_uniform_rows")
+           "_nb_segment_sum", "_nb_uniform_rows", "_nb_sgd_rows", "_nb_adagrad_rows",
+           "_nb_adam_rows")
 
 
 def numba_active() -> bool:
@@ -345,3 +346,35 @@ def _nb_uniform_rows(out, ids, key, scale):
             x *= _INIT_M2
             x ^= x >> np.uint64(31)
             out[i, c] = scale * (float(x >> np.uint64(11)) * 2.0 ** -52 - 1.0)
+
+
+# Fused lazy optimizer steps on rows (optim.Optimizer.update_rows): the same operations in
+# the same order as the vectorised formulas, with the scalars already in the arrays' dtype,
+# one pass over the touched rows instead of a gather, ~6 temporaries and a scatter.
+def _nb_sgd_rows(w, rows, g, lr):
+    for i in range(rows.size):
+        r = rows[i]
+        for j in range(w.shape[1]):
+            w[r, j] -= lr * g[i, j]
+
+
+def _nb_adagrad_rows(w, acc, rows, g, lr, eps):
+    for i in range(rows.size):
+        r = rows[i]
+        for j in range(w.shape[1]):
+            x = g[i, j]
+            a = acc[r, j] + x * x
+            acc[r, j] = a
+            w[r, j] -= lr * x / (np.sqrt(a) + eps)
+
+
+def _nb_adam_rows(w, m, v, rows, g, b1, one_b1, b2, one_b2, inv_sqrt_c2, eps, lr_c1):
+    for i in range(rows.size):
+        r = rows[i]
+        for j in range(w.shape[1]):
+            x = g[i, j]
+            mm = m[r, j] * b1 + one_b1 * x
+            vv = v[r, j] * b2 + x * x * one_b2
+            m[r, j] = mm
+            v[r, j] = vv
+            w[r, j] -= mm / (np.sqrt(vv) * inv_sqrt_c2 + eps) * lr_c1

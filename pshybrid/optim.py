@@ -21,6 +21,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
+from . import kernels
 from .backend import array_module
 from .errors import ConfigError
 
@@ -71,10 +74,32 @@ class Optimizer:
 
     def update_rows(self, w, rows, g, state: dict, step: int) -> None:
         """Lazy sparse update of ``w[rows]`` (w: (N, D), rows: (U,) unique, g: (U, D));
-        ``state[slot]``: (N, D) arrays updated at the same rows."""
+        ``state[slot]``: (N, D) arrays updated at the same rows. On NumPy arrays a fused
+        numba kernel does it in one pass (same operations in the same order)."""
+        if self._fused_rows(w, rows, g, state, step):
+            return
         W = w[rows]
         S = {k: state[k][rows] for k in self.slots}
         self.update(W, g, S, step)
         w[rows] = W
         for k in self.slots:
             state[k][rows] = S[k]
+
+    def _fused_rows(self, w, rows, g, state, step) -> bool:
+        arrays = [w, g] + [state[k] for k in self.slots]
+        if not (kernels.numba_active() and all(isinstance(a, np.ndarray) and a.ndim == 2
+                                               and a.flags.c_contiguous for a in arrays)
+                and len({a.dtype for a in arrays}) == 1):
+            return False
+        f = w.dtype.type  # scalars in the arrays' dtype, as NumPy's weak Python scalars are
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if self.kind == "sgd":
+            kernels._nb_sgd_rows(w, rows, g, f(self.lr))
+        elif self.kind == "adagrad":
+            kernels._nb_adagrad_rows(w, state["acc"], rows, g, f(self.lr), f(self.eps))
+        else:
+            kernels._nb_adam_rows(w, state["m"], state["v"], rows, g, f(self.beta1),
+                                  f(1 - self.beta1), f(self.beta2), f(1 - self.beta2),
+                                  f(1 / math.sqrt(1 - self.beta2 ** step)), f(self.eps),
+                                  f(self.lr / (1 - self.beta1 ** step)))
+        return True

@@ -60,3 +60,27 @@ def test_update_rows_is_lazy(kind):
 def test_unknown_optimizer():
     with pytest.raises(ConfigError, match="rmsprop"):
         Optimizer("rmsprop", lr=0.1)
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_rows_kernel_equals_numpy_rows(kind, dtype, monkeypatch):
+    from pshybrid import kernels
+
+    assert kernels.numba_active()
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((20, 4)).astype(dtype)
+    rows = np.array([7, 2, 19, 0])
+    opt = Optimizer(kind, lr=0.3)
+    out = {}
+    for fused in (True, False):
+        if not fused:
+            monkeypatch.setattr(kernels, "numba_active", lambda: False)
+        w = w0.copy()
+        state = {k: np.zeros_like(w) for k in opt.slots}
+        for t in (1, 2, 3):
+            opt.update_rows(w, rows, np.full((4, 4), 0.1 * t, dtype), state, t)
+        out[fused] = (w, state)
+    np.testing.assert_allclose(out[True][0], out[False][0], rtol=1e-6 if dtype == np.float32
+                               else 1e-15)
+    np.testing.assert_array_equal(out[True][0][[1, 3]], w0[[1, 3]])  # untouched rows
