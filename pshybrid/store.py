@@ -94,8 +94,8 @@ class EmbeddingStore:
     node; ``PSHYBRID_SHARED_MEMORY=0`` turns it off): the window is allocated with
     ``Win.Allocate_shared`` and workers read the servers' shards directly (``pull`` is a
     gather from a zero-copy view); pushes stay MPI Accumulates (atomic).
-    Workers call ``pull``/``push``; servers hold the shards (``shard``) and call
-    ``serve_until_closed``; every rank calls ``close`` (collective).
+    Workers call ``pull``/``push``; servers hold the shards (``shard``) and update them
+    locally (``modes`` runs their loop); every rank calls ``close`` (collective).
     """
 
     def __init__(self, topo: Topology, tables: list[TableSpec], seed: int = 0,
@@ -292,10 +292,6 @@ class EmbeddingStore:
         self.topo.workers.Barrier()
 
     # -- lifetime --------------------------------------------------------------------------
-    def serve_until_closed(self) -> None:
-        """Servers: idle (making MPI progress, not spinning a core) until workers call close."""
-        self.close()
-
     def close(self) -> None:
         """Collective over world: end the epoch and free the window.
         Wire: Ibarrier over world; servers wait politely, workers until all pushes are done."""
