@@ -8,8 +8,8 @@
 #SBATCH --time=02:00:00
 #SBATCH --output=pshybrid-%j.out
 # One server per node (the last rank of each node, host memory only); the 4 workers of each
-# node pin GPU local_rank % 4. Needs `pip install 'pshybrid[gpu]'` and --device cuda, which
-# arrives with the GPU path; until then drop --device to train on the CPUs of the same layout.
+# node pin GPU local_rank % 4 (--device cuda, docs/gpu.md; not yet run on a GPU). Needs
+# `pip install 'pshybrid[gpu]'`; DEVICE=cpu trains on the CPUs of the same layout.
 set -euo pipefail
 export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"
 export OPENBLAS_NUM_THREADS="$OMP_NUM_THREADS" MKL_NUM_THREADS="$OMP_NUM_THREADS"

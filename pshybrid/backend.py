@@ -24,3 +24,18 @@ def cupy_available() -> bool:
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:
         return False
+
+
+def to_host(a):
+    """``a`` as a NumPy array: ``a`` itself if it is one, else a device->host copy."""
+    return a if array_module(a) is np else a.get()
+
+
+def synchronize(*arrays) -> None:
+    """Wait for the current CUDA stream if any of ``arrays`` is a CuPy array (no-op otherwise):
+    CuPy kernels are asynchronous, so a host timer or a reader outside the stream (MPI) must
+    wait for the kernels that wrote the array."""
+    if array_module(*arrays) is not np:
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()

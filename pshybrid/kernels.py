@@ -1,9 +1,10 @@
 """Embedding kernels: gather rows by index, deduplicate ids, scatter-add rows with duplicate ids.
 
 Each kernel has an ``xp`` reference twin that is its test oracle (STYLE.md §6):
-``gather_ref`` / ``scatter_add_ref`` (the plainest NumPy/CuPy code), and the NumPy
-sort-based ``segment_sum_numpy`` / ``unique_inverse_numpy``, which are also the fallback
-on GPU arrays and where numba is missing.
+``gather_ref`` / ``scatter_add_ref`` (the plainest NumPy/CuPy code, also the oracles of the
+CUDA kernels in ``kernels/*.cu`` that ``gather`` / ``scatter_add`` run on CuPy arrays through
+``pshybrid.cuda``), and the NumPy sort-based ``segment_sum_numpy`` / ``unique_inverse_numpy``,
+which are also the fallback on GPU arrays and where numba is missing.
 
 CPU fast path: numba kernels (``@njit(cache=True, nogil=True)``, serial: MPI ranks already
 fill the cores). numba is imported and the kernels are compiled lazily, on the first call
@@ -86,17 +87,28 @@ def unique_inverse_numpy(keys, m: int = 1):
 def gather(rows, index):
     """rows: (N, D); index: any shape int64 -> index.shape + (D,). Same result as ``gather_ref``.
 
-    ``np.take`` on CPU: it copies whole rows and runs near memcpy speed (bench/kernels_bench.py).
+    ``np.take`` on CPU: it copies whole rows and runs near memcpy speed (bench/kernels_bench.py);
+    the ``kernels/embedding.cu`` kernel (``pshybrid.cuda``) for float32/float64 CuPy arrays.
     """
     xp = array_module(rows)
     if xp is np:
         return np.take(rows, index, axis=0)
+    if rows.dtype in _FLOATS:
+        from . import cuda
+
+        return cuda.gather(rows, index)
     return rows[index]
 
 
 def scatter_add(index, values, n: int):
-    """index: (B,) int64 in [0, n); values: (B, D) -> (n, D) sums of rows per index."""
+    """index: (B,) int64 in [0, n); values: (B, D) -> (n, D) sums of rows per index.
+    CPU: ``segment_sum`` (input order, equal to ``scatter_add_ref``); float32/float64 CuPy
+    arrays: the atomic ``kernels/embedding.cu`` kernel (``pshybrid.cuda``; order not fixed)."""
     xp = array_module(values)
+    if xp is not np and values.dtype in _FLOATS:
+        from . import cuda
+
+        return cuda.scatter_add(index, values, n)
     out = xp.zeros((n,) + values.shape[1:], dtype=values.dtype)
     if index.size == 0:
         return out

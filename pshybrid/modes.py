@@ -15,6 +15,12 @@ for tests and export) and ``finish``; servers call ``serve``.
   gradient rows are exchanged with Allgather (ids + rows, Horovod style) and every worker
   applies the same update; dense gradients Allreduced.
 
+Workers on a GPU (``--device cuda``: the ParamSpace and the model on CuPy, ``self.xp``):
+embedding rows and the sparse exchange stay on the host exactly as on CPU; ``lookup`` and
+``update`` move them over PCIe once per distinct id (``_lookup_device``/``_update_device``),
+and the dense Allreduce takes the device buffer (``transport.iallreduce``: stream synchronised,
+CUDA-aware MPI or staged through pinned host memory). Servers are always CPU.
+
 Optimizers with state (and every non-SGD dense optimizer in ``ps``) run on the servers:
 workers Accumulate raw gradient sums into a ``"g"`` slot and send each server the local
 rows they touched (8 bytes per row); each server takes the union, applies the optimizer
@@ -31,14 +37,15 @@ import numpy as np
 from mpi4py import MPI
 
 from . import partition
+from .backend import array_module, synchronize, to_host
 from .initializers import uniform_rows
-from .kernels import gather, segment_sum
+from .kernels import gather, scatter_add, segment_sum, unique_inverse
 from .layers import ParamSpace
 from .models import SparseArch
 from .optim import Optimizer
 from .store import EmbeddingStore, TableSpec, Traffic
 from .topology import Topology
-from .transport import idle_barrier, mpi_type, poll_recv
+from .transport import iallreduce, idle_barrier, mpi_type, poll_recv
 
 DENSE_ROW = 256  # width of a row of the dense "table" in ps mode
 TAG_STEP, TAG_STOP, TAG_CKPT = 101, 102, 103
@@ -72,30 +79,69 @@ class Mode:
         self.topo, self.sparse, self.ps = topo, sparse, ps
         self.sparse_opt, self.dense_opt, self.seed = sparse_opt, dense_opt, seed
         self.timers = Timers()
-        self.dense_state = {k: np.zeros_like(ps.flat) for k in dense_opt.slots}
+        self.xp = array_module(ps.flat)  # numpy, or cupy on GPU workers
+        self.cuda_aware = False  # GPU workers: hand device buffers to MPI (else stage them)
+        self.dense_state = {k: self.xp.zeros_like(ps.flat) for k in dense_opt.slots}
         self.allreduce_bytes = 0
         self.start_step = 0  # the step a resumed run starts from (servers' Adam step count)
+        self._pending = None  # GPU workers: (ids, uniq, device inverse) from the last lookup
+
+    # the verbs: host arrays on CPU; on a GPU worker, device arrays in and out
+    def lookup(self, ids):
+        """ids: (B, F) int64 (host) -> emb: (B, F, E) in ``self.xp``."""
+        return self._pull(ids) if self.xp is np else self._lookup_device(ids)
+
+    def update(self, ids, demb, step: int) -> None:
+        """Apply step ``step``'s gradients (ids: (B, F) host, demb: (B, F, E) in ``self.xp``,
+        the lookup's ids); on return every worker's next lookup sees them (BSP)."""
+        if self.xp is np:
+            self._apply(ids, demb, step)
+        else:
+            self._update_device(ids, demb, step)
+
+    def _lookup_device(self, ids):
+        """Dedupe on the host, pull the U distinct rows (host), copy them and the inverse
+        index host->device, expand to (B, F, E) with the gather kernel."""
+        uniq, inverse, _ = unique_inverse(ids)
+        rows = self._pull(uniq)  # (U, E) host: store Get / host-table gather, timed as pull
+        with self.timers.time("pull"):
+            inv = self.xp.asarray(inverse)  # H2D: 8 B per id
+            emb = gather(self.xp.asarray(rows), inv)  # H2D: U rows; (B*F, E) on the device
+        self._pending = (ids, uniq, inv)
+        return emb.reshape(ids.shape + rows.shape[1:])
+
+    def _update_device(self, ids, demb, step: int) -> None:
+        """Sum demb's rows per distinct id on the device (scatter-add kernel), copy the
+        (U, E) sums device->host, apply them through the host path with the distinct ids."""
+        last, uniq, inv = self._pending
+        assert last is ids, "update(ids) must follow lookup(ids) of the same step"
+        with self.timers.time("push"):
+            sums = scatter_add(inv, demb.reshape(inv.size, -1), uniq.size)
+            sums = to_host(sums)  # D2H: U rows (waits for the backward pass)
+        self._apply(uniq, sums, step)
 
     # dense weights replicated on workers (hybrid, allreduce)
     def _start_allreduce(self):
         """Start the dense gradient's Allreduce; finish it with ``_finish_allreduce``, so
         the sparse exchange in between overlaps it.
-        Wire: one Iallreduce(SUM) of the flat dense gradient over the workers."""
+        Wire: one Iallreduce(SUM) of the flat dense gradient over the workers (a GPU buffer:
+        after a stream sync, directly or staged; see ``transport.iallreduce``)."""
         g = self.ps.flat_grad
         self.allreduce_bytes += g.nbytes
-        return self.topo.workers.Iallreduce(MPI.IN_PLACE, [g, mpi_type(g.dtype)])
+        return iallreduce(self.topo.workers, g, self.cuda_aware)
 
     def _finish_allreduce(self, req, step: int) -> None:
         with self.timers.time("allreduce"):
             req.Wait()  # all workers have contributed: also a sync point for BSP
         with self.timers.time("dense_apply"):
             self.dense_opt.update(self.ps.flat, self.ps.flat_grad, self.dense_state, step)
+            synchronize(self.ps.flat)  # GPU: time the kernels (no-op on CPU)
 
     def begin_step(self, step: int) -> None:
         pass
 
     def full_dense(self) -> np.ndarray:
-        return self.ps.flat.copy()
+        return to_host(self.ps.flat).copy()
 
     def serve(self, on_checkpoint) -> None:
         """Servers: run until the workers finish (no servers in this mode)."""
@@ -108,16 +154,17 @@ class Mode:
 
     # -- state for checkpoints (sparse_state, set_sparse_rows, owns: in the subclasses) --
     def dense_state_full(self):
-        """Workers: (flat (P,), {slot: (P,)}) of the dense parameters and their optimizer."""
-        return self.ps.flat, self.dense_state
+        """Workers: (flat (P,), {slot: (P,)}) of the dense parameters and their optimizer
+        (host arrays; on a GPU worker, copies)."""
+        return to_host(self.ps.flat), {k: to_host(a) for k, a in self.dense_state.items()}
 
     def set_dense_state(self, flat, state: dict) -> None:
         """Every rank of a load calls this; only workers hold the dense buffer here."""
         if self.topo.is_server:
             return
-        self.ps.flat[...] = flat
+        self.ps.flat[...] = self.xp.asarray(flat)
         for k, arr in self.dense_state.items():
-            arr[...] = state[k]
+            arr[...] = self.xp.asarray(state[k])
 
     def traffic(self) -> dict:
         return {"allreduce_bytes": self.allreduce_bytes}
@@ -147,7 +194,7 @@ class _ServerMode(Mode):
         self.store = EmbeddingStore(self.topo, tables, seed=self.seed)
         self.step_bytes = 0  # two-sided row-id messages sent
 
-    def lookup(self, ids):
+    def _pull(self, ids):
         with self.timers.time("pull"):
             return self.store.pull(self.sparse.table.name, ids)
 
@@ -157,7 +204,7 @@ class _ServerMode(Mode):
 
     def _padded(self, flat):
         out = np.zeros(self.dense_rows * DENSE_ROW, flat.dtype)
-        out[:flat.size] = flat
+        out[:flat.size] = to_host(flat)  # GPU worker: D2H of the dense buffer
         return out.reshape(self.dense_rows, DENSE_ROW)
 
     def _notify_servers(self, touched) -> None:
@@ -175,7 +222,7 @@ class _ServerMode(Mode):
             self.step_bytes += rows.nbytes
         MPI.Request.Waitall(reqs)
 
-    def update(self, ids, demb, step: int) -> None:
+    def _apply(self, ids, demb, step: int) -> None:
         """Apply step ``step``'s gradients; on return every worker's next pull sees them.
 
         Pushes into a ``"g"`` slot (server-side optimizers) are invisible to pulls and go
@@ -321,11 +368,11 @@ class PSMode(_ServerMode):
     def begin_step(self, step: int) -> None:
         with self.timers.time("pull"):
             rows = self.store.pull("dense", self._dense_ids())
-            self.ps.flat[...] = rows.ravel()[:self.ps.size]
+            self.ps.flat[...] = self.xp.asarray(rows.ravel()[:self.ps.size])  # GPU: H2D
 
     def full_dense(self) -> np.ndarray:
         self.begin_step(-1)
-        return self.ps.flat.copy()
+        return to_host(self.ps.flat).copy()
 
     def dense_state_full(self):
         P, ids = self.ps.size, self._dense_ids()
@@ -337,7 +384,7 @@ class PSMode(_ServerMode):
         """Servers write their rows of the dense table (weights and optimizer state);
         the caller's collective barrier orders it before any pull."""
         if not self.topo.is_server:
-            self.ps.flat[...] = flat
+            self.ps.flat[...] = self.xp.asarray(flat)
             return
         mine = self.store.shard_ids("dense")
         self.store.shard("dense")[...] = self._padded(flat)[mine]
@@ -359,11 +406,11 @@ class AllreduceMode(Mode):
         self.sparse_state_arrays = {k: np.zeros_like(self.table) for k in self.sparse_opt.slots}
         self.gather_bytes = 0
 
-    def lookup(self, ids):
+    def _pull(self, ids):
         with self.timers.time("pull"):
             return gather(self.table, ids)
 
-    def update(self, ids, demb, step: int) -> None:
+    def _apply(self, ids, demb, step: int) -> None:
         comm, dim = self.topo.workers, self.table.shape[1]
         allreduce = self._start_allreduce()  # overlaps the sparse exchange below
         with self.timers.time("push"):

@@ -4,6 +4,11 @@ Step ``t`` trains on the global batch of rows ``[t*W*b, (t+1)*W*b)``; worker ``w
 rows ``[t*W*b + w*b, t*W*b + (w+1)*b)``. The loss is the mean over the global batch, so
 every worker scales its gradients by ``1/(W*b)`` and the sums over workers (Allreduce,
 Accumulate, Allgather) are exactly the single-process gradient with batch ``W*b``.
+
+``--device cuda``: each worker pins GPU ``local_rank % device_count`` and holds the dense
+parameters, the batch's dense features and labels, and every activation there (CuPy); the
+mode moves embedding rows and gradients over PCIe (``modes``, ``docs/gpu.md``). Servers and
+the data pipeline stay on the CPU.
 """
 
 from __future__ import annotations
@@ -20,8 +25,10 @@ import numpy as np
 from mpi4py import MPI
 
 from . import __version__, checkpoint
+from .backend import synchronize, to_host
 from .config import TrainConfig
 from .data import BatchPlan, H5Dataset, prefetch, read_ranges
+from .devices import cuda_aware_mpi, pick_device
 from .errors import ConfigError, InputError, PshybridError
 from .metrics import auc, logloss_from_logits
 from .layers import ParamSpace, bce_with_logits
@@ -45,8 +52,6 @@ def check_supported(cfg: TrainConfig) -> None:
         no("--mode auto (cost-model table placement)")
     if cfg.consistency != "bsp":
         no(f"--consistency {cfg.consistency} (only bsp)")
-    if cfg.device != "cpu":
-        no(f"--device {cfg.device}")
     if cfg.mode in MODES and not MODES[cfg.mode].needs_servers and cfg.servers:
         raise ConfigError(f"--mode {cfg.mode} keeps every table on every worker and uses no "
                           f"server: drop --servers {cfg.servers} (or use --servers 0)",
@@ -181,6 +186,28 @@ def _open_data(cfg, topo, dataset, opened):
     return data, evdata
 
 
+def _use_gpu(topo):
+    """``--device cuda``: workers pin GPU ``local_rank % device_count`` and build the CUDA
+    kernels; servers stay on the CPU. Returns the workers' array module (cupy; numpy on
+    servers). No visible GPU, or kernels that do not build, fail every rank the same way."""
+    err, xp = None, np
+    if not topo.is_server:
+        try:
+            device = pick_device("cuda", topo.local_rank)  # ConfigError without a GPU
+            import cupy
+
+            from . import cuda
+
+            cupy.cuda.Device(int(device.split(":")[1])).use()
+            cuda.module()  # NVRTC compile now (counted as startup), not in the first step
+            xp = cupy
+        except Exception as e:  # noqa: BLE001 - becomes the shared verdict below
+            err = e if isinstance(e, PshybridError) else PshybridError(
+                f"--device cuda on worker {topo.worker_index}: {type(e).__name__}: {e}")
+    agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
+    return xp
+
+
 def _evaluate(cfg, topo, mode, model, sparse, ev, step) -> dict | None:
     """Exact AUC and logloss over the whole eval file: worker w scores rows
     [n*w/W, n*(w+1)/W); logits and labels are gathered to worker 0."""
@@ -190,7 +217,8 @@ def _evaluate(cfg, topo, mode, model, sparse, ev, step) -> dict | None:
     zs, ys = [np.zeros(0)], [np.zeros(0)]
     for s in range(a, b, EVAL_BATCH):
         label, dense, sp = ev.rows(s, min(b, s + EVAL_BATCH))
-        zs.append(model.forward(dense.astype(cfg.dtype), mode.lookup(sparse.global_ids(sp))))
+        dense = mode.xp.asarray(dense.astype(cfg.dtype))  # GPU worker: H2D
+        zs.append(to_host(model.forward(dense, mode.lookup(sparse.global_ids(sp)))))
         ys.append(label)
     z = np.concatenate(zs).astype(np.float64)
     y = np.concatenate(ys).astype(np.float64)
@@ -212,10 +240,13 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
     ps = ParamSpace()
     model, sparse = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, ps,
                                 cfg.dtype, cfg.cross_layers)
-    ps.build(np, np.dtype(cfg.dtype), cfg.seed)
+    xp = _use_gpu(topo) if cfg.device == "cuda" else np
+    ps.build(xp, np.dtype(cfg.dtype), cfg.seed)
     dense_lr = cfg.lr if cfg.dense_lr is None else cfg.dense_lr
     mode = MODES[cfg.mode](topo, sparse, ps, Optimizer(cfg.sparse_optimizer, cfg.lr),
                            Optimizer(cfg.dense_optimizer, dense_lr), cfg.seed)
+    if xp is not np:
+        mode.cuda_aware = cuda_aware_mpi()[0]  # else the dense Allreduce is staged on the host
     result = TrainResult(topo.role)
     W, b = topo.n_workers, cfg.batch_size
     reporter_rank = topo.worker_ranks[0]
@@ -250,8 +281,8 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
                 raise RuntimeError(f"injected fault (PSHYBRID_INJECT_FAULT) at step {step}")
             with timers.time("data"):
                 label, dense, sparse_ids = next(batches)
-                dense = dense.astype(dtype, copy=False)
-                label = label.astype(dtype, copy=False)
+                dense = xp.asarray(dense.astype(dtype, copy=False))  # GPU: H2D of the batch
+                label = xp.asarray(label.astype(dtype, copy=False))
                 ids = sparse.global_ids(sparse_ids)
             mode.begin_step(step)
             emb = mode.lookup(ids)
@@ -260,6 +291,7 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
                 losses, dz = bce_with_logits(logits, label)
                 ps.zero_grad()
                 demb = model.backward(dz * scale)
+                synchronize(demb)  # GPU: the timer measures the kernels, not their launches
             loss_sum = float(losses.sum())
             if not math.isfinite(loss_sum):
                 where = (f"{cfg.checkpoint_dir}/latest names the last good checkpoint"

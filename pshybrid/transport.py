@@ -1,4 +1,6 @@
-"""MPI transport helpers: datatypes for indexed RMA, polite waiting, shared verdicts."""
+"""MPI transport helpers: datatypes for indexed RMA, polite waiting, shared verdicts, and
+the dense Allreduce of a NumPy or CuPy buffer (STYLE §7: the CUDA stream is synchronised
+here, before MPI touches a GPU buffer, so no caller can forget)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .backend import array_module, synchronize
 from .errors import PshybridError
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
@@ -73,3 +76,46 @@ def agree(comm: MPI.Comm, error: BaseException | None) -> None:
                 error.collective = True
                 raise error
             raise PshybridError(f"rank {rank}: {msg}", collective=True)
+
+
+class _Staged:
+    """An Iallreduce running on a pinned host copy of a device buffer; ``Wait`` completes it
+    and copies the sum back to the device."""
+
+    def __init__(self, req: MPI.Request, host: np.ndarray, dev):
+        self.req, self.host, self.dev = req, host, dev
+
+    def Wait(self) -> None:
+        self.req.Wait()
+        self.dev.set(self.host)  # H2D on the current stream: later kernels there see the sum
+
+
+_PINNED: dict = {}  # (device pointer, shape, dtype) -> pinned host mirror, reused every step
+
+
+def iallreduce(comm: MPI.Comm, buf, cuda_aware: bool = False):
+    """Start an in-place SUM Iallreduce of ``buf`` over ``comm``; ``.Wait()`` completes it.
+
+    buf: a contiguous NumPy or CuPy array. For CuPy the current stream is synchronised first
+    (MPI reads device memory outside stream order); with ``cuda_aware`` (``devices.
+    cuda_aware_mpi()``) the device buffer goes to MPI as is, else it is staged: a blocking
+    device->host copy into a pinned mirror, the Iallreduce on the mirror, and ``Wait`` copies
+    the result back. Wire: one Iallreduce(SUM) of buf.nbytes over comm; each Wait waits for
+    every rank's contribution.
+    """
+    T = mpi_type(buf.dtype)
+    if array_module(buf) is np:
+        return comm.Iallreduce(MPI.IN_PLACE, [buf, T])
+    synchronize(buf)  # every kernel that wrote buf has finished
+    if cuda_aware:
+        return comm.Iallreduce(MPI.IN_PLACE, [buf, T])  # Wire: device memory, CUDA-aware MPI
+    import cupyx
+
+    key = (buf.data.ptr, buf.shape, buf.dtype.str)
+    host = _PINNED.get(key)
+    if host is None:
+        if len(_PINNED) >= 8:  # buffers of earlier runs; an in-flight request keeps its own
+            _PINNED.clear()
+        host = _PINNED[key] = cupyx.empty_pinned(buf.shape, buf.dtype)
+    buf.get(out=host)  # D2H, blocking
+    return _Staged(comm.Iallreduce(MPI.IN_PLACE, [host, T]), host, buf)  # Wire: host mirror

@@ -1,0 +1,162 @@
+"""CUDA kernel plumbing (STYLE §6): the one place that finds ``kernels/*.cu``, builds them
+with ``cupy.RawModule`` (lazily, once per device), maps dtype -> kernel name and launches.
+
+``gather(rows, index)`` and ``scatter_add(index, values, n)`` have the signatures and results
+of ``pshybrid.kernels.gather`` / ``scatter_add`` (which dispatch here for CuPy arrays); their
+oracles are ``kernels.gather_ref`` / ``scatter_add_ref``. Design notes: ``kernels/embedding.cu``.
+
+The sources are found installed with the package (``share/pshybrid/kernels/*.cu``, setup.cfg
+``[options.data_files]``, located through the distribution's file list), or, when the package
+is imported from a source checkout, in the checkout's ``kernels/`` (so edits take effect).
+Importing this module does not import CuPy; nothing here needs a GPU until a launch.
+"""
+
+from __future__ import annotations
+
+import sysconfig
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from .errors import PshybridError
+
+# dtype -> (scalar element type, 16-byte vector type, elements per vector)
+CTYPES = {np.dtype(np.float32): ("float", "float4", 4),
+          np.dtype(np.float64): ("double", "double2", 2)}
+KERNELS = ("gather_rows", "scatter_add_rows")
+NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in KERNELS for c in CTYPES.values() for t in c[:2])
+OPTIONS = ("--std=c++17",)
+BLOCK_THREADS = 256  # threads per block: (lanes, rows) = (min(32, pow2 >= row width), 256 / lanes)
+_CHECKOUT = Path(__file__).resolve().parent.parent
+
+
+def _ctypes(dtype) -> tuple[str, str, int]:
+    try:
+        return CTYPES[np.dtype(dtype)]
+    except KeyError:
+        raise PshybridError(f"CUDA kernels support float32 and float64, not {dtype}") from None
+
+
+def kernel_name(op: str, dtype, vector: bool) -> str:
+    """Name expression of kernel ``op`` ('gather_rows' | 'scatter_add_rows') for ``dtype``
+    (float32 | float64), 16-byte vector loads or scalar ones: e.g. 'gather_rows<float4>'."""
+    assert op in KERNELS, op
+    scalar, vec, _ = _ctypes(dtype)
+    return f"{op}<{vec if vector else scalar}>"
+
+
+def source_files() -> list[Path]:
+    """The ``.cu`` files: the source checkout's ``kernels/`` when the package is imported from
+    one, else those installed with the distribution. Raises if none is found."""
+    if (_CHECKOUT / "setup.cfg").is_file() and (_CHECKOUT / "kernels").is_dir():
+        found = sorted((_CHECKOUT / "kernels").glob("*.cu"))
+        where = [str(_CHECKOUT / "kernels")]
+    else:
+        found, where = _installed_files()
+    if not found:
+        raise PshybridError(f"CUDA kernel sources (*.cu) not found in {', '.join(where)}: "
+                            "reinstall pshybrid (pip install .) so share/pshybrid/kernels exists")
+    return found
+
+
+def _installed_files() -> tuple[list[Path], list[str]]:
+    from importlib import metadata
+
+    try:
+        files = metadata.distribution("pshybrid").files or []
+    except metadata.PackageNotFoundError:
+        files = []
+    found = sorted(Path(f.locate()).resolve() for f in files
+                   if f.name.endswith(".cu") and Path(f.locate()).is_file())
+    if found:
+        return found, ["the pshybrid distribution's files"]
+    share = Path(sysconfig.get_path("data")) / "share" / "pshybrid" / "kernels"
+    return sorted(share.glob("*.cu")), ["the pshybrid distribution's files", str(share)]
+
+
+def source() -> str:
+    """All kernel sources, concatenated in file-name order (one RawModule)."""
+    return "\n".join(p.read_text() for p in source_files())
+
+
+_MODULES: dict[int, tuple] = {}  # device id -> (RawModule, multiprocessor count)
+_LOCK = threading.Lock()
+
+
+def module():
+    """The compiled ``cupy.RawModule`` for the current device (built on first use, cached)."""
+    return _module()[0]
+
+
+def _module():
+    import cupy
+
+    dev = cupy.cuda.Device().id
+    entry = _MODULES.get(dev)
+    if entry is None:
+        with _LOCK:
+            entry = _MODULES.get(dev)
+            if entry is None:
+                mod = cupy.RawModule(code=source(), options=OPTIONS,
+                                     name_expressions=list(NAME_EXPRESSIONS))
+                mod.compile()  # NVRTC for this device's arch; errors surface here, once
+                rt = cupy.cuda.runtime
+                sms = rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, dev)
+                entry = _MODULES[dev] = (mod, sms)
+    return entry
+
+
+def _launch(op: str, dtype, width: int, n: int, args: tuple, vector: bool) -> None:
+    """Launch ``op`` over ``n`` rows of ``width`` elements (scalars, or 16-byte vectors)."""
+    lanes = 1
+    while lanes < min(width, 32):
+        lanes *= 2
+    rows_per_block = BLOCK_THREADS // lanes
+    mod, sms = _module()
+    blocks = max(1, min(-(-n // rows_per_block), 32 * sms))  # grid-stride beyond 32 per SM
+    mod.get_function(kernel_name(op, dtype, vector))((blocks,), (lanes, rows_per_block), args)
+
+
+def _width(dtype, dim: int, *arrays) -> tuple[int, bool]:
+    """(row width in kernel elements, vector?): 16-byte loads when the row is a whole number
+    of vectors and every base pointer is 16-byte aligned, else scalar ones."""
+    per = _ctypes(dtype)[2]
+    vec = dim % per == 0 and all(a.data.ptr % 16 == 0 for a in arrays)
+    return (dim // per, True) if vec else (dim, False)
+
+
+def gather(rows, index):
+    """rows: (N, *S) CuPy; index: any-shape int64 (CuPy or NumPy) in [0, N) ->
+    index.shape + S, out[i] = rows[index[i]]. Same result as ``kernels.gather_ref``."""
+    import cupy
+
+    rows = cupy.ascontiguousarray(rows)
+    idx = cupy.ascontiguousarray(cupy.asarray(index), dtype=cupy.int64)
+    out = cupy.empty(idx.shape + rows.shape[1:], rows.dtype)
+    dim = int(np.prod(rows.shape[1:], dtype=np.int64))
+    if out.size == 0:
+        return out
+    width, vec = _width(rows.dtype, dim, rows, out)
+    _launch("gather_rows", rows.dtype, width, idx.size,
+            (rows, idx, out, np.int64(idx.size), np.int64(width), np.int64(rows.shape[0])), vec)
+    return out
+
+
+def scatter_add(index, values, n: int):
+    """index: (B,) int64 (CuPy or NumPy) in [0, n); values: (B, *S) CuPy -> (n, *S),
+    out[i] = sum of values[index == i] (atomics: summation order not fixed). Same result as
+    ``kernels.scatter_add_ref`` up to float rounding."""
+    import cupy
+
+    values = cupy.ascontiguousarray(values)
+    idx = cupy.ascontiguousarray(cupy.asarray(index), dtype=cupy.int64).ravel()
+    assert values.shape[0] == idx.size, (values.shape, idx.shape)
+    out = cupy.zeros((n,) + values.shape[1:], values.dtype)
+    dim = int(np.prod(values.shape[1:], dtype=np.int64))
+    if idx.size == 0 or out.size == 0:
+        return out
+    width, vec = _width(values.dtype, dim, values, out)
+    _launch("scatter_add_rows", values.dtype, width, idx.size,
+            (idx, values, out, np.int64(idx.size), np.int64(width), np.int64(n)), vec)
+    return out

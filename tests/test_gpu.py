@@ -1,0 +1,367 @@
+"""The GPU path (docs/gpu.md). Oracles: each CUDA kernel == its NumPy twin
+(``kernels.gather_ref`` / ``scatter_add_ref``), CuPy layers, models and optimizers == NumPy on
+one step, and training with ``--device cuda`` == the NumPy run (float64, 1e-9 relative).
+
+Tests that need a CUDA device skip where none is visible and FAIL instead when
+``PSHYBRID_REQUIRE_GPU=1`` (STYLE §14; ``bench/gpu_check.py`` sets it), so a GPU machine never
+passes by skipping. The packaging and compile tests need no device and run everywhere.
+"""
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpi_util import assert_all
+from pshybrid import cuda
+from pshybrid.backend import cupy_available
+from pshybrid.config import TrainConfig
+from pshybrid.errors import ConfigError, PshybridError
+from pshybrid.kernels import gather_ref, scatter_add_ref
+from pshybrid.synthetic import SyntheticCTR
+from pshybrid.train import train
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
+BASE = TrainConfig(model="wdl", embedding_dim=4, mlp=(8, 6), steps=3, batch_size=8,
+                   dtype="float64", lr=0.2, dense_lr=0.05, seed=3, log_every=1000,
+                   cross_layers=2, sparse_optimizer="adagrad", dense_optimizer="adam")
+
+
+def _gpu_or_skip():
+    """cupy, where a CUDA device is visible; else skip, or fail with PSHYBRID_REQUIRE_GPU=1."""
+    if cupy_available():
+        import cupy
+
+        return cupy
+    why = "no CUDA device visible (cupy not installed, or no GPU)"
+    if os.environ.get("PSHYBRID_REQUIRE_GPU") == "1":
+        pytest.fail(f"{why}, but PSHYBRID_REQUIRE_GPU=1")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def cp():
+    return _gpu_or_skip()
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+def run(cfg, comm, **kw):
+    return train(cfg, comm, dataset=kw.pop("dataset", DATA), collect=True, out=io.StringIO(),
+                 **kw)
+
+
+# -- no device needed: kernel plumbing, packaging, compilers --------------------------------
+def test_kernel_names_cover_every_dtype_and_width():
+    want = {("gather_rows", "float32", False): "gather_rows<float>",
+            ("gather_rows", "float32", True): "gather_rows<float4>",
+            ("gather_rows", "float64", False): "gather_rows<double>",
+            ("gather_rows", "float64", True): "gather_rows<double2>",
+            ("scatter_add_rows", "float32", False): "scatter_add_rows<float>",
+            ("scatter_add_rows", "float32", True): "scatter_add_rows<float4>",
+            ("scatter_add_rows", "float64", False): "scatter_add_rows<double>",
+            ("scatter_add_rows", "float64", True): "scatter_add_rows<double2>"}
+    for (op, dt, vec), name in want.items():
+        assert cuda.kernel_name(op, np.dtype(dt), vec) == name
+    assert sorted(cuda.NAME_EXPRESSIONS) == sorted(want.values())
+    # a vector is 16 bytes: 4 float32 or 2 float64 per load
+    assert {str(k): v[2] * k.itemsize for k, v in cuda.CTYPES.items()} == \
+        {"float32": 16, "float64": 16}
+    with pytest.raises(PshybridError, match="float32 and float64"):
+        cuda.kernel_name("gather_rows", np.int32, False)
+    source = cuda.source()
+    for name in cuda.NAME_EXPRESSIONS:  # every name is a template the source instantiates
+        kernel, t = name[:-1].split("<")
+        assert f"__global__ void {kernel}(" in source and f"PSHYBRID_INSTANTIATE({t})" in source
+
+
+def test_source_checkout_kernels_are_found():
+    assert cuda.source_files() == sorted((ROOT / "kernels").glob("*.cu"))
+    assert "gather_rows" in cuda.source() and "scatter_add_rows" in cuda.source()
+
+
+def test_installed_package_ships_the_kernels(tmp_path):
+    """``pip install .`` (not editable) into a fresh venv installs share/pshybrid/kernels/*.cu,
+    and pshybrid.cuda imported from that install finds them there (not in a checkout)."""
+    src = tmp_path / "src"
+    src.mkdir()
+    for f in ("setup.cfg", "pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / f, src / f)
+    for d in ("pshybrid", "kernels"):
+        shutil.copytree(ROOT / d, src / d, ignore=shutil.ignore_patterns("__pycache__"))
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    py = str(venv / "bin" / "python")
+    pip = subprocess.run([py, "-m", "pip", "install", "-q", "--no-deps", str(src)],
+                         capture_output=True, text=True, timeout=300)
+    if pip.returncode and "No matching distribution" in pip.stdout + pip.stderr:
+        pytest.skip("cannot fetch the build backend (offline?): " + pip.stderr[-300:])
+    assert pip.returncode == 0, pip.stdout + pip.stderr
+    site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # the test environment's packages (numpy, ...) after the fresh install, which comes first
+    Path(site, "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    probe = ("import json, pshybrid, pshybrid.cuda as c; print(json.dumps([pshybrid.__file__, "
+             "[str(p) for p in c.source_files()], c.source()]))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([py, "-c", probe], capture_output=True, text=True, cwd=tmp_path,
+                         env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    where, files, text = json.loads(out.stdout)
+    assert Path(where).resolve().is_relative_to(venv.resolve()), where
+    assert [Path(f).name for f in files] == [p.name for p in cuda.source_files()]
+    assert all(Path(f).resolve().parent == (venv / "share/pshybrid/kernels").resolve()
+               for f in files), files
+    assert text == cuda.source()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
+def test_nvcc_compiles_the_kernels():
+    """What .ci/run does: every .cu for sm_90 and sm_80 (no device needed)."""
+    for cu in cuda.source_files():
+        p = subprocess.run(["nvcc", "-c", "-o", os.devnull, "-gencode",
+                            "arch=compute_90,code=sm_90", "-gencode",
+                            "arch=compute_80,code=sm_80", str(cu)],
+                           capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout + p.stderr
+
+
+def _nvrtc():
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+
+        nvrtc.getVersion()
+        return nvrtc
+    except Exception:  # noqa: BLE001 - cupy or libnvrtc missing
+        return None
+
+
+@pytest.mark.skipif(_nvrtc() is None, reason="cupy's NVRTC (libnvrtc) not available")
+@pytest.mark.parametrize("arch", ["compute_80", "compute_90"])
+def test_nvrtc_compiles_every_name_expression(arch):
+    """What ``cupy.RawModule(code, options, name_expressions)`` does on a device, minus the
+    device: NVRTC compiles the module and lowers every kernel name the module maps to."""
+    nvrtc = _nvrtc()
+    prog = nvrtc.createProgram(cuda.source(), "pshybrid.cu", [], [])
+    try:
+        for name in cuda.NAME_EXPRESSIONS:
+            nvrtc.addNameExpression(prog, name)
+        try:
+            nvrtc.compileProgram(prog, [*cuda.OPTIONS, f"--gpu-architecture={arch}"])
+        except Exception as e:  # noqa: BLE001
+            pytest.fail(f"NVRTC: {e}\n{nvrtc.getProgramLog(prog)}")
+        for name in cuda.NAME_EXPRESSIONS:
+            assert nvrtc.getLoweredName(prog, name).startswith("_Z"), name
+    finally:
+        nvrtc.destroyProgram(prog)
+
+
+def test_device_cuda_without_gpu_is_one_clear_error():
+    if cupy_available():
+        pytest.skip("a CUDA device is visible")
+    with pytest.raises(ConfigError, match="no CUDA device visible"):
+        run(replace(BASE, device="cuda", mode="allreduce"), MPI.COMM_SELF)
+
+
+# -- kernels vs their twins -----------------------------------------------------------------
+DTYPES = ["float32", "float64"]
+DIMS = [1, 2, 3, 4, 5, 8, 17, 64, 130]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", DIMS)
+def test_gather_equals_twin(cp, dtype, dim):
+    rng = np.random.default_rng(dim)
+    rows = rng.standard_normal((97, dim)).astype(dtype)
+    for index in (rng.integers(0, 97, 1000), rng.integers(0, 97, (33, 7)), np.zeros(0, np.int64),
+                  np.full(50, 96), np.arange(97)[::-1]):
+        want = gather_ref(rows, index)
+        got = cuda.gather(cp.asarray(rows), cp.asarray(index))
+        assert got.shape == want.shape and got.dtype == want.dtype
+        np.testing.assert_array_equal(got.get(), want)  # a copy: bit for bit
+        np.testing.assert_array_equal(cuda.gather(cp.asarray(rows), index).get(), want)  # host ids
+    # a base pointer off the 16-byte grid must take the scalar path, still exact
+    flat = cp.asarray(rng.standard_normal(97 * dim + 1).astype(dtype))
+    view = flat[1:].reshape(97, dim)
+    idx = rng.integers(0, 97, 300)
+    np.testing.assert_array_equal(cuda.gather(view, cp.asarray(idx)).get(),
+                                  gather_ref(view.get(), idx))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", DIMS)
+def test_scatter_add_equals_twin(cp, dtype, dim):
+    rng = np.random.default_rng(100 + dim)
+    n = 40
+    hot = np.concatenate([rng.integers(0, n, 700), np.full(300, 7), np.zeros(0, np.int64)])
+    rng.shuffle(hot)
+    for index in (hot, rng.permutation(n), np.zeros(0, np.int64), np.full(5, n - 1)):
+        ints = rng.integers(-8, 9, (index.size, dim)).astype(dtype)  # exact in any order
+        got = cuda.scatter_add(cp.asarray(index), cp.asarray(ints), n)
+        assert got.shape == (n, dim) and got.dtype == np.dtype(dtype)
+        np.testing.assert_array_equal(got.get(), scatter_add_ref(index, ints, n))
+        vals = rng.standard_normal((index.size, dim)).astype(dtype)
+        want = scatter_add_ref(index, vals, n)
+        got = cuda.scatter_add(index, cp.asarray(vals), n).get()  # host ids
+        tol = 1e-12 if dtype == "float64" else 1e-4  # atomics: summation order not fixed
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    view = cp.asarray(rng.integers(-8, 9, 300 * dim + 1).astype(dtype))[1:].reshape(300, dim)
+    idx = rng.integers(0, n, 300)
+    np.testing.assert_array_equal(cuda.scatter_add(cp.asarray(idx), view, n).get(),
+                                  scatter_add_ref(idx, view.get(), n))
+
+
+def test_kernels_module_dispatches_cupy_arrays(cp):
+    from pshybrid import kernels
+
+    rng = np.random.default_rng(0)
+    rows = rng.standard_normal((50, 6))
+    idx = rng.integers(0, 50, (20, 3))
+    got = kernels.gather(cp.asarray(rows), cp.asarray(idx))
+    assert isinstance(got, cp.ndarray)
+    np.testing.assert_array_equal(got.get(), gather_ref(rows, idx))
+    vals = rng.standard_normal((60, 6))
+    got = kernels.scatter_add(cp.asarray(idx.ravel()), cp.asarray(vals), 50)
+    assert isinstance(got, cp.ndarray)
+    np.testing.assert_allclose(got.get(), scatter_add_ref(idx.ravel(), vals, 50), rtol=1e-12,
+                               atol=1e-12)
+
+
+# -- layers, models, optimizers: CuPy == NumPy on one step -------------------------------
+@pytest.mark.parametrize("model_name", ["wdl", "deepfm", "dcn", "dlrm"])
+def test_model_forward_backward_cupy_equals_numpy(cp, model_name):
+    from pshybrid.layers import ParamSpace, bce_with_logits
+    from pshybrid.models import build_model
+
+    B, res = 16, {}
+    for xp in (np, cp):
+        ps = ParamSpace()
+        model, sparse = build_model(model_name, DATA.schema, 4, (8, 6), ps, "float64", 2)
+        ps.build(xp, np.dtype("float64"), seed=7)
+        r = np.random.default_rng(1)
+        dense = xp.asarray(r.standard_normal((B, DATA.schema.n_dense)))
+        emb = xp.asarray(r.standard_normal((B, len(DATA.schema.cardinalities), sparse.table.dim)))
+        label = xp.asarray((r.random(B) < 0.3).astype(np.float64))
+        logits = model.forward(dense, emb)
+        loss, dz = bce_with_logits(logits, label)
+        ps.zero_grad()
+        demb = model.backward(dz / B)
+        res[xp.__name__] = [a if xp is np else a.get() for a in (logits, loss, demb, ps.flat_grad)]
+    for a, b in zip(res["cupy"], res["numpy"]):
+        assert a.shape == b.shape
+        assert rel_err(a, b) < 1e-12
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+def test_optimizer_cupy_equals_numpy(cp, kind):
+    from pshybrid.optim import Optimizer
+
+    opt = Optimizer(kind, 0.1)
+    rng = np.random.default_rng(2)
+    w, g = rng.standard_normal((30, 5)), rng.standard_normal((30, 5))
+    rows, gr = np.array([3, 0, 29, 11]), rng.standard_normal((4, 5))
+    out = {}
+    for xp in (np, cp):
+        W, Wr = xp.asarray(w.copy()), xp.asarray(w.copy())
+        S = {k: xp.zeros_like(W) + 0.5 for k in opt.slots}
+        Sr = {k: xp.zeros_like(W) + 0.5 for k in opt.slots}
+        for step in (1, 2):
+            opt.update(W, xp.asarray(g), S, step)
+            opt.update_rows(Wr, xp.asarray(rows), xp.asarray(gr), Sr, step)
+        host = (lambda a: a) if xp is np else (lambda a: a.get())
+        out[xp.__name__] = [host(W), host(Wr)] + [host(a) for a in (*S.values(), *Sr.values())]
+    for a, b in zip(out["cupy"], out["numpy"]):
+        assert rel_err(a, b) < 1e-12
+
+
+@pytest.mark.mpi(min_size=2)
+def test_iallreduce_of_device_buffers(comm):
+    """The transport's dense Allreduce of a CuPy buffer: staged through pinned memory (any
+    MPI), and handed to MPI directly when MPI is CUDA-aware. Oracle: sum of rank+1."""
+    from pshybrid.devices import cuda_aware_mpi
+    from pshybrid.transport import iallreduce
+
+    cp = _gpu_or_skip()
+    paths = [False] + ([True] if cuda_aware_mpi()[0] else [])
+    ok, msg = True, ""
+    for aware in paths:
+        for dtype in DTYPES:
+            buf = cp.arange(1001, dtype=dtype) * (comm.rank + 1)  # a kernel writes it...
+            iallreduce(comm, buf, aware).Wait()                   # ...the transport syncs
+            want = np.arange(1001, dtype=dtype) * (comm.size * (comm.size + 1) // 2)
+            if not np.array_equal(buf.get(), want):
+                ok, msg = False, f"cuda_aware={aware} {dtype}: wrong sum"
+    assert_all(comm, ok, msg)
+
+
+# -- training on the GPU == the NumPy run -------------------------------------------------
+TRAIN_CASES = [("wdl", "sgd", "sgd"), ("wdl", "adagrad", "adam"), ("wdl", "adam", "adam"),
+               ("deepfm", "adagrad", "adam"), ("dcn", "adagrad", "adam"),
+               ("dlrm", "adam", "sgd")]
+
+
+@pytest.mark.parametrize("model,sparse_opt,dense_opt", TRAIN_CASES)
+def test_train_allreduce_mode_cuda_equals_numpy(cp, model, sparse_opt, dense_opt):
+    cfg = replace(BASE, model=model, mode="allreduce", servers=0, sparse_optimizer=sparse_opt,
+                  dense_optimizer=dense_opt)
+    got = run(replace(cfg, device="cuda"), MPI.COMM_SELF)
+    ref = run(cfg, MPI.COMM_SELF)
+    init = run(replace(cfg, steps=0), MPI.COMM_SELF)
+    assert isinstance(got.dense, np.ndarray) and isinstance(got.table, np.ndarray)
+    assert rel_err(got.dense, ref.dense) < 1e-9 and rel_err(got.table, ref.table) < 1e-9
+    assert rel_err(init.dense, ref.dense) > 1e-4 and rel_err(init.table, ref.table) > 1e-4
+    assert abs(got.log[-1]["loss"] - ref.log[-1]["loss"]) < 1e-9 * abs(ref.log[-1]["loss"])
+
+
+def test_train_cuda_eval_checkpoint_and_resume_equal_numpy(cp, tmp_path):
+    """Evaluation (logits back to the host) and checkpoints (dense state device->host, and
+    host->device on resume) on a GPU worker give the NumPy run's numbers."""
+    from pshybrid.synthetic import write_synthetic
+
+    tf, vf = str(tmp_path / "t.h5"), str(tmp_path / "v.h5")
+    write_synthetic(tf, 400, valid_fraction=0.25, valid_out=vf, seed=9, n_dense=3,
+                    cardinalities=(7, 30, 200, 5))
+    cfg = replace(BASE, mode="allreduce", servers=0, data=tf, eval_data=vf, steps=4,
+                  eval_every=2, checkpoint_every=2, shuffle=False)
+    ref = train(cfg, MPI.COMM_SELF, collect=True, out=io.StringIO())
+    ck = str(tmp_path / "ck")
+    got = train(replace(cfg, device="cuda", checkpoint_dir=ck), MPI.COMM_SELF, collect=True,
+                out=io.StringIO())
+    for g, r in zip(got.evals, ref.evals):
+        assert g["step"] == r["step"] and abs(g["auc"] - r["auc"]) < 1e-9
+        assert abs(g["logloss"] - r["logloss"]) < 1e-9
+    assert rel_err(got.dense, ref.dense) < 1e-9 and rel_err(got.table, ref.table) < 1e-9
+    resumed = train(replace(cfg, device="cuda", resume=f"{ck}/step-2"), MPI.COMM_SELF,
+                    collect=True, out=io.StringIO())
+    assert rel_err(resumed.dense, ref.dense) < 1e-9 and rel_err(resumed.table, ref.table) < 1e-9
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["hybrid", "ps"])
+def test_train_server_modes_cuda_equal_single_process_numpy(comm, mode):
+    """GPU workers + CPU servers under BSP == one NumPy process with the global batch."""
+    _gpu_or_skip()
+    S = 1 if comm.size <= 3 else 2
+    W = comm.size - S
+    cfg = replace(BASE, mode=mode, servers=S)
+    got = run(replace(cfg, device="cuda"), comm)
+    ok, msg = True, ""
+    if got.role == "worker":
+        ref = run(replace(cfg, mode="allreduce", servers=0, batch_size=W * cfg.batch_size),
+                  MPI.COMM_SELF)
+        errs = {"dense": rel_err(got.dense, ref.dense), "table": rel_err(got.table, ref.table)}
+        if max(errs.values()) > 1e-9:
+            ok, msg = False, f"{mode} W={W} S={S} on GPU: relative error {errs} > 1e-9"
+    assert_all(comm, ok, msg)
