@@ -40,21 +40,6 @@ def timeit(fn, warmup: int, repeat: int) -> float:
     return statistics.median(times)
 
 
-def group_by_owner_old(ids, rows, n_servers):
-    """partition.group_by_owner as it was before the numba kernels (one argsort of sort_key)."""
-    from pshybrid import partition
-
-    keys = partition.sort_key(ids, rows, n_servers).ravel()
-    order = np.argsort(keys)
-    skeys = keys[order]
-    first = np.empty(skeys.shape, bool)
-    first[:1] = True
-    np.not_equal(skeys[1:], skeys[:-1], out=first[1:])
-    ukey = skeys[first]
-    inverse = np.empty(keys.shape, np.int64)
-    inverse[order] = np.cumsum(first) - 1
-    return (partition.key_to_global(ukey, rows, n_servers), inverse.reshape(ids.shape),
-            partition.key_bounds(ukey, rows, n_servers))
 
 
 def compile_report(kernels) -> str:
@@ -128,7 +113,7 @@ def main(argv=None) -> int:
                     assert np.array_equal(u_nb, uniq) and np.array_equal(s_nb.view(np.uint8),
                                                                          ref.view(np.uint8))
                     for g, w in zip(partition.group_by_owner(keys, a.rows, a.servers),
-                                    group_by_owner_old(keys, a.rows, a.servers)):
+                                    partition.group_by_owner_ref(keys, a.rows, a.servers)):
                         assert np.array_equal(g, w)
 
                     dst = np.empty_like(values)
@@ -146,7 +131,7 @@ def main(argv=None) -> int:
                     t_at, t_only = T(add_at), T(add_at_only)
                     t_np = T(lambda: kernels.segment_sum_numpy(keys, values))
                     t_nb = T(lambda: kernels.segment_sum(keys, values))
-                    t_old = T(lambda: group_by_owner_old(keys, a.rows, a.servers))
+                    t_old = T(lambda: partition.group_by_owner_ref(keys, a.rows, a.servers))
                     t_new = T(lambda: partition.group_by_owner(keys, a.rows, a.servers))
                     rows_u = np.ascontiguousarray(s_nb)
                     t_take = T(lambda: kernels.gather(rows_u, inverse))

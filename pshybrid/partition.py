@@ -95,3 +95,19 @@ def group_by_owner(ids: np.ndarray, rows: int, n_servers: int):
     # and its bounds are the owners' groups.
     unique, inverse, bounds = unique_inverse(ids, n_servers)
     return unique, inverse.reshape(np.shape(ids)), bounds
+
+
+def group_by_owner_ref(ids: np.ndarray, rows: int, n_servers: int):
+    """NumPy reference twin of ``group_by_owner`` (its oracle, and the pre-numba path):
+    one argsort of ``sort_key``, then a cumulative sum of run starts."""
+    keys = sort_key(ids, rows, n_servers).ravel()
+    order = np.argsort(keys)
+    skeys = keys[order]
+    first = np.empty(skeys.shape, bool)
+    first[:1] = True
+    np.not_equal(skeys[1:], skeys[:-1], out=first[1:])
+    ukey = skeys[first]
+    inverse = np.empty(keys.shape, np.int64)
+    inverse[order] = np.cumsum(first) - 1
+    return (key_to_global(ukey, rows, n_servers), inverse.reshape(ids.shape),
+            key_bounds(ukey, rows, n_servers))

@@ -179,19 +179,6 @@ def test_unique_inverse_equals_numpy_twin(m):
             assert (grp % m == r).all() and (np.diff(grp) > 0).all()
 
 
-def _group_by_owner_old(ids, rows, n_servers):
-    """The pre-numba ``partition.group_by_owner`` (argsort of ``sort_key``): the oracle."""
-    keys = partition.sort_key(ids, rows, n_servers).ravel()
-    order = np.argsort(keys)
-    skeys = keys[order]
-    first = np.empty(skeys.shape, bool)
-    first[:1] = True
-    np.not_equal(skeys[1:], skeys[:-1], out=first[1:])
-    ukey = skeys[first]
-    inverse = np.empty(keys.shape, np.int64)
-    inverse[order] = np.cumsum(first) - 1
-    return (partition.key_to_global(ukey, rows, n_servers), inverse.reshape(ids.shape),
-            partition.key_bounds(ukey, rows, n_servers))
 
 
 @pytest.mark.parametrize("numba_on", [True, False])
@@ -206,10 +193,10 @@ def test_group_by_owner_equals_old_contract(monkeypatch, numba_on, rows, S):
         if ids.size > 2:
             ids.ravel()[1] = ids.ravel()[0]  # a duplicate for sure
         got = partition.group_by_owner(ids, rows, S)
-        want = _group_by_owner_old(ids, rows, S)
+        want = partition.group_by_owner_ref(ids, rows, S)
         for g, w, what in zip(got, want, ("unique", "inverse", "bounds")):
             assert g.dtype == np.int64 and g.shape == w.shape, what
             np.testing.assert_array_equal(g, w, err_msg=what)
     ids = _zipf_keys(rng, 6656, rows=min(rows, 10**6))
-    for g, w in zip(partition.group_by_owner(ids, rows, S), _group_by_owner_old(ids, rows, S)):
+    for g, w in zip(partition.group_by_owner(ids, rows, S), partition.group_by_owner_ref(ids, rows, S)):
         np.testing.assert_array_equal(g, w)
