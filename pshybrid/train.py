@@ -74,11 +74,12 @@ class _Reporter:
 
     def __init__(self, cfg: TrainConfig, out, W: int):
         self.cfg, self.out, self.W = cfg, out, W
+        self.total_steps = cfg.steps  # set by the loop once epochs are known
         self.tty = hasattr(out, "isatty") and out.isatty()
         self.metrics = open(cfg.metrics, "w") if cfg.metrics else None  # noqa: SIM115
 
     def step(self, rec: dict) -> None:
-        total = self.cfg.steps
+        total = self.total_steps
         msg = (f"step {rec['step']}/{total}  loss {rec['loss']:.4f}  "
                f"{rec['samples_per_s']:,.0f} samples/s")
         if self.tty:
@@ -254,6 +255,8 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
 
     plan = BatchPlan(getattr(data, "n_rows", None), W * b, cfg.shuffle, cfg.seed)
     steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
+    if reporter:
+        reporter.total_steps = steps
     start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema) if cfg.resume else 0
     saved = start
 

@@ -199,6 +199,7 @@ def test_training_on_prep_synthetic_reaches_planted_auc(tmp_path):
                             "--epochs", "1", "--log-every", "100", "--metrics", str(metrics)),
                 timeout=300)
     assert p.returncode == 0, p.stderr
+    assert "step 520/520" in p.stdout  # 200k rows // (3 workers x 128): one epoch, tail dropped
     evals = [r for r in map(json.loads, metrics.read_text().splitlines()) if r.get("eval")]
     auc = evals[-1]["auc"]
     print(f"AUC {auc:.4f} vs planted {planted:.4f}: {auc / planted:.3f}")
