@@ -22,22 +22,13 @@ import argparse
 import atexit
 import os
 import shutil
-import statistics
 import tempfile
 import time
 
 import numpy as np
+from timing import median_time  # noqa: E402  (bench/timing.py)
 
 
-def timeit(fn, warmup: int, repeat: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 
@@ -96,7 +87,7 @@ def main(argv=None) -> int:
             f"{'x':>5} {'GB/s':>5} | {'take us':>7} {'GB/s':>5} {'rows[i]':>7} {'x memcpy':>8}")
     seg_lines, gbo_lines = [hdr1, "-" * len(hdr1)], [hdr2, "-" * len(hdr2)]
     rng = np.random.default_rng(0)
-    T = lambda fn: timeit(fn, a.warmup, a.repeat)  # noqa: E731
+    T = lambda fn: median_time(fn, a.warmup, a.repeat)  # noqa: E731
     for dtype in map(np.dtype, a.dtype):
         for B in a.batch:
             for D in a.dim:

@@ -127,7 +127,6 @@ def main(argv=None) -> int:
         if world.rank == 0:
             s = res.summary
             step = statistics.median(res.step_seconds[a.warmup:])
-            E = 16 + 1
             U = []
             for w in range(W):  # unique ids of each worker's batches (from the data)
                 us = []

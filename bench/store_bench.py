@@ -18,10 +18,10 @@ from pshybrid.threads import apply_thread_limits
 apply_thread_limits()  # before NumPy loads its BLAS, as `python -m pshybrid` does
 
 import argparse  # noqa: E402
-import statistics
 import sys
 
 import numpy as np
+from timing import median_time  # noqa: E402  (bench/timing.py)
 from mpi4py import MPI
 
 from pshybrid import partition
@@ -33,14 +33,7 @@ TAG_REQ, TAG_REP, TAG_STOP = 11, 12, 13
 
 
 def timeit(fn, warmup: int, repeat: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t0 = MPI.Wtime()
-        fn()
-        times.append(MPI.Wtime() - t0)
-    return statistics.median(times)
+    return median_time(fn, warmup, repeat, MPI.Wtime)
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,6 @@
 """Checkpoints: exact resume, resharding to other server counts, export == live rows,
 refusal of corrupt or mismatched checkpoints (every rank gets the same error)."""
 
-import io
 import json
 import os
 from dataclasses import replace
@@ -9,7 +8,6 @@ from dataclasses import replace
 import h5py
 import numpy as np
 import pytest
-from mpi4py import MPI
 
 from mpi_util import assert_all
 from pshybrid.checkpoint import export

@@ -4,7 +4,6 @@ leaves a broken checkpoint behind."""
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import h5py
