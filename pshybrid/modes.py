@@ -209,18 +209,18 @@ class _ServerMode(Mode):
 
     def _notify_servers(self, touched) -> None:
         """Wire: to each server, one int64 message of the local sparse rows this worker
-        touched (empty if none); the server waits for one from every worker."""
-        unique, bounds = touched if touched is not None else (np.zeros(0, np.int64), None)
-        S, reqs, keep = self.topo.n_servers, [], []
-        for s in range(S):
-            rows = (partition.local_row(unique[bounds[s]:bounds[s + 1]], S)
-                    if bounds is not None else unique)
-            rows = np.ascontiguousarray(rows, dtype=np.int64)
-            keep.append(rows)
-            reqs.append(self.topo.world.Isend([rows, MPI.INT64_T], self.topo.server_ranks[s],
-                                              TAG_STEP))
-            self.step_bytes += rows.nbytes
-        MPI.Request.Waitall(reqs)
+        touched (``touched`` = push's (unique, bounds)); the server waits for every worker."""
+        unique, bounds = touched
+        S = self.topo.n_servers
+        rows = [partition.local_row(unique[bounds[s]:bounds[s + 1]], S) for s in range(S)]
+        self.step_bytes += sum(r.nbytes for r in rows)
+        self._send_to_servers(TAG_STEP, rows)
+
+    def _send_to_servers(self, tag: int, payloads) -> None:
+        """Wire: payloads[s] (int64) to server s with ``tag``; waits for the sends only."""
+        bufs = [np.ascontiguousarray(p, dtype=np.int64) for p in payloads]  # alive until Waitall
+        MPI.Request.Waitall([self.topo.world.Isend([b, MPI.INT64_T], r, tag)
+                             for b, r in zip(bufs, self.topo.server_ranks)])
 
     def _apply(self, ids, demb, step: int) -> None:
         """Apply step ``step``'s gradients; on return every worker's next pull sees them.
@@ -300,14 +300,8 @@ class _ServerMode(Mode):
             with self.timers.time("wait"):
                 idle_barrier(topo.world)
 
-    def _tell_servers(self, tag: int, payload=None) -> None:
-        """Wire: one small int64 message (``payload``, or empty) to every server."""
-        buf = np.asarray(payload if payload is not None else [], np.int64)
-        MPI.Request.Waitall([self.topo.world.Isend([buf, MPI.INT64_T], r, tag)
-                             for r in self.topo.server_ranks])
-
     def request_checkpoint(self, step: int) -> None:
-        self._tell_servers(TAG_CKPT, [step])
+        self._send_to_servers(TAG_CKPT, [[step]] * self.topo.n_servers)
 
     # -- checkpoint state: servers hold the sparse shards; the dense buffer per mode --
     def sparse_state(self):
@@ -338,7 +332,7 @@ class _ServerMode(Mode):
 
     def finish(self) -> None:
         if not self.topo.is_server:
-            self._tell_servers(TAG_STOP)
+            self._send_to_servers(TAG_STOP, [[]] * self.topo.n_servers)
         self.store.close()
 
     def traffic(self) -> dict:

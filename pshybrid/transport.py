@@ -33,24 +33,26 @@ def rows_type(base: MPI.Datatype, dim: int, byte_disps: np.ndarray) -> MPI.Datat
     return base.Create_hindexed_block(dim, byte_disps.tolist()).Commit()
 
 
-def poll_wait(req: MPI.Request, max_sleep: float = 1e-3) -> None:
-    """Wait for ``req`` without spinning a core: Test (drives MPI progress), then sleep
-    with exponential back-off up to ``max_sleep`` seconds. For ranks that only idle
-    (servers), so oversubscribed nodes keep their cores for the workers."""
+def _sleep_until(test, max_sleep: float) -> None:
+    """Call ``test()`` (an MPI Test/Iprobe: drives progress) until true, sleeping between
+    calls with exponential back-off from 1 µs up to ``max_sleep`` seconds."""
     sleep = 1e-6
-    while not req.Test():
+    while not test():
         time.sleep(sleep)
         sleep = min(2 * sleep, max_sleep)
+
+
+def poll_wait(req: MPI.Request, max_sleep: float = 1e-3) -> None:
+    """Wait for ``req`` without spinning a core. For ranks that only idle (servers), so
+    oversubscribed nodes keep their cores for the workers."""
+    _sleep_until(req.Test, max_sleep)
 
 
 def poll_recv(comm: MPI.Comm, source: int, dtype=np.int64, max_sleep: float = 1e-3):
     """Receive one message of unknown length from ``source`` without spinning a core:
     Iprobe with back-off sleeps, then Recv. Returns (array, tag)."""
     st = MPI.Status()
-    sleep = 1e-6
-    while not comm.Iprobe(source, MPI.ANY_TAG, st):
-        time.sleep(sleep)
-        sleep = min(2 * sleep, max_sleep)
+    _sleep_until(lambda: comm.Iprobe(source, MPI.ANY_TAG, st), max_sleep)
     base = mpi_type(dtype) if np.dtype(dtype).kind == "f" else MPI.INT64_T
     buf = np.empty(st.Get_count(base), dtype)
     comm.Recv([buf, base], source, st.tag)
