@@ -110,7 +110,7 @@ def test_installed_package_ships_the_kernels(tmp_path):
         pytest.skip("cannot fetch the build backend (offline?): " + pip.stderr[-300:])
     assert pip.returncode == 0, pip.stdout + pip.stderr
     site = subprocess.run([py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     # the test environment's packages (numpy, ...) after the fresh install, which comes first
     Path(site, "zz_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     probe = ("import json, pshybrid, pshybrid.cuda as c; print(json.dumps([pshybrid.__file__, "

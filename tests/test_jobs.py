@@ -112,7 +112,8 @@ def test_job_scripts_parse_and_local_one_runs():
     for path in scripts:
         first_comment = open(path).read().splitlines()[1]
         assert first_comment.startswith("# ") and os.path.basename(path) in first_comment, path
-        assert subprocess.run(["bash", "-n", path], capture_output=True).returncode == 0, path
+        assert subprocess.run(["bash", "-n", path], capture_output=True,
+                              timeout=30).returncode == 0, path
     env = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     p = subprocess.run(["bash", os.path.join(HERE, "..", "jobs", "local.sh"), "3", "--steps", "5",
                         "--batch-size", "8", "--log-every", "5"], capture_output=True, text=True,
