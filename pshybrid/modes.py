@@ -51,23 +51,30 @@ DENSE_ROW = 256  # width of a row of the dense "table" in ps mode
 TAG_STEP, TAG_STOP, TAG_CKPT = 101, 102, 103
 
 
+class _Phase:
+    """Context manager adding its block's wall time to ``timers[phase]``."""
+
+    __slots__ = ("timers", "phase", "t0")
+
+    def __init__(self, timers, phase: str):
+        self.timers, self.phase = timers, phase
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.timers[self.phase] += time.perf_counter() - self.t0
+
+
 class Timers(defaultdict):
     """Seconds per phase, accumulated."""
 
     def __init__(self):
         super().__init__(float)
 
-    def time(self, phase: str):
-        timers = self
-
-        class _T:
-            def __enter__(self):
-                self.t0 = time.perf_counter()
-
-            def __exit__(self, *exc):
-                timers[phase] += time.perf_counter() - self.t0
-
-        return _T()
+    def time(self, phase: str) -> _Phase:
+        # one small object per call (a class per call was cyclic garbage: full GC passes)
+        return _Phase(self, phase)
 
 
 class Mode:
@@ -285,17 +292,16 @@ class _ServerMode(Mode):
             step += 1
             with self.timers.time("server_apply"):
                 store.win.Sync()  # see the workers' completed Accumulates
+                # the optimizer reads the "g" slot's rows and zeroes them (one fused pass)
                 if self.sparse_server_step:
-                    rows = np.unique(np.concatenate([m for m, _ in msgs]))
-                    g = store.shard(name, "g")
+                    rows = unique_inverse(np.concatenate([m for m, _ in msgs]))[0]
                     state = {k: store.shard(name, k) for k in self.sparse_opt.slots}
-                    self.sparse_opt.update_rows(store.shard(name), rows, g[rows], state, step)
-                    g[rows] = 0
+                    self.sparse_opt.apply_slot(store.shard(name), store.shard(name, "g"),
+                                               state, step, rows)
                 if self.dense_server_step:
-                    g = store.shard("dense", "g")
                     state = {k: store.shard("dense", k) for k in self.dense_opt.slots}
-                    self.dense_opt.update(store.shard("dense"), g, state, step)
-                    g[...] = 0
+                    self.dense_opt.apply_slot(store.shard("dense"), store.shard("dense", "g"),
+                                              state, step)
                 store.win.Sync()  # publish before the workers' next Get
             with self.timers.time("wait"):
                 idle_barrier(topo.world)

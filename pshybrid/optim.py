@@ -27,6 +27,7 @@ from . import kernels
 from .backend import array_module
 from .errors import ConfigError
 
+_ROW0 = np.zeros(1, np.int64)  # the one row of a dense buffer seen as (1, n)
 SLOTS = {"sgd": (), "adagrad": ("acc",), "adam": ("m", "v")}
 
 
@@ -49,7 +50,13 @@ class Optimizer:
         return SLOTS[self.kind]
 
     def update(self, w, g, state: dict, step: int) -> None:
-        """w, g, state[*]: same shape; updated in place. step: 1-based."""
+        """w, g, state[*]: same shape; updated in place. step: 1-based. On contiguous
+        NumPy arrays the fused numba kernel does it in one pass over a (1, n) view."""
+        if not self._fused(w, _ROW0, g, state, step, consume=False, whole=True):
+            self._update_xp(w, g, state, step)
+
+    def _update_xp(self, w, g, state: dict, step: int) -> None:
+        """The array-expression form (NumPy or CuPy): the oracle of the fused kernels."""
         xp = array_module(w)
         if self.kind == "sgd":
             w -= self.lr * g
@@ -76,29 +83,46 @@ class Optimizer:
         """Lazy sparse update of ``w[rows]`` (w: (N, D), rows: (U,) unique, g: (U, D));
         ``state[slot]``: (N, D) arrays updated at the same rows. On NumPy arrays a fused
         numba kernel does it in one pass (same operations in the same order)."""
-        if self._fused_rows(w, rows, g, state, step):
+        if self._fused(w, rows, g, state, step, consume=False):
             return
         W = w[rows]
         S = {k: state[k][rows] for k in self.slots}
-        self.update(W, g, S, step)
+        self._update_xp(W, g, S, step)
         w[rows] = W
         for k in self.slots:
             state[k][rows] = S[k]
 
-    def _fused_rows(self, w, rows, g, state, step) -> bool:
+    def apply_slot(self, w, g, state: dict, step: int, rows=None) -> None:
+        """Servers: update ``w`` from a gradient-sum slot ``g`` (same shape as ``w``) and
+        zero what was used: rows ``rows`` of (N, D) arrays lazily, or (``rows`` None)
+        everything. Fused into one pass on NumPy arrays."""
+        if rows is None:
+            if not self._fused(w, _ROW0, g, state, step, consume=True, whole=True):
+                self._update_xp(w, g, state, step)
+                g[...] = 0
+        elif not self._fused(w, rows, g, state, step, consume=True):
+            self.update_rows(w, rows, g[rows], state, step)
+            g[rows] = 0
+
+    def _fused(self, w, rows, g, state, step, consume: bool, whole: bool = False) -> bool:
+        """Run the numba row kernel when every array is a contiguous NumPy array of one
+        dtype (``whole``: any shape, seen as one row (1, n)); False: not applicable."""
         arrays = [w, g] + [state[k] for k in self.slots]
-        if not (kernels.numba_active() and all(isinstance(a, np.ndarray) and a.ndim == 2
-                                               and a.flags.c_contiguous for a in arrays)
-                and len({a.dtype for a in arrays}) == 1):
+        if not (kernels.numba_active()
+                and all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
+                and len({a.dtype for a in arrays}) == 1 and (whole or w.ndim == g.ndim == 2)):
             return False
-        f = w.dtype.type  # scalars in the arrays' dtype, as NumPy's weak Python scalars are
+        if whole:  # views, as the arrays are contiguous
+            w, g = w.reshape(1, -1), g.reshape(1, -1)
+            state = {k: a.reshape(1, -1) for k, a in state.items()}
         rows = np.ascontiguousarray(rows, dtype=np.int64)
+        f = w.dtype.type  # scalars in the arrays' dtype, as NumPy's weak Python scalars are
         if self.kind == "sgd":
-            kernels._nb_sgd_rows(w, rows, g, f(self.lr))
+            kernels._nb_sgd_rows(w, rows, g, consume, f(self.lr))
         elif self.kind == "adagrad":
-            kernels._nb_adagrad_rows(w, state["acc"], rows, g, f(self.lr), f(self.eps))
+            kernels._nb_adagrad_rows(w, state["acc"], rows, g, consume, f(self.lr), f(self.eps))
         else:
-            kernels._nb_adam_rows(w, state["m"], state["v"], rows, g, f(self.beta1),
+            kernels._nb_adam_rows(w, state["m"], state["v"], rows, g, consume, f(self.beta1),
                                   f(1 - self.beta1), f(self.beta2), f(1 - self.beta2),
                                   f(1 / math.sqrt(1 - self.beta2 ** step)), f(self.eps),
                                   f(self.lr / (1 - self.beta1 ** step)))

@@ -84,3 +84,66 @@ def test_fused_rows_kernel_equals_numpy_rows(kind, dtype, monkeypatch):
     np.testing.assert_allclose(out[True][0], out[False][0], rtol=1e-6 if dtype == np.float32
                                else 1e-15)
     np.testing.assert_array_equal(out[True][0][[1, 3]], w0[[1, 3]])  # untouched rows
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_dense_update_equals_numpy(kind, dtype):
+    """update() on contiguous NumPy buffers runs the fused kernel over a (1, n) view; the
+    array-expression form (_update_xp, also CuPy's path) is its oracle. A strided buffer
+    takes the array path and must agree too."""
+    from pshybrid import kernels
+
+    assert kernels.numba_active()
+    rng = np.random.default_rng(4)
+    w0 = rng.standard_normal((3, 50)).astype(dtype)
+    grads = rng.standard_normal((3, 3, 50)).astype(dtype)
+    opt = Optimizer(kind, lr=0.05)
+    runs = {}
+    for how in ("fused", "xp", "strided"):
+        w = w0.copy() if how != "strided" else np.repeat(w0, 2, axis=1)[:, ::2]
+        state = {k: np.zeros_like(w) for k in opt.slots}
+        for t, g in enumerate(grads, start=1):
+            (opt._update_xp if how == "xp" else opt.update)(w, g, state, t)
+        runs[how] = (np.array(w), {k: np.array(v) for k, v in state.items()})
+    tol = 1e-6 if dtype == np.float32 else 1e-14
+    for how in ("xp", "strided"):
+        np.testing.assert_allclose(runs["fused"][0], runs[how][0], rtol=tol, atol=tol)
+        for k in opt.slots:
+            np.testing.assert_allclose(runs["fused"][1][k], runs[how][1][k], rtol=tol, atol=tol)
+    assert not np.array_equal(runs["fused"][0], w0)  # it moved
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("numba_on", [True, False])
+def test_apply_slot_equals_update_then_zero(kind, numba_on, monkeypatch):
+    """Servers' apply_slot (fused read-and-zero of a gradient-sum slot) == update_rows of
+    the gathered rows (or update of the whole buffer), then zeroing those rows only."""
+    from pshybrid import kernels
+
+    if not numba_on:
+        monkeypatch.setattr(kernels, "numba_active", lambda: False)
+    rng = np.random.default_rng(5)
+    opt = Optimizer(kind, lr=0.2)
+    w0, g0 = rng.standard_normal((9, 5)), rng.standard_normal((9, 5))
+    rows = np.array([1, 4, 8])
+    for sel in (rows, None):
+        w, g = w0.copy(), g0.copy()
+        state = {k: np.full_like(w, 0.5) for k in opt.slots}
+        opt.apply_slot(w, g, state, 2, sel)
+        rw, rstate = w0.copy(), {k: np.full_like(w0, 0.5) for k in opt.slots}
+        if sel is None:
+            opt._update_xp(rw, g0.copy(), rstate, 2)
+            want_g = np.zeros_like(g0)
+        else:
+            sub, ss = rw[sel], {k: v[sel] for k, v in rstate.items()}
+            opt._update_xp(sub, g0[sel], ss, 2)
+            rw[sel] = sub
+            for k in opt.slots:
+                rstate[k][sel] = ss[k]
+            want_g = g0.copy()
+            want_g[sel] = 0
+        np.testing.assert_allclose(w, rw, rtol=1e-14, atol=1e-15)
+        for k in opt.slots:
+            np.testing.assert_allclose(state[k], rstate[k], rtol=1e-14, atol=1e-15)
+        np.testing.assert_array_equal(g, want_g)
