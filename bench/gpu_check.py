@@ -35,6 +35,24 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 TARGET = 0.7
+BUDGET = 460  # seconds for the whole check: every subprocess gets what is left (<= 8 min)
+_T0 = time.time()
+
+
+def run_limited(label: str, cmd: list[str], limit: float, **kw):
+    """``subprocess.run(cmd)`` under ``timeout -k 10`` (mpiexec cleans up its ranks on
+    SIGTERM) with ``limit`` seconds, cut to what is left of BUDGET; None (reported) when it
+    ran out of time."""
+    left = int(min(limit, BUDGET - (time.time() - _T0)))
+    if left < 20:
+        print(f"  {label}: NOT RUN (the {BUDGET}s budget is spent)")
+        return None
+    try:
+        return subprocess.run(["timeout", "-k", "10", str(left)] + cmd, timeout=left + 30,
+                              capture_output=True, text=True, cwd=ROOT, **kw)
+    except subprocess.TimeoutExpired:
+        print(f"  {label}: TIMED OUT after {left}s")
+        return None
 
 
 def timed(cp, fn, repeat: int) -> float:
@@ -93,7 +111,7 @@ def bench_kernels(cp, quick: bool) -> list[str]:
         values = cp.asarray(rng.standard_normal((n, dim)).astype(dtype))
         nbytes = values.nbytes  # rows moved by either kernel: read once, written once
         src, dst = cp.empty_like(values), cp.empty_like(values)
-        t_copy = timed(cp, lambda: dst.data.copy_from_device(src.data, nbytes), repeat)
+        t_copy = timed(cp, lambda: dst.data.copy_from_device_async(src.data, nbytes), repeat)
         out = cp.zeros((n_rows, dim), dtype)
         width, vec = cuda._width(dtype, dim, values, out)
         args = (idx, values, out, np.int64(n), np.int64(width), np.int64(n_rows))
@@ -131,7 +149,10 @@ def bench_training(quick: bool) -> bool:
                    "--batch-size", "4096", "--steps", str(steps), "--log-every",
                    str(steps // 3), "--metrics", metrics]
             t0 = time.time()
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
+            p = run_limited(f"train {mode}", cmd, 180)
+            if p is None:
+                ok = False
+                continue
             if p.returncode:
                 print(f"  {mode}: FAILED (exit {p.returncode})\n{p.stdout[-2000:]}"
                       f"{p.stderr[-3000:]}")
@@ -159,13 +180,16 @@ def run_tests() -> bool:
     py = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
     # the packaging test needs pip to fetch a build backend: not on an offline GPU box
     runs = [("serial", py + ["-m", "not mpi", "-k", "not installed_package", "tests/test_gpu.py"]),
-            ("mpi -n 2", ["timeout", "300", mpiexec(), "-n", "2"] + py +
+            ("mpi -n 2", [mpiexec(), "-n", "2"] + py +
              ["--with-mpi", "-m", "mpi", "tests/test_gpu.py"])]
     ok = True
     for label, cmd in runs:
         print(f"\n=== tests/test_gpu.py ({label}, PSHYBRID_REQUIRE_GPU=1): {' '.join(cmd)}",
               flush=True)
-        p = subprocess.run(cmd, cwd=ROOT, env=env, text=True, capture_output=True, timeout=400)
+        p = run_limited(f"tests ({label})", cmd, 240, env=env)
+        if p is None:
+            ok = False
+            continue
         tail = p.stdout.strip().splitlines()
         print("\n".join(tail[-25:]) if p.returncode else tail[-1] if tail else "(no output)")
         if p.returncode:
@@ -202,7 +226,7 @@ def main(argv=None) -> int:
     from pshybrid import cuda
     from pshybrid.devices import cuda_aware_mpi
 
-    t0 = time.time()
+    t0 = _T0
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]

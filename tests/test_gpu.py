@@ -223,6 +223,53 @@ def test_scatter_add_equals_twin(cp, dtype, dim):
                                   scatter_add_ref(idx, view.get(), n))
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", [1, 3, 8, 130])
+def test_kernels_grid_stride_and_bad_ids(cp, monkeypatch, dtype, dim):
+    """A grid far smaller than the rows (as for an index past 32 blocks per SM: here 32
+    blocks for 20000 rows), so every thread loops; ids outside [0, N) gather a zero row and
+    are dropped by scatter-add (never read or written out of bounds)."""
+    mod = cuda._module()[0]
+    monkeypatch.setattr(cuda, "_module", lambda: (mod, 1))  # "one SM": grid of 32 blocks
+    rng = np.random.default_rng(200 + dim)
+    N = 500
+    rows = rng.standard_normal((N, dim)).astype(dtype)
+    idx = rng.integers(0, N, 20000)
+    idx[rng.choice(idx.size, 40, replace=False)] = np.repeat([-1, N, 1 << 40, -(1 << 62)], 10)
+    ok = (idx >= 0) & (idx < N)
+    want = np.where(ok[:, None], rows[np.where(ok, idx, 0)], 0).astype(dtype)
+    np.testing.assert_array_equal(cuda.gather(cp.asarray(rows), cp.asarray(idx)).get(), want)
+    vals = rng.integers(-8, 9, (idx.size, dim)).astype(dtype)  # exact in any order
+    np.testing.assert_array_equal(cuda.scatter_add(cp.asarray(idx), cp.asarray(vals), N).get(),
+                                  scatter_add_ref(idx[ok], vals[ok], N))
+
+
+def test_kernels_offsets_past_2_31_elements(cp):
+    """row * dim past 2**31 elements (64-bit offsets): the first and last rows of a float32
+    table of N * 17 > 2**31 elements (scalar path), gathered and scatter-added."""
+    dim = 17
+    N = (1 << 31) // dim + 4
+    nbytes = N * dim * 4
+    if cp.cuda.runtime.memGetInfo()[0] < 2 * nbytes + (1 << 30):
+        pytest.skip(f"needs {(2 * nbytes >> 30) + 1} GiB of free GPU memory")
+    pick = np.array([N - 1, 0, N - 4, N - 2, 1, N - 3])
+    known = np.arange(1, pick.size * dim + 1, dtype=np.float32).reshape(pick.size, dim)
+    table = cp.empty((N, dim), cp.float32)
+    table[cp.asarray(pick)] = cp.asarray(known)
+    idx = np.array([0, 3, 5, 1, 2, 4, 0])
+    try:
+        np.testing.assert_array_equal(cuda.gather(table, cp.asarray(pick[idx])).get(),
+                                      known[idx])
+        del table
+        out = cuda.scatter_add(cp.asarray(pick[idx]), cp.asarray(known[idx]), N)
+        np.testing.assert_array_equal(out[cp.asarray(pick)].get(),
+                                      known * np.bincount(idx, minlength=pick.size)[:, None])
+        assert int(cp.count_nonzero(out)) == pick.size * dim  # nothing written elsewhere
+        del out
+    finally:
+        cp.get_default_memory_pool().free_all_blocks()
+
+
 def test_kernels_module_dispatches_cupy_arrays(cp):
     from pshybrid import kernels
 
