@@ -165,4 +165,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pshybrid.launch import run
+
+    sys.exit(run(main))  # an error on one rank ends the whole job, never a hang

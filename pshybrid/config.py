@@ -249,6 +249,10 @@ class TrainConfig:
                                    choices=("sgd", "adagrad", "adam"))
     dense_lr: float | None = option(0.001, "learning rate of the dense parameters (none: --lr)",
                                     check=_learning_rate)
+    bucket_mb: float = option(1.0, "Allreduce the dense gradients in buckets of at least this "
+                              "many MiB while backward runs (0: one Allreduce after backward)",
+                              check=lambda v: None if math.isfinite(v) and v >= 0
+                              else "must be >= 0 and finite")
     embedding_dim: int = option(16, "embedding dimension", check=_positive)
     mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated",
                                   check=_layer_sizes)

@@ -17,7 +17,9 @@ Initialisation of parameter ``name`` under ``seed`` depends on those values alon
 drawn in float64, then cast to the buffer's dtype.
 
 Layers cache in ``forward`` what ``backward`` needs; ``backward(dy)`` returns the input
-gradient and accumulates (+=) into the parameter gradients (the trainer zeroes them).
+gradient and accumulates (+=) into the parameter gradients (the trainer zeroes them), then
+calls ``ps.grads_ready(names)`` for the parameters it has finished (a layer runs once per
+backward pass), so the dense Allreduce can start on them during the rest of backward.
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class ParamSpace:
         self.size = 0
         self.flat = None
         self.flat_grad = None
+        self.on_grads_ready = None  # callback(names) of the running mode, if any
 
     def add(self, name: str, shape: tuple[int, ...], init: str, scale: float = 0.0) -> None:
         """Register parameter ``name`` of ``shape`` (before ``build``)."""
@@ -111,6 +114,12 @@ class ParamSpace:
         """Set every gradient to zero."""
         self.flat_grad[...] = 0
 
+    def grads_ready(self, *names: str) -> None:
+        """Layers call this once ``names``' gradients are final for this backward pass, so
+        a mode can start reducing them while the rest of backward runs (``on_grads_ready``)."""
+        if self.on_grads_ready is not None:
+            self.on_grads_ready(names)
+
 
 class Linear:
     """y = x @ W + b; x: (B, d_in), W: (d_in, d_out), b: (d_out,) -> y: (B, d_out)."""
@@ -130,6 +139,7 @@ class Linear:
         gw, gb = self.ps.grad(self.w), self.ps.grad(self.b)
         gw += self.x.T @ dy
         gb += dy.sum(axis=0)
+        self.ps.grads_ready(self.w, self.b)
         return dy @ self.ps.param(self.w).T
 
 
@@ -231,6 +241,7 @@ class CrossNet:
             gw += x.T @ du
             dx0 = dx0 + dy * u[:, None]
             dy = dy + du[:, None] * self.ps.param(w)
+            self.ps.grads_ready(w, b)
         return dx0 + dy
 
 

@@ -38,6 +38,7 @@ from mpi4py import MPI
 
 from . import partition
 from .backend import array_module, synchronize, to_host
+from .errors import ConfigError
 from .initializers import uniform_rows
 from .kernels import gather, scatter_add, segment_sum, unique_inverse
 from .layers import ParamSpace
@@ -77,8 +78,61 @@ class Timers(defaultdict):
         return _Phase(self, phase)
 
 
+class GradBuckets:
+    """Starts the dense gradient's Allreduce in buckets while backward still runs.
+
+    Parameters sit in ``flat_grad`` in registration order and backward mostly finishes them
+    in reverse, so a *suffix* of the buffer becomes final first. ``ready(names)`` (the
+    ParamSpace callback) grows the final suffix; once it holds ``min_bytes`` not yet sent,
+    that span's Iallreduce starts (in place). ``finish()`` starts whatever is left, in one
+    last bucket, and returns every request of the step. Each element is reduced exactly once
+    whatever order layers finish in; the buckets only decide how early. Every worker starts
+    the same buckets in the same order (same model, same backward).
+    """
+
+    def __init__(self, ps: ParamSpace, start, min_bytes: int):
+        self.ps, self.start, self.min_bytes = ps, start, min_bytes
+        self.spans = sorted((ps.offset(n), n) for n in ps.names)  # (first element, name)
+        self.itemsize = ps.flat_grad.dtype.itemsize
+        self._reset()
+
+    def _reset(self) -> None:
+        self.done: set[str] = set()
+        self.k = len(self.spans)     # spans[k:] are final
+        self.sent = self.ps.size     # flat_grad[sent:] has been started
+        self.reqs = []
+
+    def ready(self, names) -> None:
+        again = self.done.intersection(names)
+        if again:  # the first report's span may be on the wire already: no silent mix-up
+            raise ConfigError(f"parameters {sorted(again)} were reported final twice in one "
+                              "backward pass (a layer applied twice per step?): train with "
+                              "--bucket-mb 0")
+        self.done.update(names)
+        while self.k > 0 and self.spans[self.k - 1][1] in self.done:
+            self.k -= 1
+        lo = self.spans[self.k][0] if self.k < len(self.spans) else self.ps.size
+        if (self.sent - lo) * self.itemsize >= self.min_bytes:
+            self._send(lo)
+        if self.reqs:  # drive the started buckets (MPI progresses inside its calls)
+            MPI.Request.Testall([getattr(r, "req", r) for r in self.reqs])
+
+    def _send(self, lo: int) -> None:
+        # Wire: Iallreduce(SUM) of flat_grad[lo:sent] over the workers, in place.
+        self.reqs.append(self.start(self.ps.flat_grad[lo:self.sent]))
+        self.sent = lo
+
+    def finish(self) -> list:
+        if self.sent > 0:
+            self._send(0)
+        reqs = self.reqs
+        self._reset()
+        return reqs
+
+
 class Mode:
     name = ""
+    dense_on_servers = False  # ps: the dense weights live on the servers (no Allreduce)
     needs_servers = True
 
     def __init__(self, topo: Topology, sparse: SparseArch, ps: ParamSpace,
@@ -92,6 +146,7 @@ class Mode:
         self.allreduce_bytes = 0
         self.start_step = 0  # the step a resumed run starts from (servers' Adam step count)
         self._pending = None  # GPU workers: (ids, uniq, device inverse) from the last lookup
+        self._buckets = None  # GradBuckets when the Allreduce overlaps backward
 
     # the verbs: host arrays on CPU; on a GPU worker, device arrays in and out
     def lookup(self, ids):
@@ -128,18 +183,32 @@ class Mode:
         self._apply(uniq, sums, step)
 
     # dense weights replicated on workers (hybrid, allreduce)
-    def _start_allreduce(self):
-        """Start the dense gradient's Allreduce; finish it with ``_finish_allreduce``, so
-        the sparse exchange in between overlaps it.
-        Wire: one Iallreduce(SUM) of the flat dense gradient over the workers (a GPU buffer:
-        after a stream sync, directly or staged; see ``transport.iallreduce``)."""
-        g = self.ps.flat_grad
-        self.allreduce_bytes += g.nbytes
-        return iallreduce(self.topo.workers, g, self.cuda_aware)
+    def overlap_allreduce(self, min_bytes: int) -> None:
+        """Workers of modes with a dense Allreduce: start it in buckets of at least
+        ``min_bytes`` during backward (``GradBuckets``); 0: one Allreduce after backward."""
+        self._buckets = None
+        self.ps.on_grads_ready = None
+        if min_bytes > 0 and not self.dense_on_servers and not self.topo.is_server:
+            self._buckets = GradBuckets(self.ps, self._iallreduce, min_bytes)
+            self.ps.on_grads_ready = self._buckets.ready
 
-    def _finish_allreduce(self, req, step: int) -> None:
+    def _iallreduce(self, buf):
+        # Wire: Iallreduce(SUM) of buf over the workers (a GPU buffer: after a stream sync,
+        # directly or staged; see ``transport.iallreduce``).
+        return iallreduce(self.topo.workers, buf, self.cuda_aware)
+
+    def _start_allreduce(self) -> list:
+        """Start (the rest of) the dense gradient's Allreduce; finish it with
+        ``_finish_allreduce``, so the sparse exchange in between overlaps it."""
+        self.allreduce_bytes += self.ps.flat_grad.nbytes
+        if self._buckets is not None:
+            return self._buckets.finish()
+        return [self._iallreduce(self.ps.flat_grad)]
+
+    def _finish_allreduce(self, reqs, step: int) -> None:
         with self.timers.time("allreduce"):
-            req.Wait()  # all workers have contributed: also a sync point for BSP
+            for r in reqs:
+                r.Wait()  # all workers have contributed: also a sync point for BSP
         with self.timers.time("dense_apply"):
             self.dense_opt.update(self.ps.flat, self.ps.flat_grad, self.dense_state, step)
             synchronize(self.ps.flat)  # GPU: time the kernels (no-op on CPU)
@@ -179,8 +248,6 @@ class Mode:
 
 class _ServerMode(Mode):
     """Shared by hybrid and ps: the fused sparse table (and ps's dense table) on servers."""
-
-    dense_on_servers = False
 
     def __init__(self, *args):
         super().__init__(*args)

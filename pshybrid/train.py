@@ -250,6 +250,7 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
                            Optimizer(cfg.dense_optimizer, dense_lr), cfg.seed)
     if xp is not np:
         mode.cuda_aware = cuda_aware_mpi()[0]  # else the dense Allreduce is staged on the host
+    mode.overlap_allreduce(int(cfg.bucket_mb * 2**20))
     result = TrainResult(topo.role)
     W, b = topo.n_workers, cfg.batch_size
     reporter_rank = topo.worker_ranks[0]
@@ -346,6 +347,7 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
             result.table = mode.full_table()
     elapsed = time.perf_counter() - t_start
     mode.finish()
+    mode.overlap_allreduce(0)  # drop the mode <-> GradBuckets cycle: the tables go with the mode
 
     # Wire: gather of each rank's phase timers and traffic to the reporter; all wait.
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB

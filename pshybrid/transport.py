@@ -116,7 +116,7 @@ def iallreduce(comm: MPI.Comm, buf, cuda_aware: bool = False):
     key = (buf.data.ptr, buf.shape, buf.dtype.str)
     host = _PINNED.get(key)
     if host is None:
-        if len(_PINNED) >= 8:  # buffers of earlier runs; an in-flight request keeps its own
+        if len(_PINNED) >= 64:  # buffers of earlier runs; an in-flight request keeps its own
             _PINNED.clear()
         host = _PINNED[key] = cupyx.empty_pinned(buf.shape, buf.dtype)
     buf.get(out=host)  # D2H, blocking

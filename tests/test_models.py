@@ -83,3 +83,58 @@ def test_unknown_model():
 
     with pytest.raises(ConfigError, match="bogus"):
         models.build_model("bogus", SCHEMA, 2, (4,), ParamSpace(), "float64")
+
+
+@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm", "sumpool"])
+def test_grad_buckets_start_only_final_gradients(name):
+    """GradBuckets (the dense Allreduce started during backward) hands out disjoint spans
+    covering flat_grad exactly once, and each span already holds its final gradient when
+    it starts; with tiny buckets the models with several layers use several buckets."""
+    from mpi4py import MPI
+
+    from pshybrid.modes import GradBuckets
+
+    if name == "sumpool":
+        doc_example()
+    model, sparse, ps = build(name)
+    base = ps.flat_grad.__array_interface__["data"][0]
+    started = []
+
+    def start(buf):
+        lo = (buf.__array_interface__["data"][0] - base) // buf.itemsize
+        started.append((lo, lo + buf.size, buf.copy()))
+        return MPI.REQUEST_NULL
+
+    rng = np.random.default_rng(3)
+    dense, emb = rng.uniform(0.1, 2, (3, 2)), rng.uniform(-1, 1, (3, 3, sparse.table.dim))
+    for step in range(2):  # the buckets re-arm after finish()
+        started.clear()
+        buckets = GradBuckets(ps, start, min_bytes=1) if step == 0 else buckets
+        ps.on_grads_ready = buckets.ready
+        model.forward(dense, emb)
+        ps.zero_grad()
+        model.backward(rng.standard_normal(3))
+        assert len(buckets.finish()) == len(started)
+        spans = sorted((lo, hi) for lo, hi, _ in started)
+        assert spans[0][0] == 0 and spans[-1][1] == ps.size
+        assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
+        for lo, hi, snap in started:
+            np.testing.assert_array_equal(snap, ps.flat_grad[lo:hi])
+        if name in ("wdl", "dcn", "dlrm"):
+            assert len(started) >= 3, started  # really overlapped, not one bucket at the end
+
+
+def test_grad_buckets_refuse_a_parameter_finished_twice():
+    from pshybrid.errors import ConfigError
+    from pshybrid.layers import Linear
+    from pshybrid.modes import GradBuckets
+
+    ps = ParamSpace()
+    lin = Linear(ps, "tied", 2, 2)
+    ps.build(np, np.float64, seed=0)
+    ps.on_grads_ready = GradBuckets(ps, lambda buf: None, min_bytes=1 << 20).ready
+    x = np.ones((1, 2))
+    lin.forward(x)
+    lin.backward(x)
+    with pytest.raises(ConfigError, match="tied.weight.*bucket-mb 0"):
+        lin.backward(x)  # the same layer applied twice per step
