@@ -112,6 +112,12 @@ def scatter_add(index, values, n: int):
     out = xp.zeros((n,) + values.shape[1:], dtype=values.dtype)
     if index.size == 0:
         return out
+    if xp is np and values.dtype in _FLOATS and numba_active():
+        width = out[:1].size
+        _nb_scatter_add(np.ascontiguousarray(index, dtype=np.int64).ravel(),
+                        np.ascontiguousarray(values).reshape(index.size, width),
+                        out.reshape(n, width))  # input order, as segment_sum: same bits
+        return out
     uniq, sums = segment_sum(index, values)
     out[uniq] = sums
     return out
@@ -161,7 +167,7 @@ _NUMBA: bool | None = None  # None: not tried yet
 _NUMBA_LOCK = threading.Lock()
 _JITTED = ("_nb_hash_dedup", "_nb_radix_argsort", "_nb_sorted_dedup", "_nb_unique_inverse",
            "_nb_segment_sum", "_nb_uniform_rows", "_nb_sgd_rows", "_nb_adagrad_rows",
-           "_nb_adam_rows")
+           "_nb_adam_rows", "_nb_scatter_add")
 
 
 def numba_active() -> bool:
@@ -365,6 +371,14 @@ def _nb_uniform_rows(out, ids, key, scale):
 # Fused lazy optimizer steps on rows (optim.Optimizer.update_rows): the same operations in
 # the same order as the vectorised formulas, with the scalars already in the arrays' dtype,
 # one pass over the touched rows instead of a gather, ~6 temporaries and a scatter.
+def _nb_scatter_add(index, values, out):
+    """out[index[i]] += values[i] for i in input order (out zeroed by the caller)."""
+    for i in range(index.size):
+        r = index[i]
+        for j in range(values.shape[1]):
+            out[r, j] += values[i, j]
+
+
 # Row optimizers: w[rows[i]] (and its state rows) from gradient row g[k], k = i, or
 # k = rows[i] when ``consume`` (g is a gradient-sum slot shaped like w: the row is read,
 # then zeroed, in the same pass). Same operations in the same order as ``Optimizer``.

@@ -149,8 +149,16 @@ class Mode:
         self._buckets = None  # GradBuckets when the Allreduce overlaps backward
 
     # the verbs: host arrays on CPU; on a GPU worker, device arrays in and out
-    def lookup(self, ids):
-        """ids: (B, F) int64 (host) -> emb: (B, F, E) in ``self.xp``."""
+    def prepare(self, ids):
+        """Any thread, ahead of the step: the work that depends on the step's ids alone
+        (server modes: the store's ``Plan``: dedup, owner groups, row datatypes), handed to
+        ``lookup``; None where a mode has none."""
+        return None
+
+    def lookup(self, ids, prepared=None):
+        """ids: (B, F) int64 (host) -> emb: (B, F, E) in ``self.xp``. ``prepared``:
+        ``prepare(ids)`` made ahead (else made here when the mode has one); the step's
+        ``update`` with the same ``ids`` reuses it."""
         return self._pull(ids) if self.xp is np else self._lookup_device(ids)
 
     def update(self, ids, demb, step: int) -> None:
@@ -267,14 +275,42 @@ class _ServerMode(Mode):
         self.server_step = self.sparse_server_step or self.dense_server_step
         self.store = EmbeddingStore(self.topo, tables, seed=self.seed)
         self.step_bytes = 0  # two-sided row-id messages sent
+        self._prepared = None  # (looked-up ids, their Plan) until the step's update
+        self._dense_plan = None  # ps workers: the dense table's rows (_dense_ids)
+
+    def prepare(self, ids):
+        if self.xp is not np:
+            return None  # GPU workers pull the distinct ids (_lookup_device)
+        return self.store.plan(self.sparse.table.name, ids)
+
+    def lookup(self, ids, prepared=None):
+        self._release()
+        with self.timers.time("pull"):
+            prepared = prepared if prepared is not None else self.prepare(ids)
+        self._prepared = None if prepared is None else (ids, prepared)
+        return super().lookup(ids)
+
+    def _planned(self, ids):
+        """The step's plan when ``ids`` is the looked-up array, else ``ids`` itself."""
+        p = self._prepared
+        return p[1] if p is not None and p[0] is ids else ids
+
+    def _release(self) -> None:
+        if self._prepared is not None:
+            self._prepared[1].free()
+            self._prepared = None
 
     def _pull(self, ids):
         with self.timers.time("pull"):
-            return self.store.pull(self.sparse.table.name, ids)
+            return self.store.pull(self.sparse.table.name, self._planned(ids))
 
     # ps mode: the dense flat buffer as rows of the "dense" table
     def _dense_ids(self):
-        return np.arange(self.dense_rows, dtype=np.int64)
+        """Workers: every row of the dense table, as a Plan made once and reused every step
+        (the same ids each time: its datatypes are committed once)."""
+        if self._dense_plan is None:
+            self._dense_plan = self.store.plan("dense", np.arange(self.dense_rows, dtype=np.int64))
+        return self._dense_plan
 
     def _padded(self, flat):
         out = np.zeros(self.dense_rows * DENSE_ROW, flat.dtype)
@@ -305,6 +341,7 @@ class _ServerMode(Mode):
         a workers' barrier in ps mode.
         """
         sparse, store = self.sparse.table.name, self.store
+        ids = self._planned(ids)  # the lookup's plan: no second dedup or datatype
         direct_sparse = not self.sparse_server_step
         direct_dense = self.dense_on_servers and not self.dense_server_step
         touched = None
@@ -330,6 +367,7 @@ class _ServerMode(Mode):
                                self.dense_opt.lr)
         if self.server_step and not notify_early:
             self._notify_servers(touched)
+        self._release()
         with self.timers.time("wait"):
             if self.server_step:
                 # Wire: zero-byte Ibarrier over world; servers join after applying the step.
@@ -404,6 +442,9 @@ class _ServerMode(Mode):
         return out
 
     def finish(self) -> None:
+        self._release()
+        if self._dense_plan is not None:
+            self._dense_plan.free()
         if not self.topo.is_server:
             self._send_to_servers(TAG_STOP, [[]] * self.topo.n_servers)
         self.store.close()

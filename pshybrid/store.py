@@ -6,12 +6,15 @@ window holding all its shards (workers expose 0 bytes), and every rank opens a s
 ``(local_rows, dim)`` region per *slot*: ``"w"`` (the weights) and any extra slots a
 table asks for (gradient sums, optimizer state), zero-initialised.
 
-``pull`` deduplicates the ids, groups them by owner (``partition.group_by_owner``) and
-issues **one** indexed ``Get`` per owner with a ``hindexed_block`` target datatype
-(64-bit byte displacements), then expands rows with the inverse index.
-``push`` sums the rows of duplicate ids locally, then issues **one**
-``Accumulate(SUM)`` per owner; MPI makes concurrent accumulates to one element atomic,
-so workers never lose each other's updates. Both complete with ``Flush(owner)`` before
+A ``Plan`` (``plan(table, ids)``) deduplicates the ids, groups them by owner
+(``partition.group_by_owner``) and commits one ``hindexed_block`` row datatype per owner
+(64-bit byte offsets inside a slot's region; the slot's region start goes as the target
+displacement, so one datatype serves every slot). ``pull`` issues **one** indexed ``Get``
+per owner, then expands rows with the inverse index; ``push`` sums the rows of duplicate
+ids locally (input order), then issues **one** ``Accumulate(SUM)`` per owner. Both take ids
+(and make a plan for the call) or a plan made ahead: the training loop makes the next
+step's on its data thread and uses it for the step's pull and push. MPI makes concurrent
+accumulates to one element atomic, so workers never lose each other's updates. Both complete with ``Flush(owner)`` before
 returning, so once every worker has returned from ``push`` and the workers have
 synchronised (an Allreduce or ``barrier``), every later ``pull`` sees the update.
 """
@@ -27,7 +30,7 @@ from mpi4py import MPI
 from . import partition
 from .errors import ConfigError, InputError, PshybridError
 from .initializers import uniform_rows
-from .kernels import gather, segment_sum
+from .kernels import gather, scatter_add
 from .topology import Topology
 from .transport import idle_barrier, mpi_type, rows_type
 
@@ -84,6 +87,24 @@ class Traffic:
     shm_bytes: int = 0  # read through the same-node shared-memory path
     acc_bytes: int = 0
     acc_ops: int = 0
+
+
+class Plan:
+    """One step's ids of one table, grouped for the wire (``EmbeddingStore.plan``): the
+    checked ids, their distinct values grouped by owner, the inverse index, and one committed
+    row datatype per owner. ``pull`` and ``push`` of any slot reuse it; ``free`` it after."""
+
+    __slots__ = ("table", "ids", "unique", "inverse", "bounds", "targets")
+
+    def __init__(self, table, ids, unique, inverse, bounds, targets):
+        self.table, self.ids, self.unique = table, ids, unique
+        self.inverse, self.bounds = inverse, bounds
+        self.targets = targets  # [(server index, world rank, slice of unique, datatype)]
+
+    def free(self) -> None:
+        for *_, dt in self.targets:
+            dt.Free()
+        self.targets = []
 
 
 class EmbeddingStore:
@@ -191,38 +212,47 @@ class EmbeddingStore:
                     "nothing was read or written")
         return ids
 
-    def _targets(self, t: _Table, slot: str, unique: np.ndarray, bounds: np.ndarray):
-        """Yield (server index, world rank, row slice, committed datatype) per non-empty owner."""
-        S = self.topo.n_servers
-        row_bytes = t.spec.dim * t.itemsize
-        for s in range(S):
-            a, b = int(bounds[s]), int(bounds[s + 1])
-            if a == b:
-                continue
-            disps = self._remote[s][t.spec.name][slot] + partition.local_row(unique[a:b], S) * row_bytes
-            yield s, self.topo.server_ranks[s], slice(a, b), rows_type(t.base, t.spec.dim, disps)
-
-    def pull(self, table: str, ids, slot: str = "w") -> np.ndarray:
-        """Rows of ``table`` for ``ids``: (B,) or (B, F) int64 -> ids.shape + (dim,).
-
-        Duplicates are fetched once. One indexed Get per owner server.
-        """
+    def plan(self, table: str, ids) -> Plan:
+        """Workers, any thread (MPI_THREAD_MULTIPLE): check ``ids`` (any shape int64),
+        deduplicate and group them by owner, and commit one row datatype per owner; ``pull``
+        and ``push`` of any slot take the plan instead of ids. ``free()`` it after use."""
         t = self.tables[table]
         ids = self._check_ids(t, ids)
-        if self._views is not None:
-            return self._pull_shared(t, ids, slot)
-        unique, inverse, bounds = partition.group_by_owner(ids, t.spec.rows, self.topo.n_servers)
-        buf = np.empty((unique.size, t.spec.dim), dtype=t.spec.dtype)
-        ops = []
-        for _, rank, sl, dt in self._targets(t, slot, unique, bounds):
-            # Wire: one indexed Get of (rows, dim) from server `rank`; origin buf stays alive until Flush.
-            self.win.Get([buf[sl], t.base], rank, [0, 1, dt])
-            ops.append((rank, dt))
-        self._complete(ops)
-        self.traffic.get_bytes += buf.nbytes
-        self.traffic.get_ops += len(ops)
-        return gather(buf, inverse)
+        S = self.topo.n_servers
+        unique, inverse, bounds = partition.group_by_owner(ids, t.spec.rows, S)
+        row_bytes = t.spec.dim * t.itemsize
+        targets = []
+        for s in range(S):
+            a, b = int(bounds[s]), int(bounds[s + 1])
+            if a < b:  # byte offsets of the rows inside a slot's region (the same in every slot)
+                disps = partition.local_row(unique[a:b], S) * row_bytes
+                targets.append((s, self.topo.server_ranks[s], slice(a, b),
+                                rows_type(t.base, t.spec.dim, disps)))
+        return Plan(table, ids, unique, inverse, bounds, targets)
 
+    def _planned(self, table: str, ids) -> tuple[Plan, bool]:
+        """(plan, whether this call made it and must free it)."""
+        if isinstance(ids, Plan):
+            assert ids.table == table, (ids.table, table)
+            return ids, False
+        return self.plan(table, ids), True
+
+    def pull(self, table: str, ids, slot: str = "w") -> np.ndarray:
+        """Rows of ``table`` for ``ids`` (or a ``Plan``): (B,) or (B, F) int64 -> ids.shape
+        + (dim,). Duplicates are fetched once. One indexed Get per owner server."""
+        t = self.tables[table]
+        if self._views is not None:
+            return self._pull_shared(t, ids.ids if isinstance(ids, Plan) else
+                                     self._check_ids(t, ids), slot)
+        plan, own = self._planned(table, ids)
+        buf = np.empty((plan.unique.size, t.spec.dim), dtype=t.spec.dtype)
+        for s, rank, sl, dt in plan.targets:
+            # Wire: one indexed Get of (rows, dim) from server `rank`; origin buf stays alive until Flush.
+            self.win.Get([buf[sl], t.base], rank, [self._remote[s][table][slot], 1, dt])
+        self._flush(plan, own)
+        self.traffic.get_bytes += buf.nbytes
+        self.traffic.get_ops += len(plan.targets)
+        return gather(buf, plan.inverse)
     def _region(self, t: _Table, s: int, slot: str) -> np.ndarray:
         """Server s's (rows, dim) region of ``slot``, a zero-copy view of shared memory."""
         n = partition.shard_rows(t.spec.rows, self.topo.n_servers, s)
@@ -245,46 +275,42 @@ class EmbeddingStore:
         return out
 
     def push(self, table: str, ids, grads, scale: float = 1.0, slot: str = "w"):
-        """Add ``scale * grads`` to the rows ``ids`` of ``table`` (``slot`` region).
+        """Add ``scale * grads`` to the rows ``ids`` (or a ``Plan``) of ``table`` (``slot``).
 
         ids: (B,) or (B, F) int64; grads: ids.shape + (dim,). Rows of duplicate ids are
-        summed locally first; then one Accumulate(SUM) per owner server, flushed.
-        Returns ``(unique, bounds)``: the distinct ids pushed, grouped by owner server
-        (owner s's are ``unique[bounds[s]:bounds[s+1]]``).
+        summed locally first (in input order); then one Accumulate(SUM) per owner server,
+        flushed. Returns ``(unique, bounds)``: the distinct ids pushed, grouped by owner
+        server (owner s's are ``unique[bounds[s]:bounds[s+1]]``).
         """
         t = self.tables[table]
-        ids = self._check_ids(t, ids)
         grads = np.asarray(grads)
-        if grads.shape != ids.shape + (t.spec.dim,):
+        shape = ids.ids.shape if isinstance(ids, Plan) else np.shape(ids)
+        if grads.shape != tuple(shape) + (t.spec.dim,):
             raise InputError(f"table {table!r}: grads shape {grads.shape} does not match "
-                             f"ids shape {ids.shape} + (dim={t.spec.dim},)")
-        S = self.topo.n_servers
-        keys = partition.sort_key(ids.ravel(), t.spec.rows, S)
-        ukeys, sums = segment_sum(keys, grads.reshape(-1, t.spec.dim).astype(t.spec.dtype, copy=False))
+                             f"ids shape {tuple(shape)} + (dim={t.spec.dim},)")
+        plan, own = self._planned(table, ids)
+        sums = scatter_add(plan.inverse.ravel(), grads.reshape(-1, t.spec.dim).astype(
+            t.spec.dtype, copy=False), plan.unique.size)
         if scale != 1.0:
-            sums = sums * np.asarray(scale, dtype=t.spec.dtype)
-        sums = np.ascontiguousarray(sums)
-        unique = partition.key_to_global(ukeys, t.spec.rows, S)
-        bounds = partition.key_bounds(ukeys, t.spec.rows, S)
-        ops = []
-        for _, rank, sl, dt in self._targets(t, slot, unique, bounds):
+            sums *= np.asarray(scale, dtype=t.spec.dtype)
+        for s, rank, sl, dt in plan.targets:
             # Wire: one indexed Accumulate(SUM) of (rows, dim) into server `rank`; no one waits but us (Flush).
-            self.win.Accumulate([sums[sl], t.base], rank, [0, 1, dt], op=MPI.SUM)
-            ops.append((rank, dt))
-        self._complete(ops)
+            self.win.Accumulate([sums[sl], t.base], rank, [self._remote[s][table][slot], 1, dt],
+                                op=MPI.SUM)
+        self._flush(plan, own)
         self.traffic.acc_bytes += sums.nbytes
-        self.traffic.acc_ops += len(ops)
-        return unique, bounds
+        self.traffic.acc_ops += len(plan.targets)
+        return plan.unique, plan.bounds
 
     def push_sgd(self, table: str, ids, grads, lr: float):
         """Direct SGD: ``w[ids] -= lr * sum of grads`` by accumulating ``-lr * g`` (Hetu style)."""
         return self.push(table, ids, grads, scale=-lr)
 
-    def _complete(self, ops) -> None:
-        for rank, _ in ops:
+    def _flush(self, plan: Plan, free: bool) -> None:
+        for _, rank, _, _ in plan.targets:
             self.win.Flush(rank)  # waits until the ops to `rank` are complete at both ends
-        for _, dt in ops:
-            dt.Free()
+        if free:
+            plan.free()
 
     def barrier(self) -> None:
         """Workers only: after it, every push issued before it by any worker is visible.

@@ -284,18 +284,25 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
         t_log = time.perf_counter()
         t_step = time.perf_counter()
         offset = topo.worker_index * b
-        batches = prefetch(lambda i: read_ranges(data, plan.ranges(start + i, offset, b)),
-                           max(steps - start, 0))
+        # The data thread also prepares each step's pull (dedup, owner groups, datatypes:
+        # MPI calls, so only when MPI runs with MPI_THREAD_MULTIPLE; else lookup makes it).
+        ahead = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+
+        def produce(i):
+            label, dense, sparse_ids = read_ranges(data, plan.ranges(start + i, offset, b))
+            ids = sparse.global_ids(sparse_ids)
+            return label, dense, ids, (mode.prepare(ids) if ahead else None)
+
+        batches = prefetch(produce, max(steps - start, 0))
         for step in range(start, steps):
             if step == fault:
                 raise RuntimeError(f"injected fault (PSHYBRID_INJECT_FAULT) at step {step}")
             with timers.time("data"):
-                label, dense, sparse_ids = next(batches)
+                label, dense, ids, prepared = next(batches)
                 dense = xp.asarray(dense.astype(dtype, copy=False))  # GPU: H2D of the batch
                 label = xp.asarray(label.astype(dtype, copy=False))
-                ids = sparse.global_ids(sparse_ids)
             mode.begin_step(step)
-            emb = mode.lookup(ids)
+            emb = mode.lookup(ids, prepared)
             with timers.time("fwd_bwd"):
                 logits = model.forward(dense, emb)
                 losses, dz = bce_with_logits(logits, label)

@@ -200,3 +200,17 @@ def test_group_by_owner_equals_old_contract(monkeypatch, numba_on, rows, S):
     ids = _zipf_keys(rng, 6656, rows=min(rows, 10**6))
     for g, w in zip(partition.group_by_owner(ids, rows, S), partition.group_by_owner_ref(ids, rows, S)):
         np.testing.assert_array_equal(g, w)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_scatter_add_bitwise_equals_add_at_and_segment_sum(dtype):
+    """The numba scatter-add adds in input order: the same bits as np.add.at and as
+    segment_sum of the same rows (the store's push with a prepared plan relies on it)."""
+    assert kernels.numba_active()
+    rng = np.random.default_rng(7)
+    index = np.minimum(rng.zipf(1.2, size=3000) - 1, 199)
+    values = rng.standard_normal((3000, 9)).astype(dtype)
+    got = kernels.scatter_add(index, values, 200)
+    np.testing.assert_array_equal(got, kernels.scatter_add_ref(index, values, 200))
+    uniq, sums = kernels.segment_sum(index, values)
+    np.testing.assert_array_equal(got[uniq], sums)

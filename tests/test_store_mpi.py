@@ -4,6 +4,7 @@ Runs at every world size tests/run.py uses (2, 3, 5 ranks) with 1 and 2 servers
 (every server count that leaves a worker).
 """
 
+import threading
 from dataclasses import replace
 
 import numpy as np
@@ -38,10 +39,20 @@ def random_ids(rng, spec, shape):
     return np.minimum(rng.zipf(1.2, size=shape) - 1, spec.rows - 1).astype(np.int64)
 
 
+def plan_on_thread(store, name, ids):
+    """store.plan made on another thread, as the training loop's data thread does."""
+    out = []
+    th = threading.Thread(target=lambda: out.append(store.plan(name, ids)))
+    th.start()
+    th.join()
+    return out[0]
+
+
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("planned", [False, True], ids=["ids", "plan"])
 @pytest.mark.parametrize("shm", [False, True], ids=["rma", "shm"])
 @pytest.mark.parametrize("S", [1, 2])
-def test_pull_equals_unsharded(comm, S, shm):
+def test_pull_equals_unsharded(comm, S, shm, planned):
     if S >= comm.size:
         pytest.skip(f"{S} servers need > {S} ranks")
     topo = Topology.create(comm, S)
@@ -53,9 +64,16 @@ def test_pull_equals_unsharded(comm, S, shm):
             ref = reference(spec)
             for shape in [(1,), (257,), (32, 5)]:
                 ids = random_ids(rng, spec, shape)
-                got = store.pull(spec.name, ids)
+                plan = plan_on_thread(store, spec.name, ids) if planned else None
+                got = store.pull(spec.name, plan or ids)
                 if got.shape != shape + (spec.dim,) or not np.array_equal(got, ref[ids]):
                     ok, msg = False, f"{spec.name} {shape}: pull != table[ids]"
+                for slot in spec.slots:  # one plan serves every slot (zeros here)
+                    if not np.array_equal(store.pull(spec.name, plan or ids, slot=slot),
+                                          np.zeros_like(ref[ids])):
+                        ok, msg = False, f"{spec.name} {shape}: slot {slot} != 0"
+                if plan:
+                    plan.free()
             if not np.array_equal(store.pull(spec.name, np.zeros((0,), np.int64)),
                                   ref[:0]):
                 ok, msg = False, "empty pull"
@@ -65,9 +83,10 @@ def test_pull_equals_unsharded(comm, S, shm):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("planned", [False, True], ids=["ids", "plan"])
 @pytest.mark.parametrize("shm", [False, True], ids=["rma", "shm"])
 @pytest.mark.parametrize("S", [1, 2])
-def test_concurrent_pushes_are_exact(comm, S, shm):
+def test_concurrent_pushes_are_exact(comm, S, shm, planned):
     """Every worker pushes integer-valued grads for several rounds at once; every
     server's shard must equal init + the sum of all pushes (exact in float64)."""
     if S >= comm.size:
@@ -88,10 +107,13 @@ def test_concurrent_pushes_are_exact(comm, S, shm):
 
     if not topo.is_server:
         for rnd, spec, ids, grads in pushes(topo.worker_index):
+            target = plan_on_thread(store, spec.name, ids) if planned else ids
             if rnd % 2:
-                store.push_sgd(spec.name, ids, grads, lr)
+                store.push_sgd(spec.name, target, grads, lr)
             else:
-                store.push(spec.name, ids, grads, slot="g" if spec.slots else "w")
+                store.push(spec.name, target, grads, slot="g" if spec.slots else "w")
+            if planned:
+                target.free()
     # Wire: every worker's accumulates are flushed before it enters this barrier.
     comm.Barrier()
     ok, msg = True, ""
