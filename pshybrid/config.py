@@ -253,6 +253,9 @@ class TrainConfig:
                               "many MiB while backward runs (0: one Allreduce after backward)",
                               check=lambda v: None if math.isfinite(v) and v >= 0
                               else "must be >= 0 and finite")
+    prefetch: int | None = option(None, "batches prepared ahead on a background thread "
+                                  "(none: 2 on a rank with >= 2 cores, else 0)",
+                                  check=_at_least(0))
     embedding_dim: int = option(16, "embedding dimension", check=_positive)
     mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated",
                                   check=_layer_sizes)

@@ -220,7 +220,11 @@ def read_ranges(dataset, ranges):
 
 def prefetch(produce, n: int, depth: int = 2):
     """Yield ``produce(i)`` for i in range(n), computed ``depth`` items ahead on a
-    background thread (h5py reads and the synthetic generator release the GIL in part)."""
+    background thread (h5py reads and the synthetic generator release the GIL in part);
+    ``depth`` 0: on the caller's thread, when asked."""
+    if depth <= 0:
+        yield from (produce(i) for i in range(n))
+        return
     import queue
     import threading
 

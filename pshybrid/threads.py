@@ -13,6 +13,12 @@ threads vs 11,800 with one thread per rank). ``python -m pshybrid`` calls
 with the ranks per node read from the launcher's environment (MPICH/Hydra
 ``MPI_LOCALNRANKS``, Open MPI ``OMPI_COMM_WORLD_LOCAL_SIZE``, Slurm
 ``SLURM_NTASKS_PER_NODE``). Pure apart from the final ``os.environ`` update.
+
+``rank_cores()`` (the same arithmetic, unrounded) also decides whether the training
+loop prepares batches on a background thread (``--prefetch``): not on a rank with fewer
+than 2 cores, where that thread only competes with the step (measured here, 3 ranks on 2
+cores, hybrid WDL: 64.5 ms per step with the thread, 58.0 ms without; its RMA Get + Flush
+took 3 ms instead of 0.5 ms).
 """
 
 from __future__ import annotations
@@ -32,20 +38,35 @@ def ranks_per_node(environ) -> int:
     return 1
 
 
+def cores_per_rank(environ, usable_cores: int, node_cores: int) -> float:
+    """Cores one rank may use: its binding when the launcher bound it to fewer than all
+    cores, else the node's cores / ranks on this node (below 1 when oversubscribed)."""
+    if usable_cores < node_cores:  # the launcher bound this rank: trust the binding
+        return float(usable_cores)
+    return node_cores / ranks_per_node(environ)
+
+
 def thread_limits(environ, usable_cores: int, node_cores: int) -> dict[str, str]:
     """The variables to set (empty if the user set any of them)."""
     if any(v in environ for v in THREAD_VARS):
         return {}
-    if usable_cores < node_cores:  # the launcher bound this rank: trust the binding
-        n = usable_cores
-    else:
-        n = max(1, node_cores // ranks_per_node(environ))
+    n = max(1, int(cores_per_rank(environ, usable_cores, node_cores)))
     return {v: str(n) for v in THREAD_VARS}
+
+
+def _cores() -> tuple[int, int]:
+    """(cores this process may run on, cores of the node)."""
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return usable or 1, os.cpu_count() or 1
+
+
+def rank_cores() -> float:
+    """``cores_per_rank`` of this process."""
+    return cores_per_rank(os.environ, *_cores())
 
 
 def apply_thread_limits() -> dict[str, str]:
     """Set the limits in ``os.environ`` (call before importing NumPy); returns them."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    limits = thread_limits(os.environ, usable or 1, os.cpu_count() or 1)
+    limits = thread_limits(os.environ, *_cores())
     os.environ.update(limits)
     return limits

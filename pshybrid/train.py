@@ -37,6 +37,7 @@ from .models import build_model
 from .modes import MODES
 from .optim import Optimizer
 from .synthetic import SyntheticCTR
+from .threads import rank_cores
 from .topology import Topology
 from .transport import agree
 
@@ -284,16 +285,19 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
         t_log = time.perf_counter()
         t_step = time.perf_counter()
         offset = topo.worker_index * b
-        # The data thread also prepares each step's pull (dedup, owner groups, datatypes:
-        # MPI calls, so only when MPI runs with MPI_THREAD_MULTIPLE; else lookup makes it).
-        ahead = MPI.Query_thread() == MPI.THREAD_MULTIPLE
+        # Batches are prepared `depth` steps ahead on a data thread, only where the rank has
+        # a spare core (else that thread slows the step). The thread also makes each step's
+        # pull plan (dedup, owner groups, datatypes: MPI calls, so only under
+        # MPI_THREAD_MULTIPLE); otherwise lookup makes it.
+        depth = cfg.prefetch if cfg.prefetch is not None else (2 if rank_cores() >= 2 else 0)
+        ahead = depth > 0 and MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
         def produce(i):
             label, dense, sparse_ids = read_ranges(data, plan.ranges(start + i, offset, b))
             ids = sparse.global_ids(sparse_ids)
             return label, dense, ids, (mode.prepare(ids) if ahead else None)
 
-        batches = prefetch(produce, max(steps - start, 0))
+        batches = prefetch(produce, max(steps - start, 0), depth)
         for step in range(start, steps):
             if step == fault:
                 raise RuntimeError(f"injected fault (PSHYBRID_INJECT_FAULT) at step {step}")

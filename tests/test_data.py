@@ -154,3 +154,13 @@ def test_prefetch_propagates_errors():
     assert [next(it) for _ in range(3)] == [0, 1, 2]
     with pytest.raises(ValueError, match="bad block 3"):
         next(it)
+
+
+@pytest.mark.parametrize("depth", [0, 1, 3])
+def test_prefetch_depths_same_items_and_errors(depth):
+    """depth 0 runs produce on the caller's thread (ranks without a spare core)."""
+    assert list(prefetch(lambda i: i * i, 7, depth)) == [i * i for i in range(7)]
+    it = prefetch(lambda i: 1 // (i - 2), 5, depth)
+    assert next(it) == -1 and next(it) == -1
+    with pytest.raises(ZeroDivisionError):
+        next(it)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from pshybrid.threads import THREAD_VARS, ranks_per_node, thread_limits
+from pshybrid.threads import THREAD_VARS, cores_per_rank, ranks_per_node, thread_limits
 
 
 @pytest.mark.parametrize("env,usable,node,want", [
@@ -23,3 +23,14 @@ def test_user_setting_wins():
 
 def test_ranks_per_node_garbage():
     assert ranks_per_node({"MPI_LOCALNRANKS": "x"}) == 1
+
+
+@pytest.mark.parametrize("env,usable,node,want", [
+    ({"MPI_LOCALNRANKS": "3"}, 2, 2, 2 / 3),         # oversubscribed: no spare core
+    ({"MPI_LOCALNRANKS": "4"}, 64, 64, 16.0),
+    ({"MPI_LOCALNRANKS": "4"}, 1, 64, 1.0),          # bound to one core
+    ({}, 8, 8, 8.0),
+])
+def test_cores_per_rank(env, usable, node, want):
+    """Decides the data thread (--prefetch none): 2 batches ahead only from 2 cores up."""
+    assert cores_per_rank(env, usable, node) == pytest.approx(want)
