@@ -1,17 +1,18 @@
 #!/usr/bin/env python3
-# mpiexec -n 3 python bench/modes_bench.py [--steps 80 --warmup 20 --json bench_modes.json --png bench_modes.png]
+# mpiexec -n 3 python bench/modes_bench.py [--steps 80 --warmup 20 --repeat 3 --bucket-mb 1 --json bench_modes.json --png bench_modes.png]
 """Mode benchmark (issue: the paper's claim): the same model, data, seed and workers trained
 in hybrid, ps and allreduce -- and a compute-only run (same workers, no communication at
 all) as the floor -- one after another in one invocation.
 
 Default workload mirrors the paper's: WDL, 26 Criteo-like tables (Criteo Kaggle
-cardinalities capped at 10**6: 6.6M rows), dim 16, MLP 1024-512-256, batch 256 per
+cardinalities capped at 10**6: 5.6M rows), dim 16, MLP 1024-512-256, batch 256 per
 worker, Adagrad sparse / Adam dense. With N ranks: 1 server + N-1 workers in hybrid and
 ps; allreduce and compute-only run on the same N-1 worker ranks (the server rank idles).
 
-Per mode: samples/s from the median step time after warm-up, the workers' per-phase
-split, bytes per step per worker by kind (the library's own counters) beside the analytic
-formula computed from the data, peak RSS per role. Rank 0 prints a table with the
+The modes run ``--repeat`` times in interleaved rounds; each reports its median run (by
+median step time). Per mode: samples/s from the median step time after warm-up, the
+workers' per-phase split, bytes per step per worker by kind (the library's own counters)
+beside the analytic formula computed from the data, peak RSS per role. Rank 0 prints a table with the
 Hybrid/PS and Hybrid/AllReduce ratios and writes JSON (and a PNG with matplotlib).
 """
 

@@ -276,7 +276,7 @@ class _ServerMode(Mode):
         self.store = EmbeddingStore(self.topo, tables, seed=self.seed)
         self.step_bytes = 0  # two-sided row-id messages sent
         self._prepared = None  # (looked-up ids, their Plan) until the step's update
-        self._dense_plan = None  # ps workers: the dense table's rows (_dense_ids)
+        self._dense_plan = None  # ps workers: the plan of every dense row (_dense_all)
 
     def prepare(self, ids):
         if self.xp is not np:
@@ -305,7 +305,7 @@ class _ServerMode(Mode):
             return self.store.pull(self.sparse.table.name, self._planned(ids))
 
     # ps mode: the dense flat buffer as rows of the "dense" table
-    def _dense_ids(self):
+    def _dense_all(self):
         """Workers: every row of the dense table, as a Plan made once and reused every step
         (the same ids each time: its datatypes are committed once)."""
         if self._dense_plan is None:
@@ -350,7 +350,7 @@ class _ServerMode(Mode):
             if self.sparse_server_step:
                 touched = store.push(sparse, ids, demb, slot="g")
             if self.dense_on_servers and self.dense_server_step:
-                store.push("dense", self._dense_ids(), self._padded(self.ps.flat_grad), slot="g")
+                store.push("dense", self._dense_all(), self._padded(self.ps.flat_grad), slot="g")
         notify_early = self.server_step and not (direct_sparse or direct_dense)
         if notify_early:
             self._notify_servers(touched)  # servers start applying while the Allreduce runs
@@ -363,7 +363,7 @@ class _ServerMode(Mode):
             if direct_sparse:
                 touched = store.push_sgd(sparse, ids, demb, self.sparse_opt.lr)
             if direct_dense:
-                store.push_sgd("dense", self._dense_ids(), self._padded(self.ps.flat_grad),
+                store.push_sgd("dense", self._dense_all(), self._padded(self.ps.flat_grad),
                                self.dense_opt.lr)
         if self.server_step and not notify_early:
             self._notify_servers(touched)
@@ -468,14 +468,14 @@ class PSMode(_ServerMode):
         super().__init__(*args)
         # Worker 0 writes the initial dense weights into the zeroed dense table.
         if self.topo.rank == self.topo.worker_ranks[0]:
-            self.store.push("dense", self._dense_ids(), self._padded(self.ps.flat))
+            self.store.push("dense", self._dense_all(), self._padded(self.ps.flat))
             self.store.traffic = Traffic()  # count training steps only
         # Wire: zero-byte barrier over world so nobody pulls before the initial weights landed.
         idle_barrier(self.topo.world)
 
     def begin_step(self, step: int) -> None:
         with self.timers.time("pull"):
-            rows = self.store.pull("dense", self._dense_ids())
+            rows = self.store.pull("dense", self._dense_all())
             self.ps.flat[...] = self.xp.asarray(rows.ravel()[:self.ps.size])  # GPU: H2D
 
     def full_dense(self) -> np.ndarray:
@@ -483,7 +483,7 @@ class PSMode(_ServerMode):
         return to_host(self.ps.flat).copy()
 
     def dense_state_full(self):
-        P, ids = self.ps.size, self._dense_ids()
+        P, ids = self.ps.size, self._dense_all()
         flat = self.store.pull("dense", ids).ravel()[:P]
         slots = self.dense_opt.slots if self.dense_server_step else ()
         return flat, {k: self.store.pull("dense", ids, slot=k).ravel()[:P] for k in slots}

@@ -14,9 +14,10 @@ per owner, then expands rows with the inverse index; ``push`` sums the rows of d
 ids locally (input order), then issues **one** ``Accumulate(SUM)`` per owner. Both take ids
 (and make a plan for the call) or a plan made ahead: the training loop makes the next
 step's on its data thread and uses it for the step's pull and push. MPI makes concurrent
-accumulates to one element atomic, so workers never lose each other's updates. Both complete with ``Flush(owner)`` before
-returning, so once every worker has returned from ``push`` and the workers have
-synchronised (an Allreduce or ``barrier``), every later ``pull`` sees the update.
+accumulates to one element atomic, so workers never lose each other's updates. Both
+complete with ``Flush(owner)`` before returning, so once every worker has returned from
+``push`` and the workers have synchronised (an Allreduce or ``barrier``), every later
+``pull`` sees the update.
 """
 
 from __future__ import annotations
@@ -249,9 +250,9 @@ class EmbeddingStore:
         for s, rank, sl, dt in plan.targets:
             # Wire: one indexed Get of (rows, dim) from server `rank`; origin buf stays alive until Flush.
             self.win.Get([buf[sl], t.base], rank, [self._remote[s][table][slot], 1, dt])
-        self._flush(plan, own)
         self.traffic.get_bytes += buf.nbytes
         self.traffic.get_ops += len(plan.targets)
+        self._flush(plan, own)
         return gather(buf, plan.inverse)
     def _region(self, t: _Table, s: int, slot: str) -> np.ndarray:
         """Server s's (rows, dim) region of ``slot``, a zero-copy view of shared memory."""
@@ -297,9 +298,9 @@ class EmbeddingStore:
             # Wire: one indexed Accumulate(SUM) of (rows, dim) into server `rank`; no one waits but us (Flush).
             self.win.Accumulate([sums[sl], t.base], rank, [self._remote[s][table][slot], 1, dt],
                                 op=MPI.SUM)
-        self._flush(plan, own)
         self.traffic.acc_bytes += sums.nbytes
         self.traffic.acc_ops += len(plan.targets)
+        self._flush(plan, own)
         return plan.unique, plan.bounds
 
     def push_sgd(self, table: str, ids, grads, lr: float):

@@ -65,7 +65,11 @@ def test_pull_equals_unsharded(comm, S, shm, planned):
             for shape in [(1,), (257,), (32, 5)]:
                 ids = random_ids(rng, spec, shape)
                 plan = plan_on_thread(store, spec.name, ids) if planned else None
+                ops = store.traffic.get_ops
                 got = store.pull(spec.name, plan or ids)
+                owners = np.unique(ids % S).size  # one Get per owner holding some of the ids
+                if not shm and store.traffic.get_ops - ops != owners:
+                    ok, msg = False, f"{store.traffic.get_ops - ops} Gets for {owners} owners"
                 if got.shape != shape + (spec.dim,) or not np.array_equal(got, ref[ids]):
                     ok, msg = False, f"{spec.name} {shape}: pull != table[ids]"
                 for slot in spec.slots:  # one plan serves every slot (zeros here)
