@@ -23,13 +23,17 @@ DATA = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
 BASE = TrainConfig(model="wdl", embedding_dim=4, mlp=(8, 6), steps=3, batch_size=4,
                    dtype="float64", lr=0.2, dense_lr=0.05, seed=3, log_every=1000,
                    cross_layers=2)
-# (model, mode, sparse optimizer, dense optimizer, --bucket-mb): the default 1 MiB is one
-# bucket for these small models; 1e-6 starts the Allreduce of every layer during backward.
-CASES = ([("wdl", mode, so, do, 1.0) for mode in ("hybrid", "ps", "allreduce")
+# (model, mode, sparse optimizer, dense optimizer, --bucket-mb, --prefetch): the default
+# 1 MiB is one bucket for these small models; 1e-6 starts the Allreduce of every layer during
+# backward. --prefetch defaults to 0 on these oversubscribed runs; 2 makes each step's store
+# plan on the data thread (MPI_THREAD_MULTIPLE) as on nodes with spare cores.
+CASES = ([("wdl", mode, so, do, 1.0, None) for mode in ("hybrid", "ps", "allreduce")
           for so in ("sgd", "adagrad", "adam") for do in ("sgd", "adam")]
-         + [(m, "hybrid", "adagrad", "adam", 1.0) for m in ("deepfm", "dcn", "dlrm")]
-         + [("wdl", "hybrid", "adagrad", "adam", 1e-6), ("dcn", "allreduce", "sgd", "adam", 1e-6),
-            ("dlrm", "hybrid", "adam", "sgd", 1e-6)])
+         + [(m, "hybrid", "adagrad", "adam", 1.0, None) for m in ("deepfm", "dcn", "dlrm")]
+         + [("wdl", "hybrid", "adagrad", "adam", 1e-6, None),
+            ("dcn", "allreduce", "sgd", "adam", 1e-6, None),
+            ("dlrm", "hybrid", "adam", "sgd", 1e-6, 2),
+            ("wdl", "hybrid", "sgd", "adam", 1.0, 2), ("wdl", "ps", "adagrad", "adam", 1.0, 2)])
 
 
 def run(cfg, comm):
@@ -41,13 +45,13 @@ def rel_err(a, b):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("model,mode,sparse_opt,dense_opt,bucket_mb", CASES)
+@pytest.mark.parametrize("model,mode,sparse_opt,dense_opt,bucket_mb,prefetch", CASES)
 def test_bsp_equals_single_process_with_global_batch(comm, model, mode, sparse_opt, dense_opt,
-                                                     bucket_mb):
+                                                     bucket_mb, prefetch):
     S = 0 if mode == "allreduce" else (1 if comm.size <= 3 else 2)
     W = comm.size - S
     cfg = replace(BASE, model=model, mode=mode, servers=S, sparse_optimizer=sparse_opt,
-                  dense_optimizer=dense_opt, bucket_mb=bucket_mb)
+                  dense_optimizer=dense_opt, bucket_mb=bucket_mb, prefetch=prefetch)
     got = run(cfg, comm)
     ok, msg = True, ""
     if got.role == "worker":
