@@ -113,9 +113,12 @@ def scatter_add(index, values, n: int):
     if index.size == 0:
         return out
     if xp is np and values.dtype in _FLOATS and numba_active():
+        index = np.ascontiguousarray(index, dtype=np.int64).ravel()
+        if values.shape[0] != index.size or index.min() < 0 or index.max() >= n:
+            raise IndexError(f"scatter_add: index of {index.size} in [{index.min()}, "
+                             f"{index.max()}] for {values.shape[0]} rows into {n}")
         width = out[:1].size
-        _nb_scatter_add(np.ascontiguousarray(index, dtype=np.int64).ravel(),
-                        np.ascontiguousarray(values).reshape(index.size, width),
+        _nb_scatter_add(index, np.ascontiguousarray(values).reshape(index.size, width),
                         out.reshape(n, width))  # input order, as segment_sum: same bits
         return out
     uniq, sums = segment_sum(index, values)

@@ -214,3 +214,10 @@ def test_scatter_add_bitwise_equals_add_at_and_segment_sum(dtype):
     np.testing.assert_array_equal(got, kernels.scatter_add_ref(index, values, 200))
     uniq, sums = kernels.segment_sum(index, values)
     np.testing.assert_array_equal(got[uniq], sums)
+
+
+def test_scatter_add_refuses_an_index_out_of_range():
+    with pytest.raises(IndexError):
+        kernels.scatter_add(np.array([0, 3]), np.ones((2, 2)), 3)
+    with pytest.raises(IndexError):
+        kernels.scatter_add(np.array([0, -1]), np.ones((2, 2)), 3)
