@@ -123,6 +123,12 @@ def main(argv=None) -> int:
             train(replace(base, mode=mode, servers=1 if mode == "hybrid" else 0, steps=3),
                   comm, dataset=data, out=io.StringIO())
         idle_barrier(world)
+    # Unique ids of each worker's timed batches (from the data): the same for every mode and run.
+    offsets = np.concatenate(([0], np.cumsum(cards)[:-1]))
+    U = [float(np.mean([np.unique(data.rows(t * W * a.batch_size + w * a.batch_size,
+                                            (t * W + w + 1) * a.batch_size)[2] + offsets).size
+                        for t in range(a.warmup, a.steps)]))
+         for w in range(W)] if world.rank == 0 else None
     runs: dict[str, list] = {}
     for mode in [m for _ in range(a.repeat) for m in a.modes.split(",")]:
         on_workers = not MODES[mode].needs_servers
@@ -138,14 +144,6 @@ def main(argv=None) -> int:
         if world.rank == 0:
             s = res.summary
             step = statistics.median(res.step_seconds[a.warmup:])
-            U = []
-            for w in range(W):  # unique ids of each worker's batches (from the data)
-                us = []
-                for t in range(a.warmup, a.steps):
-                    start = t * W * a.batch_size + w * a.batch_size
-                    us.append(np.unique(data.rows(start, start + a.batch_size)[2]
-                                        + np.concatenate(([0], np.cumsum(cards)[:-1]))).size)
-                U.append(float(np.mean(us)))
             P = int(s["traffic_per_step"].get("allreduce_bytes", 0) / 4) or None
             runs.setdefault(mode, []).append({
                 "samples_per_s": W * a.batch_size / step, "step_seconds_median": step,
