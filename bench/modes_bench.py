@@ -36,6 +36,7 @@ from mpi4py import MPI
 from pshybrid.config import TrainConfig
 from pshybrid.kernels import segment_sum
 from pshybrid.modes import DENSE_ROW, MODES, AllreduceMode
+from pshybrid.schema import field_offsets
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
@@ -124,7 +125,7 @@ def main(argv=None) -> int:
                   comm, dataset=data, out=io.StringIO())
         idle_barrier(world)
     # Unique ids of each worker's timed batches (from the data): the same for every mode and run.
-    offsets = np.concatenate(([0], np.cumsum(cards)[:-1]))
+    offsets = field_offsets(cards)
     U = [float(np.mean([np.unique(data.rows(t * W * a.batch_size + w * a.batch_size,
                                             (t * W + w + 1) * a.batch_size)[2] + offsets).size
                         for t in range(a.warmup, a.steps)]))

@@ -33,6 +33,7 @@ import numpy as np
 
 from .config import TrainConfig, from_dict, to_dict
 from .errors import InputError, PshybridError
+from .schema import field_offsets
 from .transport import agree
 
 FORMAT_VERSION = 1
@@ -102,10 +103,7 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
             _fsync_file(os.path.join(tmp, "dense.h5"))
             meta = {"format_version": FORMAT_VERSION, "step": step, "mode": cfg.mode,
                     "servers": topo.n_servers, "seed": cfg.seed, "config": to_dict(cfg),
-                    "schema": {"n_dense": schema.n_dense,
-                               "cardinalities": list(schema.cardinalities),
-                               "dense_names": list(schema.dense_names),
-                               "sparse_names": list(schema.sparse_names)},
+                    "schema": schema.to_dict(),
                     "shards": [f"shard-{s:05d}.h5" for s in range(max(topo.n_servers, 1))]}
             _write_text(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1))
     except OSError as e:
@@ -232,7 +230,7 @@ def export(path: str, out: str) -> dict:
     cfg = from_dict(TrainConfig, meta["config"], os.path.join(step_dir, "meta.json"))
     cards = meta["schema"]["cardinalities"]
     names = meta["schema"]["sparse_names"]
-    offsets = np.concatenate(([0], np.cumsum(cards)[:-1])).astype(np.int64)
+    offsets = field_offsets(cards)
     rows_total, D = int(sum(cards)), cfg.embedding_dim
     table, slots = None, {}
     for name in meta["shards"]:

@@ -91,7 +91,7 @@ class H5Dataset:
 
     def __init__(self, path: str):
         from .errors import InputError
-        from .synthetic import Schema
+        from .schema import Schema
 
         self.path = os.fspath(path)
         if not os.path.exists(self.path):

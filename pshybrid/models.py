@@ -3,36 +3,17 @@ done by the training mode through the store), a dense arch, an interaction arch 
 over arch. ``docs/models.md`` states every forward pass exactly.
 
 A model sees ``dense: (B, n_dense)`` and ``emb: (B, F, E)``, the pulled rows of the fused
-sparse table (``SparseArch``), and returns ``logits: (B,)``. ``backward(dlogits)``
+sparse table (``schema.FusedTable``), and returns ``logits: (B,)``. ``backward(dlogits)``
 accumulates dense gradients into the ParamSpace and returns ``demb: (B, F, E)``.
 """
 
 from __future__ import annotations
 
-import numpy as np
 
 from .backend import array_module
 from .errors import ConfigError
 from .layers import MLP, CrossNet, DotInteraction, FMInteraction, Linear, ParamSpace
-from .store import TableSpec
-from .synthetic import Schema
-
-
-class SparseArch:
-    """All sparse fields in one fused table ``name``: field f's id i is global row
-    ``offsets[f] + i``; a row holds the field's ``dim``-wide embedding followed by
-    ``wide`` extra columns (1 for the per-id linear weight of WDL and DeepFM, else 0).
-    One table means one indexed Get and one Accumulate per server per step."""
-
-    def __init__(self, schema: Schema, dim: int, wide: int, dtype: str, name: str = "sparse"):
-        self.schema, self.dim, self.wide = schema, dim, wide
-        self.offsets = np.concatenate(([0], np.cumsum(schema.cardinalities)[:-1])).astype(np.int64)
-        self.table = TableSpec(name, rows=int(sum(schema.cardinalities)), dim=dim + wide,
-                               dtype=dtype, init="uniform", init_scale=0.05)
-
-    def global_ids(self, sparse: np.ndarray) -> np.ndarray:
-        """sparse: (B, F) per-field ids -> (B, F) int64 rows of the fused table."""
-        return sparse.astype(np.int64, copy=False) + self.offsets
+from .schema import FusedTable, Schema
 
 
 class CTRModel:
@@ -158,9 +139,10 @@ MODELS = {"wdl": WDL, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM}
 
 def build_model(name: str, schema: Schema, dim: int, mlp, ps: ParamSpace, dtype: str,
                 cross_layers: int = 2):
-    """Model ``name`` and its SparseArch; registers the dense parameters in ``ps``."""
+    """Model ``name`` and its fused sparse table (``FusedTable``); registers the dense
+    parameters in ``ps``."""
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}: choose from {sorted(MODELS)}", collective=True)
     kw = {"cross_layers": cross_layers} if name == "dcn" else {}
     model = MODELS[name](schema, dim, tuple(mlp), ps, **kw)
-    return model, SparseArch(schema, dim, model.wide, dtype)
+    return model, FusedTable(schema, dim, model.wide, dtype)

@@ -42,9 +42,9 @@ from .errors import ConfigError
 from .initializers import uniform_rows
 from .kernels import gather, scatter_add, segment_sum, unique_inverse
 from .layers import ParamSpace
-from .models import SparseArch
 from .optim import Optimizer
-from .store import EmbeddingStore, TableSpec, Traffic
+from .schema import FusedTable, TableSpec
+from .store import EmbeddingStore, Traffic
 from .topology import Topology
 from .transport import iallreduce, idle_barrier, mpi_type, poll_recv
 
@@ -135,7 +135,7 @@ class Mode:
     dense_on_servers = False  # ps: the dense weights live on the servers (no Allreduce)
     needs_servers = True
 
-    def __init__(self, topo: Topology, sparse: SparseArch, ps: ParamSpace,
+    def __init__(self, topo: Topology, sparse: FusedTable, ps: ParamSpace,
                  sparse_opt: Optimizer, dense_opt: Optimizer, seed: int):
         self.topo, self.sparse, self.ps = topo, sparse, ps
         self.sparse_opt, self.dense_opt, self.seed = sparse_opt, dense_opt, seed

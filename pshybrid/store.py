@@ -32,43 +32,11 @@ from . import partition
 from .errors import ConfigError, InputError, PshybridError
 from .initializers import uniform_rows
 from .kernels import gather, scatter_add
+from .schema import TableSpec
 from .topology import Topology
 from .transport import idle_barrier, mpi_type, rows_type
 
 _ALIGN = 64  # bytes; each region starts on a cache line
-
-
-@dataclass(frozen=True)
-class TableSpec:
-    """One embedding table: ``rows`` x ``dim`` of ``dtype``.
-
-    init: ``"uniform"`` (deterministic from seed, name and global row, see
-    ``initializers``; values in ``[-init_scale, init_scale)``) or ``"zeros"``.
-    slots: names of extra zero-initialised per-row regions kept beside the weights.
-    """
-
-    name: str
-    rows: int
-    dim: int
-    dtype: str = "float32"
-    init: str = "uniform"
-    init_scale: float = 0.05
-    slots: tuple[str, ...] = ()
-
-    def validate(self) -> None:
-        if not self.name:
-            raise ConfigError("table name must be non-empty")
-        if self.rows < 1 or self.dim < 1:
-            raise ConfigError(f"table {self.name!r}: rows and dim must be >= 1, got "
-                              f"rows={self.rows} dim={self.dim}")
-        if self.dtype not in ("float32", "float64"):
-            raise ConfigError(f"table {self.name!r}: dtype must be float32 or float64, "
-                              f"got {self.dtype!r}")
-        if self.init not in ("uniform", "zeros"):
-            raise ConfigError(f"table {self.name!r}: init must be 'uniform' or 'zeros', "
-                              f"got {self.init!r}")
-        if "w" in self.slots or len(set(self.slots)) != len(self.slots):
-            raise ConfigError(f"table {self.name!r}: slot names must be unique and not 'w'")
 
 
 @dataclass

@@ -28,29 +28,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .initializers import uniform_rows
+from .schema import Schema, field_offsets
 
 BLOCK = 512
 EXACT_CDF_MAX = 1 << 20
 # Criteo Kaggle cardinalities, capped at 100k rows per field for a laptop-sized default.
 CRITEO_LIKE = (1460, 583, 100000, 100000, 305, 24, 12517, 633, 3, 93145, 5683, 100000, 3194,
                27, 14992, 100000, 10, 5652, 2173, 4, 100000, 18, 15, 100000, 105, 100000)
-
-
-@dataclass(frozen=True)
-class Schema:
-    """What a model needs to know about its input."""
-
-    n_dense: int
-    cardinalities: tuple[int, ...]
-    dense_names: tuple[str, ...] = ()
-    sparse_names: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        if not self.dense_names:
-            object.__setattr__(self, "dense_names", tuple(f"I{j + 1}" for j in range(self.n_dense)))
-        if not self.sparse_names:
-            object.__setattr__(self, "sparse_names",
-                               tuple(f"C{f + 1}" for f in range(len(self.cardinalities))))
 
 
 @dataclass
@@ -77,7 +61,7 @@ class SyntheticCTR:
                 scales, size=(4096, self.n_dense))).mean(0)
             cdfs = [np.cumsum(np.arange(1, c + 1, dtype=np.float64) ** -self.zipf)
                     if c <= EXACT_CDF_MAX else c for c in self.cardinalities]
-            offsets = np.concatenate(([0], np.cumsum(self.cardinalities)[:-1])).astype(np.int64)
+            offsets = field_offsets(self.cardinalities)
             self._cache["planted"] = (v[:, 0], scales, mean, cdfs, offsets)
         return self._cache["planted"]
 

@@ -9,7 +9,7 @@ import pytest
 
 from pshybrid import models
 from pshybrid.layers import ParamSpace
-from pshybrid.synthetic import Schema
+from pshybrid.schema import Schema
 
 SCHEMA = Schema(n_dense=2, cardinalities=(5, 7, 3))
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "models.md")

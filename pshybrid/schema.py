@@ -1,0 +1,118 @@
+"""The ground floor: what a dataset's rows look like and how the sparse fields map to table
+rows. Pure (NumPy only, no MPI): data, models, checkpoints, benchmarks and the store all
+read these definitions instead of writing them out again.
+
+- ``Schema``: the fields of a dataset (dense count and names, sparse cardinalities and names).
+- ``TableSpec``: one embedding table (rows x dim, dtype, initialisation, extra per-row slots).
+- ``field_offsets``: where each sparse field starts in the fused table.
+- ``FusedTable``: every sparse field in one table ``name``: field f's id i is global row
+  ``offsets[f] + i``; a row holds the field's ``dim``-wide embedding followed by ``wide``
+  extra columns (1 for the per-id linear weight of WDL and DeepFM, else 0). One table means
+  one indexed Get and one Accumulate per server per step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Schema:
+    """What a model needs to know about its input: ``n_dense`` dense features and one
+    categorical field per entry of ``cardinalities`` (ids in ``[0, cardinality)``)."""
+
+    n_dense: int
+    cardinalities: tuple[int, ...]
+    dense_names: tuple[str, ...] = ()
+    sparse_names: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        if not self.dense_names:
+            object.__setattr__(self, "dense_names", tuple(f"I{j + 1}" for j in range(self.n_dense)))
+        if not self.sparse_names:
+            object.__setattr__(self, "sparse_names",
+                               tuple(f"C{f + 1}" for f in range(len(self.cardinalities))))
+
+    @property
+    def n_sparse(self) -> int:
+        return len(self.cardinalities)
+
+    def to_dict(self) -> dict:
+        """JSON-able form (checkpoint metadata); ``from_dict`` inverts it."""
+        return {"n_dense": self.n_dense, "cardinalities": list(self.cardinalities),
+                "dense_names": list(self.dense_names), "sparse_names": list(self.sparse_names)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Schema:
+        return cls(int(d["n_dense"]), tuple(int(c) for c in d["cardinalities"]),
+                   tuple(d.get("dense_names", ())), tuple(d.get("sparse_names", ())))
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One embedding table: ``rows`` x ``dim`` of ``dtype``.
+
+    init: ``"uniform"`` (deterministic from seed, name and global row, see
+    ``initializers``; values in ``[-init_scale, init_scale)``) or ``"zeros"``.
+    slots: names of extra zero-initialised per-row regions kept beside the weights.
+    """
+
+    name: str
+    rows: int
+    dim: int
+    dtype: str = "float32"
+    init: str = "uniform"
+    init_scale: float = 0.05
+    slots: tuple[str, ...] = ()
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the weights and every slot."""
+        return self.rows * self.dim * np.dtype(self.dtype).itemsize * (1 + len(self.slots))
+
+    def validate(self) -> None:
+        if not self.name:
+            raise ConfigError("table name must be non-empty")
+        if self.rows < 1 or self.dim < 1:
+            raise ConfigError(f"table {self.name!r}: rows and dim must be >= 1, got "
+                              f"rows={self.rows} dim={self.dim}")
+        if self.dtype not in ("float32", "float64"):
+            raise ConfigError(f"table {self.name!r}: dtype must be float32 or float64, "
+                              f"got {self.dtype!r}")
+        if self.init not in ("uniform", "zeros"):
+            raise ConfigError(f"table {self.name!r}: init must be 'uniform' or 'zeros', "
+                              f"got {self.init!r}")
+        if "w" in self.slots or len(set(self.slots)) != len(self.slots):
+            raise ConfigError(f"table {self.name!r}: slot names must be unique and not 'w'")
+
+
+def field_offsets(cardinalities) -> np.ndarray:
+    """(F,) int64: the first fused-table row of each field (the sum of the cardinalities
+    before it)."""
+    cards = np.asarray(cardinalities, np.int64)
+    return np.concatenate(([0], np.cumsum(cards)[:-1])).astype(np.int64) if cards.size else cards
+
+
+class FusedTable:
+    """All sparse fields of ``schema`` in one table ``name`` of ``sum(cardinalities)`` rows
+    and ``dim + wide`` columns (``table``: its TableSpec)."""
+
+    def __init__(self, schema: Schema, dim: int, wide: int, dtype: str, name: str = "sparse",
+                 init_scale: float = 0.05):
+        self.schema, self.dim, self.wide = schema, dim, wide
+        self.offsets = field_offsets(schema.cardinalities)
+        self.table = TableSpec(name, rows=int(sum(schema.cardinalities)), dim=dim + wide,
+                               dtype=dtype, init="uniform", init_scale=init_scale)
+
+    def global_ids(self, sparse: np.ndarray) -> np.ndarray:
+        """sparse: (B, F) per-field ids -> (B, F) int64 rows of the fused table."""
+        return sparse.astype(np.int64, copy=False) + self.offsets
+
+    def field_rows(self, f: int) -> slice:
+        """The fused-table rows of field ``f``."""
+        a = int(self.offsets[f])
+        return slice(a, a + int(self.schema.cardinalities[f]))
