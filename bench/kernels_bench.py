@@ -1,7 +1,7 @@
 # python bench/kernels_bench.py
 """python bench/kernels_bench.py [--batch 4096 6656] [--dim 16 64] [--zipf 1.05 1.2] [--cold]
 
-CPU embedding-kernel benchmark (STYLE §15), one process, no MPI. For each (B, D, dtype, a):
+CPU embedding-kernel benchmark, one process, no MPI. For each (B, D, dtype, a):
 B ids drawn Zipf(a) over ``--rows`` rows, gradient rows (B, D). Every figure sits beside
 its references, measured in the same run on the same data:
   memcpy       np.copyto of a (B, D) buffer: the machine's copy bandwidth for those bytes;

@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-# mpiexec -n 3 python bench/modes_bench.py [--steps 80 --warmup 20 --repeat 3 --bucket-mb 1 --json bench_modes.json --png bench_modes.png]
+# mpiexec -n 3 python bench/modes_bench.py [--workload paper|light --data FILE --shared-memory --steps 80 --warmup 20 --repeat 3 --bucket-mb 1 --json bench_modes.json --png bench_modes.png]
 """Mode benchmark (issue: the paper's claim): the same model, data, seed and workers trained
 in hybrid, ps and allreduce -- and a compute-only run (same workers, no communication at
 all) as the floor -- one after another in one invocation.
 
-Default workload mirrors the paper's: WDL, 26 Criteo-like tables (Criteo Kaggle
+Workloads: ``paper`` (default) mirrors the paper's: WDL, 26 Criteo-like tables (Criteo Kaggle
 cardinalities capped at 10**6: 5.6M rows), dim 16, MLP 1024-512-256, batch 256 per
-worker, Adagrad sparse / Adam dense. With N ranks: 1 server + N-1 workers in hybrid and
+worker, Adagrad sparse / Adam dense; ``light`` is the same with MLP 64-32 (fwd_bwd ~1 ms:
+what a GPU worker sees, where input and communication dominate). ``--data FILE`` reads a
+dataset file instead of the synthetic stream. With N ranks: 1 server + N-1 workers in hybrid and
 ps; allreduce and compute-only run on the same N-1 worker ranks (the server rank idles).
 
 The modes run ``--repeat`` times in interleaved rounds; each reports its median run (by
@@ -25,7 +27,6 @@ apply_thread_limits()  # before NumPy loads its BLAS, as `python -m pshybrid` do
 import argparse  # noqa: E402
 import io
 import json
-import os
 import statistics
 import sys
 from dataclasses import replace
@@ -34,8 +35,10 @@ import numpy as np
 from mpi4py import MPI
 
 from pshybrid.config import TrainConfig
-from pshybrid.kernels import segment_sum
-from pshybrid.modes import DENSE_ROW, MODES, AllreduceMode
+from pshybrid.data import BatchPlan, H5Dataset, read_ranges
+from pshybrid.modes.dense import DENSE, AllreduceDense
+from pshybrid.modes.sparse import SPARSE, ReplicatedSparse
+from pshybrid.registry import DENSE_ROW, MODES, ModeSpec
 from pshybrid.schema import field_offsets
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
 from pshybrid.train import train
@@ -47,23 +50,28 @@ CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 56
 assert len(CRITEO_KAGGLE) == len(CRITEO_LIKE)
 
 
-class ComputeOnlyMode(AllreduceMode):
-    """Every worker trains its own replica with nothing on the wire: the floor."""
+class LocalSparse(ReplicatedSparse):
+    """A table per worker, updated with its own gradients only: nothing on the wire."""
 
-    name = "compute"
-
-    def overlap_allreduce(self, min_bytes: int) -> None:
-        """Nothing to overlap: no Allreduce at all."""
-
-    def update(self, ids, demb, step: int) -> None:
-        with self.timers.time("push"):
-            rows, g = segment_sum(ids.ravel(), demb.reshape(-1, self.table.shape[1]))
-            self.sparse_opt.update_rows(self.table, rows, g, self.sparse_state_arrays, step)
-        with self.timers.time("dense_apply"):
-            self.dense_opt.update(self.ps.flat, self.ps.flat_grad, self.dense_state, step)
+    def exchange(self, uids, sums):
+        return uids, sums
 
 
-MODES["compute"] = ComputeOnlyMode
+class LocalDense(AllreduceDense):
+    """Dense weights per worker, updated with its own gradients only: no Allreduce."""
+
+    def __init__(self, ctx, opt, bucket_bytes: int = 0):
+        super().__init__(ctx, opt, 0)
+
+    def start(self, step: int) -> None:
+        pass
+
+
+# The floor: every worker trains its own replica with nothing on the wire (a composition of
+# the two strategies above, registered like the library's own modes).
+SPARSE["local"], DENSE["local"] = LocalSparse, LocalDense
+MODES["compute"] = ModeSpec("compute", "local", "local", "no communication (benchmark floor)")
+WORKLOADS = {"paper": "1024,512,256", "light": "64,32"}
 
 
 def analytic_bytes(mode, U, E, P, W, itemsize):
@@ -87,7 +95,12 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--mlp", default="1024,512,256")
+    ap.add_argument("--workload", choices=tuple(WORKLOADS), default="paper",
+                    help="paper: MLP 1024-512-256 (compute-heavy on a CPU); light: MLP 64-32 "
+                         "(~1 ms fwd_bwd: the GPU-like regime)")
+    ap.add_argument("--mlp", default=None, help="hidden sizes (default: the workload's)")
+    ap.add_argument("--data", default=None, help="train from this dataset file instead of "
+                    "the synthetic stream (pshybrid prep ...)")
     ap.add_argument("--max-cardinality", type=int, default=1_000_000)
     ap.add_argument("--modes", default="hybrid,ps,allreduce,compute")
     ap.add_argument("--repeat", type=int, default=3,
@@ -102,20 +115,23 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default="bench_modes.json")
     ap.add_argument("--png", default="bench_modes.png")
     a = ap.parse_args(argv)
-    if not a.shared_memory:
-        os.environ["PSHYBRID_SHARED_MEMORY"] = "0"
+    a.mlp = a.mlp or WORKLOADS[a.workload]
     world = MPI.COMM_WORLD
     if world.size < 2:
         raise SystemExit("run with at least 2 ranks: mpiexec -n 3 python bench/modes_bench.py")
     W = world.size - 1
     workers_only = world.Split(0 if world.rank < W else MPI.UNDEFINED, world.rank)
-    cards = tuple(min(c, a.max_cardinality) for c in CRITEO_KAGGLE)
-    data = SyntheticCTR(seed=0, cardinalities=cards)
+    if a.data:
+        data = H5Dataset(a.data)
+        cards = data.schema.cardinalities
+    else:
+        cards = tuple(min(c, a.max_cardinality) for c in CRITEO_KAGGLE)
+        data = SyntheticCTR(seed=0, cardinalities=cards)
     data.rows(0, 1)  # build the generator's tables outside the timed runs
     base = TrainConfig(model="wdl", steps=a.steps, batch_size=a.batch_size, embedding_dim=16,
                        mlp=tuple(int(x) for x in a.mlp.split(",")), log_every=a.steps,
                        sparse_optimizer=a.sparse_optimizer, dense_optimizer="adam",
-                       bucket_mb=a.bucket_mb)
+                       bucket_mb=a.bucket_mb, shared_memory="on" if a.shared_memory else "off")
     results = {}
     # Warm-up runs (not measured): numba compiles its kernels on first use in each process.
     for mode in ("hybrid", "allreduce"):
@@ -126,8 +142,9 @@ def main(argv=None) -> int:
         idle_barrier(world)
     # Unique ids of each worker's timed batches (from the data): the same for every mode and run.
     offsets = field_offsets(cards)
-    U = [float(np.mean([np.unique(data.rows(t * W * a.batch_size + w * a.batch_size,
-                                            (t * W + w + 1) * a.batch_size)[2] + offsets).size
+    plan = BatchPlan(getattr(data, "n_rows", None), W * a.batch_size, base.shuffle, base.seed)
+    U = [float(np.mean([np.unique(read_ranges(data, plan.ranges(t, w * a.batch_size,
+                                                                a.batch_size))[2] + offsets).size
                         for t in range(a.warmup, a.steps)]))
          for w in range(W)] if world.rank == 0 else None
     runs: dict[str, list] = {}
@@ -137,7 +154,8 @@ def main(argv=None) -> int:
         if comm == MPI.COMM_NULL:  # the idle server rank of a workers-only mode
             idle_barrier(world)  # Wire: polite zero-byte barrier: leaves the cores to workers
             continue
-        cfg = replace(base, mode=mode, servers=0 if on_workers else 1)
+        cfg = replace(base, mode=mode, servers=0 if on_workers else 1,
+                      shared_memory="auto" if on_workers else base.shared_memory)
         t0 = MPI.Wtime()
         res = train(cfg, comm, dataset=data, out=io.StringIO())
         wall = MPI.Wtime() - t0

@@ -1,6 +1,6 @@
 """python bench/prep_bench.py [--rows 1000000] [--repeats 2]
 
-``prep criteo`` throughput on one core (STYLE §15), beside its reference in the same run,
+``prep criteo`` throughput on one core, beside its reference in the same run,
 each the best of ``--repeats`` runs after a warm-up read of the input:
   raw line read   iterating the file's lines in Python (``for line in f``): the floor;
   hashing         ``prep criteo IN OUT`` (default --buckets), one pass;

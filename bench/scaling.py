@@ -1,5 +1,5 @@
 # python bench/scaling.py bench_modes.json [--json OUT] [--png OUT]
-"""Scaling model (STYLE §15): project the three modes to N nodes from a modes_bench run.
+"""Scaling model: project the three modes to N nodes from a modes_bench run.
 
 Calibrated from ``bench/modes_bench.py`` JSON (one node, W0 workers + S0 = 1 server); pure
 functions, no MPI. Weak scaling: N nodes, k workers per node (default W0), one server per

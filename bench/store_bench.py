@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """mpiexec -n 2 python bench/store_bench.py [--rows 1000000] [--dim 64] [--batch 4096]
 
-Embedding-store benchmark (STYLE §15): pull and push throughput of ``EmbeddingStore``
+Embedding-store benchmark: pull and push throughput of ``EmbeddingStore``
 beside its references, measured in the same run on the same rows:
   raw Get / raw Accumulate  mpi4py indexed RMA on the same window, datatype built per step
                             (what the store must do) and prebuilt (pure transfer);

@@ -1,4 +1,4 @@
-"""Array-module selection: NumPy on CPU, CuPy on GPU (STYLE.md §5)."""
+"""Array-module selection: NumPy on CPU, CuPy on GPU."""
 
 from __future__ import annotations
 

@@ -216,7 +216,6 @@ def load(path: str, cfg: TrainConfig, topo, mode, ps, schema) -> int:
     except PshybridError as e:
         err = e
     agree(topo.world, err)  # Wire: verdict allgather; nobody pulls before every rank loaded
-    mode.start_step = step
     return step
 
 

@@ -1,4 +1,4 @@
-"""Command line: ``python -m pshybrid <command>`` (DESIGN §10)."""
+"""Command line: ``python -m pshybrid <command>``."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import sys
 from . import __version__
 from .config import ArgumentParser, TrainConfig, add_arguments, resolve
 from .prep import add_prep_commands
-
-MODES = ("hybrid", "ps", "allreduce", "auto")
-MODES_WITHOUT_SERVERS = ("allreduce",)
+from .registry import MODES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "per-rank roles")
     info.add_argument("--servers", type=int, default=None,
                       help="number of server ranks (default: one per node)")
-    info.add_argument("--mode", choices=MODES, default="hybrid",
+    info.add_argument("--mode", choices=tuple(MODES), default="hybrid",
                       help="communication mode, decides whether servers are needed")
     info.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     info.set_defaults(func=cmd_info)
@@ -49,7 +47,7 @@ def cmd_info(args) -> int:
     from .topology import Topology
 
     topo = Topology.create(MPI.COMM_WORLD, args.servers,
-                           need_servers=args.mode not in MODES_WITHOUT_SERVERS)
+                           need_servers=MODES[args.mode].needs_servers)
     device = pick_device(args.device, topo.local_rank) if not topo.is_server else "cpu"
     row = (topo.rank, topo.role, topo.server_index if topo.is_server else topo.worker_index,
            topo.node_of_rank[topo.rank], topo.node_names[topo.node_of_rank[topo.rank]],

@@ -1,4 +1,4 @@
-"""Configuration: one dataclass per concern ⇄ command-line options ⇄ TOML file (DESIGN §10).
+"""Configuration: one dataclass per concern ⇄ command-line options ⇄ TOML file.
 
 Each field of a config dataclass is one option (``batch_size`` → ``--batch-size``) and one
 TOML key (``batch_size`` or ``batch-size``). ``resolve`` starts from the defaults, overlays the
@@ -26,6 +26,7 @@ import typing
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .registry import MODES
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -218,19 +219,19 @@ def _layer_sizes(v):
 
 
 def _consistency(v):
-    ok = re.fullmatch(r"bsp|asp|ssp:[0-9]+", v)
-    return None if ok else "must be bsp, asp or ssp:K (K >= 0 an integer: the staleness bound)"
+    if re.fullmatch(r"asp|ssp:[0-9]+", v):
+        return "bounded staleness (ssp:K, asp) is not available in this version: use bsp"
+    return None if v == "bsp" else "must be bsp"
 
 
 @dataclass
 class TrainConfig:
-    """Options of ``python -m pshybrid train`` (DESIGN §10)."""
+    """Options of ``python -m pshybrid train``."""
 
     model: str = option("wdl", "model architecture",
                         choices=("wdl", "deepfm", "dcn", "dlrm"))
-    mode: str = option("hybrid", "communication: sparse via servers + dense allreduce, all via "
-                       "servers, all allreduce, or chosen automatically",
-                       choices=("hybrid", "ps", "allreduce", "auto"))
+    mode: str = option("hybrid", "communication: " + "; ".join(
+                       f"{m.name}: {m.help}" for m in MODES.values()), choices=MODES)
     servers: int | None = option(None, "number of server ranks (none: one per node)",
                                  check=_at_least(0))
     data: str | None = option(None, "training dataset file (none: built-in synthetic stream)")
@@ -261,8 +262,12 @@ class TrainConfig:
                                   check=_layer_sizes)
     cross_layers: int = option(2, "number of cross layers (dcn only)", check=_at_least(0))
     seed: int = option(0, "random seed", check=_at_least(0))
-    consistency: str = option("bsp", "bsp, asp, or ssp:K (at most K steps of staleness)",
-                              check=_consistency)
+    consistency: str = option("bsp", "consistency of embedding reads: bsp (every pull sees "
+                              "every update of the earlier steps)", check=_consistency)
+    shared_memory: str = option("auto", "single-node jobs: workers read the servers' rows "
+                                "straight from shared memory (auto: on when the job is on one "
+                                "node; off: RMA Gets, as between nodes)",
+                                choices=("auto", "on", "off"))
     device: str = option("cpu", "device of the workers", choices=("cpu", "cuda"))
     dtype: str = option("float32", "floating-point type of parameters and activations",
                         choices=("float32", "float64"))
@@ -284,3 +289,6 @@ class TrainConfig:
             raise _error("--checkpoint-every needs --checkpoint-dir")
         if self.eval_every and self.eval_data is None:
             raise _error("--eval-every needs --eval-data")
+        if self.servers and not MODES[self.mode].needs_servers:
+            raise _error(f"--mode {self.mode} keeps every table on every worker and uses no "
+                         f"server: drop --servers {self.servers} (or use --servers 0)")

@@ -1,4 +1,4 @@
-"""CUDA kernel plumbing (STYLE §6): the one place that finds ``kernels/*.cu``, builds them
+"""CUDA kernel plumbing: the one place that finds ``kernels/*.cu``, builds them
 with ``cupy.RawModule`` (lazily, once per device), maps dtype -> kernel name and launches.
 
 ``gather(rows, index)`` and ``scatter_add(index, values, n)`` have the signatures and results

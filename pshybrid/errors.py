@@ -1,4 +1,4 @@
-"""Public exceptions (tier 1 of STYLE.md §10): each carries an actionable message.
+"""Public exceptions: each carries an actionable message.
 
 The launcher (`pshybrid.launch`) prints these as one line per rank and exits with
 status 2, without a traceback; any other exception aborts the whole MPI job.

@@ -1,6 +1,6 @@
 """Embedding kernels: gather rows by index, deduplicate ids, scatter-add rows with duplicate ids.
 
-Each kernel has an ``xp`` reference twin that is its test oracle (STYLE.md §6):
+Each kernel has an ``xp`` reference twin that is its test oracle:
 ``gather_ref`` / ``scatter_add_ref`` (the plainest NumPy/CuPy code, also the oracles of the
 CUDA kernels in ``kernels/*.cu`` that ``gather`` / ``scatter_add`` run on CuPy arrays through
 ``pshybrid.cuda``), and the NumPy sort-based ``segment_sum_numpy`` / ``unique_inverse_numpy``,

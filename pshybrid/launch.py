@@ -1,4 +1,4 @@
-"""Abort-on-error launch (DESIGN §9, STYLE §10).
+"""Abort-on-error launch.
 
 ``run(main, argv)`` runs a command so that the MPI job can never hang on an error:
 
@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import sys
-import time
 import traceback
 
 from .errors import PshybridError
@@ -25,13 +24,9 @@ def _world():
 
 
 def _abort(code: int) -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    world = _world()
-    if world.size > 1:
-        time.sleep(0.3)  # let the launcher forward our message before it kills the job
-        world.Abort(code)  # Wire: MPI_Abort kills every rank of the job; nobody waits.
-    sys.exit(code)
+    from .transport import abort
+
+    abort(_world(), code)  # Wire: MPI_Abort kills every rank of the job; nobody waits.
 
 
 def excepthook(exc_type, exc, tb) -> None:

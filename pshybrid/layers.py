@@ -1,4 +1,4 @@
-"""Dense layers with hand-written backward passes, on one flat parameter buffer (STYLE.md §8).
+"""Dense layers with hand-written backward passes, on one flat parameter buffer.
 
 ``ParamSpace`` holds every dense parameter of a model in one flat buffer ``flat`` (P,)
 and every gradient in one flat buffer ``flat_grad`` (P,), in registration order, each

@@ -22,7 +22,6 @@ complete with ``Flush(owner)`` before returning, so once every worker has return
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -80,8 +79,8 @@ class EmbeddingStore:
     """Sharded embedding tables. Collective construction over ``topo.world``.
 
     ``tables``: TableSpecs (unique names). ``seed``: initialisation seed.
-    ``shared_memory``: the same-node fast path (default: on when every rank shares one
-    node; ``PSHYBRID_SHARED_MEMORY=0`` turns it off): the window is allocated with
+    ``shared_memory``: the same-node fast path (None: on when every rank shares one
+    node; False: RMA only, as between nodes): the window is allocated with
     ``Win.Allocate_shared`` and workers read the servers' shards directly (``pull`` is a
     gather from a zero-copy view); pushes stay MPI Accumulates (atomic).
     Workers call ``pull``/``push``; servers hold the shards (``shard``) and update them
@@ -121,9 +120,11 @@ class EmbeddingStore:
         layouts = topo.world.allgather({n: t.offsets for n, t in self.tables.items()})
         self._remote = [layouts[r] for r in topo.server_ranks]
         if shared_memory is None:
-            shared_memory = (topo.n_nodes == 1
-                             and os.environ.get("PSHYBRID_SHARED_MEMORY", "1") != "0")
+            shared_memory = topo.n_nodes == 1
         # Wire: collective window creation over world; servers expose their shards.
+        elif shared_memory and topo.n_nodes > 1:
+            raise ConfigError(f"shared-memory pulls need every rank on one node; this job "
+                              f"spans {topo.n_nodes} nodes", collective=True)
         if shared_memory:
             self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=topo.world)
             self._views = [np.frombuffer(self.win.Shared_query(r)[0], np.uint8)
@@ -139,6 +140,10 @@ class EmbeddingStore:
         topo.world.Barrier()
         self.win.Lock_all()
         self._open = True
+
+    def reset_traffic(self) -> None:
+        """Zero the byte and operation counters."""
+        self.traffic = Traffic()
 
     # -- server side -----------------------------------------------------------------------
     def shard(self, table: str, slot: str = "w") -> np.ndarray:
@@ -206,13 +211,15 @@ class EmbeddingStore:
             return ids, False
         return self.plan(table, ids), True
 
-    def pull(self, table: str, ids, slot: str = "w") -> np.ndarray:
+    def pull(self, table: str, ids, slot: str = "w", unique: bool = False) -> np.ndarray:
         """Rows of ``table`` for ``ids`` (or a ``Plan``): (B,) or (B, F) int64 -> ids.shape
-        + (dim,). Duplicates are fetched once. One indexed Get per owner server."""
+        + (dim,). Duplicates are fetched once. One indexed Get per owner server.
+        ``unique`` (with a plan): the (U, dim) rows of ``plan.unique`` instead, not expanded."""
         t = self.tables[table]
-        if self._views is not None:
-            return self._pull_shared(t, ids.ids if isinstance(ids, Plan) else
-                                     self._check_ids(t, ids), slot)
+        if self._views is not None:  # a plan's ids were checked when it was made
+            ids = (ids.unique if unique else ids.ids) if isinstance(ids, Plan) else \
+                self._check_ids(t, ids)
+            return self._pull_shared(t, ids, slot)
         plan, own = self._planned(table, ids)
         buf = np.empty((plan.unique.size, t.spec.dim), dtype=t.spec.dtype)
         for s, rank, sl, dt in plan.targets:
@@ -221,7 +228,7 @@ class EmbeddingStore:
         self.traffic.get_bytes += buf.nbytes
         self.traffic.get_ops += len(plan.targets)
         self._flush(plan, own)
-        return gather(buf, plan.inverse)
+        return buf if unique else gather(buf, plan.inverse)
     def _region(self, t: _Table, s: int, slot: str) -> np.ndarray:
         """Server s's (rows, dim) region of ``slot``, a zero-copy view of shared memory."""
         n = partition.shard_rows(t.spec.rows, self.topo.n_servers, s)
@@ -243,23 +250,32 @@ class EmbeddingStore:
         self.traffic.shm_bytes += out.nbytes
         return out
 
-    def push(self, table: str, ids, grads, scale: float = 1.0, slot: str = "w"):
+    def push(self, table: str, ids, grads, scale: float = 1.0, slot: str = "w",
+             unique: bool = False):
         """Add ``scale * grads`` to the rows ``ids`` (or a ``Plan``) of ``table`` (``slot``).
 
         ids: (B,) or (B, F) int64; grads: ids.shape + (dim,). Rows of duplicate ids are
         summed locally first (in input order); then one Accumulate(SUM) per owner server,
-        flushed. Returns ``(unique, bounds)``: the distinct ids pushed, grouped by owner
-        server (owner s's are ``unique[bounds[s]:bounds[s+1]]``).
+        flushed. ``unique`` (with a plan): grads are already the (U, dim) sums of the rows of
+        ``plan.unique``. Returns ``(unique, bounds)``: the distinct ids pushed, grouped by
+        owner server (owner s's are ``unique[bounds[s]:bounds[s+1]]``).
         """
         t = self.tables[table]
         grads = np.asarray(grads)
-        shape = ids.ids.shape if isinstance(ids, Plan) else np.shape(ids)
+        if unique:
+            assert isinstance(ids, Plan), "unique=True pushes the rows of a plan"
+            shape = ids.unique.shape
+        else:
+            shape = ids.ids.shape if isinstance(ids, Plan) else np.shape(ids)
         if grads.shape != tuple(shape) + (t.spec.dim,):
             raise InputError(f"table {table!r}: grads shape {grads.shape} does not match "
                              f"ids shape {tuple(shape)} + (dim={t.spec.dim},)")
         plan, own = self._planned(table, ids)
-        sums = scatter_add(plan.inverse.ravel(), grads.reshape(-1, t.spec.dim).astype(
-            t.spec.dtype, copy=False), plan.unique.size)
+        if unique:
+            sums = np.array(grads, dtype=t.spec.dtype)  # a copy: scaled in place below
+        else:
+            sums = scatter_add(plan.inverse.ravel(), grads.reshape(-1, t.spec.dim).astype(
+                t.spec.dtype, copy=False), plan.unique.size)
         if scale != 1.0:
             sums *= np.asarray(scale, dtype=t.spec.dtype)
         for s, rank, sl, dt in plan.targets:

@@ -1,9 +1,9 @@
-"""The training loop: one piece of code for every mode (``modes``), BSP consistency.
+"""The training loop: ``setup``, ``loop`` (one piece of code for every mode), ``finish``.
 
 Step ``t`` trains on the global batch of rows ``[t*W*b, (t+1)*W*b)``; worker ``w`` takes
 rows ``[t*W*b + w*b, t*W*b + (w+1)*b)``. The loss is the mean over the global batch, so
 every worker scales its gradients by ``1/(W*b)`` and the sums over workers (Allreduce,
-Accumulate, Allgather) are exactly the single-process gradient with batch ``W*b``.
+Accumulate, Allgather) are exactly the single-process gradient with batch ``W*b`` (BSP).
 
 ``--device cuda``: each worker pins GPU ``local_rank % device_count`` and holds the dense
 parameters, the batch's dense features and labels, and every activation there (CuPy); the
@@ -14,9 +14,7 @@ the data pipeline stay on the CPU.
 from __future__ import annotations
 
 import gc
-import json
 import math
-import os
 import resource
 import sys
 import time
@@ -25,39 +23,24 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import __version__, checkpoint
+from . import checkpoint
 from .backend import synchronize, to_host
-from .config import TrainConfig
+from .config import TrainConfig, from_dict, to_dict
 from .data import BatchPlan, H5Dataset, prefetch, read_ranges
 from .devices import cuda_aware_mpi, pick_device
-from .errors import ConfigError, InputError, PshybridError
-from .metrics import auc, logloss_from_logits
+from .errors import InputError, PshybridError
 from .layers import ParamSpace, bce_with_logits
+from .metrics import auc, logloss_from_logits
 from .models import build_model
-from .modes import MODES
+from .modes import MODES, build_mode
 from .optim import Optimizer
+from .report import PHASES, Reporter, summarize
 from .synthetic import SyntheticCTR
 from .threads import rank_cores
 from .topology import Topology
-from .transport import agree
+from .transport import abort_on_error, agree
 
-PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "wait", "eval")
 EVAL_BATCH = 4096
-
-
-def check_supported(cfg: TrainConfig) -> None:
-    """Options that are fixed names (DESIGN §10) but not built yet: one clear error."""
-    def no(what):
-        raise ConfigError(f"{what} is not available yet in pshybrid {__version__}",
-                          collective=True)
-    if cfg.mode == "auto":
-        no("--mode auto (cost-model table placement)")
-    if cfg.consistency != "bsp":
-        no(f"--consistency {cfg.consistency} (only bsp)")
-    if cfg.mode in MODES and not MODES[cfg.mode].needs_servers and cfg.servers:
-        raise ConfigError(f"--mode {cfg.mode} keeps every table on every worker and uses no "
-                          f"server: drop --servers {cfg.servers} (or use --servers 0)",
-                          collective=True)
 
 
 @dataclass
@@ -71,87 +54,104 @@ class TrainResult:
     table: np.ndarray | None = None              # workers, when collect=True
 
 
-class _Reporter:
-    """Rank that prints progress and writes --metrics (worker 0)."""
-
-    def __init__(self, cfg: TrainConfig, out, W: int):
-        self.cfg, self.out, self.W = cfg, out, W
-        self.total_steps = cfg.steps  # set by the loop once epochs are known
-        self.tty = hasattr(out, "isatty") and out.isatty()
-        self.metrics = open(cfg.metrics, "w") if cfg.metrics else None  # noqa: SIM115
-
-    def step(self, rec: dict) -> None:
-        total = self.total_steps
-        msg = (f"step {rec['step']}/{total}  loss {rec['loss']:.4f}  "
-               f"{rec['samples_per_s']:,.0f} samples/s")
-        if self.tty:
-            done = int(30 * rec["step"] / max(total, 1))
-            self.out.write(f"\r[{'#' * done}{'.' * (30 - done)}] {msg}   ")
-        else:
-            self.out.write(msg + "\n")
-        self.out.flush()
-        self._write(rec)
-
-    def evaluation(self, rec: dict) -> None:
-        if self.tty:
-            self.out.write("\n")
-        self.out.write(f"eval at step {rec['step']}: auc {rec['auc']:.4f}  logloss "
-                       f"{rec['logloss']:.4f}  ({rec['rows']} rows)\n")
-        self.out.flush()
-        self._write(rec)
-
-    def _write(self, rec: dict) -> None:
-        if self.metrics:
-            self.metrics.write(json.dumps(rec) + "\n")
-            self.metrics.flush()
-
-    def close(self, summary: dict) -> None:
-        if self.tty:
-            self.out.write("\n")
-        self._write(summary)
-        split = "  ".join(f"{k} {v:.0%}" for k, v in summary["phase_fraction"].items() if v >= 0.005)
-        self.out.write(
-            f"done: {summary['mode']} {summary['model']}  {summary['steps']} steps  "
-            f"{summary['samples_per_s']:,.0f} samples/s  final loss {summary['final_loss']:.4f} "
-            f"(base rate {summary['base_rate_logloss']:.4f})  workers {self.W} servers "
-            f"{summary['servers']}  |  {split}\n")
-        self.out.flush()
-        if self.metrics:
-            self.metrics.close()
-
-
-def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
-          out=None) -> TrainResult:
-    """Train per ``cfg`` on ``comm`` (collective). ``dataset``: an object with ``schema``
-    and ``rows(start, stop)`` (default: the synthetic stream seeded by ``cfg.seed``).
-    ``collect``: return the final dense parameters and the whole fused table on workers."""
-    check_supported(cfg)
-    out = out or sys.stdout
-    needs_servers = MODES[cfg.mode].needs_servers
-    topo = Topology.create(comm, cfg.servers if needs_servers else 0, need_servers=needs_servers)
-    opened = []
-    try:
-        data, evdata = _open_data(cfg, topo, dataset, opened)
-        return _train(cfg, topo, data, evdata, collect, out)
-    finally:
-        gc.unfreeze()  # a later run in this process (tests, benchmarks) may collect them
-        for d in opened:
-            d.close()
-        topo.free()
-
-
 class TrainingDiverged(PshybridError):
     """The loss became NaN or infinite."""
 
 
-def _injected_fault(topo) -> int | None:
-    """Testing hook: ``PSHYBRID_INJECT_FAULT=RANK:STEP`` makes world rank RANK raise at STEP."""
-    spec = os.environ.get("PSHYBRID_INJECT_FAULT", "")
-    if ":" in spec:
-        rank, step = spec.split(":", 1)
-        if int(rank) == topo.rank:
-            return int(step)
-    return None
+def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
+          out=None, on_step=None) -> TrainResult:
+    """Train per ``cfg`` on ``comm`` (collective; the options are validated as on the
+    command line). ``dataset``: an object with ``schema`` and ``rows(start, stop)``
+    (``docs/data.md``; default: the synthetic stream seeded by ``cfg.seed``). ``collect``:
+    return the final dense parameters and the whole fused table on workers. ``on_step``:
+    called on each worker after each step with the number of steps done.
+
+    Abort-on-error, as the command line: a user error found on every rank (bad options,
+    files, ids) raises the same ``PshybridError`` on every rank; any other failure on any
+    rank prints the rank and the error and ends the whole job (``MPI_Abort``), never a hang.
+    """
+    with abort_on_error(comm):
+        cfg = from_dict(TrainConfig, to_dict(cfg), "TrainConfig")
+        spec = MODES[cfg.mode]
+        topo = Topology.create(comm, cfg.servers if spec.needs_servers else 0,
+                               need_servers=spec.needs_servers)
+        job, opened = None, []
+        try:
+            job = setup(cfg, topo, dataset, out or sys.stdout, opened)
+            if topo.is_server:
+                job.mode.serve(job.start, job.save)
+            else:
+                loop(job, on_step)
+                if collect:
+                    job.result.dense = job.mode.full_dense()
+                    job.result.table = job.mode.full_table()
+            return finish(job)
+        finally:
+            gc.unfreeze()  # a later run in this process (tests, benchmarks) may collect them
+            for d in opened:
+                d.close()
+            if job is not None and job.reporter:
+                job.reporter.close_file()
+            topo.free()
+
+
+@dataclass
+class Job:
+    """Everything ``setup`` builds for one run."""
+
+    cfg: TrainConfig
+    topo: Topology
+    data: object
+    evdata: object
+    model: object
+    layout: object    # schema.FusedTable
+    ps: ParamSpace
+    mode: object      # modes.Mode
+    plan: BatchPlan
+    steps: int        # the step count to reach
+    start: int        # the step a resumed run starts from
+    reporter: Reporter | None
+    t_begin: float
+    result: TrainResult = None
+    t_start: float = 0.0
+    totals: np.ndarray = field(default_factory=lambda: np.zeros(3))  # loss, samples, labels
+
+    def save(self, step: int) -> str:
+        """Collective: write checkpoint ``step`` (servers join through their loop)."""
+        return checkpoint.save(self.cfg.checkpoint_dir, step, self.cfg, self.topo, self.mode,
+                               self.ps, self.data.schema)
+
+
+def setup(cfg: TrainConfig, topo: Topology, dataset, out, opened: list) -> Job:
+    """Data (files it opens go to ``opened``), model, parameters, mode (its tables on the
+    servers), resume; collective."""
+    t_begin = time.perf_counter()
+    data, evdata = _open_data(cfg, topo, dataset, opened)
+    ps = ParamSpace()
+    model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, ps,
+                                cfg.dtype, cfg.cross_layers)
+    xp = _use_gpu(topo) if cfg.device == "cuda" else np
+    ps.build(xp, np.dtype(cfg.dtype), cfg.seed)
+    dense_lr = cfg.lr if cfg.dense_lr is None else cfg.dense_lr
+    mode = build_mode(cfg.mode, topo, layout, ps, Optimizer(cfg.sparse_optimizer, cfg.lr),
+                      Optimizer(cfg.dense_optimizer, dense_lr), cfg.seed,
+                      bucket_bytes=int(cfg.bucket_mb * 2**20),
+                      shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
+                      cuda_aware=xp is not np and cuda_aware_mpi()[0])  # else staged on the host
+    plan = BatchPlan(getattr(data, "n_rows", None), topo.n_workers * cfg.batch_size,
+                     cfg.shuffle, cfg.seed)
+    steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
+    reporter = (Reporter(cfg, out, topo.n_workers, steps)
+                if topo.rank == topo.worker_ranks[0] else None)
+    start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema) if cfg.resume else 0
+    job = Job(cfg, topo, data, evdata, model, layout, ps, mode, plan, steps, start, reporter,
+              t_begin, TrainResult(topo.role))
+    # The steady state makes little cyclic garbage; exclude the tens of thousands of
+    # start-up objects (numba, h5py, the model) from every later GC pass.
+    gc.collect()
+    gc.freeze()
+    job.t_start = time.perf_counter()
+    return job
 
 
 def _open_data(cfg, topo, dataset, opened):
@@ -181,7 +181,7 @@ def _open_data(cfg, topo, dataset, opened):
             if d is data and n < G:
                 raise InputError(f"{d.path}: {n} rows, fewer than one global batch "
                                  f"({topo.n_workers} workers x --batch-size {cfg.batch_size} = {G})")
-            if not topo.is_server:  # each worker scans its share
+            if not topo.is_server and hasattr(d, "validate"):  # each worker scans its share
                 W, w = topo.n_workers, topo.worker_index
                 d.validate(n * w // W, n * (w + 1) // W)
     except PshybridError as e:
@@ -212,182 +212,166 @@ def _use_gpu(topo):
     return xp
 
 
-def _evaluate(cfg, topo, mode, model, sparse, ev, step) -> dict | None:
+# -- the loop (workers) --------------------------------------------------------------------
+
+def loop(job: Job, on_step=None) -> None:
+    """Workers: steps ``job.start .. job.steps``, logging, evaluating and checkpointing."""
+    cfg, mode, timers = job.cfg, job.mode, job.mode.timers
+    log = _Log(job)
+    batches = _batches(job)
+    for step in range(job.start, job.steps):
+        with timers.time("data"):
+            label, dense, ids, batch = next(batches)
+        if batch is None:  # not made ahead on the data thread
+            with timers.time("pull"):
+                batch = mode.prepare(ids)
+        loss_sum = _step(job, step, label, dense, batch)
+        done = step + 1
+        log.add(done, loss_sum, float(label.sum()))
+        if on_step is not None:
+            on_step(done)
+        if job.evdata is not None and ((cfg.eval_every and done % cfg.eval_every == 0)
+                                       or done == job.steps):
+            log.pause(lambda: _evaluate(job, done))
+        if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
+                                   or done == job.steps):
+            mode.request_checkpoint(done)
+            job.save(done)
+
+
+def _batches(job: Job):
+    """This worker's batches from ``job.start`` on: (label, dense, global ids, Batch or None)
+    in the model's array module. Read ``depth`` batches ahead on a data thread only where the
+    rank has a spare core (else that thread slows the step); the thread also prepares each
+    step's Batch (dedup, owners, datatypes) where MPI allows calls from it."""
+    cfg, topo, mode = job.cfg, job.topo, job.mode
+    b, offset = cfg.batch_size, topo.worker_index * cfg.batch_size
+    depth = cfg.prefetch if cfg.prefetch is not None else (2 if rank_cores() >= 2 else 0)
+    ahead = depth > 0 and (not mode.prepare_uses_mpi
+                           or MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+    dtype, xp = np.dtype(cfg.dtype), mode.xp
+
+    def produce(i):
+        label, dense, sparse = read_ranges(job.data, job.plan.ranges(job.start + i, offset, b))
+        ids = job.layout.global_ids(sparse)
+        return label, dense, ids, (mode.prepare(ids) if ahead else None)
+
+    for label, dense, ids, batch in prefetch(produce, max(job.steps - job.start, 0), depth):
+        # GPU workers: H2D of the batch's dense features and labels
+        yield (xp.asarray(label.astype(dtype, copy=False)),
+               xp.asarray(dense.astype(dtype, copy=False)), ids, batch)
+
+
+def _step(job: Job, step: int, label, dense, batch) -> float:
+    """One training step (0-based ``step``): pull, forward, backward, update. Returns the
+    worker's loss sum."""
+    mode, model, ps, timers = job.mode, job.model, job.ps, job.mode.timers
+    mode.begin(step)
+    emb = mode.lookup(batch)
+    with timers.time("fwd_bwd"):
+        logits = model.forward(dense, emb)
+        losses, dz = bce_with_logits(logits, label)
+        ps.zero_grad()
+        demb = model.backward(dz * (1.0 / (job.topo.n_workers * job.cfg.batch_size)))
+        synchronize(demb)  # GPU: the timer measures the kernels, not their launches
+    loss_sum = float(losses.sum())
+    if not math.isfinite(loss_sum):
+        ck = job.cfg.checkpoint_dir
+        where = f"{ck}/latest names the last good checkpoint" if ck else \
+            "no checkpoint directory was given"
+        raise TrainingDiverged(f"loss is {loss_sum} at step {step + 1} on worker "
+                               f"{job.topo.worker_index}: training stopped; {where}")
+    mode.update(batch, demb, step + 1)
+    batch.release()
+    return loss_sum
+
+
+class _Log:
+    """Loss and throughput over each ``--log-every`` window, reduced over the workers."""
+
+    def __init__(self, job: Job):
+        self.job = job
+        self.acc = np.zeros(3)  # loss sum, samples, label sum since the last log
+        self.t_log = self.t_step = time.perf_counter()
+
+    def add(self, done: int, loss_sum: float, label_sum: float) -> None:
+        job = self.job
+        now = time.perf_counter()
+        if job.reporter:
+            job.result.step_seconds.append(now - self.t_step)
+        self.t_step = now
+        self.acc += (loss_sum, job.cfg.batch_size, label_sum)
+        if done % job.cfg.log_every and done != job.steps:
+            return
+        # Wire: Allreduce of 3 doubles (loss sum, samples, labels) over the workers.
+        glob = job.topo.workers.allreduce(self.acc, op=MPI.SUM)
+        job.totals += glob
+        rec = {"step": done, "loss": glob[0] / glob[1],
+               "samples_per_s": glob[1] / (now - self.t_log),
+               "seconds": {k: job.mode.timers[k] for k in PHASES}}
+        if job.reporter:
+            job.result.log.append(rec)
+            job.reporter.step(rec)
+        self.acc[:] = 0
+        self.t_log = now
+
+    def pause(self, work) -> None:
+        """Run ``work`` (an evaluation) outside the training clock and phases."""
+        timers = self.job.mode.timers
+        t0, before = time.perf_counter(), dict(timers)
+        work()
+        timers.update(before)  # the eval's pulls count as eval, not as training
+        elapsed = time.perf_counter() - t0
+        timers["eval"] += elapsed
+        self.t_log += elapsed  # samples/s excludes evaluation
+        self.t_step += elapsed
+
+
+def _evaluate(job: Job, step: int) -> None:
     """Exact AUC and logloss over the whole eval file: worker w scores rows
-    [n*w/W, n*(w+1)/W); logits and labels are gathered to worker 0."""
-    mode.begin_step(step)  # ps: pull the current dense weights
+    [n*w/W, n*(w+1)/W); logits and labels are gathered to worker 0, which reports them."""
+    mode, topo, ev = job.mode, job.topo, job.evdata
+    mode.begin(step)  # ps: pull the current dense weights
     W, w, n = topo.n_workers, topo.worker_index, ev.n_rows
     a, b = n * w // W, n * (w + 1) // W
     zs, ys = [np.zeros(0)], [np.zeros(0)]
     for s in range(a, b, EVAL_BATCH):
         label, dense, sp = ev.rows(s, min(b, s + EVAL_BATCH))
-        dense = mode.xp.asarray(dense.astype(cfg.dtype))  # GPU worker: H2D
-        zs.append(to_host(model.forward(dense, mode.lookup(sparse.global_ids(sp)))))
+        dense = mode.xp.asarray(dense.astype(job.cfg.dtype))  # GPU worker: H2D
+        batch = mode.prepare(job.layout.global_ids(sp))
+        zs.append(to_host(job.model.forward(dense, mode.lookup(batch))))
+        batch.release()
         ys.append(label)
     z = np.concatenate(zs).astype(np.float64)
     y = np.concatenate(ys).astype(np.float64)
     counts = np.array(topo.workers.allgather(z.size))
-    root = 0
-    allz = np.empty(counts.sum()) if w == root else None
-    ally = np.empty(counts.sum()) if w == root else None
+    root = w == 0
+    allz, ally = (np.empty(counts.sum()), np.empty(counts.sum())) if root else (None, None)
     # Wire: Gatherv of logits and labels (8 B each per row) to worker 0; all workers wait.
-    topo.workers.Gatherv(z, [allz, counts, MPI.DOUBLE] if w == root else None, root)
-    topo.workers.Gatherv(y, [ally, counts, MPI.DOUBLE] if w == root else None, root)
-    if w != root:
-        return None
-    return {"eval": True, "step": step, "auc": auc(allz, ally),
-            "logloss": logloss_from_logits(allz, ally), "rows": int(counts.sum())}
+    topo.workers.Gatherv(z, [allz, counts, MPI.DOUBLE] if root else None, 0)
+    topo.workers.Gatherv(y, [ally, counts, MPI.DOUBLE] if root else None, 0)
+    if root:
+        rec = {"eval": True, "step": step, "auc": auc(allz, ally),
+               "logloss": logloss_from_logits(allz, ally), "rows": int(counts.sum())}
+        job.result.evals.append(rec)
+        job.reporter.evaluation(rec)
 
 
-def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
-    t_begin = time.perf_counter()
-    ps = ParamSpace()
-    model, sparse = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, ps,
-                                cfg.dtype, cfg.cross_layers)
-    xp = _use_gpu(topo) if cfg.device == "cuda" else np
-    ps.build(xp, np.dtype(cfg.dtype), cfg.seed)
-    dense_lr = cfg.lr if cfg.dense_lr is None else cfg.dense_lr
-    mode = MODES[cfg.mode](topo, sparse, ps, Optimizer(cfg.sparse_optimizer, cfg.lr),
-                           Optimizer(cfg.dense_optimizer, dense_lr), cfg.seed)
-    if xp is not np:
-        mode.cuda_aware = cuda_aware_mpi()[0]  # else the dense Allreduce is staged on the host
-    mode.overlap_allreduce(int(cfg.bucket_mb * 2**20))
-    result = TrainResult(topo.role)
-    W, b = topo.n_workers, cfg.batch_size
-    reporter_rank = topo.worker_ranks[0]
-    reporter = _Reporter(cfg, out, W) if topo.rank == reporter_rank else None
+# -- the end ---------------------------------------------------------------------------------
 
-    plan = BatchPlan(getattr(data, "n_rows", None), W * b, cfg.shuffle, cfg.seed)
-    steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
-    if reporter:
-        reporter.total_steps = steps
-    start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema) if cfg.resume else 0
-    saved = start
-
-    def save(step):
-        return checkpoint.save(cfg.checkpoint_dir, step, cfg, topo, mode, ps, data.schema)
-
-    fault = _injected_fault(topo)
-    # The steady state makes little cyclic garbage; exclude the tens of thousands of
-    # start-up objects (numba, h5py, the model) from every later GC pass.
-    gc.collect()
-    gc.freeze()
-    t_start = time.perf_counter()
-    startup = t_start - t_begin  # model, tables (servers initialise them), resume
-    if topo.is_server:
-        mode.serve(on_checkpoint=save)
-    else:
-        timers = mode.timers
-        dtype = np.dtype(cfg.dtype)
-        scale = 1.0 / (W * b)
-        acc = np.zeros(3)  # loss sum, samples, label sum since the last log
-        totals = np.zeros(3)
-        t_log = time.perf_counter()
-        t_step = time.perf_counter()
-        offset = topo.worker_index * b
-        # Batches are prepared `depth` steps ahead on a data thread, only where the rank has
-        # a spare core (else that thread slows the step). The thread also makes each step's
-        # pull plan (dedup, owner groups, datatypes: MPI calls, so only under
-        # MPI_THREAD_MULTIPLE); otherwise lookup makes it.
-        depth = cfg.prefetch if cfg.prefetch is not None else (2 if rank_cores() >= 2 else 0)
-        ahead = depth > 0 and MPI.Query_thread() == MPI.THREAD_MULTIPLE
-
-        def produce(i):
-            label, dense, sparse_ids = read_ranges(data, plan.ranges(start + i, offset, b))
-            ids = sparse.global_ids(sparse_ids)
-            return label, dense, ids, (mode.prepare(ids) if ahead else None)
-
-        batches = prefetch(produce, max(steps - start, 0), depth)
-        for step in range(start, steps):
-            if step == fault:
-                raise RuntimeError(f"injected fault (PSHYBRID_INJECT_FAULT) at step {step}")
-            with timers.time("data"):
-                label, dense, ids, prepared = next(batches)
-                dense = xp.asarray(dense.astype(dtype, copy=False))  # GPU: H2D of the batch
-                label = xp.asarray(label.astype(dtype, copy=False))
-            mode.begin_step(step)
-            emb = mode.lookup(ids, prepared)
-            with timers.time("fwd_bwd"):
-                logits = model.forward(dense, emb)
-                losses, dz = bce_with_logits(logits, label)
-                ps.zero_grad()
-                demb = model.backward(dz * scale)
-                synchronize(demb)  # GPU: the timer measures the kernels, not their launches
-            loss_sum = float(losses.sum())
-            if not math.isfinite(loss_sum):
-                where = (f"{cfg.checkpoint_dir}/latest names the last good checkpoint"
-                         if cfg.checkpoint_dir else "no checkpoint directory was given")
-                raise TrainingDiverged(f"loss is {loss_sum} at step {step + 1} on worker "
-                                       f"{topo.worker_index}: training stopped; {where}")
-            mode.update(ids, demb, step + 1)
-            if reporter:
-                now = time.perf_counter()
-                result.step_seconds.append(now - t_step)
-                t_step = now
-            acc += (loss_sum, b, float(label.sum()))
-            if (step + 1) % cfg.log_every == 0 or step + 1 == steps:
-                # Wire: Allreduce of 3 doubles (loss sum, samples, labels) over the workers.
-                glob = topo.workers.allreduce(acc, op=MPI.SUM)
-                totals += glob
-                now = time.perf_counter()
-                rec = {"step": step + 1, "loss": glob[0] / glob[1],
-                       "samples_per_s": glob[1] / (now - t_log),
-                       "seconds": {k: timers[k] for k in PHASES}}
-                if reporter:
-                    result.log.append(rec)
-                    reporter.step(rec)
-                acc[:] = 0
-                t_log = now
-            if evdata is not None and ((cfg.eval_every and (step + 1) % cfg.eval_every == 0)
-                                       or step + 1 == steps):
-                t_eval, before = time.perf_counter(), dict(timers)
-                rec = _evaluate(cfg, topo, mode, model, sparse, evdata, step + 1)
-                timers.update(before)  # the eval's pulls count as eval, not as training
-                timers["eval"] += time.perf_counter() - t_eval
-                if reporter:
-                    result.evals.append(rec)
-                    reporter.evaluation(rec)
-                t_log += time.perf_counter() - t_eval  # samples/s excludes evaluation
-            if cfg.checkpoint_dir and ((cfg.checkpoint_every and (step + 1) % cfg.checkpoint_every
-                                        == 0) or step + 1 == steps) and saved != step + 1:
-                mode.request_checkpoint(step + 1)
-                save(step + 1)
-                saved = step + 1
-        if collect:
-            result.dense = mode.full_dense()
-            result.table = mode.full_table()
-    elapsed = time.perf_counter() - t_start
+def finish(job: Job) -> TrainResult:
+    """Collective: stop the servers, free the store, gather every rank's timers and traffic
+    to the reporter, which prints and writes the summary."""
+    topo, mode = job.topo, job.mode
+    elapsed = time.perf_counter() - job.t_start
     mode.finish()
-    mode.overlap_allreduce(0)  # drop the mode <-> GradBuckets cycle: the tables go with the mode
-
-    # Wire: gather of each rank's phase timers and traffic to the reporter; all wait.
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    # Wire: gather of each rank's phase timers and traffic to the reporter; all wait.
     stats = topo.world.gather((topo.role, dict(mode.timers), mode.traffic(), peak_mb),
-                              root=reporter_rank)
-    if reporter:
-        worker_t = {k: float(np.mean([s[1].get(k, 0.0) for s in stats if s[0] == "worker"]))
-                    for k in PHASES}
-        server_apply = [s[1].get("server_apply", 0.0) for s in stats if s[0] == "server"]
-        busy = sum(worker_t.values()) or 1.0
-        base = totals[2] / max(totals[1], 1)
-        base_ll = -(base * math.log(base) + (1 - base) * math.log(1 - base)) if 0 < base < 1 else 0.0
-        final = result.log[-1]["loss"] if result.log else float("nan")
-        result.summary = {
-            "summary": True, "mode": cfg.mode, "model": cfg.model, "steps": steps,
-            "workers": W, "servers": topo.n_servers, "batch_size": b,
-            "steps_run": steps - start,
-            "samples_per_s": (steps - start) * W * b / max(elapsed - worker_t["eval"], 1e-9),
-            "seconds": elapsed, "startup_seconds": startup, "final_loss": final, "base_rate": base,
-            "base_rate_logloss": base_ll, "phase_seconds": worker_t,
-            "phase_fraction": {k: v / busy for k, v in worker_t.items()},
-            "server_apply_seconds": max(server_apply, default=0.0),
-            "traffic_per_step": {k: v / max(steps - start, 1)
-                                 for k, v in stats[reporter_rank][2].items()},
-            "peak_rss_mb": {role: max((s[3] for s in stats if s[0] == role), default=0.0)
-                            for role in ("worker", "server")},
-        }
-        if result.evals:
-            result.summary["auc"] = result.evals[-1]["auc"]
-            result.summary["eval_logloss"] = result.evals[-1]["logloss"]
-        reporter.close(result.summary)
-    return result
+                              root=topo.worker_ranks[0])
+    if job.reporter:
+        job.result.summary = summarize(job.cfg, topo, stats, job.totals, job.result.log,
+                                       job.result.evals, job.steps, job.steps - job.start,
+                                       elapsed, job.t_start - job.t_begin)
+        job.reporter.close(job.result.summary)
+    return job.result

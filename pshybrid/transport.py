@@ -1,10 +1,13 @@
-"""MPI transport helpers: datatypes for indexed RMA, polite waiting, shared verdicts, and
-the dense Allreduce of a NumPy or CuPy buffer (STYLE §7: the CUDA stream is synchronised
-here, before MPI touches a GPU buffer, so no caller can forget)."""
+"""MPI transport helpers: datatypes for indexed RMA, polite waiting, shared verdicts, the
+job-wide abort on error, and the dense Allreduce of a NumPy or CuPy buffer (the CUDA stream
+is synchronised here, before MPI touches a GPU buffer, so no caller can forget)."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
+import traceback
 
 import numpy as np
 from mpi4py import MPI
@@ -78,6 +81,39 @@ def agree(comm: MPI.Comm, error: BaseException | None) -> None:
                 error.collective = True
                 raise error
             raise PshybridError(f"rank {rank}: {msg}", collective=True)
+
+
+def abort(comm: MPI.Comm, code: int) -> None:
+    """End every rank of ``comm``'s job (MPI_Abort) after the launcher had a moment to
+    forward what this rank printed. Wire: MPI_Abort kills every rank; nobody waits."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if comm.size > 1:
+        time.sleep(0.3)
+        comm.Abort(code)
+    raise SystemExit(code)
+
+
+@contextlib.contextmanager
+def abort_on_error(comm: MPI.Comm):
+    """Run a block so that one failing rank can never leave the others waiting: a
+    ``PshybridError`` marked ``collective`` (raised on every rank at the same point)
+    propagates as usual; any other exception prints the rank and the error (a traceback for
+    unexpected ones) and aborts the whole job (``abort``, exit status 2 for user errors,
+    1 otherwise). A single-rank job just raises."""
+    try:
+        yield
+    except PshybridError as exc:
+        if exc.collective or comm.size == 1:
+            raise
+        sys.stderr.write(f"pshybrid: error (rank {comm.rank}/{comm.size}): {exc}\n")
+        abort(comm, 2)
+    except Exception:
+        if comm.size == 1:
+            raise
+        sys.stderr.write(f"pshybrid: rank {comm.rank}/{comm.size}: uncaught exception:\n")
+        traceback.print_exc()
+        abort(comm, 1)
 
 
 class _Staged:

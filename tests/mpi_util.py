@@ -8,6 +8,9 @@ import subprocess
 import sys
 
 JOB_TIMEOUT = float(os.environ.get("PSHYBRID_TEST_JOB_TIMEOUT", "120"))
+# --shared-memory of the MPI tests' training runs: tests/run.py sets "off" for one world size,
+# so training is also checked over RMA end to end (what crosses nodes).
+SHARED_MEMORY = os.environ.get("PSHYBRID_TEST_SHARED_MEMORY", "auto")
 
 
 def assert_all(comm, ok: bool, msg: str = "") -> None:

@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
     for n in SIZES:
         args = ["-m", "mpi", "--with-mpi", "tests"] + argv
         quiet = ["sh", "-c", 'exec "$@" >/dev/null', "quiet"]  # ranks > 0: stdout dropped
-        env = ["-genv", "PSHYBRID_SHARED_MEMORY", "0"] if n == RMA_ONLY_SIZE else []
+        env = ["-genv", "PSHYBRID_TEST_SHARED_MEMORY", "off"] if n == RMA_ONLY_SIZE else []
         cmd = ["timeout", "-k", "10", str(MPI_TIMEOUT), mpiexec(), *env, "-n", "1"] + py + args
         if n > 1:
             cmd += [":", "-n", str(n - 1)] + quiet + py + args

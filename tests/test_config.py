@@ -56,8 +56,8 @@ def test_cli_overrides_toml_overrides_defaults(tmp_path):
 
 def test_cli_values():
     cfg = parse(TrainConfig, "--mlp", "64,32", "--servers", "none", "--dense-lr", "0.1",
-                "--consistency", "ssp:3", "--data", "train.h5", "--epochs", "2")
-    assert cfg == TrainConfig(mlp=(64, 32), servers=None, dense_lr=0.1, consistency="ssp:3",
+                "--shared-memory", "off", "--data", "train.h5", "--epochs", "2")
+    assert cfg == TrainConfig(mlp=(64, 32), servers=None, dense_lr=0.1, shared_memory="off",
                               data="train.h5", epochs=2)
     assert parse(TrainConfig, "--servers", "2").servers == 2
 
@@ -74,7 +74,7 @@ def test_generic_types(tmp_path):
 @pytest.mark.parametrize("cls,cfg", [
     (TrainConfig, TrainConfig()),
     (TrainConfig, TrainConfig(model="dlrm", servers=3, data="d.h5", epochs=1, dense_lr=0.5,
-                              mlp=(8,), consistency="asp", resume="ckpt")),
+                              mlp=(8,), mode="ps", resume="ckpt")),
     (Toy, Toy(True, 0.0, 7, "a", (1, 2, 3))),
 ])
 def test_to_dict_from_dict_round_trip(cls, cfg):
@@ -92,8 +92,11 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
     (["--lr", "-1"], "--lr: must be >= 0 and finite, got -1.0"),
     (["--lr", "inf"], "--lr: must be >= 0 and finite, got inf"),
     (["--servers", "-1"], "--servers: must be >= 0, got -1"),
-    (["--consistency", "ssp:x"], "--consistency: must be bsp, asp or ssp:K "
-                                 "(K >= 0 an integer: the staleness bound), got 'ssp:x'"),
+    (["--consistency", "ssp:x"], "--consistency: must be bsp, got 'ssp:x'"),
+    (["--consistency", "ssp:2"], "--consistency: bounded staleness (ssp:K, asp) is not "
+                                 "available in this version: use bsp, got 'ssp:2'"),
+    (["--mode", "auto"], "prog: argument --mode: invalid choice: 'auto' "
+                         "(choose from 'hybrid', 'ps', 'allreduce')"),
     (["--model", "bogus"], "prog: argument --model: invalid choice: 'bogus' "
                            "(choose from 'wdl', 'deepfm', 'dcn', 'dlrm')"),
     (["--epochs", "2"], "--epochs needs --data; the synthetic stream is endless: use --steps"),

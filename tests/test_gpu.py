@@ -3,7 +3,7 @@
 one step, and training with ``--device cuda`` == the NumPy run (float64, 1e-9 relative).
 
 Tests that need a CUDA device skip where none is visible and FAIL instead when
-``PSHYBRID_REQUIRE_GPU=1`` (STYLE §14; ``bench/gpu_check.py`` sets it), so a GPU machine never
+``PSHYBRID_REQUIRE_GPU=1`` (``bench/gpu_check.py`` sets it), so a GPU machine never
 passes by skipping. The packaging and compile tests need no device and run everywhere.
 """
 

@@ -92,7 +92,7 @@ def test_grad_buckets_start_only_final_gradients(name):
     it starts; with tiny buckets the models with several layers use several buckets."""
     from mpi4py import MPI
 
-    from pshybrid.modes import GradBuckets
+    from pshybrid.modes.buckets import GradBuckets
 
     if name == "sumpool":
         doc_example()
@@ -127,7 +127,7 @@ def test_grad_buckets_start_only_final_gradients(name):
 def test_grad_buckets_refuse_a_parameter_finished_twice():
     from pshybrid.errors import ConfigError
     from pshybrid.layers import Linear
-    from pshybrid.modes import GradBuckets
+    from pshybrid.modes.buckets import GradBuckets
 
     ps = ParamSpace()
     lin = Linear(ps, "tied", 2, 2)

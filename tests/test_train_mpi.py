@@ -1,4 +1,4 @@
-"""The master oracle (DESIGN §5): W workers x batch b under BSP give the same dense and
+"""The master oracle: W workers x batch b under BSP give the same dense and
 embedding parameters as one process with batch W*b, to 1e-9 relative in float64, in
 every mode, for every optimizer pair on WDL and for every model in hybrid mode.
 
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpi_util import assert_all
+from mpi_util import SHARED_MEMORY, assert_all
 from pshybrid.config import TrainConfig
 from pshybrid.synthetic import SyntheticCTR
 from pshybrid.train import train
@@ -22,7 +22,7 @@ from pshybrid.train import train
 DATA = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
 BASE = TrainConfig(model="wdl", embedding_dim=4, mlp=(8, 6), steps=3, batch_size=4,
                    dtype="float64", lr=0.2, dense_lr=0.05, seed=3, log_every=1000,
-                   cross_layers=2)
+                   cross_layers=2, shared_memory=SHARED_MEMORY)
 # (model, mode, sparse optimizer, dense optimizer, --bucket-mb, --prefetch): the default
 # 1 MiB is one bucket for these small models; 1e-6 starts the Allreduce of every layer during
 # backward. --prefetch defaults to 0 on these oversubscribed runs; 2 makes each step's store

@@ -1,0 +1,60 @@
+"""The dense gradient's Allreduce, started in buckets while backward still runs."""
+
+from __future__ import annotations
+
+from mpi4py import MPI
+
+from ..errors import ConfigError
+from ..layers import ParamSpace
+
+
+class GradBuckets:
+    """Starts the dense gradient's Allreduce in buckets while backward still runs.
+
+    Parameters sit in ``flat_grad`` in registration order and backward mostly finishes them
+    in reverse, so a *suffix* of the buffer becomes final first. ``ready(names)`` (the
+    ParamSpace callback) grows the final suffix; once it holds ``min_bytes`` not yet sent,
+    that span's Iallreduce starts (in place). ``finish()`` starts whatever is left, in one
+    last bucket, and returns every request of the step. Each element is reduced exactly once
+    whatever order layers finish in; the buckets only decide how early. Every worker starts
+    the same buckets in the same order (same model, same backward).
+    """
+
+    def __init__(self, ps: ParamSpace, start, min_bytes: int):
+        self.ps, self.start, self.min_bytes = ps, start, min_bytes
+        self.spans = sorted((ps.offset(n), n) for n in ps.names)  # (first element, name)
+        self.itemsize = ps.flat_grad.dtype.itemsize
+        self._reset()
+
+    def _reset(self) -> None:
+        self.done: set[str] = set()
+        self.k = len(self.spans)     # spans[k:] are final
+        self.sent = self.ps.size     # flat_grad[sent:] has been started
+        self.reqs = []
+
+    def ready(self, names) -> None:
+        again = self.done.intersection(names)
+        if again:  # the first report's span may be on the wire already: no silent mix-up
+            raise ConfigError(f"parameters {sorted(again)} were reported final twice in one "
+                              "backward pass (a layer applied twice per step?): train with "
+                              "--bucket-mb 0")
+        self.done.update(names)
+        while self.k > 0 and self.spans[self.k - 1][1] in self.done:
+            self.k -= 1
+        lo = self.spans[self.k][0] if self.k < len(self.spans) else self.ps.size
+        if (self.sent - lo) * self.itemsize >= self.min_bytes:
+            self._send(lo)
+        if self.reqs:  # drive the started buckets (MPI progresses inside its calls)
+            MPI.Request.Testall([getattr(r, "req", r) for r in self.reqs])
+
+    def _send(self, lo: int) -> None:
+        # Wire: Iallreduce(SUM) of flat_grad[lo:sent] over the workers, in place.
+        self.reqs.append(self.start(self.ps.flat_grad[lo:self.sent]))
+        self.sent = lo
+
+    def finish(self) -> list:
+        if self.sent > 0:
+            self._send(0)
+        reqs = self.reqs
+        self._reset()
+        return reqs

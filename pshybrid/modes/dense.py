@@ -1,0 +1,201 @@
+"""Dense-update strategies: where the dense (MLP) weights live and how their gradients move.
+
+Each strategy offers the workers ``begin(step)`` (before the forward pass), ``start(step)``
+(gradients no pull can see yet go on the wire), ``sync(step)`` (True if it is the step's
+sync point: it returns only once every worker has finished the step's pulls), ``finish(step)``
+(pushes onto the live weights) and the servers ``server_apply(step)``. ``live``: its pushes
+write weights other workers may still be reading (they wait for the sync point);
+``server_step``: the servers run its optimizer at the end of the step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..backend import synchronize, to_host
+from ..optim import Optimizer
+from ..registry import DENSE_ROW
+from ..schema import TableSpec
+from ..transport import iallreduce, idle_barrier
+from .buckets import GradBuckets
+
+
+class AllreduceDense:
+    """Replicated on every worker: the gradients are summed with an Allreduce over the
+    workers (in buckets started during backward, ``GradBuckets``, when ``bucket_bytes`` > 0),
+    then every worker applies the same optimizer step to its copy."""
+
+    live = server_step = False
+
+    def __init__(self, ctx, opt: Optimizer, bucket_bytes: int = 0):
+        self.ctx, self.opt, self.ps = ctx, opt, ctx.ps
+        self.state = {k: ctx.xp.zeros_like(self.ps.flat) for k in opt.slots}
+        self.bytes = 0
+        self._reqs: list = []
+        self._buckets = None
+        if bucket_bytes > 0 and not ctx.topo.is_server:
+            self._buckets = GradBuckets(self.ps, self._iallreduce, bucket_bytes)
+            self.ps.on_grads_ready = self._buckets.ready
+
+    def tables(self) -> list[TableSpec]:
+        return []
+
+    def attach(self, store) -> None:
+        pass
+
+    def _iallreduce(self, buf):
+        # Wire: Iallreduce(SUM) of buf over the workers (a GPU buffer: after a stream sync,
+        # directly or staged; see ``transport.iallreduce``).
+        return iallreduce(self.ctx.topo.workers, buf, self.ctx.cuda_aware)
+
+    def begin(self, step: int) -> None:
+        pass
+
+    def start(self, step: int) -> None:
+        """Start (the rest of) the Allreduce; ``sync`` completes it, so the sparse exchange
+        in between overlaps it."""
+        self.bytes += self.ps.flat_grad.nbytes
+        self._reqs = (self._buckets.finish() if self._buckets is not None
+                      else [self._iallreduce(self.ps.flat_grad)])
+
+    def sync(self, step: int) -> bool:
+        timers = self.ctx.timers
+        with timers.time("allreduce"):
+            for r in self._reqs:
+                r.Wait()  # every worker has contributed: the step's sync point
+        self._reqs = []
+        with timers.time("dense_apply"):
+            self.opt.update(self.ps.flat, self.ps.flat_grad, self.state, step)
+            synchronize(self.ps.flat)  # GPU: time the kernels (no-op on CPU)
+        return True
+
+    def finish(self, step: int) -> None:
+        pass
+
+    def server_apply(self, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        """Drop the ParamSpace <-> GradBuckets cycle (the GC is frozen while training)."""
+        self.ps.on_grads_ready = None
+        self._buckets = None
+
+    # -- checkpoints, tests, export (workers) ------------------------------------------------
+    def weights(self) -> np.ndarray:
+        return to_host(self.ps.flat).copy()
+
+    def state_full(self):
+        """(flat (P,), {slot: (P,)}) host arrays (on a GPU worker, copies)."""
+        return to_host(self.ps.flat), {k: to_host(a) for k, a in self.state.items()}
+
+    def load(self, flat, state: dict) -> None:
+        if self.ctx.topo.is_server:
+            return
+        xp = self.ctx.xp
+        self.ps.flat[...] = xp.asarray(flat)
+        for k, arr in self.state.items():
+            arr[...] = xp.asarray(state[k])
+
+    def traffic(self) -> dict:
+        return {"allreduce_bytes": self.bytes}
+
+
+class ServerDense:
+    """The flat dense buffer as the table ``"dense"`` of ``DENSE_ROW``-wide rows sharded on
+    the servers (a parameter server): workers pull every row before the forward pass and push
+    their gradients back; a non-SGD optimizer runs on the servers (gradients into a ``"g"``
+    slot), plain SGD is a direct ``-lr * g`` push onto the weights."""
+
+    def __init__(self, ctx, opt: Optimizer, bucket_bytes: int = 0):
+        self.ctx, self.opt, self.ps = ctx, opt, ctx.ps
+        self.rows = -(-self.ps.size // DENSE_ROW)
+        self.server_step = opt.kind != "sgd"
+        self.live = not self.server_step
+        self.store = None
+        self._plan = None  # every row of the table: one plan, reused every step
+
+    def tables(self) -> list[TableSpec]:
+        slots = (("g",) + self.opt.slots) if self.server_step else ()
+        return [TableSpec("dense", self.rows, DENSE_ROW, str(self.ps.flat.dtype), "zeros", 0.0,
+                          slots)]
+
+    def attach(self, store) -> None:
+        """Collective: worker 0 writes the initial weights into the zeroed table."""
+        self.store = store
+        topo = self.ctx.topo
+        if topo.rank == topo.worker_ranks[0]:
+            self.store.push("dense", self._all(), self._padded(self.ps.flat))
+            self.store.reset_traffic()  # count training steps only
+        # Wire: zero-byte barrier over world: nobody pulls before the initial weights landed.
+        idle_barrier(topo.world)
+
+    def _all(self):
+        """Workers: the plan of every row, made once (same ids every step: its datatypes are
+        committed once)."""
+        if self._plan is None:
+            self._plan = self.store.plan("dense", np.arange(self.rows, dtype=np.int64))
+        return self._plan
+
+    def _padded(self, flat):
+        out = np.zeros(self.rows * DENSE_ROW, flat.dtype)
+        out[:flat.size] = to_host(flat)  # GPU worker: D2H of the dense buffer
+        return out.reshape(self.rows, DENSE_ROW)
+
+    def begin(self, step: int) -> None:
+        with self.ctx.timers.time("pull"):
+            rows = self.store.pull("dense", self._all())
+            self.ps.flat[...] = self.ctx.xp.asarray(rows.ravel()[:self.ps.size])  # GPU: H2D
+
+    def start(self, step: int) -> None:
+        if self.server_step:
+            with self.ctx.timers.time("push"):
+                self.store.push("dense", self._all(), self._padded(self.ps.flat_grad), slot="g")
+
+    def sync(self, step: int) -> bool:
+        return False
+
+    def finish(self, step: int) -> None:
+        if self.live:
+            with self.ctx.timers.time("push"):
+                self.store.push_sgd("dense", self._all(), self._padded(self.ps.flat_grad),
+                                    self.opt.lr)
+
+    def server_apply(self, step: int) -> None:
+        if self.server_step:
+            shard = self.store.shard
+            state = {k: shard("dense", k) for k in self.opt.slots}
+            self.opt.apply_slot(shard("dense"), shard("dense", "g"), state, step)
+
+    def close(self) -> None:
+        if self._plan is not None:
+            self._plan.free()
+            self._plan = None
+
+    # -- checkpoints, tests, export --------------------------------------------------------
+    def weights(self) -> np.ndarray:
+        """Workers: the current weights, pulled."""
+        return self.store.pull("dense", self._all()).ravel()[:self.ps.size].copy()
+
+    def state_full(self):
+        P, ids = self.ps.size, self._all()
+        slots = self.opt.slots if self.server_step else ()
+        return (self.weights(),
+                {k: self.store.pull("dense", ids, slot=k).ravel()[:P] for k in slots})
+
+    def load(self, flat, state: dict) -> None:
+        """Servers write their rows of the table (weights and optimizer state), workers their
+        local copy; the caller's collective barrier orders it before any pull."""
+        if not self.ctx.topo.is_server:
+            self.ps.flat[...] = self.ctx.xp.asarray(flat)
+            return
+        mine = self.store.shard_ids("dense")
+        self.store.shard("dense")[...] = self._padded(flat)[mine]
+        for k in (self.opt.slots if self.server_step else ()):
+            self.store.shard("dense", k)[...] = self._padded(state[k])[mine]
+        self.store.win.Sync()
+
+    def traffic(self) -> dict:
+        return {}
+
+
+DENSE = {"allreduce": AllreduceDense, "servers": ServerDense}

@@ -1,0 +1,261 @@
+"""Sparse-update strategies: where the embedding rows live and how their gradients move.
+
+Each strategy offers the workers ``prepare(ids) -> Batch`` (any thread where it allows:
+``prepare_uses_mpi``), ``lookup(batch)``, ``start(batch, demb, step)`` (gradients no pull can
+see yet go on the wire), ``finish(batch, demb, step)`` (pushes onto the live weights, after
+the step's sync point), ``touched(s)`` (the local rows of server s the step changed, for the
+servers' optimizer) and the servers ``server_apply(rows, step)``. ``live`` and
+``server_step`` as in ``dense``.
+
+Workers on a GPU (``ctx.xp`` is cupy): rows stay on the host store or table; a lookup
+copies the U distinct rows and the inverse index host->device once and expands them there
+(gather kernel); an update sums the rows of each distinct id on the device (scatter-add
+kernel) and copies the (U, E) sums device->host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import partition
+from ..backend import to_host
+from ..initializers import uniform_rows
+from ..kernels import gather, scatter_add, segment_sum, unique_inverse
+from ..optim import Optimizer
+from ..schema import FusedTable, TableSpec
+from ..transport import mpi_type
+
+
+class Batch:
+    """One step's embedding ids, prepared for the wire (TorchRec's input_dist): made by
+    ``Mode.prepare(ids)``, used by the step's ``lookup`` and ``update``, then ``release``d.
+
+    ids: (B, F) int64 host; plan: the store's ``Plan`` (server modes: dedup, owner groups,
+    row datatypes) or None; unique (U,) / inverse (B*F,): the distinct ids and
+    ``unique[inverse] == ids.ravel()``; dev_inverse: the inverse on the GPU (GPU workers).
+    """
+
+    __slots__ = ("ids", "plan", "unique", "inverse", "dev_inverse")
+
+    def __init__(self, ids, plan=None, unique=None, inverse=None):
+        self.ids, self.plan = ids, plan
+        if plan is not None:
+            unique, inverse = plan.unique, plan.inverse
+        self.unique, self.inverse, self.dev_inverse = unique, inverse, None
+
+    def release(self) -> None:
+        """Free the plan's datatypes (after the step's last push)."""
+        if self.plan is not None:
+            self.plan.free()
+            self.plan = None
+
+
+def _device_rows(ctx, batch: Batch, rows):
+    """GPU worker: (U, E) host rows -> (B, F, E) on the device (H2D of U rows and of the
+    inverse index, then the gather kernel)."""
+    xp = ctx.xp
+    batch.dev_inverse = xp.asarray(batch.inverse.ravel())  # H2D: 8 B per id
+    return gather(xp.asarray(rows), batch.dev_inverse).reshape(batch.ids.shape + rows.shape[1:])
+
+
+def _device_sums(batch: Batch, demb):
+    """GPU worker: (B, F, E) device gradients -> (U, E) host sums per distinct id."""
+    sums = scatter_add(batch.dev_inverse, demb.reshape(batch.dev_inverse.size, -1),
+                       batch.unique.size)
+    return to_host(sums)  # D2H: U rows (waits for the backward pass)
+
+
+class ServerSparse:
+    """The fused table sharded row-wise on the servers (``store``): one indexed Get per
+    server to pull, one Accumulate per server to push. A non-SGD optimizer runs on the
+    servers: workers accumulate raw gradient sums into a ``"g"`` slot and tell each server
+    the rows they touched; plain SGD pushes ``-lr * g`` straight onto the weights (``live``)."""
+
+    prepare_uses_mpi = True  # the plan commits MPI datatypes
+
+    def __init__(self, ctx, layout: FusedTable, opt: Optimizer):
+        self.ctx, self.layout, self.opt = ctx, layout, opt
+        self.name = layout.table.name
+        self.server_step = opt.kind != "sgd"
+        self.live = not self.server_step
+        self.store = None
+        self._touched = None  # (unique, bounds) of the step's push
+
+    def tables(self) -> list[TableSpec]:
+        spec = self.layout.table
+        slots = (("g",) + self.opt.slots) if self.server_step else ()
+        return [TableSpec(spec.name, spec.rows, spec.dim, spec.dtype, spec.init,
+                          spec.init_scale, slots)]
+
+    def attach(self, store) -> None:
+        self.store = store
+
+    def prepare(self, ids) -> Batch:
+        return Batch(ids, plan=self.store.plan(self.name, ids))
+
+    def lookup(self, batch: Batch):
+        with self.ctx.timers.time("pull"):
+            if self.ctx.xp is np:
+                return self.store.pull(self.name, batch.plan)
+            return _device_rows(self.ctx, batch, self.store.pull(self.name, batch.plan,
+                                                                 unique=True))
+
+    def _push(self, batch: Batch, demb, **kw) -> None:
+        on_host = self.ctx.xp is np
+        grads = demb if on_host else _device_sums(batch, demb)
+        self._touched = self.store.push(self.name, batch.plan, grads, unique=not on_host, **kw)
+
+    def start(self, batch: Batch, demb, step: int) -> None:
+        if self.server_step:
+            with self.ctx.timers.time("push"):
+                self._push(batch, demb, slot="g")
+
+    def finish(self, batch: Batch, demb, step: int) -> None:
+        if self.live:
+            with self.ctx.timers.time("push"):
+                self._push(batch, demb, scale=-self.opt.lr)
+
+    def touched(self, server: int) -> np.ndarray:
+        """Local rows of ``server`` that the step's push changed (none without a server
+        step: the servers have nothing to apply)."""
+        if not self.server_step or self._touched is None:
+            return np.zeros(0, np.int64)
+        unique, bounds = self._touched
+        return partition.local_row(unique[bounds[server]:bounds[server + 1]],
+                                   self.ctx.topo.n_servers)
+
+    def server_apply(self, rows, step: int) -> None:
+        """Servers: the optimizer on the union of the workers' touched rows; it reads their
+        ``"g"`` rows and zeroes them (one fused pass)."""
+        if self.server_step:
+            shard = self.store.shard
+            state = {k: shard(self.name, k) for k in self.opt.slots}
+            self.opt.apply_slot(shard(self.name), shard(self.name, "g"), state, step, rows)
+
+    def close(self) -> None:
+        self._touched = None
+
+    # -- checkpoints, tests, export ------------------------------------------------------
+    def state(self):
+        """Servers: (global ids (n,), {slot: (n, E)}) of the rows they hold."""
+        slots = {"w": self.store.shard(self.name)}
+        if self.server_step:
+            slots.update({k: self.store.shard(self.name, k) for k in self.opt.slots})
+        return self.store.shard_ids(self.name), slots
+
+    def load_rows(self, ids, values: dict) -> None:
+        local = partition.local_row(ids, self.ctx.topo.n_servers)
+        for slot, arr in values.items():
+            self.store.shard(self.name, slot)[local] = arr
+        self.store.win.Sync()  # publish before any worker's Get
+
+    def owns(self, ids):
+        topo = self.ctx.topo
+        return partition.owner(ids, topo.n_servers) == topo.server_index
+
+    def full_table(self) -> np.ndarray:
+        """Workers: the whole fused table, pulled in chunks."""
+        spec = self.layout.table
+        out = np.empty((spec.rows, spec.dim), spec.dtype)
+        for a in range(0, spec.rows, 1 << 16):
+            b = min(spec.rows, a + (1 << 16))
+            out[a:b] = self.store.pull(spec.name, np.arange(a, b, dtype=np.int64))
+        return out
+
+    def traffic(self) -> dict:
+        return {}
+
+
+class ReplicatedSparse:
+    """Every worker holds the whole fused table. Each worker's gradient rows, summed per
+    distinct id, are exchanged with Allgather (ids + rows, Horovod style) and every worker
+    applies the same optimizer update to its copy."""
+
+    live = server_step = False
+    prepare_uses_mpi = False
+
+    def __init__(self, ctx, layout: FusedTable, opt: Optimizer):
+        self.ctx, self.layout, self.opt = ctx, layout, opt
+        spec = layout.table
+        self.table = np.empty((spec.rows, spec.dim), spec.dtype)
+        uniform_rows(self.table, np.arange(spec.rows, dtype=np.int64), ctx.seed, spec.name,
+                     spec.init_scale)
+        self.state_arrays = {k: np.zeros_like(self.table) for k in opt.slots}
+        self.gather_bytes = 0
+
+    def tables(self) -> list[TableSpec]:
+        return []
+
+    def attach(self, store) -> None:
+        pass
+
+    def prepare(self, ids) -> Batch:
+        unique, inverse, _ = unique_inverse(ids)
+        return Batch(ids, unique=unique, inverse=inverse)
+
+    def lookup(self, batch: Batch):
+        with self.ctx.timers.time("pull"):
+            if self.ctx.xp is np:
+                return gather(self.table, batch.ids)
+            return _device_rows(self.ctx, batch, gather(self.table, batch.unique))
+
+    def sums(self, batch: Batch, demb):
+        """(U, E) host gradient sums of ``batch.unique`` (input order within an id)."""
+        if self.ctx.xp is np:
+            dim = self.table.shape[1]
+            return scatter_add(batch.inverse.ravel(), demb.reshape(-1, dim), batch.unique.size)
+        return _device_sums(batch, demb)
+
+    def start(self, batch: Batch, demb, step: int) -> None:
+        with self.ctx.timers.time("push"):
+            ids, rows = self.exchange(batch.unique, self.sums(batch, demb))
+            self.opt.update_rows(self.table, ids, rows, self.state_arrays, step)
+
+    def exchange(self, uids, sums):
+        """Every worker's (ids, summed rows) -> the distinct ids of all and their sums."""
+        comm, dim = self.ctx.topo.workers, self.table.shape[1]
+        # Wire: Allgather of counts, then Allgatherv of ids (8 B/row) and rows (itemsize*dim
+        # B/row) over the workers; all workers wait.
+        counts = np.array(comm.allgather(uids.size))
+        all_ids = np.empty(counts.sum(), np.int64)
+        comm.Allgatherv(uids, [all_ids, counts, MPI.INT64_T])
+        all_rows = np.empty((counts.sum(), dim), self.table.dtype)
+        T = mpi_type(self.table.dtype)
+        comm.Allgatherv(np.ascontiguousarray(sums), [all_rows, counts * dim, T])
+        self.gather_bytes += all_ids.nbytes + all_rows.nbytes
+        return segment_sum(all_ids, all_rows)
+
+    def finish(self, batch: Batch, demb, step: int) -> None:
+        pass
+
+    def touched(self, server: int) -> np.ndarray:
+        return np.zeros(0, np.int64)
+
+    def server_apply(self, rows, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    # -- checkpoints, tests, export: every worker holds every row (worker 0 writes them) --
+    def state(self):
+        rows = self.table.shape[0]
+        return np.arange(rows, dtype=np.int64), {"w": self.table, **self.state_arrays}
+
+    def load_rows(self, ids, values: dict) -> None:
+        self.table[ids] = values["w"]
+        for k, arr in self.state_arrays.items():
+            arr[ids] = values[k]
+
+    def owns(self, ids):
+        return np.ones(ids.shape, bool)
+
+    def full_table(self) -> np.ndarray:
+        return self.table.copy()
+
+    def traffic(self) -> dict:
+        return {"allgather_bytes": self.gather_bytes}
+
+
+SPARSE = {"servers": ServerSparse, "replicated": ReplicatedSparse}

@@ -1,0 +1,172 @@
+"""``Mode``: a sparse and a dense strategy, driven by one fixed step sequence.
+
+The BSP rule: the pulls of step t+1 see every update of step t, and no update of step t
+reaches weights a worker may still be reading for step t. ``update`` keeps it in five moves:
+
+1. ``start``: gradients that no pull can see go on the wire first (the dense Allreduce
+   buckets, pushes into a server ``"g"`` slot, the Allgather exchange of a replicated table);
+2. if nothing is ``live``, the servers are told their rows now, so they apply while the
+   Allreduce still runs;
+3. the sync point: after it every worker has finished its pulls of step t (the dense
+   Allreduce's completion, or else, when a live push follows, a workers' barrier);
+4. ``finish``: the live pushes (direct SGD onto the weights);
+5. the servers' step is waited for (an Ibarrier they join after applying), or, with live
+   pushes and no server step, a workers' barrier: every push is complete.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..backend import array_module
+from ..optim import Optimizer
+from ..registry import ModeSpec
+from ..store import EmbeddingStore
+from ..timers import Timers
+from ..topology import Topology
+from .dense import DENSE
+from .servers import ServerLink, serve
+from .sparse import SPARSE, Batch
+
+
+@dataclass
+class Context:
+    """What the two strategies of a mode share."""
+
+    topo: Topology
+    ps: object           # the model's ParamSpace
+    xp: object           # numpy, or cupy on GPU workers
+    timers: Timers
+    seed: int
+    cuda_aware: bool     # GPU workers: hand device buffers to MPI (else stage them)
+
+
+class Mode:
+    """``spec``'s strategies for one job (collective construction over ``topo.world``).
+
+    Options: ``bucket_bytes`` (start the dense Allreduce in buckets of at least that many
+    bytes during backward; 0: one Allreduce after it), ``shared_memory`` (the store's
+    same-node path: None = on when the job is on one node), ``cuda_aware``.
+    """
+
+    def __init__(self, spec: ModeSpec, topo: Topology, layout, ps, sparse_opt: Optimizer,
+                 dense_opt: Optimizer, seed: int, *, bucket_bytes: int = 0,
+                 shared_memory: bool | None = None, cuda_aware: bool = False):
+        self.spec, self.topo = spec, topo
+        self.timers = Timers()
+        self.xp = array_module(ps.flat)
+        ctx = Context(topo, ps, self.xp, self.timers, seed, cuda_aware)
+        self.sparse = SPARSE[spec.sparse](ctx, layout, sparse_opt)
+        self.dense = DENSE[spec.dense](ctx, dense_opt, bucket_bytes)
+        tables = self.sparse.tables() + self.dense.tables()
+        self.store = (EmbeddingStore(topo, tables, seed=seed, shared_memory=shared_memory)
+                      if tables else None)
+        self.sparse.attach(self.store)
+        self.dense.attach(self.store)
+        self.server_step = self.sparse.server_step or self.dense.server_step
+        self.live = self.sparse.live or self.dense.live
+        self.link = ServerLink(topo) if spec.needs_servers else None
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    # -- the step (workers) ----------------------------------------------------------------
+    @property
+    def prepare_uses_mpi(self) -> bool:
+        """Whether ``prepare`` makes MPI calls (a data thread needs MPI_THREAD_MULTIPLE)."""
+        return self.sparse.prepare_uses_mpi
+
+    def prepare(self, ids) -> Batch:
+        """ids: (B, F) int64 host -> the step's ``Batch`` (dedup, owner groups, datatypes)."""
+        return self.sparse.prepare(ids)
+
+    def begin(self, step: int) -> None:
+        """Before the forward pass (``ps``: pull the dense weights)."""
+        self.dense.begin(step)
+
+    def lookup(self, batch: Batch):
+        """-> emb: batch.ids.shape + (E,) in ``self.xp``."""
+        return self.sparse.lookup(batch)
+
+    def update(self, batch: Batch, demb, step: int) -> None:
+        """Apply step ``step``'s gradients (demb: (B, F, E) in ``self.xp``; the dense ones in
+        the ParamSpace); on return every worker's next lookup sees them (BSP)."""
+        sparse, dense = self.sparse, self.dense
+        dense.start(step)                                  # 1. nothing a pull can see yet
+        sparse.start(batch, demb, step)
+        if self.server_step and not self.live:
+            self.link.step(sparse.touched)                 # 2. servers apply meanwhile
+        if not dense.sync(step) and self.live:             # 3. every worker pulled step t
+            with self.timers.time("wait"):
+                self.topo.workers.Barrier()  # Wire: zero-byte barrier over the workers
+        sparse.finish(batch, demb, step)                   # 4. live pushes
+        dense.finish(step)
+        if self.server_step and self.live:
+            self.link.step(sparse.touched)
+        with self.timers.time("wait"):                     # 5. the step is complete
+            if self.server_step:
+                self.link.wait()
+            elif self.live:
+                self.topo.workers.Barrier()  # Wire: zero-byte barrier: every push completed
+
+    # -- servers ---------------------------------------------------------------------------
+    def serve(self, start_step: int, on_checkpoint) -> None:
+        """Servers: run the steps' optimizers until the workers stop (``servers.serve``)."""
+        serve(self.topo, self, start_step, on_checkpoint)
+
+    def server_apply(self, rows, step: int) -> None:
+        self.sparse.server_apply(rows, step)
+        self.dense.server_apply(step)
+
+    def request_checkpoint(self, step: int) -> None:
+        """Workers: have the servers join ``checkpoint.save`` for ``step``."""
+        if self.link is not None:
+            self.link.checkpoint(step)
+
+    def finish(self) -> None:
+        """Collective: stop the servers, free plans and the store's window."""
+        self.sparse.close()
+        self.dense.close()
+        if self.link is not None and not self.topo.is_server:
+            self.link.stop()
+        if self.store is not None:
+            self.store.close()
+
+    # -- state: checkpoints, tests, export -------------------------------------------------
+    def sparse_state(self):
+        """Holders of sparse rows: (global ids (n,), {slot: (n, E)})."""
+        return self.sparse.state()
+
+    def set_sparse_rows(self, ids, values: dict) -> None:
+        self.sparse.load_rows(ids, values)
+
+    def owns(self, ids):
+        """Mask of the global ids this rank holds."""
+        return self.sparse.owns(ids)
+
+    def dense_state_full(self):
+        """Workers: (flat (P,), {slot: (P,)}) host arrays."""
+        return self.dense.state_full()
+
+    def set_dense_state(self, flat, state: dict) -> None:
+        self.dense.load(flat, state)
+
+    def full_dense(self) -> np.ndarray:
+        return self.dense.weights()
+
+    def full_table(self) -> np.ndarray:
+        return self.sparse.full_table()
+
+    def traffic(self) -> dict:
+        """Bytes this rank moved, by kind (the library's own counters)."""
+        out = {**self.sparse.traffic(), **self.dense.traffic()}
+        if self.store is not None:
+            t = self.store.traffic
+            out.update(rma_get_bytes=t.get_bytes, shm_read_bytes=t.shm_bytes,
+                       rma_acc_bytes=t.acc_bytes)
+        if self.link is not None:
+            out["p2p_bytes"] = self.link.bytes
+        return out

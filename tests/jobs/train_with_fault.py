@@ -1,0 +1,30 @@
+"""``python -m pshybrid train`` whose world rank RANK raises after step STEP (a test hook
+passed to ``train(on_step=...)``, as a user's callback would be).
+
+mpiexec -n 4 python tests/jobs/train_with_fault.py RANK STEP [train options]
+"""
+
+import sys
+
+from mpi4py import MPI
+
+from pshybrid.cli import build_parser
+from pshybrid.config import TrainConfig, resolve
+from pshybrid.launch import run
+from pshybrid.train import train
+
+
+def main(argv):
+    rank, step = int(argv[0]), int(argv[1])
+    args = build_parser().parse_args(["train", *argv[2:]])
+
+    def fault(done):
+        if MPI.COMM_WORLD.rank == rank and done == step:
+            raise RuntimeError(f"injected fault at step {step}")
+
+    train(resolve(TrainConfig, args), MPI.COMM_WORLD, on_step=fault)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run(main, sys.argv[1:]))

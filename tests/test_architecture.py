@@ -1,0 +1,163 @@
+"""The package's shape, checked against its documentation: the layer table of
+docs/architecture.md (no import goes up a layer, no circle of imports), the mode registry
+== the modes the docs list, size limits that keep modules readable, and a product that cites
+nothing outside the repository."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+import re
+import subprocess
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PKG = ROOT / "pshybrid"
+
+
+def layer_table() -> dict[str, int]:
+    """{module: layer} from the table in docs/architecture.md (``| N | `a`, `b` | ...``)."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    layers = {}
+    for m in re.finditer(r"^\| (\d+) \| ([^|]+) \|", text, re.M):
+        for name in re.findall(r"`([a-z_]+)`", m.group(2)):
+            layers[name] = int(m.group(1))
+    return layers
+
+
+def module_name(path: pathlib.Path, pkg: pathlib.Path = PKG) -> str:
+    """pshybrid/modes/step.py -> 'modes.step'; pshybrid/train.py -> 'train'."""
+    parts = [p for p in path.relative_to(pkg).with_suffix("").parts if p != "__init__"]
+    return ".".join(parts) or "__init__"
+
+
+def imports(path: pathlib.Path, pkg: pathlib.Path = PKG) -> set[str]:
+    """The package's modules that ``path`` imports (anywhere in it, lazy imports too)."""
+    here = module_name(path, pkg).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - (node.level - 1)]
+                target = [*base, *(node.module.split(".") if node.module else [])]
+                if node.module is None:  # from . import x, y: modules, or names of the package
+                    for a in node.names:
+                        sub = pkg.joinpath(*target, a.name)
+                        is_mod = sub.with_suffix(".py").exists() or sub.is_dir()
+                        out.add(".".join([*target, a.name] if is_mod else target) or "__init__")
+                else:
+                    out.add(".".join(target))
+            elif node.module and node.module.split(".")[0] == pkg.name:
+                out.add(node.module.removeprefix(pkg.name).lstrip(".") or "__init__")
+        elif isinstance(node, ast.Import):
+            out.update(a.name.removeprefix(pkg.name + ".") for a in node.names
+                       if a.name.split(".")[0] == pkg.name and a.name != pkg.name)
+    return {m for m in out if m}
+
+
+def layer_of(mod: str, layers: dict) -> int:
+    top = mod.split(".")[0]
+    assert top in layers, f"module {mod} is missing from the layer table of docs/architecture.md"
+    return layers[top]
+
+
+def upward_imports(pkg: pathlib.Path, layers: dict) -> list[str]:
+    bad = []
+    for path in sorted(pkg.rglob("*.py")):
+        mod = module_name(path, pkg)
+        for dep in sorted(imports(path, pkg)):
+            if layer_of(dep, layers) > layer_of(mod, layers):
+                bad.append(f"{mod} (layer {layer_of(mod, layers)}) imports {dep} "
+                           f"(layer {layer_of(dep, layers)})")
+    return bad
+
+
+def find_cycle(pkg: pathlib.Path) -> list[str] | None:
+    """One import cycle among the package's modules, or None."""
+    graph = {module_name(p, pkg): imports(p, pkg) for p in sorted(pkg.rglob("*.py"))}
+    graph = {m: {d for d in deps if d in graph} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+    path: list[str] = []
+
+    def visit(m):
+        state[m] = 1
+        path.append(m)
+        for d in sorted(graph[m]):
+            if state.get(d) == 1:
+                return path[path.index(d):] + [d]
+            if d not in state and (cycle := visit(d)):
+                return cycle
+        path.pop()
+        state[m] = 2
+        return None
+
+    for m in sorted(graph):
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def test_every_module_is_in_the_layer_table_and_imports_go_down():
+    layers = layer_table()
+    assert len(layers) > 10, "no layer table found in docs/architecture.md"
+    bad = upward_imports(PKG, layers)
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycles():
+    cycle = find_cycle(PKG)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_the_checks_find_a_planted_violation(tmp_path):
+    pkg = tmp_path / "toy"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low.py").write_text("def f():\n    from .high import g\n")  # lazy, still counted
+    (pkg / "high.py").write_text("from . import low\nfrom .sub import leaf\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "leaf.py").write_text("from ..low import f\n")
+    layers = {"__init__": 0, "low": 0, "high": 1, "sub": 1}
+    assert imports(pkg / "sub" / "leaf.py", pkg) == {"low"}
+    assert upward_imports(pkg, layers) == ["low (layer 0) imports high (layer 1)"]
+    assert find_cycle(pkg) in (["high", "low", "high"], ["low", "high", "low"])
+    (pkg / "low.py").write_text("")
+    assert upward_imports(pkg, layers) == [] and find_cycle(pkg) is None
+
+
+def test_size_limits():
+    big = []
+    for path in sorted(PKG.rglob("*.py")):
+        src = path.read_text()
+        if len(src.splitlines()) > 500:
+            big.append(f"{module_name(path)}: {len(src.splitlines())} lines")
+        for node in ast.walk(ast.parse(src)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                n = node.end_lineno - node.lineno + 1
+                if n > 60:
+                    big.append(f"{module_name(path)}.{node.name}: {n} lines")
+    assert not big, "over 500 lines per module / 60 per function:\n" + "\n".join(big)
+
+
+def test_docs_list_exactly_the_registered_modes():
+    from pshybrid.registry import MODES
+
+    text = (ROOT / "docs" / "training.md").read_text()
+    table = re.search(r"## Modes.*?\n((?:\|.*\n)+)", text, re.S).group(1)
+    listed = re.findall(r"^\| `([a-z]+)` \|", table, re.M)
+    assert listed == list(MODES), (listed, list(MODES))
+
+
+@pytest.mark.parametrize("pattern", [r"DESIGN[ .]", r"STYLE[ .]", r"shared/"])
+def test_product_cites_nothing_outside_the_repo(pattern):
+    try:
+        out = subprocess.run(["git", "grep", "-n", "-E", pattern, "--", "pshybrid", "docs",
+                              "README.md", "jobs", "bench", "kernels", "setup.cfg"],
+                             cwd=ROOT, capture_output=True, text=True, timeout=30)
+    except FileNotFoundError:
+        pytest.skip("git is not installed")
+    if out.returncode == 128:
+        pytest.skip("not a git checkout")
+    assert out.stdout == "", out.stdout
