@@ -36,6 +36,7 @@ from .layers import ParamSpace, bce_with_logits
 from .models import build_model
 from .modes import MODES
 from .optim import Optimizer
+from .preflight import preflight  # trust
 from .synthetic import SyntheticCTR
 from .threads import rank_cores
 from .topology import Topology
@@ -132,6 +133,8 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
     opened = []
     try:
         data, evdata = _open_data(cfg, topo, dataset, opened)
+        if preflight(cfg, topo, data, evdata, out, collect):  # trust
+            return TrainResult(topo.role)  # trust
         return _train(cfg, topo, data, evdata, collect, out)
     finally:
         gc.unfreeze()  # a later run in this process (tests, benchmarks) may collect them
