@@ -58,6 +58,14 @@ def test_writer_is_atomic(tmp_path):
      "row counts disagree"),
     (lambda f: f.attrs.__delitem__("cardinalities"), "missing attribute 'cardinalities'"),
     (lambda f: f.attrs.__setitem__("cardinalities", [3]), "do not match"),
+    # every kind of object where a dataset or an integer attribute belongs
+    (lambda f: (f.__delitem__("label"), f.create_group("label")), "/label is a group"),
+    (lambda f: f.attrs.__setitem__("cardinalities", [3.0, 5.5]),
+     "attribute cardinalities must be a 1-D array of integers"),
+    (lambda f: f.attrs.__setitem__("cardinalities", "3,5"), "attribute cardinalities"),
+    (lambda f: f.attrs.__setitem__("cardinalities", np.array([2**62, 2**62], np.uint64)),
+     "beyond the int64 ids"),
+    (lambda f: f.attrs.__setitem__("format_version", "one"), "attribute format_version"),
 ])
 def test_structure_errors_name_file_and_key(tmp_path, corrupt, needle):
     p = tmp_path / "d.h5"
