@@ -7,8 +7,8 @@
            field_names (F_d + F_s,) str: the dense names, then the sparse names;
            optional: planted_auc (float, synthetic files), source (str), transform (str)
 
-``DatasetWriter`` streams rows into such a file atomically (temporary name, then rename);
-the reader and the validation live beside it.
+``DatasetWriter`` streams rows into such a file atomically (a fresh unique temporary
+name beside it, then rename); the reader and the validation live beside it.
 """
 
 from __future__ import annotations
@@ -31,11 +31,16 @@ class DatasetWriter:
     """
 
     def __init__(self, path: str, dense_names, sparse_names):
+        from .safeio import new_temp_file
+
         self.path = os.fspath(path)
-        d = os.path.dirname(os.path.abspath(self.path))
-        self.tmp = os.path.join(d, f".{os.path.basename(self.path)}.tmp-{os.getpid()}")
         self.dense_names, self.sparse_names = list(dense_names), list(sparse_names)
-        self.f = h5py.File(self.tmp, "w")
+        self.tmp = new_temp_file(self.path)  # a fresh unique name: never a planted link
+        try:
+            self.f = h5py.File(self.tmp, "w")
+        except BaseException:
+            os.remove(self.tmp)
+            raise
         fd, fs = len(self.dense_names), len(self.sparse_names)
         self.label = self.f.create_dataset("label", (0,), np.float32, maxshape=(None,),
                                            chunks=(CHUNK_ROWS,))
@@ -62,7 +67,9 @@ class DatasetWriter:
         for k, v in attrs.items():
             self.f.attrs[k] = v
         self.f.close()
-        os.replace(self.tmp, self.path)  # atomic publish
+        from .safeio import publish_file
+
+        publish_file(self.tmp, self.path)  # atomic publish; a link at path is replaced
 
     def abort(self) -> None:
         try:

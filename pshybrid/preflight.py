@@ -26,10 +26,9 @@ from .transport import agree
 
 def total_steps(cfg, n_rows: int | None, n_workers: int) -> int:
     """The step training ends at: ``--steps``, or ``--epochs`` x steps per epoch."""
-    if not cfg.epochs:
-        return cfg.steps
-    return cfg.epochs * BatchPlan(n_rows, n_workers * cfg.batch_size, cfg.shuffle,
-                                  cfg.seed).steps_per_epoch
+    per_epoch = BatchPlan(n_rows, n_workers * cfg.batch_size, cfg.shuffle,
+                          cfg.seed).steps_per_epoch if cfg.epochs else None
+    return cfg.steps if per_epoch is None else cfg.epochs * per_epoch
 
 
 def check_outputs(cfg, topo) -> None:

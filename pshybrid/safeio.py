@@ -122,19 +122,32 @@ def read_small_text(path: str, limit: int = 4096) -> str:
     return data.decode("utf-8")
 
 
+def new_temp_file(path: str) -> str:
+    """A fresh empty file ``.<name>.<random>.tmp`` beside ``path`` (created exclusively,
+    mode 0600), to be written and then published with ``publish_file``."""
+    d, base = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=d)
+    os.close(fd)
+    return tmp
+
+
+def publish_file(tmp: str, path: str) -> None:
+    """Give ``tmp`` the usual permissions and rename it to ``path`` (a link there is
+    replaced, never followed)."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+
+
 @contextlib.contextmanager
 def atomic_output(path: str):
     """``with atomic_output(out) as tmp:`` write the file ``tmp`` (a fresh unique name beside
     ``out``); on success it is renamed to ``out`` (replacing a link there, never following
     it), on any error it is removed, so a failed write leaves no partial file and an existing
     ``out`` unchanged."""
-    d, base = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=d)
-    os.close(fd)
+    tmp = new_temp_file(path)
     try:
         yield tmp
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
+        publish_file(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
