@@ -1,4 +1,4 @@
-"""Dataset files (DESIGN §8, fixed): HDF5 with
+"""Dataset files (fixed format, ``docs/data.md``): HDF5 with
 
     /label  (N,)      float32 in {0, 1}
     /dense  (N, F_d)  float32
@@ -7,8 +7,8 @@
            field_names (F_d + F_s,) str: the dense names, then the sparse names;
            optional: planted_auc (float, synthetic files), source (str), transform (str)
 
-``DatasetWriter`` streams rows into such a file atomically (temporary name, then rename);
-the reader and the validation live beside it.
+``DatasetWriter`` streams rows into such a file atomically (a fresh unique temporary
+name beside it, then rename); the reader and the validation live beside it.
 """
 
 from __future__ import annotations
@@ -31,11 +31,16 @@ class DatasetWriter:
     """
 
     def __init__(self, path: str, dense_names, sparse_names):
+        from .safeio import new_temp_file
+
         self.path = os.fspath(path)
-        d = os.path.dirname(os.path.abspath(self.path))
-        self.tmp = os.path.join(d, f".{os.path.basename(self.path)}.tmp-{os.getpid()}")
         self.dense_names, self.sparse_names = list(dense_names), list(sparse_names)
-        self.f = h5py.File(self.tmp, "w")
+        self.tmp = new_temp_file(self.path)  # a fresh unique name: never a planted link
+        try:
+            self.f = h5py.File(self.tmp, "w")
+        except BaseException:
+            os.remove(self.tmp)
+            raise
         fd, fs = len(self.dense_names), len(self.sparse_names)
         self.label = self.f.create_dataset("label", (0,), np.float32, maxshape=(None,),
                                            chunks=(CHUNK_ROWS,))
@@ -62,7 +67,9 @@ class DatasetWriter:
         for k, v in attrs.items():
             self.f.attrs[k] = v
         self.f.close()
-        os.replace(self.tmp, self.path)  # atomic publish
+        from .safeio import publish_file
+
+        publish_file(self.tmp, self.path)  # atomic publish; a link at path is replaced
 
     def abort(self) -> None:
         try:
@@ -82,6 +89,17 @@ class DatasetWriter:
 # -- reading ---------------------------------------------------------------------------------
 SHUFFLE_BLOCK = 1024  # rows; the unit of the block shuffle (independent of W and b)
 _SCAN_ROWS = 65536
+
+
+def _attr_ints(attrs, key):
+    """An integer attribute as an int64 array, None if it is not integers."""
+    try:
+        a = np.asarray(attrs[key])
+    except (OSError, TypeError, ValueError):
+        return None
+    if a.dtype.kind not in "iu" or (a.dtype.kind == "u" and a.size and a.max() >= 2**63):
+        return None
+    return a.astype(np.int64)
 
 
 class H5Dataset:
@@ -104,7 +122,10 @@ class H5Dataset:
         for key, (ndim, dtype) in want.items():
             if key not in self.f:
                 raise InputError(f"{self.path}: missing dataset /{key}")
-            ds = self.f[key]
+            ds = self.f.get(key)
+            if not isinstance(ds, h5py.Dataset):
+                raise InputError(f"{self.path}: /{key} is a {type(ds).__name__.lower()}, "
+                                 f"not a dataset")
             if ds.ndim != ndim or ds.dtype != dtype:
                 raise InputError(f"{self.path}: /{key} must be {ndim}-D {np.dtype(dtype).name}, "
                                  f"found {ds.ndim}-D {ds.dtype}")
@@ -114,12 +135,25 @@ class H5Dataset:
         for attr in ("format_version", "cardinalities", "field_names"):
             if attr not in self.f.attrs:
                 raise InputError(f"{self.path}: missing attribute {attr!r}")
-        if int(self.f.attrs["format_version"]) != FORMAT_VERSION:
-            raise InputError(f"{self.path}: format_version {self.f.attrs['format_version']} "
-                             f"is not {FORMAT_VERSION}")
-        cards = tuple(int(c) for c in self.f.attrs["cardinalities"])
+        version = _attr_ints(self.f.attrs, "format_version")
+        if version is None or version.size != 1 or int(version.ravel()[0]) != FORMAT_VERSION:
+            raise InputError(f"{self.path}: attribute format_version "
+                             f"{self.f.attrs['format_version']!r} is not {FORMAT_VERSION}")
+        cards_arr = _attr_ints(self.f.attrs, "cardinalities")
+        if cards_arr is None or cards_arr.ndim != 1:
+            raise InputError(f"{self.path}: attribute cardinalities must be a 1-D array of "
+                             "integers")
+        cards = tuple(int(c) for c in cards_arr)
+        if sum(cards) >= 2**63:
+            raise InputError(f"{self.path}: attribute cardinalities sums to {sum(cards)}, "
+                             "beyond the int64 ids of the fused table")
         fd, fs = self.f["dense"].shape[1], self.f["sparse"].shape[1]
-        names = [n.decode() if isinstance(n, bytes) else str(n) for n in self.f.attrs["field_names"]]
+        try:
+            raw = np.atleast_1d(self.f.attrs["field_names"])
+            names = [n.decode() if isinstance(n, bytes) else str(n) for n in raw]
+        except (OSError, TypeError, ValueError, UnicodeDecodeError) as e:
+            raise InputError(f"{self.path}: attribute field_names is not a list of "
+                             f"strings ({e})") from None
         if len(cards) != fs or len(names) != fd + fs or min(cards, default=1) < 1:
             raise InputError(f"{self.path}: attributes cardinalities ({len(cards)}) and "
                              f"field_names ({len(names)}) do not match /dense ({fd} columns) "
@@ -140,7 +174,11 @@ class H5Dataset:
 
         cards = np.asarray(self.schema.cardinalities, np.int64)
         for a in range(start, stop, _SCAN_ROWS):
-            label, dense, sparse = self.rows(a, min(stop, a + _SCAN_ROWS))
+            try:
+                label, dense, sparse = self.rows(a, min(stop, a + _SCAN_ROWS))
+            except (OSError, ValueError) as e:
+                raise InputError(f"{self.path}: rows {a}..{min(stop, a + _SCAN_ROWS)} are "
+                                 f"unreadable ({e})") from None
             checks = (("label", (label != 0) & (label != 1), "a label outside {0, 1}"),
                       ("dense", ~np.isfinite(dense).all(axis=1), "a NaN or infinite value"),
                       ("sparse", ((sparse < 0) | (sparse >= cards)).any(axis=1),
@@ -162,7 +200,7 @@ class H5Dataset:
 
 
 class BatchPlan:
-    """Which rows each worker reads at each step (DESIGN §5).
+    """Which rows each worker reads at each step.
 
     Epoch ``e`` visits the rows in a virtual order: with ``shuffle``, blocks of
     ``SHUFFLE_BLOCK`` rows permuted by ``numpy.random.default_rng([seed, e])`` (reads stay

@@ -34,6 +34,7 @@ from .metrics import auc, logloss_from_logits
 from .models import build_model
 from .modes import MODES, build_mode
 from .optim import Optimizer
+from .preflight import preflight
 from .report import PHASES, Reporter, summarize
 from .synthetic import SyntheticCTR
 from .threads import rank_cores
@@ -75,9 +76,12 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
         spec = MODES[cfg.mode]
         topo = Topology.create(comm, cfg.servers if spec.needs_servers else 0,
                                need_servers=spec.needs_servers)
-        job, opened = None, []
+        job, opened, out = None, [], out or sys.stdout
         try:
-            job = setup(cfg, topo, dataset, out or sys.stdout, opened)
+            data, evdata = _open_data(cfg, topo, dataset, opened)
+            if preflight(cfg, topo, data, evdata, out, collect):  # a resume with nothing to do
+                return TrainResult(topo.role)
+            job = setup(cfg, topo, data, evdata, out)
             if topo.is_server:
                 job.mode.serve(job.start, job.save)
             else:
@@ -122,11 +126,9 @@ class Job:
                                self.ps, self.data.schema)
 
 
-def setup(cfg: TrainConfig, topo: Topology, dataset, out, opened: list) -> Job:
-    """Data (files it opens go to ``opened``), model, parameters, mode (its tables on the
-    servers), resume; collective."""
+def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
+    """Model, parameters, mode (its tables on the servers), resume; collective."""
     t_begin = time.perf_counter()
-    data, evdata = _open_data(cfg, topo, dataset, opened)
     ps = ParamSpace()
     model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, ps,
                                 cfg.dtype, cfg.cross_layers)

@@ -50,6 +50,19 @@ def test_writer_is_atomic(tmp_path):
     assert os.listdir(tmp_path) == ["d.h5"]  # no temporary file left
 
 
+def test_writer_never_writes_through_links(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    p = tmp_path / "d.h5"
+    for name in ("d.h5", f".d.h5.tmp-{os.getpid()}", ".d.h5.tmp", "d.h5.tmp"):
+        os.symlink(victim, tmp_path / name)
+    write(p)
+    assert victim.read_text() == "precious\n" and not p.is_symlink()
+    assert H5Dataset(p).n_rows == 50
+    assert sorted(os.listdir(tmp_path)) == sorted(
+        ["d.h5", f".d.h5.tmp-{os.getpid()}", ".d.h5.tmp", "d.h5.tmp", "victim.txt"])
+
+
 @pytest.mark.parametrize("corrupt,needle", [
     (lambda f: f.__delitem__("dense"), "missing dataset /dense"),
     (lambda f: (f.__delitem__("label"), f.create_dataset("label", data=np.zeros(50))),
@@ -58,6 +71,14 @@ def test_writer_is_atomic(tmp_path):
      "row counts disagree"),
     (lambda f: f.attrs.__delitem__("cardinalities"), "missing attribute 'cardinalities'"),
     (lambda f: f.attrs.__setitem__("cardinalities", [3]), "do not match"),
+    # every kind of object where a dataset or an integer attribute belongs
+    (lambda f: (f.__delitem__("label"), f.create_group("label")), "/label is a group"),
+    (lambda f: f.attrs.__setitem__("cardinalities", [3.0, 5.5]),
+     "attribute cardinalities must be a 1-D array of integers"),
+    (lambda f: f.attrs.__setitem__("cardinalities", "3,5"), "attribute cardinalities"),
+    (lambda f: f.attrs.__setitem__("cardinalities", np.array([2**62, 2**62], np.uint64)),
+     "beyond the int64 ids"),
+    (lambda f: f.attrs.__setitem__("format_version", "one"), "attribute format_version"),
 ])
 def test_structure_errors_name_file_and_key(tmp_path, corrupt, needle):
     p = tmp_path / "d.h5"

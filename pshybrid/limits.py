@@ -1,0 +1,213 @@
+"""Memory the options ask for, checked before anything is allocated. Pure (no MPI).
+
+``estimate(cfg, schema, n_workers, n_servers)`` adds up the large arrays of one worker and
+one server from the options and the data's schema alone (the model's parameters are
+counted by registering its layers on a throwaway ``ParamSpace``: nothing is allocated):
+
+- worker: the batches in flight (``--prefetch`` ahead + the current one: labels, dense
+  features, ids, fused-table ids), the pulled embedding rows of a batch and their gradient,
+  the activations (batch x the widths of every layer, forward values and gradients), the
+  dense parameters with their gradient and dense optimizer state, and in ``allreduce`` mode
+  the whole fused table with its optimizer slots plus the exchanged rows of every worker;
+- server: its shard of the fused table (``ceil(rows / servers)`` rows of width
+  ``--embedding-dim`` + the per-id linear weight) with the gradient slot and the sparse
+  optimizer's slots, and in ``ps`` mode its shard of the dense table.
+
+``check_sizes`` compares what the ranks of one node need with the memory available there
+(``available_memory``: ``MemAvailable``, capped by a cgroup limit) and raises one
+``ConfigError`` (``collective``) naming the option to change. The estimate is a lower
+bound (interpreter, libraries and temporaries are not counted), so a run it accepts near
+the limit can still run out; one it refuses cannot fit.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+from .errors import ConfigError
+from .optim import SLOTS
+
+DENSE_ROW = 256   # modes.DENSE_ROW: width of a row of ps mode's dense table
+EVAL_BATCH = 4096  # train.EVAL_BATCH
+
+
+@dataclass(frozen=True)
+class Part:
+    """``nbytes`` of one kind of array of one rank, what sets it (``by``) and what to change."""
+
+    what: str
+    nbytes: int
+    by: str
+    advice: str
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:,.1f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
+
+
+def _model_shapes(cfg, schema) -> tuple[int, list[tuple[int, ...]], int]:
+    """(dense parameter count, shapes of the registered parameters, width of one fused-table
+    row) of the model ``cfg`` asks for. DCN's cross layers are counted, not registered (an
+    absurd ``--cross-layers`` must not loop here)."""
+    from .layers import ParamSpace
+    from .models import MODELS, build_model
+
+    ps = ParamSpace()
+    dcn = cfg.model == "dcn"
+    build_model(cfg.model, schema, cfg.embedding_dim, cfg.mlp, ps, cfg.dtype,
+                0 if dcn else cfg.cross_layers)
+    shapes = [ps.shape(n) for n in ps.names]
+    P = ps.size
+    if dcn:
+        d = schema.n_dense + schema.n_sparse * cfg.embedding_dim
+        P += 2 * d * cfg.cross_layers
+    return P, shapes, cfg.embedding_dim + MODELS[cfg.model].wide
+
+
+def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) -> dict:
+    """{"worker": [Part...], "server": [Part...]}: the large arrays of one rank of each role."""
+    s = 8 if cfg.dtype == "float64" else 4
+    B, F, Fd, D = cfg.batch_size, schema.n_sparse, schema.n_dense, cfg.embedding_dim
+    W, S = max(n_workers, 1), n_servers
+    rows = int(sum(schema.cardinalities))
+    P, shapes, E = _model_shapes(cfg, schema)
+    sparse_slots = len(SLOTS[cfg.sparse_optimizer])
+    dense_slots = len(SLOTS[cfg.dense_optimizer])
+    depth = cfg.prefetch if cfg.prefetch is not None else 2
+    mlp = ",".join(map(str, cfg.mlp))
+    cards = f"the dataset's cardinalities ({rows:,} ids in {F} fields)"
+    net = f"--mlp {mlp} on an input of {Fd} + {F} x --embedding-dim {D}"
+    if cfg.model == "dcn":
+        net += f", --cross-layers {cfg.cross_layers}"
+
+    # activations: every layer's input and output per row, forward values and gradients
+    widths = sum(sh[0] + sh[1] for sh in shapes if len(sh) == 2)
+    d_in = Fd + F * D
+    widths += d_in * 2
+    if cfg.model == "dcn":
+        widths += d_in * 3 * (cfg.cross_layers + 1)
+    if cfg.model == "dlrm":
+        n = F + 1
+        widths += n * D * 2 + n * (n - 1)
+    b_act = max(B, min(EVAL_BATCH, eval_rows)) if eval_rows else B
+    batch_in = B * (4 + 4 * Fd + 16 * F + s * (Fd + 1))
+    worker = [
+        Part("batches in flight", batch_in * (depth + 1),
+             f"--batch-size {B} x {depth + 1} (--prefetch {depth} ahead + 1)",
+             "lower --batch-size" + (" or --prefetch" if depth > 2 else "")),
+        Part("embedding rows of a batch", B * F * (2 * E * s + 24),
+             f"--batch-size {B} x {F} fields x --embedding-dim {D}",
+             "lower --batch-size or --embedding-dim"),
+        Part("activations", b_act * widths * s * 2, f"--batch-size {B} x the layer widths ({net})",
+             "lower --batch-size, --mlp or --embedding-dim"
+             + (" or --cross-layers" if cfg.model == "dcn" else "")),
+        Part("dense parameters and optimizer state", P * s * (2 + dense_slots),
+             f"{P:,} parameters: {net}", "lower --mlp or --embedding-dim"
+             + (" or --cross-layers" if cfg.model == "dcn" else "")),
+    ]
+    if eval_rows:
+        worker.append(Part("evaluation logits and labels", eval_rows * 16,
+                           f"{eval_rows:,} rows of --eval-data", "evaluate on a smaller file"))
+    server = []
+    if S == 0:  # allreduce: the whole table on every worker, every worker's rows exchanged
+        worker.append(Part("embedding table", rows * E * s * (1 + sparse_slots),
+                           f"{cards} x --embedding-dim {D}, all of it on every worker in "
+                           "--mode allreduce", "lower --embedding-dim, or shard the table "
+                           "over servers (--mode hybrid --servers S)"))
+        worker.append(Part("exchanged gradient rows", W * B * F * (E * s + 8),
+                           f"--batch-size {B} x {W} workers", "lower --batch-size"))
+    else:
+        server_slots = (1 + sparse_slots) if cfg.sparse_optimizer != "sgd" else 0
+        server.append(Part("shard of the embedding table",
+                           math.ceil(rows / S) * E * s * (1 + server_slots),
+                           f"{cards} x --embedding-dim {D} over --servers {S}",
+                           "use more --servers (on more nodes) or lower --embedding-dim"))
+        server.append(Part("ids of a step", W * B * F * 8, f"--batch-size {B} x {W} workers",
+                           "lower --batch-size"))
+        if cfg.mode == "ps":
+            dense_rows = math.ceil(P / DENSE_ROW)
+            dslots = (1 + dense_slots) if cfg.dense_optimizer != "sgd" else 0
+            server.append(Part("shard of the dense table",
+                               math.ceil(dense_rows / S) * DENSE_ROW * s * (1 + dslots),
+                               f"{P:,} parameters ({net}) over --servers {S}",
+                               "lower --mlp or --embedding-dim, or use more --servers"))
+            worker.append(Part("pulled dense table", dense_rows * DENSE_ROW * s,
+                               f"{P:,} parameters: {net}", "lower --mlp or --embedding-dim"))
+    return {"worker": worker, "server": server}
+
+
+def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int | None,
+                workers_here: int | None = None, servers_here: int | None = None,
+                eval_rows: int = 0) -> dict:
+    """Raise ``ConfigError`` (collective) if ``workers_here`` workers and ``servers_here``
+    servers (default: the whole job, on one node) need more than ``memory_bytes``; the
+    message names the largest part, the options that set it and what to change.
+    ``memory_bytes`` None (unknown): nothing is refused. Returns the estimate."""
+    est = estimate(cfg, schema, n_workers, n_servers, eval_rows)
+    if memory_bytes is None:
+        return est
+    nw = n_workers if workers_here is None else workers_here
+    ns = n_servers if servers_here is None else servers_here
+    if cfg.device == "cuda":  # dense parameters and activations live on the GPU
+        gpu = ("activations", "dense parameters and optimizer state")
+        est = dict(est, worker=[p for p in est["worker"] if p.what not in gpu])
+    per = {"worker": sum(p.nbytes for p in est["worker"]),
+           "server": sum(p.nbytes for p in est["server"])}
+    need = nw * per["worker"] + ns * per["server"]
+    if need <= memory_bytes:
+        return est
+    count = {"worker": nw, "server": ns}
+    role, part = max(((r, p) for r in ("worker", "server") for p in est[r] if count[r]),
+                     key=lambda rp: count[rp[0]] * rp[1].nbytes)
+    ranks = " and ".join(f"{n} {r}{'s' if n != 1 else ''}" for r, n in
+                         (("worker", nw), ("server", ns)) if n)
+    raise ConfigError(
+        f"not enough memory: the {ranks} on this node need{'s' if nw + ns == 1 else ''} at "
+        f"least {gib(need)} but "
+        f"{gib(memory_bytes)} is available; the largest part is the {part.what}, "
+        f"{gib(part.nbytes)} per {role}, set by {part.by}: {part.advice}", collective=True)
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _cgroup_free() -> int | None:
+    """Bytes left under this process's cgroup memory limit (v2, else v1), if there is one."""
+    for limit, usage in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                         ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                          "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        lim, use = _read_int(limit), _read_int(usage)
+        if lim is not None and use is not None and lim < 2**60:
+            return max(lim - use, 0)
+    return None
+
+
+def available_memory() -> int | None:
+    """Bytes this node can still give: MemAvailable (/proc/meminfo), else free pages
+    (sysconf), capped by a cgroup memory limit; None if none is known."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (OSError, ValueError):
+            avail = None
+    cg = _cgroup_free()
+    if cg is not None:
+        avail = cg if avail is None else min(avail, cg)
+    return avail

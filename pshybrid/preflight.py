@@ -1,0 +1,89 @@
+"""Checks before step 1 that need the data's schema but nothing allocated yet, with one
+shared verdict (``transport.agree``), so a run is refused in seconds instead of failing
+after its steps ran, or being killed for memory:
+
+- ``--eval-data`` holds at least one row;
+- ``--resume``: the checkpoint resolves, its meta.json is sound and matches this run
+  (model, sizes, optimizers, data fields);
+- ``--checkpoint-dir``: no checkpoints this run could lose track of
+  (``checkpoint.check_run_dir``), and writable on every rank (each one writes there);
+- ``--metrics``: writable on the reporting rank (worker 0, the only one writing it);
+- memory: what this node's ranks need (``limits.check_sizes``) fits its available memory.
+
+``preflight`` returns True when a resumed run has nothing to do (its checkpoint is already
+at or past the last step): it printed one line saying so, and the caller returns.
+"""
+
+from __future__ import annotations
+
+import os
+
+from . import checkpoint, limits, safeio
+from .data import BatchPlan
+from .errors import ConfigError, InputError, PshybridError
+from .transport import agree
+
+
+def total_steps(cfg, n_rows: int | None, n_workers: int) -> int:
+    """The step training ends at: ``--steps``, or ``--epochs`` x steps per epoch."""
+    per_epoch = BatchPlan(n_rows, n_workers * cfg.batch_size, cfg.shuffle,
+                          cfg.seed).steps_per_epoch if cfg.epochs else None
+    return cfg.steps if per_epoch is None else cfg.epochs * per_epoch
+
+
+def check_outputs(cfg, topo) -> None:
+    """This rank's outputs can be written: ``--checkpoint-dir`` (every rank writes there;
+    created later if missing) and ``--metrics`` (worker 0 writes it). Raises ConfigError
+    naming the option; nothing is created or changed."""
+    if cfg.checkpoint_dir:
+        problem = safeio.check_writable_dir(cfg.checkpoint_dir)
+        if problem:
+            raise ConfigError(f"--checkpoint-dir: {problem}")
+    if cfg.metrics and topo.rank == topo.worker_ranks[0]:
+        problem = safeio.check_writable_file(cfg.metrics)
+        if problem:
+            raise ConfigError(f"--metrics: {problem}")
+
+
+def _ranks_here(topo) -> tuple[int, int]:
+    """(workers, servers) on this rank's node."""
+    mine = topo.node_of_rank[topo.rank]
+    here = [r for r, n in enumerate(topo.node_of_rank) if n == mine]
+    servers = sum(1 for r in here if r in topo.server_ranks)
+    return len(here) - servers, servers
+
+
+def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False) -> bool:
+    """Run the checks above on every rank (collective: one verdict); True when a resumed
+    run has nothing left to do and ``collect`` is False (the Python API's ``collect=True``
+    still loads the checkpoint and returns its parameters)."""
+    err, start, step_dir = None, 0, None
+    steps = total_steps(cfg, getattr(data, "n_rows", None), topo.n_workers)
+    try:
+        if evdata is not None and getattr(evdata, "n_rows", 1) == 0:
+            raise InputError(f"{evdata.path}: --eval-data holds no rows: nothing to evaluate")
+        if cfg.resume:
+            step_dir = checkpoint.resolve(cfg.resume)
+            meta = checkpoint.read_meta(step_dir)
+            checkpoint.check_compatible(meta, cfg, data.schema,
+                                        os.path.join(step_dir, "meta.json"))
+            start = meta["step"]
+        if cfg.checkpoint_dir:
+            checkpoint.check_run_dir(cfg.checkpoint_dir, step_dir, start)
+        check_outputs(cfg, topo)
+        workers, servers = _ranks_here(topo)
+        limits.check_sizes(cfg, data.schema, topo.n_workers, topo.n_servers,
+                           limits.available_memory(), workers, servers,
+                           getattr(evdata, "n_rows", 0) if evdata is not None else 0)
+    except PshybridError as e:
+        err = e
+    agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
+    if cfg.resume and start >= steps and not collect:
+        if topo.rank == topo.worker_ranks[0] and out is not None:
+            until = (f"--epochs {cfg.epochs} ({steps} steps)" if cfg.epochs
+                     else f"--steps {steps}")
+            out.write(f"nothing to do: {step_dir} is already at step {start} >= {until}; "
+                      "no step run, nothing written\n")
+            out.flush()
+        return True
+    return False

@@ -1,0 +1,201 @@
+"""Filesystem primitives that never write through a path someone else planted.
+
+Pure Python (no MPI). The rules every writer in pshybrid follows:
+
+- A temporary file or directory always gets a fresh unique name, created by the call that
+  makes it (``tempfile.mkstemp``/``mkdtemp``: ``O_CREAT|O_EXCL``, mode 0600/0700), in the
+  directory of its final name; it is published with ``os.rename``/``os.replace``, which
+  replaces a link at the final name instead of following it. A fixed name such as
+  ``latest.tmp`` is never opened, so a link planted there redirects nothing.
+- A name read back from disk (``latest``) is opened with ``O_NOFOLLOW`` and must be a
+  regular file; what it names is checked against a pattern (``step-N``) before use.
+- ``remove_tree`` removes only a real directory (never a link, never through one).
+- ``check_writable`` probes a directory (or the nearest existing ancestor of one that does
+  not exist yet) by writing a nameless temporary file there, so a missing, read-only or
+  full directory is found before any work is done, without leaving anything behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+import tempfile
+
+_PROBE_BYTES = 4096
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (Linux /proc), else the usual 022."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o022
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory (its entries: a rename in it is durable afterwards)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Replace ``path`` with a regular file holding ``text``, atomically: written to a fresh
+    unique temporary in the same directory, fsync'ed, renamed over ``path`` (a link at
+    ``path`` is replaced, never followed). On any error the temporary is removed."""
+    d, base = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def make_temp_dir(parent: str, prefix: str) -> str:
+    """A fresh private directory ``parent/<prefix><random>.tmp`` (mode 0700) that nobody
+    else can have planted anything in; ``publish_dir`` renames it to its final name."""
+    return tempfile.mkdtemp(prefix=prefix, suffix=".tmp", dir=parent)
+
+
+def publish_dir(tmp: str, final: str) -> None:
+    """Rename the private directory ``tmp`` to ``final`` (usual permissions), refusing to
+    replace anything already at ``final`` (a directory, a file or a link)."""
+    if os.path.lexists(final):
+        raise FileExistsError(f"{final} already exists; not replaced")
+    os.chmod(tmp, 0o777 & ~_umask())
+    os.rename(tmp, final)
+
+
+def is_real_dir(path: str) -> bool:
+    """A directory that is not a symbolic link."""
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def remove_tree(path: str) -> bool:
+    """Remove ``path`` if it is a real directory (never a link, never through one: the
+    removal works on file descriptors); returns whether it was removed."""
+    if not is_real_dir(path):
+        return False
+    shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
+
+
+def read_small_text(path: str, limit: int = 4096) -> str:
+    """The text of the regular file ``path`` (at most ``limit`` bytes), opened without
+    following a link. Raises OSError (ELOOP for a link) or ValueError (not a regular file,
+    too long, not UTF-8)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError("not a regular file")
+        data = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise ValueError(f"longer than {limit} bytes")
+    return data.decode("utf-8")
+
+
+def new_temp_file(path: str) -> str:
+    """A fresh empty file ``.<name>.<random>.tmp`` beside ``path`` (created exclusively,
+    mode 0600), to be written and then published with ``publish_file``."""
+    d, base = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=d)
+    os.close(fd)
+    return tmp
+
+
+def publish_file(tmp: str, path: str) -> None:
+    """Give ``tmp`` the usual permissions and rename it to ``path`` (a link there is
+    replaced, never followed)."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_output(path: str):
+    """``with atomic_output(out) as tmp:`` write the file ``tmp`` (a fresh unique name beside
+    ``out``); on success it is renamed to ``out`` (replacing a link there, never following
+    it), on any error it is removed, so a failed write leaves no partial file and an existing
+    ``out`` unchanged."""
+    tmp = new_temp_file(path)
+    try:
+        yield tmp
+        publish_file(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _nearest_existing(path: str) -> str:
+    p = os.path.abspath(path)
+    while not os.path.lexists(p):
+        parent = os.path.dirname(p)
+        if parent == p:
+            break
+        p = parent
+    return p
+
+
+def check_writable_dir(path: str) -> str | None:
+    """Why files cannot be created in directory ``path`` (created later if missing), or
+    None. Probes the directory, or its nearest existing ancestor, by writing a nameless
+    temporary file (removed at once; nothing is left behind)."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        return f"{path} exists and is not a directory"
+    base = _nearest_existing(path)
+    if not os.path.isdir(base):
+        return f"{base} is not a directory, so {path} cannot be created"
+    try:
+        with tempfile.TemporaryFile(dir=base) as f:
+            f.write(b"\0" * _PROBE_BYTES)
+            f.flush()
+    except OSError as e:
+        what = "cannot be created" if base != os.path.abspath(path) else "is not writable"
+        return f"{path} {what} ({base}: {e.strerror or e})"
+    return None
+
+
+def check_writable_file(path: str) -> str | None:
+    """Why the file ``path`` cannot be written (it will be created or replaced), or None.
+    An existing file is opened for appending (not modified); its directory is probed."""
+    if os.path.isdir(path):
+        return f"{path} is a directory"
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        return f"directory {os.path.dirname(path) or d} does not exist"
+    if os.path.lexists(path):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+            os.close(fd)
+        except OSError as e:
+            return f"{path} is not writable ({e.strerror or e})"
+    problem = check_writable_dir(d)
+    return None if problem is None else f"{path}: {problem}"

@@ -1,0 +1,328 @@
+"""Checkpoint directories and exports cannot lose or leak data, by class (one process,
+allreduce mode over COMM_SELF):
+
+- ``latest`` always names a complete checkpoint: pruning never removes its target, newer
+  steps or anything through a link; a fresh run into a directory holding checkpoints, or a
+  run resumed from an older step into it, is refused before step 1 with nothing changed;
+- no write goes through a pre-existing link (planted at every fixed temporary name, at
+  ``latest``, at an export's output);
+- a corrupt checkpoint is refused naming the file and the key, by resume and by export,
+  and a refused export leaves no file;
+- outputs are checked writable before step 1; a finished resumed run has nothing to do.
+"""
+
+import hashlib
+import io
+import os
+import shutil
+from dataclasses import replace
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from pshybrid import checkpoint
+from pshybrid.config import TrainConfig
+from pshybrid.data import DatasetWriter
+from pshybrid.errors import ConfigError, InputError, PshybridError
+from pshybrid.synthetic import SyntheticCTR
+from pshybrid.train import train
+
+DATA = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
+ROWS = sum(DATA.schema.cardinalities)
+BASE = TrainConfig(model="wdl", mode="allreduce", servers=0, embedding_dim=4, mlp=(8,),
+                   batch_size=4, steps=4, log_every=1, seed=3)
+
+
+def run(**kw):
+    out = io.StringIO()
+    res = train(replace(BASE, **kw), MPI.COMM_SELF, dataset=DATA, out=out)
+    return res, out.getvalue()
+
+
+def snapshot(root) -> dict:
+    """Every entry under ``root``: a link's target, a file's hash, or 'dir'."""
+    snap = {}
+    for dirpath, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = os.path.join(dirpath, n)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                snap[rel] = "-> " + os.readlink(p)
+            elif os.path.isdir(p):
+                snap[rel] = "dir"
+            else:
+                snap[rel] = hashlib.sha1(open(p, "rb").read()).hexdigest()
+    return snap
+
+
+def assert_latest_complete(root):
+    name = open(os.path.join(root, "latest")).read().strip()
+    assert not os.path.islink(os.path.join(root, "latest"))
+    assert os.path.isfile(os.path.join(root, name, "meta.json")), (name, os.listdir(root))
+    return name
+
+
+def steps_in(root):
+    return sorted(n for n in os.listdir(root) if n.startswith("step-"))
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """A checkpoint directory with step-2 and step-4 (latest)."""
+    ck = str(tmp_path_factory.mktemp("pristine") / "ck")
+    run(steps=4, checkpoint_dir=ck, checkpoint_every=2)
+    assert steps_in(ck) == ["step-2", "step-4"]
+    return ck
+
+
+@pytest.fixture
+def ck(pristine, tmp_path):
+    dst = str(tmp_path / "ck")
+    shutil.copytree(pristine, dst, symlinks=True)
+    return dst
+
+
+# -- pruning and lineage -----------------------------------------------------------------
+
+@pytest.mark.parametrize("kw", [
+    dict(steps=2, keep_last=1),                       # fresh, fewer steps than the directory
+    dict(steps=6, keep_last=1),                       # fresh, more steps
+    dict(steps=3, keep_last=1, resume="step-2"),      # resumed from an older step
+])
+def test_runs_that_could_lose_checkpoints_are_refused_before_step_1(ck, kw):
+    before = snapshot(ck)
+    if "resume" in kw:
+        kw["resume"] = os.path.join(ck, kw["resume"])
+    with pytest.raises(InputError) as e:
+        run(checkpoint_dir=ck, **kw)
+    msg = str(e.value)
+    assert ck in msg and "step-4" in msg and ("--resume" in msg or "Resume from" in msg), msg
+    assert snapshot(ck) == before
+
+
+def test_latest_always_names_a_complete_checkpoint_through_resumes(tmp_path):
+    ck = str(tmp_path / "ck")
+    run(steps=4, checkpoint_dir=ck, checkpoint_every=1, keep_last=2)
+    assert steps_in(ck) == ["step-3", "step-4"] and assert_latest_complete(ck) == "step-4"
+    run(steps=7, checkpoint_dir=ck, checkpoint_every=2, keep_last=1, resume=ck)
+    assert steps_in(ck) == ["step-7"] and assert_latest_complete(ck) == "step-7"
+    run(steps=8, checkpoint_dir=ck, keep_last=3, resume=os.path.join(ck, "step-7"))
+    assert steps_in(ck) == ["step-7", "step-8"] and assert_latest_complete(ck) == "step-8"
+
+
+def test_prune_removes_only_older_real_step_directories(tmp_path):
+    root = tmp_path / "ck"
+    root.mkdir()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("x")
+    for n in (1, 5, 10, 30):
+        (root / f"step-{n}").mkdir()
+        (root / f"step-{n}" / "meta.json").write_text("{}")
+    os.symlink(outside, root / "step-3")
+    (root / "latest").write_text("step-10\n")
+    checkpoint._prune(str(root), 1, 10)
+    assert steps_in(root) == ["step-10", "step-3", "step-30"]  # newer and links stay
+    assert (outside / "keep").read_text() == "x"
+    # latest is protected even when it is not the newest written (defence in depth)
+    (root / "latest").write_text("step-3\n")
+    checkpoint._prune(str(root), 1, 30)
+    assert (outside / "keep").exists() and os.path.islink(root / "step-3")
+
+
+# -- links ------------------------------------------------------------------------------------
+
+def test_no_write_through_links_planted_at_temporary_names(tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    vdir = tmp_path / "vdir"
+    vdir.mkdir()
+    (vdir / "f").write_text("y")
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    for name in ("latest.tmp", ".latest.tmp", ".step-2.tmp", ".step-4.tmp"):
+        os.symlink(victim, ck / name)
+    os.symlink(vdir, ck / ".step-3.tmp")
+    run(steps=4, checkpoint_dir=str(ck), checkpoint_every=1, keep_last=1)
+    assert victim.read_text() == "precious\n" and snapshot(vdir) == {"f": snapshot(vdir)["f"]}
+    assert (vdir / "f").read_text() == "y"
+    assert assert_latest_complete(str(ck)) == "step-4" and steps_in(ck) == ["step-4"]
+    assert os.path.islink(ck / "latest.tmp")  # left alone, never followed
+
+
+def test_a_planted_latest_link_is_refused_not_followed(ck, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("step-2\n")
+    os.remove(os.path.join(ck, "latest"))
+    os.symlink(victim, os.path.join(ck, "latest"))
+    before = snapshot(ck)
+    for kw in (dict(resume=ck), dict(resume=os.path.join(ck, "step-4"), checkpoint_dir=ck)):
+        with pytest.raises(InputError) as e:
+            run(steps=6, **kw)
+        assert "latest" in str(e.value), e.value
+    with pytest.raises(InputError):
+        checkpoint.export(ck, str(tmp_path / "out.h5"))
+    assert victim.read_text() == "step-2\n" and snapshot(ck) == before
+    assert not os.path.exists(tmp_path / "out.h5")
+
+
+def test_export_never_writes_through_links(ck, tmp_path):
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    out = tmp_path / "out.h5"
+    for name in ("out.h5", "out.h5.tmp", "out.tmp", ".out.h5.tmp"):
+        os.symlink(victim, tmp_path / name)
+    checkpoint.export(ck, str(out))
+    assert victim.read_text() == "precious\n"
+    assert not out.is_symlink()
+    with h5py.File(out, "r") as f:
+        assert f.attrs["step"] == 4
+
+
+# -- corrupt checkpoints ---------------------------------------------------------------------
+
+def _shard_edit(fn):
+    def edit(ck):
+        with h5py.File(os.path.join(ck, "step-4", "shard-00000.h5"), "a") as f:
+            arrays = {k: f[k][...] for k in f}
+            for k in list(f):
+                del f[k]
+            for k, a in fn(arrays).items():
+                f[k] = a
+    return edit
+
+
+def _dense_edit(fn):
+    def edit(ck):
+        with h5py.File(os.path.join(ck, "step-4", "dense.h5"), "a") as f:
+            fn(f)
+    return edit
+
+
+def _set(a, idx, v):
+    a = a.copy()
+    a[idx] = v
+    return a
+
+
+def _write(name, text):
+    def edit(ck):
+        with open(os.path.join(ck, name), "w") as f:
+            f.write(text)
+    return edit
+
+
+CORRUPT = {
+    "w_fewer_columns": (_shard_edit(lambda a: dict(a, w=a["w"][:, :-1])), "shard-00000.h5: /w"),
+    "ids_negative": (_shard_edit(lambda a: dict(a, ids=_set(a["ids"], 0, -1))),
+                     "shard-00000.h5: /ids[0] = -1"),
+    "ids_out_of_range": (_shard_edit(lambda a: dict(a, ids=_set(a["ids"], 5, ROWS))),
+                         f"/ids[5] = {ROWS} is outside"),
+    "ids_duplicated": (_shard_edit(lambda a: dict(a, ids=_set(a["ids"], 1, a["ids"][0]))),
+                       "more than once"),
+    "row_missing": (_shard_edit(lambda a: {k: v[:-1] for k, v in a.items()}),
+                    f"of the table's {ROWS} rows"),
+    "slot_missing": (_shard_edit(lambda a: {k: v for k, v in a.items() if k != "acc"}),
+                     "shard-00000.h5: keys"),
+    "extra_key": (_shard_edit(lambda a: dict(a, junk=a["w"])), "shard-00000.h5: keys"),
+    "w_nan": (_shard_edit(lambda a: dict(a, w=_set(a["w"], (3, 0), np.nan))),
+              "/w has a non-finite"),
+    "dense_no_flat": (_dense_edit(lambda f: f.__delitem__("flat")), "dense.h5: /flat"),
+    "dense_flat_short": (_dense_edit(lambda f: (lambda a: (f.__delitem__("flat"),
+                                                           f.create_dataset("flat", data=a[:-1])))(
+        f["flat"][...])), "dense.h5: /flat"),
+    "dense_params_missing": (_dense_edit(lambda f: f.attrs.__delitem__("params")),
+                             "dense.h5: attribute params"),
+    "dense_state_missing": (_dense_edit(lambda f: f.__delitem__("state/v")), "dense.h5: /state"),
+    "meta_shard_escapes": (lambda ck: _write("step-4/meta.json", open(
+        os.path.join(ck, "step-4", "meta.json")).read().replace(
+        '"shard-00000.h5"', '"../../victim.h5"'))(ck), "meta.json: shards"),
+    "meta_not_json": (_write("step-4/meta.json", "{"), "meta.json: unreadable"),
+    "latest_escapes": (_write("latest", "../../etc\n"), "latest holds"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(CORRUPT))
+def test_corrupt_checkpoint_is_refused_by_export_and_resume(ck, tmp_path, kind):
+    edit, needle = CORRUPT[kind]
+    edit(ck)
+    before = snapshot(ck)
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    with pytest.raises(InputError) as e:
+        checkpoint.export(ck, str(outdir / "x.h5"))
+    assert needle in str(e.value), e.value
+    assert os.listdir(outdir) == []  # no partial output
+    with pytest.raises(PshybridError) as e:
+        run(steps=6, resume=ck)
+    assert needle in str(e.value), e.value
+    assert snapshot(ck) == before
+
+
+@pytest.mark.parametrize("case", ["out_is_dir", "out_dir_missing", "no_flat"])
+def test_refused_export_leaves_no_file(ck, tmp_path, case):
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    out = {"out_is_dir": outdir, "out_dir_missing": outdir / "no" / "x.h5"}.get(
+        case, outdir / "x.h5")
+    if case == "no_flat":
+        _dense_edit(lambda f: f.__delitem__("flat"))(ck)
+    with pytest.raises(PshybridError) as e:
+        checkpoint.export(ck, str(out))
+    assert str(outdir) in str(e.value) or "dense.h5: /flat" in str(e.value), e.value
+    assert os.listdir(outdir) == [] and os.listdir(tmp_path) == ["ck", "out"]
+
+
+# -- before step 1 ---------------------------------------------------------------------------
+
+def unwritable_dir(tmp_path) -> str:
+    """A directory this process cannot create files in (root ignores permissions: /sys)."""
+    from pshybrid.safeio import check_writable_dir
+
+    d = tmp_path / "ro"
+    d.mkdir()
+    d.chmod(0o555)
+    for cand in (str(d), "/sys/fs"):
+        if check_writable_dir(cand) is not None:
+            return cand
+    pytest.skip("no unwritable directory available")
+
+
+@pytest.mark.parametrize("case", ["metrics_missing_dir", "metrics_is_dir", "ckdir_under_file",
+                                  "ckdir_unwritable", "ckdir_is_file"])
+def test_outputs_are_checked_before_step_1(tmp_path, case):
+    f = tmp_path / "file.txt"
+    f.write_text("x")
+    kw = {"metrics_missing_dir": dict(metrics=str(tmp_path / "no" / "m.jsonl")),
+          "metrics_is_dir": dict(metrics=str(tmp_path)),
+          "ckdir_under_file": dict(checkpoint_dir=str(f / "ck")),
+          "ckdir_is_file": dict(checkpoint_dir=str(f)),
+          "ckdir_unwritable": dict(checkpoint_dir=os.path.join(unwritable_dir(tmp_path), "ck"))
+          }[case]
+    before = snapshot(tmp_path)
+    out = io.StringIO()
+    with pytest.raises(ConfigError) as e:
+        train(replace(BASE, **kw), MPI.COMM_SELF, dataset=DATA, out=out)
+    assert ("--metrics" if "metrics" in case else "--checkpoint-dir") in str(e.value)
+    assert out.getvalue() == ""  # refused before step 1
+    assert snapshot(tmp_path) == before
+
+
+def test_resumed_run_already_past_steps_has_nothing_to_do(ck):
+    before = snapshot(ck)
+    res, out = run(steps=2, resume=ck, checkpoint_dir=ck, keep_last=1)
+    assert "nothing to do" in out and "step 4 >= --steps 2" in out and "done:" not in out, out
+    assert out.count("\n") == 1 and res.summary == {}
+    assert snapshot(ck) == before
+
+
+def test_empty_eval_file_is_refused(tmp_path):
+    path = str(tmp_path / "empty.h5")
+    s = DATA.schema
+    with DatasetWriter(path, s.dense_names, s.sparse_names) as w:
+        w.close(s.cardinalities)
+    with pytest.raises(InputError) as e:
+        run(eval_data=path)
+    assert path in str(e.value) and "no rows" in str(e.value)

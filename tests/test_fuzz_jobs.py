@@ -1,0 +1,296 @@
+"""Fuzz matrix: bad inputs to ``train``, ``export`` and ``--resume``, each one whole command
+in a subprocess with a timeout. Every one must end with exit status 2, exactly one
+``pshybrid: error`` line per rank naming the problem, no ``Traceback``, and nothing that
+existed before changed, removed or added (no partial output). Most run on one rank
+(``python -m pshybrid train --mode allreduce --servers 0``); a few under ``mpiexec -n 2``
+(hybrid, one server) check that every rank exits. ``test_report`` prints the counts
+(``pytest -s``): tried, clear errors, hangs, tracebacks, silent accepts, data-loss cases.
+"""
+
+import collections
+import hashlib
+import os
+import shutil
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+
+from mpi_util import pshybrid, run_job
+
+pytestmark = pytest.mark.job
+MODEL = ["--mlp", "8", "--embedding-dim", "4", "--batch-size", "8", "--steps", "3"]
+ONE = ["--mode", "allreduce", "--servers", "0"]
+TWO = ["--mode", "hybrid", "--servers", "1"]
+TIMEOUT = 60
+RESULTS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """d.h5 (2000 rows, <= 50 ids per field) and ck/ (step-2, step-4 = latest)."""
+    d = tmp_path_factory.mktemp("fuzz")
+    for argv in (["prep", "synthetic", "d.h5", "--rows", "2000", "--max-cardinality", "50"],
+                 ["train", *ONE, *MODEL, "--data", "d.h5", "--steps", "4", "--checkpoint-dir",
+                  "ck", "--checkpoint-every", "2"]):
+        p = subprocess.run(pshybrid(*argv), cwd=d, capture_output=True, text=True,
+                           timeout=120, stdin=subprocess.DEVNULL)
+        assert p.returncode == 0, p.stderr
+    return d
+
+
+# -- corruptions ------------------------------------------------------------------------------
+
+def h5edit(rel, fn):
+    def edit(w):
+        with h5py.File(w / rel, "a") as f:
+            fn(f)
+    return edit
+
+
+def replace_ds(key, fn):
+    def edit(f):
+        a = fn(f[key][...])
+        del f[key]
+        f[key] = a
+    return edit
+
+
+def setitem(idx, v):
+    def fn(a):
+        a = a.copy()
+        a[idx] = v
+        return a
+    return fn
+
+
+def write(rel, text):
+    def edit(w):
+        (w / rel).write_text(text)
+    return edit
+
+
+def symlink(rel, target):
+    def edit(w):
+        os.remove(w / rel)
+        os.symlink(w / target, w / rel)
+    return edit
+
+
+def drop_last_row(f):
+    arrays = {k: f[k][...][:-1] for k in f}
+    for k, a in arrays.items():
+        del f[k]
+        f[k] = a
+
+
+def truncate(rel):
+    def edit(w):
+        with open(w / rel, "r+b") as fh:
+            fh.truncate(os.path.getsize(w / rel) // 2)
+    return edit
+
+
+def unwritable():
+    from pshybrid.safeio import check_writable_dir
+
+    return "/sys/fs" if check_writable_dir("/sys/fs") else None
+
+
+SHARD, DENSE = "ck/step-4/shard-00000.h5", "ck/step-4/dense.h5"
+CARDS = lambda f: f.attrs["cardinalities"]  # noqa: E731
+
+# id: (ranks, setup(w) or None, argv after `python -m pshybrid`, text the error must hold)
+CASES = {
+    # train: sizes (checked before anything is allocated)
+    "batch_size_huge": (1, None, ["train", *ONE, *MODEL, "--batch-size", "99999999999"],
+                        "--batch-size 99999999999"),
+    "embedding_dim_huge": (1, None, ["train", *ONE, *MODEL, "--data", "d.h5",
+                                     "--embedding-dim", "100000000"], "--embedding-dim 100000000"),
+    "mlp_huge": (1, None, ["train", *ONE, *MODEL, "--mlp", "100000000,100000000"],
+                 "--mlp 100000000,100000000"),
+    "cross_layers_huge": (1, None, ["train", *ONE, *MODEL, "--model", "dcn", "--cross-layers",
+                                    "1000000000000"], "--cross-layers"),
+    "prefetch_huge": (1, None, ["train", *ONE, *MODEL, "--prefetch", "1000000000000"],
+                      "--prefetch"),
+    # train: outputs (checked writable before step 1)
+    "metrics_missing_dir": (1, None, ["train", *ONE, *MODEL, "--metrics", "no/m.jsonl"],
+                            "--metrics"),
+    "metrics_is_dir": (1, None, ["train", *ONE, *MODEL, "--metrics", "ck"], "--metrics"),
+    "ckdir_under_file": (1, None, ["train", *ONE, *MODEL, "--checkpoint-dir", "victim.txt/ck"],
+                         "--checkpoint-dir"),
+    "ckdir_unwritable": (1, None, ["train", *ONE, *MODEL, "--checkpoint-dir",
+                                   f"{unwritable()}/pshybrid-ck"], "--checkpoint-dir"),
+    "ckdir_holds_checkpoints": (1, None, ["train", *ONE, *MODEL, "--data", "d.h5",
+                                          "--checkpoint-dir", "ck", "--keep-last", "1"],
+                                "already holds checkpoints (latest: step-4)"),
+    "resume_older_into_same_dir": (1, None, ["train", *ONE, *MODEL, "--data", "d.h5", "--resume",
+                                             "ck/step-2", "--checkpoint-dir", "ck",
+                                             "--keep-last", "1"], "newer than the resume point"),
+    # train: data files
+    "data_missing": (1, None, ["train", *ONE, *MODEL, "--data", "nope.h5"], "no such dataset"),
+    "data_not_hdf5": (1, None, ["train", *ONE, *MODEL, "--data", "victim.txt"],
+                      "not a readable HDF5 file"),
+    "data_label_group": (1, h5edit("d.h5", lambda f: (f.__delitem__("label"),
+                                                      f.create_group("label"))),
+                         ["train", *ONE, *MODEL, "--data", "d.h5"], "/label is a group"),
+    "data_cardinality_2e62": (1, h5edit("d.h5", lambda f: f.attrs.__setitem__(
+        "cardinalities", setitem(0, 2**62)(CARDS(f)))),
+        ["train", *ONE, *MODEL, "--data", "d.h5"], "cardinalities"),
+    "data_cardinalities_float": (1, h5edit("d.h5", lambda f: f.attrs.__setitem__(
+        "cardinalities", CARDS(f).astype(float))),
+        ["train", *ONE, *MODEL, "--data", "d.h5"], "attribute cardinalities"),
+    "eval_data_empty": (1, h5edit("d.h5", lambda f: None),  # placeholder, replaced below
+                        ["train", *ONE, *MODEL, "--data", "d.h5", "--eval-data", "e.h5"],
+                        "no rows"),
+    # resume
+    "resume_missing": (1, None, ["train", *ONE, *MODEL, "--resume", "nope"], "not a checkpoint"),
+    "resume_latest_link": (1, symlink("ck/latest", "victim.txt"),
+                           ["train", *ONE, *MODEL, "--data", "d.h5", "--resume", "ck"],
+                           "latest is a symbolic link"),
+    "resume_latest_escapes": (1, write("ck/latest", "../../etc\n"),
+                              ["train", *ONE, *MODEL, "--data", "d.h5", "--resume", "ck"],
+                              "latest holds"),
+    "resume_w_fewer_columns": (1, h5edit(SHARD, replace_ds("w", lambda a: a[:, :-1])),
+                               ["train", *ONE, *MODEL, "--data", "d.h5", "--resume", "ck",
+                                "--steps", "6"], "shard-00000.h5: /w"),
+    "resume_ids_negative": (1, h5edit(SHARD, replace_ds("ids", setitem(0, -1))),
+                            ["train", *ONE, *MODEL, "--data", "d.h5", "--resume", "ck",
+                             "--steps", "6"], "/ids[0] = -1"),
+    "resume_ids_duplicated": (1, h5edit(SHARD, replace_ds("ids", setitem(1, 0))),
+                              ["train", *ONE, *MODEL, "--data", "d.h5", "--resume", "ck",
+                               "--steps", "6"], "more than once"),
+    "resume_no_flat": (1, h5edit(DENSE, lambda f: f.__delitem__("flat")),
+                       ["train", *ONE, *MODEL, "--data", "d.h5", "--resume", "ck", "--steps",
+                        "6"], "dense.h5: /flat"),
+    "resume_shard_name_escapes": (1, lambda w: write("ck/step-4/meta.json", (
+        w / "ck/step-4/meta.json").read_text().replace("shard-00000.h5", "../../victim.txt"))(w),
+        ["train", *ONE, *MODEL, "--data", "d.h5", "--resume", "ck", "--steps", "6"],
+        "meta.json: shards"),
+    "resume_truncated_shard": (1, truncate(SHARD), ["train", *ONE, *MODEL, "--data", "d.h5",
+                                                    "--resume", "ck", "--steps", "6"],
+                               "shard-00000.h5"),
+    "resume_other_model": (1, None, ["train", *ONE, *MODEL, "--data", "d.h5", "--resume", "ck",
+                                     "--embedding-dim", "5"], "embedding_dim = 4"),
+    # export
+    "export_to_dir": (1, None, ["export", "ck", "ck"], "is a directory"),
+    "export_to_missing_dir": (1, None, ["export", "ck", "no/x.h5"], "does not exist"),
+    "export_missing_ckpt": (1, None, ["export", "nope", "x.h5"], "not a checkpoint"),
+    "export_no_flat": (1, h5edit(DENSE, lambda f: f.__delitem__("flat")),
+                       ["export", "ck", "x.h5"], "dense.h5: /flat"),
+    "export_params_missing": (1, h5edit(DENSE, lambda f: f.attrs.__delitem__("params")),
+                              ["export", "ck", "x.h5"], "attribute params"),
+    "export_w_fewer_columns": (1, h5edit(SHARD, replace_ds("w", lambda a: a[:, :-1])),
+                               ["export", "ck", "x.h5"], "shard-00000.h5: /w"),
+    "export_ids_out_of_range": (1, h5edit(SHARD, replace_ds("ids", setitem(3, 10**6))),
+                                ["export", "ck", "x.h5"], "is outside the table's rows"),
+    "export_row_missing": (1, h5edit(SHARD, drop_last_row), ["export", "ck", "x.h5"],
+                           "rows"),
+    "export_meta_not_json": (1, write("ck/step-4/meta.json", "{"), ["export", "ck", "x.h5"],
+                             "meta.json"),
+    # every rank exits (2 ranks: a worker and a server)
+    "mpi_embedding_dim_huge": (2, None, ["train", *TWO, *MODEL, "--embedding-dim", "100000000"],
+                               "--embedding-dim 100000000"),
+    "mpi_metrics_missing_dir": (2, None, ["train", *TWO, *MODEL, "--metrics", "no/m.jsonl"],
+                                "--metrics"),
+    "mpi_ckdir_holds_checkpoints": (2, None, ["train", *TWO, *MODEL, "--data", "d.h5",
+                                              "--checkpoint-dir", "ck"], "already holds"),
+    "mpi_resume_ids_duplicated": (2, h5edit(SHARD, replace_ds("ids", setitem(1, 0))),
+                                  ["train", *TWO, *MODEL, "--data", "d.h5", "--resume", "ck",
+                                   "--steps", "6"], "more than once"),
+}
+
+
+def _empty_eval(w):
+    with h5py.File(w / "d.h5", "r") as src, h5py.File(w / "e.h5", "w") as f:
+        for k in ("label", "dense", "sparse"):
+            f[k] = np.zeros((0,) + src[k].shape[1:], src[k].dtype)
+        for k, v in src.attrs.items():
+            f.attrs[k] = v
+
+
+CASES["eval_data_empty"] = (1, _empty_eval, *CASES["eval_data_empty"][2:])
+
+
+def snapshot(root) -> dict:
+    snap = {}
+    for dirpath, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = os.path.join(dirpath, n)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                snap[rel] = "-> " + os.readlink(p)
+            elif os.path.isdir(p):
+                snap[rel] = "dir"
+            else:
+                snap[rel] = hashlib.sha1(open(p, "rb").read()).hexdigest()
+    return snap
+
+
+def run(ranks, argv, cwd):
+    """(returncode or None on a hang, stderr)."""
+    if ranks == 1:
+        try:
+            p = subprocess.run(pshybrid(*argv), cwd=cwd, capture_output=True, text=True,
+                               timeout=TIMEOUT, stdin=subprocess.DEVNULL)
+        except subprocess.TimeoutExpired:
+            return None, ""
+        return p.returncode, p.stderr + p.stdout
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        p = run_job(ranks, pshybrid(*argv), timeout=TIMEOUT)
+    except AssertionError:  # run_job: a hang
+        return None, ""
+    finally:
+        os.chdir(old)
+    return p.returncode, p.stderr + p.stdout
+
+
+def classify(rc, text, ranks, changed) -> str:
+    if rc is None:
+        return "hang"
+    if "Traceback" in text:
+        return "traceback"
+    if rc == 0:
+        return "silent accept"
+    if changed:
+        return "data loss"
+    if rc == 2 and text.count("pshybrid: error") == ranks:
+        return "clear error"
+    return "unclear error"
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_refused_cleanly(base, tmp_path, case):
+    ranks, setup, argv, needle = CASES[case]
+    if "None/" in " ".join(argv):
+        pytest.skip("no unwritable directory on this machine")
+    w = tmp_path / "w"
+    shutil.copytree(base, w, symlinks=True)
+    (w / "victim.txt").write_text("precious\n")
+    if setup:
+        setup(w)
+    before = snapshot(w)
+    rc, text = run(ranks, argv, w)
+    after = snapshot(w)
+    changed = {k for k in set(before) | set(after) if before.get(k) != after.get(k)}
+    outcome = classify(rc, text, ranks, changed)
+    RESULTS[case] = outcome
+    assert outcome == "clear error", f"{outcome}: rc {rc}, changed {sorted(changed)}\n{text}"
+    assert needle in text, text
+    for r in range(ranks if ranks > 1 else 0):
+        assert f"(rank {r}/{ranks})" in text, text
+
+
+def test_report():
+    """Counts of the matrix above (run with -s to see them)."""
+    counts = collections.Counter(RESULTS.values())
+    line = (f"fuzz: {len(RESULTS)} bad inputs tried, {counts['clear error']} clear errors, "
+            f"{counts['hang']} hangs, {counts['traceback']} tracebacks, "
+            f"{counts['silent accept']} silent accepts, {counts['data loss']} data-loss cases, "
+            f"{counts['unclear error']} unclear errors")
+    print("\n" + line)
+    bad = {k: v for k, v in RESULTS.items() if v != "clear error"}
+    assert not bad, bad

@@ -1,0 +1,90 @@
+"""Sizes are checked before anything is allocated (``pshybrid/limits.py``): every option
+that scales memory is named when the ranks of a node cannot fit, and sizes that fit pass."""
+
+import time
+from dataclasses import replace
+
+import pytest
+
+from pshybrid.config import TrainConfig
+from pshybrid.errors import ConfigError
+from pshybrid.limits import available_memory, check_sizes, estimate
+from pshybrid.schema import Schema
+from pshybrid.synthetic import SyntheticCTR
+
+GiB = 2**30
+SCHEMA = SyntheticCTR(seed=0).schema  # 13 dense, 26 sparse fields, 840k ids
+BASE = TrainConfig()
+
+
+def refused(cfg, schema=SCHEMA, W=3, S=1, mem=16 * GiB, **kw) -> str:
+    with pytest.raises(ConfigError) as e:
+        check_sizes(cfg, schema, W, S, mem, **kw)
+    assert e.value.collective
+    return str(e.value)
+
+
+def test_default_command_fits_and_sizes_add_up():
+    est = check_sizes(BASE, SCHEMA, 3, 1, 2 * GiB)
+    rows = sum(SCHEMA.cardinalities)
+    shard = next(p for p in est["server"] if p.what == "shard of the embedding table")
+    assert shard.nbytes == rows * 17 * 4 * 3  # (D + linear) x float32 x (w, g, acc)
+    worker = sum(p.nbytes for p in est["worker"])
+    assert 1 * 2**20 < worker < 64 * 2**20
+
+
+@pytest.mark.parametrize("kw,needle", [
+    (dict(batch_size=99_999_999_999), "--batch-size 99999999999"),
+    (dict(embedding_dim=100_000_000), "--embedding-dim 100000000"),
+    (dict(mlp=(100_000_000, 100_000_000)), "--mlp 100000000,100000000"),
+    (dict(prefetch=10**12), "--prefetch"),
+    (dict(model="dcn", cross_layers=10**12), "--cross-layers"),
+    (dict(model="dlrm", batch_size=10**9), "--batch-size 1000000000"),
+    (dict(mode="ps", mlp=(20_000, 20_000, 20_000)), "--mlp 20000,20000,20000"),
+])
+def test_each_size_option_is_named(kw, needle):
+    t0 = time.time()
+    msg = refused(replace(BASE, **kw))
+    assert needle in msg and "not enough memory" in msg and "GiB is available" in msg, msg
+    assert time.time() - t0 < 5  # counted, never looped over or allocated
+
+
+def test_table_too_big_names_cardinalities_and_servers():
+    big = Schema(2, (2**62, 10))
+    msg = refused(BASE, big)
+    assert "cardinalities" in msg and "--servers 1" in msg and "more --servers" in msg, msg
+    msg = refused(replace(BASE, mode="allreduce", servers=0), big, W=2, S=0)
+    assert "cardinalities" in msg and "--mode hybrid" in msg, msg
+
+
+def test_more_servers_on_more_nodes_fit():
+    """The table needs ~5 GiB per server at S=1; with 8 servers, one per node, each node
+    holds 1/8 of it."""
+    schema = Schema(0, (20_000_000,) * 4)
+    cfg = replace(BASE, embedding_dim=16)
+    msg = refused(cfg, schema, W=2, S=1, mem=4 * GiB)
+    assert "shard of the embedding table" in msg and "per server" in msg
+    check_sizes(cfg, schema, 8, 8, 4 * GiB, workers_here=1, servers_here=1)
+
+
+def test_unknown_memory_refuses_nothing():
+    check_sizes(replace(BASE, batch_size=10**12), SCHEMA, 1, 1, None)
+
+
+def test_cuda_workers_keep_dense_and_activations_off_the_host():
+    cfg = replace(BASE, mlp=(30_000, 30_000), device="cuda")
+    refused(replace(cfg, device="cpu"), mem=8 * GiB)
+    check_sizes(cfg, SCHEMA, 3, 1, 8 * GiB)
+
+
+def test_estimate_counts_dcn_cross_layers_without_registering_them():
+    e1 = estimate(replace(BASE, model="dcn", cross_layers=1), SCHEMA, 1, 1)
+    e2 = estimate(replace(BASE, model="dcn", cross_layers=2), SCHEMA, 1, 1)
+    dense = [next(p.nbytes for p in e["worker"] if p.what.startswith("dense")) for e in (e1, e2)]
+    d = SCHEMA.n_dense + SCHEMA.n_sparse * 16
+    assert dense[1] - dense[0] == 2 * d * 4 * (2 + 2)  # w, b per layer; param, grad, m, v
+
+
+def test_available_memory_is_known_here():
+    mem = available_memory()
+    assert mem is not None and mem > 2**20

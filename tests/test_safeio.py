@@ -1,0 +1,86 @@
+"""File primitives never write, read or remove through a link someone planted
+(``pshybrid/safeio.py``), and failed writes leave nothing behind."""
+
+import os
+
+import pytest
+
+from pshybrid import safeio
+
+
+def victim(tmp_path, text="precious\n"):
+    v = tmp_path / "victim.txt"
+    v.write_text(text)
+    return v
+
+
+def test_atomic_write_text_replaces_links_never_follows_them(tmp_path):
+    v = victim(tmp_path)
+    d = tmp_path / "ck"
+    d.mkdir()
+    for name in ("latest", "latest.tmp", ".latest.tmp"):  # at the target and at fixed temp names
+        os.symlink(v, d / name)
+    safeio.atomic_write_text(str(d / "latest"), "step-3\n")
+    assert v.read_text() == "precious\n"
+    assert not os.path.islink(d / "latest") and (d / "latest").read_text() == "step-3\n"
+    assert sorted(os.listdir(d)) == [".latest.tmp", "latest", "latest.tmp"]  # no temp left
+
+
+def test_atomic_output_removes_its_temporary_on_error(tmp_path):
+    out = tmp_path / "out.h5"
+    with pytest.raises(RuntimeError):
+        with safeio.atomic_output(str(out)) as tmp:
+            open(tmp, "w").write("partial")
+            raise RuntimeError("boom")
+    assert os.listdir(tmp_path) == []
+
+
+def test_atomic_output_replaces_a_link_at_the_output(tmp_path):
+    v = victim(tmp_path)
+    out = tmp_path / "out.h5"
+    os.symlink(v, out)
+    with safeio.atomic_output(str(out)) as tmp:
+        open(tmp, "w").write("new")
+    assert v.read_text() == "precious\n" and out.read_text() == "new" and not out.is_symlink()
+
+
+def test_remove_tree_never_goes_through_a_link(tmp_path):
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    (keep / "f").write_text("x")
+    os.symlink(keep, tmp_path / "step-1")
+    assert not safeio.remove_tree(str(tmp_path / "step-1"))
+    assert (keep / "f").read_text() == "x" and os.path.islink(tmp_path / "step-1")
+    real = tmp_path / "step-2"
+    real.mkdir()
+    os.symlink(keep, real / "inner")  # a link inside is removed, not followed
+    assert safeio.remove_tree(str(real)) and (keep / "f").exists()
+
+
+def test_publish_dir_never_replaces_anything(tmp_path):
+    tmp = safeio.make_temp_dir(str(tmp_path), ".step-1.")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "step-1")
+    with pytest.raises(FileExistsError):
+        safeio.publish_dir(tmp, str(tmp_path / "step-1"))
+
+
+def test_read_small_text_refuses_links_and_non_files(tmp_path):
+    v = victim(tmp_path, "step-1\n")
+    os.symlink(v, tmp_path / "latest")
+    with pytest.raises(OSError):
+        safeio.read_small_text(str(tmp_path / "latest"))
+    with pytest.raises((OSError, ValueError)):
+        safeio.read_small_text(str(tmp_path))
+    assert safeio.read_small_text(str(v)) == "step-1\n"
+
+
+def test_writable_checks_name_the_problem_and_create_nothing(tmp_path):
+    v = victim(tmp_path)
+    before = sorted(os.listdir(tmp_path))
+    assert safeio.check_writable_dir(str(tmp_path / "new" / "ck")) is None
+    assert "not a directory" in safeio.check_writable_dir(str(v / "ck"))
+    assert "not a directory" in safeio.check_writable_dir(str(v))
+    assert "does not exist" in safeio.check_writable_file(str(tmp_path / "no" / "m.jsonl"))
+    assert "is a directory" in safeio.check_writable_file(str(tmp_path))
+    assert safeio.check_writable_file(str(v)) is None and v.read_text() == "precious\n"
+    assert sorted(os.listdir(tmp_path)) == before
