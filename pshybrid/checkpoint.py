@@ -1,16 +1,5 @@
 """Checkpoints: one directory per step, written atomically; exact resume, resharding to
-any server count, and a one-file export (``docs/checkpoints.md``).
-
-Layout of ``DIR`` (``--checkpoint-dir``)::
-
-    DIR/latest                 text: the name of the newest complete step directory
-    DIR/step-N/meta.json       format_version, step, mode, servers, seed, the resolved
-                               config, the dataset schema, shard file names
-    DIR/step-N/dense.h5        /flat (P,) dense parameters; /state/<slot> (P,) dense
-                               optimizer state; attrs params (JSON: name, offset, shape)
-    DIR/step-N/shard-SSSSS.h5  per server s (one file in allreduce mode): /ids (n,) the
-                               global rows of the fused table it holds; /w (n, E) their
-                               weights; /<slot> (n, E) sparse optimizer state
+any server count (``docs/checkpoints.md``; the files and their checks: ``checkpoint_files``).
 
 Writing (collective over the world): worker 0 makes a fresh private directory
 ``DIR/.step-N.<random>.tmp`` and sends its name to every rank; servers write their shard,
@@ -21,110 +10,29 @@ killed at any moment leaves ``latest`` naming a complete checkpoint. Parameters 
 finite first. Pruning (``--keep-last``) only removes real step directories older than the
 one just written, never the one ``latest`` names (``safeio`` for the file rules).
 
-Before step 1 (``check_run_dir``): a fresh run refuses a directory that already holds
-checkpoints, and a resumed run refuses one holding steps newer than its resume point.
-
 Resume reads ``latest`` (or a given ``step-N``); each server takes the rows it owns under
 the *current* partition from whichever shard files hold them, in chunks, so a checkpoint
-of S servers loads with any S' >= 1 (and in any mode). Load and export check every shard
-(keys, shapes, ids in range and each row exactly once, finite values) and ``dense.h5``.
+of S servers loads with any S' >= 1 (and in any mode).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 
 import h5py
 import numpy as np
 
 from . import safeio
-from .config import TrainConfig, from_dict, to_dict
+from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, _read_dense, _read_shards,
+                               check_compatible, list_steps, read_latest, read_meta, resolve)
+from .config import TrainConfig, to_dict
 from .errors import InputError, PshybridError
 from .optim import SLOTS
-from .schema import field_offsets
 from .transport import agree
 
-FORMAT_VERSION = 1
-MATCH_KEYS = ("model", "embedding_dim", "mlp", "cross_layers", "dtype", "sparse_optimizer",
-              "dense_optimizer")
-_CHUNK = 1 << 18
-STEP_RE = re.compile(r"step-([0-9]+)")
-SHARD_RE = re.compile(r"shard-[0-9]{5,}\.h5")
-TEMP_RE = re.compile(r"\.step-[0-9]+\.(?:[A-Za-z0-9_]+\.)?tmp")  # ours, and the old fixed name
 
-
-# -- the directory: step names, latest, pruning --------------------------------------------
-
-def list_steps(root: str) -> dict[int, str]:
-    """{N: path} of every entry ``step-N`` in ``root`` (of any kind); {} if there is none."""
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return {}
-    return {int(m.group(1)): os.path.join(root, n)
-            for n in names if (m := STEP_RE.fullmatch(n))}
-
-
-def read_latest(root: str) -> str | None:
-    """The step directory name ``root/latest`` holds (``step-N``), None if there is no
-    ``latest``. A link, a non-regular file or other text is an InputError: the name is
-    read without following links and must match ``step-N``, so it stays inside ``root``."""
-    path = os.path.join(root, "latest")
-    if not os.path.lexists(path):
-        return None
-    try:
-        name = safeio.read_small_text(path, 256).strip()
-    except (OSError, ValueError) as e:
-        why = "a symbolic link" if os.path.islink(path) else f"unreadable ({e})"
-        raise InputError(f"{path} is {why}: not followed; a checkpoint directory's 'latest' "
-                         "is a regular file written by pshybrid") from None
-    if not STEP_RE.fullmatch(name):
-        raise InputError(f"{path} holds {name[:60]!r}, not a step directory name (step-N)")
-    return name
-
-
-def _describe(root: str) -> str:
-    try:
-        latest = read_latest(root)
-    except InputError:
-        return "its 'latest' is not pshybrid's"
-    if latest:
-        return f"latest: {latest}"
-    steps = list_steps(root)
-    return f"newest: step-{max(steps)}" if steps else "a 'latest' file"
-
-
-def check_run_dir(root: str, resume_dir: str | None, resume_step: int | None) -> None:
-    """Refuse, before step 1, a ``--checkpoint-dir`` whose checkpoints this run could lose
-    track of: a fresh run (or one resumed from elsewhere) into a directory that already
-    holds a ``latest`` or ``step-N``; a run resumed from ``root/step-R`` while ``root``
-    holds a step newer than R (its checkpoints would interleave with the older history and
-    ``--keep-last`` could remove them); a ``latest`` that is a link or not pshybrid's."""
-    steps = list_steps(root)
-    has_latest = os.path.lexists(os.path.join(root, "latest"))
-    if not steps and not has_latest:
-        return
-    inside = False
-    if resume_dir is not None:
-        try:
-            inside = os.path.samefile(os.path.dirname(os.path.abspath(resume_dir)), root)
-        except OSError:
-            inside = False
-    if not inside:
-        raise InputError(f"--checkpoint-dir {root} already holds checkpoints "
-                         f"({_describe(root)}): continue them with --resume {root}, or "
-                         "choose another --checkpoint-dir")
-    read_latest(root)  # a planted link or foreign 'latest' is refused, not replaced
-    newer = sorted(n for n in steps if n > resume_step)
-    if newer:
-        raise InputError(f"--checkpoint-dir {root} holds step-{newer[-1]}, newer than the "
-                         f"resume point step-{resume_step}: a run from there would write a "
-                         f"second history into the same directory. Resume from {root} (its "
-                         "latest), choose another --checkpoint-dir, or move the newer step "
-                         "directories away")
-
+# -- the directory: pruning, leftovers -----------------------------------------------------
 
 def _prune(root: str, keep: int, written: int) -> None:
     """Keep the newest ``keep`` checkpoints up to ``written`` (the one just written and
@@ -149,58 +57,71 @@ def _remove_stale_temps(root: str) -> None:
 
 # -- writing -------------------------------------------------------------------------------
 
-def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
-    """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``)."""
-    writer_rank = topo.worker_ranks[0]
-    writer = topo.rank == writer_rank
-    final = os.path.join(root, f"step-{step}")
+def _check_finite(step: int, sparse: dict, dense) -> PshybridError | None:
+    bad = [k for k, a in sparse.items() if not np.isfinite(a).all()]
+    if dense is not None and not np.isfinite(dense[0]).all():
+        bad.append("dense parameters")
+    return PshybridError(f"not finite at step {step}: {', '.join(bad)}; checkpoint not "
+                         "written") if bad else None
+
+
+def _write_files(tmp: str, step: int, cfg, topo, ps, schema, ids, sparse, dense) -> None:
+    """This rank's files of checkpoint ``step`` in ``tmp``: its shard (holders of sparse
+    rows), dense.h5 and meta.json (worker 0, which has ``dense``). Each exclusive, fsync'ed."""
+    if ids is not None:
+        shard = os.path.join(tmp, f"shard-{max(topo.server_index, 0):05d}.h5")
+        with h5py.File(shard, "x") as f:  # exclusive: never over anything
+            f["ids"] = ids
+            for k, a in sparse.items():
+                f[k] = a
+        safeio.fsync_file(shard)
+    if dense is None:
+        return
+    flat, state = dense
+    dpath = os.path.join(tmp, "dense.h5")
+    with h5py.File(dpath, "x") as f:
+        f["flat"] = flat
+        for k, a in state.items():
+            f[f"state/{k}"] = a
+        f.attrs["params"] = json.dumps([(n, ps.offset(n), list(ps.shape(n))) for n in ps.names])
+    safeio.fsync_file(dpath)
+    meta = {"format_version": FORMAT_VERSION, "step": step, "mode": cfg.mode,
+            "servers": topo.n_servers, "seed": cfg.seed, "config": to_dict(cfg),
+            "schema": schema.to_dict(),
+            "shards": [f"shard-{s:05d}.h5" for s in range(max(topo.n_servers, 1))]}
+    with open(os.path.join(tmp, "meta.json"), "x") as f:
+        f.write(json.dumps(meta, indent=1))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _make_temp(root: str, step: int, topo, writer_rank: int) -> str:
+    """Worker 0 makes the fresh temporary directory; every rank gets its name."""
     err, tmp = None, None
-    if writer:
+    if topo.rank == writer_rank:
         try:
             os.makedirs(root, exist_ok=True)
             tmp = safeio.make_temp_dir(root, f".step-{step}.")
         except OSError as e:
             err = PshybridError(f"checkpoint directory {root}: {e}")
     agree(topo.world, err)  # Wire: verdict allgather; nobody writes before the directory exists
-    tmp = topo.world.bcast(tmp, root=writer_rank)  # Wire: its fresh name, from worker 0
+    return topo.world.bcast(tmp, root=writer_rank)  # Wire: its fresh name, from worker 0
 
+
+def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
+    """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``)."""
+    writer_rank = topo.worker_ranks[0]
+    writer = topo.rank == writer_rank
+    final = os.path.join(root, f"step-{step}")
+    tmp = _make_temp(root, step, topo, writer_rank)
     holds_sparse = topo.is_server or (writer and topo.n_servers == 0)
     ids, sparse = mode.sparse_state() if holds_sparse else (None, {})
-    dense = mode.dense_state_full() if not topo.is_server else None
-    bad = [k for k, a in sparse.items() if not np.isfinite(a).all()]
-    if dense is not None and not np.isfinite(dense[0]).all():
-        bad.append("dense parameters")
-    err = PshybridError(f"not finite at step {step}: {', '.join(bad)}; checkpoint not "
-                        "written") if bad else None
+    dense = mode.dense_state_full() if writer else None
     try:
-        agree(topo.world, err)  # Wire: verdict allgather
+        agree(topo.world, _check_finite(step, sparse, dense))  # Wire: verdict allgather
         err = None
         try:
-            if holds_sparse:
-                shard = os.path.join(tmp, f"shard-{max(topo.server_index, 0):05d}.h5")
-                with h5py.File(shard, "x") as f:  # exclusive: never over anything
-                    f["ids"] = ids
-                    for k, a in sparse.items():
-                        f[k] = a
-                safeio.fsync_file(shard)
-            if writer:
-                flat, state = dense
-                dpath = os.path.join(tmp, "dense.h5")
-                with h5py.File(dpath, "x") as f:
-                    f["flat"] = flat
-                    for k, a in state.items():
-                        f[f"state/{k}"] = a
-                    f.attrs["params"] = json.dumps([(n, ps.offset(n), list(ps.shape(n)))
-                                                    for n in ps.names])
-                safeio.fsync_file(dpath)
-                meta = {"format_version": FORMAT_VERSION, "step": step, "mode": cfg.mode,
-                        "servers": topo.n_servers, "seed": cfg.seed, "config": to_dict(cfg),
-                        "schema": schema.to_dict(),
-                        "shards": [f"shard-{s:05d}.h5" for s in range(max(topo.n_servers, 1))]}
-                with open(os.path.join(tmp, "meta.json"), "x") as f:
-                    f.write(json.dumps(meta, indent=1))
-                    f.flush()
-                    os.fsync(f.fileno())
+            _write_files(tmp, step, cfg, topo, ps, schema, ids, sparse, dense)
         except OSError as e:
             err = PshybridError(f"writing checkpoint {tmp}: {e}")
         agree(topo.world, err)  # Wire: every file is on disk before the rename
@@ -224,237 +145,7 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
     return final
 
 
-# -- reading: names and metadata -------------------------------------------------------------
-
-def resolve(path: str) -> str:
-    """The step directory named by ``path``: a checkpoint root (its ``latest``) or a
-    ``step-N`` directory."""
-    latest = read_latest(path) if os.path.isdir(path) else None
-    if latest is not None:
-        step_dir = os.path.join(path, latest)
-        if not (safeio.is_real_dir(step_dir)
-                and os.path.isfile(os.path.join(step_dir, "meta.json"))):
-            raise InputError(f"{path}/latest names {latest!r}, which is not a complete "
-                             "checkpoint directory")
-        return step_dir
-    if os.path.isfile(os.path.join(path, "meta.json")):
-        return path
-    raise InputError(f"{path}: not a checkpoint (no 'latest' file and no meta.json)")
-
-
-def _bad(path: str, key: str, what: str) -> InputError:
-    return InputError(f"{path}: {key} {what}")
-
-
-def _int(v) -> bool:
-    return type(v) is int
-
-
-def read_meta(step_dir: str) -> dict:
-    """meta.json, with every field pshybrid reads checked (types, the step, shard names
-    that stay inside ``step_dir``, the schema)."""
-    path = os.path.join(step_dir, "meta.json")
-    try:
-        with open(path) as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise InputError(f"{path}: unreadable checkpoint metadata ({e})") from None
-    if not isinstance(meta, dict):
-        raise InputError(f"{path}: not a JSON object")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise InputError(f"{path}: format_version {meta.get('format_version')} is not "
-                         f"{FORMAT_VERSION}")
-    step = meta.get("step")
-    if not _int(step) or step < 0:
-        raise _bad(path, "step", f"must be an integer >= 0, got {step!r}")
-    m = STEP_RE.fullmatch(os.path.basename(os.path.normpath(step_dir)))
-    if m and int(m.group(1)) != step:
-        raise _bad(path, "step", f"is {step} but the directory is {os.path.basename(step_dir)}")
-    if not isinstance(meta.get("config"), dict):
-        raise _bad(path, "config", "is missing or not an object")
-    shards = meta.get("shards")
-    if (not isinstance(shards, list) or not shards or len(set(map(str, shards))) != len(shards)
-            or not all(isinstance(n, str) and SHARD_RE.fullmatch(n) for n in shards)):
-        raise _bad(path, "shards", "must be a non-empty list of distinct names shard-SSSSS.h5, "
-                   f"got {str(shards)[:80]}")
-    sc = meta.get("schema")
-    ok = isinstance(sc, dict) and _int(sc.get("n_dense")) and sc["n_dense"] >= 0
-    cards, names = (sc.get("cardinalities"), sc.get("sparse_names")) if ok else (None, None)
-    dnames = sc.get("dense_names") if ok else None
-    ok = (ok and isinstance(cards, list) and all(_int(c) and c >= 1 for c in cards)
-          and sum(cards) < 2**63 and isinstance(names, list) and len(names) == len(cards)
-          and isinstance(dnames, list) and len(dnames) == sc["n_dense"]
-          and all(isinstance(n, str) and n and "/" not in n for n in names + dnames)
-          and len(set(names)) == len(names))
-    if not ok:
-        raise _bad(path, "schema", "must hold n_dense, dense_names, cardinalities (integers "
-                   ">= 1) and as many distinct sparse_names (no '/')")
-    return meta
-
-
-def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
-    """Refuse a checkpoint whose model does not match the requested one, naming the key."""
-    saved = from_dict(TrainConfig, meta["config"], where)
-    for key in MATCH_KEYS:
-        if getattr(saved, key) != getattr(cfg, key):
-            raise InputError(f"{where}: checkpoint has {key} = {getattr(saved, key)!r} but this "
-                             f"run asks for {getattr(cfg, key)!r}")
-    if tuple(meta["schema"]["cardinalities"]) != tuple(schema.cardinalities) or \
-            meta["schema"]["n_dense"] != schema.n_dense:
-        raise InputError(f"{where}: checkpoint was trained on other fields or cardinalities "
-                         f"than this run's data")
-
-
-def _h5(path: str):
-    try:
-        return h5py.File(path, "r")
-    except OSError as e:
-        raise InputError(f"{path}: unreadable checkpoint file ({e})") from None
-
-
-def row_width(cfg: TrainConfig) -> int:
-    """Columns of a fused-table row: the embedding and the per-id linear weight, if any."""
-    from .models import MODELS
-
-    return cfg.embedding_dim + MODELS[cfg.model].wide
-
-
-# -- reading: shards and dense.h5, checked -------------------------------------------------
-
-class _Rows:
-    """Checks the ids of every shard of one checkpoint: each in [0, rows) and each row in
-    exactly one place (a bitset over the table's rows: rows/8 bytes)."""
-
-    def __init__(self, rows: int):
-        self.rows, self.count = rows, 0
-        self.bits = np.zeros((rows + 7) // 8, np.uint8)
-
-    def add(self, fpath: str, ids: np.ndarray, first: int) -> None:
-        bad = (ids < 0) | (ids >= self.rows)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise _bad(fpath, f"/ids[{first + i}]", f"= {ids[i]} is outside the table's rows "
-                       f"[0, {self.rows})")
-        s = np.sort(ids)
-        dup = s[1:] == s[:-1]
-        byte, mask = ids >> 3, np.left_shift(np.uint8(1), (ids & 7).astype(np.uint8))
-        seen = (self.bits[byte] & mask) != 0
-        if dup.any() or seen.any():
-            v = int(s[1:][dup][0]) if dup.any() else int(ids[seen][0])
-            raise _bad(fpath, "/ids", f"holds row {v} more than once (in this or an earlier "
-                       "shard)")
-        np.bitwise_or.at(self.bits, byte, mask)
-        self.count += ids.size
-
-    def check_complete(self, step_dir: str) -> None:
-        if self.count != self.rows:
-            raise InputError(f"{step_dir}: the shards hold {self.count:,} of the table's "
-                             f"{self.rows:,} rows")
-
-
-def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
-    """Check a shard's keys, kinds and shapes; return its row count."""
-    want = {"ids", "w", *slots}
-    have = set(f.keys())
-    if have != want:
-        raise _bad(fpath, "keys", f"are {sorted(have)}, expected {sorted(want)}")
-    for k in sorted(want):
-        if not isinstance(f[k], h5py.Dataset):
-            raise _bad(fpath, f"/{k}", "is not a dataset")
-    ids = f["ids"]
-    if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise _bad(fpath, "/ids", f"must be 1-D integers, found {ids.ndim}-D {ids.dtype}")
-    n = ids.shape[0]
-    for k in ("w", *slots):
-        d = f[k]
-        if d.shape != (n, width) or d.dtype.kind != "f":
-            raise _bad(fpath, f"/{k}", f"has shape {d.shape} {d.dtype}, expected ({n}, "
-                       f"{width}) floats (one row per id, width --embedding-dim + linear)")
-    return n
-
-
-def _read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take):
-    """Read every shard of ``step_dir`` in chunks, checking it; ``take(ids, {slot: rows})``
-    gets the rows ``owns(ids)`` selects, after their values were checked finite."""
-    rows = _Rows(int(sum(meta["schema"]["cardinalities"])))
-    for name in meta["shards"]:
-        fpath = os.path.join(step_dir, name)
-        with _h5(fpath) as f:
-            try:
-                n = _shard_layout(fpath, f, width, slots)
-                for a in range(0, n, _CHUNK):
-                    ids = f["ids"][a:a + _CHUNK].astype(np.int64)
-                    rows.add(fpath, ids, a)
-                    mine = owns(ids)
-                    if not mine.any():
-                        continue
-                    sel = np.flatnonzero(mine)
-                    vals = {}
-                    for k in ("w", *slots):
-                        v = f[k][a:a + _CHUNK][sel]
-                        if not np.isfinite(v).all():
-                            raise _bad(fpath, f"/{k}", f"has a non-finite value near row {a}")
-                        vals[k] = v
-                    take(ids[sel], vals)
-            except (KeyError, OSError, ValueError, IndexError, TypeError) as e:
-                raise InputError(f"{fpath}: corrupt or truncated shard ({e})") from None
-    rows.check_complete(step_dir)
-
-
-def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None):
-    """(flat, {slot: (P,)}, params) of ``dense.h5``, checked: /flat 1-D floats (``size``
-    of them if given), finite; attrs params a JSON list of [name, offset, shape] inside
-    /flat; /state/<slot> exactly the dense optimizer's slots, each like /flat."""
-    fpath = os.path.join(step_dir, "dense.h5")
-    with _h5(fpath) as f:
-        try:
-            d = f.get("flat")
-            if not isinstance(d, h5py.Dataset) or d.ndim != 1 or d.dtype.kind != "f":
-                raise _bad(fpath, "/flat", "is missing or not a 1-D float dataset")
-            flat = d[...]
-            P = flat.shape[0]
-            if size is not None and P != size:
-                raise _bad(fpath, "/flat", f"holds {P} dense parameters, the model has {size}")
-            if not np.isfinite(flat).all():
-                raise _bad(fpath, "/flat", "has a non-finite value")
-            try:
-                params = json.loads(f.attrs["params"])
-            except (KeyError, ValueError, TypeError):
-                raise _bad(fpath, "attribute params", "is missing or not JSON") from None
-            names, total = set(), 0
-            for item in params if isinstance(params, list) and params else [None]:
-                if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
-                        and item[0] and item[0] not in names and _int(item[1]) and item[1] >= 0
-                        and isinstance(item[2], list) and all(_int(x) and x >= 0
-                                                               for x in item[2])):
-                    raise _bad(fpath, "attribute params", f"entry {str(item)[:60]} is not a "
-                               "distinct [name, offset, shape]")
-                names.add(item[0])
-                total += int(np.prod(item[2], dtype=object))
-            if total != P:
-                raise _bad(fpath, "/flat", f"holds {P} values, attribute params describes {total}")
-            for name, off, shape in params:
-                if off + int(np.prod(shape, dtype=object)) > P:
-                    raise _bad(fpath, "attribute params", f"entry {name!r} ends past /flat")
-            grp = f.get("state", {})
-            have = set(grp.keys()) if isinstance(grp, (h5py.Group, dict)) else {"?"}
-            if have != set(slots):
-                raise _bad(fpath, "/state", f"holds {sorted(have)}, the dense optimizer keeps "
-                           f"{sorted(slots)}")
-            state = {}
-            for k in slots:
-                d = grp[k]
-                if not isinstance(d, h5py.Dataset) or d.shape != (P,) or d.dtype.kind != "f":
-                    raise _bad(fpath, f"/state/{k}", f"must be ({P},) floats like /flat")
-                state[k] = d[...]
-                if not np.isfinite(state[k]).all():
-                    raise _bad(fpath, f"/state/{k}", "has a non-finite value")
-        except (KeyError, OSError, ValueError, TypeError) as e:
-            raise InputError(f"{fpath}: corrupt or truncated ({e})") from None
-    return flat, state, params
-
-
-# -- load and export -------------------------------------------------------------------------
+# -- loading -------------------------------------------------------------------------------
 
 def load(path: str, cfg: TrainConfig, topo, mode, ps, schema) -> int:
     """Load a checkpoint into a freshly built ``mode`` (collective); returns its step."""
@@ -465,7 +156,7 @@ def load(path: str, cfg: TrainConfig, topo, mode, ps, schema) -> int:
         check_compatible(meta, cfg, schema, os.path.join(step_dir, "meta.json"))
         step = int(meta["step"])
         if topo.is_server or topo.n_servers == 0:  # holders of sparse rows under this run
-            _read_shards(step_dir, meta, mode.sparse.table.dim, SLOTS[cfg.sparse_optimizer],
+            _read_shards(step_dir, meta, mode.layout.table.dim, SLOTS[cfg.sparse_optimizer],
                          mode.owns, mode.set_sparse_rows)
         flat, state, _ = _read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size)
         mode.set_dense_state(flat, state)
@@ -473,63 +164,3 @@ def load(path: str, cfg: TrainConfig, topo, mode, ps, schema) -> int:
         err = e
     agree(topo.world, err)  # Wire: verdict allgather; nobody pulls before every rank loaded
     return step
-
-
-def export(path: str, out: str) -> dict:
-    """One HDF5 file: /dense/<param>, /embeddings/<field> (cardinality x D),
-    /linear/<field> (cardinality,) for models with a per-id linear weight,
-    /optimizer/dense/<slot>/<param>, /optimizer/embeddings/<field>/<slot>; attrs config
-    (JSON), step and field_names. Every input is checked first (an ``InputError`` naming
-    the file and key); the output goes through a fresh temporary beside ``out``, renamed
-    on success and removed on any error, so a refused export leaves no file behind."""
-    from .limits import available_memory, gib
-
-    if os.path.isdir(out):
-        raise PshybridError(f"export: {out} is a directory; give the output file's name")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise PshybridError(f"export: directory {os.path.dirname(out) or parent} of {out} "
-                            "does not exist")
-    step_dir = resolve(path)
-    meta = read_meta(step_dir)
-    cfg = from_dict(TrainConfig, meta["config"], os.path.join(step_dir, "meta.json"))
-    cards = meta["schema"]["cardinalities"]
-    names = meta["schema"]["sparse_names"]
-    offsets = field_offsets(cards)
-    rows_total, D, E = int(sum(cards)), cfg.embedding_dim, row_width(cfg)
-    slots = SLOTS[cfg.sparse_optimizer]
-    need = rows_total * E * np.dtype(cfg.dtype).itemsize * (1 + len(slots)) + rows_total // 8
-    mem = available_memory()
-    if mem is not None and need > mem:
-        raise PshybridError(f"export of {step_dir}: the table ({rows_total:,} rows x {E}, "
-                            f"{1 + len(slots)} slots) needs {gib(need)} in memory, "
-                            f"{gib(mem)} is available")
-    arrays = {k: np.zeros((rows_total, E), cfg.dtype) for k in ("w", *slots)}
-
-    def take(ids, vals):
-        for k, v in vals.items():
-            arrays[k][ids] = v
-
-    _read_shards(step_dir, meta, E, slots, lambda ids: np.ones(ids.shape, bool), take)
-    flat, states, params = _read_dense(step_dir, SLOTS[cfg.dense_optimizer])
-    table = arrays.pop("w")
-    try:
-        with safeio.atomic_output(out) as tmp, h5py.File(tmp, "w") as o:
-            for pname, off, shape in params:
-                n = int(np.prod(shape))
-                o[f"dense/{pname}"] = flat[off:off + n].reshape(shape)
-                for k, st in states.items():
-                    o[f"optimizer/dense/{k}/{pname}"] = st[off:off + n].reshape(shape)
-            for f_i, fname in enumerate(names):
-                rows = slice(int(offsets[f_i]), int(offsets[f_i]) + cards[f_i])
-                o[f"embeddings/{fname}"] = table[rows, :D]
-                if E > D:
-                    o[f"linear/{fname}"] = table[rows, D]
-                for k, st in arrays.items():
-                    o[f"optimizer/embeddings/{fname}/{k}"] = st[rows]
-            o.attrs["config"] = json.dumps(meta["config"])
-            o.attrs["step"] = meta["step"]
-            o.attrs["field_names"] = json.dumps(meta["schema"]["dense_names"] + names)
-    except (OSError, ValueError, TypeError) as e:
-        raise PshybridError(f"export: writing {out}: {e}") from None
-    return {"step": meta["step"], "tables": len(names), "dense_params": len(params)}

@@ -84,7 +84,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .checkpoint import export
+    from .checkpoint_files import export
 
     info = export(args.ckpt, args.out)
     print(f"exported step {info['step']}: {info['dense_params']} dense parameters, "

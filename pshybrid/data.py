@@ -88,6 +88,7 @@ class DatasetWriter:
 
 # -- reading ---------------------------------------------------------------------------------
 SHUFFLE_BLOCK = 1024  # rows; the unit of the block shuffle (independent of W and b)
+EVAL_BATCH = 4096  # rows an evaluation reads and scores at a time
 _SCAN_ROWS = 65536
 
 

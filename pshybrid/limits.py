@@ -27,10 +27,9 @@ import os
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .data import EVAL_BATCH
 from .optim import SLOTS
-
-DENSE_ROW = 256   # modes.DENSE_ROW: width of a row of ps mode's dense table
-EVAL_BATCH = 4096  # train.EVAL_BATCH
+from .registry import DENSE_ROW
 
 
 @dataclass(frozen=True)
@@ -73,7 +72,6 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
     W, S = max(n_workers, 1), n_servers
     rows = int(sum(schema.cardinalities))
     P, shapes, E = _model_shapes(cfg, schema)
-    sparse_slots = len(SLOTS[cfg.sparse_optimizer])
     dense_slots = len(SLOTS[cfg.dense_optimizer])
     depth = cfg.prefetch if cfg.prefetch is not None else 2
     mlp = ",".join(map(str, cfg.mlp))
@@ -82,15 +80,7 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
     if cfg.model == "dcn":
         net += f", --cross-layers {cfg.cross_layers}"
 
-    # activations: every layer's input and output per row, forward values and gradients
-    widths = sum(sh[0] + sh[1] for sh in shapes if len(sh) == 2)
-    d_in = Fd + F * D
-    widths += d_in * 2
-    if cfg.model == "dcn":
-        widths += d_in * 3 * (cfg.cross_layers + 1)
-    if cfg.model == "dlrm":
-        n = F + 1
-        widths += n * D * 2 + n * (n - 1)
+    widths = _activation_widths(cfg, schema, shapes)
     b_act = max(B, min(EVAL_BATCH, eval_rows)) if eval_rows else B
     batch_in = B * (4 + 4 * Fd + 16 * F + s * (Fd + 1))
     worker = [
@@ -110,6 +100,32 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
     if eval_rows:
         worker.append(Part("evaluation logits and labels", eval_rows * 16,
                            f"{eval_rows:,} rows of --eval-data", "evaluate on a smaller file"))
+    server = _table_parts(cfg, schema, worker, W, S, E, s, P, cards, net)
+    return {"worker": worker, "server": server}
+
+
+def _activation_widths(cfg, schema, shapes) -> int:
+    """Floats per batch row of every layer's input and output (forward values; the caller
+    doubles for gradients)."""
+    F, Fd, D = schema.n_sparse, schema.n_dense, cfg.embedding_dim
+    widths = sum(sh[0] + sh[1] for sh in shapes if len(sh) == 2)
+    d_in = Fd + F * D
+    widths += d_in * 2
+    if cfg.model == "dcn":
+        widths += d_in * 3 * (cfg.cross_layers + 1)
+    if cfg.model == "dlrm":
+        n = F + 1
+        widths += n * D * 2 + n * (n - 1)
+    return widths
+
+
+def _table_parts(cfg, schema, worker: list, W: int, S: int, E: int, s: int, P: int,
+                 cards: str, net: str) -> list:
+    """The tables' parts: the servers' (returned), or with no server the whole table on
+    every worker (appended to ``worker``), and ps's dense table."""
+    B, F, D = cfg.batch_size, schema.n_sparse, cfg.embedding_dim
+    rows = int(sum(schema.cardinalities))
+    sparse_slots, dense_slots = len(SLOTS[cfg.sparse_optimizer]), len(SLOTS[cfg.dense_optimizer])
     server = []
     if S == 0:  # allreduce: the whole table on every worker, every worker's rows exchanged
         worker.append(Part("embedding table", rows * E * s * (1 + sparse_slots),
@@ -135,7 +151,7 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
                                "lower --mlp or --embedding-dim, or use more --servers"))
             worker.append(Part("pulled dense table", dense_rows * DENSE_ROW * s,
                                f"{P:,} parameters: {net}", "lower --mlp or --embedding-dim"))
-    return {"worker": worker, "server": server}
+    return server
 
 
 def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int | None,

@@ -6,7 +6,7 @@ after its steps ran, or being killed for memory:
 - ``--resume``: the checkpoint resolves, its meta.json is sound and matches this run
   (model, sizes, optimizers, data fields);
 - ``--checkpoint-dir``: no checkpoints this run could lose track of
-  (``checkpoint.check_run_dir``), and writable on every rank (each one writes there);
+  (``checkpoint_files.check_run_dir``), and writable on every rank (each one writes there);
 - ``--metrics``: writable on the reporting rank (worker 0, the only one writing it);
 - memory: what this node's ranks need (``limits.check_sizes``) fits its available memory.
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 
-from . import checkpoint, limits, safeio
+from . import checkpoint_files, limits, safeio
 from .data import BatchPlan
 from .errors import ConfigError, InputError, PshybridError
 from .transport import agree
@@ -63,13 +63,13 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False) -> 
         if evdata is not None and getattr(evdata, "n_rows", 1) == 0:
             raise InputError(f"{evdata.path}: --eval-data holds no rows: nothing to evaluate")
         if cfg.resume:
-            step_dir = checkpoint.resolve(cfg.resume)
-            meta = checkpoint.read_meta(step_dir)
-            checkpoint.check_compatible(meta, cfg, data.schema,
-                                        os.path.join(step_dir, "meta.json"))
+            step_dir = checkpoint_files.resolve(cfg.resume)
+            meta = checkpoint_files.read_meta(step_dir)
+            checkpoint_files.check_compatible(meta, cfg, data.schema,
+                                              os.path.join(step_dir, "meta.json"))
             start = meta["step"]
         if cfg.checkpoint_dir:
-            checkpoint.check_run_dir(cfg.checkpoint_dir, step_dir, start)
+            checkpoint_files.check_run_dir(cfg.checkpoint_dir, step_dir, start)
         check_outputs(cfg, topo)
         workers, servers = _ranks_here(topo)
         limits.check_sizes(cfg, data.schema, topo.n_workers, topo.n_servers,

@@ -26,7 +26,7 @@ from mpi4py import MPI
 from . import checkpoint
 from .backend import synchronize, to_host
 from .config import TrainConfig, from_dict, to_dict
-from .data import BatchPlan, H5Dataset, prefetch, read_ranges
+from .data import EVAL_BATCH, BatchPlan, H5Dataset, prefetch, read_ranges
 from .devices import cuda_aware_mpi, pick_device
 from .errors import InputError, PshybridError
 from .layers import ParamSpace, bce_with_logits
@@ -40,8 +40,6 @@ from .synthetic import SyntheticCTR
 from .threads import rank_cores
 from .topology import Topology
 from .transport import abort_on_error, agree
-
-EVAL_BATCH = 4096
 
 
 @dataclass

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from pshybrid import checkpoint
+from pshybrid import checkpoint, checkpoint_files
 from pshybrid.config import TrainConfig
 from pshybrid.data import DatasetWriter
 from pshybrid.errors import ConfigError, InputError, PshybridError
@@ -163,7 +163,7 @@ def test_a_planted_latest_link_is_refused_not_followed(ck, tmp_path):
             run(steps=6, **kw)
         assert "latest" in str(e.value), e.value
     with pytest.raises(InputError):
-        checkpoint.export(ck, str(tmp_path / "out.h5"))
+        checkpoint_files.export(ck, str(tmp_path / "out.h5"))
     assert victim.read_text() == "step-2\n" and snapshot(ck) == before
     assert not os.path.exists(tmp_path / "out.h5")
 
@@ -174,7 +174,7 @@ def test_export_never_writes_through_links(ck, tmp_path):
     out = tmp_path / "out.h5"
     for name in ("out.h5", "out.h5.tmp", "out.tmp", ".out.h5.tmp"):
         os.symlink(victim, tmp_path / name)
-    checkpoint.export(ck, str(out))
+    checkpoint_files.export(ck, str(out))
     assert victim.read_text() == "precious\n"
     assert not out.is_symlink()
     with h5py.File(out, "r") as f:
@@ -252,7 +252,7 @@ def test_corrupt_checkpoint_is_refused_by_export_and_resume(ck, tmp_path, kind):
     outdir = tmp_path / "out"
     outdir.mkdir()
     with pytest.raises(InputError) as e:
-        checkpoint.export(ck, str(outdir / "x.h5"))
+        checkpoint_files.export(ck, str(outdir / "x.h5"))
     assert needle in str(e.value), e.value
     assert os.listdir(outdir) == []  # no partial output
     with pytest.raises(PshybridError) as e:
@@ -270,7 +270,7 @@ def test_refused_export_leaves_no_file(ck, tmp_path, case):
     if case == "no_flat":
         _dense_edit(lambda f: f.__delitem__("flat"))(ck)
     with pytest.raises(PshybridError) as e:
-        checkpoint.export(ck, str(out))
+        checkpoint_files.export(ck, str(out))
     assert str(outdir) in str(e.value) or "dense.h5: /flat" in str(e.value), e.value
     assert os.listdir(outdir) == [] and os.listdir(tmp_path) == ["ck", "out"]
 

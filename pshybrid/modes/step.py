@@ -54,7 +54,7 @@ class Mode:
     def __init__(self, spec: ModeSpec, topo: Topology, layout, ps, sparse_opt: Optimizer,
                  dense_opt: Optimizer, seed: int, *, bucket_bytes: int = 0,
                  shared_memory: bool | None = None, cuda_aware: bool = False):
-        self.spec, self.topo = spec, topo
+        self.spec, self.topo, self.layout = spec, topo, layout
         self.timers = Timers()
         self.xp = array_module(ps.flat)
         ctx = Context(topo, ps, self.xp, self.timers, seed, cuda_aware)
