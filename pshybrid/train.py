@@ -28,7 +28,7 @@ from mpi4py import MPI
 from . import __version__, checkpoint
 from .backend import synchronize, to_host
 from .config import TrainConfig
-from .data import BatchPlan, H5Dataset, prefetch, read_ranges
+from .data import BatchPlan, H5Dataset, prefetch, worker_batches
 from .devices import cuda_aware_mpi, pick_device
 from .errors import ConfigError, InputError, PshybridError
 from .metrics import auc, logloss_from_logits
@@ -292,9 +292,10 @@ def _train(cfg, topo, data, evdata, collect, out) -> TrainResult:
         depth = cfg.prefetch if cfg.prefetch is not None else (2 if rank_cores() >= 2 else 0)
         ahead = depth > 0 and MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
+        rows = worker_batches(data, plan, start, max(steps - start, 0), offset, b, sparse, depth)
+
         def produce(i):
-            label, dense, sparse_ids = read_ranges(data, plan.ranges(start + i, offset, b))
-            ids = sparse.global_ids(sparse_ids)
+            label, dense, ids = next(rows)  # ids: fused-table rows; buffers reused (depth + 3)
             return label, dense, ids, (mode.prepare(ids) if ahead else None)
 
         batches = prefetch(produce, max(steps - start, 0), depth)
