@@ -219,9 +219,9 @@ def read_ranges(dataset, ranges):
 
 
 # -- a worker's batches ----------------------------------------------------------------------
-WINDOW_ROWS = 8192    # HDF5: rows of this worker's upcoming steps read per window
+WINDOW_ROWS = 8192    # HDF5: rows of this worker's upcoming steps planned together
 MERGE_GAP = 1024      # HDF5: ranges closer than this are read as one span (gap rows too)
-SPAN_ROWS = 16384     # HDF5: the longest span read in one call
+SPAN_ROWS = 2048      # HDF5: the longest span read in one call (unless one range is longer)
 
 
 def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offset: int,
@@ -316,35 +316,38 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
         if plan.steps_per_epoch:
             n = min(n, plan.steps_per_epoch - first % plan.steps_per_epoch)
         ranges = [plan.ranges(first + j, offset, count) for j in range(n)]
-        # Spans: the window's ranges sorted, nearby ones merged; pos[(a, b)] = buffer row.
-        spans, pos, total = [], {}, 0
+        # Spans: the window's ranges sorted, nearby ones merged. where[(a, b)] = (its span,
+        # its buffer row). A span is read when a step first needs it, so no step waits
+        # for more than its own spans.
+        spans, where, total = [], {}, 0
         for a, b in sorted(r for rs in ranges for r in rs):
             if spans and a - spans[-1][1] <= MERGE_GAP and b - spans[-1][0] <= SPAN_ROWS:
                 total += a - spans[-1][1]
                 spans[-1][1] = b
             else:
-                spans.append([a, b])
-            pos[(a, b)] = total
+                spans.append([a, b, total, False])  # start, stop, buffer row, read yet
+            where[(a, b)] = (spans[-1], total)
             total += b - a
         if bufs[0].shape[0] < total:
             bufs = [np.empty((total,) + d.shape[1:], d.dtype) for d, _, _ in handles]
-        at = 0
-        for a, b in spans:  # one read per dataset and span, straight into the buffers
-            for (dsid, fspace, mspaces), buf in zip(handles, bufs):
-                dest = buf[at:at + b - a]
-                if dest.size:  # (a file without dense or sparse columns has nothing to read)
-                    fspace.select_hyperslab((a,) + (0,) * (buf.ndim - 1), dest.shape)
-                    mspace = mspaces.get(dest.shape)
-                    if mspace is None:
-                        mspace = mspaces[dest.shape] = h5s.create_simple(dest.shape)
-                    dsid.read(mspace, fspace, dest)
-            at += b - a
         lb, db, sb = bufs
         for j, rs in enumerate(ranges):
             label, dense, ids = ring.get(w + j)
             k = 0
             for a, b in rs:
-                p, m = pos[(a, b)], b - a
+                span, p = where[(a, b)]
+                if not span[3]:  # one read per dataset, straight into the buffers
+                    for (dsid, fspace, mspaces), buf in zip(handles, bufs):
+                        dest = buf[span[2]:span[2] + span[1] - span[0]]
+                        if dest.size:  # (a file without dense or sparse columns: nothing)
+                            fspace.select_hyperslab((span[0],) + (0,) * (buf.ndim - 1),
+                                                    dest.shape)
+                            mspace = mspaces.get(dest.shape)
+                            if mspace is None:
+                                mspace = mspaces[dest.shape] = h5s.create_simple(dest.shape)
+                            dsid.read(mspace, fspace, dest)
+                    span[3] = True
+                m = b - a
                 label[k:k + m] = lb[p:p + m]
                 dense[k:k + m] = db[p:p + m]
                 np.add(sb[p:p + m], offsets, out=ids[k:k + m])

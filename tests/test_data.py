@@ -190,15 +190,17 @@ def expected(data, plan, step, offset, count, offsets):
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-@pytest.mark.parametrize("window,gap", [(8192, 1024), (250, 0), (700, 50)])
+@pytest.mark.parametrize("window,gap,span", [(8192, 1024, 2048), (250, 0, 100), (700, 50, 700),
+                                             (4000, 2000, 16384)])
 def test_worker_batches_from_a_file_are_the_plans_rows(tmp_path, monkeypatch, shuffle, window,
-                                                       gap):
+                                                       gap, span):
     """The HDF5 fast path (windows of many steps, nearby ranges read as one span) gives
     each worker exactly its rows of every step, across epochs, from any start step."""
     import pshybrid.data as data
 
     monkeypatch.setattr(data, "WINDOW_ROWS", window)
     monkeypatch.setattr(data, "MERGE_GAP", gap)
+    monkeypatch.setattr(data, "SPAN_ROWS", span)
     p = tmp_path / "d.h5"
     write(p, n=5 * SHUFFLE_BLOCK + 300, cards=(3, 5, 7))
     ds = H5Dataset(p)
