@@ -1,24 +1,66 @@
 """Built-in synthetic CTR stream: Criteo-like fields, Zipf ids, labels from a planted model.
 
-Random access by global row index and deterministic by seed, so any worker can read its
-slice of any global batch (DESIGN §5) and a single process reads exactly the same rows.
-Rows are made in blocks of ``BLOCK`` rows; block ``k`` draws from
-``numpy.random.default_rng([seed, k])``, in this order: dense ``(BLOCK, n_dense)``
-``= log1p(exponential(scale_j))`` with ``scale_j = 10 ** (2 j / (n_dense - 1))``;
-``q ~ U[0,1)`` ``(BLOCK, F)``, turned into ids by the inverse CDF of a Zipf law truncated
-to each field, ``P(id = i) ∝ (i + 1) ** -zipf`` for ``i < cardinality_f`` (fields of more
-than ``EXACT_CDF_MAX`` ids use the continuous power law instead, so no table of that size
-is built: ``id = floor((1 - q (1 - (C+1) ** (1-a))) ** (1/(1-a))) - 1``); then
-``u ~ U[0,1)`` ``(BLOCK,)``. The planted model is
+Every value of row ``r`` is a pure function of ``(seed, r)``: any worker generates only its
+own rows of any global batch (DESIGN §5), in one pass straight into its buffers, and one
+process reading the global batch gets exactly the same rows, whatever the split.
 
-    logit = bias + sum_f w[offset_f + id_f] + sum_j v_j * (dense_j - mean_j)
-    label = 1 if u < sigmoid(logit) else 0
+Generation rule (``F`` sparse fields of cardinalities ``C_f``, ``n_dense`` dense columns,
+``K = n_dense + F + 1``; uint64 arithmetic wraps mod 2**64, ``>>`` is a logical shift):
 
-with ``w[r]`` uniform in ``[-field_scale, field_scale)`` from ``initializers.uniform_rows``
-(seed, table ``"planted"``, dim 1, ``offset_f`` = sum of the cardinalities before f),
-``v_j`` likewise (table ``"planted:dense"``, ``dense_scale``), ``mean_j`` the mean of
-``log1p(exponential(scale_j))`` over 4096 draws of ``default_rng([seed, 2**31])``, and
-``bias`` (default -1.0: a base rate near 0.3).
+- **Hash.** ``z(r, c)`` for column ``c`` in ``[0, K)`` is ``initializers``' hash of element
+  ``(r, c)`` of a table named ``"synthetic"`` of width ``K``::
+
+      x = table_key(seed, "synthetic") + (r * K + c + 1) * 0x9E3779B97F4A7C15
+      z = splitmix64_finalizer(x);   u(r, c) = (z >> 11) * 2**-53  in [0, 1)
+
+  Column ``j < n_dense`` is dense column j, ``n_dense + f`` sparse field f, ``K - 1`` the label.
+- **Dense** j: ``d_j = log1p(-s_j * log1p(-u))`` (``log1p(Exponential(s_j))``, by
+  inversion), ``s_j = 10 ** (2 j / max(1, n_dense - 1))``; computed in float64 (NumPy's
+  ``log1p``), delivered as float32.
+- **Sparse** f with ``C = C_f <= 2**20``: exact truncated Zipf, ``P(id = i) ∝ (i + 1) ** -zipf``
+  for ``i < C``, by Walker alias tables (``alias_table``) drawn with integers only. A draw
+  from a table of ``n`` cells by a uint64 ``z``::
+
+      t = (z >> 32) * n + (((z & 0xFFFFFFFF) * n) >> 32)   # floor(z * n / 2**32) < 2**64
+      k = t >> 32                   # floor(z * n / 2**64): a uniform cell in [0, n)
+      draw = k  if (t & 0xFFFFFFFF) < T[k]  else  A[k]    # entry k stored as A << 32 | T
+
+  Fields of at most ``HEAD = 4096`` ids: one table over ``w_i = (i + 1) ** -zipf``, id = the
+  draw by ``z(r, c)``. Larger fields: a head table over ``w_0 .. w_4095`` plus one entry of
+  weight ``sum(w_4096 ..)`` (the tail), and a tail table over ``w_4096 .. w_{C-1}``; id = the
+  head draw by ``z(r, c)``; if that is 4096 (the tail entry), id = 4096 + the tail draw by
+  ``splitmix64_finalizer(z(r, c))``. (The head table stays in cache; only tail draws touch
+  the large table.)
+  A table over weights ``w`` (n of them, NumPy float64 ``w ** -zipf`` and ``w.sum()``):
+  integer weights ``W``: ``x = w * (n * 2**32 / sum(w))``, ``W = floor(x)``, plus 1 for the
+  ``n * 2**32 - sum(W)`` largest ``x - W`` (ties: smaller index first); so the table draws
+  ``i`` with probability exactly ``W_i / (n 2**32)``, the law rounded to < 2**-32 / n. Then
+  Vose's sweep as prefix sums, in int64 (Hübschle-Schneider and Sanders' construction):
+  lights ``L`` (``W < 2**32``) and heavies ``H``, each in index order; ``d = 2**32 - W[L]``,
+  ``D = cumsum(d)``, ``E = cumsum(W[H] - 2**32)`` (``E[-1] == D[-1]``). Light ``L[i]``:
+  ``T = W``, ``A = H[j]``, ``j`` the first index with ``E[j] >= D[i] - d[i]``. Heavy ``H[j]``:
+  with ``i`` the first index with ``D[i] > E[j]``, ``T = 2**32 + E[j] - D[i]`` and
+  ``A = H[j + 1]``; no such ``i``: ``T = 2**32 - 1``, ``A = H[j]`` (itself: drawn always).
+  Fields of more than 2**20 ids use the continuous power law on ``[1, C + 1)`` (no table
+  of that size is built): ``q = u(r, c)``, ``x = (1 - q (1 - (C + 1) ** (1 - zipf))) **
+  (1 / (1 - zipf))`` (``(C + 1) ** q`` when zipf = 1), ``id = clip(floor(x) - 1, 0, C - 1)``,
+  with the C library's ``pow`` (the continuous law, so not exact).
+- **Label** from the planted logistic model, summed in this order (float64)::
+
+      logit = bias;  logit += w[offset_f + id_f] for f = 0..F-1
+      logit += v_j * (d_j - mean_j) for j = 0..n_dense-1
+      p = 1 / (1 + exp(-logit));   label = 1 if u(r, K - 1) < p else 0
+
+  ``w[g]`` is row ``g`` of ``initializers.uniform_rows`` (seed, table ``"planted"``, dim 1,
+  scale ``field_scale``), ``offset_f`` the sum of the cardinalities before f; ``v_j`` likewise
+  (table ``"planted:dense"``, ``dense_scale``); ``mean_j`` = the mean of ``d_j`` at the 4096
+  midpoints ``u = (k + 0.5) / 4096`` (NumPy's mean); ``bias`` default -1.0 (a base rate near 0.3).
+
+The integer and table part runs in a numba kernel (``datakernels``, with a NumPy twin that
+gives the same bits); ``log1p`` and ``exp`` run as NumPy ufuncs over the batch in both paths.
+A re-implementation with another ``log1p``/``exp``/``pow`` may differ in the last bit of a
+float64, which changes a float32 dense value or a label only when it falls on a rounding
+boundary (probability ~2**-29 per dense value, ~2**-52 per label).
 """
 
 from __future__ import annotations
@@ -27,14 +69,88 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .initializers import uniform_rows
+from . import datakernels
+from .initializers import table_key, uniform_rows
 from .schema import Schema, field_offsets
 
-BLOCK = 512
-EXACT_CDF_MAX = 1 << 20
+EXACT_CDF_MAX = 1 << 20  # larger fields: continuous power law (no table)
+CAP = 1 << 32  # an alias cell's capacity: thresholds are 32-bit
+HEAD = 4096  # fields above: a head table of the first HEAD ids + the tail, and a tail table
+MEAN_POINTS = 4096
 # Criteo Kaggle cardinalities, capped at 100k rows per field for a laptop-sized default.
 CRITEO_LIKE = (1460, 583, 100000, 100000, 305, 24, 12517, 633, 3, 93145, 5683, 100000, 3194,
                27, 14992, 100000, 10, 5652, 2173, 4, 100000, 18, 15, 100000, 105, 100000)
+
+
+def zipf_alias(C: int, zipf: float) -> np.ndarray:
+    """(C,) uint64 alias table of the Zipf law truncated to ``[0, C)`` (one table, no tail)."""
+    return alias_table(np.arange(1, C + 1, dtype=np.float64) ** -float(zipf))
+
+
+def alias_table(w: np.ndarray) -> np.ndarray:
+    """(C,) uint64 alias table ``A << 32 | T`` drawing i with probability ``W[i] / (C 2**32)``,
+    ``W`` = ``w`` rounded to integers summing to ``C * 2**32`` (the module docstring states
+    the construction; integers throughout, so the table is exact for its ``W``)."""
+    C = w.size
+    assert 0 < C <= 1 << 21, C
+    x = w * (C * CAP / w.sum())  # target counts, summing to C * 2**32 (<= 2**53: exact)
+    W = np.floor(x).astype(np.int64)
+    short = C * CAP - int(W.sum())  # largest remainder: +1 to the `short` largest fractions
+    if short:
+        frac = (x - W) if short > 0 else (W - x)  # (< 0 only if the float sum rounded up)
+        k = abs(short)
+        v = np.partition(frac, C - k)[C - k]  # the k-th largest; ties: the smaller ids
+        pick = np.concatenate((np.flatnonzero(frac > v), np.flatnonzero(frac == v)))[:k]
+        W[pick] += 1 if short > 0 else -1
+    T, alias = np.minimum(W, CAP), np.arange(C, dtype=np.int64)
+    light = W < CAP
+    L, H = np.flatnonzero(light), np.flatnonzero(~light)
+    if L.size:  # (then H.size too: the mean is CAP)
+        d = CAP - W[L]
+        D = np.cumsum(d)
+        E = np.cumsum(W[H] - CAP)  # E[-1] == D[-1]
+        alias[L] = H[np.searchsorted(E, D - d, side="left")]  # first j: E[j] >= D0[i]
+        i = np.searchsorted(D, E, side="right")  # first i: D[i] > E[j]
+        out = i < L.size  # heavies that end below CAP: the rest to the next heavy
+        T[H[out]] = CAP + E[out] - D[i[out]]
+        alias[H[out]] = H[np.flatnonzero(out) + 1]  # (never the last heavy: it ends at CAP)
+    full = T >= CAP
+    T[full], alias[full] = CAP - 1, np.flatnonzero(full)  # drawn from always: alias itself
+    return (alias.astype(np.uint64) << np.uint64(32)) | T.astype(np.uint64)
+
+
+def alias_counts(table: np.ndarray) -> np.ndarray:
+    """The law an alias table draws, in units of 2**-32 / C (test oracle): (C,) int64; the
+    probability of i is ``alias_counts(table)[i] / (C * 2**32)``."""
+    T = (table & datakernels.LOW32).astype(np.int64)
+    A = (table >> np.uint64(32)).astype(np.int64)
+    out = T.copy()
+    np.add.at(out, A, CAP - T)
+    return out
+
+
+def alias_pmf(table: np.ndarray) -> np.ndarray:
+    """The law an alias table draws: (C,) float64 probabilities."""
+    return alias_counts(table) / (table.size * float(CAP))
+
+
+@dataclass
+class _Model:
+    key: np.uint64
+    pkey: np.uint64
+    kinds: np.ndarray      # (F,) int64 datakernels.ALIAS / POWER / POWER_ONE
+    cards: np.ndarray      # (F,) int64
+    tab: np.ndarray        # alias tables, concatenated (uint64)
+    start0: np.ndarray     # (F,) int64: field f's (head) table is tab[start0:start0+size0]
+    size0: np.ndarray
+    start1: np.ndarray     # its tail table (ALIAS_TAIL fields)
+    size1: np.ndarray
+    p1: np.ndarray         # (F,) float64 power-law parameters
+    p2: np.ndarray
+    offsets: np.ndarray    # (F,) int64
+    neg_scales: np.ndarray  # (n_dense,) -s_j
+    v: np.ndarray          # (n_dense,) planted dense weights
+    mean: np.ndarray       # (n_dense,) mean_j
 
 
 @dataclass
@@ -52,61 +168,87 @@ class SyntheticCTR:
     def schema(self) -> Schema:
         return Schema(self.n_dense, tuple(self.cardinalities))
 
-    def _planted(self):
-        if "planted" not in self._cache:
-            v = np.empty((self.n_dense, 1))
-            uniform_rows(v, np.arange(self.n_dense), self.seed, "planted:dense", self.dense_scale)
-            scales = 10.0 ** (2.0 * np.arange(self.n_dense) / max(1, self.n_dense - 1))
-            mean = np.log1p(np.random.default_rng([self.seed, 2**31]).exponential(
-                scales, size=(4096, self.n_dense))).mean(0)
-            cdfs = [np.cumsum(np.arange(1, c + 1, dtype=np.float64) ** -self.zipf)
-                    if c <= EXACT_CDF_MAX else c for c in self.cardinalities]
-            offsets = field_offsets(self.cardinalities)
-            self._cache["planted"] = (v[:, 0], scales, mean, cdfs, offsets)
-        return self._cache["planted"]
+    def _model(self) -> _Model:
+        m = self._cache.get("model")
+        if m is None:
+            nd, cards = self.n_dense, np.asarray(self.cardinalities, np.int64)
+            F, a = cards.size, float(self.zipf)
+            v = np.empty((nd, 1))
+            uniform_rows(v, np.arange(nd), self.seed, "planted:dense", self.dense_scale)
+            scales = 10.0 ** (2.0 * np.arange(nd) / max(1, nd - 1))
+            mid = (np.arange(MEAN_POINTS) + 0.5) / MEAN_POINTS
+            mean = np.log1p(-scales * np.log1p(-mid)[:, None]).mean(0)
+            kinds, p1, p2 = np.zeros(F, np.int64), np.zeros(F), np.zeros(F)
+            start0, size0, start1, size1 = (np.zeros(F, np.int64) for _ in range(4))
+            tabs, at = [], 0
+            for f, C in enumerate(cards.tolist()):
+                if C <= EXACT_CDF_MAX:
+                    w = np.arange(1, C + 1, dtype=np.float64) ** -a
+                    if C <= HEAD:
+                        kinds[f] = datakernels.ALIAS
+                        parts = [w]
+                    else:
+                        kinds[f] = datakernels.ALIAS_TAIL
+                        parts = [np.append(w[:HEAD], w[HEAD:].sum()), w[HEAD:]]
+                    starts, sizes = (start0, start1), (size0, size1)
+                    for k, part in enumerate(parts):
+                        starts[k][f], sizes[k][f] = at, part.size
+                        tabs.append(alias_table(part))
+                        at += part.size
+                elif a != 1.0:
+                    kinds[f] = datakernels.POWER
+                    p1[f], p2[f] = 1.0 - (C + 1.0) ** (1.0 - a), 1.0 / (1.0 - a)
+                else:
+                    kinds[f], p1[f] = datakernels.POWER_ONE, C + 1.0
+            tab = np.concatenate(tabs) if tabs else np.zeros(0, np.uint64)
+            m = _Model(table_key(self.seed, "synthetic"), table_key(self.seed, "planted"),
+                       kinds, cards, tab, start0, size0, start1, size1, p1, p2,
+                       field_offsets(cards), -scales, v[:, 0], mean)
+            self._cache["model"] = m
+        return m
 
-    def _block(self, k: int):
-        hit = self._cache.get(("block", k))
-        if hit is not None:
-            return hit
-        v, scales, mean, cdfs, offsets = self._planted()
-        rng = np.random.default_rng([self.seed, k])
-        dense = np.log1p(rng.exponential(scales, size=(BLOCK, self.n_dense)))
-        q = rng.random((BLOCK, len(self.cardinalities)))
-        sparse = np.empty(q.shape, np.int64)
-        a1 = 1.0 - self.zipf
-        for f, cdf in enumerate(cdfs):
-            if isinstance(cdf, int):  # continuous power law on [1, C+1)
-                x = (1.0 - q[:, f] * (1.0 - (cdf + 1.0) ** a1)) ** (1.0 / a1)
-                sparse[:, f] = np.clip(np.floor(x).astype(np.int64) - 1, 0, cdf - 1)
-            else:
-                sparse[:, f] = np.minimum(np.searchsorted(cdf, q[:, f] * cdf[-1],
-                                                          side="right"), cdf.size - 1)
-        w = np.empty((sparse.size, 1))
-        uniform_rows(w, (sparse + offsets).ravel(), self.seed, "planted", self.field_scale)
-        logit = self.bias + (dense - mean) @ v + w.reshape(sparse.shape).sum(1)
-        u = rng.random(BLOCK)
-        p = 1.0 / (1.0 + np.exp(-logit))
-        out = ((u < p).astype(np.float32), dense.astype(np.float32), sparse, p)
-        self._cache = {k2: v2 for k2, v2 in self._cache.items() if k2 == "planted"
-                       or k2[1] >= k - 1}  # keep the planted model and the last blocks
-        self._cache[("block", k)] = out
-        return out
+    def fill(self, start: int, label, dense, ids, fused: bool = False):
+        """Generate rows ``[start, start + n)`` into the given buffers: label (n,) float32,
+        dense (n, n_dense) float32, ids (n, F) int64 (C-contiguous): per-field ids, or with
+        ``fused`` the fused-table rows ``offset_f + id``. Returns the planted click
+        probability (n,) float64."""
+        m = self._model()
+        n = ids.shape[0]
+        assert ids.dtype == np.int64 and ids.flags.c_contiguous and ids.shape[1] == m.cards.size
+        nu = np.empty((n, self.n_dense))
+        logit, ulab = np.empty(n), np.empty(n)
+        datakernels.synth_rows(int(start), m.key, self.n_dense, m.kinds, m.cards, m.tab,
+                               m.start0, m.size0, m.start1, m.size1, m.p1, m.p2, m.pkey,
+                               float(self.field_scale),
+                               m.offsets, bool(fused), float(self.bias), nu, ids, logit, ulab)
+        np.log1p(nu, out=nu)  # log(1 - u)
+        nu *= m.neg_scales     # s_j * Exponential(1)
+        np.log1p(nu, out=nu)
+        dense[...] = nu
+        datakernels.synth_logit(nu, m.v, m.mean, logit)
+        np.negative(logit, out=logit)  # p = 1 / (1 + exp(-logit)), in place
+        np.exp(logit, out=logit)
+        logit += 1.0
+        np.divide(1.0, logit, out=logit)
+        np.less(ulab, logit, out=label)
+        return logit
 
     def rows(self, start: int, stop: int):
-        """Rows ``[start, stop)``: label (n,) float32, dense (n, 13) float32,
-        sparse (n, 26) int64 per-field ids in [0, cardinality_f)."""
-        return self._slice(start, stop)[:3]
+        """Rows ``[start, stop)``: label (n,) float32, dense (n, n_dense) float32,
+        sparse (n, F) int64 per-field ids in [0, cardinality_f)."""
+        return self._rows(start, stop)[:3]
 
     def planted_probability(self, start: int, stop: int) -> np.ndarray:
         """The planted model's click probability of rows ``[start, stop)``: (n,) float64."""
-        return self._slice(start, stop)[3]
+        return self._rows(start, stop)[3]
 
-    def _slice(self, start: int, stop: int):
-        parts = [self._block(k) for k in range(start // BLOCK, -(-stop // BLOCK))]
-        cat = [np.concatenate(p) for p in zip(*parts)] if parts else None
-        off = (start // BLOCK) * BLOCK
-        return tuple(c[start - off:stop - off] for c in cat)
+    def _rows(self, start, stop):
+        n = max(0, stop - start)
+        label = np.empty(n, np.float32)
+        dense = np.empty((n, self.n_dense), np.float32)
+        ids = np.empty((n, len(self.cardinalities)), np.int64)
+        p = self.fill(start, label, dense, ids)
+        return label, dense, ids, p
 
 
 def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
@@ -127,11 +269,10 @@ def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
         with DatasetWriter(path, sch.dense_names, sch.sparse_names) as w:
             labels, probs = [], []
             for s in range(a, b, chunk):
-                e = min(b, s + chunk)
-                label, dense, sparse = gen.rows(s, e)
+                label, dense, sparse, p = gen._rows(s, min(b, s + chunk))
                 w.append(label, dense, sparse)
                 labels.append(label)
-                probs.append(gen.planted_probability(s, e))
+                probs.append(p)
             planted = auc(np.concatenate(probs), np.concatenate(labels)) if b > a else float("nan")
             w.close(sch.cardinalities, planted_auc=planted, source="pshybrid prep synthetic",
                     transform=f"SyntheticCTR(seed={gen.seed}, zipf={gen.zipf}) rows [{a}, {b})")

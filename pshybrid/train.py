@@ -26,7 +26,7 @@ from mpi4py import MPI
 from . import checkpoint
 from .backend import synchronize, to_host
 from .config import TrainConfig, from_dict, to_dict
-from .data import EVAL_BATCH, BatchPlan, H5Dataset, prefetch, read_ranges
+from .data import EVAL_BATCH, BatchPlan, H5Dataset, prefetch, worker_batches
 from .devices import cuda_aware_mpi, pick_device
 from .errors import InputError, PshybridError
 from .layers import ParamSpace, bce_with_logits
@@ -250,13 +250,15 @@ def _batches(job: Job):
     ahead = depth > 0 and (not mode.prepare_uses_mpi
                            or MPI.Query_thread() == MPI.THREAD_MULTIPLE)
     dtype, xp = np.dtype(cfg.dtype), mode.xp
+    n = max(job.steps - job.start, 0)
+    # ids: fused-table rows; buffers reused (a ring of depth + 3 batches, see worker_batches)
+    rows = worker_batches(job.data, job.plan, job.start, n, offset, b, job.layout, depth)
 
     def produce(i):
-        label, dense, sparse = read_ranges(job.data, job.plan.ranges(job.start + i, offset, b))
-        ids = job.layout.global_ids(sparse)
+        label, dense, ids = next(rows)
         return label, dense, ids, (mode.prepare(ids) if ahead else None)
 
-    for label, dense, ids, batch in prefetch(produce, max(job.steps - job.start, 0), depth):
+    for label, dense, ids, batch in prefetch(produce, n, depth):
         # GPU workers: H2D of the batch's dense features and labels
         yield (xp.asarray(label.astype(dtype, copy=False)),
                xp.asarray(dense.astype(dtype, copy=False)), ids, batch)

@@ -1,5 +1,6 @@
 """Dataset files: writer atomicity, reader validation (one clear message naming file, key,
-row), the batch plan (DESIGN §5 order, block shuffle) and the prefetcher."""
+row), the batch plan (DESIGN §5 order, block shuffle), a worker's batches (worker_batches:
+the plan's rows on every path, reused buffers) and the prefetcher."""
 
 import os
 
@@ -8,7 +9,7 @@ import numpy as np
 import pytest
 
 from pshybrid.data import (SHUFFLE_BLOCK, BatchPlan, DatasetWriter, H5Dataset, prefetch,
-                           read_ranges)
+                           read_ranges, worker_batches)
 from pshybrid.errors import InputError
 
 
@@ -185,3 +186,105 @@ def test_prefetch_depths_same_items_and_errors(depth):
     assert next(it) == -1 and next(it) == -1
     with pytest.raises(ZeroDivisionError):
         next(it)
+
+
+class RowsOnly:
+    """A user dataset: only the documented minimum (schema, rows, n_rows)."""
+
+    def __init__(self, inner):
+        self.inner, self.schema = inner, inner.schema
+        if hasattr(inner, "n_rows"):
+            self.n_rows = inner.n_rows
+
+    def rows(self, start, stop):
+        return self.inner.rows(start, stop)
+
+
+class Offsets:
+    def __init__(self, offsets):
+        self.offsets = np.asarray(offsets, np.int64)
+
+
+def expected(data, plan, step, offset, count, offsets):
+    label, dense, sparse = read_ranges(data, plan.ranges(step, offset, count))
+    return label, dense, sparse + offsets
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+@pytest.mark.parametrize("window,gap,span", [(8192, 1024, 2048), (250, 0, 100), (700, 50, 700),
+                                             (4000, 2000, 16384)])
+def test_worker_batches_from_a_file_are_the_plans_rows(tmp_path, monkeypatch, shuffle, window,
+                                                       gap, span):
+    """The HDF5 fast path (windows of many steps, nearby ranges read as one span) gives
+    each worker exactly its rows of every step, across epochs, from any start step."""
+    import pshybrid.data as data
+
+    monkeypatch.setattr(data, "WINDOW_ROWS", window)
+    monkeypatch.setattr(data, "MERGE_GAP", gap)
+    monkeypatch.setattr(data, "SPAN_ROWS", span)
+    p = tmp_path / "d.h5"
+    write(p, n=5 * SHUFFLE_BLOCK + 300, cards=(3, 5, 7))
+    ds = H5Dataset(p)
+    offsets = np.array([0, 3, 8])
+    for W, b in ((1, 256), (3, 100), (2, 700)):
+        plan = BatchPlan(ds.n_rows, W * b, shuffle, seed=2)
+        start = plan.steps_per_epoch - 2
+        for w in range(W):
+            got = list(data.worker_batches(ds, plan, start, 3 * plan.steps_per_epoch, w * b, b,
+                                           Offsets(offsets), depth=10**6))  # keep them all
+            assert len(got) == 3 * plan.steps_per_epoch
+            for i, batch in enumerate(got):
+                for g, e in zip(batch, expected(ds, plan, start + i, w * b, b, offsets)):
+                    assert g.dtype == e.dtype
+                    np.testing.assert_array_equal(g, e)
+    ds.close()
+
+
+def test_worker_batches_generic_and_synthetic_paths(tmp_path):
+    from pshybrid.schema import FusedTable
+    from pshybrid.synthetic import SyntheticCTR
+
+    p = tmp_path / "d.h5"
+    write(p, n=3000)
+    h5 = H5Dataset(p)
+    syn = SyntheticCTR(seed=1, n_dense=2, cardinalities=(4, 9000, 30))
+    for data in (RowsOnly(h5), syn, RowsOnly(syn)):
+        layout = FusedTable(data.schema, 4, 1, "float64")
+        for offsets, lay in ((layout.offsets, layout), (np.zeros(data.schema.n_sparse), None),
+                             (np.array([5, 0, 1])[:data.schema.n_sparse], None)):
+            lay = lay if lay is not None or not offsets.any() else Offsets(offsets)
+            plan = BatchPlan(getattr(data, "n_rows", None), 96, True, seed=0)
+            got = list(worker_batches(data, plan, 1, 12, 32, 32, lay, depth=100))
+            for i, batch in enumerate(got):
+                for g, e in zip(batch, expected(data, plan, 1 + i, 32, 32, offsets)):
+                    np.testing.assert_array_equal(g, e)
+                assert batch[2].dtype == np.int64
+    assert list(worker_batches(syn, BatchPlan(None, 8, False, 0), 0, 0, 0, 8)) == []
+    h5.close()
+
+
+@pytest.mark.parametrize("depth", [0, 1, 2, 4])
+@pytest.mark.parametrize("source", ["synthetic", "hdf5"])
+def test_reused_buffers_hold_through_the_next_step(tmp_path, depth, source):
+    """Through prefetch(depth), the fast paths' ring of depth + 3 buffers never overwrites
+    a batch while its step runs or during the next one, even with the producer as far
+    ahead as the queue lets it (a slow consumer); each batch is a new array object."""
+    import time
+
+    from pshybrid.synthetic import SyntheticCTR
+
+    if source == "hdf5":
+        write(tmp_path / "d.h5", n=4000)
+        data = H5Dataset(tmp_path / "d.h5")
+    else:
+        data = SyntheticCTR(seed=3, n_dense=2, cardinalities=(3, 5))
+    plan = BatchPlan(getattr(data, "n_rows", None), 64, True, seed=0)
+    rows = worker_batches(data, plan, 0, 30, 0, 64, None, depth)
+    held = []  # (batch, its copy) of the last two steps
+    for batch in prefetch(lambda i: next(rows), 30, depth):
+        assert all(batch[2] is not b[2] for b, _ in held)  # (identity checks see new batches)
+        held = held[-1:] + [(batch, tuple(x.copy() for x in batch))]
+        time.sleep(0.002)  # the step: the producer fills the queue meanwhile
+        for b, c in held:
+            for x, y in zip(b, c):
+                np.testing.assert_array_equal(x, y)

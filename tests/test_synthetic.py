@@ -1,0 +1,181 @@
+"""The synthetic stream (``pshybrid.synthetic``): rows are a pure function of (seed, row), the
+numba generator equals its NumPy twin bit for bit, and the laws are the stated ones (Zipf
+ids, log1p-exponential dense columns, labels from the planted model)."""
+
+import numpy as np
+import pytest
+
+from pshybrid import datakernels
+from pshybrid.metrics import auc
+from pshybrid.synthetic import (HEAD, SyntheticCTR, alias_counts, alias_pmf, alias_table,
+                                zipf_alias)
+
+# Every kind of field: one alias table (7, 30), head + tail tables (5000 > HEAD), and the
+# continuous power law (> 2**20 ids).
+GEN = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 5000, 3 << 20), zipf=1.3)
+GEN_ONE = SyntheticCTR(seed=2, n_dense=2, cardinalities=(3 << 20, 4097), zipf=1.0)
+
+
+def zipf_law(C, a):
+    w = np.arange(1, C + 1, dtype=np.float64) ** -a
+    return w / w.sum()
+
+
+def twin(monkeypatch):
+    monkeypatch.setattr(datakernels, "_active", lambda: False)
+
+
+@pytest.mark.parametrize("gen", [GEN, GEN_ONE])
+def test_rows_are_a_function_of_the_row_index(gen):
+    a, b = 1000, 2300
+    whole = gen.rows(a, b) + (gen.planted_probability(a, b),)
+    cuts = [a, a + 1, a + 2, 1024, 1537, b]
+    parts = [gen.rows(x, y) + (gen.planted_probability(x, y),) for x, y in zip(cuts, cuts[1:])]
+    for w, p in zip(whole, zip(*parts)):
+        np.testing.assert_array_equal(w, np.concatenate(p))
+    one = gen.rows(1536, 1537)
+    for w, o in zip(whole, one):
+        np.testing.assert_array_equal(w[536:537], o)
+    again = SyntheticCTR(seed=gen.seed, n_dense=gen.n_dense, cardinalities=gen.cardinalities,
+                         zipf=gen.zipf).rows(a, b)  # a fresh generator: the same rows
+    for w, g in zip(whole, again):
+        np.testing.assert_array_equal(w, g)
+    other = SyntheticCTR(seed=gen.seed + 1, n_dense=gen.n_dense,
+                         cardinalities=gen.cardinalities, zipf=gen.zipf).rows(a, b)
+    assert not np.array_equal(whole[2], other[2])  # the seed matters
+
+
+def test_types_and_ranges():
+    label, dense, sparse = GEN.rows(0, 4000)
+    assert label.dtype == np.float32 and label.shape == (4000,)
+    assert set(np.unique(label)) == {0.0, 1.0}
+    assert dense.dtype == np.float32 and dense.shape == (4000, 3) and (dense >= 0).all()
+    assert sparse.dtype == np.int64 and sparse.shape == (4000, 4)
+    assert (sparse >= 0).all() and (sparse < np.array(GEN.cardinalities)).all()
+    assert sparse[:, 3].max() > 1 << 20 - 4  # the big field reaches its tail
+    assert (sparse[:, 2] >= HEAD).any() and (sparse[:, 2] < HEAD).any()
+    for x in GEN.rows(7, 7):
+        assert len(x) == 0
+
+
+@pytest.mark.parametrize("gen", [GEN, GEN_ONE])
+@pytest.mark.parametrize("fused", [False, True])
+def test_numba_equals_numpy_twin_bit_for_bit(monkeypatch, gen, fused):
+    if not datakernels._active():
+        pytest.skip("numba not available: the twin is the only path")
+    n, F = 3000, len(gen.cardinalities)
+
+    def fill():
+        out = (np.empty(n, np.float32), np.empty((n, gen.n_dense), np.float32),
+               np.empty((n, F), np.int64))
+        p = gen.fill(123_456_789_012, *out, fused=fused)
+        return out + (p,)
+
+    fast = fill()
+    twin(monkeypatch)
+    slow = fill()
+    for x, y in zip(fast, slow):
+        assert x.dtype == y.dtype
+        np.testing.assert_array_equal(x, y)
+    assert fast[0].any() and not fast[0].all()
+
+
+def test_fused_ids_add_the_field_offsets():
+    from pshybrid.schema import field_offsets
+
+    n = 500
+    out = (np.empty(n, np.float32), np.empty((n, 3), np.float32), np.empty((n, 4), np.int64))
+    GEN.fill(40, *out, fused=True)
+    label, dense, sparse = GEN.rows(40, 40 + n)
+    np.testing.assert_array_equal(out[0], label)
+    np.testing.assert_array_equal(out[1], dense)
+    np.testing.assert_array_equal(out[2], sparse + field_offsets(GEN.cardinalities))
+
+
+@pytest.mark.parametrize("C,a", [(1, 1.1), (2, 1.1), (7, 1.3), (50, 0.5), (HEAD + 1, 1.05),
+                                 (100_000, 1.1), (1 << 20, 1.2)])
+def test_alias_table_is_the_truncated_zipf_law(C, a):
+    """The law the table draws, read off the table (not sampled): exactly its integer
+    weights W (sum C * 2**32), which are the truncated Zipf law rounded (< 1 unit each)."""
+    table = zipf_alias(C, a)
+    counts = alias_counts(table)
+    assert counts.sum() == C * 2**32 and (counts >= 0).all()
+    target = zipf_law(C, a) * (C * 2.0**32)
+    assert np.all(np.abs(counts - target) < 1 + 1e-6 * target)
+    assert np.all(alias_pmf(table) > 0)
+
+
+def test_alias_table_any_weights():
+    rng = np.random.default_rng(3)
+    for w in (rng.random(1000), rng.random(1000) ** 8, np.ones(17), np.r_[1e-12, 1.0, 5.0],
+              np.r_[0.0, 1.0, 0.0, 3.0], np.r_[1.0]):
+        C = w.size
+        counts = alias_counts(alias_table(w))
+        assert counts.sum() == C * 2**32
+        assert np.all(np.abs(counts - w / w.sum() * C * 2.0**32) < 1 + 1e-6 * counts)
+        assert np.all(counts[w == 0] == 0)
+
+
+def chi_square(ids, law, bins):
+    """Pearson's statistic of the counts of ``ids`` in ``bins`` (edges) against ``law``."""
+    counts = np.histogram(ids, bins)[0]
+    cum = np.concatenate(([0.0], np.cumsum(law)))
+    expected = ids.size * (cum[bins[1:]] - cum[bins[:-1]])
+    return float(((counts - expected) ** 2 / expected).sum()), bins.size - 2
+
+
+@pytest.mark.parametrize("f,C", [(0, 7), (1, 30), (2, 5000)])
+def test_sampled_zipf_frequencies_match_the_law(f, C):
+    """Chi-square of 200k sampled ids (field 2: a head table and a tail table) against the
+    truncated law: below df + 6 sqrt(2 df) (a 6-sigma bound), where the law with the
+    exponent off by 0.03 or the ids off by one is far above it."""
+    ids = GEN.rows(0, 200_000)[2][:, f]
+    bins = np.unique(np.r_[np.arange(min(C, 40)), np.geomspace(40, C, 30).astype(int), C]) \
+        if C > 40 else np.arange(C + 1)
+    bound = lambda df: df + 6 * np.sqrt(2 * df)  # noqa: E731
+    stat, df = chi_square(ids, zipf_law(C, GEN.zipf), bins)
+    assert stat < bound(df), (stat, df)
+    wrong, _ = chi_square(ids, zipf_law(C, GEN.zipf + 0.03), bins)
+    shifted, _ = chi_square(np.minimum(ids + 1, C - 1), zipf_law(C, GEN.zipf), bins)
+    assert wrong > bound(df) and shifted > bound(df), (wrong, shifted, df)
+    if C > HEAD:  # the tail's share is the law's
+        tail = zipf_law(C, GEN.zipf)[HEAD:].sum()
+        assert abs((ids >= HEAD).mean() - tail) < 6 * np.sqrt(tail * (1 - tail) / ids.size)
+
+
+def test_big_field_follows_the_power_law():
+    """Fields of more than 2**20 ids: P(id < k) = ((k+1)^(1-a) - 1) / ((C+1)^(1-a) - 1)."""
+    ids = GEN.rows(0, 100_000)[2][:, 3]
+    C, a = GEN.cardinalities[3], GEN.zipf
+    for k in (1, 10, 1000, 100_000):
+        want = ((k + 1) ** (1 - a) - 1) / ((C + 1) ** (1 - a) - 1)
+        assert abs((ids < k).mean() - want) < 6 * np.sqrt(want * (1 - want) / ids.size), k
+
+
+def test_dense_columns_are_log1p_exponential():
+    """Column means vs E[log1p(s X)], X ~ Exp(1), = integral of s e^-x / (1 + s x) dx (by
+    parts; a fine trapezoid), within 6 standard errors."""
+    gen = SyntheticCTR(seed=1, n_dense=5, cardinalities=(3,))
+    dense = gen.rows(0, 200_000)[1].astype(np.float64)
+    x = np.linspace(0.0, 60.0, 2_000_001)
+    for j in range(5):
+        s = 10.0 ** (2.0 * j / 4)
+        want = np.trapezoid(s * np.exp(-x) / (1 + s * x), x)
+        se = dense[:, j].std() / np.sqrt(dense.shape[0])
+        assert abs(dense[:, j].mean() - want) < 6 * se, (j, dense[:, j].mean(), want)
+        np.testing.assert_allclose(gen._model().mean[j], want, rtol=2e-3)  # the centring
+        # the law, not just the mean: P(d <= t) = 1 - exp(-(e^t - 1) / s)
+        t = float(np.median(dense[:, j]))
+        assert abs(np.mean(dense[:, j] <= t) - (1 - np.exp(-np.expm1(t) / s))) < 0.01
+
+
+def test_planted_model_labels():
+    """Labels come from the planted model: its AUC on its own labels is well above 0.5,
+    the base rate near 0.3, and the mean label matches the mean planted probability."""
+    gen = SyntheticCTR(seed=4)
+    label, _, _ = gen.rows(0, 100_000)
+    p = gen.planted_probability(0, 100_000)
+    assert auc(p, label) > 0.75
+    assert 0.2 < label.mean() < 0.4
+    assert abs(label.mean() - p.mean()) < 6 * np.sqrt(p.mean() * (1 - p.mean()) / label.size)
+    assert 0.45 < auc(np.random.default_rng(0).random(label.size), label) < 0.55
