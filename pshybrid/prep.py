@@ -91,7 +91,8 @@ class _Block:
         time (so no masks), two bytes a step."""
         shape, s, L = s.shape, s.ravel(), L.ravel()
         out = np.zeros(s.size, np.uint32)  # crc32(b"") == 0
-        for n in np.flatnonzero(np.bincount(L))[1:].tolist():
+        lengths = np.flatnonzero(np.bincount(L, minlength=1))
+        for n in lengths[lengths > 0].tolist():        # each length present, but 0 (b"")
             i = np.flatnonzero(L == n)
             if n > SHORT_BYTES:
                 out[i] = [zlib.crc32(self.data[a:a + n]) for a in s[i].tolist()]

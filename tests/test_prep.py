@@ -477,7 +477,7 @@ def test_block_parsers_match_python():
               rng.choice([0, 1, 2, 7, 8, 9, 16, 17, 64, 65, 200], 500)]
     ints = [b"0", b"-0", b"7", b"-12", b"123456789", b"-999999999999999999", b"+1", b"1 ",
             b"-", b"--1", b"1-2", b"12345678901234567890", b"0x1", b"9" * 18, b"9" * 19, b""]
-    for vals in (values, ints):
+    for vals in (values, [v for v in values if v], ints):   # with and without b""
         data = b"".join(vals)
         L = np.array([len(v) for v in vals])
         s = np.concatenate([[0], np.cumsum(L)[:-1]])
@@ -488,3 +488,48 @@ def test_block_parsers_match_python():
               for x in ints]
     assert ok.tolist() == [p is not None for p in python]
     assert [x for x, good in zip(v.tolist(), ok) if good] == [p for p in python if p is not None]
+
+
+# -- the hash, token by token, on random values ----------------------------------------------
+
+def random_tokens(rng, n: int, exclude: bytes, empty: float) -> list[bytes]:
+    """n random values of 1..80 bytes (both sides of SHORT_BYTES), any byte but NUL, CR, LF
+    and ``exclude``; a share ``empty`` of them missing (b"")."""
+    allowed = np.array(sorted(set(range(1, 256)) - set(b"\r\n" + exclude)), np.uint8)
+    return [b"" if rng.random() < empty else bytes(rng.choice(allowed, rng.integers(1, 81)))
+            for _ in range(n)]
+
+
+def oracle_ids(values: list[bytes], buckets: int) -> list[int]:
+    """The documented hash: 0 if missing else 1 + zlib.crc32(value) % (buckets - 1)."""
+    return [0 if v == b"" else 1 + zlib.crc32(v) % (buckets - 1) for v in values]
+
+
+@pytest.mark.parametrize("empty", [0.0, 0.2], ids=["no-empty-values", "some-empty"])
+@pytest.mark.parametrize("block", [1 << 20, 4096], ids=["one-block", "4k-blocks"])
+def test_criteo_hash_oracle_random_tokens(tmp_path, monkeypatch, empty, block):
+    monkeypatch.setattr(prep, "BLOCK_BYTES", block)
+    rng = np.random.default_rng(1 + int(empty * 10))
+    rows = 120
+    sparse = [random_tokens(rng, 26, b"\t", empty) for _ in range(rows)]
+    text = b"".join(b"\t".join([b"1", b"3"] + [b""] * 12 + toks) + b"\n" for toks in sparse)
+    (tmp_path / "in.tsv").write_bytes(text)
+    buckets = [int(b) for b in rng.integers(2, 5000, 26)]
+    assert run("criteo", tmp_path / "in.tsv", tmp_path / "out.h5",
+               "--buckets", ",".join(map(str, buckets))) == 0
+    got = read(tmp_path / "out.h5")[2]
+    want = [[oracle_ids([v], b)[0] for v, b in zip(toks, buckets)] for toks in sparse]
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("empty", [0.0, 0.2], ids=["no-empty-values", "some-empty"])
+def test_csv_hash_oracle_random_tokens(tmp_path, empty):
+    rng = np.random.default_rng(7 + int(empty * 10))
+    rows = 150
+    sparse = [random_tokens(rng, 3, b",", empty) for _ in range(rows)]
+    text = b"y,a,b,c\n" + b"".join(b",".join([b"1"] + toks) + b"\r\n" for toks in sparse)
+    (tmp_path / "in.csv").write_bytes(text)
+    assert run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y",
+               "--sparse", "a,b,c", "--buckets", "777") == 0
+    got = read(tmp_path / "out.h5")[2]
+    assert got.tolist() == [oracle_ids(toks, 777) for toks in sparse]
