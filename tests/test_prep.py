@@ -14,7 +14,9 @@ import h5py
 import numpy as np
 import pytest
 
-from pshybrid import prep
+from pshybrid.prep import read as prep_read
+from pshybrid.prep.block import Block
+from pshybrid.prep.hashing import crc32
 from pshybrid.cli import main
 from pshybrid.data import H5Dataset
 from pshybrid.errors import ConfigError, InputError
@@ -126,9 +128,9 @@ def listing(d) -> dict:
 # -- criteo ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
-@pytest.mark.parametrize("block", [prep.BLOCK_BYTES, 100], ids=["one-block", "100-byte-blocks"])
+@pytest.mark.parametrize("block", [prep_read.BLOCK_BYTES, 100], ids=["one-block", "100-byte-blocks"])
 def test_criteo_hashing_exact(tmp_path, monkeypatch, capsys, gz, block):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", block)
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
     src = write(tmp_path / ("in.tsv.gz" if gz else "in.tsv"), CRITEO, gz)
     assert run("criteo", src, tmp_path / "out.h5", "--buckets", "1000") == 0
     label, dense, sparse, attrs = read(tmp_path / "out.h5")
@@ -153,9 +155,9 @@ def test_criteo_per_field_buckets_and_default(tmp_path):
     assert attrs["cardinalities"] == [1_000_000] * 26
 
 
-@pytest.mark.parametrize("block", [prep.BLOCK_BYTES, 100], ids=["one-block", "100-byte-blocks"])
+@pytest.mark.parametrize("block", [prep_read.BLOCK_BYTES, 100], ids=["one-block", "100-byte-blocks"])
 def test_criteo_vocabulary_exact(tmp_path, monkeypatch, block):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", block)
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
     src = write(tmp_path / "in.tsv.gz", CRITEO, gz=True)
     run("criteo", src, tmp_path / "out.h5", "--min-count", "2")
     label, dense, sparse, attrs = read(tmp_path / "out.h5")
@@ -370,7 +372,7 @@ ENCODINGS = {"hashing": [], "vocabulary": ["--min-count", "2"], "split": ["--val
 @pytest.mark.parametrize("encoding", ENCODINGS)
 @pytest.mark.parametrize("case", BAD)
 def test_bad_line_fails_and_leaves_nothing(tmp_path, monkeypatch, case, encoding):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", 100)   # rows before the bad line get written
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", 100)   # rows before the bad line get written
     text, line, why = BAD[case]
     src = write(tmp_path / "in.tsv", text)
     (tmp_path / "out.h5").write_bytes(b"an older file that must survive")
@@ -383,7 +385,7 @@ def test_bad_line_fails_and_leaves_nothing(tmp_path, monkeypatch, case, encoding
 
 @pytest.mark.parametrize("case", BAD)
 def test_skip_bad_lines(tmp_path, monkeypatch, capsys, case):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", 100)
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", 100)
     text, line, _ = BAD[case]
     src = write(tmp_path / "in.tsv", text)
     run("criteo", src, tmp_path / "out.h5", "--skip-bad-lines", "--min-count", "2")
@@ -395,8 +397,8 @@ def test_skip_bad_lines(tmp_path, monkeypatch, capsys, case):
 
 
 def test_skip_counts_several_and_too_long_lines(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", 64)
-    monkeypatch.setattr(prep, "MAX_LINE_BYTES", 150)
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(prep_read, "MAX_LINE_BYTES", 150)
     lines = with_field(15, 1, "-").splitlines()                      # I1 = "-"
     lines[4] += "x" * 200                                            # too long
     lines[9] = "1\t2"                                                # 2 fields
@@ -481,8 +483,8 @@ def test_block_parsers_match_python():
         data = b"".join(vals)
         L = np.array([len(v) for v in vals])
         s = np.concatenate([[0], np.cumsum(L)[:-1]])
-        block = prep._Block(data)
-        assert block.crc32(s, L).tolist() == [zlib.crc32(v) for v in vals]
+        block = Block(data)
+        assert crc32(block, s, L).tolist() == [zlib.crc32(v) for v in vals]
     v, ok = block.ints(s, L)
     python = [0 if x == b"" else int(x) if re.fullmatch(rb"-?[0-9]{1,18}", x) else None
               for x in ints]
@@ -508,7 +510,7 @@ def oracle_ids(values: list[bytes], buckets: int) -> list[int]:
 @pytest.mark.parametrize("empty", [0.0, 0.2], ids=["no-empty-values", "some-empty"])
 @pytest.mark.parametrize("block", [1 << 20, 4096], ids=["one-block", "4k-blocks"])
 def test_criteo_hash_oracle_random_tokens(tmp_path, monkeypatch, empty, block):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", block)
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
     rng = np.random.default_rng(1 + int(empty * 10))
     rows = 120
     sparse = [random_tokens(rng, 26, b"\t", empty) for _ in range(rows)]
