@@ -1,7 +1,8 @@
 """Built-in synthetic CTR stream: Criteo-like fields, Zipf ids, labels from a planted model.
 
 Random access by global row index and deterministic by seed, so any worker can read its
-slice of any global batch (DESIGN §5) and a single process reads exactly the same rows.
+slice of any global batch (``data.BatchPlan``) and a single process reads exactly the same
+rows.
 Rows are made in blocks of ``BLOCK`` rows; block ``k`` draws from
 ``numpy.random.default_rng([seed, k])``, in this order: dense ``(BLOCK, n_dense)``
 ``= log1p(exponential(scale_j))`` with ``scale_j = 10 ** (2 j / (n_dense - 1))``;
@@ -112,9 +113,9 @@ class SyntheticCTR:
 def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
                     valid_out: str | None = None, chunk: int = 65536, **generator) -> dict:
     """Write ``rows`` rows of ``SyntheticCTR(**generator)`` to ``out`` (the last
-    ``round(valid_fraction * rows)`` to ``valid_out``), each file atomically, with the
-    planted model's own AUC on that file's rows as attribute ``planted_auc``.
-    Returns {path: (rows, planted_auc)}."""
+    ``round(valid_fraction * rows)`` to ``valid_out``), each file atomically and both
+    published together at the end (a failure leaves neither), with the planted model's own
+    AUC on that file's rows as attribute ``planted_auc``. Returns {path: (rows, planted_auc)}."""
     from .data import DatasetWriter
     from .metrics import auc
 
@@ -122,9 +123,11 @@ def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
     sch = gen.schema
     n_valid = int(round(valid_fraction * rows))
     parts = [(out, 0, rows - n_valid)] + ([(valid_out, rows - n_valid, rows)] if n_valid else [])
-    done = {}
-    for path, a, b in parts:
-        with DatasetWriter(path, sch.dense_names, sch.sparse_names) as w:
+    done, writers = {}, []
+    try:
+        for path, a, b in parts:
+            w = DatasetWriter(path, sch.dense_names, sch.sparse_names)
+            writers.append(w)
             labels, probs = [], []
             for s in range(a, b, chunk):
                 e = min(b, s + chunk)
@@ -133,7 +136,13 @@ def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
                 labels.append(label)
                 probs.append(gen.planted_probability(s, e))
             planted = auc(np.concatenate(probs), np.concatenate(labels)) if b > a else float("nan")
-            w.close(sch.cardinalities, planted_auc=planted, source="pshybrid prep synthetic",
-                    transform=f"SyntheticCTR(seed={gen.seed}, zipf={gen.zipf}) rows [{a}, {b})")
-        done[path] = (b - a, planted)
+            w.finish(sch.cardinalities, planted_auc=planted, source="pshybrid prep synthetic",
+                     transform=f"SyntheticCTR(seed={gen.seed}, zipf={gen.zipf}) rows [{a}, {b})")
+            done[path] = (b - a, planted)
+        for w in writers:
+            w.publish()
+    except BaseException:
+        for w in writers:
+            w.abort()
+        raise
     return done
