@@ -1,19 +1,21 @@
 """``python -m pshybrid prep criteo IN OUT`` · ``prep csv IN OUT``: text table → dataset file.
 
-One process, no MPI. IN is plain text or gzip (told by its first two bytes). It is streamed
-in blocks of whole lines of about ``BLOCK_BYTES``, each parsed with NumPy at once, so memory
-stays bounded whatever the input size (a ``--min-count`` vocabulary grows with the number of
-distinct values). Rows are written with ``DatasetWriter``: published atomically at the end,
-removed on any error, so a failed run leaves no OUT, valid or temporary file and an existing
-OUT unchanged.
+One process, no MPI. IN is a regular file, plain text or gzip (told by its first two bytes),
+read twice where a first pass is needed (see rows). It is streamed in blocks of whole lines of
+about ``read.BLOCK_BYTES``, each parsed with NumPy at once, so memory stays bounded whatever
+the input size (a ``--min-count`` vocabulary grows with the number of distinct values). Rows
+are written with ``DatasetWriter``: published atomically at the end, removed on any error, so
+a failed run (a bad option, a bad IN, a full disk, SIGTERM) leaves no OUT, valid or temporary
+file and an existing OUT unchanged; it ends with one line ``pshybrid: error: ...`` and exit
+status 2.
 
 Lines. ``criteo``: 40 tab-separated fields: label, I1..I13 (integers), C1..C26 (categorical,
 hexadecimal in Criteo's files, taken as raw strings). ``csv``: ``--sep``-separated, no quoting;
-every line has as many fields as the first (the header with ``--header``). Lines end in LF or
-CRLF; the last may lack one. An empty field is missing. A bad line stops the run with an
+every line has as many fields as the first (the header, UTF-8, with ``--header``). Lines end in
+LF or CRLF; the last may lack one. An empty field is missing. A bad line stops the run with an
 ``InputError`` naming IN and the 1-based line number, or with ``--skip-bad-lines`` is skipped
-and counted: a wrong number of fields, a bad label, a bad dense value, a line over
-``MAX_LINE_BYTES``.
+and counted: a wrong number of fields, a bad label, a bad dense value, a NUL byte, a line over
+``read.MAX_LINE_BYTES``.
 
 Transform, the same for both commands:
 
@@ -29,8 +31,8 @@ Transform, the same for both commands:
   times get ids 2, 3, ... by decreasing count, ties by increasing bytes; id 0 = missing,
   id 1 = every other value; cardinality_f = 2 + the number of kept values.
 - rows: the good lines in file order, at most ``--max-rows``. With ``--valid-fraction F`` the
-  last ``round(F * rows)`` (Python round, half to even) go to ``--valid-out``, the rest to
-  OUT; both files get the same field names and cardinalities. The row count comes from a
+  last ``round(F * rows)`` (Python round, half to even; neither part may be empty) go to
+  ``--valid-out``, the rest to OUT; both files get the same field names and cardinalities. The row count comes from a
   first pass that parses IN (the vocabulary's counting pass, or one of its own when hashing),
   then a second pass writes.
 """

@@ -1,102 +1,45 @@
-"""The ``prep`` commands: ``criteo`` and ``csv`` (text tables), ``synthetic``."""
+"""The ``prep`` commands: ``criteo`` and ``csv`` (text tables), ``synthetic``. NumPy, h5py and
+the converters are imported when a command runs: option errors and ``--help`` answer fast."""
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 
 from ..config import ArgumentParser, add_arguments, resolve
 from ..errors import ConfigError, InputError
-from .hashing import Hashing
-from .options import DEFAULT_BUCKETS, CsvOptions, SyntheticOptions, TableOptions, separator
-from .read import MAX_LINE_BYTES, Table, Tally, open_input, scan
-from .vocabulary import Vocabulary
-from .write import SplitWriter, check_out, valid_path
+from .options import CsvOptions, SyntheticOptions, TableOptions, separator
 
 CRITEO_DENSE = [f"I{i}" for i in range(1, 14)]
 CRITEO_SPARSE = [f"C{i}" for i in range(1, 27)]
 
 
-def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
-    """Convert IN to ``out`` (and the validation file); print the summary; exit code 0."""
-    t0 = time.perf_counter()
-    encoder = make_encoder(o, len(t.sparse))
-    check_out(out, "OUT")
-    valid = valid_path(out, o)
-    rows = None
-    if valid is not None or o.min_count is not None:
-        tally = Tally(t.path, o.skip_bad_lines)
-        for r in scan(t, o.max_rows, tally, f"prep {command}: pass 1/2 (count)"):
-            encoder.count(r)
-        rows = rows_read(tally)
-        encoder.finish()
-    n_train = None if valid is None else rows - round(o.valid_fraction * rows)
-    tally = Tally(t.path, o.skip_bad_lines)
-    title = f"prep {command}: {'write' if rows is None else 'pass 2/2 (write)'}"
-    with SplitWriter(out, valid, n_train, t.dense_names, t.sparse_names) as w:
-        for r in scan(t, o.max_rows, tally, title):
-            w.append(r.label, t.transform(r.dense), encoder.encode(r))
-        if rows_read(tally) != rows and rows is not None:
-            raise InputError(f"{t.path}: changed while being read ({rows} rows, then "
-                             f"{tally.rows})")
-        w.close(encoder.cardinalities, source=t.path, transform=transform_text(t, o))
-    dt = time.perf_counter() - t0
-    cards = " ".join(f"{n}={c}" for n, c in zip(t.sparse_names, encoder.cardinalities))
-    split = f", {w.rows[1]:,} valid rows -> {valid}" if valid is not None else ""
-    print(f"prep {command}: {w.rows[0]:,} rows -> {out}{split}; {tally.bad:,} bad lines "
-          f"skipped; cardinalities {cards or '(none)'}; {dt:.2f} s, "
-          f"{tally.rows / max(dt, 1e-9):,.0f} rows/s", flush=True)
-    return 0
-
-
-def rows_read(tally: Tally) -> int:
-    """The rows of a finished pass; an InputError if there were none."""
-    if tally.rows == 0:
-        skipped = f" ({tally.bad} bad lines skipped)" if tally.bad else ""
-        raise InputError(f"{tally.path}: no data rows{skipped}")
-    return tally.rows
-
-
-def make_encoder(o: TableOptions, n_fields: int):
-    """``Hashing`` (default) or ``Vocabulary`` (``--min-count``) for ``n_fields`` fields."""
-    if o.min_count is not None:
-        return Vocabulary(n_fields, o.min_count)
-    buckets = list(o.buckets or [DEFAULT_BUCKETS])
-    if len(buckets) == 1:
-        buckets = buckets * n_fields
-    elif len(buckets) != n_fields:
-        raise ConfigError(f"--buckets: {len(buckets)} values for {n_fields} sparse fields "
-                          "(give one, or one per field)", collective=True)
-    return Hashing(buckets)
-
-
-def transform_text(t: Table, o: TableOptions) -> str:
-    """The one-line ``transform`` attribute."""
-    dense = "log1p(max(x, 0))" if t.log else "x"
-    sparse = (f"vocabulary min_count={o.min_count} (0 missing, 1 rare, 2.. by count)"
-              if o.min_count is not None else "1 + crc32(value) % (buckets - 1), 0 missing")
-    label = "" if t.threshold is None else f"label = value >= {t.threshold}; "
-    return f"{label}dense {dense} (missing 0); sparse {sparse}"
-
-
-
 def cmd_synthetic(args) -> int:
-    from ..synthetic import CRITEO_LIKE, write_synthetic
-
     o = resolve(SyntheticOptions, args)
+    from ..synthetic import CRITEO_LIKE, write_synthetic
+    from .convert import shown
+    from .write import check_out, split_sizes, valid_path
+
     check_out(args.out, "OUT")
     valid = valid_path(args.out, o)
     rows = min(o.rows, o.max_rows or o.rows)
+    split_sizes(rows, o)
     t0 = time.perf_counter()
     done = write_synthetic(args.out, rows, o.valid_fraction, valid, seed=o.seed, zipf=o.zipf,
                            cardinalities=tuple(min(c, o.max_cardinality) for c in CRITEO_LIKE))
     dt = time.perf_counter() - t0
-    parts = "; ".join(f"{n} rows -> {path} (planted AUC {a:.4f})" for path, (n, a) in done.items())
+    parts = "; ".join(f"{n} rows -> {shown(path)} (planted AUC {a:.4f})"
+                      for path, (n, a) in done.items())
     print(f"prep synthetic: {parts}; {dt:.2f} s, {rows / dt:,.0f} rows/s")
     return 0
 
 
 def cmd_criteo(args) -> int:
     o = resolve(TableOptions, args)
+    from .convert import run_table
+    from .read import Table
+
     t = Table(args.input, sep=ord("\t"), n_fields=40, header=False, label=0,
               dense=list(range(1, 14)), sparse=list(range(14, 40)), dense_names=CRITEO_DENSE,
               sparse_names=CRITEO_SPARSE, integers=True, log=True, threshold=None)
@@ -105,13 +48,11 @@ def cmd_criteo(args) -> int:
 
 def cmd_csv(args) -> int:
     o = resolve(CsvOptions, args)
+    from .convert import run_table
+    from .read import Table
+
     sep = separator(o.sep)
-    with open_input(args.input) as f:
-        first = f.readline(MAX_LINE_BYTES + 1)
-    if not first.strip(b"\r\n"):
-        raise InputError(f"{args.input}: no data rows (empty first line)")
-    cells = first.rstrip(b"\n").rstrip(b"\r").decode("utf-8-sig", "replace").split(sep)
-    names = cells if o.header else [f"c{i}" for i in range(len(cells))]
+    names = _header(args.input, sep, o.header)
     label, dense, sparse = (_columns(text, option, names, o.header, args.input) for
                             text, option in ((o.label, "--label"), (o.dense, "--dense"),
                                              (o.sparse, "--sparse")))
@@ -129,18 +70,56 @@ def cmd_csv(args) -> int:
     return run_table("csv", t, args.out, o)
 
 
+def _header(path: str, sep: str, header: bool) -> list[str]:
+    """The column names: the first line's cells with ``header``, else ``c0, c1, ...``."""
+    from .read import first_line
+
+    first = first_line(path)
+    if not first.strip(b"\r\n"):
+        raise InputError(f"{path}: no data rows (empty first line)")
+    line = first.rstrip(b"\n").rstrip(b"\r")
+    if not header:
+        return [f"c{i}" for i in range(line.count(sep.encode()) + 1)]
+    if b"\0" in line:
+        raise InputError(f"{path}:1: the header holds a NUL byte (not a text file?)")
+    try:
+        return line.decode("utf-8-sig").split(sep)
+    except UnicodeDecodeError:
+        raise InputError(f"{path}:1: the header is not UTF-8 text (with --no-header, "
+                         "columns are given by index)") from None
+
+
 def _columns(text: str | None, option: str, names: list[str], header: bool, path: str):
     """Column indices of a comma list of header names or 0-based indices."""
     out = []
     for c in (text.split(",") if text else []):
         if header and c in names:
             out.append(names.index(c))
-        elif c.isdigit() and int(c) < len(names):
+        elif c.isascii() and c.isdigit() and int(c) < len(names):
             out.append(int(c))
         else:
             known = f"columns: {', '.join(names)}" if header else f"{len(names)} columns"
             raise ConfigError(f"{option}: no column {c!r} in {path} ({known})", collective=True)
     return out
+
+
+def _ended_by_signals(func):
+    """``func(args)`` with SIGTERM and SIGHUP (a job's time limit, a closed terminal) raised
+    as ``SystemExit(128 + signal)``, so that the ``with`` blocks remove the temporary files."""
+    def run(args) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            return func(args)
+
+        def stop(sig, _frame):
+            raise SystemExit(128 + sig)
+
+        old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return func(args)
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    return run
 
 
 def _command(formats, name: str, options, func, help: str, description: str) -> None:
@@ -150,7 +129,7 @@ def _command(formats, name: str, options, func, help: str, description: str) -> 
     p.add_argument("input", metavar="IN", help="input table, plain text or gzip")
     p.add_argument("out", metavar="OUT", help="dataset file to write (HDF5)")
     add_arguments(p, options)
-    p.set_defaults(func=func)
+    p.set_defaults(func=_ended_by_signals(func))
 
 
 def add_prep_commands(sub) -> None:
@@ -174,4 +153,4 @@ def add_prep_commands(sub) -> None:
                            "file (--config FILE; the command line wins).")
     p.add_argument("out", metavar="OUT", help="dataset file to write (HDF5)")
     add_arguments(p, SyntheticOptions)
-    p.set_defaults(func=cmd_synthetic)
+    p.set_defaults(func=_ended_by_signals(cmd_synthetic))

@@ -9,6 +9,7 @@ from ..config import option
 from ..errors import ConfigError
 
 DEFAULT_BUCKETS = 1_000_000
+INT64_MAX = 2 ** 63 - 1    # ids, row counts and cardinalities are stored as int64
 
 
 def _check(ok, problem: str):
@@ -38,7 +39,8 @@ class TableOptions(SplitOptions):
 
     buckets: tuple[int, ...] | None = option(
         None, f"hashing: ids per field, one for all or one per field; none: {DEFAULT_BUCKETS}",
-        check=_check(lambda v: v and min(v) >= 2, "must be integers >= 2"))
+        check=_check(lambda v: v and min(v) >= 2 and max(v) <= INT64_MAX,
+                     "must be integers from 2 to 2**63 - 1"))
     min_count: int | None = option(None, "a vocabulary instead of hashing: values seen >= K "
                                    "times get their own id; none: hashing",
                                    check=_check(lambda v: v > 0, "must be > 0"))
@@ -90,10 +92,10 @@ class SyntheticOptions(SplitOptions):
     """Options of ``prep synthetic``."""
 
     rows: int = option(1_000_000, "rows to generate (train + validation)",
-                       check=_check(lambda v: v > 0, "must be > 0"))
+                       check=_check(lambda v: 0 < v <= INT64_MAX, "must be > 0 and < 2**63"))
     seed: int = option(0, "generator seed", check=_check(lambda v: v >= 0, "must be >= 0"))
     max_cardinality: int = option(100_000, "cap of each field's cardinality (Criteo Kaggle's, "
                                   "capped)", check=_check(lambda v: v >= 1, "must be >= 1"))
-    zipf: float = option(1.1, "Zipf exponent of the ids", check=_check(lambda v: v > 1,
-                                                                      "must be > 1"))
+    zipf: float = option(1.1, "Zipf exponent of the ids",
+                         check=_check(lambda v: 1 < v < math.inf, "must be > 1 and finite"))
 

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import os
+import stat
 import sys
 import time
 import zlib
@@ -68,6 +71,10 @@ def parse(t: Table, data: bytes):
     eol = np.flatnonzero(buf[ends] == NL)
     fields = np.diff(eol, prepend=-1)
     whole = fields == t.n_fields
+    nul = np.zeros(len(eol), bool)
+    if b"\0" in data:                                   # such a line is bad
+        nul[np.searchsorted(ends[eol], np.flatnonzero(buf == 0))] = True
+        whole &= ~nul
     if whole.all():
         s, L = starts.reshape(-1, t.n_fields), (ends - starts).reshape(-1, t.n_fields)
     else:
@@ -89,6 +96,8 @@ def parse(t: Table, data: bytes):
     ok[whole] = good
 
     def why(i: int) -> str:
+        if nul[i]:
+            return "a NUL byte (not a text file?)"
         if not whole[i]:
             return f"wrong number of fields: {fields[i]}, expected {t.n_fields}"
         r = np.count_nonzero(whole[:i])
@@ -113,14 +122,43 @@ def _view(cols: list[int]):
     return slice(cols[0], cols[0] + len(cols)) if run else cols
 
 
+@contextlib.contextmanager
 def open_input(path: str):
-    """IN opened for binary reading, gunzipped if it starts with the gzip magic bytes."""
+    """IN opened for binary reading, gunzipped if it starts with the gzip magic bytes. IN
+    must be a regular file (it is read twice; a FIFO is not even opened for long)."""
     try:
-        with open(path, "rb") as f:
-            gz = f.read(2) == b"\x1f\x8b"
-        return gzip.open(path, "rb") if gz else open(path, "rb")
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        what = "is a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise InputError(f"{path}: cannot read: {what}")
+    f = os.fdopen(fd, "rb")
+    try:
+        gz = _read(path, f.read, 2) == b"\x1f\x8b"
+        f.seek(0)
+        with gzip.GzipFile(fileobj=f, mode="rb") if gz else contextlib.nullcontext(f) as g:
+            yield g
+    finally:
+        f.close()
+
+
+def _read(path: str, read, n: int) -> bytes:
+    """``read(n)``, its failures (an I/O error, a corrupt or truncated gzip stream) as an
+    InputError naming IN."""
+    try:
+        return read(n)
+    except (OSError, EOFError, zlib.error) as exc:
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise InputError(f"{path}: cannot read: {why or type(exc).__name__}") from None
+
+
+def first_line(path: str) -> bytes:
+    """IN's first line (at most MAX_LINE_BYTES + 1 bytes), with its line end."""
+    with open_input(path) as f:
+        return _read(path, f.readline, MAX_LINE_BYTES + 1)
 
 
 @dataclass
@@ -144,10 +182,7 @@ def blocks(path: str, tally: Tally):
     line, rem, skipping = 1, b"", False
     with open_input(path) as f:
         while True:
-            try:
-                chunk = f.read(BLOCK_BYTES)
-            except (OSError, EOFError, zlib.error) as exc:
-                raise InputError(f"{path}: cannot read: {exc}") from None
+            chunk = _read(path, f.read, BLOCK_BYTES)
             buf = rem + (chunk or b"\n" * bool(rem))   # at the end, close an unfinished line
             if skipping:                                 # the rest of a too long line
                 k = buf.find(b"\n") + 1
@@ -166,16 +201,19 @@ def blocks(path: str, tally: Tally):
 
 
 class Progress:
-    """Rows/s on stderr: a ``\\r`` line on a TTY, else a line every 5 s; and one at the end."""
+    """Rows/s on stderr: a ``\\r`` line on a TTY (from 0.25 s on), else a line every 5 s; and
+    one at the end if any was shown (a short run's only output is the summary, or the error)."""
 
     def __init__(self, title: str):
-        self.title, self.tty = title, sys.stderr.isatty()
+        self.title, self.tty, self.shown = title, sys.stderr.isatty(), False
         self.t0 = self.last = time.perf_counter()
 
     def update(self, rows: int, end: bool = False) -> None:
         now = time.perf_counter()
-        if not end and now - self.last < (0.25 if self.tty else 5.0):
+        due = self.shown if end else now - self.last >= (0.25 if self.tty else 5.0)
+        if not due:
             return
+        self.shown = True
         self.last, dt = now, now - self.t0
         msg = f"{self.title}: {rows:,} rows, {dt:.1f} s, {rows / max(dt, 1e-9):,.0f} rows/s"
         if self.tty:

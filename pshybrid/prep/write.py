@@ -3,30 +3,25 @@
 from __future__ import annotations
 
 import os
+import stat
 
 from ..data import DatasetWriter
 from ..errors import ConfigError, InputError
 from .options import SplitOptions
 
 
-def _writer(path: str, dense_names, sparse_names) -> DatasetWriter:
-    try:
-        return DatasetWriter(path, dense_names, sparse_names)
-    except OSError as exc:
-        raise InputError(f"{path}: cannot write: {exc}") from None
-
-
 class SplitWriter:
-    """Rows ``0..n_train-1`` to ``out``, the later ones to ``valid`` (if any). ``close``
-    publishes both; an exception inside ``with`` removes both (DatasetWriter.abort)."""
+    """Rows ``0..n_train-1`` to ``out``, the later ones to ``valid`` (if any; set ``n_train``
+    before the first ``append``). ``close`` finishes both, then publishes both; an exception
+    inside ``with`` removes both (``DatasetWriter.abort``), so a failure leaves neither."""
 
-    def __init__(self, out: str, valid: str | None, n_train: int | None, dense_names,
-                 sparse_names):
-        self.n_train, self.rows = n_train, [0, 0]
-        self.writers = [_writer(out, dense_names, sparse_names)]
+    def __init__(self, out: str, valid: str | None, dense_names, sparse_names):
+        self.n_train: int | None = None
+        self.rows = [0, 0]
+        self.writers = [DatasetWriter(out, dense_names, sparse_names)]
         if valid is not None:
             try:
-                self.writers.append(_writer(valid, dense_names, sparse_names))
+                self.writers.append(DatasetWriter(valid, dense_names, sparse_names))
             except BaseException:
                 self.writers[0].abort()
                 raise
@@ -42,7 +37,9 @@ class SplitWriter:
 
     def close(self, cardinalities, **attrs) -> None:
         for w in self.writers:
-            w.close(cardinalities, **attrs)
+            w.finish(cardinalities, **attrs)
+        for w in self.writers:
+            w.publish()
 
     def __enter__(self):
         return self
@@ -53,21 +50,55 @@ class SplitWriter:
                 w.abort()
 
 
-def check_out(path: str, option: str) -> None:
+def same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (also through links), existing or not."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_out(path: str, option: str, inputs=()) -> None:
+    """An output file ``path`` (given as ``option``) can be made: its directory exists and
+    is writable, it is not a directory, and not one of the ``inputs`` ``(option, path)``."""
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
-        raise InputError(f"{option} {path}: directory {d} does not exist")
-    if os.path.isdir(path):
-        raise InputError(f"{option} {path}: is a directory")
+        why = "is not a directory" if os.path.exists(d) else "does not exist"
+        raise InputError(f"{option} {path}: directory {d} {why}")
+    try:
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            raise InputError(f"{option} {path}: is a directory")
+    except FileNotFoundError:
+        pass
+    except OSError as exc:                          # a name too long, a link loop
+        raise InputError(f"{option} {path}: {exc.strerror or exc}") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise InputError(f"{option} {path}: cannot write in directory {d} (permission denied)")
+    for name, other in inputs:
+        if same_file(path, other):
+            raise ConfigError(f"{option} {path}: the same file as {name}", collective=True)
 
 
-def valid_path(out: str, o: SplitOptions) -> str | None:
-    """The validation file's path, or None without ``--valid-fraction``."""
+def valid_path(out: str, o: SplitOptions, inputs=()) -> str | None:
+    """The validation file's path, or None without ``--valid-fraction``; checked like OUT
+    (and not OUT)."""
     if not o.valid_fraction:
         return None
     valid = o.valid_out or (out[:-3] if out.endswith(".h5") else out) + ".valid.h5"
-    if os.path.abspath(valid) == os.path.abspath(out):
-        raise ConfigError(f"--valid-out {valid}: the same file as OUT", collective=True)
-    check_out(valid, "--valid-out")
+    check_out(valid, "--valid-out", [*inputs, ("OUT", out)])
     return valid
 
+
+def split_sizes(rows: int, o: SplitOptions) -> int | None:
+    """Training rows of ``rows`` (None without a split); an InputError if either part would
+    be empty."""
+    if not o.valid_fraction:
+        return None
+    n_valid = round(o.valid_fraction * rows)
+    if n_valid in (0, rows):
+        part = "validation" if n_valid == 0 else "training"
+        raise InputError(f"--valid-fraction {o.valid_fraction} of {rows} rows leaves no "
+                         f"{part} rows")
+    return rows - n_valid
