@@ -498,11 +498,18 @@ def test_block_parsers_match_python():
 # -- the hash, token by token, on random values ----------------------------------------------
 
 def random_tokens(rng, n: int, exclude: bytes, empty: float) -> list[bytes]:
-    """n random values of 1..80 bytes (both sides of SHORT_BYTES), any byte but NUL, CR, LF
-    and ``exclude``; a share ``empty`` of them missing (b"")."""
-    allowed = np.array(sorted(set(range(1, 256)) - set(b"\r\n" + exclude)), np.uint8)
+    """n random values of 1..80 bytes (both sides of SHORT_BYTES), any byte but NUL, LF and
+    ``exclude`` (CR included, a few at the end); a share ``empty`` of them missing (b"")."""
+    allowed = np.array(sorted(set(range(1, 256)) - set(b"\n" + exclude)), np.uint8)
     return [b"" if rng.random() < empty else bytes(rng.choice(allowed, rng.integers(1, 81)))
-            for _ in range(n)]
+            + b"\r" * (rng.random() < 0.1) for _ in range(n)]
+
+
+def as_read(tokens: list[bytes], end: bytes) -> list[bytes]:
+    """The values of a line of ``tokens`` ended by ``end``, by the documented rule: the raw
+    bytes, but a CR right before the LF ends the line (the last value loses it with LF)."""
+    last = tokens[-1][:-1] if end == b"\n" and tokens[-1].endswith(b"\r") else tokens[-1]
+    return tokens[:-1] + [last]
 
 
 def oracle_ids(values: list[bytes], buckets: int) -> list[int]:
@@ -523,7 +530,8 @@ def test_criteo_hash_oracle_random_tokens(tmp_path, monkeypatch, empty, block):
     assert run("criteo", tmp_path / "in.tsv", tmp_path / "out.h5",
                "--buckets", ",".join(map(str, buckets))) == 0
     got = read(tmp_path / "out.h5")[2]
-    want = [[oracle_ids([v], b)[0] for v, b in zip(toks, buckets)] for toks in sparse]
+    want = [[oracle_ids([v], b)[0] for v, b in zip(as_read(toks, b"\n"), buckets)]
+            for toks in sparse]
     assert got.tolist() == want
 
 
@@ -537,4 +545,19 @@ def test_csv_hash_oracle_random_tokens(tmp_path, empty):
     assert run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y",
                "--sparse", "a,b,c", "--buckets", "777") == 0
     got = read(tmp_path / "out.h5")[2]
-    assert got.tolist() == [oracle_ids(toks, 777) for toks in sparse]
+    assert got.tolist() == [oracle_ids(as_read(toks, b"\r\n"), 777) for toks in sparse]
+
+
+@pytest.mark.parametrize("command", ["criteo", "csv"])
+def test_help_states_the_hash_and_cites_no_outside_file(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["prep", command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())   # argparse wraps the description
+    assert info.value.code == 0
+    for rule in ("id = 0 if v is empty (missing), else 1 + zlib.crc32(v) % (B - 1)",
+                 "no trimming", "a CR before the LF ends the line", "--min-count K",
+                 "ties by increasing bytes", "float32(log1p(max(x, 0)))"):
+        assert rule in text, rule
+    with pytest.raises(SystemExit):
+        main(["prep", "--help"])
+    assert "§" not in text + capsys.readouterr().out

@@ -12,10 +12,10 @@ status 2.
 Lines. ``criteo``: 40 tab-separated fields: label, I1..I13 (integers), C1..C26 (categorical,
 hexadecimal in Criteo's files, taken as raw strings). ``csv``: ``--sep``-separated, no quoting;
 every line has as many fields as the first (the header, UTF-8, with ``--header``). Lines end in
-LF or CRLF; the last may lack one. An empty field is missing. A bad line stops the run with an
-``InputError`` naming IN and the 1-based line number, or with ``--skip-bad-lines`` is skipped
-and counted: a wrong number of fields, a bad label, a bad dense value, a NUL byte, a line over
-``read.MAX_LINE_BYTES``.
+LF or CRLF, the last may lack one: a CR right before the LF is dropped, any other CR is data.
+An empty field is missing. A bad line stops the run with an ``InputError`` naming IN and the
+1-based line number, or with ``--skip-bad-lines`` is skipped and counted: a wrong number of
+fields, a bad label, a bad dense value, a NUL byte, a line over ``read.MAX_LINE_BYTES``.
 
 Transform, the same for both commands:
 
@@ -24,17 +24,19 @@ Transform, the same for both commands:
 - dense: criteo a decimal integer ``-?[0-9]{1,18}``; csv a finite number (Python ``float``
   syntax); missing → x = 0. Stored ``float32(log1p(max(x, 0)))`` computed in float64
   (csv ``--dense-transform none``: ``float32(x)``, |x| at most float32's largest).
-- sparse, field f, value v = the field's raw bytes as in IN (no trimming, no NUL bytes):
+- sparse, field f, value v = the field's raw bytes as in IN (after gunzip; no trimming, no
+  decoding; a NUL byte makes the line bad):
   hashing (default): id = 0 if v is missing, else ``1 + zlib.crc32(v) % (buckets_f - 1)``;
   cardinality_f = buckets_f (``--buckets N``: the same N for every field, or one per field).
-  vocabulary (``--min-count K``): a first pass counts each field's values; values seen >= K
-  times get ids 2, 3, ... by decreasing count, ties by increasing bytes; id 0 = missing,
-  id 1 = every other value; cardinality_f = 2 + the number of kept values.
+  vocabulary (``--min-count K``): a first pass counts each field's non-empty values over all
+  rows read (the validation part included); values seen >= K times get ids 2, 3, ... by
+  decreasing count, ties by increasing bytes; id 0 = missing, id 1 = every other value;
+  cardinality_f = 2 + the number of kept values.
 - rows: the good lines in file order, at most ``--max-rows``. With ``--valid-fraction F`` the
   last ``round(F * rows)`` (Python round, half to even; neither part may be empty) go to
-  ``--valid-out``, the rest to OUT; both files get the same field names and cardinalities. The row count comes from a
-  first pass that parses IN (the vocabulary's counting pass, or one of its own when hashing),
-  then a second pass writes.
+  ``--valid-out``, the rest to OUT; both files get the same field names and cardinalities.
+  The row count comes from a first pass that parses IN (the vocabulary's counting pass, or
+  one of its own when hashing), then a second pass writes.
 """
 
 from .commands import add_prep_commands

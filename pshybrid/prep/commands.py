@@ -9,7 +9,7 @@ import time
 
 from ..config import ArgumentParser, add_arguments, resolve
 from ..errors import ConfigError, InputError
-from .options import CsvOptions, SyntheticOptions, TableOptions, separator
+from .options import DEFAULT_BUCKETS, CsvOptions, SyntheticOptions, TableOptions, separator
 
 CRITEO_DENSE = [f"I{i}" for i in range(1, 14)]
 CRITEO_SPARSE = [f"C{i}" for i in range(1, 27)]
@@ -132,19 +132,39 @@ def _command(formats, name: str, options, func, help: str, description: str) -> 
     p.set_defaults(func=_ended_by_signals(func))
 
 
+# The transform, as --help states it (the module docstring and docs/data.md in full).
+_SPARSE_RULE = (
+    "Categorical value v = the field's bytes exactly as in IN (no trimming; a CR before the "
+    "LF ends the line, any other CR is part of v; gzip IN is hashed after decompression). "
+    "Hashing (default): id = 0 if v is empty (missing), else 1 + zlib.crc32(v) % (B - 1), "
+    f"B = --buckets of the field (default {DEFAULT_BUCKETS}); cardinality B. Vocabulary "
+    "(--min-count K): a first pass counts each field's values over all rows; values seen >= "
+    "K times get ids 2, 3, ... by decreasing count, ties by increasing bytes; 1 = any other "
+    "value, 0 = missing; cardinality 2 + kept values. A line with a NUL byte is bad.")
+_CRITEO = (
+    "Criteo TSV -> dataset file. Each line: 40 tab-separated fields: label (0 or 1), I1..I13 "
+    "(decimal integers -?[0-9]{1,18}, missing = 0), C1..C26 (categorical). Dense stored as "
+    "float32(log1p(max(x, 0))). " + _SPARSE_RULE)
+_CSV = (
+    "Delimited table -> dataset file; columns by header name or 0-based index; no quoting, "
+    "every line as many fields as the first. Label: a number, 0 or 1, or with "
+    "--label-threshold T: 1 if >= T else 0. Dense: a finite number (Python float syntax), "
+    "missing = 0, stored as float32(log1p(max(x, 0))) (--dense-transform none: float32(x)). "
+    + _SPARSE_RULE)
+
+
 def add_prep_commands(sub) -> None:
     """Register ``prep`` and its subcommands on the CLI's subparsers ``sub``."""
     prep = sub.add_parser("prep", help="build a dataset file (criteo, csv, synthetic)",
-                          description="Build a dataset file (HDF5, DESIGN §8).")
+                          description="Build a dataset file (HDF5; the format, the transform "
+                          "and the errors: docs/data.md).")
     formats = prep.add_subparsers(dest="format", metavar="<format>",
                                   parser_class=ArgumentParser)
     formats.required = True
     _command(formats, "criteo", TableOptions, cmd_criteo, "Criteo TSV: label, I1..I13, C1..C26",
-             "Criteo TSV (label, 13 integer and 26 categorical fields, tab-separated) -> "
-             "dataset file.")
+             _CRITEO)
     _command(formats, "csv", CsvOptions, cmd_csv, "any delimited table: label, dense and "
-             "sparse columns", "Delimited table -> dataset file; columns by header name or "
-             "0-based index.")
+             "sparse columns", _CSV)
     p = formats.add_parser("synthetic", help="the built-in synthetic CTR stream as a file, "
                            "with the planted model's AUC", description="Synthetic Criteo-like "
                            "dataset (pshybrid/synthetic.py) -> dataset file; each file stores "
