@@ -1,4 +1,4 @@
-"""Dataset files (fixed format, ``docs/data.md``): HDF5 with
+"""Dataset files (fixed format): HDF5 with
 
     /label  (N,)      float32 in {0, 1}
     /dense  (N, F_d)  float32
@@ -7,19 +7,101 @@
            field_names (F_d + F_s,) str: the dense names, then the sparse names;
            optional: planted_auc (float, synthetic files), source (str), transform (str)
 
-``DatasetWriter`` streams rows into such a file atomically (a fresh unique temporary
-name beside it, then rename); the reader and the validation live beside it.
+``DatasetWriter`` streams rows into such a file atomically (a fresh temporary file, then
+rename); the reader and the validation live beside it.
 """
 
 from __future__ import annotations
 
+import errno
+import io
 import os
+import secrets
 
 import h5py
 import numpy as np
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 16384
+_CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(
+    os, "O_CLOEXEC", 0)
+
+
+def _create_temp(path: str) -> tuple[str, int]:
+    """A new file ``.<name>.<random>.tmp`` beside ``path``: ``(its path, fd)``. O_EXCL (and
+    O_NOFOLLOW): never an existing file or a planted symbolic link; umask applies."""
+    d, name = os.path.split(os.path.abspath(path))
+    for _ in range(16):
+        tmp = os.path.join(d, f".{name[:200]}.{secrets.token_hex(6)}.tmp")
+        try:
+            return tmp, os.open(tmp, _CREATE, 0o666)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{d}: no free temporary name")
+
+
+class _Sink(io.RawIOBase):
+    """The temporary file as HDF5 sees it (h5py's fileobj driver): it never fails. The
+    first OSError (a full disk, EIO) is kept in ``error`` and every later write is dropped,
+    so HDF5's own state stays sane and the file can always be closed (libhdf5 may crash
+    closing a file whose writes failed); the writer checks ``error`` and reports it."""
+
+    def __init__(self, fd: int):
+        self.file = os.fdopen(fd, "r+b", buffering=0)
+        self.error: OSError | None = None
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        return self.file.seek(pos, whence)
+
+    def tell(self) -> int:
+        return self.file.tell()
+
+    def readinto(self, b) -> int:
+        try:
+            return self.file.readinto(b)
+        except OSError as exc:
+            self.error = self.error or exc
+            return 0
+
+    def write(self, b) -> int:
+        view = memoryview(b).cast("B")
+        n, done = view.nbytes, 0
+        try:
+            while self.error is None and done < n:
+                k = self.file.write(view[done:])
+                if not k:
+                    raise OSError(errno.EIO, "a write made no progress")
+                done += k
+        except OSError as exc:
+            self.error = exc
+        if done < n:
+            self.file.seek(n - done, io.SEEK_CUR)   # dropped, as if written
+        return n
+
+    def truncate(self, size=None) -> int:
+        if self.error is None:
+            try:
+                return self.file.truncate(size)
+            except OSError as exc:
+                self.error = exc
+        return self.tell() if size is None else size
+
+    def flush(self) -> None:
+        """Writes are unbuffered."""
+
+    def close(self) -> None:
+        if not self.closed:
+            self.file.close()
+        super().close()
 
 
 class DatasetWriter:
@@ -27,55 +109,107 @@ class DatasetWriter:
     exception inside ``with``) removes the temporary file and leaves ``path`` untouched.
 
     ``DatasetWriter(path, dense_names, sparse_names)``; ``append(label (n,), dense (n, F_d),
-    sparse (n, F_s))``; ``close(cardinalities, **attrs)``.
+    sparse (n, F_s))``; ``close(cardinalities, **attrs)`` = ``finish(cardinalities,
+    **attrs)`` (the complete file under its temporary name) + ``publish()`` (the rename).
+    A file that cannot be created or written (no such directory, no permission, a full
+    disk) raises ``InputError`` naming ``path``.
     """
 
     def __init__(self, path: str, dense_names, sparse_names):
-        from .safeio import new_temp_file
-
         self.path = os.fspath(path)
         self.dense_names, self.sparse_names = list(dense_names), list(sparse_names)
-        self.tmp = new_temp_file(self.path)  # a fresh unique name: never a planted link
         try:
-            self.f = h5py.File(self.tmp, "w")
-        except BaseException:
-            os.remove(self.tmp)
-            raise
-        fd, fs = len(self.dense_names), len(self.sparse_names)
-        self.label = self.f.create_dataset("label", (0,), np.float32, maxshape=(None,),
-                                           chunks=(CHUNK_ROWS,))
-        self.dense = self.f.create_dataset("dense", (0, fd), np.float32, maxshape=(None, fd),
-                                           chunks=(CHUNK_ROWS, max(fd, 1)) if fd else None)
-        self.sparse = self.f.create_dataset("sparse", (0, fs), np.int64, maxshape=(None, fs),
-                                            chunks=(CHUNK_ROWS, max(fs, 1)) if fs else None)
+            self.tmp, fd = _create_temp(self.path)
+        except OSError as exc:
+            raise self._error(exc) from None
+        self.sink = _Sink(fd)
+        try:
+            self.f = h5py.File(self.sink, "w")
+            nd, ns = len(self.dense_names), len(self.sparse_names)
+            self.label = self.f.create_dataset("label", (0,), np.float32, maxshape=(None,),
+                                               chunks=(CHUNK_ROWS,))
+            self.dense = self.f.create_dataset("dense", (0, nd), np.float32,
+                                               maxshape=(None, nd),
+                                               chunks=(CHUNK_ROWS, nd) if nd else None)
+            self.sparse = self.f.create_dataset("sparse", (0, ns), np.int64,
+                                                maxshape=(None, ns),
+                                                chunks=(CHUNK_ROWS, ns) if ns else None)
+            self._check()
+        except BaseException as exc:
+            self.abort()
+            raise self._failed(exc) from None
         self.rows = 0
+
+    def _error(self, exc: OSError):
+        from .errors import InputError
+
+        return InputError(f"{self.path}: cannot write: {exc.strerror or exc}")
+
+    def _check(self) -> None:
+        """Raise the sink's first write error, if any."""
+        if self.sink.error is not None:
+            raise self._error(self.sink.error)
+
+    def _failed(self, exc: BaseException) -> BaseException:
+        """What to raise for ``exc``, caught while writing: the write error behind it if
+        there was one (HDF5 then fails in its own words: a bad read, a broken header)."""
+        return self._error(self.sink.error) if self.sink.error is not None else exc
 
     def append(self, label, dense, sparse) -> None:
         n = len(label)
         if n == 0:
             return
         a, b = self.rows, self.rows + n
-        for ds, arr in ((self.label, label), (self.dense, dense), (self.sparse, sparse)):
-            ds.resize(b, axis=0)
-            ds[a:b] = arr
+        try:
+            for ds, arr in ((self.label, label), (self.dense, dense), (self.sparse, sparse)):
+                ds.resize(b, axis=0)
+                ds[a:b] = arr
+        except Exception as exc:
+            raise self._failed(exc) from None
+        self._check()
         self.rows = b
 
-    def close(self, cardinalities, **attrs) -> None:
-        self.f.attrs["format_version"] = FORMAT_VERSION
-        self.f.attrs["cardinalities"] = np.asarray(cardinalities, np.int64)
-        self.f.attrs["field_names"] = np.array(self.dense_names + self.sparse_names, dtype=h5py.string_dtype())
-        for k, v in attrs.items():
-            self.f.attrs[k] = v
-        self.f.close()
-        from .safeio import publish_file
+    def finish(self, cardinalities, **attrs) -> None:
+        """Write the attributes and close the file under its temporary name."""
+        try:
+            self.f.attrs["format_version"] = FORMAT_VERSION
+            self.f.attrs["cardinalities"] = np.asarray(cardinalities, np.int64)
+            self.f.attrs["field_names"] = np.array(self.dense_names + self.sparse_names,
+                                                   dtype=h5py.string_dtype())
+            for k, v in attrs.items():
+                self.f.attrs[k] = v
+            self.f.close()
+        except Exception as exc:
+            raise self._failed(exc) from None
+        self._check()
+        try:
+            os.fsync(self.sink.file.fileno())   # a full disk may only tell here (NFS, quotas)
+            self.sink.close()
+        except OSError as exc:
+            raise self._error(exc) from None
 
-        publish_file(self.tmp, self.path)  # atomic publish; a link at path is replaced
+    def publish(self) -> None:
+        """Rename the finished temporary file to ``path`` (atomic)."""
+        try:
+            os.replace(self.tmp, self.path)
+        except OSError as exc:
+            raise self._error(exc) from None
+
+    def close(self, cardinalities, **attrs) -> None:
+        self.finish(cardinalities, **attrs)
+        self.publish()
 
     def abort(self) -> None:
+        """Close and remove the temporary file (idempotent; never raises for I/O)."""
         try:
-            self.f.close()
+            f = getattr(self, "f", None)
+            if f is not None and f.id.valid:
+                f.close()
+        except Exception:
+            pass  # the sink never fails: an HDF5 complaint about a dropped write
         finally:
-            if os.path.exists(self.tmp):
+            self.sink.close()
+            if os.path.lexists(self.tmp):
                 os.remove(self.tmp)
 
     def __enter__(self):

@@ -11,13 +11,24 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
+from types import SimpleNamespace
 
 from .errors import PshybridError
 
+# Set by the MPI launchers (Hydra/MPICH, Open MPI, PMIx/Slurm) in every rank they start.
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+_SERIAL = SimpleNamespace(rank=0, size=1)
+
 
 def _world():
+    """COMM_WORLD; a one-rank stand-in in a process that has not loaded MPI and was not
+    started by an MPI launcher (a serial command such as ``prep``): MPI_Init would tell
+    nothing more there, and can itself fail (it creates files: not on a full disk)."""
+    if "mpi4py.MPI" not in sys.modules and not any(v in os.environ for v in _LAUNCHER_VARS):
+        return _SERIAL
     from mpi4py import MPI
 
     return MPI.COMM_WORLD

@@ -1,7 +1,7 @@
 """Built-in synthetic CTR stream: Criteo-like fields, Zipf ids, labels from a planted model.
 
 Every value of row ``r`` is a pure function of ``(seed, r)``: any worker generates only its
-own rows of any global batch (DESIGN §5), in one pass straight into its buffers, and one
+own rows of any global batch (``data.BatchPlan``), in one pass straight into its buffers, and one
 process reading the global batch gets exactly the same rows, whatever the split.
 
 Generation rule (``F`` sparse fields of cardinalities ``C_f``, ``n_dense`` dense columns,
@@ -254,9 +254,9 @@ class SyntheticCTR:
 def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
                     valid_out: str | None = None, chunk: int = 65536, **generator) -> dict:
     """Write ``rows`` rows of ``SyntheticCTR(**generator)`` to ``out`` (the last
-    ``round(valid_fraction * rows)`` to ``valid_out``), each file atomically, with the
-    planted model's own AUC on that file's rows as attribute ``planted_auc``.
-    Returns {path: (rows, planted_auc)}."""
+    ``round(valid_fraction * rows)`` to ``valid_out``), each file atomically and both
+    published together at the end (a failure leaves neither), with the planted model's own
+    AUC on that file's rows as attribute ``planted_auc``. Returns {path: (rows, planted_auc)}."""
     from .data import DatasetWriter
     from .metrics import auc
 
@@ -264,9 +264,11 @@ def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
     sch = gen.schema
     n_valid = int(round(valid_fraction * rows))
     parts = [(out, 0, rows - n_valid)] + ([(valid_out, rows - n_valid, rows)] if n_valid else [])
-    done = {}
-    for path, a, b in parts:
-        with DatasetWriter(path, sch.dense_names, sch.sparse_names) as w:
+    done, writers = {}, []
+    try:
+        for path, a, b in parts:
+            w = DatasetWriter(path, sch.dense_names, sch.sparse_names)
+            writers.append(w)
             labels, probs = [], []
             for s in range(a, b, chunk):
                 label, dense, sparse, p = gen._rows(s, min(b, s + chunk))
@@ -274,7 +276,13 @@ def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
                 labels.append(label)
                 probs.append(p)
             planted = auc(np.concatenate(probs), np.concatenate(labels)) if b > a else float("nan")
-            w.close(sch.cardinalities, planted_auc=planted, source="pshybrid prep synthetic",
-                    transform=f"SyntheticCTR(seed={gen.seed}, zipf={gen.zipf}) rows [{a}, {b})")
-        done[path] = (b - a, planted)
+            w.finish(sch.cardinalities, planted_auc=planted, source="pshybrid prep synthetic",
+                     transform=f"SyntheticCTR(seed={gen.seed}, zipf={gen.zipf}) rows [{a}, {b})")
+            done[path] = (b - a, planted)
+        for w in writers:
+            w.publish()
+    except BaseException:
+        for w in writers:
+            w.abort()
+        raise
     return done

@@ -1,5 +1,5 @@
 """Dataset files: writer atomicity, reader validation (one clear message naming file, key,
-row), the batch plan (DESIGN §5 order, block shuffle), a worker's batches (worker_batches:
+row), the batch plan (order, block shuffle), a worker's batches (worker_batches:
 the plan's rows on every path, reused buffers) and the prefetcher."""
 
 import os
@@ -62,6 +62,28 @@ def test_writer_never_writes_through_links(tmp_path):
     assert H5Dataset(p).n_rows == 50
     assert sorted(os.listdir(tmp_path)) == sorted(
         ["d.h5", f".d.h5.tmp-{os.getpid()}", ".d.h5.tmp", "d.h5.tmp", "victim.txt"])
+
+
+def test_planted_symlink_at_the_temporary_name_is_never_followed(tmp_path, monkeypatch):
+    """The temporary file is made with O_EXCL | O_NOFOLLOW under a random name: a link planted
+    at a name it may take (here the first one tried, made predictable; and the name of the
+    old ``.<name>.tmp-<pid>`` scheme) is skipped, its target never written."""
+    names = iter(["aaaa", "bbbb"])
+    monkeypatch.setattr("secrets.token_hex", lambda n: next(names))
+    outside, d = tmp_path / "outside", tmp_path / "d"
+    outside.mkdir()
+    d.mkdir()
+    planted = [".out.h5.aaaa.tmp", f".out.h5.tmp-{os.getpid()}"]
+    for name in planted:
+        (d / name).symlink_to(outside / name)
+    w = DatasetWriter(d / "out.h5", ["I0"], ["C0"])
+    w.append(np.zeros(3, np.float32), np.zeros((3, 1), np.float32), np.ones((3, 1), np.int64))
+    w.close([2])
+    assert os.listdir(outside) == []
+    assert sorted(os.listdir(d)) == sorted(planted + ["out.h5"])
+    ds = H5Dataset(d / "out.h5")
+    assert ds.rows(0, 3)[2].tolist() == [[1]] * 3
+    ds.close()
 
 
 @pytest.mark.parametrize("corrupt,needle", [

@@ -14,7 +14,9 @@ import h5py
 import numpy as np
 import pytest
 
-from pshybrid import prep
+from pshybrid.prep import read as prep_read
+from pshybrid.prep.block import Block
+from pshybrid.prep.hashing import crc32
 from pshybrid.cli import main
 from pshybrid.data import H5Dataset
 from pshybrid.errors import ConfigError, InputError
@@ -126,9 +128,10 @@ def listing(d) -> dict:
 # -- criteo ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
-@pytest.mark.parametrize("block", [prep.BLOCK_BYTES, 100], ids=["one-block", "100-byte-blocks"])
+@pytest.mark.parametrize("block", [prep_read.BLOCK_BYTES, 100],
+                         ids=["one-block", "100-byte-blocks"])
 def test_criteo_hashing_exact(tmp_path, monkeypatch, capsys, gz, block):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", block)
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
     src = write(tmp_path / ("in.tsv.gz" if gz else "in.tsv"), CRITEO, gz)
     assert run("criteo", src, tmp_path / "out.h5", "--buckets", "1000") == 0
     label, dense, sparse, attrs = read(tmp_path / "out.h5")
@@ -153,9 +156,10 @@ def test_criteo_per_field_buckets_and_default(tmp_path):
     assert attrs["cardinalities"] == [1_000_000] * 26
 
 
-@pytest.mark.parametrize("block", [prep.BLOCK_BYTES, 100], ids=["one-block", "100-byte-blocks"])
+@pytest.mark.parametrize("block", [prep_read.BLOCK_BYTES, 100],
+                         ids=["one-block", "100-byte-blocks"])
 def test_criteo_vocabulary_exact(tmp_path, monkeypatch, block):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", block)
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
     src = write(tmp_path / "in.tsv.gz", CRITEO, gz=True)
     run("criteo", src, tmp_path / "out.h5", "--min-count", "2")
     label, dense, sparse, attrs = read(tmp_path / "out.h5")
@@ -370,7 +374,7 @@ ENCODINGS = {"hashing": [], "vocabulary": ["--min-count", "2"], "split": ["--val
 @pytest.mark.parametrize("encoding", ENCODINGS)
 @pytest.mark.parametrize("case", BAD)
 def test_bad_line_fails_and_leaves_nothing(tmp_path, monkeypatch, case, encoding):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", 100)   # rows before the bad line get written
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", 100)   # rows before the bad line get written
     text, line, why = BAD[case]
     src = write(tmp_path / "in.tsv", text)
     (tmp_path / "out.h5").write_bytes(b"an older file that must survive")
@@ -383,7 +387,7 @@ def test_bad_line_fails_and_leaves_nothing(tmp_path, monkeypatch, case, encoding
 
 @pytest.mark.parametrize("case", BAD)
 def test_skip_bad_lines(tmp_path, monkeypatch, capsys, case):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", 100)
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", 100)
     text, line, _ = BAD[case]
     src = write(tmp_path / "in.tsv", text)
     run("criteo", src, tmp_path / "out.h5", "--skip-bad-lines", "--min-count", "2")
@@ -395,8 +399,8 @@ def test_skip_bad_lines(tmp_path, monkeypatch, capsys, case):
 
 
 def test_skip_counts_several_and_too_long_lines(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(prep, "BLOCK_BYTES", 64)
-    monkeypatch.setattr(prep, "MAX_LINE_BYTES", 150)
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(prep_read, "MAX_LINE_BYTES", 150)
     lines = with_field(15, 1, "-").splitlines()                      # I1 = "-"
     lines[4] += "x" * 200                                            # too long
     lines[9] = "1\t2"                                                # 2 fields
@@ -443,7 +447,8 @@ def test_missing_input_and_output_directory(tmp_path):
 @pytest.mark.parametrize("argv, message", [
     (["--valid-fraction", "1"], r"--valid-fraction: must be in \[0, 1\), got 1\.0"),
     (["--valid-fraction", "x"], r"--valid-fraction: expected a number, got 'x'"),
-    (["--buckets", "10,1"], r"--buckets: must be integers >= 2, got \(10, 1\)"),
+    (["--buckets", "10,1"], r"--buckets: must be integers from 2 to 2\*\*63 - 1, got "
+                            r"\(10, 1\)"),
     (["--buckets", "10,20"], r"--buckets: 2 values for 26 sparse fields"),
     (["--buckets", "10", "--min-count", "2"], r"exclude each other"),
     (["--max-rows", "0"], r"--max-rows: must be > 0, got 0"),
@@ -477,14 +482,82 @@ def test_block_parsers_match_python():
               rng.choice([0, 1, 2, 7, 8, 9, 16, 17, 64, 65, 200], 500)]
     ints = [b"0", b"-0", b"7", b"-12", b"123456789", b"-999999999999999999", b"+1", b"1 ",
             b"-", b"--1", b"1-2", b"12345678901234567890", b"0x1", b"9" * 18, b"9" * 19, b""]
-    for vals in (values, ints):
+    for vals in (values, [v for v in values if v], ints):   # with and without b""
         data = b"".join(vals)
         L = np.array([len(v) for v in vals])
         s = np.concatenate([[0], np.cumsum(L)[:-1]])
-        block = prep._Block(data)
-        assert block.crc32(s, L).tolist() == [zlib.crc32(v) for v in vals]
+        block = Block(data)
+        assert crc32(block, s, L).tolist() == [zlib.crc32(v) for v in vals]
     v, ok = block.ints(s, L)
     python = [0 if x == b"" else int(x) if re.fullmatch(rb"-?[0-9]{1,18}", x) else None
               for x in ints]
     assert ok.tolist() == [p is not None for p in python]
     assert [x for x, good in zip(v.tolist(), ok) if good] == [p for p in python if p is not None]
+
+
+# -- the hash, token by token, on random values ----------------------------------------------
+
+def random_tokens(rng, n: int, exclude: bytes, empty: float) -> list[bytes]:
+    """n random values of 1..80 bytes (both sides of SHORT_BYTES), any byte but NUL, LF and
+    ``exclude`` (CR included, a few at the end); a share ``empty`` of them missing (b"")."""
+    allowed = np.array(sorted(set(range(1, 256)) - set(b"\n" + exclude)), np.uint8)
+    return [b"" if rng.random() < empty else bytes(rng.choice(allowed, rng.integers(1, 81)))
+            + b"\r" * (rng.random() < 0.1) for _ in range(n)]
+
+
+def as_read(tokens: list[bytes], end: bytes) -> list[bytes]:
+    """The values of a line of ``tokens`` ended by ``end``, by the documented rule: the raw
+    bytes, but a CR right before the LF ends the line (the last value loses it with LF)."""
+    last = tokens[-1][:-1] if end == b"\n" and tokens[-1].endswith(b"\r") else tokens[-1]
+    return tokens[:-1] + [last]
+
+
+def oracle_ids(values: list[bytes], buckets: int) -> list[int]:
+    """The documented hash: 0 if missing else 1 + zlib.crc32(value) % (buckets - 1)."""
+    return [0 if v == b"" else 1 + zlib.crc32(v) % (buckets - 1) for v in values]
+
+
+@pytest.mark.parametrize("empty", [0.0, 0.2], ids=["no-empty-values", "some-empty"])
+@pytest.mark.parametrize("block", [1 << 20, 4096], ids=["one-block", "4k-blocks"])
+def test_criteo_hash_oracle_random_tokens(tmp_path, monkeypatch, empty, block):
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
+    rng = np.random.default_rng(1 + int(empty * 10))
+    rows = 120
+    sparse = [random_tokens(rng, 26, b"\t", empty) for _ in range(rows)]
+    text = b"".join(b"\t".join([b"1", b"3"] + [b""] * 12 + toks) + b"\n" for toks in sparse)
+    (tmp_path / "in.tsv").write_bytes(text)
+    buckets = [int(b) for b in rng.integers(2, 5000, 26)]
+    assert run("criteo", tmp_path / "in.tsv", tmp_path / "out.h5",
+               "--buckets", ",".join(map(str, buckets))) == 0
+    got = read(tmp_path / "out.h5")[2]
+    want = [[oracle_ids([v], b)[0] for v, b in zip(as_read(toks, b"\n"), buckets)]
+            for toks in sparse]
+    assert got.tolist() == want
+
+
+@pytest.mark.parametrize("empty", [0.0, 0.2], ids=["no-empty-values", "some-empty"])
+def test_csv_hash_oracle_random_tokens(tmp_path, empty):
+    rng = np.random.default_rng(7 + int(empty * 10))
+    rows = 150
+    sparse = [random_tokens(rng, 3, b",", empty) for _ in range(rows)]
+    text = b"y,a,b,c\n" + b"".join(b",".join([b"1"] + toks) + b"\r\n" for toks in sparse)
+    (tmp_path / "in.csv").write_bytes(text)
+    assert run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y",
+               "--sparse", "a,b,c", "--buckets", "777") == 0
+    got = read(tmp_path / "out.h5")[2]
+    assert got.tolist() == [oracle_ids(as_read(toks, b"\r\n"), 777) for toks in sparse]
+
+
+@pytest.mark.parametrize("command", ["criteo", "csv"])
+def test_help_states_the_hash_and_cites_no_outside_file(command, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["prep", command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())   # argparse wraps the description
+    assert info.value.code == 0
+    for rule in ("id = 0 if v is empty (missing), else 1 + zlib.crc32(v) % (B - 1)",
+                 "no trimming", "a CR before the LF ends the line", "--min-count K",
+                 "ties by increasing bytes", "float32(log1p(max(x, 0)))"):
+        assert rule in text, rule
+    with pytest.raises(SystemExit):
+        main(["prep", "--help"])
+    assert "§" not in text + capsys.readouterr().out

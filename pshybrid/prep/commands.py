@@ -1,0 +1,176 @@
+"""The ``prep`` commands: ``criteo`` and ``csv`` (text tables), ``synthetic``. NumPy, h5py and
+the converters are imported when a command runs: option errors and ``--help`` answer fast."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+from ..config import ArgumentParser, add_arguments, resolve
+from ..errors import ConfigError, InputError
+from .options import DEFAULT_BUCKETS, CsvOptions, SyntheticOptions, TableOptions, separator
+
+CRITEO_DENSE = [f"I{i}" for i in range(1, 14)]
+CRITEO_SPARSE = [f"C{i}" for i in range(1, 27)]
+
+
+def cmd_synthetic(args) -> int:
+    o = resolve(SyntheticOptions, args)
+    from ..synthetic import CRITEO_LIKE, write_synthetic
+    from .convert import shown
+    from .write import check_out, split_sizes, valid_path
+
+    check_out(args.out, "OUT")
+    valid = valid_path(args.out, o)
+    rows = min(o.rows, o.max_rows or o.rows)
+    split_sizes(rows, o)
+    t0 = time.perf_counter()
+    done = write_synthetic(args.out, rows, o.valid_fraction, valid, seed=o.seed, zipf=o.zipf,
+                           cardinalities=tuple(min(c, o.max_cardinality) for c in CRITEO_LIKE))
+    dt = time.perf_counter() - t0
+    parts = "; ".join(f"{n} rows -> {shown(path)} (planted AUC {a:.4f})"
+                      for path, (n, a) in done.items())
+    print(f"prep synthetic: {parts}; {dt:.2f} s, {rows / dt:,.0f} rows/s")
+    return 0
+
+
+def cmd_criteo(args) -> int:
+    o = resolve(TableOptions, args)
+    from .convert import run_table
+    from .read import Table
+
+    t = Table(args.input, sep=ord("\t"), n_fields=40, header=False, label=0,
+              dense=list(range(1, 14)), sparse=list(range(14, 40)), dense_names=CRITEO_DENSE,
+              sparse_names=CRITEO_SPARSE, integers=True, log=True, threshold=None)
+    return run_table("criteo", t, args.out, o)
+
+
+def cmd_csv(args) -> int:
+    o = resolve(CsvOptions, args)
+    from .convert import run_table
+    from .read import Table
+
+    sep = separator(o.sep)
+    names = _header(args.input, sep, o.header)
+    label, dense, sparse = (_columns(text, option, names, o.header, args.input) for
+                            text, option in ((o.label, "--label"), (o.dense, "--dense"),
+                                             (o.sparse, "--sparse")))
+    if len(label) != 1:
+        raise ConfigError(f"--label {o.label}: give one column", collective=True)
+    used = label + dense + sparse
+    if len(set(used)) < len(used):
+        twice = next(names[c] for c in used if used.count(c) > 1)
+        raise ConfigError(f"column {twice!r} is used twice in --label/--dense/--sparse",
+                          collective=True)
+    t = Table(args.input, sep=ord(sep), n_fields=len(names), header=o.header, label=label[0],
+              dense=dense, sparse=sparse, dense_names=[names[c] for c in dense],
+              sparse_names=[names[c] for c in sparse], integers=False,
+              log=o.dense_transform == "log", threshold=o.label_threshold)
+    return run_table("csv", t, args.out, o)
+
+
+def _header(path: str, sep: str, header: bool) -> list[str]:
+    """The column names: the first line's cells with ``header``, else ``c0, c1, ...``."""
+    from .read import first_line
+
+    first = first_line(path)
+    if not first.strip(b"\r\n"):
+        raise InputError(f"{path}: no data rows (empty first line)")
+    line = first.rstrip(b"\n").rstrip(b"\r")
+    if not header:
+        return [f"c{i}" for i in range(line.count(sep.encode()) + 1)]
+    if b"\0" in line:
+        raise InputError(f"{path}:1: the header holds a NUL byte (not a text file?)")
+    try:
+        return line.decode("utf-8-sig").split(sep)
+    except UnicodeDecodeError:
+        raise InputError(f"{path}:1: the header is not UTF-8 text (with --no-header, "
+                         "columns are given by index)") from None
+
+
+def _columns(text: str | None, option: str, names: list[str], header: bool, path: str):
+    """Column indices of a comma list of header names or 0-based indices."""
+    out = []
+    for c in (text.split(",") if text else []):
+        if header and c in names:
+            out.append(names.index(c))
+        elif c.isascii() and c.isdigit() and int(c) < len(names):
+            out.append(int(c))
+        else:
+            known = f"columns: {', '.join(names)}" if header else f"{len(names)} columns"
+            raise ConfigError(f"{option}: no column {c!r} in {path} ({known})", collective=True)
+    return out
+
+
+def _ended_by_signals(func):
+    """``func(args)`` with SIGTERM and SIGHUP (a job's time limit, a closed terminal) raised
+    as ``SystemExit(128 + signal)``, so that the ``with`` blocks remove the temporary files."""
+    def run(args) -> int:
+        if threading.current_thread() is not threading.main_thread():
+            return func(args)
+
+        def stop(sig, _frame):
+            raise SystemExit(128 + sig)
+
+        old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
+        try:
+            return func(args)
+        finally:
+            for sig, handler in old.items():
+                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+    return run
+
+
+def _command(formats, name: str, options, func, help: str, description: str) -> None:
+    """Add ``prep <name> IN OUT`` with the options of dataclass ``options`` (and --config)."""
+    p = formats.add_parser(name, help=help, description=description + " Every option can "
+                           "also come from a TOML file (--config FILE; the command line wins).")
+    p.add_argument("input", metavar="IN", help="input table, plain text or gzip")
+    p.add_argument("out", metavar="OUT", help="dataset file to write (HDF5)")
+    add_arguments(p, options)
+    p.set_defaults(func=_ended_by_signals(func))
+
+
+# The transform, as --help states it (the module docstring and docs/data.md in full).
+_SPARSE_RULE = (
+    "Categorical value v = the field's bytes exactly as in IN (no trimming; a CR before the "
+    "LF ends the line, any other CR is part of v; gzip IN is hashed after decompression). "
+    "Hashing (default): id = 0 if v is empty (missing), else 1 + zlib.crc32(v) % (B - 1), "
+    f"B = --buckets of the field (default {DEFAULT_BUCKETS}); cardinality B. Vocabulary "
+    "(--min-count K): a first pass counts each field's values over all rows; values seen >= "
+    "K times get ids 2, 3, ... by decreasing count, ties by increasing bytes; 1 = any other "
+    "value, 0 = missing; cardinality 2 + kept values. A line with a NUL byte is bad.")
+_CRITEO = (
+    "Criteo TSV -> dataset file. Each line: 40 tab-separated fields: label (0 or 1), I1..I13 "
+    "(decimal integers -?[0-9]{1,18}, missing = 0), C1..C26 (categorical). Dense stored as "
+    "float32(log1p(max(x, 0))). " + _SPARSE_RULE)
+_CSV = (
+    "Delimited table -> dataset file; columns by header name or 0-based index; no quoting, "
+    "every line as many fields as the first. Label: a number, 0 or 1, or with "
+    "--label-threshold T: 1 if >= T else 0. Dense: a finite number (Python float syntax), "
+    "missing = 0, stored as float32(log1p(max(x, 0))) (--dense-transform none: float32(x)). "
+    + _SPARSE_RULE)
+
+
+def add_prep_commands(sub) -> None:
+    """Register ``prep`` and its subcommands on the CLI's subparsers ``sub``."""
+    prep = sub.add_parser("prep", help="build a dataset file (criteo, csv, synthetic)",
+                          description="Build a dataset file (HDF5; the format, the transform "
+                          "and the errors: docs/data.md).")
+    formats = prep.add_subparsers(dest="format", metavar="<format>",
+                                  parser_class=ArgumentParser)
+    formats.required = True
+    _command(formats, "criteo", TableOptions, cmd_criteo, "Criteo TSV: label, I1..I13, C1..C26",
+             _CRITEO)
+    _command(formats, "csv", CsvOptions, cmd_csv, "any delimited table: label, dense and "
+             "sparse columns", _CSV)
+    p = formats.add_parser("synthetic", help="the built-in synthetic CTR stream as a file, "
+                           "with the planted model's AUC", description="Synthetic Criteo-like "
+                           "dataset (pshybrid/synthetic.py) -> dataset file; each file stores "
+                           "the planted model's own AUC on its rows as attribute planted_auc "
+                           "(the quality ceiling). Every option can also come from a TOML "
+                           "file (--config FILE; the command line wins).")
+    p.add_argument("out", metavar="OUT", help="dataset file to write (HDF5)")
+    add_arguments(p, SyntheticOptions)
+    p.set_defaults(func=_ended_by_signals(cmd_synthetic))

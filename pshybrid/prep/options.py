@@ -1,0 +1,101 @@
+"""The options of the ``prep`` commands (config dataclasses: command line and TOML)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ..config import option
+from ..errors import ConfigError
+
+DEFAULT_BUCKETS = 1_000_000
+INT64_MAX = 2 ** 63 - 1    # ids, row counts and cardinalities are stored as int64
+
+
+def _check(ok, problem: str):
+    """A config ``check``: None where ``ok(value)``, else ``problem``."""
+    return lambda v: None if ok(v) else problem
+
+
+@dataclass
+class SplitOptions:
+    """Options of every ``prep`` command: which rows, and the validation split."""
+
+    max_rows: int | None = option(None, "stop after this many data rows; none: all",
+                                  check=_check(lambda v: v > 0, "must be > 0"))
+    valid_fraction: float = option(0.0, "the last round(F * rows) rows go to --valid-out",
+                                   check=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
+    valid_out: str | None = option(None, "validation file; none: OUT with .h5 -> .valid.h5")
+
+    def validate(self) -> None:
+        """Cross-field rules."""
+        if self.valid_out is not None and not self.valid_fraction:
+            raise ConfigError("--valid-out needs --valid-fraction > 0", collective=True)
+
+
+@dataclass
+class TableOptions(SplitOptions):
+    """Options of the text-table commands (``prep criteo``, base of ``prep csv``)."""
+
+    buckets: tuple[int, ...] | None = option(
+        None, f"hashing: ids per field, one for all or one per field; none: {DEFAULT_BUCKETS}",
+        check=_check(lambda v: v and min(v) >= 2 and max(v) <= INT64_MAX,
+                     "must be integers from 2 to 2**63 - 1"))
+    min_count: int | None = option(None, "a vocabulary instead of hashing: values seen >= K "
+                                   "times get their own id; none: hashing",
+                                   check=_check(lambda v: v > 0, "must be > 0"))
+    skip_bad_lines: bool = option(False, "skip and count bad lines instead of failing")
+
+    def validate(self) -> None:
+        """Cross-field rules."""
+        super().validate()
+        if self.buckets is not None and self.min_count is not None:
+            raise ConfigError("--buckets and --min-count exclude each other (hashing or a "
+                              "vocabulary)", collective=True)
+
+
+@dataclass
+class CsvOptions(TableOptions):
+    """Options of ``prep csv``."""
+
+    label: str | None = option(None, "label column, a header name or 0-based index; required")
+    dense: str | None = option(None, "dense columns, comma list of names or indices")
+    sparse: str | None = option(None, "categorical columns, comma list of names or indices")
+    label_threshold: float | None = option(None, "label = 1 if value >= T else 0; none: the "
+                                           "label must be 0 or 1",
+                                           check=_check(math.isfinite, "must be finite"))
+    sep: str = option(",", "field separator, one ASCII character (\\t or tab: a tab)",
+                      check=_check(lambda v: separator(v) is not None,
+                                   "must be one ASCII character (or \\t)"))
+    header: bool = option(True, "the first line names the columns")
+    dense_transform: str = option("log", "log: log1p(max(x, 0)); none: x",
+                                  choices=("log", "none"))
+
+    def validate(self) -> None:
+        """Cross-field rules."""
+        super().validate()
+        if self.label is None:
+            raise ConfigError("--label is required (a column name or index)", collective=True)
+        if self.dense is None and self.sparse is None:
+            raise ConfigError("give the feature columns: --dense and/or --sparse",
+                              collective=True)
+
+
+def separator(text: str) -> str | None:
+    """The separator character of ``--sep`` text, None if not a valid one."""
+    sep = {"\\t": "\t", "tab": "\t"}.get(text, text)
+    return sep if len(sep) == 1 and sep.isascii() and sep not in "\r\n" else None
+
+
+@dataclass
+class SyntheticOptions(SplitOptions):
+    """Options of ``prep synthetic``."""
+
+    rows: int = option(1_000_000, "rows to generate (train + validation)",
+                       check=_check(lambda v: 0 < v <= INT64_MAX, "must be > 0 and < 2**63"))
+    seed: int = option(0, "generator seed", check=_check(lambda v: v >= 0, "must be >= 0"))
+    max_cardinality: int = option(100_000, "cap of each field's cardinality (Criteo Kaggle's, "
+                                  "capped)", check=_check(lambda v: v >= 1, "must be >= 1"))
+    zipf: float = option(1.1, "Zipf exponent of the ids",
+                         check=_check(lambda v: 1 < v < math.inf, "must be > 1 and finite"))
+

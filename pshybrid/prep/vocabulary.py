@@ -1,0 +1,123 @@
+"""The vocabulary encoder (``--min-count K``): a counting pass, then ids by decreasing count."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .read import Rows
+
+
+class _IdTable:
+    """``(field, uint64 key)`` → int64 id, 1 where absent: open addressing (linear probing,
+    load <= 1/4) in NumPy arrays, filled and read a whole array of keys at a time."""
+
+    def __init__(self, fields: np.ndarray, keys: np.ndarray, ids: np.ndarray):
+        bits = max(4 * len(keys), 8).bit_length()
+        self.mask, self.shift = (1 << bits) - 1, np.uint64(64 - bits)
+        self.fields = np.full(1 << bits, -1, np.int32)               # -1: a free slot
+        self.keys, self.ids = np.zeros(1 << bits, np.uint64), np.ones(1 << bits, np.int64)
+        slot, todo = self._slot(fields, keys), np.arange(len(keys))
+        while len(todo):
+            free = todo[self.fields[slot[todo]] < 0]
+            won, first = np.unique(slot[free], return_index=True)   # one key per free slot
+            new = free[first]
+            self.fields[won], self.keys[won], self.ids[won] = fields[new], keys[new], ids[new]
+            todo = np.setdiff1d(todo, new, assume_unique=True)
+            slot[todo] = (slot[todo] + 1) & self.mask
+
+    def _slot(self, fields: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        mixed = keys ^ (fields.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
+        return ((mixed * np.uint64(0x9E3779B97F4A7C15)) >> self.shift).astype(np.int64)
+
+    def lookup(self, fields: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """ids: (n,) int64 of ``fields``, ``keys`` (n,)."""
+        out, slot = np.ones(len(keys), np.int64), self._slot(fields, keys)
+        todo = np.arange(len(keys))
+        while len(todo):
+            at = slot[todo]
+            f = self.fields[at]
+            hit = (f == fields[todo]) & (self.keys[at] == keys[todo])
+            out[todo[hit]] = self.ids[at[hit]]
+            todo = todo[~hit & (f >= 0)]
+            slot[todo] = (slot[todo] + 1) & self.mask
+        return out
+
+
+class Vocabulary:
+    """id 0 = missing, 1 = rare (count < min_count), 2.. = kept values by decreasing count,
+    ties by increasing bytes. Values of up to 8 bytes are counted (by sorting) and looked up
+    (``_IdTable``) in NumPy as ``(field, uint64 key)`` (``Block.packed``); longer ones in a
+    dict per field."""
+
+    def __init__(self, n_fields: int, min_count: int):
+        self.min_count = min_count
+        self.fields = np.arange(n_fields, dtype=np.min_scalar_type(max(n_fields - 1, 0)))
+        self.counts = (self.fields[:0], np.zeros(0, np.uint64), np.zeros(0, np.int64))
+        self.pending = []                   # per block: (field, key, count) to merge
+        self.long = [{} for _ in range(n_fields)]
+
+    def count(self, rows: Rows) -> None:
+        """First pass: add the rows' non-empty values to the counts."""
+        short = (rows.L > 0) & (rows.L <= 8)
+        keys = np.sort(np.where(short, rows.block.packed(rows.s, rows.L), 0), axis=0)
+        fields = np.repeat(self.fields, len(keys))
+        field, key, count = _runs(fields, keys.T.ravel(), np.ones(keys.size, np.int64))
+        self.pending.append((field[key != 0], key[key != 0], count[key != 0]))  # 0: not short
+        if sum(len(k) for _, k, _ in self.pending) > max(len(self.counts[1]), 1 << 20):
+            self._merge()
+        for _, f, v in _long_values(rows):
+            self.long[f][v] = self.long[f].get(v, 0) + 1
+
+    def _merge(self) -> None:
+        """Fold the pending block counts into ``counts``: (field, key, count) sorted."""
+        field, key, count = (np.concatenate(a) for a in zip(self.counts, *self.pending))
+        order = np.argsort(key)
+        order = order[np.argsort(field[order], kind="stable")]   # a radix sort: small ints
+        self.counts, self.pending = _runs(field[order], key[order], count[order]), []
+
+    def finish(self) -> None:
+        """Assign the ids: one ``_IdTable`` for the short values, a dict per field for long."""
+        self._merge()
+        field, key, count = self.counts
+        self.cardinalities, self.long_ids = [], []
+        table = [(self.fields[:0], np.zeros(0, np.uint64), np.zeros(0, np.int64))]
+        for f, long in enumerate(self.long):
+            lo, hi = np.searchsorted(field, [f, f + 1])
+            keys = key[lo:hi]
+            values = np.concatenate([keys.view("S8"), np.array(list(long), "S")])  # the bytes
+            counts = np.concatenate([count[lo:hi], np.fromiter(long.values(), np.int64)])
+            kept = np.flatnonzero(counts >= self.min_count)
+            ids = np.ones(len(values), np.int64)
+            ids[kept[np.lexsort((values[kept], -counts[kept]))]] = 2 + np.arange(len(kept))
+            short = np.flatnonzero(ids[:len(keys)] > 1)
+            table.append((np.full(len(short), f, self.fields.dtype), keys[short], ids[short]))
+            self.long_ids.append({v: i for v, i in zip(long, ids[len(keys):].tolist()) if i > 1})
+            self.cardinalities.append(2 + len(kept))
+        self.table = _IdTable(*(np.concatenate(a) for a in zip(*table)))
+        del self.counts, self.pending, self.long
+
+    def encode(self, rows: Rows) -> np.ndarray:
+        """ids: (n, F_s) int64."""
+        packed = rows.block.packed(rows.s, rows.L)
+        fields = np.tile(self.fields, len(packed))
+        out = self.table.lookup(fields, packed.ravel()).reshape(packed.shape)
+        for r, f, v in _long_values(rows):
+            out[r, f] = self.long_ids[f].get(v, 1)
+        out[rows.L == 0] = 0
+        return out
+
+
+def _runs(field: np.ndarray, key: np.ndarray, count: np.ndarray):
+    """``(field, key, count)`` summed over runs of equal (field, key), in arrays sorted so."""
+    new = np.ones(len(key), bool)
+    new[1:] = (key[1:] != key[:-1]) | (field[1:] != field[:-1])
+    start = np.flatnonzero(new)
+    return field[start], key[start], np.add.reduceat(count, start) if len(start) else count
+
+
+def _long_values(rows: Rows) -> list[tuple[int, int, bytes]]:
+    """``(row, field, value)`` of the sparse values over 8 bytes."""
+    r, f = np.nonzero(rows.L > 8)
+    a, n, data = rows.s[r, f].tolist(), rows.L[r, f].tolist(), rows.block.data
+    return [(i, j, data[k:k + m]) for i, j, k, m in zip(r.tolist(), f.tolist(), a, n)]
+

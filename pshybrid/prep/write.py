@@ -1,0 +1,104 @@
+"""Writing OUT (and the validation file): both published together at the end, or neither."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+from ..data import DatasetWriter
+from ..errors import ConfigError, InputError
+from .options import SplitOptions
+
+
+class SplitWriter:
+    """Rows ``0..n_train-1`` to ``out``, the later ones to ``valid`` (if any; set ``n_train``
+    before the first ``append``). ``close`` finishes both, then publishes both; an exception
+    inside ``with`` removes both (``DatasetWriter.abort``), so a failure leaves neither."""
+
+    def __init__(self, out: str, valid: str | None, dense_names, sparse_names):
+        self.n_train: int | None = None
+        self.rows = [0, 0]
+        self.writers = [DatasetWriter(out, dense_names, sparse_names)]
+        if valid is not None:
+            try:
+                self.writers.append(DatasetWriter(valid, dense_names, sparse_names))
+            except BaseException:
+                self.writers[0].abort()
+                raise
+
+    def append(self, label, dense, sparse) -> None:
+        """label (n,), dense (n, F_d), sparse (n, F_s)."""
+        done = sum(self.rows)
+        k = len(label) if self.n_train is None else min(max(self.n_train - done, 0), len(label))
+        for i, (a, b) in enumerate(((0, k), (k, len(label)))):
+            if b > a:
+                self.writers[i].append(label[a:b], dense[a:b], sparse[a:b])
+                self.rows[i] += b - a
+
+    def close(self, cardinalities, **attrs) -> None:
+        for w in self.writers:
+            w.finish(cardinalities, **attrs)
+        for w in self.writers:
+            w.publish()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, *_):
+        if exc_type is not None:
+            for w in self.writers:
+                w.abort()
+
+
+def same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file (also through links), existing or not."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_out(path: str, option: str, inputs=()) -> None:
+    """An output file ``path`` (given as ``option``) can be made: its directory exists and
+    is writable, it is not a directory, and not one of the ``inputs`` ``(option, path)``."""
+    d = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(d):
+        why = "is not a directory" if os.path.exists(d) else "does not exist"
+        raise InputError(f"{option} {path}: directory {d} {why}")
+    try:
+        if stat.S_ISDIR(os.stat(path).st_mode):
+            raise InputError(f"{option} {path}: is a directory")
+    except FileNotFoundError:
+        pass
+    except OSError as exc:                          # a name too long, a link loop
+        raise InputError(f"{option} {path}: {exc.strerror or exc}") from None
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise InputError(f"{option} {path}: cannot write in directory {d} (permission denied)")
+    for name, other in inputs:
+        if same_file(path, other):
+            raise ConfigError(f"{option} {path}: the same file as {name}", collective=True)
+
+
+def valid_path(out: str, o: SplitOptions, inputs=()) -> str | None:
+    """The validation file's path, or None without ``--valid-fraction``; checked like OUT
+    (and not OUT)."""
+    if not o.valid_fraction:
+        return None
+    valid = o.valid_out or (out[:-3] if out.endswith(".h5") else out) + ".valid.h5"
+    check_out(valid, "--valid-out", [*inputs, ("OUT", out)])
+    return valid
+
+
+def split_sizes(rows: int, o: SplitOptions) -> int | None:
+    """Training rows of ``rows`` (None without a split); an InputError if either part would
+    be empty."""
+    if not o.valid_fraction:
+        return None
+    n_valid = round(o.valid_fraction * rows)
+    if n_valid in (0, rows):
+        part = "validation" if n_valid == 0 else "training"
+        raise InputError(f"--valid-fraction {o.valid_fraction} of {rows} rows leaves no "
+                         f"{part} rows")
+    return rows - n_valid
