@@ -1,5 +1,5 @@
 # python bench/data_bench.py [--rows 300000] [--batch-size 256] [--steps 256] [--repeat 5] [--max-cardinality 1000000]
-"""Input pipeline benchmark: rows/s of one worker's batches (``data.worker_batches``: label,
+"""Input pipeline benchmark: rows/s of one worker's batches (``batches.worker_batches``: label,
 dense, fused-table ids) on one core, inline (no data thread), beside a raw copy of the
 same bytes.
 
@@ -33,7 +33,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from pshybrid.data import BatchPlan, H5Dataset, worker_batches  # noqa: E402
+from pshybrid.batches import BatchPlan, worker_batches  # noqa: E402
+from pshybrid.data import H5Dataset  # noqa: E402
 from pshybrid.schema import FusedTable  # noqa: E402
 from pshybrid.synthetic import SyntheticCTR  # noqa: E402
 

@@ -35,7 +35,8 @@ import numpy as np
 from mpi4py import MPI
 
 from pshybrid.config import TrainConfig
-from pshybrid.data import BatchPlan, H5Dataset, read_ranges
+from pshybrid.batches import BatchPlan, read_ranges
+from pshybrid.data import H5Dataset
 from pshybrid.modes.dense import DENSE, AllreduceDense
 from pshybrid.modes.sparse import SPARSE, ReplicatedSparse
 from pshybrid.registry import DENSE_ROW, MODES, ModeSpec

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 
 from . import checkpoint_files, limits, safeio
-from .data import BatchPlan
+from .batches import BatchPlan
 from .errors import ConfigError, InputError, PshybridError
 from .transport import agree
 

@@ -1,7 +1,7 @@
 """Built-in synthetic CTR stream: Criteo-like fields, Zipf ids, labels from a planted model.
 
 Every value of row ``r`` is a pure function of ``(seed, r)``: any worker generates only its
-own rows of any global batch (``data.BatchPlan``), in one pass straight into its buffers, and one
+own rows of any global batch (``batches.BatchPlan``), in one pass straight into its buffers, and one
 process reading the global batch gets exactly the same rows, whatever the split.
 
 Generation rule (``F`` sparse fields of cardinalities ``C_f``, ``n_dense`` dense columns,

@@ -26,7 +26,8 @@ from mpi4py import MPI
 from . import checkpoint
 from .backend import synchronize, to_host
 from .config import TrainConfig, from_dict, to_dict
-from .data import EVAL_BATCH, BatchPlan, H5Dataset, prefetch, worker_batches
+from .batches import BatchPlan, prefetch, worker_batches
+from .data import EVAL_BATCH, H5Dataset
 from .devices import cuda_aware_mpi, pick_device
 from .errors import InputError, PshybridError
 from .layers import ParamSpace, bce_with_logits

@@ -8,8 +8,8 @@ import h5py
 import numpy as np
 import pytest
 
-from pshybrid.data import (SHUFFLE_BLOCK, BatchPlan, DatasetWriter, H5Dataset, prefetch,
-                           read_ranges, worker_batches)
+from pshybrid.batches import BatchPlan, prefetch, read_ranges, worker_batches
+from pshybrid.data import SHUFFLE_BLOCK, DatasetWriter, H5Dataset
 from pshybrid.errors import InputError
 
 
@@ -239,11 +239,11 @@ def test_worker_batches_from_a_file_are_the_plans_rows(tmp_path, monkeypatch, sh
                                                        gap, span):
     """The HDF5 fast path (windows of many steps, nearby ranges read as one span) gives
     each worker exactly its rows of every step, across epochs, from any start step."""
-    import pshybrid.data as data
+    import pshybrid.batches as batches
 
-    monkeypatch.setattr(data, "WINDOW_ROWS", window)
-    monkeypatch.setattr(data, "MERGE_GAP", gap)
-    monkeypatch.setattr(data, "SPAN_ROWS", span)
+    monkeypatch.setattr(batches, "WINDOW_ROWS", window)
+    monkeypatch.setattr(batches, "MERGE_GAP", gap)
+    monkeypatch.setattr(batches, "SPAN_ROWS", span)
     p = tmp_path / "d.h5"
     write(p, n=5 * SHUFFLE_BLOCK + 300, cards=(3, 5, 7))
     ds = H5Dataset(p)
@@ -252,8 +252,8 @@ def test_worker_batches_from_a_file_are_the_plans_rows(tmp_path, monkeypatch, sh
         plan = BatchPlan(ds.n_rows, W * b, shuffle, seed=2)
         start = plan.steps_per_epoch - 2
         for w in range(W):
-            got = list(data.worker_batches(ds, plan, start, 3 * plan.steps_per_epoch, w * b, b,
-                                           Offsets(offsets), depth=10**6))  # keep them all
+            got = list(batches.worker_batches(ds, plan, start, 3 * plan.steps_per_epoch, w * b,
+                                              b, Offsets(offsets), depth=10**6))  # keep all
             assert len(got) == 3 * plan.steps_per_epoch
             for i, batch in enumerate(got):
                 for g, e in zip(batch, expected(ds, plan, start + i, w * b, b, offsets)):

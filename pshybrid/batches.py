@@ -1,0 +1,257 @@
+"""A worker's batches: which rows it reads at each step (``BatchPlan``), read or made into
+reused buffers with the field offsets fused in (``worker_batches``), a step or two ahead on
+a data thread where the rank has a spare core (``prefetch``)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .data import SHUFFLE_BLOCK, H5Dataset
+
+
+class BatchPlan:
+    """Which rows each worker reads at each step.
+
+    Epoch ``e`` visits the rows in a virtual order: with ``shuffle``, blocks of
+    ``SHUFFLE_BLOCK`` rows permuted by ``numpy.random.default_rng([seed, e])`` (reads stay
+    contiguous within a block; the last partial block keeps its place at the end), else
+    the file order. Global batch ``t`` of an epoch is virtual rows ``[t*G, (t+1)*G)``,
+    ``G = W*b``; worker ``w`` reads ``[t*G + w*b, t*G + (w+1)*b)``. An epoch has
+    ``n_rows // G`` steps: the last partial global batch is dropped. Nothing depends on
+    ``W`` or ``b`` except through ``G``, so one process with batch ``G`` reads the same rows.
+    """
+
+    def __init__(self, n_rows: int | None, global_batch: int, shuffle: bool, seed: int):
+        self.n, self.G, self.shuffle, self.seed = n_rows, global_batch, shuffle, seed
+        self.steps_per_epoch = None if n_rows is None else n_rows // global_batch
+        self._perm = (None, None)
+
+    def _order(self, epoch: int):
+        if self._perm[0] != epoch:
+            nb = self.n // SHUFFLE_BLOCK
+            self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(nb))
+        return self._perm[1]
+
+    def ranges(self, step: int, offset: int, count: int) -> list[tuple[int, int]]:
+        """Physical row ranges of virtual rows ``[t*G + offset, +count)`` of step ``step``."""
+        if self.n is None:  # endless stream
+            a = step * self.G + offset
+            return [(a, a + count)]
+        epoch, t = divmod(step, self.steps_per_epoch)
+        a = t * self.G + offset
+        if not self.shuffle:
+            return [(a, a + count)]
+        perm, out = self._order(epoch), []
+        full = len(perm) * SHUFFLE_BLOCK
+        while count:
+            if a >= full:  # the tail after the last full block is not shuffled
+                out.append((a, a + count))
+                break
+            blk, within = divmod(a, SHUFFLE_BLOCK)
+            n = min(count, SHUFFLE_BLOCK - within)
+            s = int(perm[blk]) * SHUFFLE_BLOCK + within
+            if out and out[-1][1] == s:
+                out[-1] = (out[-1][0], s + n)
+            else:
+                out.append((s, s + n))
+            a, count = a + n, count - n
+        return out
+
+
+def read_ranges(dataset, ranges):
+    """Concatenate ``dataset.rows`` over physical ranges: (label, dense, sparse)."""
+    parts = [dataset.rows(a, b) for a, b in ranges]
+    if len(parts) == 1:
+        return parts[0]
+    return tuple(np.concatenate(p) for p in zip(*parts))
+
+
+# -- a worker's batches ----------------------------------------------------------------------
+WINDOW_ROWS = 8192    # HDF5: rows of this worker's upcoming steps planned together
+MERGE_GAP = 1024      # HDF5: ranges closer than this are read as one span (gap rows too)
+SPAN_ROWS = 2048      # HDF5: the longest span read in one call (unless one range is longer)
+
+
+def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offset: int,
+                   count: int, layout=None, depth: int = 0):
+    """Yield ``(label, dense, ids)`` for steps ``start_step .. start_step + n_steps - 1``:
+    virtual rows ``[t*G + offset, +count)`` of each step ``t`` (``plan.ranges``), with ``ids``
+    (count, F) int64 the fused-table rows ``layout.offsets[f] + id`` (per-field ids when
+    ``layout`` is None).
+
+    ``dataset``: ``schema``, ``rows(start, stop)`` -> (label (n,), dense (n, F_d), sparse
+    (n, F_s)); optional ``n_rows`` (absent: an endless stream) and ``validate(start, stop)``.
+    Such a dataset takes the generic path: one ``rows`` call per physical range, label and
+    dense as it returns them, new arrays every step. Fast paths, label and dense float32:
+    ``SyntheticCTR`` (and anything with its ``fill``) generates only these rows, straight
+    into the output with the offsets fused in; ``H5Dataset`` reads this worker's ranges of
+    many steps at once (``WINDOW_ROWS``, one h5py call per dataset and span of nearby
+    ranges) and copies each step out, adding the offsets on the way.
+
+    Buffer contract (fast paths): batches live in a ring of ``depth + 3`` buffers, so the
+    batch yielded i-th is overwritten when batch ``i + depth + 3`` is made. Consumed through
+    ``prefetch(produce, n, depth)`` with the same ``depth`` (which makes at most ``depth + 1``
+    batches beyond the one the consumer last received), a batch stays intact while its
+    step runs and through the next one. Copy it to keep it longer.
+    """
+    offsets = np.zeros(dataset.schema.n_sparse, np.int64) if layout is None else \
+        np.asarray(layout.offsets, np.int64)
+    steps = range(start_step, start_step + max(n_steps, 0))
+    if hasattr(dataset, "fill"):
+        yield from _generated_batches(dataset, plan, steps, offset, count, offsets, depth)
+    elif isinstance(dataset, H5Dataset):
+        yield from _h5_batches(dataset, plan, steps, offset, count, offsets, depth)
+    else:
+        for step in steps:
+            label, dense, sparse = read_ranges(dataset, plan.ranges(step, offset, count))
+            yield label, dense, np.add(sparse, offsets, dtype=np.int64)
+
+
+class _Ring:
+    """``slots`` output buffers of one batch each: ``get(i)`` -> views of slot ``i % slots``
+    (new view objects every time, so identity checks never mistake one batch for another)."""
+
+    def __init__(self, slots: int, count: int, n_dense: int, n_sparse: int):
+        self.label = np.empty((slots, count), np.float32)
+        self.dense = np.empty((slots, count, n_dense), np.float32)
+        self.ids = np.empty((slots, count, n_sparse), np.int64)
+        self.slots = slots
+
+    def get(self, i: int):
+        s = i % self.slots
+        return self.label[s], self.dense[s], self.ids[s]
+
+
+def _generated_batches(dataset, plan, steps, offset, count, offsets, depth):
+    from .schema import field_offsets
+
+    sch = dataset.schema
+    ring = _Ring(depth + 3, count, sch.n_dense, sch.n_sparse)
+    fused = bool(np.array_equal(offsets, field_offsets(sch.cardinalities)))
+    for i, step in enumerate(steps):
+        label, dense, ids = ring.get(i)
+        k = 0
+        for a, b in plan.ranges(step, offset, count):
+            dataset.fill(a, label[k:k + b - a], dense[k:k + b - a], ids[k:k + b - a], fused)
+            k += b - a
+        if not fused:
+            ids += offsets
+        yield label, dense, ids
+
+
+def _h5_handles(ds) -> list:
+    """(dataset id, file space, memory spaces by shape) of /label, /dense, /sparse, opened
+    for direct reads."""
+    from h5py import h5d, h5p
+
+    handles = []
+    for key in ("label", "dense", "sparse"):
+        dapl = h5p.create(h5p.DATASET_ACCESS)
+        if ds.f[key].id.get_create_plist().get_nfilters() == 0:  # (that handle is closed again)
+            # Uncompressed: no chunk cache, so a read copies just its rows. With the default
+            # 1 MiB cache, each new 16k-row chunk of /dense was read whole (~0.5 ms a call).
+            # HDF5 shares one cache among a dataset's open handles: opened first, this sets it.
+            dapl.set_chunk_cache(0, 0, 1.0)
+        dsid = h5d.open(ds.f.id, key.encode(), dapl)
+        handles.append((dsid, dsid.get_space(), {}))
+    return handles
+
+
+def _read_span(handles, bufs, span) -> None:
+    """One read per dataset of file rows ``span[0]:span[1]``, straight into ``bufs`` at row
+    ``span[2]``."""
+    from h5py import h5s
+
+    for (dsid, fspace, mspaces), buf in zip(handles, bufs):
+        dest = buf[span[2]:span[2] + span[1] - span[0]]
+        if dest.size:  # (a file without dense or sparse columns: nothing)
+            fspace.select_hyperslab((span[0],) + (0,) * (buf.ndim - 1), dest.shape)
+            mspace = mspaces.get(dest.shape)
+            if mspace is None:
+                mspace = mspaces[dest.shape] = h5s.create_simple(dest.shape)
+            dsid.read(mspace, fspace, dest)
+    span[3] = True
+
+
+def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
+    sch = ds.schema
+    ring = _Ring(depth + 3, count, sch.n_dense, sch.n_sparse)
+    handles = _h5_handles(ds)
+    bufs = [np.empty((0,) + d.shape[1:], d.dtype) for d, _, _ in handles]
+    per_window = max(1, WINDOW_ROWS // max(count, 1))
+    w = 0
+    while w < len(steps):
+        # A window: the next steps of one epoch (epochs may repeat rows: never mixed).
+        first = steps[w]
+        n = min(per_window, len(steps) - w)
+        if plan.steps_per_epoch:
+            n = min(n, plan.steps_per_epoch - first % plan.steps_per_epoch)
+        ranges = [plan.ranges(first + j, offset, count) for j in range(n)]
+        # Spans: the window's ranges sorted, nearby ones merged. where[(a, b)] = (its span,
+        # its buffer row). A span is read when a step first needs it, so no step waits
+        # for more than its own spans.
+        spans, where, total = [], {}, 0
+        for a, b in sorted(r for rs in ranges for r in rs):
+            if spans and a - spans[-1][1] <= MERGE_GAP and b - spans[-1][0] <= SPAN_ROWS:
+                total += a - spans[-1][1]
+                spans[-1][1] = b
+            else:
+                spans.append([a, b, total, False])  # start, stop, buffer row, read yet
+            where[(a, b)] = (spans[-1], total)
+            total += b - a
+        if bufs[0].shape[0] < total:
+            bufs = [np.empty((total,) + d.shape[1:], d.dtype) for d, _, _ in handles]
+        lb, db, sb = bufs
+        for j, rs in enumerate(ranges):
+            label, dense, ids = ring.get(w + j)
+            k = 0
+            for a, b in rs:
+                span, p = where[(a, b)]
+                if not span[3]:
+                    _read_span(handles, bufs, span)
+                m = b - a
+                label[k:k + m] = lb[p:p + m]
+                dense[k:k + m] = db[p:p + m]
+                np.add(sb[p:p + m], offsets, out=ids[k:k + m])
+                k += m
+            yield label, dense, ids
+        w += n
+
+
+def prefetch(produce, n: int, depth: int = 2):
+    """Yield ``produce(i)`` for i in range(n), computed ``depth`` items ahead on a
+    background thread (h5py reads and the synthetic generator release the GIL in part);
+    ``depth`` 0: on the caller's thread, when asked."""
+    if depth <= 0:
+        yield from (produce(i) for i in range(n))
+        return
+    import queue
+    import threading
+
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def run():
+        try:
+            for i in range(n):
+                if stop.is_set():
+                    return
+                q.put((True, produce(i)))
+        except BaseException as e:  # re-raised on the consumer's side
+            q.put((False, e))
+
+    th = threading.Thread(target=run, daemon=True, name="pshybrid-prefetch")
+    th.start()
+    try:
+        for _ in range(n):
+            ok, item = q.get()
+            if not ok:
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while th.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get_nowait()
+            except queue.Empty:
+                th.join(0.01)
