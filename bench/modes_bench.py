@@ -75,17 +75,20 @@ MODES["compute"] = ModeSpec("compute", "local", "local", "no communication (benc
 WORKLOADS = {"paper": "1024,512,256", "light": "64,32"}
 
 
-def analytic_bytes(mode, U, E, P, W, itemsize):
+def analytic_bytes(mode, U, E, P, W, itemsize, server_optimizer=True):
     """Bytes per step per worker predicted from the data: U = unique ids of a worker's
-    batch (list over workers), E = row width, P = dense parameters."""
+    batch (list over workers), E = row width, P = dense parameters. Embedding gradients go
+    two-sided with the step message (rows + sums) to a server-side optimizer, else as an
+    RMA Accumulate (direct SGD); ps's dense table (Adam here) is pulled and accumulated."""
     u = U[0]
-    dense_rows = -(-P // DENSE_ROW) * DENSE_ROW
+    rows = u * E * itemsize
+    push = {"p2p_bytes": u * 8 + rows} if server_optimizer else {"rma_acc_bytes": rows}
+    dense = -(-P // DENSE_ROW) * DENSE_ROW * itemsize
     if mode == "hybrid":
-        return {"rma_get_bytes": u * E * itemsize, "rma_acc_bytes": u * E * itemsize,
-                "p2p_bytes": u * 8, "allreduce_bytes": P * itemsize}
+        return {"rma_get_bytes": rows, **push, "allreduce_bytes": P * itemsize}
     if mode == "ps":
-        return {"rma_get_bytes": (u * E + dense_rows) * itemsize,
-                "rma_acc_bytes": (u * E + dense_rows) * itemsize, "p2p_bytes": u * 8}
+        return {"rma_get_bytes": rows + dense, "rma_acc_bytes": push.pop("rma_acc_bytes", 0)
+                + dense, **push}
     if mode == "allreduce":
         return {"allgather_bytes": sum(U) * (8 + E * itemsize), "allreduce_bytes": P * itemsize}
     return {}
@@ -184,7 +187,8 @@ def main(argv=None) -> int:
     for m, r in results.items():
         r.pop("_P")
         r["dense_params"] = P
-        r["bytes_analytic"] = analytic_bytes(m, r["unique_ids_per_worker_step"], 17, P, W, 4)
+        r["bytes_analytic"] = analytic_bytes(m, r["unique_ids_per_worker_step"], 17, P, W, 4,
+                                             a.sparse_optimizer != "sgd")
     print(f"modes benchmark: WDL, 26 tables ({sum(cards) / 1e6:.1f}M rows, dim 16), MLP "
           f"{a.mlp} ({P / 1e6:.2f}M dense params), batch {a.batch_size}/worker, {W} workers"
           f" + 1 server, {a.steps} steps ({a.warmup} warm-up), {a.sparse_optimizer}/adam, "

@@ -49,8 +49,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from pshybrid.optim import SLOTS
-
-DENSE_ROW = 256  # pshybrid.modes.DENSE_ROW (not imported: that module loads MPI)
+from pshybrid.registry import DENSE_ROW
 ROW_WIDTH = 17  # modes_bench's fused row: embedding dim 16 + the wide (linear) weight
 BWD_FRACTION = 2 / 3  # --overlap: share of fwd_bwd that is backward (2 of 3 matmul passes)
 PAPER_HYBRID_OVER_PS_16 = 1.48  # the paper: Hybrid 48% faster than TF-PS at 16 nodes

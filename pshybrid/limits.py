@@ -135,13 +135,14 @@ def _table_parts(cfg, schema, worker: list, W: int, S: int, E: int, s: int, P: i
         worker.append(Part("exchanged gradient rows", W * B * F * (E * s + 8),
                            f"--batch-size {B} x {W} workers", "lower --batch-size"))
     else:
-        server_slots = (1 + sparse_slots) if cfg.sparse_optimizer != "sgd" else 0
         server.append(Part("shard of the embedding table",
-                           math.ceil(rows / S) * E * s * (1 + server_slots),
+                           math.ceil(rows / S) * E * s * (1 + sparse_slots),
                            f"{cards} x --embedding-dim {D} over --servers {S}",
                            "use more --servers (on more nodes) or lower --embedding-dim"))
-        server.append(Part("ids of a step", W * B * F * 8, f"--batch-size {B} x {W} workers",
-                           "lower --batch-size"))
+        # a server-side optimizer receives every worker's rows and gradient sums each step
+        grads = E * s if cfg.sparse_optimizer != "sgd" else 0
+        server.append(Part("rows and gradients of a step", 2 * W * B * F * (8 + grads),
+                           f"--batch-size {B} x {W} workers", "lower --batch-size"))
         if cfg.mode == "ps":
             dense_rows = math.ceil(P / DENSE_ROW)
             dslots = (1 + dense_slots) if cfg.dense_optimizer != "sgd" else 0

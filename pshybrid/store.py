@@ -59,20 +59,38 @@ class Traffic:
 
 class Plan:
     """One step's ids of one table, grouped for the wire (``EmbeddingStore.plan``): the
-    checked ids, their distinct values grouped by owner, the inverse index, and one committed
-    row datatype per owner. ``pull`` and ``push`` of any slot reuse it; ``free`` it after."""
+    checked ids, their distinct values grouped by owner, the inverse index, and (made when
+    an RMA operation first needs them) one committed row datatype per owner. ``pull`` and
+    ``push`` of any slot reuse it; ``free`` it after."""
 
-    __slots__ = ("table", "ids", "unique", "inverse", "bounds", "targets")
+    __slots__ = ("store", "table", "ids", "unique", "inverse", "bounds", "_targets")
 
-    def __init__(self, table, ids, unique, inverse, bounds, targets):
-        self.table, self.ids, self.unique = table, ids, unique
+    def __init__(self, store, table, ids, unique, inverse, bounds):
+        self.store, self.table, self.ids, self.unique = store, table, ids, unique
         self.inverse, self.bounds = inverse, bounds
-        self.targets = targets  # [(server index, world rank, slice of unique, datatype)]
+        self._targets = None
+
+    @property
+    def targets(self) -> list:
+        """[(server index, world rank, slice of unique, datatype)], one per owner with rows."""
+        if self._targets is None:
+            self._targets = self.store._targets(self)
+        return self._targets
+
+    def sum_rows(self, grads) -> np.ndarray:
+        """grads: ids.shape + (dim,) -> (U, dim) sums per distinct id, in the table's dtype
+        (rows of one id added in input order: the bits of ``np.add.at``)."""
+        t = self.store.tables[self.table].spec
+        if grads.shape != self.ids.shape + (t.dim,):
+            raise InputError(f"table {t.name!r}: grads shape {grads.shape} does not match "
+                             f"ids shape {self.ids.shape} + (dim={t.dim},)")
+        return scatter_add(self.inverse.ravel(), grads.reshape(-1, t.dim).astype(
+            t.dtype, copy=False), self.unique.size)
 
     def free(self) -> None:
-        for *_, dt in self.targets:
+        for *_, dt in self._targets or ():
             dt.Free()
-        self.targets = []
+        self._targets = []
 
 
 class EmbeddingStore:
@@ -186,23 +204,37 @@ class EmbeddingStore:
                     "nothing was read or written")
         return ids
 
-    def plan(self, table: str, ids) -> Plan:
-        """Workers, any thread (MPI_THREAD_MULTIPLE): check ``ids`` (any shape int64),
-        deduplicate and group them by owner, and commit one row datatype per owner; ``pull``
-        and ``push`` of any slot take the plan instead of ids. ``free()`` it after use."""
+    @property
+    def shared(self) -> bool:
+        """Whether pulls read the servers' shared memory (no RMA Get, no datatype)."""
+        return self._views is not None
+
+    def plan(self, table: str, ids, types: bool = True) -> Plan:
+        """Workers, any thread (MPI_THREAD_MULTIPLE when ``types``): check ``ids`` (any shape
+        int64), deduplicate and group them by owner, and (``types``) commit one row datatype
+        per owner now; else the first RMA ``pull``/``push`` makes them. ``pull`` and ``push``
+        of any slot take the plan instead of ids. ``free()`` it after use."""
         t = self.tables[table]
         ids = self._check_ids(t, ids)
-        S = self.topo.n_servers
-        unique, inverse, bounds = partition.group_by_owner(ids, t.spec.rows, S)
+        unique, inverse, bounds = partition.group_by_owner(ids, t.spec.rows, self.topo.n_servers)
+        plan = Plan(self, table, ids, unique, inverse, bounds)
+        if types:
+            plan.targets  # noqa: B018 - commits the datatypes now (e.g. on the data thread)
+        return plan
+
+    def _targets(self, plan: Plan) -> list:
+        """One committed row datatype per owner of ``plan``'s rows: byte offsets of the rows
+        inside a slot's region (the same in every slot)."""
+        t, S = self.tables[plan.table], self.topo.n_servers
         row_bytes = t.spec.dim * t.itemsize
-        targets = []
+        out = []
         for s in range(S):
-            a, b = int(bounds[s]), int(bounds[s + 1])
-            if a < b:  # byte offsets of the rows inside a slot's region (the same in every slot)
-                disps = partition.local_row(unique[a:b], S) * row_bytes
-                targets.append((s, self.topo.server_ranks[s], slice(a, b),
-                                rows_type(t.base, t.spec.dim, disps)))
-        return Plan(table, ids, unique, inverse, bounds, targets)
+            a, b = int(plan.bounds[s]), int(plan.bounds[s + 1])
+            if a < b:
+                disps = partition.local_row(plan.unique[a:b], S) * row_bytes
+                out.append((s, self.topo.server_ranks[s], slice(a, b),
+                            rows_type(t.base, t.spec.dim, disps)))
+        return out
 
     def _planned(self, table: str, ids) -> tuple[Plan, bool]:
         """(plan, whether this call made it and must free it)."""
@@ -264,18 +296,18 @@ class EmbeddingStore:
         grads = np.asarray(grads)
         if unique:
             assert isinstance(ids, Plan), "unique=True pushes the rows of a plan"
-            shape = ids.unique.shape
+            if grads.shape != (ids.unique.size, t.spec.dim):
+                raise InputError(f"table {table!r}: grads shape {grads.shape} is not "
+                                 f"({ids.unique.size}, {t.spec.dim})")
+            sums = np.array(grads, dtype=t.spec.dtype)  # a copy: scaled in place below
+            plan, own = ids, False
         else:
             shape = ids.ids.shape if isinstance(ids, Plan) else np.shape(ids)
-        if grads.shape != tuple(shape) + (t.spec.dim,):
-            raise InputError(f"table {table!r}: grads shape {grads.shape} does not match "
-                             f"ids shape {tuple(shape)} + (dim={t.spec.dim},)")
-        plan, own = self._planned(table, ids)
-        if unique:
-            sums = np.array(grads, dtype=t.spec.dtype)  # a copy: scaled in place below
-        else:
-            sums = scatter_add(plan.inverse.ravel(), grads.reshape(-1, t.spec.dim).astype(
-                t.spec.dtype, copy=False), plan.unique.size)
+            if grads.shape != tuple(shape) + (t.spec.dim,):  # before a plan is made
+                raise InputError(f"table {table!r}: grads shape {grads.shape} does not match "
+                                 f"ids shape {tuple(shape)} + (dim={t.spec.dim},)")
+            plan, own = self._planned(table, ids)
+            sums = plan.sum_rows(grads)
         if scale != 1.0:
             sums *= np.asarray(scale, dtype=t.spec.dtype)
         for s, rank, sl, dt in plan.targets:
@@ -292,7 +324,7 @@ class EmbeddingStore:
         return self.push(table, ids, grads, scale=-lr)
 
     def _flush(self, plan: Plan, free: bool) -> None:
-        for _, rank, _, _ in plan.targets:
+        for _, rank, _, _ in plan._targets or ():
             self.win.Flush(rank)  # waits until the ops to `rank` are complete at both ends
         if free:
             plan.free()

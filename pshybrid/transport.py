@@ -51,11 +51,66 @@ def poll_wait(req: MPI.Request, max_sleep: float = 1e-3) -> None:
     _sleep_until(req.Test, max_sleep)
 
 
-def poll_recv(comm: MPI.Comm, source: int, dtype=np.int64, max_sleep: float = 1e-3):
+def precise_sleeps() -> None:
+    """Linux: shrink this thread's timer slack from 50 us to 1 us, so the short sleeps of a
+    polling loop end on time (measured here: a 20 us sleep took 88 us, then 39 us)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(29, 1000, 0, 0, 0)  # PR_SET_TIMERSLACK, in nanoseconds
+    except (OSError, AttributeError):
+        pass  # not Linux: sleeps are merely late
+
+
+class Pacer:
+    """Waits for an event that recurs about every ``gap`` seconds (a server waiting for the
+    next step's messages) with little latency and little CPU: a nap through ``nap`` of the
+    expected gap (the core goes to the workers), then a check every ``fine`` seconds; past
+    twice the expected gap (the job idles: evaluation, checkpoint, end) the checks back off
+    to every ``idle`` seconds. The expected gap is the median of the last 8.
+
+    The defaults were measured (light workload, 1 server + 2 workers on 2 cores, step
+    medians over 3 runs): checks every 20 us cost the workers more CPU than they saved in
+    latency (6.3-6.9 ms steps), every 100-200 us gave 5.2-5.4 ms, and a nap through half
+    the gap 4.9-5.1 ms. Workers themselves keep MPI's spinning waits: sleeping in a
+    collective stalls its partner (measured 6.2-9.9 ms with 50-200 us sleeps)."""
+
+    def __init__(self, fine: float = 100e-6, idle: float = 1e-3, nap: float = 0.5):
+        self.fine, self.idle, self.nap = fine, idle, nap
+        self.gaps: list[float] = []
+        precise_sleeps()
+
+    def wait(self, test, learn: bool = True) -> None:
+        """Call ``test()`` (an MPI Test/Iprobe: drives progress) until true. ``learn``: this
+        wait starts a gap (the first message of a step), else it is a follow-up (no nap)."""
+        if test():
+            return
+        t0 = time.perf_counter()
+        gap = sorted(self.gaps)[len(self.gaps) // 2] if self.gaps else 0.0
+        if learn and gap * self.nap > self.fine:
+            time.sleep(gap * self.nap)
+        sleep = self.fine
+        while not test():
+            time.sleep(sleep)
+            if time.perf_counter() - t0 > 2 * gap + self.idle:
+                sleep = min(2 * sleep, self.idle)
+        if learn:
+            self.gaps = self.gaps[-7:] + [time.perf_counter() - t0]
+
+
+def poll_recv(comm: MPI.Comm, source: int, dtype=np.int64, max_sleep: float = 1e-3,
+              pacer: Pacer | None = None, learn: bool = True):
     """Receive one message of unknown length from ``source`` without spinning a core:
-    Iprobe with back-off sleeps, then Recv. Returns (array, tag)."""
+    Iprobe with back-off sleeps (or as ``pacer`` says), then Recv. Returns (array, tag)."""
     st = MPI.Status()
-    _sleep_until(lambda: comm.Iprobe(source, MPI.ANY_TAG, st), max_sleep)
+
+    def test():
+        return comm.Iprobe(source, MPI.ANY_TAG, st)
+
+    if pacer is not None:
+        pacer.wait(test, learn)
+    else:
+        _sleep_until(test, max_sleep)
     base = mpi_type(dtype) if np.dtype(dtype).kind == "f" else MPI.INT64_T
     buf = np.empty(st.Get_count(base), dtype)
     comm.Recv([buf, base], source, st.tag)
@@ -86,8 +141,9 @@ def agree(comm: MPI.Comm, error: BaseException | None) -> None:
 def abort(comm: MPI.Comm, code: int) -> None:
     """End every rank of ``comm``'s job (MPI_Abort) after the launcher had a moment to
     forward what this rank printed. Wire: MPI_Abort kills every rank; nobody waits."""
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
+        if f is not None:
+            f.flush()
     if comm.size > 1:
         time.sleep(0.3)
         comm.Abort(code)
@@ -101,18 +157,19 @@ def abort_on_error(comm: MPI.Comm):
     propagates as usual; any other exception prints the rank and the error (a traceback for
     unexpected ones) and aborts the whole job (``abort``, exit status 2 for user errors,
     1 otherwise). A single-rank job just raises."""
+    err = sys.__stderr__ or sys.stderr  # the process's own: a capture (pytest) dies with it
     try:
         yield
     except PshybridError as exc:
         if exc.collective or comm.size == 1:
             raise
-        sys.stderr.write(f"pshybrid: error (rank {comm.rank}/{comm.size}): {exc}\n")
+        err.write(f"pshybrid: error (rank {comm.rank}/{comm.size}): {exc}\n")
         abort(comm, 2)
     except Exception:
         if comm.size == 1:
             raise
-        sys.stderr.write(f"pshybrid: rank {comm.rank}/{comm.size}: uncaught exception:\n")
-        traceback.print_exc()
+        err.write(f"pshybrid: rank {comm.rank}/{comm.size}: uncaught exception:\n")
+        traceback.print_exc(file=err)
         abort(comm, 1)
 
 

@@ -28,7 +28,7 @@ def test_default_command_fits_and_sizes_add_up():
     est = check_sizes(BASE, SCHEMA, 3, 1, 2 * GiB)
     rows = sum(SCHEMA.cardinalities)
     shard = next(p for p in est["server"] if p.what == "shard of the embedding table")
-    assert shard.nbytes == rows * 17 * 4 * 3  # (D + linear) x float32 x (w, g, acc)
+    assert shard.nbytes == rows * 17 * 4 * 2  # (D + linear) x float32 x (w, acc)
     worker = sum(p.nbytes for p in est["worker"])
     assert 1 * 2**20 < worker < 64 * 2**20
 

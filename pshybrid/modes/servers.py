@@ -3,12 +3,13 @@
 Servers hold shards in the store's RMA window, which workers read and write one-sidedly;
 what needs the servers' own hands is an optimizer step (Adagrad/Adam rows, or the dense
 table in ``ps`` mode) and a checkpoint. Each step every worker sends every server one
-message (two-sided, int64): TAG_STEP with the local rows it touched (possibly none), TAG_CKPT
-with a step number, or TAG_STOP. A server handles rounds of one message from every worker:
+message (two-sided, int64): TAG_STEP with the local rows whose gradients it sends (possibly
+none), followed by TAG_GRAD with their gradient sums (rows x E floats); TAG_CKPT with a step
+number; or TAG_STOP. A server handles rounds of one message from every worker:
 
-- STEP: apply the step's optimizers to the union of the rows, then join an Ibarrier over
-  the world, which the workers wait on: once it completes, every pull of the next step sees
-  every update of this one;
+- STEP: apply the step's optimizers (the sparse one to the union of the workers' rows, their
+  sums added in worker order), then join an Ibarrier over the world, which the workers wait
+  on: once it completes, every pull of the next step sees every update of this one;
 - CKPT: join ``checkpoint.save`` (collective with the workers);
 - STOP: return.
 """
@@ -18,10 +19,9 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
-from ..kernels import unique_inverse
-from ..transport import idle_barrier, poll_recv
+from ..transport import Pacer, idle_barrier, mpi_type, poll_recv
 
-TAG_STEP, TAG_STOP, TAG_CKPT = 101, 102, 103
+TAG_STEP, TAG_STOP, TAG_CKPT, TAG_GRAD = 101, 102, 103, 104
 
 
 class ServerLink:
@@ -29,41 +29,78 @@ class ServerLink:
 
     def __init__(self, topo):
         self.topo = topo
-        self.bytes = 0  # row-id messages sent
+        self.bytes = 0  # step messages sent (rows and gradient sums)
+        self._sending: tuple[list, list] = ([], [])  # (requests, their buffers) in flight
 
-    def send(self, tag: int, payloads) -> None:
-        """Wire: payloads[s] (int64) to server s with ``tag``; waits for the sends only."""
-        bufs = [np.ascontiguousarray(p, dtype=np.int64) for p in payloads]  # alive until Waitall
-        self.bytes += sum(b.nbytes for b in bufs) if tag == TAG_STEP else 0
-        MPI.Request.Waitall([self.topo.world.Isend([b, MPI.INT64_T], r, tag)
-                             for b, r in zip(bufs, self.topo.server_ranks)])
+    def send(self, tag: int, payloads, grads=None) -> None:
+        """Wire: payloads[s] (int64) to server s with ``tag`` (and, given ``grads``, grads[s]
+        with TAG_GRAD right after it). Returns at once: ``wait`` completes the sends (large
+        messages need the server to post its receive)."""
+        world = self.topo.world
+        reqs, keep = self._sending  # buffers stay alive until the requests complete
+        for s, r in enumerate(self.topo.server_ranks):
+            ids = np.ascontiguousarray(payloads[s], dtype=np.int64)
+            keep.append(ids)
+            reqs.append(world.Isend([ids, MPI.INT64_T], r, tag))
+            if grads is not None:
+                g = np.ascontiguousarray(grads[s])
+                keep.append(g)
+                reqs.append(world.Isend([g, mpi_type(g.dtype)], r, TAG_GRAD))
+            if tag == TAG_STEP:
+                self.bytes += ids.nbytes + (g.nbytes if grads is not None else 0)
 
-    def step(self, touched) -> None:
-        """Tell each server s the local rows ``touched(s)`` this worker changed."""
-        self.send(TAG_STEP, [touched(s) for s in range(self.topo.n_servers)])
+    def _complete(self) -> None:
+        reqs, keep = self._sending
+        MPI.Request.Waitall(reqs)
+        reqs.clear()
+        keep.clear()
+
+    def step(self, grads_for) -> None:
+        """Send each server s ``grads_for(s)`` = (its local rows, their gradient sums)."""
+        parts = [grads_for(s) for s in range(self.topo.n_servers)]
+        self.send(TAG_STEP, [p[0] for p in parts], [p[1] for p in parts])
 
     def wait(self) -> None:
-        """Wire: zero-byte Ibarrier over world; servers join after applying the step."""
+        """Wire: the step's sends complete, then a zero-byte Ibarrier over world that the
+        servers join after applying the step."""
+        self._complete()
         self.topo.world.Ibarrier().Wait()
 
     def checkpoint(self, step: int) -> None:
         self.send(TAG_CKPT, [[step]] * self.topo.n_servers)
+        self._complete()
 
     def stop(self) -> None:
         self.send(TAG_STOP, [[]] * self.topo.n_servers)
+        self._complete()
+
+
+def _receive(topo, width: int, dtype, pacer: Pacer):
+    """One message from every worker: [(int64 payload, tag, gradient sums or None)]."""
+    out = []
+    for i, r in enumerate(topo.worker_ranks):
+        # Wire: one message from worker r (the pacer naps through most of a step's length)
+        ids, tag = poll_recv(topo.world, r, pacer=pacer, learn=i == 0)
+        grads = None
+        if tag == TAG_STEP:  # Wire: its gradient sums follow, rows x width floats
+            grads = np.empty((ids.size, width), dtype)
+            topo.world.Recv([grads, mpi_type(dtype)], r, TAG_GRAD)
+        out.append((ids, tag, grads))
+    return out
 
 
 def serve(topo, mode, start_step: int, on_checkpoint) -> None:
     """Servers: handle rounds of one message from every worker until STOP (see above).
-    ``mode.server_apply(rows, step)`` applies a step; ``on_checkpoint(step)`` saves."""
+    ``mode.server_apply(parts, step)`` applies a step (parts: every worker's (rows, sums));
+    ``on_checkpoint(step)`` saves."""
     timers, win = mode.timers, mode.store.win
+    width, dtype = mode.sparse.grad_row
+    pacer = Pacer()
     step = start_step
     while True:
-        msgs = []
         with timers.time("wait"):
-            for r in topo.worker_ranks:
-                msgs.append(poll_recv(topo.world, r))  # Wire: one message from worker r
-        tags = {tag for _, tag in msgs}
+            msgs = _receive(topo, width, dtype, pacer)
+        tags = {tag for _, tag, _ in msgs}
         assert len(tags) == 1, f"workers out of step: tags {tags}"
         tag = tags.pop()
         if tag == TAG_STOP:
@@ -74,8 +111,7 @@ def serve(topo, mode, start_step: int, on_checkpoint) -> None:
         step += 1
         with timers.time("server_apply"):
             win.Sync()  # see the workers' completed Accumulates
-            rows = unique_inverse(np.concatenate([m for m, _ in msgs]))[0]
-            mode.server_apply(rows, step)
+            mode.server_apply([(ids, g) for ids, _, g in msgs], step)
             win.Sync()  # publish before the workers' next Get
         with timers.time("wait"):
             idle_barrier(topo.world)  # Wire: the Ibarrier the workers wait on (ServerLink.wait)

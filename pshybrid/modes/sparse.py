@@ -2,10 +2,10 @@
 
 Each strategy offers the workers ``prepare(ids) -> Batch`` (any thread where it allows:
 ``prepare_uses_mpi``), ``lookup(batch)``, ``start(batch, demb, step)`` (gradients no pull can
-see yet go on the wire), ``finish(batch, demb, step)`` (pushes onto the live weights, after
-the step's sync point), ``touched(s)`` (the local rows of server s the step changed, for the
-servers' optimizer) and the servers ``server_apply(rows, step)``. ``live`` and
-``server_step`` as in ``dense``.
+see yet are made ready or go on the wire), ``finish(batch, demb, step)`` (pushes onto the
+live weights, after the step's sync point), ``grads_for(s)`` (what server s gets with the
+step message: local rows and their gradient sums) and the servers ``server_apply(parts,
+step)``. ``live`` and ``server_step`` as in ``dense``.
 
 Workers on a GPU (``ctx.xp`` is cupy): rows stay on the host store or table; a lookup
 copies the U distinct rows and the inverse index host->device once and expands them there
@@ -68,23 +68,26 @@ def _device_sums(batch: Batch, demb):
 
 class ServerSparse:
     """The fused table sharded row-wise on the servers (``store``): one indexed Get per
-    server to pull, one Accumulate per server to push. A non-SGD optimizer runs on the
-    servers: workers accumulate raw gradient sums into a ``"g"`` slot and tell each server
-    the rows they touched; plain SGD pushes ``-lr * g`` straight onto the weights (``live``)."""
+    server to pull (on one node: a gather from the servers' shared memory). A non-SGD
+    optimizer runs on the servers: each worker sends each server, with the step message, the
+    local rows it touched and their gradient sums (two-sided, contiguous: no datatype), and
+    the server sums the workers' parts and applies the optimizer; plain SGD instead pushes
+    ``-lr * g`` straight onto the weights with one Accumulate per server (``live``)."""
 
-    prepare_uses_mpi = True  # the plan commits MPI datatypes
+    prepare_uses_mpi = True  # the plan may commit MPI datatypes
 
     def __init__(self, ctx, layout: FusedTable, opt: Optimizer):
         self.ctx, self.layout, self.opt = ctx, layout, opt
         self.name = layout.table.name
         self.server_step = opt.kind != "sgd"
         self.live = not self.server_step
+        self.grad_row = (layout.table.dim, np.dtype(layout.table.dtype))  # a sums row
         self.store = None
-        self._touched = None  # (unique, bounds) of the step's push
+        self._sent = None  # (plan, (U, E) host sums) of the step, for grads_for
 
     def tables(self) -> list[TableSpec]:
         spec = self.layout.table
-        slots = (("g",) + self.opt.slots) if self.server_step else ()
+        slots = self.opt.slots if self.server_step else ()
         return [TableSpec(spec.name, spec.rows, spec.dim, spec.dtype, spec.init,
                           spec.init_scale, slots)]
 
@@ -92,7 +95,10 @@ class ServerSparse:
         self.store = store
 
     def prepare(self, ids) -> Batch:
-        return Batch(ids, plan=self.store.plan(self.name, ids))
+        # row datatypes only where an RMA operation uses them: Gets without shared memory,
+        # and the direct-SGD Accumulate
+        types = self.live or not self.store.shared
+        return Batch(ids, plan=self.store.plan(self.name, ids, types=types))
 
     def lookup(self, batch: Batch):
         with self.ctx.timers.time("pull"):
@@ -101,40 +107,45 @@ class ServerSparse:
             return _device_rows(self.ctx, batch, self.store.pull(self.name, batch.plan,
                                                                  unique=True))
 
-    def _push(self, batch: Batch, demb, **kw) -> None:
-        on_host = self.ctx.xp is np
-        grads = demb if on_host else _device_sums(batch, demb)
-        self._touched = self.store.push(self.name, batch.plan, grads, unique=not on_host, **kw)
+    def _sums(self, batch: Batch, demb):
+        """(U, E) host gradient sums of ``batch.plan.unique``."""
+        if self.ctx.xp is np:
+            return batch.plan.sum_rows(demb)
+        return _device_sums(batch, demb)
 
     def start(self, batch: Batch, demb, step: int) -> None:
         if self.server_step:
             with self.ctx.timers.time("push"):
-                self._push(batch, demb, slot="g")
+                self._sent = (batch.plan, self._sums(batch, demb))
 
     def finish(self, batch: Batch, demb, step: int) -> None:
         if self.live:
             with self.ctx.timers.time("push"):
-                self._push(batch, demb, scale=-self.opt.lr)
+                self.store.push(self.name, batch.plan, self._sums(batch, demb),
+                                scale=-self.opt.lr, unique=True)
 
-    def touched(self, server: int) -> np.ndarray:
-        """Local rows of ``server`` that the step's push changed (none without a server
-        step: the servers have nothing to apply)."""
-        if not self.server_step or self._touched is None:
-            return np.zeros(0, np.int64)
-        unique, bounds = self._touched
-        return partition.local_row(unique[bounds[server]:bounds[server + 1]],
-                                   self.ctx.topo.n_servers)
+    def grads_for(self, server: int):
+        """(local rows (n,) int64, their gradient sums (n, E)) of ``server`` from the step's
+        ``start`` (none without a server step: the servers have nothing to apply)."""
+        if not self.server_step or self._sent is None:
+            return np.zeros(0, np.int64), np.zeros((0,) + self.grad_row[:1], self.grad_row[1])
+        plan, sums = self._sent
+        a, b = plan.bounds[server], plan.bounds[server + 1]
+        return partition.local_row(plan.unique[a:b], self.ctx.topo.n_servers), sums[a:b]
 
-    def server_apply(self, rows, step: int) -> None:
-        """Servers: the optimizer on the union of the workers' touched rows; it reads their
-        ``"g"`` rows and zeroes them (one fused pass)."""
+    def server_apply(self, parts, step: int) -> None:
+        """Servers: ``parts`` = every worker's (local rows, sums), in worker order; the
+        optimizer runs once on the union of the rows with the summed gradients (summed in
+        worker order: the same bits every run)."""
         if self.server_step:
+            rows, g = segment_sum(np.concatenate([r for r, _ in parts]),
+                                  np.concatenate([s for _, s in parts]))
             shard = self.store.shard
             state = {k: shard(self.name, k) for k in self.opt.slots}
-            self.opt.apply_slot(shard(self.name), shard(self.name, "g"), state, step, rows)
+            self.opt.update_rows(shard(self.name), rows, g, state, step)
 
     def close(self) -> None:
-        self._touched = None
+        self._sent = None
 
     # -- checkpoints, tests, export ------------------------------------------------------
     def state(self):
@@ -182,6 +193,7 @@ class ReplicatedSparse:
         uniform_rows(self.table, np.arange(spec.rows, dtype=np.int64), ctx.seed, spec.name,
                      spec.init_scale)
         self.state_arrays = {k: np.zeros_like(self.table) for k in opt.slots}
+        self.grad_row = (spec.dim, self.table.dtype)
         self.gather_bytes = 0
 
     def tables(self) -> list[TableSpec]:
@@ -229,10 +241,10 @@ class ReplicatedSparse:
     def finish(self, batch: Batch, demb, step: int) -> None:
         pass
 
-    def touched(self, server: int) -> np.ndarray:
-        return np.zeros(0, np.int64)
+    def grads_for(self, server: int):
+        return np.zeros(0, np.int64), np.zeros((0, self.table.shape[1]), self.table.dtype)
 
-    def server_apply(self, rows, step: int) -> None:
+    def server_apply(self, parts, step: int) -> None:
         pass
 
     def close(self) -> None:

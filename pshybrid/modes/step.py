@@ -4,9 +4,10 @@ The BSP rule: the pulls of step t+1 see every update of step t, and no update of
 reaches weights a worker may still be reading for step t. ``update`` keeps it in five moves:
 
 1. ``start``: gradients that no pull can see go on the wire first (the dense Allreduce
-   buckets, pushes into a server ``"g"`` slot, the Allgather exchange of a replicated table);
-2. if nothing is ``live``, the servers are told their rows now, so they apply while the
-   Allreduce still runs;
+   buckets, the dense table's pushes into a server ``"g"`` slot, the Allgather exchange of a
+   replicated table) or are made ready (the sparse sums the servers will get);
+2. if nothing is ``live``, the servers get their step message now (rows and sums), so they
+   apply while the Allreduce still runs;
 3. the sync point: after it every worker has finished its pulls of step t (the dense
    Allreduce's completion, or else, when a live push follows, a workers' barrier);
 4. ``finish``: the live pushes (direct SGD onto the weights);
@@ -98,27 +99,31 @@ class Mode:
         dense.start(step)                                  # 1. nothing a pull can see yet
         sparse.start(batch, demb, step)
         if self.server_step and not self.live:
-            self.link.step(sparse.touched)                 # 2. servers apply meanwhile
+            self._send_step()                              # 2. servers apply meanwhile
         if not dense.sync(step) and self.live:             # 3. every worker pulled step t
             with self.timers.time("wait"):
                 self.topo.workers.Barrier()  # Wire: zero-byte barrier over the workers
         sparse.finish(batch, demb, step)                   # 4. live pushes
         dense.finish(step)
         if self.server_step and self.live:
-            self.link.step(sparse.touched)
+            self._send_step()
         with self.timers.time("wait"):                     # 5. the step is complete
             if self.server_step:
                 self.link.wait()
             elif self.live:
                 self.topo.workers.Barrier()  # Wire: zero-byte barrier: every push completed
 
+    def _send_step(self) -> None:
+        with self.timers.time("push"):
+            self.link.step(self.sparse.grads_for)  # Wire: see servers.ServerLink.step
+
     # -- servers ---------------------------------------------------------------------------
     def serve(self, start_step: int, on_checkpoint) -> None:
         """Servers: run the steps' optimizers until the workers stop (``servers.serve``)."""
         serve(self.topo, self, start_step, on_checkpoint)
 
-    def server_apply(self, rows, step: int) -> None:
-        self.sparse.server_apply(rows, step)
+    def server_apply(self, parts, step: int) -> None:
+        self.sparse.server_apply(parts, step)
         self.dense.server_apply(step)
 
     def request_checkpoint(self, step: int) -> None:
