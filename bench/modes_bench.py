@@ -10,6 +10,8 @@ worker, Adagrad sparse / Adam dense; ``light`` is the same with MLP 64-32 (fwd_b
 what a GPU worker sees, where input and communication dominate). ``--data FILE`` reads a
 dataset file instead of the synthetic stream. With N ranks: 1 server + N-1 workers in hybrid and
 ps; allreduce and compute-only run on the same N-1 worker ranks (the server rank idles).
+With one rank (``mpiexec -n 1 ... --modes allreduce,compute``) it times the single-process
+reference: one worker, nothing on the wire.
 
 The modes run ``--repeat`` times in interleaved rounds; each reports its median run (by
 median step time). Per mode: samples/s from the median step time after warm-up, the
@@ -121,9 +123,8 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     a.mlp = a.mlp or WORKLOADS[a.workload]
     world = MPI.COMM_WORLD
-    if world.size < 2:
-        raise SystemExit("run with at least 2 ranks: mpiexec -n 3 python bench/modes_bench.py")
-    W = world.size - 1
+    W = max(world.size - 1, 1)  # one rank: the single-process reference (modes without servers)
+    modes = [m for m in a.modes.split(",") if world.size > 1 or not MODES[m].needs_servers]
     workers_only = world.Split(0 if world.rank < W else MPI.UNDEFINED, world.rank)
     if a.data:
         data = H5Dataset(a.data)
@@ -138,7 +139,7 @@ def main(argv=None) -> int:
                        bucket_mb=a.bucket_mb, shared_memory="on" if a.shared_memory else "off")
     results = {}
     # Warm-up runs (not measured): numba compiles its kernels on first use in each process.
-    for mode in ("hybrid", "allreduce"):
+    for mode in ("hybrid", "allreduce") if world.size > 1 else ("allreduce",):
         comm = workers_only if mode == "allreduce" else world
         if comm != MPI.COMM_NULL:
             train(replace(base, mode=mode, servers=1 if mode == "hybrid" else 0, steps=3),
@@ -152,7 +153,7 @@ def main(argv=None) -> int:
                         for t in range(a.warmup, a.steps)]))
          for w in range(W)] if world.rank == 0 else None
     runs: dict[str, list] = {}
-    for mode in [m for _ in range(a.repeat) for m in a.modes.split(",")]:
+    for mode in [m for _ in range(a.repeat) for m in modes]:
         on_workers = not MODES[mode].needs_servers
         comm = workers_only if on_workers else world
         if comm == MPI.COMM_NULL:  # the idle server rank of a workers-only mode
@@ -183,7 +184,7 @@ def main(argv=None) -> int:
         rs = sorted(rs, key=lambda r: r["step_seconds_median"])
         results[mode] = dict(rs[len(rs) // 2],
                              step_seconds_median_runs=[r["step_seconds_median"] for r in rs])
-    P = next(r["_P"] for r in results.values() if r["_P"])
+    P = next((r["_P"] for r in results.values() if r["_P"]), 0)
     for m, r in results.items():
         r.pop("_P")
         r["dense_params"] = P
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
                                              a.sparse_optimizer != "sgd")
     print(f"modes benchmark: WDL, 26 tables ({sum(cards) / 1e6:.1f}M rows, dim 16), MLP "
           f"{a.mlp} ({P / 1e6:.2f}M dense params), batch {a.batch_size}/worker, {W} workers"
-          f" + 1 server, {a.steps} steps ({a.warmup} warm-up), {a.sparse_optimizer}/adam, "
+          f" + {world.size - W} server(s), {a.steps} steps ({a.warmup} warm-up), {a.sparse_optimizer}/adam, "
           f"median of {a.repeat} interleaved run(s) per mode")
     print(f"{'mode':<10}{'samples/s':>11}{'step ms':>9}  {'phases (ms/step)':<62}"
           f"{'RSS w/s MB':>12}")

@@ -36,6 +36,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--mode", choices=tuple(MODES), default="hybrid",
                       help="communication mode, decides whether servers are needed")
     info.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    info.add_argument("--cuda-aware", choices=("auto", "on", "off"), default="auto",
+                      help="as train's --cuda-aware: report what it would decide")
     info.set_defaults(func=cmd_info)
     return p
 
@@ -55,7 +57,7 @@ def cmd_info(args) -> int:
     # Wire: gather of one small tuple per rank to rank 0; rank 0 waits for all.
     rows = topo.world.gather(row, root=0)
     if topo.rank == 0:
-        aware, how = cuda_aware_mpi()
+        aware, how = cuda_aware_mpi(args.cuda_aware)
         lib = " ".join(MPI.Get_library_version().split("\n", 1)[0].split())
         print(f"pshybrid {__version__}")
         print(f"MPI library     : {lib} (MPI standard {'.'.join(map(str, MPI.Get_version()))})")

@@ -269,6 +269,10 @@ class TrainConfig:
                                 "node; off: RMA Gets, as between nodes)",
                                 choices=("auto", "on", "off"))
     device: str = option("cpu", "device of the workers", choices=("cpu", "cuda"))
+    cuda_aware: str = option("auto", "--device cuda: hand GPU buffers to MPI (on), or stage "
+                             "them through pinned host memory (off); auto: as the MPI "
+                             "library reports (MPIX_Query_cuda_support)",
+                             choices=("auto", "on", "off"))
     dtype: str = option("float32", "floating-point type of parameters and activations",
                         choices=("float32", "float64"))
     metrics: str | None = option(None, "JSON-lines file of per-step and evaluation metrics")

@@ -7,15 +7,12 @@ import os
 
 from .backend import cupy_available
 
-_CUDA_AWARE_ENV = "PSHYBRID_CUDA_AWARE"
-
-
-def cuda_aware_mpi() -> tuple[bool, str]:
-    """(is MPI CUDA-aware, how we know). ``PSHYBRID_CUDA_AWARE=0|1`` overrides detection;
-    otherwise ``MPIX_Query_cuda_support()`` of the loaded MPI library (MPICH, Open MPI)."""
-    env = os.environ.get(_CUDA_AWARE_ENV)
-    if env is not None:
-        return env.strip().lower() in ("1", "true", "yes"), f"{_CUDA_AWARE_ENV}={env}"
+def cuda_aware_mpi(setting: str = "auto") -> tuple[bool, str]:
+    """(hand device buffers to MPI, why). ``setting`` (``--cuda-aware``): "on" or "off"
+    decides; "auto" asks ``MPIX_Query_cuda_support()`` of the loaded MPI library (MPICH,
+    Open MPI)."""
+    if setting != "auto":
+        return setting == "on", f"--cuda-aware {setting}"
     from mpi4py import MPI  # noqa: F401  (loads libmpi)
 
     for lib in ("libmpi.so.12", "libmpi.so.40", "libmpi.so"):

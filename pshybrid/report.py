@@ -50,6 +50,10 @@ class Reporter:
         self._write(summary)
         split = "  ".join(f"{k} {v:.0%}" for k, v in summary["phase_fraction"].items()
                           if v >= 0.005)
+        if summary["servers"] and summary["steps_run"]:  # what the workers' wait is made of
+            per = 1e3 / summary["steps_run"]
+            split += (f"  |  wait {summary['phase_seconds']['wait'] * per:.2f} ms/step, "
+                      f"servers' apply {summary['server_apply_seconds'] * per:.2f} ms/step")
         self.out.write(
             f"done: {summary['mode']} {summary['model']}  {summary['steps']} steps  "
             f"{summary['samples_per_s']:,.0f} samples/s  final loss {summary['final_loss']:.4f} "

@@ -138,7 +138,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
                       Optimizer(cfg.dense_optimizer, dense_lr), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
-                      cuda_aware=xp is not np and cuda_aware_mpi()[0])  # else staged on the host
+                      cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0])  # else staged
     plan = BatchPlan(getattr(data, "n_rows", None), topo.n_workers * cfg.batch_size,
                      cfg.shuffle, cfg.seed)
     steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps

@@ -103,3 +103,16 @@ def test_sigkill_while_checkpointing_keeps_previous_checkpoint(tmp_path):
                             str(int(latest[5:]) + 2), "--batch-size", "16"), timeout=120)
     assert r.returncode == 0, r.stderr
     print(f"killed while writing {killed_during[0]}; latest stayed {latest}")
+
+
+def test_python_api_dataset_raising_on_one_worker_ends_the_job():
+    """train() called from a plain script (no launcher): one worker's dataset raises, the
+    others (a server among them) are waiting in MPI; the job must end within seconds,
+    naming the rank and the error, with a non-zero status."""
+    script = os.path.join(os.path.dirname(__file__), "jobs", "api_dataset_raises.py")
+    t0 = time.time()
+    p = run_job(3, [sys.executable, script], timeout=120)
+    assert p.returncode != 0, p.stdout
+    assert "rank 1/3" in p.stderr and "flaky storage" in p.stderr, p.stderr
+    assert "not reached" not in p.stdout
+    assert time.time() - t0 < 60, f"{time.time() - t0:.0f}s"
