@@ -5,6 +5,7 @@ is synchronised here, before MPI touches a GPU buffer, so no caller can forget).
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import time
 import traceback
@@ -65,18 +66,25 @@ def precise_sleeps() -> None:
 class Pacer:
     """Waits for an event that recurs about every ``gap`` seconds (a server waiting for the
     next step's messages) with little latency and little CPU: a nap through ``nap`` of the
-    expected gap (the core goes to the workers), then a check every ``fine`` seconds; past
-    twice the expected gap (the job idles: evaluation, checkpoint, end) the checks back off
-    to every ``idle`` seconds. The expected gap is the median of the last 8.
+    expected gap (the core goes to the workers), then checks: back to back (yielding the
+    core to anyone runnable) when this rank has a core of its own (``own_core``), else every
+    ``fine`` seconds; past twice the expected gap (the job idles: evaluation, checkpoint,
+    end) the checks back off to every ``idle`` seconds. The expected gap is the median of
+    the last 8.
 
-    The defaults were measured (light workload, 1 server + 2 workers on 2 cores, step
-    medians over 3 runs): checks every 20 us cost the workers more CPU than they saved in
-    latency (6.3-6.9 ms steps), every 100-200 us gave 5.2-5.4 ms, and a nap through half
-    the gap 4.9-5.1 ms. Workers themselves keep MPI's spinning waits: sleeping in a
-    collective stalls its partner (measured 6.2-9.9 ms with 50-200 us sleeps)."""
+    Measured on this project's 2-core virtual machine (light workload, step medians): a
+    sleeping rank wakes up to ~1.5 ms late now and then (p90 of a 100 us poll's latency:
+    1.5 ms; a spinning receiver: 0.05 ms), so a server with a core of its own checks
+    without sleeping (1 server + 1 worker: hybrid 2.3-3.0 ms a step, 3.1-4.2 ms sleeping
+    between checks). With fewer cores than ranks those checks take CPU from the workers:
+    1 server + 2 workers on 2 cores gave 6.6-7.1 ms spinning or yielding, 6.3-6.9 ms
+    checking every 20 us, 5.2-5.4 ms every 100-200 us, and 4.9-5.3 ms with the nap.
+    Workers themselves keep MPI's spinning waits: sleeping in a collective stalls its
+    partner (6.2-9.9 ms with 50-200 us sleeps)."""
 
-    def __init__(self, fine: float = 100e-6, idle: float = 1e-3, nap: float = 0.5):
-        self.fine, self.idle, self.nap = fine, idle, nap
+    def __init__(self, fine: float = 100e-6, idle: float = 1e-3, nap: float = 0.5,
+                 own_core: bool = False):
+        self.fine, self.idle, self.nap, self.own_core = fine, idle, nap, own_core
         self.gaps: list[float] = []
         precise_sleeps()
 
@@ -91,8 +99,12 @@ class Pacer:
             time.sleep(gap * self.nap)
         sleep = self.fine
         while not test():
+            late = time.perf_counter() - t0 > 2 * gap + self.idle
+            if self.own_core and not late:
+                os.sched_yield()
+                continue
             time.sleep(sleep)
-            if time.perf_counter() - t0 > 2 * gap + self.idle:
+            if late:
                 sleep = min(2 * sleep, self.idle)
         if learn:
             self.gaps = self.gaps[-7:] + [time.perf_counter() - t0]
