@@ -38,21 +38,22 @@ def _umask() -> int:
     return 0o022
 
 
-def fsync_dir(path: str) -> None:
-    """fsync a directory (its entries: a rename in it is durable afterwards)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def _fsync(path: str, flags: int) -> None:
+    fd = os.open(path, os.O_RDONLY | flags)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory (its entries: a rename in it is durable afterwards)."""
+    _fsync(path, os.O_DIRECTORY)
 
 
 def fsync_file(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """fsync a file, never through a link."""
+    _fsync(path, os.O_NOFOLLOW)
 
 
 def atomic_write_text(path: str, text: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -48,3 +49,19 @@ def run_job(n: int, args: list[str], timeout: float = JOB_TIMEOUT, env=None):
 def pshybrid(*args: str) -> list[str]:
     """argv that runs ``python -m pshybrid args...`` in this interpreter."""
     return [sys.executable, "-m", "pshybrid", *args]
+
+
+def snapshot(root) -> dict:
+    """Every entry under ``root``: a link's target, a file's hash, or 'dir'."""
+    snap = {}
+    for dirpath, dirs, files in os.walk(root):
+        for n in dirs + files:
+            p = os.path.join(dirpath, n)
+            rel = os.path.relpath(p, root)
+            if os.path.islink(p):
+                snap[rel] = "-> " + os.readlink(p)
+            elif os.path.isdir(p):
+                snap[rel] = "dir"
+            else:
+                snap[rel] = hashlib.sha1(open(p, "rb").read()).hexdigest()
+    return snap

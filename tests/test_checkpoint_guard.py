@@ -11,7 +11,6 @@ allreduce mode over COMM_SELF):
 - outputs are checked writable before step 1; a finished resumed run has nothing to do.
 """
 
-import hashlib
 import io
 import os
 import shutil
@@ -22,6 +21,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
+from mpi_util import snapshot
 from pshybrid import checkpoint, checkpoint_files
 from pshybrid.config import TrainConfig
 from pshybrid.data import DatasetWriter
@@ -39,22 +39,6 @@ def run(**kw):
     out = io.StringIO()
     res = train(replace(BASE, **kw), MPI.COMM_SELF, dataset=DATA, out=out)
     return res, out.getvalue()
-
-
-def snapshot(root) -> dict:
-    """Every entry under ``root``: a link's target, a file's hash, or 'dir'."""
-    snap = {}
-    for dirpath, dirs, files in os.walk(root):
-        for n in dirs + files:
-            p = os.path.join(dirpath, n)
-            rel = os.path.relpath(p, root)
-            if os.path.islink(p):
-                snap[rel] = "-> " + os.readlink(p)
-            elif os.path.isdir(p):
-                snap[rel] = "dir"
-            else:
-                snap[rel] = hashlib.sha1(open(p, "rb").read()).hexdigest()
-    return snap
 
 
 def assert_latest_complete(root):

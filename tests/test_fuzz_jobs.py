@@ -8,7 +8,6 @@ existed before changed, removed or added (no partial output). Most run on one ra
 """
 
 import collections
-import hashlib
 import os
 import shutil
 import subprocess
@@ -17,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpi_util import pshybrid, run_job
+from mpi_util import pshybrid, run_job, snapshot
 
 pytestmark = pytest.mark.job
 MODEL = ["--mlp", "8", "--embedding-dim", "4", "--batch-size", "8", "--steps", "3"]
@@ -211,21 +210,6 @@ def _empty_eval(w):
 
 
 CASES["eval_data_empty"] = (1, _empty_eval, *CASES["eval_data_empty"][2:])
-
-
-def snapshot(root) -> dict:
-    snap = {}
-    for dirpath, dirs, files in os.walk(root):
-        for n in dirs + files:
-            p = os.path.join(dirpath, n)
-            rel = os.path.relpath(p, root)
-            if os.path.islink(p):
-                snap[rel] = "-> " + os.readlink(p)
-            elif os.path.isdir(p):
-                snap[rel] = "dir"
-            else:
-                snap[rel] = hashlib.sha1(open(p, "rb").read()).hexdigest()
-    return snap
 
 
 def run(ranks, argv, cwd):

@@ -107,10 +107,10 @@ def test_grad_buckets_start_only_final_gradients(name):
 
     rng = np.random.default_rng(3)
     dense, emb = rng.uniform(0.1, 2, (3, 2)), rng.uniform(-1, 1, (3, 3, sparse.table.dim))
-    for step in range(2):  # the buckets re-arm after finish()
+    buckets = GradBuckets(ps, start, min_bytes=1)
+    ps.on_grads_ready = buckets.ready
+    for step in range(2):  # the same buckets re-arm after finish()
         started.clear()
-        buckets = GradBuckets(ps, start, min_bytes=1) if step == 0 else buckets
-        ps.on_grads_ready = buckets.ready
         model.forward(dense, emb)
         ps.zero_grad()
         model.backward(rng.standard_normal(3))
