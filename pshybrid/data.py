@@ -21,6 +21,9 @@ import secrets
 import h5py
 import numpy as np
 
+from .errors import InputError
+from .schema import Schema
+
 FORMAT_VERSION = 1
 CHUNK_ROWS = 16384
 _CREATE = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(
@@ -141,8 +144,6 @@ class DatasetWriter:
         self.rows = 0
 
     def _error(self, exc: OSError):
-        from .errors import InputError
-
         return InputError(f"{self.path}: cannot write: {exc.strerror or exc}")
 
     def _check(self) -> None:
@@ -243,9 +244,6 @@ class H5Dataset:
     attributes) and raises ``InputError`` naming the file and the key."""
 
     def __init__(self, path: str):
-        from .errors import InputError
-        from .schema import Schema
-
         self.path = os.fspath(path)
         if not os.path.exists(self.path):
             raise InputError(f"{self.path}: no such dataset file")
@@ -253,6 +251,14 @@ class H5Dataset:
             self.f = h5py.File(self.path, "r")
         except OSError as e:
             raise InputError(f"{self.path}: not a readable HDF5 file ({e})") from None
+        try:
+            self._check()
+        except BaseException:
+            self.f.close()  # a refused file is not left open
+            raise
+
+    def _check(self) -> None:
+        """The structure, keys, dtypes, row counts and attributes; sets n_rows and schema."""
         want = {"label": (1, np.float32), "dense": (2, np.float32), "sparse": (2, np.int64)}
         for key, (ndim, dtype) in want.items():
             if key not in self.f:
@@ -305,8 +311,6 @@ class H5Dataset:
         """Scan rows ``[start, stop)`` in chunks; raise ``InputError`` naming the file, the
         key and the first bad row: labels outside {0, 1}, NaN/inf dense values, sparse ids
         < 0 or >= the field's cardinality."""
-        from .errors import InputError
-
         cards = np.asarray(self.schema.cardinalities, np.int64)
         for a in range(start, stop, _SCAN_ROWS):
             try:

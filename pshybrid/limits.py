@@ -10,8 +10,9 @@ counted by registering its layers on a throwaway ``ParamSpace``: nothing is allo
   dense parameters with their gradient and dense optimizer state, and in ``allreduce`` mode
   the whole fused table with its optimizer slots plus the exchanged rows of every worker;
 - server: its shard of the fused table (``ceil(rows / servers)`` rows of width
-  ``--embedding-dim`` + the per-id linear weight) with the gradient slot and the sparse
-  optimizer's slots, and in ``ps`` mode its shard of the dense table.
+  ``--embedding-dim`` + the per-id linear weight) with the sparse optimizer's slots, the
+  rows and gradient sums every worker sends it in a step, and in ``ps`` mode its shard of
+  the dense table.
 
 ``check_sizes`` compares what the ranks of one node need with the memory available there
 (``available_memory``: ``MemAvailable``, capped by a cgroup limit) and raises one

@@ -63,16 +63,17 @@ class Plan:
     an RMA operation first needs them) one committed row datatype per owner. ``pull`` and
     ``push`` of any slot reuse it; ``free`` it after."""
 
-    __slots__ = ("store", "table", "ids", "unique", "inverse", "bounds", "_targets")
+    __slots__ = ("store", "table", "ids", "unique", "inverse", "bounds", "_targets", "_freed")
 
     def __init__(self, store, table, ids, unique, inverse, bounds):
         self.store, self.table, self.ids, self.unique = store, table, ids, unique
         self.inverse, self.bounds = inverse, bounds
-        self._targets = None
+        self._targets, self._freed = None, False
 
     @property
     def targets(self) -> list:
         """[(server index, world rank, slice of unique, datatype)], one per owner with rows."""
+        assert not self._freed, "a freed plan was used for an RMA operation"
         if self._targets is None:
             self._targets = self.store._targets(self)
         return self._targets
@@ -90,7 +91,7 @@ class Plan:
     def free(self) -> None:
         for *_, dt in self._targets or ():
             dt.Free()
-        self._targets = []
+        self._targets, self._freed = [], True
 
 
 class EmbeddingStore:

@@ -180,7 +180,8 @@ def _open_data(cfg, topo, dataset, opened):
             if n is None:
                 continue
             if d is data and n < G:
-                raise InputError(f"{d.path}: {n} rows, fewer than one global batch "
+                raise InputError(f"{getattr(d, 'path', 'the dataset')}: {n} rows, fewer than "
+                                 "one global batch "
                                  f"({topo.n_workers} workers x --batch-size {cfg.batch_size} = {G})")
             if not topo.is_server and hasattr(d, "validate"):  # each worker scans its share
                 W, w = topo.n_workers, topo.worker_index
@@ -374,7 +375,8 @@ def finish(job: Job) -> TrainResult:
                               root=topo.worker_ranks[0])
     if job.reporter:
         job.result.summary = summarize(job.cfg, topo, stats, job.totals, job.result.log,
-                                       job.result.evals, job.steps, job.steps - job.start,
+                                       job.result.evals, job.steps,
+                                       max(job.steps - job.start, 0),
                                        elapsed, job.t_start - job.t_begin)
         job.reporter.close(job.result.summary)
     return job.result

@@ -90,13 +90,20 @@ class Pacer:
 
     def wait(self, test, learn: bool = True) -> None:
         """Call ``test()`` (an MPI Test/Iprobe: drives progress) until true. ``learn``: this
-        wait starts a gap (the first message of a step), else it is a follow-up (no nap)."""
+        wait starts a gap (the first message of a step), else it is a follow-up (no nap).
+        The nap is slept in slices of at most ``idle``, each followed by a ``test()``: an
+        early message is seen within ``idle`` and MPI keeps progressing meanwhile."""
         if test():
+            self._learn(learn, 0.0)
             return
         t0 = time.perf_counter()
         gap = sorted(self.gaps)[len(self.gaps) // 2] if self.gaps else 0.0
-        if learn and gap * self.nap > self.fine:
-            time.sleep(gap * self.nap)
+        wake = t0 + (gap * self.nap if learn else 0.0)
+        while (left := wake - time.perf_counter()) > self.fine:
+            time.sleep(min(left, self.idle))
+            if test():
+                self._learn(learn, time.perf_counter() - t0)
+                return
         sleep = self.fine
         while not test():
             late = time.perf_counter() - t0 > 2 * gap + self.idle
@@ -106,8 +113,15 @@ class Pacer:
             time.sleep(sleep)
             if late:
                 sleep = min(2 * sleep, self.idle)
+        self._learn(learn, time.perf_counter() - t0)
+
+    def _learn(self, learn: bool, gap: float) -> None:
         if learn:
-            self.gaps = self.gaps[-7:] + [time.perf_counter() - t0]
+            self.gaps = self.gaps[-7:] + [gap]
+
+    def forget(self) -> None:
+        """The last learned gap was not a step's (a checkpoint, the end): drop it."""
+        self.gaps = self.gaps[:-1]
 
 
 def poll_recv(comm: MPI.Comm, source: int, dtype=np.int64, max_sleep: float = 1e-3,

@@ -2,10 +2,11 @@
 
 Servers hold shards in the store's RMA window, which workers read and write one-sidedly;
 what needs the servers' own hands is an optimizer step (Adagrad/Adam rows, or the dense
-table in ``ps`` mode) and a checkpoint. Each step every worker sends every server one
-message (two-sided, int64): TAG_STEP with the local rows whose gradients it sends (possibly
-none), followed by TAG_GRAD with their gradient sums (rows x E floats); TAG_CKPT with a step
-number; or TAG_STOP. A server handles rounds of one message from every worker:
+table in ``ps`` mode) and a checkpoint. Each step that has a server-side optimizer (any
+but plain SGD in both strategies) every worker sends every server one message (two-sided,
+int64): TAG_STEP with the local rows whose gradients it sends (possibly none), followed by
+TAG_GRAD with their gradient sums (rows x E floats); and when it is time, TAG_CKPT with a
+step number, or TAG_STOP. A server handles rounds of one message from every worker:
 
 - STEP: apply the step's optimizers (the sparse one to the union of the workers' rows, their
   sums added in worker order), then join an Ibarrier over the world, which the workers wait
@@ -104,9 +105,12 @@ def serve(topo, mode, start_step: int, on_checkpoint) -> None:
         tags = {tag for _, tag, _ in msgs}
         assert len(tags) == 1, f"workers out of step: tags {tags}"
         tag = tags.pop()
+        if tag != TAG_STEP:
+            pacer.forget()  # the pause before a checkpoint or the end is not a step's gap
         if tag == TAG_STOP:
             return
         if tag == TAG_CKPT:
+            win.Sync()  # see the workers' completed Accumulates (direct SGD) before saving
             on_checkpoint(int(msgs[0][0][0]))
             continue
         step += 1
