@@ -118,13 +118,19 @@ def main(argv=None) -> int:
     ap.add_argument("--shared-memory", action="store_true",
                     help="let single-node jobs pull through shared memory (default: RMA, as "
                          "between nodes, so the modes move what a cluster's network would)")
+    ap.add_argument("--placement", choices=("dedicated", "colocated"), default="dedicated",
+                    help="colocated: every rank a worker owning a shard (server modes), and "
+                         "the other modes on every rank too")
     ap.add_argument("--json", default="bench_modes.json")
     ap.add_argument("--png", default="bench_modes.png")
     a = ap.parse_args(argv)
     a.mlp = a.mlp or WORKLOADS[a.workload]
     world = MPI.COMM_WORLD
-    W = max(world.size - 1, 1)  # one rank: the single-process reference (modes without servers)
-    modes = [m for m in a.modes.split(",") if world.size > 1 or not MODES[m].needs_servers]
+    colocated = a.placement == "colocated"
+    # one rank: the single-process reference (modes without servers)
+    W = world.size if colocated else max(world.size - 1, 1)
+    modes = [m for m in a.modes.split(",")
+             if world.size > 1 or colocated or not MODES[m].needs_servers]
     workers_only = world.Split(0 if world.rank < W else MPI.UNDEFINED, world.rank)
     if a.data:
         data = H5Dataset(a.data)
@@ -139,10 +145,12 @@ def main(argv=None) -> int:
                        bucket_mb=a.bucket_mb, shared_memory="on" if a.shared_memory else "off")
     results = {}
     # Warm-up runs (not measured): numba compiles its kernels on first use in each process.
-    for mode in ("hybrid", "allreduce") if world.size > 1 else ("allreduce",):
+    for mode in ("hybrid", "allreduce") if world.size > 1 or colocated else ("allreduce",):
         comm = workers_only if mode == "allreduce" else world
         if comm != MPI.COMM_NULL:
-            train(replace(base, mode=mode, servers=1 if mode == "hybrid" else 0, steps=3),
+            server = dict(servers=None, placement="colocated") if colocated else dict(servers=1)
+            train(replace(base, mode=mode, steps=3, **(server if mode == "hybrid" else
+                                                       dict(servers=0))),
                   comm, dataset=data, out=io.StringIO())
         idle_barrier(world)
     # Unique ids of each worker's timed batches (from the data): the same for every mode and run.
@@ -159,7 +167,8 @@ def main(argv=None) -> int:
         if comm == MPI.COMM_NULL:  # the idle server rank of a workers-only mode
             idle_barrier(world)  # Wire: polite zero-byte barrier: leaves the cores to workers
             continue
-        cfg = replace(base, mode=mode, servers=0 if on_workers else 1,
+        cfg = replace(base, mode=mode, servers=0 if on_workers else (None if colocated else 1),
+                      placement="colocated" if colocated and not on_workers else "dedicated",
                       shared_memory="auto" if on_workers else base.shared_memory)
         t0 = MPI.Wtime()
         res = train(cfg, comm, dataset=data, out=io.StringIO())
@@ -177,7 +186,8 @@ def main(argv=None) -> int:
                 "server_apply_seconds_per_step": s["server_apply_seconds"] / a.steps,
                 "bytes_per_step": s["traffic_per_step"], "unique_ids_per_worker_step": U,
                 "peak_rss_mb": s["peak_rss_mb"], "workers": W,
-                "servers": 0 if on_workers else 1, "final_loss": s["final_loss"], "_P": P})
+                "servers": s["servers"], "placement": a.placement,
+                "final_loss": s["final_loss"], "_P": P})
     if world.rank != 0:
         return 0
     for mode, rs in runs.items():  # the median run by step time represents the mode
@@ -192,7 +202,7 @@ def main(argv=None) -> int:
                                              a.sparse_optimizer != "sgd")
     print(f"modes benchmark: WDL, 26 tables ({sum(cards) / 1e6:.1f}M rows, dim 16), MLP "
           f"{a.mlp} ({P / 1e6:.2f}M dense params), batch {a.batch_size}/worker, {W} workers"
-          f" + {world.size - W} server(s), {a.steps} steps ({a.warmup} warm-up), {a.sparse_optimizer}/adam, "
+          f" + {world.size - W} server(s) ({a.placement}), {a.steps} steps ({a.warmup} warm-up), {a.sparse_optimizer}/adam, "
           f"median of {a.repeat} interleaved run(s) per mode")
     print(f"{'mode':<10}{'samples/s':>11}{'step ms':>9}  {'phases (ms/step)':<62}"
           f"{'RSS w/s MB':>12}")

@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="number of server ranks (default: one per node)")
     info.add_argument("--mode", choices=tuple(MODES), default="hybrid",
                       help="communication mode, decides whether servers are needed")
+    info.add_argument("--placement", choices=("dedicated", "colocated"), default="dedicated",
+                      help="as train's --placement: server ranks, or a shard on every rank")
     info.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     info.add_argument("--cuda-aware", choices=("auto", "on", "off"), default="auto",
                       help="as train's --cuda-aware: report what it would decide")
@@ -49,9 +51,11 @@ def cmd_info(args) -> int:
     from .topology import Topology
 
     topo = Topology.create(MPI.COMM_WORLD, args.servers,
-                           need_servers=MODES[args.mode].needs_servers)
-    device = pick_device(args.device, topo.local_rank) if not topo.is_server else "cpu"
-    row = (topo.rank, topo.role, topo.server_index if topo.is_server else topo.worker_index,
+                           need_servers=MODES[args.mode].needs_servers,
+                           colocated=args.placement == "colocated")
+    device = pick_device(args.device, topo.local_rank) if topo.is_worker else "cpu"
+    role = "worker+shard" if topo.colocated else topo.role
+    row = (topo.rank, role, topo.worker_index if topo.is_worker else topo.server_index,
            topo.node_of_rank[topo.rank], topo.node_names[topo.node_of_rank[topo.rank]],
            topo.local_rank, device, os.getpid())
     # Wire: gather of one small tuple per rank to rank 0; rank 0 waits for all.
@@ -64,12 +68,13 @@ def cmd_info(args) -> int:
         print(f"CUDA-aware MPI  : {'yes' if aware else 'no'} ({how})")
         print(f"mode            : {args.mode}")
         print(f"ranks           : {topo.size} on {topo.n_nodes} node(s): "
-              f"{topo.n_servers} server(s) {topo.server_ranks}, "
+              f"{topo.n_servers} {'shard owner' if topo.colocated else 'server'}(s) "
+              f"{topo.server_ranks}, "
               f"{topo.n_workers} worker(s)")
-        print(f"{'rank':>4}  {'role':<6} {'index':>5}  {'node':>4}  {'host':<20} "
+        print(f"{'rank':>4}  {'role':<12} {'index':>5}  {'node':>4}  {'host':<20} "
               f"{'local':>5}  {'device':<8} {'pid':>8}")
         for r in rows:
-            print(f"{r[0]:>4}  {r[1]:<6} {r[2]:>5}  {r[3]:>4}  {r[4]:<20} {r[5]:>5}  "
+            print(f"{r[0]:>4}  {r[1]:<12} {r[2]:>5}  {r[3]:>4}  {r[4]:<20} {r[5]:>5}  "
                   f"{r[6]:<8} {r[7]:>8}")
         sys.stdout.flush()
     topo.free()

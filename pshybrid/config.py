@@ -234,6 +234,10 @@ class TrainConfig:
                        f"{m.name}: {m.help}" for m in MODES.values()), choices=MODES)
     servers: int | None = option(None, "number of server ranks (none: one per node)",
                                  check=_at_least(0))
+    placement: str = option("dedicated", "where the table shards live: on server ranks that "
+                            "only serve (dedicated), or on every rank, each of which also "
+                            "trains (colocated; --servers does not apply)",
+                            choices=("dedicated", "colocated"))
     data: str | None = option(None, "training dataset file (none: built-in synthetic stream)")
     eval_data: str | None = option(None, "evaluation dataset file (exact AUC and logloss)")
     eval_every: int = option(0, "evaluate every K steps (0: only at the end)", check=_at_least(0))
@@ -293,6 +297,12 @@ class TrainConfig:
             raise _error("--checkpoint-every needs --checkpoint-dir")
         if self.eval_every and self.eval_data is None:
             raise _error("--eval-every needs --eval-data")
+        if self.placement == "colocated" and not MODES[self.mode].needs_servers:
+            raise _error(f"--placement colocated: --mode {self.mode} has no table shards to "
+                         "place (every worker holds every table)")
+        if self.placement == "colocated" and self.servers is not None:
+            raise _error(f"--placement colocated puts a shard on every rank: drop --servers "
+                         f"{self.servers}")
         if self.servers and not MODES[self.mode].needs_servers:
             raise _error(f"--mode {self.mode} keeps every table on every worker and uses no "
                          f"server: drop --servers {self.servers} (or use --servers 0)")

@@ -8,7 +8,8 @@ import math
 
 import numpy as np
 
-PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "wait", "eval")
+PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server_apply", "wait",
+          "eval")  # server_apply: on workers only with --placement colocated
 
 
 class Reporter:
@@ -81,7 +82,7 @@ def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
     W, reporter = topo.n_workers, topo.worker_ranks[0]
     worker_t = {k: float(np.mean([s[1].get(k, 0.0) for s in stats if s[0] == "worker"]))
                 for k in PHASES}
-    server_apply = [s[1].get("server_apply", 0.0) for s in stats if s[0] == "server"]
+    server_apply = [s[1].get("server_apply", 0.0) for s in stats]  # servers, or colocated
     busy = sum(worker_t.values()) or 1.0
     base = totals[2] / max(totals[1], 1)
     summary = {

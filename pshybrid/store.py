@@ -250,9 +250,10 @@ class EmbeddingStore:
         ``unique`` (with a plan): the (U, dim) rows of ``plan.unique`` instead, not expanded."""
         t = self.tables[table]
         if self._views is not None:  # a plan's ids were checked when it was made
-            ids = (ids.unique if unique else ids.ids) if isinstance(ids, Plan) else \
-                self._check_ids(t, ids)
-            return self._pull_shared(t, ids, slot)
+            if isinstance(ids, Plan) and (unique or self.topo.n_servers > 1):
+                return self._pull_shared_plan(t, ids, slot, unique)
+            return self._pull_shared(t, self._check_ids(t, ids.ids if isinstance(ids, Plan)
+                                                         else ids), slot)
         plan, own = self._planned(table, ids)
         buf = np.empty((plan.unique.size, t.spec.dim), dtype=t.spec.dtype)
         for s, rank, sl, dt in plan.targets:
@@ -282,6 +283,20 @@ class EmbeddingStore:
                 out[m] = gather(self._region(t, s, slot), local[m])
         self.traffic.shm_bytes += out.nbytes
         return out
+
+    def _pull_shared_plan(self, t: _Table, plan: Plan, slot: str, unique: bool) -> np.ndarray:
+        """Same-node fast path with a plan: each server's distinct rows gathered from its
+        region by the plan's owner groups (no per-id owner masks), then expanded."""
+        S = self.topo.n_servers
+        self.win.Sync()  # memory barrier: see every Accumulate completed before our barrier
+        buf = np.empty((plan.unique.size, t.spec.dim), t.spec.dtype)
+        for s in range(S):
+            a, b = int(plan.bounds[s]), int(plan.bounds[s + 1])
+            if a < b:
+                buf[a:b] = gather(self._region(t, s, slot),
+                                  partition.local_row(plan.unique[a:b], S))
+        self.traffic.shm_bytes += buf.nbytes
+        return buf if unique else gather(buf, plan.inverse)
 
     def push(self, table: str, ids, grads, scale: float = 1.0, slot: str = "w",
              unique: bool = False):

@@ -5,6 +5,11 @@ caller's communicator directly), finds the nodes with ``Split_type(COMM_TYPE_SHA
 picks the server ranks spread over nodes first (``place_servers``), and splits the
 world into a ``servers`` and a ``workers`` communicator. RMA windows live on
 ``world`` so workers can target servers.
+
+Placement ``dedicated`` (the default): servers only serve, workers only train.
+``colocated``: every rank trains and also owns a shard of the tables in its RMA window
+(a passive target needs no process of its own): ``server_ranks == worker_ranks == every
+rank``, ``is_server`` and ``is_worker`` both true.
 """
 
 from __future__ import annotations
@@ -73,10 +78,14 @@ class Topology:
     node_names: list[str]    # host name of each node index
 
     @classmethod
-    def create(cls, comm: MPI.Comm, n_servers: int | None = None, need_servers: bool = True):
-        """Collective over ``comm``. ``n_servers=None``: one per node (default_servers)."""
+    def create(cls, comm: MPI.Comm, n_servers: int | None = None, need_servers: bool = True,
+               colocated: bool = False):
+        """Collective over ``comm``. ``n_servers=None``: one per node (default_servers).
+        ``colocated``: every rank is a worker that owns a shard (``n_servers`` unused)."""
         world = comm.Dup()
-        if n_servers is not None:
+        if colocated:
+            n_servers = world.size
+        elif n_servers is not None:
             check_servers(n_servers, world.size, need_servers)  # identical on every rank: no hang
         # Wire: node-local split, then an allgather of (node leader, host name); all wait.
         node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
@@ -89,11 +98,11 @@ class Topology:
             n_servers = default_servers(len(leaders), world.size)
             check_servers(n_servers, world.size, need_servers)
         server_ranks = place_servers(node_of_rank, n_servers)
-        is_server = world.rank in server_ranks
+        worker_ranks = ([r for r in range(world.size) if r not in server_ranks]
+                        if not colocated else list(range(world.size)))
         # Wire: two splits of world by role; every rank waits for all.
-        servers = world.Split(0 if is_server else MPI.UNDEFINED, key=world.rank)
-        workers = world.Split(MPI.UNDEFINED if is_server else 0, key=world.rank)
-        worker_ranks = [r for r in range(world.size) if r not in server_ranks]
+        servers = world.Split(0 if world.rank in server_ranks else MPI.UNDEFINED, key=world.rank)
+        workers = world.Split(0 if world.rank in worker_ranks else MPI.UNDEFINED, key=world.rank)
         return cls(world, node, servers, workers, server_ranks, worker_ranks,
                    node_of_rank, node_names)
 
@@ -116,11 +125,22 @@ class Topology:
 
     @property
     def is_server(self) -> bool:
+        """This rank owns a shard of the tables (a server, or any rank when colocated)."""
         return self.servers != MPI.COMM_NULL
 
     @property
+    def is_worker(self) -> bool:
+        """This rank trains."""
+        return self.workers != MPI.COMM_NULL
+
+    @property
+    def colocated(self) -> bool:
+        return self.n_servers > 0 and self.server_ranks == self.worker_ranks
+
+    @property
     def role(self) -> str:
-        return "server" if self.is_server else "worker"
+        """"worker" for every rank that trains (colocated ones too), else "server"."""
+        return "worker" if self.is_worker else "server"
 
     @property
     def server_index(self) -> int:
@@ -128,7 +148,7 @@ class Topology:
 
     @property
     def worker_index(self) -> int:
-        return self.worker_ranks.index(self.rank) if not self.is_server else -1
+        return self.worker_ranks.index(self.rank) if self.is_worker else -1
 
     @property
     def n_nodes(self) -> int:

@@ -74,14 +74,15 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
         cfg = from_dict(TrainConfig, to_dict(cfg), "TrainConfig")
         spec = MODES[cfg.mode]
         topo = Topology.create(comm, cfg.servers if spec.needs_servers else 0,
-                               need_servers=spec.needs_servers)
+                               need_servers=spec.needs_servers,
+                               colocated=cfg.placement == "colocated")
         job, opened, out = None, [], out or sys.stdout
         try:
             data, evdata = _open_data(cfg, topo, dataset, opened)
             if preflight(cfg, topo, data, evdata, out, collect):  # a resume with nothing to do
                 return TrainResult(topo.role)
             job = setup(cfg, topo, data, evdata, out)
-            if topo.is_server:
+            if not topo.is_worker:
                 job.mode.serve(job.start, job.save)
             else:
                 loop(job, on_step)
@@ -183,7 +184,7 @@ def _open_data(cfg, topo, dataset, opened):
                 raise InputError(f"{getattr(d, 'path', 'the dataset')}: {n} rows, fewer than "
                                  "one global batch "
                                  f"({topo.n_workers} workers x --batch-size {cfg.batch_size} = {G})")
-            if not topo.is_server and hasattr(d, "validate"):  # each worker scans its share
+            if topo.is_worker and hasattr(d, "validate"):  # each worker scans its share
                 W, w = topo.n_workers, topo.worker_index
                 d.validate(n * w // W, n * (w + 1) // W)
     except PshybridError as e:
@@ -197,7 +198,7 @@ def _use_gpu(topo):
     kernels; servers stay on the CPU. Returns the workers' array module (cupy; numpy on
     servers). No visible GPU, or kernels that do not build, fail every rank the same way."""
     err, xp = None, np
-    if not topo.is_server:
+    if topo.is_worker:
         try:
             device = pick_device("cuda", topo.local_rank)  # ConfigError without a GPU
             import cupy

@@ -2,6 +2,7 @@
 refusal of corrupt or mismatched checkpoints (every rank gets the same error)."""
 
 import json
+import math
 import os
 from dataclasses import replace
 
@@ -45,6 +46,31 @@ def test_resume_continues_exactly(comm, mpi_tmp_path, mode, sparse_opt):
             if [s for s, _ in a] != [s for s, _ in b] or \
                     not same(np.array([x for _, x in a]), np.array([x for _, x in b]), W):
                 ok, msg = False, f"logged losses differ: {a} vs {b}"
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("first,then", [("colocated", "dedicated"), ("dedicated", "colocated")])
+def test_resume_across_placements(comm, mpi_tmp_path, first, then):
+    """A checkpoint written with one placement resumes with the other (same global batch)
+    and continues as a straight run would."""
+    G = math.lcm(comm.size - 1, comm.size)
+
+    def place(placement):
+        if placement == "colocated":
+            return dict(placement="colocated", servers=None, batch_size=G // comm.size)
+        return dict(placement="dedicated", servers=1, batch_size=G // (comm.size - 1))
+
+    ckpt = str(mpi_tmp_path / f"ck-{first}-{then}")
+    cfg = replace(BASE, sparse_optimizer="adam", dense_optimizer="adam", steps=6)
+    straight = run(replace(cfg, **place(then)), comm)
+    run(replace(cfg, steps=3, checkpoint_dir=ckpt, **place(first)), comm)
+    resumed = run(replace(cfg, resume=ckpt, **place(then)), comm)
+    ok, msg = True, ""
+    if comm.rank == 0:
+        e = max(rel_err(straight.table, resumed.table), rel_err(straight.dense, resumed.dense))
+        if e > 1e-9:
+            ok, msg = False, f"{first} -> {then}: resumed parameters differ by {e}"
     assert_all(comm, ok, msg)
 
 

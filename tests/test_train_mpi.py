@@ -129,3 +129,31 @@ def test_file_data_shuffled_epochs_and_distributed_eval(comm, mpi_tmp_path, mode
                         abs(g["logloss"] - r["logloss"]) > 1e-9:
                     ok, msg = False, f"distributed eval {g} != single-process {r}"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode,sparse_opt,dense_opt,prefetch", [
+    ("hybrid", "adagrad", "adam", None), ("hybrid", "sgd", "adam", None),
+    ("hybrid", "adam", "sgd", 2), ("ps", "adagrad", "adam", None), ("ps", "sgd", "sgd", None)])
+def test_colocated_equals_dedicated_and_single_process(comm, mode, sparse_opt, dense_opt,
+                                                       prefetch):
+    """--placement colocated (every rank a worker owning a shard) gives the per-step losses
+    and final parameters of one process with the global batch, and of the dedicated
+    placement with the same global batch, to float64 rounding."""
+    S = 1 if comm.size <= 3 else 2
+    G = math.lcm(comm.size - S, comm.size)
+    cfg = replace(BASE, mode=mode, sparse_optimizer=sparse_opt, dense_optimizer=dense_opt,
+                  prefetch=prefetch, log_every=1)
+    col = run(replace(cfg, placement="colocated", servers=None, batch_size=G // comm.size), comm)
+    ded = run(replace(cfg, servers=S, batch_size=G // (comm.size - S)), comm)
+    ok, msg = True, ""
+    if comm.rank == 0:  # world rank 0 is a worker in both placements
+        ref = run(replace(cfg, mode="allreduce", servers=0, batch_size=G), MPI.COMM_SELF)
+        for name, other in (("single process", ref), ("dedicated", ded)):
+            errs = {"dense": rel_err(col.dense, other.dense),
+                    "table": rel_err(col.table, other.table),
+                    "loss": rel_err(np.array([r["loss"] for r in col.log]),
+                                    np.array([r["loss"] for r in other.log]))}
+            if max(errs.values()) > 1e-9 or len(col.log) != cfg.steps:
+                ok, msg = False, f"colocated vs {name}: {errs}"
+    assert_all(comm, ok, msg)

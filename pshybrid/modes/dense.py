@@ -33,7 +33,7 @@ class AllreduceDense:
         self.bytes = 0
         self._reqs: list = []
         self._buckets = None
-        if bucket_bytes > 0 and not ctx.topo.is_server:
+        if bucket_bytes > 0 and ctx.topo.is_worker:
             self._buckets = GradBuckets(self.ps, self._iallreduce, bucket_bytes)
             self.ps.on_grads_ready = self._buckets.ready
 
@@ -89,7 +89,7 @@ class AllreduceDense:
         return to_host(self.ps.flat), {k: to_host(a) for k, a in self.state.items()}
 
     def load(self, flat, state: dict) -> None:
-        if self.ctx.topo.is_server:
+        if not self.ctx.topo.is_worker:
             return
         xp = self.ctx.xp
         self.ps.flat[...] = xp.asarray(flat)
@@ -184,9 +184,11 @@ class ServerDense:
 
     def load(self, flat, state: dict) -> None:
         """Servers write their rows of the table (weights and optimizer state), workers their
-        local copy; the caller's collective barrier orders it before any pull."""
-        if not self.ctx.topo.is_server:
+        local copy (a colocated rank both); the caller's collective barrier orders it before
+        any pull."""
+        if self.ctx.topo.is_worker:
             self.ps.flat[...] = self.ctx.xp.asarray(flat)
+        if not self.ctx.topo.is_server:
             return
         mine = self.store.shard_ids("dense")
         self.store.shard("dense")[...] = self._padded(flat)[mine]

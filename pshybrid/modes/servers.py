@@ -77,12 +77,20 @@ class ServerLink:
         self._complete()
 
 
-def _receive(topo, width: int, dtype, pacer: Pacer):
-    """One message from every worker: [(int64 payload, tag, gradient sums or None)]."""
+def _receive(topo, width: int, dtype, pacer: Pacer | None):
+    """One message from every worker: [(int64 payload, tag, gradient sums or None)].
+    ``pacer`` None: wait in MPI's own (spinning) probe, as a colocated rank (a worker) does."""
     out = []
     for i, r in enumerate(topo.worker_ranks):
         # Wire: one message from worker r (the pacer naps through most of a step's length)
-        ids, tag = poll_recv(topo.world, r, pacer=pacer, learn=i == 0)
+        if pacer is None:
+            st = MPI.Status()
+            topo.world.Probe(r, MPI.ANY_TAG, st)
+            ids = np.empty(st.Get_count(MPI.INT64_T), np.int64)
+            topo.world.Recv([ids, MPI.INT64_T], r, st.tag)
+            tag = st.tag
+        else:
+            ids, tag = poll_recv(topo.world, r, pacer=pacer, learn=i == 0)
         grads = None
         if tag == TAG_STEP:  # Wire: its gradient sums follow, rows x width floats
             grads = np.empty((ids.size, width), dtype)
@@ -91,11 +99,29 @@ def _receive(topo, width: int, dtype, pacer: Pacer):
     return out
 
 
+def apply_step(topo, mode, step: int, pacer: Pacer | None = None) -> None:
+    """Receive every worker's step message (rows, sums) for this rank's shard and apply the
+    step's optimizers to it; the caller then joins the Ibarrier (``ServerLink.wait``).
+    A colocated rank calls it inside its own step (``Mode.update``)."""
+    width, dtype = mode.sparse.grad_row
+    msgs = _receive(topo, width, dtype, pacer)
+    assert all(tag == TAG_STEP for _, tag, _ in msgs), "workers out of step"
+    _apply(mode, msgs, step)
+
+
+def _apply(mode, msgs, step: int) -> None:
+    win = mode.store.win
+    with mode.timers.time("server_apply"):
+        win.Sync()  # see the workers' completed Accumulates
+        mode.server_apply([(ids, g) for ids, _, g in msgs], step)
+        win.Sync()  # publish before the workers' next Get
+
+
 def serve(topo, mode, start_step: int, on_checkpoint) -> None:
     """Servers: handle rounds of one message from every worker until STOP (see above).
     ``mode.server_apply(parts, step)`` applies a step (parts: every worker's (rows, sums));
     ``on_checkpoint(step)`` saves."""
-    timers, win = mode.timers, mode.store.win
+    timers = mode.timers
     width, dtype = mode.sparse.grad_row
     pacer = Pacer(own_core=rank_cores() >= 1)  # (threads: this rank's share of the node)
     step = start_step
@@ -110,14 +136,10 @@ def serve(topo, mode, start_step: int, on_checkpoint) -> None:
         if tag == TAG_STOP:
             return
         if tag == TAG_CKPT:
-            win.Sync()  # see the workers' completed Accumulates (direct SGD) before saving
             on_checkpoint(int(msgs[0][0][0]))
             continue
         step += 1
-        with timers.time("server_apply"):
-            win.Sync()  # see the workers' completed Accumulates
-            mode.server_apply([(ids, g) for ids, _, g in msgs], step)
-            win.Sync()  # publish before the workers' next Get
+        _apply(mode, msgs, step)
         with timers.time("wait"):
             # Wire: the Ibarrier the workers wait on (ServerLink.wait). The workers are in it
             # or about to be: check often (a server that sleeps in it holds up their exit

@@ -150,6 +150,7 @@ class ServerSparse:
     # -- checkpoints, tests, export ------------------------------------------------------
     def state(self):
         """Servers: (global ids (n,), {slot: (n, E)}) of the rows they hold."""
+        self.store.win.Sync()  # see the workers' completed Accumulates (direct SGD)
         slots = {"w": self.store.shard(self.name)}
         if self.server_step:
             slots.update({k: self.store.shard(self.name, k) for k in self.opt.slots})

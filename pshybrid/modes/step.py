@@ -12,7 +12,11 @@ reaches weights a worker may still be reading for step t. ``update`` keeps it in
    Allreduce's completion, or else, when a live push follows, a workers' barrier);
 4. ``finish``: the live pushes (direct SGD onto the weights);
 5. the servers' step is waited for (an Ibarrier they join after applying), or, with live
-   pushes and no server step, a workers' barrier: every push is complete.
+   pushes and no server step, a workers' barrier: every push is complete. With
+   ``--placement colocated`` every rank is a worker owning a shard: it receives every
+   worker's step message for its shard and applies the optimizer itself, then joins the
+   same Ibarrier (the messages were sent after each worker's pulls, so all pulls of step t
+   are done when the last one arrives).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from ..store import EmbeddingStore
 from ..timers import Timers
 from ..topology import Topology
 from .dense import DENSE
-from .servers import ServerLink, serve
+from .servers import ServerLink, apply_step, serve
 from .sparse import SPARSE, Batch
 
 
@@ -107,7 +111,9 @@ class Mode:
         dense.finish(step)
         if self.server_step and self.live:
             self._send_step()
-        with self.timers.time("wait"):                     # 5. the step is complete
+        if self.server_step and self.topo.colocated:
+            apply_step(self.topo, self, step)              # 5. this rank's shard, then
+        with self.timers.time("wait"):                     #    the step is complete
             if self.server_step:
                 self.link.wait()
             elif self.live:
@@ -126,16 +132,21 @@ class Mode:
         self.sparse.server_apply(parts, step)
         self.dense.server_apply(step)
 
+    @property
+    def _dedicated(self) -> bool:
+        """Server ranks that only serve exist (they run ``serve`` and need CKPT/STOP)."""
+        return self.link is not None and not self.topo.colocated
+
     def request_checkpoint(self, step: int) -> None:
         """Workers: have the servers join ``checkpoint.save`` for ``step``."""
-        if self.link is not None:
+        if self._dedicated:
             self.link.checkpoint(step)
 
     def finish(self) -> None:
         """Collective: stop the servers, free plans and the store's window."""
         self.sparse.close()
         self.dense.close()
-        if self.link is not None and not self.topo.is_server:
+        if self._dedicated and self.topo.is_worker:
             self.link.stop()
         if self.store is not None:
             self.store.close()
