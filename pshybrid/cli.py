@@ -48,8 +48,10 @@ def cmd_info(args) -> int:
     from .devices import cuda_aware_mpi, pick_device
     from .topology import Topology
 
-    topo = Topology.create(MPI.COMM_WORLD, args.servers,
-                           need_servers=MODES[args.mode].needs_servers)
+    # One process and no --servers: describe it (no server) instead of refusing the mode.
+    alone = MPI.COMM_WORLD.size == 1 and args.servers is None and MODES[args.mode].needs_servers
+    topo = Topology.create(MPI.COMM_WORLD, 0 if alone else args.servers,
+                           need_servers=MODES[args.mode].needs_servers and not alone)
     device = pick_device(args.device, topo.local_rank) if not topo.is_server else "cpu"
     row = (topo.rank, topo.role, topo.server_index if topo.is_server else topo.worker_index,
            topo.node_of_rank[topo.rank], topo.node_names[topo.node_of_rank[topo.rank]],
@@ -66,6 +68,9 @@ def cmd_info(args) -> int:
         print(f"ranks           : {topo.size} on {topo.n_nodes} node(s): "
               f"{topo.n_servers} server(s) {topo.server_ranks}, "
               f"{topo.n_workers} worker(s)")
+        if alone:
+            print(f"note            : --mode {args.mode} needs a server and a worker: "
+                  "run it under mpiexec -n N with N >= 2")
         print(f"{'rank':>4}  {'role':<6} {'index':>5}  {'node':>4}  {'host':<20} "
               f"{'local':>5}  {'device':<8} {'pid':>8}")
         for r in rows:
