@@ -50,8 +50,11 @@ def cmd_info(args) -> int:
     from .devices import cuda_aware_mpi, pick_device
     from .topology import Topology
 
-    topo = Topology.create(MPI.COMM_WORLD, args.servers,
-                           need_servers=MODES[args.mode].needs_servers,
+    # One process and no --servers: describe it (no server) instead of refusing the mode.
+    alone = (MPI.COMM_WORLD.size == 1 and args.servers is None and MODES[args.mode].needs_servers
+             and args.placement == "dedicated")
+    topo = Topology.create(MPI.COMM_WORLD, 0 if alone else args.servers,
+                           need_servers=MODES[args.mode].needs_servers and not alone,
                            colocated=args.placement == "colocated")
     device = pick_device(args.device, topo.local_rank) if topo.is_worker else "cpu"
     role = "worker+shard" if topo.colocated else topo.role
@@ -71,6 +74,9 @@ def cmd_info(args) -> int:
               f"{topo.n_servers} {'shard owner' if topo.colocated else 'server'}(s) "
               f"{topo.server_ranks}, "
               f"{topo.n_workers} worker(s)")
+        if alone:
+            print(f"note            : --mode {args.mode} needs a server and a worker: "
+                  "run it under mpiexec -n N with N >= 2 (or --placement colocated)")
         print(f"{'rank':>4}  {'role':<12} {'index':>5}  {'node':>4}  {'host':<20} "
               f"{'local':>5}  {'device':<8} {'pid':>8}")
         for r in rows:

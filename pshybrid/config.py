@@ -280,6 +280,9 @@ class TrainConfig:
     dtype: str = option("float32", "floating-point type of parameters and activations",
                         choices=("float32", "float64"))
     metrics: str | None = option(None, "JSON-lines file of per-step and evaluation metrics")
+    progress: str = option("auto", "worker 0's progress: bar (one line redrawn), lines (one per "
+                           "log), none; auto: bar when the job was started from an interactive "
+                           "terminal, else lines", choices=("auto", "bar", "lines", "none"))
     log_every: int = option(100, "log (and write metrics) every this many steps",
                             check=_positive)
     checkpoint_dir: str | None = option(None, "directory for checkpoints (none: no checkpoints)")

@@ -5,35 +5,101 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
 
 import numpy as np
 
 PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server_apply", "wait",
           "eval")  # server_apply: on workers only with --placement colocated
+# --progress auto: a rank whose parent is one of these proxies (or a launcher itself) prints a
+# bar when the launcher a generation or two up has a terminal as its stdout.
+PROXIES = ("hydra_pmi_proxy", "orted", "prted")
+LAUNCHERS = ("mpiexec", "mpiexec.hydra", "mpirun", "orterun", "prterun")
+
+
+def _proc(pid: int, root: str) -> tuple[str, int]:
+    """(command name, parent pid) of process ``pid`` from ``root``/PID/stat."""
+    with open(f"{root}/{pid}/stat") as fh:
+        stat = fh.read()
+    name = stat[stat.index("(") + 1:stat.rindex(")")]
+    return name, int(stat[stat.rindex(")") + 2:].split()[1])
+
+
+def _on_terminal(pid: int, root: str) -> bool:
+    """Is the stdout of process ``pid`` a terminal (``/dev/pts/N``, ``/dev/ttyX``)?"""
+    try:
+        target = os.readlink(f"{root}/{pid}/fd/1")
+    except OSError:
+        return False
+    return re.fullmatch(r"/dev/(pts/[0-9]+|tty\w*|console)", target) is not None
+
+
+def interactive(out, environ=None, root: str = "/proc") -> bool:
+    """``--progress auto``: is ``out`` shown on an interactive terminal?
+
+    Yes when ``out`` is a terminal itself (a plain process, ``srun --pty``) -- except under
+    Open MPI (``OMPI_COMM_WORLD_SIZE`` set), whose ranks always get a pseudo-terminal.
+    Otherwise, for a rank's stdout only: MPICH's and Open MPI's ranks write into a pipe that
+    their parent (``PROXIES``, or the launcher) forwards to the launcher's own stdout, and
+    nothing they pass tells whether that is a terminal (no tty, ``TERM`` inherited by batch
+    jobs too), so look: yes when the parent is a proxy or launcher and a ``LAUNCHERS``
+    process within two more generations has a terminal as its stdout. Anything else (a
+    batch log, a pipe, a file, ``srun`` without ``--pty``, a rank on another node than the
+    launcher): no.
+    """
+    environ = os.environ if environ is None else environ
+    try:
+        fd = out.fileno()
+    except (AttributeError, OSError, ValueError):  # a StringIO, a closed stream
+        return False
+    if os.isatty(fd) and "OMPI_COMM_WORLD_SIZE" not in environ:
+        return True
+    if fd != 1:
+        return False
+    try:
+        name, pid = _proc(os.getpid(), root)
+        name, ppid = _proc(pid, root)
+        if name not in PROXIES + LAUNCHERS:
+            return False
+        for _ in range(3):
+            if name in LAUNCHERS:
+                return _on_terminal(pid, root)
+            pid = ppid
+            name, ppid = _proc(pid, root)
+    except (OSError, ValueError, IndexError):  # no /proc, a process gone
+        return False
+    return False
 
 
 class Reporter:
-    """The rank that prints progress and writes --metrics (worker 0)."""
+    """The rank that prints progress and writes --metrics (worker 0). ``cfg.progress``:
+    ``bar`` (one line redrawn with ``\\r``), ``lines`` (one per log), ``none``; ``auto``:
+    ``bar`` where ``interactive(out)``, else ``lines``."""
 
     def __init__(self, cfg, out, W: int, total_steps: int):
         self.cfg, self.out, self.W, self.total_steps = cfg, out, W, total_steps
-        self.tty = hasattr(out, "isatty") and out.isatty()
+        progress = getattr(cfg, "progress", "auto")
+        if progress == "auto":
+            progress = "bar" if interactive(out) else "lines"
+        self.progress = progress
+        self.bar = progress == "bar"  # a bar line may be open: end it before other output
         self.metrics = open(cfg.metrics, "w") if cfg.metrics else None  # noqa: SIM115
 
     def step(self, rec: dict) -> None:
         total = self.total_steps
         msg = (f"step {rec['step']}/{total}  loss {rec['loss']:.4f}  "
                f"{rec['samples_per_s']:,.0f} samples/s")
-        if self.tty:
+        if self.bar:
             done = int(30 * rec["step"] / max(total, 1))
             self.out.write(f"\r[{'#' * done}{'.' * (30 - done)}] {msg}   ")
-        else:
+        elif self.progress == "lines":
             self.out.write(msg + "\n")
         self.out.flush()
         self._write(rec)
 
     def evaluation(self, rec: dict) -> None:
-        if self.tty:
+        if self.bar:
             self.out.write("\n")
         self.out.write(f"eval at step {rec['step']}: auc {rec['auc']:.4f}  logloss "
                        f"{rec['logloss']:.4f}  ({rec['rows']} rows)\n")
@@ -46,7 +112,7 @@ class Reporter:
             self.metrics.flush()
 
     def close(self, summary: dict) -> None:
-        if self.tty:
+        if self.bar:
             self.out.write("\n")
         self._write(summary)
         split = "  ".join(f"{k} {v:.0%}" for k, v in summary["phase_fraction"].items()
