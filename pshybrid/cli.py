@@ -68,7 +68,9 @@ def cmd_info(args) -> int:
         lib = " ".join(MPI.Get_library_version().split("\n", 1)[0].split())
         print(f"pshybrid {__version__}")
         print(f"MPI library     : {lib} (MPI standard {'.'.join(map(str, MPI.Get_version()))})")
-        print(f"CUDA-aware MPI  : {'yes' if aware else 'no'} ({how})")
+        print(f"CUDA-aware MPI  : {'yes' if aware else 'no'} ({how}); --device cuda's dense "
+              + ("Allreduce: blocking, on device buffers" if aware else
+                 "Iallreduce: staged through pinned host memory"))
         print(f"mode            : {args.mode}")
         print(f"ranks           : {topo.size} on {topo.n_nodes} node(s): "
               f"{topo.n_servers} {'shard owner' if topo.colocated else 'server'}(s) "

@@ -219,17 +219,20 @@ def iallreduce(comm: MPI.Comm, buf, cuda_aware: bool = False):
 
     buf: a contiguous NumPy or CuPy array. For CuPy the current stream is synchronised first
     (MPI reads device memory outside stream order); with ``cuda_aware`` (``devices.
-    cuda_aware_mpi()``) the device buffer goes to MPI as is, else it is staged: a blocking
-    device->host copy into a pinned mirror, the Iallreduce on the mirror, and ``Wait`` copies
-    the result back. Wire: one Iallreduce(SUM) of buf.nbytes over comm; each Wait waits for
-    every rank's contribution.
+    cuda_aware_mpi()``) the device buffer goes to a *blocking* Allreduce (CUDA-aware MPIs
+    document device buffers for blocking collectives; Open MPI not for non-blocking ones) and
+    a completed request is returned; else it is staged: a blocking device->host copy into a
+    pinned mirror, the Iallreduce on the mirror, and ``Wait`` copies the result back.
+    Wire: one (I)allreduce(SUM) of buf.nbytes over comm; each Wait waits for every rank's
+    contribution.
     """
     T = mpi_type(buf.dtype)
     if array_module(buf) is np:
         return comm.Iallreduce(MPI.IN_PLACE, [buf, T])
     synchronize(buf)  # every kernel that wrote buf has finished
     if cuda_aware:
-        return comm.Iallreduce(MPI.IN_PLACE, [buf, T])  # Wire: device memory, CUDA-aware MPI
+        comm.Allreduce(MPI.IN_PLACE, [buf, T])  # Wire: device memory, CUDA-aware MPI, blocking
+        return MPI.REQUEST_NULL  # (Wait on it returns at once)
     import cupyx
 
     key = (buf.data.ptr, buf.shape, buf.dtype.str)
