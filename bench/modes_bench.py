@@ -121,6 +121,8 @@ def main(argv=None) -> int:
     ap.add_argument("--placement", choices=("dedicated", "colocated"), default="dedicated",
                     help="colocated: every rank a worker owning a shard (server modes), and "
                          "the other modes on every rank too")
+    ap.add_argument("--replicate-rows", type=int, default=0,
+                    help="hybrid: the N hottest rows on every worker (exact; docs/placement.md)")
     ap.add_argument("--json", default="bench_modes.json")
     ap.add_argument("--png", default="bench_modes.png")
     a = ap.parse_args(argv)
@@ -168,6 +170,7 @@ def main(argv=None) -> int:
             idle_barrier(world)  # Wire: polite zero-byte barrier: leaves the cores to workers
             continue
         cfg = replace(base, mode=mode, servers=0 if on_workers else (None if colocated else 1),
+                      replicate_rows=a.replicate_rows if mode == "hybrid" else 0,
                       placement="colocated" if colocated and not on_workers else "dedicated",
                       shared_memory="auto" if on_workers else base.shared_memory)
         t0 = MPI.Wtime()

@@ -234,6 +234,9 @@ class TrainConfig:
                        f"{m.name}: {m.help}" for m in MODES.values()), choices=MODES)
     servers: int | None = option(None, "number of server ranks (none: one per node)",
                                  check=_at_least(0))
+    replicate_rows: int = option(0, "the N most frequent rows of the table on every worker, "
+                                 "updated through an Allreduce beside the dense one (hybrid, "
+                                 "CPU workers; exact); 0: none", check=_at_least(0))
     placement: str = option("dedicated", "where the table shards live: on server ranks that "
                             "only serve (dedicated), or on every rank, each of which also "
                             "trains (colocated; --servers does not apply)",
@@ -300,6 +303,9 @@ class TrainConfig:
             raise _error("--checkpoint-every needs --checkpoint-dir")
         if self.eval_every and self.eval_data is None:
             raise _error("--eval-every needs --eval-data")
+        if self.replicate_rows and (self.mode != "hybrid" or self.device != "cpu"):
+            raise _error(f"--replicate-rows {self.replicate_rows}: hot rows join the workers' "
+                         "dense Allreduce: only with --mode hybrid on --device cpu")
         if self.placement == "colocated" and not MODES[self.mode].needs_servers:
             raise _error(f"--placement colocated: --mode {self.mode} has no table shards to "
                          "place (every worker holds every table)")

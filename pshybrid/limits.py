@@ -101,6 +101,12 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
     if eval_rows:
         worker.append(Part("evaluation logits and labels", eval_rows * 16,
                            f"{eval_rows:,} rows of --eval-data", "evaluate on a smaller file"))
+    if cfg.replicate_rows:
+        hot = min(cfg.replicate_rows, int(sum(schema.cardinalities)))
+        slots = len(SLOTS[cfg.sparse_optimizer])
+        worker.append(Part("replicated hot rows", hot * E * s * (2 + slots),
+                           f"--replicate-rows {cfg.replicate_rows} x --embedding-dim {D}",
+                           "lower --replicate-rows"))
     server = _table_parts(cfg, schema, worker, W, S, E, s, P, cards, net)
     return {"worker": worker, "server": server}
 

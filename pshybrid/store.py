@@ -335,6 +335,21 @@ class EmbeddingStore:
         self._flush(plan, own)
         return plan.unique, plan.bounds
 
+    def put(self, table: str, ids, rows, slot: str = "w") -> None:
+        """Overwrite the rows ``ids`` (distinct, (n,) int64) of ``table`` (``slot``) with
+        ``rows`` (n, dim): one Accumulate(REPLACE) per owner server, flushed (atomic with
+        respect to other accumulates)."""
+        t = self.tables[table]
+        plan = self.plan(table, ids)
+        assert plan.unique.size == np.size(ids), "put takes distinct ids"
+        vals = np.ascontiguousarray(np.asarray(rows, t.spec.dtype)[np.argsort(plan.inverse)])
+        for s, rank, sl, dt in plan.targets:
+            # Wire: one indexed Accumulate(REPLACE) of (rows, dim) into server `rank`.
+            self.win.Accumulate([vals[sl], t.base], rank, [self._remote[s][table][slot], 1, dt],
+                                op=MPI.REPLACE)
+        self.traffic.acc_bytes += vals.nbytes
+        self._flush(plan, True)
+
     def push_sgd(self, table: str, ids, grads, lr: float):
         """Direct SGD: ``w[ids] -= lr * sum of grads`` by accumulating ``-lr * g`` (Hetu style)."""
         return self.push(table, ids, grads, scale=-lr)

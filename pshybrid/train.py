@@ -34,6 +34,7 @@ from .layers import ParamSpace, bce_with_logits
 from .metrics import auc, logloss_from_logits
 from .models import build_model
 from .modes import MODES, build_mode
+from .modes.hot import hottest_rows
 from .optim import Optimizer
 from .preflight import preflight
 from .report import PHASES, Reporter, summarize
@@ -135,17 +136,22 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
     xp = _use_gpu(topo) if cfg.device == "cuda" else np
     ps.build(xp, np.dtype(cfg.dtype), cfg.seed)
     dense_lr = cfg.lr if cfg.dense_lr is None else cfg.dense_lr
+    plan = BatchPlan(getattr(data, "n_rows", None), topo.n_workers * cfg.batch_size,
+                     cfg.shuffle, cfg.seed)
+    hot = (hottest_rows(data, plan, layout, cfg.replicate_rows)
+           if cfg.replicate_rows and topo.is_worker else None)
     mode = build_mode(cfg.mode, topo, layout, ps, Optimizer(cfg.sparse_optimizer, cfg.lr),
                       Optimizer(cfg.dense_optimizer, dense_lr), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
-                      cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0])  # else staged
-    plan = BatchPlan(getattr(data, "n_rows", None), topo.n_workers * cfg.batch_size,
-                     cfg.shuffle, cfg.seed)
+                      cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged
+                      hot_rows=hot)
     steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
     reporter = (Reporter(cfg, out, topo.n_workers, steps)
                 if topo.rank == topo.worker_ranks[0] else None)
     start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema) if cfg.resume else 0
+    if topo.is_worker:
+        mode.ready()
     job = Job(cfg, topo, data, evdata, model, layout, ps, mode, plan, steps, start, reporter,
               t_begin, TrainResult(topo.role))
     # The steady state makes little cyclic garbage; exclude the tens of thousands of

@@ -74,6 +74,23 @@ def test_resume_across_placements(comm, mpi_tmp_path, first, then):
     assert_all(comm, ok, msg)
 
 
+@pytest.mark.mpi(min_size=2)
+def test_resume_with_replicated_hot_rows(comm, mpi_tmp_path):
+    """The replicated rows are written back to their owners before a checkpoint and read
+    from them on resume: a resumed --replicate-rows run equals a straight run without."""
+    ckpt = str(mpi_tmp_path / "ck-hot")
+    cfg = replace(BASE, servers=1, sparse_optimizer="adagrad", steps=6)
+    straight = run(cfg, comm)
+    run(replace(cfg, steps=3, checkpoint_dir=ckpt, replicate_rows=20), comm)
+    resumed = run(replace(cfg, resume=ckpt, replicate_rows=20), comm)
+    ok, msg = True, ""
+    if comm.rank == 0:
+        e = max(rel_err(straight.table, resumed.table), rel_err(straight.dense, resumed.dense))
+        if e > 1e-9:
+            ok, msg = False, f"resumed with hot rows differs by {e}"
+    assert_all(comm, ok, msg)
+
+
 @pytest.mark.mpi(min_size=5)
 def test_reshard_to_other_server_counts(comm, mpi_tmp_path):
     """Checkpoint with S=2, resume with S=1, 2, 3 (same global batch 12): identical

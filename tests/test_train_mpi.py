@@ -157,3 +157,24 @@ def test_colocated_equals_dedicated_and_single_process(comm, mode, sparse_opt, d
             if max(errs.values()) > 1e-9 or len(col.log) != cfg.steps:
                 ok, msg = False, f"colocated vs {name}: {errs}"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("placement,sparse_opt", [("dedicated", "sgd"), ("dedicated", "adagrad"),
+                                                  ("dedicated", "adam"), ("colocated", "adam")])
+def test_replicated_hot_rows_equal_none(comm, placement, sparse_opt):
+    """--replicate-rows N (the N hottest rows on every worker, summed by an Allreduce) gives
+    the per-step losses and final parameters of N = 0, to float64 rounding."""
+    cfg = replace(BASE, mode="hybrid", sparse_optimizer=sparse_opt, log_every=1, steps=4,
+                  placement=placement, servers=None if placement == "colocated" else 1)
+    hot = run(replace(cfg, replicate_rows=20), comm)
+    cold = run(cfg, comm)
+    ok, msg = True, ""
+    if comm.rank == 0:
+        errs = {"dense": rel_err(hot.dense, cold.dense), "table": rel_err(hot.table, cold.table),
+                "loss": rel_err(np.array([r["loss"] for r in hot.log]),
+                                np.array([r["loss"] for r in cold.log]))}
+        moved = hot.summary["traffic_per_step"].get("hot_allreduce_bytes", 0)
+        if max(errs.values()) > 1e-9 or not moved:
+            ok, msg = False, f"replicated vs not: {errs}, hot Allreduce bytes/step {moved}"
+    assert_all(comm, ok, msg)

@@ -25,6 +25,7 @@ from ..kernels import gather, scatter_add, segment_sum, unique_inverse
 from ..optim import Optimizer
 from ..schema import FusedTable, TableSpec
 from ..transport import mpi_type
+from .hot import HotRows
 
 
 class Batch:
@@ -32,14 +33,16 @@ class Batch:
     ``Mode.prepare(ids)``, used by the step's ``lookup`` and ``update``, then ``release``d.
 
     ids: (B, F) int64 host; plan: the store's ``Plan`` (server modes: dedup, owner groups,
-    row datatypes) or None; unique (U,) / inverse (B*F,): the distinct ids and
-    ``unique[inverse] == ids.ravel()``; dev_inverse: the inverse on the GPU (GPU workers).
+    row datatypes; with replicated hot rows, of the other ids only) or None; unique (U,) /
+    inverse: the distinct ids and ``unique[inverse] == ids`` (of the plan's ids);
+    dev_inverse: the inverse on the GPU (GPU workers); hot: (mask of the ids that are hot
+    rows, their slots) with ``--replicate-rows``, else None.
     """
 
-    __slots__ = ("ids", "plan", "unique", "inverse", "dev_inverse")
+    __slots__ = ("ids", "plan", "unique", "inverse", "dev_inverse", "hot")
 
-    def __init__(self, ids, plan=None, unique=None, inverse=None):
-        self.ids, self.plan = ids, plan
+    def __init__(self, ids, plan=None, unique=None, inverse=None, hot=None):
+        self.ids, self.plan, self.hot = ids, plan, hot
         if plan is not None:
             unique, inverse = plan.unique, plan.inverse
         self.unique, self.inverse, self.dev_inverse = unique, inverse, None
@@ -76,7 +79,7 @@ class ServerSparse:
 
     prepare_uses_mpi = True  # the plan may commit MPI datatypes
 
-    def __init__(self, ctx, layout: FusedTable, opt: Optimizer):
+    def __init__(self, ctx, layout: FusedTable, opt: Optimizer, hot_ids=None):
         self.ctx, self.layout, self.opt = ctx, layout, opt
         self.name = layout.table.name
         self.server_step = opt.kind != "sgd"
@@ -84,6 +87,9 @@ class ServerSparse:
         self.grad_row = (layout.table.dim, np.dtype(layout.table.dtype))  # a sums row
         self.store = None
         self._sent = None  # (plan, (U, E) host sums) of the step, for grads_for
+        # --replicate-rows: the hot rows on every worker (modes.hot)
+        self.hot = (HotRows(ctx, self.name, hot_ids, layout.table.dim, layout.table.dtype, opt)
+                    if hot_ids is not None and hot_ids.size and ctx.topo.is_worker else None)
 
     def tables(self) -> list[TableSpec]:
         spec = self.layout.table
@@ -94,14 +100,29 @@ class ServerSparse:
     def attach(self, store) -> None:
         self.store = store
 
+    def ready(self) -> None:
+        """After start-up and any resume: the replicated hot rows from their owners."""
+        if self.hot is not None:
+            self.hot.load(self.store)
+
     def prepare(self, ids) -> Batch:
         # row datatypes only where an RMA operation uses them: Gets without shared memory,
         # and the direct-SGD Accumulate
         types = self.live or not self.store.shared
-        return Batch(ids, plan=self.store.plan(self.name, ids, types=types))
+        hot = None
+        if self.hot is not None:
+            hot = self.hot.split(ids)
+            ids = ids[~hot[0]]  # the plan covers the other ids: (n_cold,)
+        return Batch(ids, plan=self.store.plan(self.name, ids, types=types), hot=hot)
 
     def lookup(self, batch: Batch):
         with self.ctx.timers.time("pull"):
+            if batch.hot is not None:  # CPU workers (--replicate-rows)
+                mask, slots = batch.hot
+                emb = np.empty(mask.shape + (self.layout.table.dim,), self.layout.table.dtype)
+                emb[~mask] = self.store.pull(self.name, batch.plan)
+                emb[mask] = self.hot.lookup(slots)
+                return emb
             if self.ctx.xp is np:
                 return self.store.pull(self.name, batch.plan)
             return _device_rows(self.ctx, batch, self.store.pull(self.name, batch.plan,
@@ -109,13 +130,18 @@ class ServerSparse:
 
     def _sums(self, batch: Batch, demb):
         """(U, E) host gradient sums of ``batch.plan.unique``."""
+        if batch.hot is not None:
+            return batch.plan.sum_rows(demb[~batch.hot[0]])
         if self.ctx.xp is np:
             return batch.plan.sum_rows(demb)
         return _device_sums(batch, demb)
 
     def start(self, batch: Batch, demb, step: int) -> None:
-        if self.server_step:
-            with self.ctx.timers.time("push"):
+        with self.ctx.timers.time("push"):
+            if batch.hot is not None:  # their sums go on the wire with the dense Allreduce
+                mask, slots = batch.hot
+                self.hot.start(slots, demb[mask])
+            if self.server_step:
                 self._sent = (batch.plan, self._sums(batch, demb))
 
     def finish(self, batch: Batch, demb, step: int) -> None:
@@ -123,6 +149,14 @@ class ServerSparse:
             with self.ctx.timers.time("push"):
                 self.store.push(self.name, batch.plan, self._sums(batch, demb),
                                 scale=-self.opt.lr, unique=True)
+        if batch.hot is not None:
+            self.hot.finish(step)
+
+    def before_checkpoint(self) -> None:
+        """Worker 0: the owners' copies of the hot rows brought up to date."""
+        topo = self.ctx.topo
+        if self.hot is not None and topo.rank == topo.worker_ranks[0]:
+            self.hot.write_back(self.store)
 
     def grads_for(self, server: int):
         """(local rows (n,) int64, their gradient sums (n, E)) of ``server`` from the step's
@@ -173,10 +207,12 @@ class ServerSparse:
         for a in range(0, spec.rows, 1 << 16):
             b = min(spec.rows, a + (1 << 16))
             out[a:b] = self.store.pull(spec.name, np.arange(a, b, dtype=np.int64))
+        if self.hot is not None:
+            out[self.hot.ids] = self.hot.w
         return out
 
     def traffic(self) -> dict:
-        return {}
+        return {"hot_allreduce_bytes": self.hot.allreduce_bytes} if self.hot is not None else {}
 
 
 class ReplicatedSparse:
@@ -201,6 +237,12 @@ class ReplicatedSparse:
         return []
 
     def attach(self, store) -> None:
+        pass
+
+    def ready(self) -> None:
+        pass
+
+    def before_checkpoint(self) -> None:
         pass
 
     def prepare(self, ids) -> Batch:

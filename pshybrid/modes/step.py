@@ -53,17 +53,21 @@ class Mode:
 
     Options: ``bucket_bytes`` (start the dense Allreduce in buckets of at least that many
     bytes during backward; 0: one Allreduce after it), ``shared_memory`` (the store's
-    same-node path: None = on when the job is on one node), ``cuda_aware``.
+    same-node path: None = on when the job is on one node), ``cuda_aware``, ``hot_rows``
+    (sorted fused-table rows replicated on every worker, ``modes.hot``; call ``ready()``
+    once the tables hold their start values).
     """
 
     def __init__(self, spec: ModeSpec, topo: Topology, layout, ps, sparse_opt: Optimizer,
                  dense_opt: Optimizer, seed: int, *, bucket_bytes: int = 0,
-                 shared_memory: bool | None = None, cuda_aware: bool = False):
+                 shared_memory: bool | None = None, cuda_aware: bool = False,
+                 hot_rows=None):
         self.spec, self.topo, self.layout = spec, topo, layout
         self.timers = Timers()
         self.xp = array_module(ps.flat)
         ctx = Context(topo, ps, self.xp, self.timers, seed, cuda_aware)
-        self.sparse = SPARSE[spec.sparse](ctx, layout, sparse_opt)
+        hot = {} if hot_rows is None else {"hot_ids": hot_rows}  # --replicate-rows
+        self.sparse = SPARSE[spec.sparse](ctx, layout, sparse_opt, **hot)
         self.dense = DENSE[spec.dense](ctx, dense_opt, bucket_bytes)
         tables = self.sparse.tables() + self.dense.tables()
         self.store = (EmbeddingStore(topo, tables, seed=seed, shared_memory=shared_memory)
@@ -137,8 +141,14 @@ class Mode:
         """Server ranks that only serve exist (they run ``serve`` and need CKPT/STOP)."""
         return self.link is not None and not self.topo.colocated
 
+    def ready(self) -> None:
+        """After start-up and any resume, before the first step (workers)."""
+        self.sparse.ready()
+
     def request_checkpoint(self, step: int) -> None:
-        """Workers: have the servers join ``checkpoint.save`` for ``step``."""
+        """Workers, before ``checkpoint.save`` for ``step``: replicated rows written back to
+        their owners; dedicated servers told to join."""
+        self.sparse.before_checkpoint()
         if self._dedicated:
             self.link.checkpoint(step)
 
