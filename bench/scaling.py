@@ -43,7 +43,8 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             Accumulate); ps 5 (+ the dense Get and Accumulate) or 4.
   ps_dense  ps: the dense table through the servers' NICs: 2 * server_nic(Pp*4) / bw;
             the measured on-node cost of its pull and push (``dense_local``) is kept for
-            the 1/N share from the node's own server only.
+            the 1/N share from the node's own server only (``--ps-local-dense share``,
+            default) or all of it (``full``: one-node RMA as slow as measured, on top).
   allgather allreduce mode: ring Allgather of counts (8 B), ids (U*8), rows (U*E*4) over
             W: (W-1) * (bytes/bw + lat) each.
   allreduce hybrid, allreduce: ring Allreduce of P*4: 2(W-1)/W * P*4/bw + 2(W-1)*lat.
@@ -313,7 +314,7 @@ def with_dense_params(c: Calib, P: int) -> Calib:
 # -- the model -------------------------------------------------------------------------------
 
 def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
-            ps_server_dense: str = "shard") -> dict:
+            ps_server_dense: str = "shard", ps_local_dense: str = "share") -> dict:
     """Seconds per step by component, step, samples_per_s at ``nodes`` nodes x k workers."""
     W, S = nodes * k, nodes
     rows = c.U * c.E * 4
@@ -329,7 +330,9 @@ def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
             out["ps_dense"] = 2 * server_nic_bytes(padded(c.P) * 4, nodes, k) / link.bandwidth
             # the dense table's pull and push as measured on one node: the share from the
             # node's own server stays, the rest is what ps_dense moves over the wire
-            out["local"] -= sum(c.dense_local.values()) * (nodes - 1) / nodes
+            # (``full``: all of it stays, on top of the wire time)
+            if ps_local_dense == "share":
+                out["local"] -= sum(c.dense_local.values()) * (nodes - 1) / nodes
     if c.mode == "allreduce":
         out["local"] += c.row_apply * c.U * (W - c.workers)
         if nodes > 1:
@@ -466,7 +469,11 @@ def main(argv=None) -> int:
     ap.add_argument("--workers-per-node", help="comma list (default: the first run's workers)")
     ap.add_argument("--nodes", default=",".join(map(str, NODES)))
     ap.add_argument("--overlap", action="store_true", help="dense Allreduce behind backward")
-    ap.add_argument("--ps-server-dense", choices=("shard", "received"), default="shard")
+    ap.add_argument("--ps-server-dense", choices=("shard", "received"), default="shard",
+                    help="ps servers' dense Adam: over their P/S shard, or per copy received")
+    ap.add_argument("--ps-local-dense", choices=("share", "full"), default="share",
+                    help="ps's measured one-node dense pull/push: the 1/N from the node's "
+                         "own server, or all of it, on top of the wire")
     ap.add_argument("--row-width", type=int, default=ROW_WIDTH)
     cg = ap.add_mutually_exclusive_group()
     cg.add_argument("--compute-speedup", type=float, metavar="X",
@@ -499,14 +506,15 @@ def main(argv=None) -> int:
         if a.bandwidth is not None:
             lk = replace(lk, bandwidth=a.bandwidth * 1e9, label=lk.label + " (bandwidth set)")
         links[p] = lk
-    kw = dict(overlap=a.overlap, ps_server_dense=a.ps_server_dense)
+    kw = dict(overlap=a.overlap, ps_server_dense=a.ps_server_dense,
+              ps_local_dense=a.ps_local_dense)
 
     print(f"scaling model calibrated from {name0}: {', '.join(modes)}; measured {c0.workers} "
           f"workers + {c0.servers} server on 1 node, batch {c0.batch}, U={c0.U:.0f} unique "
           f"ids/worker/step, E={c0.E}, P={c0.P / 1e6:.2f}M; phases: {c0.stat}; projected with "
           f"{'/'.join(map(str, ks))} workers + 1 server per node, "
           f"{'overlap' if a.overlap else 'no overlap'}, ps server dense time ~ "
-          f"{a.ps_server_dense}")
+          f"{a.ps_server_dense}, ps one-node dense pull/push: {a.ps_local_dense}")
     ch = next(iter(calib.values()))
     if ch.compute != "measured":
         print(f"ASSUMPTION: GPU-class workers: fwd_bwd and dense_apply = {ch.compute}: "

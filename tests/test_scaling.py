@@ -157,7 +157,8 @@ def test_more_bandwidth_or_less_latency_never_slows_a_mode(sample):
         c = sc.calibrate(sample, m)
         for N in sc.NODES:
             for k in (1, 2, 8):
-                for kw in ({}, {"overlap": True}, {"ps_server_dense": "shard"}):
+                for kw in ({}, {"overlap": True}, {"ps_server_dense": "received"},
+                           {"ps_local_dense": "full"}):
                     bw = [sc.predict(c, N, k, sc.Link(1e-5, b), **kw)["step"]
                           for b in (1e8, 1e9, 3.1e9, 1.25e10, 1e12)]
                     lat = [sc.predict(c, N, k, sc.Link(t, 3.1e9), **kw)["step"]
@@ -585,3 +586,6 @@ def test_ps_dense_pull_and_push_leave_the_node_with_the_wire():
         assert out["local"] == pytest.approx(one["local"] - 6e-3 * (N - 1) / N)
         assert out["ps_dense"] == pytest.approx(
             2 * 2 * sc.padded(1_000_000) * 4 * (N - 1) / N / lk.bandwidth)
+        full = sc.predict(c, N, 2, lk, ps_local_dense="full")
+        assert full["local"] == pytest.approx(one["local"])
+        assert full["ps_dense"] == out["ps_dense"]
