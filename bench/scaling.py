@@ -417,6 +417,23 @@ def validate(runs: list[tuple[str, dict]], row_width: int = ROW_WIDTH) -> list[d
     return out
 
 
+def validation_summary(val: list[dict]) -> dict:
+    """Per mode, over the validating runs (every run but the first, at the first's worker
+    count): the model vs the median of their measured steps, and the spread of the
+    per-run errors. {mode: dict(runs, measured_s, predicted_s, error, min_error,
+    max_error)}; modes with no validating run are left out."""
+    out = {}
+    for m in MODES:
+        vs = [v for v in val if v["mode"] == m and v["target"] != v["calibration"]]
+        if vs:
+            meas = statistics.median(v["measured_s"] for v in vs)
+            pred = vs[0]["predicted_s"]
+            out[m] = dict(runs=len(vs), measured_s=meas, predicted_s=pred,
+                          error=pred / meas - 1, min_error=min(v["error"] for v in vs),
+                          max_error=max(v["error"] for v in vs))
+    return out
+
+
 def compute_ratio(src: dict, dst: dict, row_width: int = ROW_WIDTH) -> float:
     """Measured fwd_bwd of ``src`` / of ``dst``: the compute-only mode's (no server beside
     the workers), else the median over the modes both runs have."""
@@ -534,6 +551,11 @@ def main(argv=None) -> int:
         print(f"  {v['target']}  {v['mode']:<10} W={v['workers']:<3} measured "
               f"{v['measured_s'] * 1e3:8.2f} ms  model {v['predicted_s'] * 1e3:8.2f} ms  "
               f"error {v['error']:+6.1%}")
+    summary = validation_summary([v for v in val if v["workers"] == c0.workers])
+    for m, v in summary.items():
+        print(f"  {m:<10} the model vs the median of the {v['runs']} other runs' steps: "
+              f"{v['predicted_s'] * 1e3:.2f} vs {v['measured_s'] * 1e3:.2f} ms, error "
+              f"{v['error']:+.1%} (per run {v['min_error']:+.1%} to {v['max_error']:+.1%})")
     cross = {}
     for path in a.cross:
         dst = json.loads(Path(path).read_text())
@@ -606,6 +628,7 @@ def main(argv=None) -> int:
             calibrated_from=name0, workers_per_node=ks, servers_per_node=1, **kw,
             compute=ch.compute, links={p: asdict(lk) for p, lk in links.items()},
             calib={m: asdict(c) for m, c in calib.items()}, validation=val,
+            validation_summary=summary,
             cross_workload=cross, projection=proj, hybrid_over_ps_16=ratios,
             paper_hybrid_over_ps_16=PAPER_HYBRID_OVER_PS_16, memory=mem), indent=1))
         print(f"wrote {a.json}")
