@@ -23,6 +23,9 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             ``dense_local``: the part that moves the dense weights on the node (hybrid's
             Allreduce phase, the rest of the allreduce mode's push after its rows' part,
             ps's dense pull and push = ps minus hybrid); it scales with P across models.
+            hybrid, allreduce: x the ring's on-node bytes per worker relative to the run,
+            2(W-1)/W * (k-1)/k over 2(W0-1)/W0 (all edges on the node when N = 1; none
+            with one worker per node), on top of the wire term below.
   wait(N)   max(0, wait0 + exposed(N) - exposed0): workers wait for the servers'
             optimizer, exposed = max(0, server - hidden): server(N) = sparse0 * g +
             dense0 * h, less what the workers do meanwhile: hidden = hybrid's dense
@@ -45,6 +48,8 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             the measured on-node cost of its pull and push (``dense_local``) is kept for
             the 1/N share from the node's own server only (``--ps-local-dense share``,
             default) or all of it (``full``: one-node RMA as slow as measured, on top).
+            ``--intra-node GB/s``: the on-node dense bytes (hybrid: the ring's on-node
+            edges; ps: the own server's share of 2 * Pp*4) at that speed instead.
   allgather allreduce mode: ring Allgather of counts (8 B), ids (U*8), rows (U*E*4) over
             W: (W-1) * (bytes/bw + lat) each.
   allreduce hybrid, allreduce: ring Allreduce of P*4: 2(W-1)/W * P*4/bw + 2(W-1)*lat.
@@ -120,6 +125,15 @@ def server_exchange(get: float, acc: float, nodes: int, k: int, link: Link,
     latency per remote server for each of ``messages`` messages."""
     nic = server_nic_bytes(get, nodes, k) + server_nic_bytes(acc, nodes, k)
     return nic / link.bandwidth + messages * (nodes - 1) * link.latency
+
+
+def ring_on_node(nodes: int, k: int, W0: int) -> float:
+    """The dense Allreduce's on-node bytes per worker at ``nodes`` x k workers relative to
+    the measured run (W0 workers, one node): a ring moves 2(W-1)/W of the buffer per
+    worker, over an on-node edge for (k-1)/k of the workers (all of them on one node)."""
+    W = nodes * k
+    on = 1.0 if nodes == 1 else (k - 1) / k
+    return (2 * (W - 1) / W * on) / (2 * (W0 - 1) / W0) if W0 > 1 else 1.0
 
 
 def server_messages(mode: str, ids: bool) -> int:
@@ -314,12 +328,31 @@ def with_dense_params(c: Calib, P: int) -> Calib:
 # -- the model -------------------------------------------------------------------------------
 
 def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
-            ps_server_dense: str = "shard", ps_local_dense: str = "share") -> dict:
-    """Seconds per step by component, step, samples_per_s at ``nodes`` nodes x k workers."""
+            ps_server_dense: str = "shard", ps_local_dense: str = "share",
+            intra_node: float | None = None) -> dict:
+    """Seconds per step by component, step, samples_per_s at ``nodes`` nodes x k workers.
+    ``intra_node`` (bytes/s): the on-node dense bytes at that speed instead of the
+    measured on-node costs (``dense_local``)."""
     W, S = nodes * k, nodes
     rows = c.U * c.E * 4
-    comp = sum(c.local.get(p, 0.0) for p in COMPUTE)
-    out = dict(compute=comp, local=sum(c.local.values()) - comp + c.other,
+    loc = dict(c.local)  # the measured phases at this configuration
+    dense = sum(c.dense_local.values())
+    if c.mode in ("hybrid", "allreduce"):  # the dense Allreduce's on-node part
+        f = ring_on_node(nodes, k, c.workers)
+        to = dense * f if intra_node is None else \
+            f * 2 * (c.workers - 1) / c.workers * c.P * 4 / intra_node
+    else:
+        # ps: the dense table's pull and push as measured on one node: the share from the
+        # node's own server stays, the rest is what ps_dense moves over the wire
+        # (``full``: all of it stays, on top of the wire time)
+        share = 1 / nodes if ps_local_dense == "share" else 1.0
+        to = share * (dense if intra_node is None else 2 * padded(c.P) * 4 / intra_node)
+    for p, v in c.dense_local.items():  # the measured on-node cost, by phase -> ``to``
+        loc[p] += (v / dense * to if dense else to / len(c.dense_local)) - v
+    if c.mode == "allreduce":
+        loc["push"] = loc.get("push", 0.0) + c.row_apply * c.U * (W - c.workers)
+    comp = sum(loc.get(p, 0.0) for p in COMPUTE)
+    out = dict(compute=comp, local=sum(loc.values()) - comp + c.other,
                imbalance=c.imbalance, wait=c.wait, exchange=0.0, ps_dense=0.0, allgather=0.0,
                allreduce=0.0)
     if c.mode in ("hybrid", "ps"):
@@ -328,15 +361,8 @@ def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
                                           server_messages(c.mode, c.ids))
         if c.mode == "ps":
             out["ps_dense"] = 2 * server_nic_bytes(padded(c.P) * 4, nodes, k) / link.bandwidth
-            # the dense table's pull and push as measured on one node: the share from the
-            # node's own server stays, the rest is what ps_dense moves over the wire
-            # (``full``: all of it stays, on top of the wire time)
-            if ps_local_dense == "share":
-                out["local"] -= sum(c.dense_local.values()) * (nodes - 1) / nodes
-    if c.mode == "allreduce":
-        out["local"] += c.row_apply * c.U * (W - c.workers)
-        if nodes > 1:
-            out["allgather"] = sum(ring_allgather(x, W, link) for x in (8, c.U * 8, rows))
+    if c.mode == "allreduce" and nodes > 1:
+        out["allgather"] = sum(ring_allgather(x, W, link) for x in (8, c.U * 8, rows))
     if c.mode in ("hybrid", "allreduce") and nodes > 1:
         ar = ring_allreduce(c.P * 4, W, link)
         out["allreduce"] = max(0.0, ar - BWD_FRACTION * c.local["fwd_bwd"]) if overlap else ar
@@ -344,7 +370,7 @@ def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
         g = (W / S) / (c.workers / c.servers)
         h = g if ps_server_dense == "received" else c.servers / S
         server = c.server_sparse * g + c.server_dense * h
-        exposed = max(0.0, server - hidden(c.mode, c.local, out["allreduce"]))
+        exposed = max(0.0, server - hidden(c.mode, loc, out["allreduce"]))
         out["wait"] = max(0.0, c.wait + exposed - c.exposed)
     out["step"] = sum(out.values())
     out["samples_per_s"] = W * c.batch / out["step"] if out["step"] > 0 else float("inf")
@@ -491,6 +517,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ps-local-dense", choices=("share", "full"), default="share",
                     help="ps's measured one-node dense pull/push: the 1/N from the node's "
                          "own server, or all of it, on top of the wire")
+    ap.add_argument("--intra-node", type=float, metavar="GB/s",
+                    help="the dense bytes that stay on a node at this speed (e.g. NVLink) "
+                         "instead of their measured one-node cost")
     ap.add_argument("--row-width", type=int, default=ROW_WIDTH)
     cg = ap.add_mutually_exclusive_group()
     cg.add_argument("--compute-speedup", type=float, metavar="X",
@@ -524,14 +553,16 @@ def main(argv=None) -> int:
             lk = replace(lk, bandwidth=a.bandwidth * 1e9, label=lk.label + " (bandwidth set)")
         links[p] = lk
     kw = dict(overlap=a.overlap, ps_server_dense=a.ps_server_dense,
-              ps_local_dense=a.ps_local_dense)
+              ps_local_dense=a.ps_local_dense,
+              intra_node=a.intra_node * 1e9 if a.intra_node else None)
 
     print(f"scaling model calibrated from {name0}: {', '.join(modes)}; measured {c0.workers} "
           f"workers + {c0.servers} server on 1 node, batch {c0.batch}, U={c0.U:.0f} unique "
           f"ids/worker/step, E={c0.E}, P={c0.P / 1e6:.2f}M; phases: {c0.stat}; projected with "
           f"{'/'.join(map(str, ks))} workers + 1 server per node, "
           f"{'overlap' if a.overlap else 'no overlap'}, ps server dense time ~ "
-          f"{a.ps_server_dense}, ps one-node dense pull/push: {a.ps_local_dense}")
+          f"{a.ps_server_dense}, ps one-node dense pull/push: {a.ps_local_dense}, on-node "
+          f"dense bytes: {f'{a.intra_node:g} GB/s' if a.intra_node else 'as measured'}")
     ch = next(iter(calib.values()))
     if ch.compute != "measured":
         print(f"ASSUMPTION: GPU-class workers: fwd_bwd and dense_apply = {ch.compute}: "

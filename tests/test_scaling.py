@@ -117,8 +117,9 @@ def test_validation_residuals(sample):
 
 def test_cross_run_validation_of_a_run_the_model_describes():
     """Run B (4 workers) built as the model says it should look given run A (2 workers):
-    the allreduce mode's push grows by row_apply * U * 2, hybrid's wait by the server's
-    extra rows. Calibrated on A, predicting B: error 0."""
+    the allreduce mode's push grows by row_apply * U * 2, hybrid's Allreduce phase by the
+    ring's on-node bytes and its wait by the server's extra rows. Calibrated on A,
+    predicting B: error 0."""
     ph = dict(data=0.001, pull=0.002, fwd_bwd=0.010, push=0.004, allreduce=0.001,
               dense_apply=0.002, wait=0.003, eval=0.0)
     a = fake_run(("hybrid", "allreduce", "compute"), W0=2, U=1000.0, phases=ph,
@@ -126,9 +127,10 @@ def test_cross_run_validation_of_a_run_the_model_describes():
     row_apply = ph["push"] / 1000.0  # compute mode's push per row
     b = fake_run(("hybrid", "allreduce"), W0=4, U=1000.0, phases=ph, server={"hybrid": 0.004})
     b["results"]["allreduce"]["step_seconds_median"] += row_apply * 1000.0 * 2
-    # server rows 2U -> 4U: its apply 2 -> 4 ms, of which the Allreduce phase and the dense
-    # Adam (1 + 2 ms) hide 3: the wait grows by 1 ms
-    b["results"]["hybrid"]["step_seconds_median"] += 0.001
+    # 4 workers on the node: the ring moves 1.5x the dense bytes per worker on the node
+    # (Allreduce phase 1 -> 1.5 ms); server rows 2U -> 4U: its apply 2 -> 4 ms, of which the
+    # Allreduce phase and the dense Adam (1.5 + 2 ms) hide 3.5: the wait grows by 0.5 ms
+    b["results"]["hybrid"]["step_seconds_median"] += 0.0005 + 0.0005
     cross = [v for v in sc.validate([("a", a), ("b", b)])
              if (v["calibration"], v["target"]) == ("a", "b")]
     assert {v["mode"] for v in cross} == {"hybrid", "allreduce"}
@@ -605,3 +607,35 @@ def test_validation_against_the_median_of_the_other_runs():
     assert s["runs"] == 3 and s["error"] == pytest.approx(0.0, abs=1e-12)
     assert (s["min_error"], s["max_error"]) == pytest.approx((13 / 20 - 1, 13 / 12 - 1))
     assert sc.validation_summary(val[:1]) == {}
+
+
+def test_the_allreduce_on_node_share_follows_the_rings_on_node_edges():
+    """Measured: 2 workers on one node, all ring edges on the node (P*4 per worker). At N
+    nodes x k: 2(W-1)/W of P*4 per worker, on the node for (k-1)/k of the workers."""
+    assert sc.ring_on_node(1, 2, 2) == 1.0
+    assert sc.ring_on_node(1, 8, 2) == pytest.approx(2 * 7 / 8)
+    assert sc.ring_on_node(16, 1, 2) == 0.0  # one worker per node: every edge leaves it
+    assert sc.ring_on_node(16, 8, 2) == pytest.approx(2 * 127 / 128 * 7 / 8)
+    c = sc.calibrate(hybrid_ps_run(imbalance=False), "hybrid")  # Allreduce phase 3 ms
+    lk = sc.Link(0.0, 1e30)
+    one = sc.predict(c, 1, 2, lk)["local"]
+    for N, k in ((16, 1), (16, 4), (1, 8)):
+        assert sc.predict(c, N, k, lk)["local"] == pytest.approx(
+            one + 3e-3 * (sc.ring_on_node(N, k, 2) - 1))
+
+
+def test_intra_node_speed_replaces_the_measured_on_node_dense_cost():
+    """--intra-node: hybrid's on-node ring bytes (2(W-1)/W * (k-1)/k * P*4 per worker) and
+    ps's own-server share of its dense pull and push (2 * Pp*4 / N) at that speed."""
+    run = hybrid_ps_run(imbalance=False)  # P = 1e6; hybrid Allreduce phase 3 ms, ps 3 + 3
+    h, q = sc.calibrate(run, "hybrid"), sc.calibrate(run, "ps")
+    lk, bw = sc.Link(0.0, 1e30), 50e9
+    for N, k in ((1, 2), (16, 1), (16, 8)):
+        W = N * k
+        on = 1.0 if N == 1 else (k - 1) / k
+        got = sc.predict(h, N, k, lk, intra_node=bw)["local"]
+        base = sc.predict(h, N, k, lk)["local"] - 3e-3 * sc.ring_on_node(N, k, 2)
+        assert got == pytest.approx(base + 2 * (W - 1) / W * on * 4e6 / bw)
+        got = sc.predict(q, N, k, lk, intra_node=bw)["local"]
+        base = sc.predict(q, N, k, lk)["local"] - 6e-3 / N
+        assert got == pytest.approx(base + 2 * sc.padded(1_000_000) * 4 / N / bw)
