@@ -1,5 +1,5 @@
 # python bench/gpu_check.py
-"""python bench/gpu_check.py [--quick] [--skip-tests] [--skip-train]
+"""python bench/gpu_check.py [--quick] [--skip-tests] [--skip-train] [--compute-only] [--json F]
 
 The one GPU check of pshybrid (docs/gpu.md; ~3 minutes on one H200, at most 8). Run it as a
 plain process, NOT under mpiexec: it launches its MPI jobs itself as subprocesses
@@ -13,7 +13,12 @@ plain process, NOT under mpiexec: it launches its MPI jobs itself as subprocesse
 3. times a training step, hybrid vs ps, one GPU worker + one CPU server rank (DLRM,
    float32, batch 4096, steady-state interval of the run's metrics);
 4. runs tests/test_gpu.py with PSHYBRID_REQUIRE_GPU=1 (serial tests, then the MPI tests under
-   ``mpiexec -n 2``), so nothing passes by skipping.
+   ``mpiexec -n 2``), so nothing passes by skipping;
+5. times a worker's compute of the modes benchmark's workloads on the GPU (``time_compute``:
+   the ``fwd_bwd`` and ``dense_apply`` phases of bench/modes_bench.py's paper and light
+   workloads, batch 256) and writes them with the results to ``--json`` (default
+   gpu_check.json) under ``compute``: what ``bench/scaling.py --compute-from`` reads.
+   ``--compute-only``: this step alone (seconds).
 Exit status: 0 when every correctness check and test passed (a missed speed target is
 reported, not fatal); 1 otherwise; 2 when no CUDA device is visible.
 """
@@ -198,6 +203,77 @@ def run_tests() -> bool:
     return ok
 
 
+WORKLOADS = {"paper": "1024,512,256", "light": "64,32"}  # bench/modes_bench.py's
+
+
+def time_compute(xp, mlp: str, batch_size: int = 256, dim: int = 16, repeat: int = 50,
+                 warmup: int = 5, seed: int = 0) -> dict:
+    """One worker's compute of bench/modes_bench.py's model (WDL, 13 dense features, 26
+    fields, dim ``dim``, MLP ``mlp`` = "1024,512,256", float32, batch ``batch_size``) on
+    ``xp`` (cupy, or numpy): median seconds of the ``fwd_bwd`` phase (forward, BCE,
+    zero_grad, backward, then a stream sync: what ``train._step`` times) and of the
+    ``dense_apply`` phase (Adam over every dense parameter, then a sync). Embedding rows
+    are given (the mode's pull is not compute); no Allreduce buckets start in backward."""
+    import statistics as st
+
+    from pshybrid.backend import synchronize
+    from pshybrid.layers import ParamSpace, bce_with_logits
+    from pshybrid.models import build_model
+    from pshybrid.optim import Optimizer
+    from pshybrid.schema import Schema
+    from pshybrid.synthetic import CRITEO_LIKE
+
+    ps = ParamSpace()
+    model, layout = build_model("wdl", Schema(13, CRITEO_LIKE), dim,
+                                tuple(int(x) for x in mlp.split(",")), ps, "float32")
+    ps.build(xp, np.dtype("float32"), seed)
+    rng = np.random.default_rng(seed)
+    dense = xp.asarray(rng.standard_normal((batch_size, 13)).astype(np.float32))
+    emb = xp.asarray((rng.standard_normal((batch_size, 26, layout.table.dim)) * 0.01)
+                     .astype(np.float32))
+    label = xp.asarray((rng.random(batch_size) < 0.25).astype(np.float32))
+    opt = Optimizer("adam", 1e-3)
+    state = {k: xp.zeros_like(ps.flat) for k in opt.slots}
+    step = [0]
+
+    def fwd_bwd():
+        _, dz = bce_with_logits(model.forward(dense, emb), label)
+        ps.zero_grad()
+        synchronize(model.backward(dz * (1.0 / batch_size)))
+
+    def dense_apply():
+        step[0] += 1
+        opt.update(ps.flat, ps.flat_grad, state, step[0])
+        synchronize(ps.flat)
+
+    def median_time(fn):
+        for _ in range(warmup):
+            fn()
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return st.median(times)
+
+    return {"mlp": mlp, "batch_size": batch_size, "embedding_dim": dim, "dtype": "float32",
+            "dense_params": int(ps.size), "fwd_bwd_seconds": median_time(fwd_bwd),
+            "dense_apply_seconds": median_time(dense_apply), "repeat": repeat}
+
+
+def bench_compute(xp, quick: bool) -> dict:
+    """``time_compute`` of each modes_bench workload, printed; the JSON's ``compute``."""
+    out = {}
+    print("\nworker compute of bench/modes_bench.py's workloads (WDL, batch 256, float32; "
+          "median of the timed calls): for bench/scaling.py --compute-from")
+    for name, mlp in WORKLOADS.items():
+        out[name] = e = time_compute(xp, mlp, repeat=10 if quick else 50)
+        print(f"  {name:<6} MLP {mlp:<13} fwd_bwd {e['fwd_bwd_seconds'] * 1e3:8.3f} ms  "
+              f"dense_apply {e['dense_apply_seconds'] * 1e3:7.3f} ms  "
+              f"({e['dense_params']:,} dense params)")
+    return out
+
+
 def nvrtc_version() -> str:
     try:
         from cupy_backends.cuda.libs import nvrtc
@@ -212,6 +288,10 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--compute-only", action="store_true",
+                    help="only time the workers' compute (step 5) and write the JSON")
+    ap.add_argument("--json", default="gpu_check.json",
+                    help="write the results here (compute: for bench/scaling.py)")
     args = ap.parse_args(argv)
 
     from pshybrid.backend import cupy_available
@@ -234,6 +314,17 @@ def main(argv=None) -> int:
     print(f"device {dev.id}: {name} (sm_{props['major']}{props['minor']}, "
           f"{props['totalGlobalMem'] / 2**30:.0f} GiB), CuPy {cp.__version__}, "
           f"CUDA runtime {cp.cuda.runtime.runtimeGetVersion()}, NVRTC {nvrtc_version()}")
+    doc = {"device": name, "cuda_aware_mpi": aware}
+
+    def write(**more):
+        doc.update(more)
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+        print(f"wrote {args.json}")
+
+    if args.compute_only:
+        write(compute=bench_compute(cp, args.quick))
+        return 0
     print(f"CUDA-aware MPI: {'yes' if aware else 'no'} ({how}); dense Allreduce is "
           f"{'direct' if aware else 'staged through pinned host memory'}")
     t = time.time()
@@ -246,6 +337,7 @@ def main(argv=None) -> int:
         ok &= bench_training(args.quick)
     if not args.skip_tests:
         ok &= run_tests()
+    write(compute=bench_compute(cp, args.quick), passed=bool(ok), speed_missed=missed)
     print(f"\ngpu_check: {'PASSED' if ok else 'FAILED'} in {time.time() - t0:.0f}s; speed "
           f"target (>= {TARGET}x copy): {'met' if not missed else 'missed: ' + '; '.join(missed)}")
     return 0 if ok else 1

@@ -18,6 +18,17 @@ median step time). Per mode: samples/s from the median step time after warm-up, 
 workers' per-phase split, bytes per step per worker by kind (the library's own counters)
 beside the analytic formula computed from the data, peak RSS per role. Rank 0 prints a table with the
 Hybrid/PS and Hybrid/AllReduce ratios and writes JSON (and a PNG with matplotlib).
+
+Per-step phases (JSON, for ``bench/scaling.py``): each rank's phase timers are also read at
+every step boundary (``StepTimers``), so besides the totals over all steps
+(``phase_seconds_per_step``, warm-up included) each mode reports, over the timed steps only:
+``phase_seconds_timed_median`` / ``_mean`` (per phase, the workers' mean of each step, then
+the median / mean over steps), ``untimed_seconds_timed_median`` / ``_mean`` (the reporter's
+step minus its timed phases: what no phase timer covers), ``step_seconds_timed_mean`` and
+``server_apply_seconds_timed_median`` / ``_mean`` (the slowest server's optimizer per step),
+and the series themselves (``timed_series``: per step, the workers' mean and each worker's
+phases, the untimed rest, the server's apply). ``dense_allreduce_seconds``: the workers'
+Allreduce of the P dense floats alone (median of 20), the on-node cost of the dense bytes.
 """
 
 from __future__ import annotations
@@ -41,11 +52,13 @@ from pshybrid.batches import BatchPlan, read_ranges
 from pshybrid.data import H5Dataset
 from pshybrid.modes.dense import DENSE, AllreduceDense
 from pshybrid.modes.sparse import SPARSE, ReplicatedSparse
+from pshybrid.modes import step as mode_step
 from pshybrid.registry import DENSE_ROW, MODES, ModeSpec
 from pshybrid.schema import field_offsets
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
+from timing import StepTimers, timed_stats
 
 CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                  3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
@@ -146,6 +159,7 @@ def main(argv=None) -> int:
                        sparse_optimizer=a.sparse_optimizer, dense_optimizer="adam",
                        bucket_mb=a.bucket_mb, shared_memory="on" if a.shared_memory else "off")
     results = {}
+    mode_step.Timers = StepTimers  # every Mode built from here on keeps its steps' phases
     # Warm-up runs (not measured): numba compiles its kernels on first use in each process.
     for mode in ("hybrid", "allreduce") if world.size > 1 or colocated else ("allreduce",):
         comm = workers_only if mode == "allreduce" else world
@@ -174,8 +188,13 @@ def main(argv=None) -> int:
                       placement="colocated" if colocated and not on_workers else "dedicated",
                       shared_memory="auto" if on_workers else base.shared_memory)
         t0 = MPI.Wtime()
-        res = train(cfg, comm, dataset=data, out=io.StringIO())
+        res = train(cfg, comm, dataset=data, out=io.StringIO(),
+                    on_step=lambda done: StepTimers.last.mark())
         wall = MPI.Wtime() - t0
+        tm = StepTimers.last  # this rank's Mode timers of the run
+        # Wire: gather of each rank's per-step phases and server applies to rank 0.
+        per_rank = comm.gather((MPI.COMM_WORLD.rank < W, tm.steps[a.warmup:],
+                                tm.applies[a.warmup:]), root=0)
         idle_barrier(world)  # Wire: zero-byte barrier; the next mode starts on a quiet machine
         if world.rank == 0:
             s = res.summary
@@ -190,7 +209,24 @@ def main(argv=None) -> int:
                 "bytes_per_step": s["traffic_per_step"], "unique_ids_per_worker_step": U,
                 "peak_rss_mb": s["peak_rss_mb"], "workers": W,
                 "servers": s["servers"], "placement": a.placement,
-                "final_loss": s["final_loss"], "_P": P})
+                "final_loss": s["final_loss"], "_P": P,
+                **timed_stats([st for w, st, _ in per_rank if w], tm.steps[a.warmup:],
+                              res.step_seconds[a.warmup:],
+                              [ap for w, _, ap in per_rank if not w])})
+    # The dense Allreduce alone, between the same workers with nothing beside it: the
+    # on-node cost of the dense bytes (bench/scaling.py scales it with P across workloads).
+    P = world.bcast(next((r["_P"] for rs in runs.values() for r in rs if r["_P"]), 0)
+                    if world.rank == 0 else None, root=0)
+    dense_allreduce = None
+    if workers_only != MPI.COMM_NULL and P:
+        buf, times = np.ones(P, np.float32), []
+        for _ in range(25):
+            workers_only.Barrier()  # Wire: zero-byte barrier over the workers
+            t0 = MPI.Wtime()
+            workers_only.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)  # Wire: P floats, all workers
+            times.append(MPI.Wtime() - t0)
+        dense_allreduce = statistics.median(times[5:])
+    idle_barrier(world)
     if world.rank != 0:
         return 0
     for mode, rs in runs.items():  # the median run by step time represents the mode
@@ -222,6 +258,9 @@ def main(argv=None) -> int:
                 continue  # pulls went through shared memory (shm_read_bytes)
             got = r["bytes_per_step"].get(k, 0.0)
             print(f"  {m:<10}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
+    if dense_allreduce is not None:
+        print(f"dense Allreduce alone ({P * 4:,} bytes, {W} workers, median of 20): "
+              f"{dense_allreduce * 1e3:.3f} ms")
     h = results.get("hybrid")
     for other in ("ps", "allreduce", "compute"):
         if h and other in results:
@@ -230,7 +269,8 @@ def main(argv=None) -> int:
             value = 1 / ratio if other == "compute" else ratio
             print(f"{label:<32}= {value:.2f}x")
     with open(a.json, "w") as f:
-        json.dump({"args": vars(a), "results": results}, f, indent=1)
+        json.dump({"args": vars(a), "results": results,
+                   "dense_allreduce_seconds": dense_allreduce}, f, indent=1)
     try:
         import matplotlib
 

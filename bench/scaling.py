@@ -1,35 +1,62 @@
-# python bench/scaling.py bench_modes.json [--json OUT] [--png OUT]
+# python bench/scaling.py bench_modes.json [more runs] [--compute-speedup X | --compute-from F]
 """Scaling model: project the three modes to N nodes from a modes_bench run.
 
 Calibrated from ``bench/modes_bench.py`` JSON (one node, W0 workers + S0 = 1 server); pure
 functions, no MPI. Weak scaling: N nodes, k workers per node (default W0), one server per
 node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and node count:
 
-  step(N) = local + wait(N) + exchange(N) + allgather(N) + allreduce(N)   (no overlap)
+  step(N) = compute + local + imbalance + wait(N) + exchange(N) + ps_dense(N)
+            + allgather(N) + allreduce(N)                                (no overlap)
 
-  local     the workers' measured phases except ``wait`` (data, pull, fwd_bwd, push,
-            allreduce, dense_apply, eval) put on the measured median step:
-            phase_fraction * step_seconds_median. Measured pull/push/allreduce (shared
-            memory on one node) stay as local cost; the wire time below is added on top.
+  calib.    per phase, the workers' seconds per step averaged over the timed steps whose
+            step time ranks in the middle half (25th-75th percentile; warm-up excluded): a
+            decomposition of the typical step that adds up (means are additive, medians
+            are not), robust to the outliers of a shared machine; ``other`` = the step time
+            no phase timer covers, taken the same way. Runs from before modes_bench kept
+            per-step series: the phase means of all steps put on the median step (legacy).
+  compute   fwd_bwd + dense_apply, as measured, or replaced: ``--compute-speedup X``
+            (divided by X), ``--compute-from F`` (a bench/gpu_check.py JSON: its
+            ``compute`` entry with this run's MLP and batch). Everything else stays measured.
+  local     the other measured phases (data, pull, push, allreduce, eval) + other.
             allreduce mode: + row_apply * U * (W - W0) (every worker applies the optimizer
             to the rows all W workers gathered: W*U, an upper bound of their union).
-  wait(N)   max(0, wait0 + server(N) - server0): workers wait for the servers' optimizer;
-            server(N) = sparse0 * g + dense0 * g   with g = (W/S) / (W0/S0), the rows
-            (and, ps, dense gradient copies) each server receives relative to the run;
-            ``--ps-server-dense shard`` scales ps's dense part by S0/S instead (Adam on a
-            P/S shard only). With the defaults g = 1: server time stays as measured.
-  exchange  hybrid, ps: (server_nic(get) + server_nic(acc)) / bw + m * (N-1) * lat, with
+            ``dense_local``: the part that moves the dense weights on the node (hybrid's
+            Allreduce phase, the rest of the allreduce mode's push after its rows' part,
+            ps's dense pull and push = ps minus hybrid); it scales with P across models.
+            hybrid, allreduce: x the ring's on-node bytes per worker relative to the run,
+            2(W-1)/W * (k-1)/k over 2(W0-1)/W0 (all edges on the node when N = 1; none
+            with one worker per node), on top of the wire term below.
+  wait(N)   max(0, wait0 + exposed(N) - exposed0): workers wait for the servers'
+            optimizer, exposed = max(0, server - hidden): server(N) = sparse0 * g +
+            dense0 * h, less what the workers do meanwhile: hidden = hybrid's dense
+            Allreduce phase (+ its wire time at N > 1) and dense_apply, 0 in ps (the rest of
+            wait0: completing the sends, the Ibarrier, stays). g = (W/S) /
+            (W0/S0): rows each server receives relative to the run; h = S0/S
+            (``--ps-server-dense shard``, default: ps's dense Adam runs over the server's
+            P/S shard, the Accumulates into its gradient slot are the workers' push) or g
+            (``received``: a server whose CPU handles every worker's dense copy).
+  imbalance the workers' wait for the slowest one at the sync point (the workers' mean
+            minus the least worker's time in the syncing phases), scaled with the compute.
+  exchange  hybrid, ps: (server_nic(get) + server_nic(put)) / bw + m * (N-1) * lat, with
             server_nic(x) = (W/S) * x * (N-1)/N = k*x*(N-1)/N (a server's NIC per phase,
             off-node part; by symmetry also what a node's k workers move the other way),
-            get = U*E*4 (+ Pp*4 in ps), acc = get (+ U*8 row ids to the servers when the
-            sparse optimizer runs there), m = 2 (+1) messages per remote server.
+            get = U*E*4; put = U*8 + U*E*4 (row ids and gradient sums, two-sided, to a
+            server-side optimizer) or U*E*4 (direct SGD: one Accumulate). m messages per
+            remote server, one latency each: hybrid 3 (Get, ids, sums) or 2 (Get,
+            Accumulate); ps 5 (+ the dense Get and Accumulate) or 4.
+  ps_dense  ps: the dense table through the servers' NICs: 2 * server_nic(Pp*4) / bw;
+            the measured on-node cost of its pull and push (``dense_local``) is kept for
+            the 1/N share from the node's own server only (``--ps-local-dense share``,
+            default) or all of it (``full``: one-node RMA as slow as measured, on top).
+            ``--intra-node GB/s``: the on-node dense bytes (hybrid: the ring's on-node
+            edges; ps: the own server's share of 2 * Pp*4) at that speed instead.
   allgather allreduce mode: ring Allgather of counts (8 B), ids (U*8), rows (U*E*4) over
             W: (W-1) * (bytes/bw + lat) each.
   allreduce hybrid, allreduce: ring Allreduce of P*4: 2(W-1)/W * P*4/bw + 2(W-1)*lat.
             Only the inter-node link counts (node-contiguous ring: one inter-node edge per
             node, the slowest edge sets every step; intra-node edges free). ``--overlap``:
             max(0, that - 2/3 * fwd_bwd) (the Allreduce hides behind backward).
-  At N = 1 every wire term is 0: step(1) = the measured median step by construction.
+  At N = 1 with k = W0 every wire term is 0: step(1) is the calibrated step.
 
 U = mean unique ids per worker step (measured), E = row width (17: dim 16 + wide weight),
 P = dense params, Pp = P padded to 256-wide rows (ps dense table). samples/s = W*b/step.
@@ -45,7 +72,7 @@ import json
 import math
 import statistics
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pshybrid.optim import SLOTS
@@ -55,6 +82,11 @@ BWD_FRACTION = 2 / 3  # --overlap: share of fwd_bwd that is backward (2 of 3 mat
 PAPER_HYBRID_OVER_PS_16 = 1.48  # the paper: Hybrid 48% faster than TF-PS at 16 nodes
 NODES = (1, 2, 4, 8, 16, 32, 64, 128)
 MODES = ("hybrid", "ps", "allreduce", "compute")  # compute: no wire at all, the ideal line
+COMPUTE = ("fwd_bwd", "dense_apply")  # what a GPU worker replaces
+# phases in which workers wait for each other (the step's sync point): the Allreduce's
+# completion, the servers' step (Ibarrier), the allreduce mode's Allgather (in push)
+SYNC = {"hybrid": ("allreduce", "wait"), "ps": ("wait",), "allreduce": ("push", "allreduce"),
+        "compute": ()}
 EFFICIENCY, GAIN = 0.5, 0.10  # saturation: efficiency < 50%; plateau: < 10% per doubling
 
 
@@ -88,10 +120,57 @@ def server_nic_bytes(per_worker: float, nodes: int, k: int) -> float:
 
 def server_exchange(get: float, acc: float, nodes: int, k: int, link: Link,
                     messages: int) -> float:
-    """Get phase + Accumulate phase to the servers: bytes at the NIC bottleneck, plus one
-    latency per remote server for each of ``messages`` rounds."""
+    """Get phase + push phase to the servers: bytes at the NIC bottleneck, plus one
+    latency per remote server for each of ``messages`` messages."""
     nic = server_nic_bytes(get, nodes, k) + server_nic_bytes(acc, nodes, k)
     return nic / link.bandwidth + messages * (nodes - 1) * link.latency
+
+
+def ring_on_node(nodes: int, k: int, W0: int) -> float:
+    """The dense Allreduce's on-node bytes per worker at ``nodes`` x k workers relative to
+    the measured run (W0 workers, one node): a ring moves 2(W-1)/W of the buffer per
+    worker, over an on-node edge for (k-1)/k of the workers (all of them on one node)."""
+    W = nodes * k
+    on = 1.0 if nodes == 1 else (k - 1) / k
+    return (2 * (W - 1) / W * on) / (2 * (W0 - 1) / W0) if W0 > 1 else 1.0
+
+
+def server_messages(mode: str, ids: bool) -> int:
+    """Messages a worker sends each server per step (each costs one latency): the rows'
+    Get; with a server-side optimizer the step message (row ids, then gradient sums), else
+    one Accumulate (direct SGD); ps adds the dense table's Get and Accumulate."""
+    return (1 + (2 if ids else 1)) + (2 if mode == "ps" else 0)
+
+
+def middle_half(steps) -> list[int]:
+    """Indices of the steps whose times rank in the middle half (ranks n//4 .. n - n//4 - 1
+    of the sorted times; every step when n < 4)."""
+    n = len(steps)
+    order = sorted(range(n), key=lambda i: steps[i])
+    q = n // 4 if n >= 4 else 0
+    return sorted(order[q:n - q])
+
+
+def series_means(series: dict, sync: tuple = ()) -> dict:
+    """modes_bench's ``timed_series`` -> the middle-half means: {phases: {p: s}, imbalance,
+    other, server_apply, step}; phases + imbalance + other add up to step exactly. Each
+    phase in ``sync`` (where workers wait for each other) is split, given each worker's
+    series, into its least worker's time (the phase's own cost: the last worker to arrive
+    waits least) and the rest (the workers' mean minus that): ``imbalance``."""
+    idx = middle_half(series["step"])
+
+    def mean(xs):
+        return statistics.fmean(xs[i] for i in idx)
+
+    phases = {p: mean(v) for p, v in series["phases"].items()}
+    imbalance, by_worker = 0.0, series.get("phases_by_worker")
+    if by_worker:
+        for p in sync:
+            lo = mean([min(w[p][t] for w in by_worker) for t in range(len(series["step"]))])
+            imbalance += phases[p] - lo
+            phases[p] = lo
+    return dict(phases=phases, imbalance=imbalance, other=mean(series["untimed"]),
+                server_apply=mean(series["server_apply"]), step=mean(series["step"]))
 
 
 @dataclass(frozen=True)
@@ -105,65 +184,193 @@ class Calib:
     U: float  # mean unique ids per worker step
     E: int  # row width (floats)
     P: int  # dense parameters
-    ids: bool  # row ids go to the servers (server-side sparse optimizer)
-    local: dict  # worker phases except wait, on the median step's footing
-    wait: float  # the same for wait
-    step: float  # measured median step
+    ids: bool  # a server-side sparse optimizer: row ids + sums go two-sided to the servers
+    local: dict  # worker phases except wait
+    wait: float  # the workers' wait phase
+    other: float  # the part of a step no phase timer covers
+    step: float  # measured median step (timed steps)
     raw: float  # sum of the raw per-step phase means (include the warm-up steps)
-    server_sparse: float  # servers' optimizer time for the sparse rows (measured mean)
+    server_sparse: float  # servers' optimizer time for the sparse rows
     server_dense: float  # ps: servers' optimizer time for the dense table
     row_apply: float  # a worker's sparse optimizer per row (allreduce mode's growth)
+    imbalance: float = 0.0  # workers waiting for the slowest at the sync point (SYNC)
+    exposed: float = 0.0  # max(0, server apply - hidden) of the run (see predict)
+    dense_local: dict = field(default_factory=dict)  # on-node cost of the dense bytes, by
+    #   phase: hybrid's Allreduce phase (least worker), the allreduce mode's push less its
+    #   rows' part (W0 * the compute-only push), ps's dense pull and push shares (ps minus
+    #   hybrid); part of ``local``
+    stat: str = "middle-half mean"  # how the phases were taken from the run
+    compute: str = "measured"  # where fwd_bwd / dense_apply come from
+
+    @property
+    def modeled(self) -> float:
+        """The model's step at the measured configuration (1 node, W0 workers)."""
+        return predict(self, 1, self.workers, Link(0.0, math.inf))["step"]
+
+
+def _terms(r: dict, mode: str) -> dict:
+    """series_means of one mode's result; legacy runs (no per-step series): the phase
+    means over all steps put on the median step."""
+    if "timed_series" in r:
+        return series_means(r["timed_series"], SYNC.get(mode, ()))
+    ph = r["phase_seconds_per_step"]
+    raw = sum(ph.values())
+    a = r["step_seconds_median"] / raw if raw else 0.0
+    return dict(phases={p: v * a for p, v in ph.items()}, imbalance=0.0, other=0.0,
+                server_apply=r["server_apply_seconds_per_step"], step=r["step_seconds_median"])
 
 
 def calibrate(run: dict, mode: str, row_width: int = ROW_WIDTH) -> Calib:
-    """Calib of ``mode`` from a modes_bench JSON dict. The ps server time is split with
-    the same run's hybrid server time (sparse rows; the rest is dense; all dense without
-    hybrid). row_apply: compute mode's push / U (segment_sum + update of U rows), else the
-    hybrid server's time per row received, else 0."""
+    """Calib of ``mode`` from a modes_bench JSON dict: the middle-half means of the timed
+    steps (``timed_series``, ``series_means``), or, for older runs, the raw phase means put
+    on the median step. The ps server time is split with the same run's hybrid server time
+    (sparse rows; the rest is dense; all dense without hybrid), and ps's pull and push
+    likewise (its dense table's share = ps minus hybrid). row_apply: compute mode's push / U
+    (segment_sum + update of U rows), else the hybrid server's time per row received."""
     res = run["results"]
     r = res[mode]
-    ph = r["phase_seconds_per_step"]
-    raw, step = sum(ph.values()), r["step_seconds_median"]
-    a = step / raw if raw else 0.0
+    t = _terms(r, mode)
+    ph, srv = t["phases"], t["server_apply"]
     U = statistics.fmean(r["unique_ids_per_worker_step"])
     W0, S0 = r["workers"], r["servers"]
-    srv = r["server_apply_seconds_per_step"]
-    hyb = res.get("hybrid", {}).get("server_apply_seconds_per_step")
-    sparse = srv if mode != "ps" else min(srv, hyb or 0.0)
-    if "compute" in res:
-        row_apply = res["compute"]["phase_seconds_per_step"]["push"] / U
-    else:
-        row_apply = hyb / (res["hybrid"]["workers"] * U / res["hybrid"]["servers"]) if hyb else 0.0
+    hyb = _terms(res["hybrid"], "hybrid") if "hybrid" in res else None
+    sparse = srv if mode != "ps" else min(srv, hyb["server_apply"] if hyb else 0.0)
+    row_apply = 0.0
+    if "compute" in res and U:
+        row_apply = _terms(res["compute"], "compute")["phases"]["push"] / U
+    elif hyb and hyb["server_apply"] and U:
+        row_apply = hyb["server_apply"] / (res["hybrid"]["workers"] * U /
+                                           res["hybrid"]["servers"])
+    dense_local = {}
+    if mode == "hybrid":  # the least worker's wait for the dense Allreduce: all dense bytes
+        dense_local = {"allreduce": ph.get("allreduce", 0.0)}
+    elif mode == "allreduce":  # push = the rows' Allgather and optimizer + the Iallreduce
+        #   the Allgather progresses; the rows' part: the optimizer on all W0 workers' rows
+        rows_part = row_apply * U * W0 if "compute" in res else \
+            ph.get("push", 0.0) - min(hyb["phases"].get("allreduce", 0.0) if hyb else 0.0,
+                                      ph.get("push", 0.0))
+        dense_local = {"push": max(0.0, ph.get("push", 0.0) - rows_part)}
+    elif mode == "ps" and hyb:
+        dense_local = {p: max(0.0, ph.get(p, 0.0) - hyb["phases"].get(p, 0.0))
+                       for p in ("pull", "push")}
+    local = {p: v for p, v in ph.items() if p != "wait"}
+    wait = ph.get("wait", 0.0)
+    exposed = max(0.0, srv - hidden(mode, local))
     return Calib(mode, W0, S0, run["args"]["batch_size"], U, row_width, r["dense_params"],
-                 r["bytes_per_step"].get("p2p_bytes", 0) > 0,
-                 {p: v * a for p, v in ph.items() if p != "wait"}, ph.get("wait", 0.0) * a,
-                 step, raw, sparse, srv - sparse, row_apply)
+                 r["bytes_per_step"].get("p2p_bytes", 0) > 0, local, wait, t["other"],
+                 r["step_seconds_median"], sum(r["phase_seconds_per_step"].values()),
+                 sparse, srv - sparse, row_apply, t["imbalance"], exposed, dense_local,
+                 "middle-half mean" if "timed_series" in r else
+                 "legacy: phase means of all steps on the median step")
+
+
+def hidden(mode: str, local: dict, allreduce_wire: float = 0.0) -> float:
+    """What the workers do between sending the servers the step message and waiting for
+    the servers' step, hiding the servers' apply: hybrid, the dense Allreduce's completion
+    (on the node, plus its wire time) and the dense optimizer; ps: nothing."""
+    if mode != "hybrid":
+        return 0.0
+    return local.get("allreduce", 0.0) + allreduce_wire + local.get("dense_apply", 0.0)
 
 
 def padded(P: int) -> int:
     return -(-P // DENSE_ROW) * DENSE_ROW
 
 
+# -- the compute a GPU worker replaces, and a different dense size ---------------------------
+
+def with_compute(c: Calib, fwd_bwd: float, dense_apply: float, label: str) -> Calib:
+    """``c`` with the workers' fwd_bwd and dense_apply replaced (seconds per step); the
+    imbalance at the sync point scales with them (assumed a fixed share of the compute);
+    every other term stays measured. ps keeps dense_apply 0: its dense optimizer runs on
+    the (CPU) servers, a server term."""
+    local = dict(c.local, fwd_bwd=fwd_bwd)
+    if c.mode != "ps":
+        local["dense_apply"] = dense_apply
+    before = sum(c.local.get(p, 0.0) for p in COMPUTE)
+    after = sum(local.get(p, 0.0) for p in COMPUTE)
+    return replace(c, local=local, compute=label,
+                   imbalance=c.imbalance * after / before if before else c.imbalance)
+
+
+def with_speedup(c: Calib, x: float) -> Calib:
+    """``--compute-speedup x``: fwd_bwd and dense_apply divided by x."""
+    return with_compute(c, c.local.get("fwd_bwd", 0.0) / x, c.local.get("dense_apply", 0.0) / x,
+                        f"measured / {x:g}")
+
+
+def compute_from(doc: dict, args: dict) -> tuple[float, float, str]:
+    """(fwd_bwd, dense_apply, label) from a bench/gpu_check.py JSON: the entry of
+    ``doc["compute"]`` timed with the calibration run's MLP and batch size."""
+    for name, e in doc.get("compute", {}).items():
+        if e["mlp"] == args["mlp"] and e["batch_size"] == args["batch_size"]:
+            return (e["fwd_bwd_seconds"], e["dense_apply_seconds"],
+                    f"{doc.get('device', '?')} ({name}: MLP {e['mlp']}, batch "
+                    f"{e['batch_size']})")
+    have = [(e["mlp"], e["batch_size"]) for e in doc.get("compute", {}).values()]
+    raise ValueError(f"no compute entry for MLP {args['mlp']} batch {args['batch_size']} "
+                     f"(the file has {have or 'none'})")
+
+
+def with_dense_params(c: Calib, P: int) -> Calib:
+    """``c`` for a model with P dense parameters instead: the terms that move or update the
+    dense weights on the node (``dense_local``) and the servers' dense Adam (in the
+    workers' wait, ``predict``) scale with P; the rest stays."""
+    f = P / c.P if c.P else 1.0
+    local = dict(c.local)
+    for p, v in c.dense_local.items():
+        local[p] += v * (f - 1)
+    return replace(c, P=P, local=local, dense_local={p: v * f for p, v in c.dense_local.items()},
+                   server_dense=c.server_dense * f)
+
+
+# -- the model -------------------------------------------------------------------------------
+
 def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
-            ps_server_dense: str = "received") -> dict:
-    """Seconds per step by component, step, samples_per_s at ``nodes`` nodes x k workers."""
+            ps_server_dense: str = "shard", ps_local_dense: str = "share",
+            intra_node: float | None = None) -> dict:
+    """Seconds per step by component, step, samples_per_s at ``nodes`` nodes x k workers.
+    ``intra_node`` (bytes/s): the on-node dense bytes at that speed instead of the
+    measured on-node costs (``dense_local``)."""
     W, S = nodes * k, nodes
     rows = c.U * c.E * 4
-    out = dict(local=sum(c.local.values()), wait=c.wait, exchange=0.0, allgather=0.0,
+    loc = dict(c.local)  # the measured phases at this configuration
+    dense = sum(c.dense_local.values())
+    if c.mode in ("hybrid", "allreduce"):  # the dense Allreduce's on-node part
+        f = ring_on_node(nodes, k, c.workers)
+        to = dense * f if intra_node is None else \
+            f * 2 * (c.workers - 1) / c.workers * c.P * 4 / intra_node
+    else:
+        # ps: the dense table's pull and push as measured on one node: the share from the
+        # node's own server stays, the rest is what ps_dense moves over the wire
+        # (``full``: all of it stays, on top of the wire time)
+        share = 1 / nodes if ps_local_dense == "share" else 1.0
+        to = share * (dense if intra_node is None else 2 * padded(c.P) * 4 / intra_node)
+    for p, v in c.dense_local.items():  # the measured on-node cost, by phase -> ``to``
+        loc[p] += (v / dense * to if dense else to / len(c.dense_local)) - v
+    if c.mode == "allreduce":
+        loc["push"] = loc.get("push", 0.0) + c.row_apply * c.U * (W - c.workers)
+    comp = sum(loc.get(p, 0.0) for p in COMPUTE)
+    out = dict(compute=comp, local=sum(loc.values()) - comp + c.other,
+               imbalance=c.imbalance, wait=c.wait, exchange=0.0, ps_dense=0.0, allgather=0.0,
                allreduce=0.0)
     if c.mode in ("hybrid", "ps"):
-        get = rows + (padded(c.P) * 4 if c.mode == "ps" else 0)
-        out["exchange"] = server_exchange(get, get + c.U * 8 * c.ids, nodes, k, link, 2 + c.ids)
-        g = (W / S) / (c.workers / c.servers)
-        dense = g if ps_server_dense == "received" else c.servers / S
-        out["wait"] = max(0.0, c.wait + c.server_sparse * (g - 1) + c.server_dense * (dense - 1))
-    if c.mode == "allreduce":
-        out["local"] += c.row_apply * c.U * (W - c.workers)
-        if nodes > 1:
-            out["allgather"] = sum(ring_allgather(x, W, link) for x in (8, c.U * 8, rows))
+        put = rows + c.U * 8 * c.ids
+        out["exchange"] = server_exchange(rows, put, nodes, k, link,
+                                          server_messages(c.mode, c.ids))
+        if c.mode == "ps":
+            out["ps_dense"] = 2 * server_nic_bytes(padded(c.P) * 4, nodes, k) / link.bandwidth
+    if c.mode == "allreduce" and nodes > 1:
+        out["allgather"] = sum(ring_allgather(x, W, link) for x in (8, c.U * 8, rows))
     if c.mode in ("hybrid", "allreduce") and nodes > 1:
         ar = ring_allreduce(c.P * 4, W, link)
         out["allreduce"] = max(0.0, ar - BWD_FRACTION * c.local["fwd_bwd"]) if overlap else ar
+    if c.mode in ("hybrid", "ps"):
+        g = (W / S) / (c.workers / c.servers)
+        h = g if ps_server_dense == "received" else c.servers / S
+        server = c.server_sparse * g + c.server_dense * h
+        exposed = max(0.0, server - hidden(c.mode, loc, out["allreduce"]))
+        out["wait"] = max(0.0, c.wait + exposed - c.exposed)
     out["step"] = sum(out.values())
     out["samples_per_s"] = W * c.batch / out["step"] if out["step"] > 0 else float("inf")
     return out
@@ -179,34 +386,107 @@ def saturation(nodes, sps, efficiency: float = EFFICIENCY, gain: float = GAIN):
     return eff, plateau
 
 
-def model_bytes(c: Calib) -> float:
-    """Bytes per worker per step the model moves at the measured configuration, as the
-    library's counters count them (Allgather: all W0 blocks, own included)."""
+# -- checks against the measurement ----------------------------------------------------------
+
+COUNTERS = {"pull": ("rma_get_bytes", "shm_read_bytes"), "rma_acc": ("rma_acc_bytes",),
+            "p2p": ("p2p_bytes",), "allreduce": ("allreduce_bytes",),
+            "allgather": ("allgather_bytes",)}
+
+
+def model_bytes(c: Calib) -> dict:
+    """Bytes per worker per step the model moves at the measured configuration, by the
+    library's counter kinds (pull: RMA Get or the same-node shared-memory read; Allgather:
+    all W0 blocks, own included; its 8-byte counts are not counted by the library)."""
     rows = c.U * c.E * 4
+    put = {"p2p": c.U * 8 + rows} if c.ids else {"rma_acc": rows}
     if c.mode == "hybrid":
-        return 2 * rows + c.U * 8 * c.ids + c.P * 4
+        return {"pull": rows, **put, "allreduce": c.P * 4}
     if c.mode == "ps":
-        return 2 * (rows + padded(c.P) * 4) + c.U * 8 * c.ids
+        dense = padded(c.P) * 4
+        return {"pull": rows + dense, "rma_acc": put.pop("rma_acc", 0.0) + dense, **put}
     if c.mode == "allreduce":
-        return c.workers * c.U * (8 + c.E * 4) + c.P * 4
-    return 0.0
+        return {"allgather": c.workers * c.U * (8 + c.E * 4), "allreduce": c.P * 4}
+    return {}
+
+
+def counted_bytes(bytes_per_step: dict) -> dict:
+    """The library's counters (bytes per step) grouped as ``model_bytes`` kinds; kinds the
+    model does not know under their own name."""
+    out, known = {}, set()
+    for kind, keys in COUNTERS.items():
+        known.update(keys)
+        v = sum(bytes_per_step.get(key, 0.0) for key in keys)
+        if v:
+            out[kind] = v
+    out.update({k: v for k, v in bytes_per_step.items() if k not in known and v})
+    return out
 
 
 def validate(runs: list[tuple[str, dict]], row_width: int = ROW_WIDTH) -> list[dict]:
-    """Own run: the model from the raw phase means vs the measured median step (residual
-    of the phase accounting). Across runs: calibrated on run i, predicted at 1 node with
-    run j's workers, vs run j's median step."""
+    """The model calibrated on the first run, at 1 node with each run's workers, vs that
+    run's measured median step. The first run itself: the residual of the phase
+    accounting (legacy runs, anchored on their median: the raw phase means instead)."""
     out = []
-    for ni, ri in runs:
-        for nj, rj in runs:
-            for m in MODES:
-                if m not in ri["results"] or m not in rj["results"]:
-                    continue
-                c, t = calibrate(ri, m, row_width), rj["results"][m]
-                pred = c.raw if ni == nj else predict(c, 1, t["workers"], PRESETS["eth25"])["step"]
-                meas = t["step_seconds_median"]
-                out.append(dict(calibration=ni, target=nj, mode=m, workers=t["workers"],
-                                measured_s=meas, predicted_s=pred, error=pred / meas - 1))
+    (n0, r0) = runs[0]
+    for nj, rj in runs:
+        for m in MODES:
+            if m not in r0["results"] or m not in rj["results"]:
+                continue
+            c, t = calibrate(r0, m, row_width), rj["results"][m]
+            own = nj == n0 and rj is r0
+            pred = c.raw if own and c.stat.startswith("legacy") else \
+                predict(c, 1, t["workers"], PRESETS["eth25"])["step"]
+            meas = t["step_seconds_median"]
+            out.append(dict(calibration=n0, target=nj, mode=m, workers=t["workers"],
+                            measured_s=meas, predicted_s=pred, error=pred / meas - 1))
+    return out
+
+
+def validation_summary(val: list[dict]) -> dict:
+    """Per mode, over the validating runs (every run but the first, at the first's worker
+    count): the model vs the median of their measured steps, and the spread of the
+    per-run errors. {mode: dict(runs, measured_s, predicted_s, error, min_error,
+    max_error)}; modes with no validating run are left out."""
+    out = {}
+    for m in MODES:
+        vs = [v for v in val if v["mode"] == m and v["target"] != v["calibration"]]
+        if vs:
+            meas = statistics.median(v["measured_s"] for v in vs)
+            pred = vs[0]["predicted_s"]
+            out[m] = dict(runs=len(vs), measured_s=meas, predicted_s=pred,
+                          error=pred / meas - 1, min_error=min(v["error"] for v in vs),
+                          max_error=max(v["error"] for v in vs))
+    return out
+
+
+def compute_ratio(src: dict, dst: dict, row_width: int = ROW_WIDTH) -> float:
+    """Measured fwd_bwd of ``src`` / of ``dst``: the compute-only mode's (no server beside
+    the workers), else the median over the modes both runs have."""
+    both = [m for m in MODES if m in src["results"] and m in dst["results"]]
+    pick = ["compute"] if "compute" in both else both
+    return statistics.median(calibrate(src, m, row_width).local["fwd_bwd"]
+                             / calibrate(dst, m, row_width).local["fwd_bwd"] for m in pick)
+
+
+def cross_workload(src: dict, dst: dict, row_width: int = ROW_WIDTH) -> list[dict]:
+    """The compute replacement checked on measured workloads: calibrated on ``src`` (say
+    the paper workload), its fwd_bwd and dense_apply divided by the measured compute
+    ratio (``compute_ratio``) and its dense size set to ``dst``'s, at 1 node with dst's
+    workers: predicted vs dst's median step (also without the dense resize)."""
+    x = compute_ratio(src, dst, row_width)
+    out = []
+    for m in MODES:
+        if m not in src["results"] or m not in dst["results"]:
+            continue
+        t = dst["results"][m]
+        c = with_speedup(calibrate(src, m, row_width), x)
+        pred = predict(with_dense_params(c, t["dense_params"]), 1, t["workers"],
+                       PRESETS["eth25"])["step"]
+        same_p = predict(c, 1, t["workers"], PRESETS["eth25"])["step"]
+        meas = t["step_seconds_median"]
+        out.append(dict(mode=m, ratio=x, measured_s=meas, predicted_s=pred,
+                        error=pred / meas - 1, predicted_same_dense_s=same_p,
+                        error_same_dense=same_p / meas - 1))
     return out
 
 
@@ -221,24 +501,47 @@ def table_rows(max_cardinality: int) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="modes_bench JSON files; the first calibrates")
+    ap.add_argument("runs", nargs="+", help="modes_bench JSON files; the first calibrates, "
+                    "the others validate (1 node)")
     ap.add_argument("--json", help="write the projection here")
     ap.add_argument("--png", help="write a log-log plot here (needs matplotlib)")
     ap.add_argument("--preset", default="eth25,ib100", help=f"comma list of {list(PRESETS)}")
     ap.add_argument("--latency", type=float, help="override the presets' latency (µs)")
     ap.add_argument("--bandwidth", type=float, help="override the presets' bandwidth (GB/s)")
-    ap.add_argument("--workers-per-node", type=int, help="default: the first run's workers")
+    ap.add_argument("--workers-per-node", help="comma list (default: the first run's workers)")
     ap.add_argument("--nodes", default=",".join(map(str, NODES)))
     ap.add_argument("--overlap", action="store_true", help="dense Allreduce behind backward")
-    ap.add_argument("--ps-server-dense", choices=("received", "shard"), default="received")
+    ap.add_argument("--ps-server-dense", choices=("shard", "received"), default="shard",
+                    help="ps servers' dense Adam: over their P/S shard, or per copy received")
+    ap.add_argument("--ps-local-dense", choices=("share", "full"), default="share",
+                    help="ps's measured one-node dense pull/push: the 1/N from the node's "
+                         "own server, or all of it, on top of the wire")
+    ap.add_argument("--intra-node", type=float, metavar="GB/s",
+                    help="the dense bytes that stay on a node at this speed (e.g. NVLink) "
+                         "instead of their measured one-node cost")
     ap.add_argument("--row-width", type=int, default=ROW_WIDTH)
+    cg = ap.add_mutually_exclusive_group()
+    cg.add_argument("--compute-speedup", type=float, metavar="X",
+                    help="GPU-class workers: fwd_bwd and dense_apply divided by X (stated)")
+    cg.add_argument("--compute-from", metavar="FILE",
+                    help="GPU-class workers: fwd_bwd and dense_apply from a bench/gpu_check.py"
+                         " JSON (its 'compute' entry with the run's MLP and batch size)")
+    ap.add_argument("--cross", nargs="+", metavar="FILE", default=(),
+                    help="check the compute replacement: calibrated on the first run, "
+                         "predict these runs of another workload (1 node) from the measured "
+                         "compute ratio")
     a = ap.parse_args(argv)
     runs = [(p, json.loads(Path(p).read_text())) for p in a.runs]
     name0, run0 = runs[0]
     modes = [m for m in MODES if m in run0["results"]]
     calib = {m: calibrate(run0, m, a.row_width) for m in modes}
     c0 = next(iter(calib.values()))
-    k = a.workers_per_node or c0.workers
+    if a.compute_speedup:
+        calib = {m: with_speedup(c, a.compute_speedup) for m, c in calib.items()}
+    elif a.compute_from:
+        fb, da, label = compute_from(json.loads(Path(a.compute_from).read_text()), run0["args"])
+        calib = {m: with_compute(c, fb, da, label) for m, c in calib.items()}
+    ks = [int(x) for x in a.workers_per_node.split(",")] if a.workers_per_node else [c0.workers]
     nodes = [int(x) for x in a.nodes.split(",")]
     links = {}
     for p in a.preset.split(","):
@@ -248,55 +551,95 @@ def main(argv=None) -> int:
         if a.bandwidth is not None:
             lk = replace(lk, bandwidth=a.bandwidth * 1e9, label=lk.label + " (bandwidth set)")
         links[p] = lk
-    kw = dict(overlap=a.overlap, ps_server_dense=a.ps_server_dense)
+    kw = dict(overlap=a.overlap, ps_server_dense=a.ps_server_dense,
+              ps_local_dense=a.ps_local_dense,
+              intra_node=a.intra_node * 1e9 if a.intra_node else None)
 
     print(f"scaling model calibrated from {name0}: {', '.join(modes)}; measured {c0.workers} "
           f"workers + {c0.servers} server on 1 node, batch {c0.batch}, U={c0.U:.0f} unique "
-          f"ids/worker/step, E={c0.E}, P={c0.P / 1e6:.2f}M; projected with {k} workers + 1 "
-          f"server per node, {'overlap' if a.overlap else 'no overlap'}, ps server dense "
-          f"time ~ {a.ps_server_dense}")
+          f"ids/worker/step, E={c0.E}, P={c0.P / 1e6:.2f}M; phases: {c0.stat}; projected with "
+          f"{'/'.join(map(str, ks))} workers + 1 server per node, "
+          f"{'overlap' if a.overlap else 'no overlap'}, ps server dense time ~ "
+          f"{a.ps_server_dense}, ps one-node dense pull/push: {a.ps_local_dense}, on-node "
+          f"dense bytes: {f'{a.intra_node:g} GB/s' if a.intra_node else 'as measured'}")
+    ch = next(iter(calib.values()))
+    if ch.compute != "measured":
+        print(f"ASSUMPTION: GPU-class workers: fwd_bwd and dense_apply = {ch.compute}: "
+              + ", ".join(f"{m} {c.local.get('fwd_bwd', 0) * 1e3:.3f} + "
+                          f"{c.local.get('dense_apply', 0) * 1e3:.3f} ms (measured "
+                          f"{c0_.local.get('fwd_bwd', 0) * 1e3:.2f} + "
+                          f"{c0_.local.get('dense_apply', 0) * 1e3:.2f})"
+                          for (m, c), c0_ in zip(calib.items(),
+                                                 (calibrate(run0, m, a.row_width)
+                                                  for m in modes)))
+              + "; every communication and server term stays as measured")
     val = validate(runs, a.row_width)
-    print("validation at 1 node: own run = the raw phase means summed vs the median step "
-          "(the projection is anchored on the median); other runs = the model calibrated on "
-          "the first file, at the second's workers")
+    print(f"validation at 1 node: the model calibrated on {name0} (its step: the phases "
+          "summed) vs each run's measured median step (the first: the residual of the phase "
+          "accounting)")
     for v in val:
-        pair = v["target"] if v["calibration"] == v["target"] else \
-            f"{v['calibration']} -> {v['target']}"
-        print(f"  {pair}  {v['mode']:<10} W={v['workers']:<3} measured "
-              f"{v['measured_s'] * 1e3:7.1f} ms  model {v['predicted_s'] * 1e3:7.1f} ms  "
+        print(f"  {v['target']}  {v['mode']:<10} W={v['workers']:<3} measured "
+              f"{v['measured_s'] * 1e3:8.2f} ms  model {v['predicted_s'] * 1e3:8.2f} ms  "
               f"error {v['error']:+6.1%}")
+    summary = validation_summary([v for v in val if v["workers"] == c0.workers])
+    for m, v in summary.items():
+        print(f"  {m:<10} the model vs the median of the {v['runs']} other runs' steps: "
+              f"{v['predicted_s'] * 1e3:.2f} vs {v['measured_s'] * 1e3:.2f} ms, error "
+              f"{v['error']:+.1%} (per run {v['min_error']:+.1%} to {v['max_error']:+.1%})")
+    cross = {}
+    for path in a.cross:
+        dst = json.loads(Path(path).read_text())
+        cross[path] = cw = cross_workload(run0, dst, a.row_width)
+        print(f"cross-workload: {name0} -> {path}: fwd_bwd and dense_apply / "
+              f"{cw[0]['ratio']:.1f} (measured compute ratio), dense params "
+              f"{c0.P:,} -> {dst['results'][cw[0]['mode']]['dense_params']:,}")
+        for v in cw:
+            print(f"  {v['mode']:<10} measured {v['measured_s'] * 1e3:7.2f} ms  model "
+                  f"{v['predicted_s'] * 1e3:7.2f} ms  error {v['error']:+6.1%}   (dense terms "
+                  f"not resized: {v['predicted_same_dense_s'] * 1e3:7.2f} ms "
+                  f"{v['error_same_dense']:+6.1%})")
     print("bytes per worker per step, model vs the library's counters:")
     for m, c in calib.items():
-        got = sum(run0["results"][m]["bytes_per_step"].values())
-        if got:
-            mb = model_bytes(c)
-            print(f"  {m:<10}{mb:>13,.0f}{got:>13,.0f}  {mb / got - 1:+.1%}")
+        got = counted_bytes(run0["results"][m]["bytes_per_step"])
+        mb = model_bytes(c)
+        for kind in sorted(set(got) | set(mb)):
+            g, x = got.get(kind, 0.0), mb.get(kind, 0.0)
+            note = f"{x / g - 1:+.2%}" if g and x else "NOT IN THE MODEL" if g else "model only"
+            print(f"  {m:<10}{kind:<12}{x:>13,.0f}{g:>13,.0f}  {note}")
 
-    proj = {}
+    proj, ratios = {}, {}
     for p, lk in links.items():
-        print(f"\n{p}: {lk.label}, latency {lk.latency * 1e6:g} µs, bandwidth "
-              f"{lk.bandwidth / 1e9:g} GB/s -- projected samples/s (all workers)")
-        print(f"{'mode':<10}" + "".join(f"{'N=' + str(n):>10}" for n in nodes)
-              + f"{'eff@max':>9}{'sat.':>6}{'plat.':>6}")
-        proj[p] = {}
-        for m, c in calib.items():
-            pr = [predict(c, n, k, lk, **kw) for n in nodes]
-            sps = [x["samples_per_s"] for x in pr]
-            sat, plat = saturation(nodes, sps)
-            eff = [x / (n / nodes[0] * sps[0]) for n, x in zip(nodes, sps)]
-            proj[p][m] = dict(nodes=nodes, samples_per_s=sps, efficiency=eff,
+        proj[p], ratios[p] = {}, {}
+        for k in ks:
+            print(f"\n{p}: {lk.label}, latency {lk.latency * 1e6:g} µs, bandwidth "
+                  f"{lk.bandwidth / 1e9:g} GB/s, {k} workers + 1 server per node -- "
+                  f"projected samples/s (all workers)")
+            print(f"{'mode':<10}" + "".join(f"{'N=' + str(n):>11}" for n in nodes)
+                  + f"{'eff@max':>9}{'sat.':>6}{'plat.':>6}")
+            res = proj[p][str(k)] = {}
+            for m, c in calib.items():
+                pr = [predict(c, n, k, lk, **kw) for n in nodes]
+                sps = [x["samples_per_s"] for x in pr]
+                sat, plat = saturation(nodes, sps)
+                eff = [x / (n / nodes[0] * sps[0]) for n, x in zip(nodes, sps)]
+                res[m] = dict(nodes=nodes, samples_per_s=sps, efficiency=eff,
                               step_s=[x["step"] for x in pr], components=pr,
                               saturation_nodes=sat, plateau_nodes=plat)
-            print(f"{m:<10}" + "".join(f"{x:>10,.0f}" for x in sps) + f"{eff[-1]:>9.0%}"
-                  f"{sat or '-':>6}{plat or '-':>6}")
-    ratios = {}
-    if "hybrid" in calib and "ps" in calib:
-        for p, lk in links.items():
-            ratios[p] = (predict(calib["hybrid"], 16, k, lk, **kw)["samples_per_s"]
-                         / predict(calib["ps"], 16, k, lk, **kw)["samples_per_s"])
-        print("\nHybrid/PS at 16 nodes: " + ", ".join(f"{p} {r:.2f}x" for p, r in ratios.items())
-              + f"   (paper: {PAPER_HYBRID_OVER_PS_16:.2f}x vs TF-PS; here at 1 node: "
-              f"{calib['ps'].step / calib['hybrid'].step:.2f}x measured)")
+                print(f"{m:<10}" + "".join(f"{x:>11,.0f}" for x in sps) + f"{eff[-1]:>9.0%}"
+                      f"{sat or '-':>6}{plat or '-':>6}")
+            if "hybrid" in calib and "ps" in calib:
+                h, q = (predict(calib[m], 16, k, lk, **kw) for m in ("hybrid", "ps"))
+                ratios[p][str(k)] = q["step"] / h["step"]
+                terms = ("compute", "local", "imbalance", "wait", "exchange", "ps_dense",
+                         "allreduce")
+                print(f"Hybrid/PS at 16 nodes: {ratios[p][str(k)]:.2f}x   step ms (hybrid | "
+                      f"ps): " + "  ".join(f"{t} {h[t] * 1e3:.2f} | {q[t] * 1e3:.2f}"
+                                           for t in terms))
+    if ratios and any(ratios.values()):
+        print("\nHybrid/PS at 16 nodes: " + ", ".join(
+            f"{p} k={k} {r:.2f}x" for p, rs in ratios.items() for k, r in rs.items())
+            + f"   (paper: {PAPER_HYBRID_OVER_PS_16:.2f}x vs TF-PS; here at 1 node: "
+            f"{calib['ps'].step / calib['hybrid'].step:.2f}x measured)")
     print(f"saturation: first N with parallel efficiency < {EFFICIENCY:.0%} ('sat.'); plateau:"
           f" first N whose doubling gained < {GAIN:.0%} ('plat.'); '-': not within {nodes[-1]}")
     args0 = run0["args"]
@@ -304,7 +647,7 @@ def main(argv=None) -> int:
     slots = len(SLOTS[args0["sparse_optimizer"]])
     tb = rows * c0.E * 4
     mem = dict(table_rows=rows, allreduce_worker_bytes=tb * (1 + slots),
-               server_bytes_times_nodes=tb * (1 + (slots + 1 if slots else 0)))
+               server_bytes_times_nodes=tb * (1 + slots))
     print(f"memory: allreduce keeps the whole table ({rows / 1e6:.1f}M rows x {c0.E}) on every "
           f"worker: {mem['allreduce_worker_bytes'] / 1e9:.2f} GB with {args0['sparse_optimizer']}"
           f" state, at any N; hybrid/ps: {mem['server_bytes_times_nodes'] / 1e9:.2f} GB / N "
@@ -312,10 +655,11 @@ def main(argv=None) -> int:
 
     if a.json:
         Path(a.json).write_text(json.dumps(dict(
-            calibrated_from=name0, workers_per_node=k, servers_per_node=1, **kw,
-            links={p: asdict(lk) for p, lk in links.items()}, calib={m: asdict(c) for m, c in
-                                                                     calib.items()},
-            validation=val, projection=proj, hybrid_over_ps_16=ratios,
+            calibrated_from=name0, workers_per_node=ks, servers_per_node=1, **kw,
+            compute=ch.compute, links={p: asdict(lk) for p, lk in links.items()},
+            calib={m: asdict(c) for m, c in calib.items()}, validation=val,
+            validation_summary=summary,
+            cross_workload=cross, projection=proj, hybrid_over_ps_16=ratios,
             paper_hybrid_over_ps_16=PAPER_HYBRID_OVER_PS_16, memory=mem), indent=1))
         print(f"wrote {a.json}")
     if a.png:
@@ -327,17 +671,23 @@ def main(argv=None) -> int:
         except ImportError:
             print("no PNG: matplotlib is not installed (pip install 'pshybrid[bench]')")
             return 0
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for (p, res), ls in zip(proj.items(), ("-", "--", ":", "-.")):
-            for i, (m, r) in enumerate(res.items()):
-                if m != "compute" or ls == "-":  # compute only: no wire, the same everywhere
-                    ax.loglog(nodes, r["samples_per_s"], ls, color=f"C{i}", marker="o", ms=3,
-                              label=f"{m} ({p})" if m != "compute" else "compute only (no wire)")
-        ax.set_xlabel("nodes")
-        ax.set_ylabel("samples/s (all workers)")
-        ax.set_title(f"pshybrid scaling model: {k} workers + 1 server per node")
-        ax.legend(fontsize=7, ncol=2)
-        ax.grid(True, which="both", alpha=0.3)
+        fig, axes = plt.subplots(1, len(proj), figsize=(6 * len(proj), 4.5), squeeze=False)
+        for ax, (p, byk) in zip(axes[0], proj.items()):
+            for ci, (k, res) in enumerate(byk.items()):
+                for m, r in res.items():
+                    if len(ks) > 1 and m not in ("hybrid", "ps"):
+                        continue  # several k: the paper's comparison only
+                    ls = {"hybrid": "-", "ps": "--", "allreduce": ":", "compute": "-."}[m]
+                    color = f"C{ci}" if len(ks) > 1 else f"C{MODES.index(m)}"
+                    ax.loglog(nodes, r["samples_per_s"], ls, color=color, marker="o", ms=3,
+                              label=f"{m}, {k}/node" if len(ks) > 1 else m)
+            ax.set_xlabel("nodes")
+            ax.set_ylabel("samples/s (all workers)")
+            ax.set_title(f"{p}: {links[p].label}", fontsize=9)
+            ax.legend(fontsize=7, ncol=2)
+            ax.grid(True, which="both", alpha=0.3)
+        fig.suptitle(f"pshybrid scaling model, compute {ch.compute}, "
+                     f"{'/'.join(map(str, ks))} workers + 1 server per node", fontsize=9)
         fig.tight_layout()
         fig.savefig(a.png, dpi=120)
         print(f"wrote {a.png}")

@@ -3,6 +3,9 @@
 import statistics
 import time
 
+from pshybrid.report import PHASES
+from pshybrid.timers import Timers
+
 
 def median_time(fn, warmup: int, repeat: int, clock=time.perf_counter) -> float:
     """Seconds: median of ``repeat`` timed calls of ``fn`` after ``warmup`` untimed ones."""
@@ -14,3 +17,62 @@ def median_time(fn, warmup: int, repeat: int, clock=time.perf_counter) -> float:
         fn()
         times.append(clock() - t0)
     return statistics.median(times)
+
+
+class StepTimers(Timers):
+    """The mode's phase timers, also kept per step: ``mark()`` (a worker's ``on_step``) closes
+    a step's phase seconds; every ``server_apply`` increment (one per server step) is kept.
+    Installed as the modes' ``Timers`` for the benchmark's runs (``last``: the newest)."""
+
+    last = None
+
+    def __init__(self):
+        super().__init__()
+        self.steps: list[dict] = []
+        self.applies: list[float] = []
+        self._seen: dict = {}
+        StepTimers.last = self
+
+    def __setitem__(self, key, value):
+        if key == "server_apply" and key in self:
+            self.applies.append(value - self[key])
+        super().__setitem__(key, value)
+
+    def mark(self, done=None) -> None:
+        now = dict(self)
+        self.steps.append({k: now.get(k, 0.0) - self._seen.get(k, 0.0) for k in PHASES})
+        self._seen = now
+
+
+def timed_stats(worker_steps, reporter_steps, step_seconds, server_applies) -> dict:
+    """Over the timed steps: worker_steps = per worker, per step {phase: s}; reporter_steps:
+    the reporter's own; step_seconds: the reporter's step wall times; server_applies: per
+    server, per step. Per phase the workers' mean of each step, then median / mean over the
+    steps; the untimed rest of the reporter's steps; the slowest server's apply per step;
+    each worker's median fwd_bwd; and the per-step series themselves (``timed_series``:
+    the workers' mean and each worker's phases)."""
+    n = len(step_seconds)
+    per_step = [{k: statistics.fmean(w[t][k] for w in worker_steps) for k in PHASES}
+                for t in range(n)]
+    untimed = [s - sum(r.values()) for s, r in zip(step_seconds, reporter_steps)]
+    applies = [max(a[t] for a in server_applies) for t in range(n)] if server_applies else \
+        [0.0] * n
+    return {
+        "phase_seconds_timed_median": {k: statistics.median(p[k] for p in per_step)
+                                       for k in PHASES},
+        "phase_seconds_timed_mean": {k: statistics.fmean(p[k] for p in per_step)
+                                     for k in PHASES},
+        "untimed_seconds_timed_median": statistics.median(untimed),
+        "untimed_seconds_timed_mean": statistics.fmean(untimed),
+        "step_seconds_timed_mean": statistics.fmean(step_seconds),
+        "server_apply_seconds_timed_median": statistics.median(applies),
+        "server_apply_seconds_timed_mean": statistics.fmean(applies),
+        "fwd_bwd_timed_median_per_worker": [statistics.median(s["fwd_bwd"] for s in w)
+                                            for w in worker_steps],
+        "timed_series": {"step": [round(x, 7) for x in step_seconds],
+                         "untimed": [round(x, 7) for x in untimed],
+                         "server_apply": [round(x, 7) for x in applies],
+                         "phases": {k: [round(p[k], 7) for p in per_step] for k in PHASES},
+                         "phases_by_worker": [{k: [round(s[k], 7) for s in w] for k in PHASES}
+                                              for w in worker_steps]},
+    }

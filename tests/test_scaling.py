@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import os
 import sys
 
@@ -14,7 +15,7 @@ sys.path.insert(0, BENCH)
 import scaling as sc  # noqa: E402
 
 SAMPLE = os.path.join(BENCH, "sample_modes.json")
-PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "wait", "eval")
+from pshybrid.report import PHASES  # noqa: E402  (what modes_bench records per step)
 
 
 def fake_run(modes=("hybrid", "ps", "allreduce", "compute"), W0=2, U=1000.0, P=100_000,
@@ -116,8 +117,9 @@ def test_validation_residuals(sample):
 
 def test_cross_run_validation_of_a_run_the_model_describes():
     """Run B (4 workers) built as the model says it should look given run A (2 workers):
-    the allreduce mode's push grows by row_apply * U * 2, hybrid's wait by the server's
-    extra rows. Calibrated on A, predicting B: error 0."""
+    the allreduce mode's push grows by row_apply * U * 2, hybrid's Allreduce phase by the
+    ring's on-node bytes and its wait by the server's extra rows. Calibrated on A,
+    predicting B: error 0."""
     ph = dict(data=0.001, pull=0.002, fwd_bwd=0.010, push=0.004, allreduce=0.001,
               dense_apply=0.002, wait=0.003, eval=0.0)
     a = fake_run(("hybrid", "allreduce", "compute"), W0=2, U=1000.0, phases=ph,
@@ -125,7 +127,10 @@ def test_cross_run_validation_of_a_run_the_model_describes():
     row_apply = ph["push"] / 1000.0  # compute mode's push per row
     b = fake_run(("hybrid", "allreduce"), W0=4, U=1000.0, phases=ph, server={"hybrid": 0.004})
     b["results"]["allreduce"]["step_seconds_median"] += row_apply * 1000.0 * 2
-    b["results"]["hybrid"]["step_seconds_median"] += 0.002  # server rows 2U -> 4U
+    # 4 workers on the node: the ring moves 1.5x the dense bytes per worker on the node
+    # (Allreduce phase 1 -> 1.5 ms); server rows 2U -> 4U: its apply 2 -> 4 ms, of which the
+    # Allreduce phase and the dense Adam (1.5 + 2 ms) hide 3.5: the wait grows by 0.5 ms
+    b["results"]["hybrid"]["step_seconds_median"] += 0.0005 + 0.0005
     cross = [v for v in sc.validate([("a", a), ("b", b)])
              if (v["calibration"], v["target"]) == ("a", "b")]
     assert {v["mode"] for v in cross} == {"hybrid", "allreduce"}
@@ -154,7 +159,8 @@ def test_more_bandwidth_or_less_latency_never_slows_a_mode(sample):
         c = sc.calibrate(sample, m)
         for N in sc.NODES:
             for k in (1, 2, 8):
-                for kw in ({}, {"overlap": True}, {"ps_server_dense": "shard"}):
+                for kw in ({}, {"overlap": True}, {"ps_server_dense": "received"},
+                           {"ps_local_dense": "full"}):
                     bw = [sc.predict(c, N, k, sc.Link(1e-5, b), **kw)["step"]
                           for b in (1e8, 1e9, 3.1e9, 1.25e10, 1e12)]
                     lat = [sc.predict(c, N, k, sc.Link(t, 3.1e9), **kw)["step"]
@@ -169,11 +175,50 @@ def test_byte_model_matches_the_counters_and_the_bench_analytic(sample):
     """E, P and the ps padding: the model's bytes beside the library's counters, and the
     ps dense Get exactly as modes_bench's analytic formula (DENSE_ROW padding)."""
     res = sample["results"]
-    for m in ("hybrid", "allreduce"):
+    for m in ("hybrid", "ps", "allreduce"):
         got = sum(res[m]["bytes_per_step"].values())
-        assert sc.model_bytes(sc.calibrate(sample, m)) == pytest.approx(got, rel=5e-3)
+        assert sum(sc.model_bytes(sc.calibrate(sample, m)).values()) == pytest.approx(got, rel=5e-3)
     u, P = res["ps"]["unique_ids_per_worker_step"][0], res["ps"]["dense_params"]
     assert u * sc.ROW_WIDTH * 4 + sc.padded(P) * 4 == res["ps"]["bytes_analytic"]["rma_get_bytes"]
+
+
+def test_byte_model_by_kind_after_the_step_message():
+    """A server-side optimizer: rows and gradient sums two-sided (p2p = U*8 + U*E*4), no
+    Accumulate for the rows; ps still Accumulates its dense table; direct SGD: one
+    Accumulate of the rows, nothing two-sided."""
+    U, P, E = 1000.0, 1000, 17
+    run = fake_run(("hybrid", "ps", "allreduce"), U=U, P=P)
+    rows = U * E * 4
+    assert sc.model_bytes(sc.calibrate(run, "hybrid")) == {
+        "pull": rows, "p2p": U * 8 + rows, "allreduce": P * 4}
+    assert sc.model_bytes(sc.calibrate(run, "ps")) == {
+        "pull": rows + 1024 * 4, "rma_acc": 1024 * 4, "p2p": U * 8 + rows}
+    assert sc.model_bytes(sc.calibrate(run, "allreduce")) == {
+        "allgather": 2 * U * (8 + E * 4), "allreduce": P * 4}
+    sgd = fake_run(("hybrid", "ps"), U=U, P=P, p2p=False)
+    assert sc.model_bytes(sc.calibrate(sgd, "hybrid")) == {
+        "pull": rows, "rma_acc": rows, "allreduce": P * 4}
+    assert sc.model_bytes(sc.calibrate(sgd, "ps")) == {
+        "pull": rows + 1024 * 4, "rma_acc": rows + 1024 * 4}
+
+
+def test_counters_grouped_as_the_model_counts_them():
+    got = sc.counted_bytes({"rma_get_bytes": 10.0, "shm_read_bytes": 5.0, "rma_acc_bytes": 0.0,
+                            "p2p_bytes": 7.0, "allreduce_bytes": 3.0, "new_bytes": 2.0})
+    assert got == {"pull": 15.0, "p2p": 7.0, "allreduce": 3.0, "new_bytes": 2.0}
+
+
+def test_messages_per_server_after_the_step_message():
+    """Latency only (no bytes): hybrid = Get + ids + sums, ps + the dense Get and
+    Accumulate; direct SGD one Accumulate instead of the two sends."""
+    assert (sc.server_messages("hybrid", True), sc.server_messages("ps", True)) == (3, 5)
+    assert (sc.server_messages("hybrid", False), sc.server_messages("ps", False)) == (2, 4)
+    lk = sc.Link(1e-5, 1e30)
+    zero = {k: 0.0 for k in PHASES}
+    for m, n in (("hybrid", 3), ("ps", 5)):
+        run = fake_run((m,), U=1.0, P=0, phases=zero, step=0.0)
+        out = sc.predict(sc.calibrate(run, m), 8, 2, lk)
+        assert out["exchange"] == pytest.approx(n * 7 * 1e-5, rel=1e-9)
 
 
 def test_table_rows_read_from_modes_bench():
@@ -189,14 +234,408 @@ def test_cli_writes_the_projection(sample, tmp_path, capsys):
     got = json.loads(out.read_text())
     assert set(got["projection"]) == {"eth25", "ib100"}
     for p in got["projection"].values():
-        for m, r in p.items():
+        assert set(p) == {"2"}  # the measured workers per node
+        for m, r in p["2"].items():
             assert r["samples_per_s"][0] == pytest.approx(
                 sample["results"][m]["samples_per_s"], rel=1e-9)
             assert r["nodes"] == [1, 2, 16]
-    assert math.isfinite(got["hybrid_over_ps_16"]["eth25"])
+    assert math.isfinite(got["hybrid_over_ps_16"]["eth25"]["2"])
     lk = json.loads(out.read_text())["links"]["eth25"]
     assert (lk["latency"], lk["bandwidth"]) == (10e-6, 3.1e9)
     sc.main([SAMPLE, "--json", str(out), "--preset", "ib100", "--latency", "2",
              "--bandwidth", "5"])
     lk = json.loads(out.read_text())["links"]["ib100"]
     assert (lk["latency"], lk["bandwidth"]) == pytest.approx((2e-6, 5e9))
+
+
+# -- calibration on the timed steps (modes_bench's timed_series) ----------------------------
+
+def series(workers, untimed=None, server=None):
+    """A ``timed_series`` from each worker's {phase: [s per step]}: steps = the workers'
+    mean phases summed + untimed (what the reporter's clock would see)."""
+    n = len(next(iter(workers[0].values())))
+    mean = {p: [statistics.fmean(w.get(p, [0.0] * n)[t] for w in workers) for t in range(n)]
+            for p in PHASES}
+    untimed = untimed or [0.0] * n
+    steps = [sum(mean[p][t] for p in PHASES) + untimed[t] for t in range(n)]
+    return {"step": steps, "untimed": untimed, "server_apply": server or [0.0] * n,
+            "phases": mean, "phases_by_worker": [{p: w.get(p, [0.0] * n) for p in PHASES}
+                                                 for w in workers]}
+
+
+def series_run(per_mode: dict, U=1000.0, P=100_000, batch=8, p2p=True):
+    """A modes_bench run whose modes carry ``timed_series`` (per_mode: mode -> series)."""
+    run = fake_run(tuple(per_mode), U=U, P=P, batch=batch, p2p=p2p)
+    for m, ts in per_mode.items():
+        r = run["results"][m]
+        r["timed_series"] = ts
+        r["step_seconds_median"] = statistics.median(ts["step"])
+        r["workers"] = len(ts["phases_by_worker"])
+        r["unique_ids_per_worker_step"] = [U] * r["workers"]
+    return run
+
+
+def test_middle_half_drops_the_quartiles():
+    assert sc.middle_half([5, 1, 3, 2, 4, 100, 0, 6]) == [0, 2, 3, 4]  # times 2, 3, 4, 5
+    assert sc.middle_half([3.0, 1.0, 2.0]) == [0, 1, 2]  # too few to drop any
+    assert sc.middle_half(list(range(10))) == [2, 3, 4, 5, 6, 7]
+
+
+def test_series_means_add_up_and_split_the_imbalance():
+    """Two workers, 8 steps, one outlier step (both workers' fwd_bwd x10): the outlier is
+    not in the middle half; the sync phases keep the least worker's time, the rest is
+    imbalance; phases + imbalance + other = the middle-half mean step, exactly."""
+    n = 8
+    w0 = dict(data=[1e-3] * n, fwd_bwd=[10e-3] * (n - 1) + [100e-3], allreduce=[3e-3] * n,
+              wait=[0.2e-3] * n)
+    w1 = dict(data=[1e-3] * n, fwd_bwd=[12e-3] * (n - 1) + [120e-3], allreduce=[1e-3] * n,
+              wait=[0.4e-3] * n)
+    ts = series([w0, w1], untimed=[0.1e-3] * n)
+    m = sc.series_means(ts, sc.SYNC["hybrid"])
+    assert m["phases"]["fwd_bwd"] == pytest.approx(11e-3)
+    assert m["phases"]["allreduce"] == pytest.approx(1e-3)
+    assert m["phases"]["wait"] == pytest.approx(0.2e-3)
+    assert m["imbalance"] == pytest.approx((2e-3 - 1e-3) + (0.3e-3 - 0.2e-3))
+    assert m["other"] == pytest.approx(0.1e-3)
+    assert sum(m["phases"].values()) + m["imbalance"] + m["other"] == pytest.approx(m["step"])
+    assert m["step"] == pytest.approx(1e-3 + 11e-3 + 2e-3 + 0.3e-3 + 0.1e-3)
+    no_split = sc.series_means(ts)  # no sync phases: the workers' mean, no imbalance
+    assert no_split["imbalance"] == 0.0 and no_split["phases"]["allreduce"] == pytest.approx(2e-3)
+
+
+def test_calibrated_step_is_the_middle_half_step_and_validates_against_the_median():
+    n = 8
+    w = dict(data=[1e-3] * n, fwd_bwd=[10e-3, 10e-3, 11e-3, 11e-3, 12e-3, 12e-3, 30e-3, 1e-3],
+             wait=[1e-3] * n)
+    run = series_run({"hybrid": series([w, w], server=[0.5e-3] * n)})
+    c = sc.calibrate(run, "hybrid")
+    assert c.stat == "middle-half mean"
+    assert c.local["fwd_bwd"] == pytest.approx(11e-3)  # steps with 10, 11, 11, 12 ms
+    assert c.server_sparse == pytest.approx(0.5e-3)
+    assert c.modeled == pytest.approx(13e-3)
+    for lk in sc.PRESETS.values():
+        assert sc.predict(c, 1, 2, lk)["step"] == pytest.approx(13e-3, rel=1e-12)
+    (v,) = sc.validate([("a", run)])
+    assert v["error"] == pytest.approx(13e-3 / run["results"]["hybrid"]["step_seconds_median"] - 1)
+
+
+# -- GPU-class compute ----------------------------------------------------------------------
+
+def hybrid_ps_run(imbalance=True):
+    n = 4
+    h0 = dict(data=[1e-3] * n, pull=[2e-3] * n, fwd_bwd=[20e-3] * n, push=[1e-3] * n,
+              allreduce=[3e-3] * n, dense_apply=[2e-3] * n, wait=[1e-3] * n)
+    h1 = dict(h0, allreduce=[5e-3] * n if imbalance else [3e-3] * n)
+    p0 = dict(data=[1e-3] * n, pull=[5e-3] * n, fwd_bwd=[20e-3] * n, push=[4e-3] * n,
+              wait=[8e-3] * n)
+    return series_run({"hybrid": series([h0, h1], server=[1e-3] * n),
+                       "ps": series([p0, p0], server=[5e-3] * n)}, P=1_000_000)
+
+
+def test_compute_speedup_replaces_compute_and_keeps_the_wire():
+    run = hybrid_ps_run()
+    for m in ("hybrid", "ps"):
+        c = sc.calibrate(run, m)
+        g = sc.with_speedup(c, 50)
+        assert g.local["fwd_bwd"] == pytest.approx(c.local["fwd_bwd"] / 50)
+        assert g.local["dense_apply"] == pytest.approx(c.local["dense_apply"] / 50)
+        assert g.imbalance == pytest.approx(c.imbalance / 50)
+        for key in ("data", "pull", "push", "allreduce"):
+            assert g.local[key] == c.local[key]
+        assert (g.wait, g.other, g.server_sparse, g.server_dense) == \
+            (c.wait, c.other, c.server_sparse, c.server_dense)
+        for lk in sc.PRESETS.values():
+            a, b = sc.predict(c, 16, 8, lk), sc.predict(g, 16, 8, lk)
+            for key in ("local", "wait", "exchange", "ps_dense", "allreduce", "allgather"):
+                assert a[key] == pytest.approx(b[key], rel=1e-12, abs=1e-15)
+            assert b["compute"] == pytest.approx(a["compute"] / 50)
+    h = sc.calibrate(run, "hybrid")
+    assert h.imbalance == pytest.approx(1e-3) and h.local["allreduce"] == pytest.approx(3e-3)
+    ps = sc.with_compute(sc.calibrate(run, "ps"), 1e-3, 5e-5, "gpu")
+    assert ps.local["dense_apply"] == 0.0 and ps.local["fwd_bwd"] == 1e-3  # Adam on the servers
+
+
+def test_compute_from_reads_the_entry_of_the_runs_model():
+    doc = {"device": "H200", "compute": {
+        "light": {"mlp": "64,32", "batch_size": 256, "fwd_bwd_seconds": 1e-4,
+                  "dense_apply_seconds": 1e-5},
+        "paper": {"mlp": "1024,512,256", "batch_size": 256, "fwd_bwd_seconds": 6e-4,
+                  "dense_apply_seconds": 3e-5}}}
+    fb, da, label = sc.compute_from(doc, {"mlp": "1024,512,256", "batch_size": 256})
+    assert (fb, da) == (6e-4, 3e-5) and "H200" in label
+    with pytest.raises(ValueError, match="no compute entry"):
+        sc.compute_from(doc, {"mlp": "1024,512,256", "batch_size": 512})
+
+
+def test_gpu_check_compute_entry_round_trips_on_numpy():
+    """bench/gpu_check.time_compute on NumPy: the modes benchmark's dense parameter count,
+    positive times, and an entry compute_from reads."""
+    import numpy as np
+
+    import gpu_check
+
+    e = gpu_check.time_compute(np, gpu_check.WORKLOADS["light"], repeat=2, warmup=1)
+    assert e["dense_params"] == 29_647 and e["mlp"] == "64,32"
+    assert e["fwd_bwd_seconds"] > 0 and e["dense_apply_seconds"] > 0
+    fb, da, _ = sc.compute_from({"compute": {"light": e}}, {"mlp": "64,32", "batch_size": 256})
+    assert (fb, da) == (e["fwd_bwd_seconds"], e["dense_apply_seconds"])
+
+
+def test_dense_size_scales_the_dense_terms_only():
+    """ps: the dense shares of pull and push (ps minus hybrid), the servers' dense Adam
+    (ps server minus hybrid server) and with it the wait; hybrid: its Allreduce phase."""
+    run = hybrid_ps_run(imbalance=False)
+    ps = sc.calibrate(run, "ps")
+    assert ps.dense_local == pytest.approx({"pull": 3e-3, "push": 3e-3})
+    assert (ps.server_sparse, ps.server_dense) == pytest.approx((1e-3, 4e-3))
+    q = sc.with_dense_params(ps, 250_000)
+    assert q.local["pull"] == pytest.approx(2e-3 + 0.75e-3)
+    assert q.local["push"] == pytest.approx(1e-3 + 0.75e-3)
+    assert q.server_dense == pytest.approx(1e-3)
+    assert sc.predict(q, 1, 2, sc.PRESETS["eth25"])["wait"] == pytest.approx(8e-3 - 3e-3)
+    assert q.local["fwd_bwd"] == ps.local["fwd_bwd"] and q.P == 250_000
+    h = sc.with_dense_params(sc.calibrate(run, "hybrid"), 250_000)
+    assert h.local["allreduce"] == pytest.approx(0.75e-3)
+    # the server's 1 ms apply is no longer hidden by 3 + 2 ms, only by 0.75 + 2 ms: still
+    assert sc.predict(h, 1, 2, sc.PRESETS["eth25"])["wait"] == pytest.approx(1e-3)
+    assert sc.with_dense_params(ps, ps.P) == ps
+
+
+def test_cross_workload_of_a_run_the_model_describes_is_exact():
+    """dst = src with the compute / 10 (the compute-only mode's fwd_bwd ratio) and a
+    quarter of the dense parameters, built term by term as the model says: error 0."""
+    n = 4
+
+    def const(**ph):
+        return {p: [v] * n for p, v in ph.items()}
+
+    src = series_run({
+        "hybrid": series([const(data=1e-3, pull=2e-3, fwd_bwd=20e-3, push=1e-3, allreduce=3e-3,
+                                dense_apply=2e-3, wait=1e-3)] * 2, server=[1e-3] * n),
+        "ps": series([const(data=1e-3, pull=5e-3, fwd_bwd=20e-3, push=4e-3, wait=8e-3)] * 2,
+                     server=[5e-3] * n),
+        "compute": series([const(data=1e-3, pull=0.5e-3, fwd_bwd=20e-3, push=0.5e-3,
+                                 dense_apply=2e-3)] * 2)}, P=1_000_000)
+    dst = series_run({
+        # the server's 1 ms apply, hidden by 3 + 2 ms before, by 0.75 + 0.2 ms now: wait
+        # + 0.05 ms
+        "hybrid": series([const(data=1e-3, pull=2e-3, fwd_bwd=2e-3, push=1e-3,
+                                allreduce=0.75e-3, dense_apply=0.2e-3, wait=1.05e-3)] * 2,
+                         server=[1e-3] * n),
+        "ps": series([const(data=1e-3, pull=2.75e-3, fwd_bwd=2e-3, push=1.75e-3,
+                            wait=5e-3)] * 2, server=[2e-3] * n),
+        "compute": series([const(data=1e-3, pull=0.5e-3, fwd_bwd=2e-3, push=0.5e-3,
+                                 dense_apply=0.2e-3)] * 2)}, P=250_000)
+    assert sc.compute_ratio(src, dst) == pytest.approx(10.0)
+    out = sc.cross_workload(src, dst)
+    assert {v["mode"] for v in out} == {"hybrid", "ps", "compute"}
+    for v in out:
+        assert v["error"] == pytest.approx(0.0, abs=1e-12), v["mode"]
+    assert next(v for v in out if v["mode"] == "ps")["error_same_dense"] > 0.5
+
+
+def test_ps_server_dense_shard_vs_received():
+    """The ps servers' dense Adam runs over a P/S shard (shard: x S0/S) or per received
+    copy (received: x g = k/W0); the sparse apply grows with the rows received (g)."""
+    run = hybrid_ps_run(imbalance=False)
+    c = sc.calibrate(run, "ps")
+    lk = sc.PRESETS["ib100"]
+    for N, k in ((4, 2), (16, 8), (1, 8)):
+        g = k / 2
+        shard = sc.predict(c, N, k, lk)["wait"]
+        recv = sc.predict(c, N, k, lk, ps_server_dense="received")["wait"]
+        assert shard == pytest.approx(max(0.0, 8e-3 + 1e-3 * (g - 1) + 4e-3 * (1 / N - 1)))
+        assert recv == pytest.approx(8e-3 + 1e-3 * (g - 1) + 4e-3 * (g - 1))
+
+
+def test_cli_gpu_class_options(sample, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert sc.main([SAMPLE, "--json", str(out), "--nodes", "1,16"]) == 0
+    base = json.loads(out.read_text())
+    assert sc.main([SAMPLE, "--json", str(out), "--nodes", "1,16", "--compute-speedup", "50",
+                    "--workers-per-node", "1,4,8"]) == 0
+    text = capsys.readouterr().out
+    assert "ASSUMPTION" in text and "measured / 50" in text
+    got = json.loads(out.read_text())
+    assert set(got["projection"]["eth25"]) == {"1", "4", "8"}
+    assert set(got["hybrid_over_ps_16"]["ib100"]) == {"1", "4", "8"}
+    fast = got["projection"]["eth25"]["8"]["hybrid"]["components"][1]
+    slow = base["projection"]["eth25"]["2"]["hybrid"]["components"][1]
+    assert fast["compute"] == pytest.approx(slow["compute"] / 50)
+    gpu = tmp_path / "gpu.json"
+    gpu.write_text(json.dumps({"device": "GPU-X", "compute": {"paper": {
+        "mlp": sample["args"]["mlp"], "batch_size": 256, "fwd_bwd_seconds": 1e-3,
+        "dense_apply_seconds": 1e-4}}}))
+    assert sc.main([SAMPLE, "--json", str(out), "--nodes", "1,16", "--compute-from",
+                    str(gpu)]) == 0
+    got = json.loads(out.read_text())
+    assert "GPU-X" in got["compute"]
+    assert got["calib"]["hybrid"]["local"]["fwd_bwd"] == 1e-3
+    assert got["calib"]["ps"]["local"]["dense_apply"] == 0.0
+    with pytest.raises(SystemExit):  # one or the other
+        sc.main([SAMPLE, "--compute-from", str(gpu), "--compute-speedup", "5"])
+
+
+def test_cli_cross_and_png(sample, tmp_path, capsys):
+    out = tmp_path / "s.json"
+    assert sc.main([SAMPLE, "--json", str(out), "--nodes", "1,2", "--cross", SAMPLE,
+                    "--png", str(tmp_path / "s.png")]) == 0
+    text = capsys.readouterr().out
+    assert "cross-workload" in text
+    (cw,) = json.loads(out.read_text())["cross_workload"].values()
+    assert all(v["ratio"] == pytest.approx(1.0) for v in cw)
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "no PNG" in text
+    else:
+        assert (tmp_path / "s.png").stat().st_size > 0
+
+
+# -- what modes_bench records (bench/timing.py: no MPI) -------------------------------------
+
+def test_step_timers_keep_each_step_and_each_server_apply():
+    import timing
+
+    t = timing.StepTimers()
+    assert timing.StepTimers.last is t
+    t["fwd_bwd"] += 2.0
+    t["wait"] += 0.5
+    t.mark()
+    t["fwd_bwd"] += 3.0
+    t["fwd_bwd"] += 1.0  # a phase entered twice in one step
+    t.mark()
+    assert t.steps[0]["fwd_bwd"] == 2.0 and t.steps[0]["wait"] == 0.5
+    assert t.steps[1]["fwd_bwd"] == 4.0 and t.steps[1]["wait"] == 0.0
+    assert set(t.steps[0]) == set(PHASES)
+    for x in (0.25, 0.5, 0.125):
+        t["server_apply"] += x
+    assert t.applies == [0.25, 0.5, 0.125]  # the first one's creation (0.0) is not a step
+
+
+def test_timed_stats_of_two_workers():
+    import timing
+
+    zero = {p: 0.0 for p in PHASES}
+    w0 = [dict(zero, fwd_bwd=1.0, wait=0.5), dict(zero, fwd_bwd=3.0, wait=0.5),
+          dict(zero, fwd_bwd=2.0, wait=0.5)]
+    w1 = [dict(zero, fwd_bwd=1.0, wait=1.5), dict(zero, fwd_bwd=1.0, wait=0.5),
+          dict(zero, fwd_bwd=2.0, wait=0.5)]
+    steps = [1.6, 3.6, 2.6]
+    out = timing.timed_stats([w0, w1], w0, steps, [[0.1, 0.2, 0.3], [0.2, 0.1, 0.1]])
+    assert out["phase_seconds_timed_median"]["fwd_bwd"] == 2.0  # means 1, 2, 2
+    assert out["phase_seconds_timed_mean"]["wait"] == pytest.approx(2 / 3)  # 1, .5, .5
+    assert out["untimed_seconds_timed_mean"] == pytest.approx(0.1)  # the reporter: w0
+    assert out["server_apply_seconds_timed_median"] == 0.2  # slowest server: .2, .2, .3
+    assert out["fwd_bwd_timed_median_per_worker"] == [2.0, 1.0]
+    ts = out["timed_series"]
+    assert ts["phases"]["fwd_bwd"] == [1.0, 2.0, 2.0] and ts["step"] == steps
+    assert ts["phases_by_worker"][1]["wait"] == [1.5, 0.5, 0.5]
+    m = sc.series_means(ts, ("wait",))  # 3 steps: all in the "middle half"
+    assert m["imbalance"] == pytest.approx(0.5 / 3)  # step 1: mean 1.0, least 0.5
+
+
+def test_hybrid_wait_grows_when_less_hides_the_servers_apply():
+    """Hybrid sends the step message, then completes the dense Allreduce and runs its dense
+    Adam while the servers apply: 1 ms of server apply hidden by 0.5 + 2 ms. Compute / 10:
+    dense Adam 0.2 ms, 0.3 ms of the apply exposed. At 16 nodes the ring's wire time hides
+    it again."""
+    n = 4
+    w = {p: [v] * n for p, v in dict(data=1e-3, fwd_bwd=20e-3, allreduce=0.5e-3,
+                                        dense_apply=2e-3, wait=0.2e-3).items()}
+    run = series_run({"hybrid": series([w, w], server=[1e-3] * n)}, P=100_000)
+    c = sc.calibrate(run, "hybrid")
+    assert c.exposed == 0.0
+    g = sc.with_speedup(c, 10)
+    lk = sc.PRESETS["eth25"]
+    assert sc.predict(c, 1, 2, lk)["wait"] == pytest.approx(0.2e-3)
+    assert sc.predict(g, 1, 2, lk)["wait"] == pytest.approx(0.2e-3 + 0.3e-3)
+    ring = sc.ring_allreduce(400_000, 32, lk)
+    assert 0.5e-3 + ring + 0.2e-3 > 1e-3
+    assert sc.predict(g, 16, 2, lk)["wait"] == pytest.approx(0.2e-3)
+
+
+def test_on_node_dense_share_of_hybrid_and_allreduce():
+    """hybrid: the least worker's Allreduce phase is all dense bytes; allreduce mode: its
+    push (Allgather + optimizer on the W0 workers' rows, W0 x the compute-only push)
+    progresses the pending dense Iallreduce: the rest of the push is dense."""
+    n = 4
+    h0 = {p: [v] * n for p, v in dict(fwd_bwd=20e-3, allreduce=3e-3).items()}
+    h1 = dict(h0, allreduce=[5e-3] * n)
+    a = {p: [v] * n for p, v in dict(fwd_bwd=20e-3, push=4e-3).items()}
+    c = {p: [v] * n for p, v in dict(fwd_bwd=20e-3, push=0.5e-3).items()}
+    run = series_run({"hybrid": series([h0, h1]), "allreduce": series([a, a]),
+                      "compute": series([c, c])})
+    assert sc.calibrate(run, "hybrid").dense_local == {"allreduce": pytest.approx(3e-3)}
+    ar = sc.calibrate(run, "allreduce")
+    assert ar.dense_local == {"push": pytest.approx(4e-3 - 2 * 0.5e-3)}
+    small = sc.with_dense_params(ar, ar.P // 100)
+    assert small.local["push"] == pytest.approx(1e-3 + 3e-3 / 100)
+    del run["results"]["compute"]  # without it: hybrid's Allreduce phase, at most the push
+    assert sc.calibrate(run, "allreduce").dense_local == {"push": pytest.approx(3e-3)}
+
+
+def test_ps_dense_pull_and_push_leave_the_node_with_the_wire():
+    """ps's dense pull and push measured on one node (3 + 3 ms): at N nodes the 1/N from
+    the node's own server stays, the rest is ps_dense's wire time (k copies of Pp*4 through
+    each server's NIC, each way)."""
+    c = sc.calibrate(hybrid_ps_run(imbalance=False), "ps")
+    lk = sc.PRESETS["eth25"]
+    one = sc.predict(c, 1, 2, lk)
+    assert one["ps_dense"] == 0.0
+    for N in (2, 16, 128):
+        out = sc.predict(c, N, 2, lk)
+        assert out["local"] == pytest.approx(one["local"] - 6e-3 * (N - 1) / N)
+        assert out["ps_dense"] == pytest.approx(
+            2 * 2 * sc.padded(1_000_000) * 4 * (N - 1) / N / lk.bandwidth)
+        full = sc.predict(c, N, 2, lk, ps_local_dense="full")
+        assert full["local"] == pytest.approx(one["local"])
+        assert full["ps_dense"] == out["ps_dense"]
+
+
+def test_validation_against_the_median_of_the_other_runs():
+    """Calibrated on run a (step 13 ms), validated on b, c, d (12, 13, 20 ms): per run
+    +8.3%, 0%, -35%; against their median (13 ms) 0%."""
+    n = 4
+
+    def run(ms):
+        w = {"fwd_bwd": [ms * 1e-3] * n}
+        return series_run({"compute": series([w, w])})
+
+    val = sc.validate([("a", run(13)), ("b", run(12)), ("c", run(13)), ("d", run(20))])
+    s = sc.validation_summary(val)["compute"]
+    assert s["runs"] == 3 and s["error"] == pytest.approx(0.0, abs=1e-12)
+    assert (s["min_error"], s["max_error"]) == pytest.approx((13 / 20 - 1, 13 / 12 - 1))
+    assert sc.validation_summary(val[:1]) == {}
+
+
+def test_the_allreduce_on_node_share_follows_the_rings_on_node_edges():
+    """Measured: 2 workers on one node, all ring edges on the node (P*4 per worker). At N
+    nodes x k: 2(W-1)/W of P*4 per worker, on the node for (k-1)/k of the workers."""
+    assert sc.ring_on_node(1, 2, 2) == 1.0
+    assert sc.ring_on_node(1, 8, 2) == pytest.approx(2 * 7 / 8)
+    assert sc.ring_on_node(16, 1, 2) == 0.0  # one worker per node: every edge leaves it
+    assert sc.ring_on_node(16, 8, 2) == pytest.approx(2 * 127 / 128 * 7 / 8)
+    c = sc.calibrate(hybrid_ps_run(imbalance=False), "hybrid")  # Allreduce phase 3 ms
+    lk = sc.Link(0.0, 1e30)
+    one = sc.predict(c, 1, 2, lk)["local"]
+    for N, k in ((16, 1), (16, 4), (1, 8)):
+        assert sc.predict(c, N, k, lk)["local"] == pytest.approx(
+            one + 3e-3 * (sc.ring_on_node(N, k, 2) - 1))
+
+
+def test_intra_node_speed_replaces_the_measured_on_node_dense_cost():
+    """--intra-node: hybrid's on-node ring bytes (2(W-1)/W * (k-1)/k * P*4 per worker) and
+    ps's own-server share of its dense pull and push (2 * Pp*4 / N) at that speed."""
+    run = hybrid_ps_run(imbalance=False)  # P = 1e6; hybrid Allreduce phase 3 ms, ps 3 + 3
+    h, q = sc.calibrate(run, "hybrid"), sc.calibrate(run, "ps")
+    lk, bw = sc.Link(0.0, 1e30), 50e9
+    for N, k in ((1, 2), (16, 1), (16, 8)):
+        W = N * k
+        on = 1.0 if N == 1 else (k - 1) / k
+        got = sc.predict(h, N, k, lk, intra_node=bw)["local"]
+        base = sc.predict(h, N, k, lk)["local"] - 3e-3 * sc.ring_on_node(N, k, 2)
+        assert got == pytest.approx(base + 2 * (W - 1) / W * on * 4e6 / bw)
+        got = sc.predict(q, N, k, lk, intra_node=bw)["local"]
+        base = sc.predict(q, N, k, lk)["local"] - 6e-3 / N
+        assert got == pytest.approx(base + 2 * sc.padded(1_000_000) * 4 / N / bw)
