@@ -125,15 +125,18 @@ class Pacer:
 
 
 def poll_recv(comm: MPI.Comm, source: int, dtype=np.int64, max_sleep: float = 1e-3,
-              pacer: Pacer | None = None, learn: bool = True):
+              pacer: Pacer | None = None, learn: bool = True, spin: bool = False):
     """Receive one message of unknown length from ``source`` without spinning a core:
-    Iprobe with back-off sleeps (or as ``pacer`` says), then Recv. Returns (array, tag)."""
+    Iprobe with back-off sleeps (or as ``pacer`` says), then Recv. ``spin``: wait in MPI's
+    own (spinning) Probe instead, as a rank that trains does. Returns (array, tag)."""
     st = MPI.Status()
 
     def test():
         return comm.Iprobe(source, MPI.ANY_TAG, st)
 
-    if pacer is not None:
+    if spin:
+        comm.Probe(source, MPI.ANY_TAG, st)
+    elif pacer is not None:
         pacer.wait(test, learn)
     else:
         _sleep_until(test, max_sleep)

@@ -83,14 +83,7 @@ def _receive(topo, width: int, dtype, pacer: Pacer | None):
     out = []
     for i, r in enumerate(topo.worker_ranks):
         # Wire: one message from worker r (the pacer naps through most of a step's length)
-        if pacer is None:
-            st = MPI.Status()
-            topo.world.Probe(r, MPI.ANY_TAG, st)
-            ids = np.empty(st.Get_count(MPI.INT64_T), np.int64)
-            topo.world.Recv([ids, MPI.INT64_T], r, st.tag)
-            tag = st.tag
-        else:
-            ids, tag = poll_recv(topo.world, r, pacer=pacer, learn=i == 0)
+        ids, tag = poll_recv(topo.world, r, pacer=pacer, learn=i == 0, spin=pacer is None)
         grads = None
         if tag == TAG_STEP:  # Wire: its gradient sums follow, rows x width floats
             grads = np.empty((ids.size, width), dtype)
@@ -99,12 +92,12 @@ def _receive(topo, width: int, dtype, pacer: Pacer | None):
     return out
 
 
-def apply_step(topo, mode, step: int, pacer: Pacer | None = None) -> None:
+def apply_step(topo, mode, step: int) -> None:
     """Receive every worker's step message (rows, sums) for this rank's shard and apply the
     step's optimizers to it; the caller then joins the Ibarrier (``ServerLink.wait``).
     A colocated rank calls it inside its own step (``Mode.update``)."""
     width, dtype = mode.sparse.grad_row
-    msgs = _receive(topo, width, dtype, pacer)
+    msgs = _receive(topo, width, dtype, None)  # a worker: MPI's spinning probe
     assert all(tag == TAG_STEP for _, tag, _ in msgs), "workers out of step"
     _apply(mode, msgs, step)
 

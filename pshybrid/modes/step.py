@@ -78,10 +78,6 @@ class Mode:
         self.live = self.sparse.live or self.dense.live
         self.link = ServerLink(topo) if spec.needs_servers else None
 
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
     # -- the step (workers) ----------------------------------------------------------------
     @property
     def prepare_uses_mpi(self) -> bool:
