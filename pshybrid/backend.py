@@ -17,13 +17,42 @@ def array_module(*arrays):
 
 
 def cupy_available() -> bool:
-    """True when cupy imports and sees at least one CUDA device."""
+    """True when cupy imports and sees at least one CUDA device (``cupy_status`` says why
+    not)."""
+    return cupy_status()[0]
+
+
+def cupy_status() -> tuple[bool, str]:
+    """(usable, what was found): whether cupy imports and sees a CUDA device, and, when not,
+    what failed in one line: cupy not installed, a driver older than CuPy's CUDA runtime, no
+    device visible (with ``CUDA_VISIBLE_DEVICES``), or the error CuPy raised."""
     try:
         import cupy
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken install (missing libs)
+        if isinstance(e, ImportError) and getattr(e, "name", None) == "cupy":
+            return False, "cupy is not installed (docs/gpu.md: pip install cupy-cuda12x or -13x)"
+        return False, f"cupy does not import: {type(e).__name__}: {e}"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - CUDARuntimeError and friends
+        text = f"{type(e).__name__}: {e}"
+        if "InsufficientDriver" in text or "insufficient" in text.lower():
+            return False, (f"the NVIDIA driver is older than CuPy's CUDA runtime ({text}): "
+                           f"install the cupy wheel of the driver's CUDA major version "
+                           f"(nvidia-smi's 'CUDA Version'; docs/gpu.md)")
+        if "NoDevice" in text:
+            return False, f"no CUDA device visible ({text}){_visible()}"
+        return False, f"the CUDA runtime failed: {text}"
+    if n <= 0:
+        return False, f"no CUDA device visible (device count {n}){_visible()}"
+    return True, f"{n} CUDA device(s), CuPy {cupy.__version__}"
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+
+def _visible() -> str:
+    import os
+
+    v = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "" if v is None else f"; CUDA_VISIBLE_DEVICES={v!r}"
 
 
 def to_host(a):

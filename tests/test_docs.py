@@ -504,7 +504,7 @@ def test_gpu_check_without_a_gpu(tmp_path):
     except Exception:  # noqa: BLE001 - no CuPy, no driver, no device: the case checked here
         pass
     p = execute([sys.executable, str(ROOT / "bench" / "gpu_check.py")], tmp_path, 60)
-    assert p.returncode == 2 and "no CUDA device visible" in p.stdout + p.stderr, p
+    assert p.returncode == 2 and "no usable CUDA device" in p.stdout + p.stderr, p
 
 
 # -- the Python snippets ------------------------------------------------------------------------
