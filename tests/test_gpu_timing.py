@@ -1,0 +1,69 @@
+"""bench/timing.py's kernel timing method (bench/gpu_check.py: many launches between two
+CUDA events, beside a copy of the same bytes) on CPU stand-ins: a fake clock whose time
+only the timed calls and the marks advance (analytic oracle), and the host clock around
+NumPy kernels."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench"))
+from timing import HostClock, per_launch  # noqa: E402
+
+
+class FakeClock:
+    """A device timeline: ``now`` advances by what ``work`` costs and by ``mark_cost`` per
+    mark (an event's own overhead, after the reading it records)."""
+
+    def __init__(self, mark_cost=0.0):
+        self.now, self.mark_cost, self.marks = 0.0, mark_cost, 0
+
+    def mark(self):
+        t = self.now
+        self.now += self.mark_cost
+        self.marks += 1
+        return t
+
+    def elapsed(self, start, stop):
+        return stop - start
+
+
+def test_per_launch_is_the_cost_of_one_call_with_marks_amortised():
+    clock, calls = FakeClock(mark_cost=50.0), []
+
+    def work():
+        calls.append(1)
+        clock.now += 100.0 if len(calls) <= 2 else 1.0  # warm-ups are slow (compile, caches)
+
+    got = per_launch(work, clock, launches=50, repeat=3, warmup=2)
+    assert len(calls) == 2 + 50 * 3 and clock.marks == 2 * 3
+    assert got == pytest.approx(1.0 + 50.0 / 50)  # the call, plus one mark's cost / launches
+    # one launch per mark pair (the old method) times the mark's overhead as the kernel's
+    clock2 = FakeClock(mark_cost=50.0)
+    assert per_launch(lambda: setattr(clock2, "now", clock2.now + 1.0), clock2, 1, 1, 0) == 51.0
+
+
+def test_per_launch_takes_the_median_round():
+    clock, costs = FakeClock(), iter([0.0, 0.0] + [5.0] * 4 + [1.0] * 4 + [2.0] * 4)
+
+    def work():
+        clock.now += next(costs)
+
+    assert per_launch(work, clock, launches=4, repeat=3) == 2.0
+
+
+def test_host_clock_syncs_before_each_mark_and_times_numpy_beside_a_copy():
+    syncs = []
+    clock = HostClock(sync=lambda: syncs.append(1))
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((1 << 14, 16)).astype(np.float32)
+    idx = rng.integers(0, table.shape[0], 1 << 14)
+    out, src = np.empty((idx.size, 16), np.float32), np.ones((idx.size, 16), np.float32)
+    gather = per_launch(lambda: np.take(table, idx, axis=0, out=out), clock, 5, 3)
+    copy = per_launch(lambda: np.copyto(out, src), clock, 5, 3)
+    assert len(syncs) == 2 * 3 * 2 and gather > 0 and copy > 0
+    np.testing.assert_array_equal(out, src)  # the copy really ran last
+    np.take(table, idx, axis=0, out=out)
+    np.testing.assert_array_equal(out, table[idx])
