@@ -36,6 +36,7 @@ from .models import build_model
 from .modes import MODES, build_mode
 from .modes.hot import hottest_rows
 from .optim import Optimizer
+from .preempt import Preemption, notice
 from .preflight import preflight
 from .report import PHASES, Reporter, summarize
 from .synthetic import SyntheticCTR
@@ -51,6 +52,7 @@ class TrainResult:
     evals: list = field(default_factory=list)    # reporter only: one dict per evaluation
     step_seconds: list = field(default_factory=list)  # reporter only: wall time of each step
     summary: dict = field(default_factory=dict)  # reporter only
+    preempted: int | None = None                 # the step a signal stopped the run at
     dense: np.ndarray | None = None              # workers, when collect=True
     table: np.ndarray | None = None              # workers, when collect=True
 
@@ -90,8 +92,13 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
                 if collect:
                     job.result.dense = job.mode.full_dense()
                     job.result.table = job.mode.full_table()
-            return finish(job)
+            result = finish(job)
+            # Wire: bcast of the step a signal stopped the workers at (or None) to every rank
+            result.preempted = topo.world.bcast(result.preempted, root=topo.worker_ranks[0])
+            return result
         finally:
+            if job is not None and job.stop is not None:
+                job.stop.close(complete=False)  # an error: restore the signal handlers
             gc.unfreeze()  # a later run in this process (tests, benchmarks) may collect them
             for d in opened:
                 d.close()
@@ -118,6 +125,7 @@ class Job:
     reporter: Reporter | None
     t_begin: float
     result: TrainResult = None
+    stop: Preemption | None = None  # SIGUSR1/SIGTERM -> checkpoint and stop (``loop``)
     t_start: float = 0.0
     totals: np.ndarray = field(default_factory=lambda: np.zeros(3))  # loss, samples, labels
 
@@ -224,10 +232,14 @@ def _use_gpu(topo):
 # -- the loop (workers) --------------------------------------------------------------------
 
 def loop(job: Job, on_step=None) -> None:
-    """Workers: steps ``job.start .. job.steps``, logging, evaluating and checkpointing."""
+    """Workers: steps ``job.start .. job.steps``, logging, evaluating and checkpointing; a
+    SIGUSR1 or SIGTERM (with --checkpoint-dir) stops every worker at the same step boundary
+    after a checkpoint (``preempt``)."""
     cfg, mode, timers = job.cfg, job.mode, job.mode.timers
     log = _Log(job)
     batches = _batches(job)
+    stop = job.stop = Preemption(job.topo.workers, bool(cfg.checkpoint_dir))
+    stop.install()
     for step in range(job.start, job.steps):
         with timers.time("data"):
             label, dense, ids, batch = next(batches)
@@ -246,6 +258,22 @@ def loop(job: Job, on_step=None) -> None:
                                    or done == job.steps):
             mode.request_checkpoint(done)
             job.save(done)
+        if done < job.steps and stop.stop():  # collective: every worker stops here
+            _preempted(job, done)
+            break
+    stop.close()
+
+
+def _preempted(job: Job, done: int) -> None:
+    """A signal stopped the workers after step ``done``: checkpoint it (unless the loop
+    just did), say so."""
+    every = job.cfg.checkpoint_every
+    if not (every and done % every == 0):
+        job.mode.request_checkpoint(done)
+        job.save(done)
+    job.result.preempted = done
+    if job.reporter:
+        job.reporter.out.write(f"\n{notice(job.stop.signal, done, job.cfg.checkpoint_dir)}\n")
 
 
 def _batches(job: Job):
