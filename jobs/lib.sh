@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # . jobs/lib.sh   — shared by the jobs/ scripts (sourced, not run): environment, resume, signals.
 # pshybrid_env            activate the software: `module load $PSHYBRID_MODULES` (if set, e.g.
 #                         "openmpi/4.1.6 cuda/12.4"), then the virtual environment
