@@ -174,14 +174,17 @@ def _nvrtc():
 CUPY_NVRTC_OPTIONS = ("-ftz=true", "--device-as-default-execution-space")
 
 
-@pytest.mark.skipif(_nvrtc() is None, reason="cupy's NVRTC (libnvrtc) not available")
+@pytest.mark.skipif(_nvrtc() is None and os.environ.get("PSHYBRID_REQUIRE_NVRTC") != "1",
+                    reason="cupy's NVRTC (libnvrtc) not available")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvrtc_compiles_every_name_expression_without_spills(arch):
     """What ``cupy.RawModule(code, options, name_expressions)`` does on a device, minus the
     device: NVRTC compiles the module with CuPy's own options to a cubin for ``arch``,
     lowers every kernel name the module maps to, and ptxas reports no register spills (a
-    spill would put every row's loop through local memory)."""
+    spill would put every row's loop through local memory). CI installs NVRTC and sets
+    PSHYBRID_REQUIRE_NVRTC=1, so there this test cannot pass by skipping."""
     nvrtc = _nvrtc()
+    assert nvrtc is not None, "PSHYBRID_REQUIRE_NVRTC=1 but cupy's NVRTC does not load"
     prog = nvrtc.createProgram(cuda.source(), "pshybrid.cu", [], [])
     try:
         for name in cuda.NAME_EXPRESSIONS:
