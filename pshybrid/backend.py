@@ -68,3 +68,54 @@ def synchronize(*arrays) -> None:
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
+
+
+class _PinnedRing:
+    """Host-to-device copies through pinned (page-locked) host buffers: the copy is
+    asynchronous on the current stream (a pageable copy blocks the host until it is done).
+    ``slots`` buffers are reused in turn, each grown to the largest copy it served; a slot's
+    previous copy is waited for (its event, long done in a training loop) before the slot is
+    overwritten."""
+
+    def __init__(self, slots: int = 8):
+        import threading
+
+        self.slots: list = [None] * slots  # (pinned uint8 array, event of its last copy)
+        self.next = 0
+        self.lock = threading.Lock()
+
+    def to_device(self, xp, host: np.ndarray, dtype=None):
+        dtype = np.dtype(dtype or host.dtype)
+        nbytes = host.size * dtype.itemsize
+        with self.lock:
+            i, self.next = self.next, (self.next + 1) % len(self.slots)
+            buf, event = self.slots[i] or (None, None)
+            if event is not None:
+                event.synchronize()  # the copy that last read this slot has finished
+            if buf is None or buf.size < nbytes:
+                mem = xp.cuda.alloc_pinned_memory(max(nbytes, 1))
+                buf = np.frombuffer(mem, np.uint8, max(nbytes, 1))
+            staged = buf[:nbytes].view(dtype).reshape(host.shape)
+            np.copyto(staged, host, casting="same_kind")  # the cast happens here, on the host
+            dev = xp.empty(host.shape, dtype)
+            dev.set(staged, stream=xp.cuda.get_current_stream())  # async H2D, pinned source
+            event = xp.cuda.Event()
+            event.record()
+            self.slots[i] = (buf, event)
+        return dev
+
+
+_RING = _PinnedRing()
+
+
+def to_device(xp, host, dtype=None):
+    """``host`` (NumPy) as an ``xp`` array of ``dtype`` (default: its own). NumPy: ``host``
+    itself when the dtype matches (no copy). CuPy: an asynchronous copy on the current
+    stream from a pinned staging buffer (``_PinnedRing``): kernels later on the stream see
+    it, and the host does not wait for it."""
+    host = np.asarray(host)
+    if xp is np:
+        return host.astype(dtype or host.dtype, copy=False)
+    if host.size == 0:
+        return xp.empty(host.shape, dtype or host.dtype)
+    return _RING.to_device(xp, np.ascontiguousarray(host), dtype)

@@ -67,3 +67,64 @@ def test_host_clock_syncs_before_each_mark_and_times_numpy_beside_a_copy():
     np.testing.assert_array_equal(out, src)  # the copy really ran last
     np.take(table, idx, axis=0, out=out)
     np.testing.assert_array_equal(out, table[idx])
+
+
+class FakeCuda:
+    """The part of cupy that ``backend.to_device`` uses, on NumPy: pinned memory is a
+    bytearray, an event records the copies queued before it, ``set`` queues a copy (run at
+    the next synchronize of an event recorded after it)."""
+
+    def __init__(self):
+        self.queue, self.log, self.done = [], [], 0
+        fake = self
+
+        class Event:
+            def record(self):
+                self.upto = len(fake.queue)
+
+            def synchronize(self):
+                fake.run(self.upto)
+                fake.log.append(("sync", self.upto))
+
+        class Dev(np.ndarray):
+            def set(self, host, stream=None):
+                assert stream == "stream", "the copy must be asynchronous, on the stream"
+                fake.queue.append(lambda dst=self, src=host: np.copyto(dst, src))
+
+        self.cuda = type("cuda", (), {
+            "Event": Event, "get_current_stream": staticmethod(lambda: "stream"),
+            "alloc_pinned_memory": staticmethod(lambda n: (fake.log.append(("alloc", n)),
+                                                           bytearray(n))[1])})
+        self.empty = lambda shape, dtype: np.empty(shape, dtype).view(Dev)
+
+    def run(self, upto):
+        """Complete the queued copies up to ``upto`` (each runs once, in order)."""
+        while self.done < upto:
+            self.queue[self.done]()
+            self.done += 1
+
+    def drain(self):
+        self.run(len(self.queue))
+
+
+def test_to_device_stages_through_reused_pinned_slots():
+    """Each copy: host -> a pinned slot (cast there), then an asynchronous copy on the
+    stream; a slot is overwritten only after its last copy's event completed; slots grow."""
+    from pshybrid import backend
+
+    fake, ring = FakeCuda(), backend._PinnedRing(slots=2)
+    rng = np.random.default_rng(0)
+    hosts = [rng.standard_normal((5, 3)), rng.standard_normal(4), rng.standard_normal((7, 3)),
+             rng.standard_normal(3)]
+    devs = [ring.to_device(fake, h, np.float32) for h in hosts]
+    assert [e for e in fake.log if e[0] == "alloc"] == [("alloc", 60), ("alloc", 16),
+                                                       ("alloc", 84)]  # slot 0 grew, not 1
+    # each slot's previous copy was waited for (and so had run) before the slot's reuse
+    assert [e for e in fake.log if e[0] == "sync"] == [("sync", 1), ("sync", 2)]
+    fake.drain()
+    for d, h in zip(devs, hosts):
+        assert d.dtype == np.float32 and d.shape == h.shape
+        np.testing.assert_array_equal(np.asarray(d), h.astype(np.float32))
+    same = np.arange(6.0)
+    assert backend.to_device(np, same) is same  # NumPy: no copy
+    assert backend.to_device(np, same, np.float32).dtype == np.float32
