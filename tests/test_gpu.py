@@ -260,6 +260,28 @@ def test_device_cuda_without_gpu_is_one_clear_error():
     assert why in str(err.value)  # what failed, not only that something did
 
 
+@pytest.mark.parametrize("setting,want", [
+    ("on", "yes (--cuda-aware on); --device cuda's dense Allreduce: blocking, on device buffers"),
+    ("off", "no (--cuda-aware off); --device cuda's dense Iallreduce: staged through pinned "
+            "host memory"),
+    ("auto", "(MPIX_Query_cuda_support() in libmpi")])
+def test_info_shows_the_dense_allreduce_path(setting, want):
+    """``pshybrid info`` says which path GPU workers' dense Allreduce takes: a blocking
+    Allreduce on device buffers (CUDA-aware MPI) or an Iallreduce staged through pinned host
+    memory; ``auto`` asks the loaded MPI library (the mpich wheel: not CUDA-aware)."""
+    _mpi()
+    p = subprocess.run([sys.executable, "-m", "pshybrid", "info", "--cuda-aware", setting],
+                       capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, p.stderr
+    line = next(ln for ln in p.stdout.splitlines() if ln.startswith("CUDA-aware MPI"))
+    assert want in line, line
+    if setting == "auto":
+        from pshybrid.devices import cuda_aware_mpi
+
+        aware = cuda_aware_mpi()[0]
+        assert ("blocking, on device buffers" if aware else "staged through pinned") in line
+
+
 # -- kernels vs their twins -----------------------------------------------------------------
 DTYPES = ["float32", "float64"]
 DIMS = [1, 2, 3, 4, 5, 8, 17, 64, 130]
