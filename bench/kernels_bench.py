@@ -65,6 +65,7 @@ def pad_report(kernels, a) -> None:
     next multiple of 4, alternating D and P ``--rounds`` times (medians of each round's
     median): the machine's drift hits both alike. Prints time per call and P/D."""
     import statistics
+    from functools import partial
 
     D = a.pad
     P = -(-D // 4) * 4
@@ -81,13 +82,14 @@ def pad_report(kernels, a) -> None:
                 uniq, inverse = np.unique(keys, return_inverse=True)
                 rows = {w: np.ascontiguousarray(rng.standard_normal((uniq.size, w)).astype(dtype))
                         for w in (D, P)}
-                runs = {"gather": lambda w: kernels.gather(rows[w], inverse),
-                        "segment_sum": lambda w: kernels.segment_sum(keys, vals[w])}
-                for name, fn in runs.items():
+                calls = {"gather": {w: partial(kernels.gather, rows[w], inverse) for w in rows},
+                         "segment_sum": {w: partial(kernels.segment_sum, keys, vals[w])
+                                         for w in vals}}
+                for name, by_width in calls.items():
                     got = {D: [], P: []}
                     for _ in range(a.rounds):
                         for w in (D, P):
-                            got[w].append(median_time(lambda w=w: fn(w), a.warmup, a.repeat))
+                            got[w].append(median_time(by_width[w], a.warmup, a.repeat))
                     td, tp = statistics.median(got[D]), statistics.median(got[P])
                     print(f"{B:>5} {z:>4} {dtype.name:>7} | {name:<11} {td * 1e6:>8.1f} "
                           f"{tp * 1e6:>8.1f} {tp / td:>5.2f}")
