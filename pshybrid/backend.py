@@ -93,8 +93,8 @@ class _PinnedRing:
             if event is not None:
                 event.synchronize()  # the copy that last read this slot has finished
             if buf is None or buf.size < nbytes:
-                mem = xp.cuda.alloc_pinned_memory(max(nbytes, 1))
-                buf = np.frombuffer(mem, np.uint8, max(nbytes, 1))
+                mem = xp.cuda.alloc_pinned_memory(nbytes)  # as cupyx.empty_pinned does
+                buf = np.ndarray((nbytes,), np.uint8, buffer=mem)
             staged = buf[:nbytes].view(dtype).reshape(host.shape)
             np.copyto(staged, host, casting="same_kind")  # the cast happens here, on the host
             dev = xp.empty(host.shape, dtype)
