@@ -222,7 +222,7 @@ def run_tests(mpi: dict, quick: bool) -> bool:
     optimizers, single-rank training), then the MPI tests under ``mpiexec -n 3`` (1 server,
     W = 2 GPU workers); a run that this machine's MPI cannot do is reported, not failed."""
     env = dict(os.environ, PSHYBRID_REQUIRE_GPU="1")
-    py = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+    py = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider"]
     # the packaging test needs pip to fetch a build backend: not on an offline GPU box
     runs = [("serial", py + ["-m", "not mpi", "-k", "not installed_package", "tests/test_gpu.py"])]
     if mpi["lib"] and mpi["mpiexec"] and mpi["pytest_mpi"]:
@@ -238,8 +238,11 @@ def run_tests(mpi: dict, quick: bool) -> bool:
         if p is None:
             ok = False
             continue
-        tail = p.stdout.strip().splitlines()
-        print("\n".join(tail[-25:]) if p.returncode else tail[-1] if tail else "(no output)")
+        lines = p.stdout.strip().splitlines()
+        for line in lines:  # the training oracles by name (W = 2, float32), pass or fail
+            if "::test_train" in line and (" PASSED" in line or " FAILED" in line):
+                print("  " + line.split("::", 1)[1])
+        print("\n".join(lines[-25:]) if p.returncode else lines[-1] if lines else "(no output)")
         if p.returncode:
             print(p.stderr[-2000:])
         ok &= p.returncode == 0
