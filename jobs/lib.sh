@@ -48,7 +48,8 @@ pshybrid_run() {
 pshybrid_requeue() {
   if [ "$1" -eq "$PSHYBRID_PREEMPTED" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
     echo "pshybrid: job $SLURM_JOB_ID stopped after its checkpoint: requeueing it"
-    scontrol requeue "$SLURM_JOB_ID"
+    # (a preemption with PreemptMode=REQUEUE is requeued by Slurm itself: then this may refuse)
+    scontrol requeue "$SLURM_JOB_ID" || echo "pshybrid: scontrol requeue refused; resubmit to continue"
     return 0
   fi
   return "$1"
