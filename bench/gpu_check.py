@@ -115,6 +115,7 @@ def bench_kernels(cp, quick: bool) -> list[str]:
         values = cp.asarray(rng.standard_normal((n, dim)).astype(dtype))
         nbytes = values.nbytes  # rows moved by either kernel: read once, written once
         src, dst = cp.empty_like(values), cp.empty_like(values)
+
         def copy(dst=dst, src=src, nbytes=nbytes):
             dst.data.copy_from_device_async(src.data, nbytes)
 
