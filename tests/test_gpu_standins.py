@@ -1,7 +1,9 @@
-"""bench/timing.py's kernel timing method (bench/gpu_check.py: many launches between two
-CUDA events, beside a copy of the same bytes) on CPU stand-ins: a fake clock whose time
-only the timed calls and the marks advance (analytic oracle), and the host clock around
-NumPy kernels."""
+"""The GPU path's host-side logic on CPU stand-ins (no device needed): bench/timing.py's kernel
+timing method (bench/gpu_check.py: many launches between two CUDA events, beside a copy of the
+same bytes) on a fake clock whose time only the timed calls and the marks advance (analytic
+oracle) and on the host clock around NumPy kernels; ``backend.to_device``'s pinned staging
+ring on a fake cupy; and ``train._Log``'s GPU branch (loss read back once per log interval
+and before a checkpoint) with a stand-in array module."""
 
 import os
 import sys
@@ -128,3 +130,50 @@ def test_to_device_stages_through_reused_pinned_slots():
     same = np.arange(6.0)
     assert backend.to_device(np, same) is same  # NumPy: no copy
     assert backend.to_device(np, same, np.float32).dtype == np.float32
+
+
+def _fake_job(log_every, steps, checkpoint_every=0):
+    """What ``train._Log`` reads of a job, on a GPU worker: ``mode.xp`` is not NumPy (a
+    stand-in whose arrays are NumPy's), one worker (the Allreduce is the identity)."""
+    from collections import defaultdict
+    from types import SimpleNamespace as NS
+
+    fake_xp = NS(stack=np.stack)
+    return NS(mode=NS(xp=fake_xp, timers=defaultdict(float)), reporter=None, steps=steps,
+              cfg=NS(batch_size=4, log_every=log_every, checkpoint_every=checkpoint_every,
+                     checkpoint_dir="ck" if checkpoint_every else None),
+              topo=NS(worker_index=0, workers=NS(allreduce=lambda a, op: a.copy())),
+              totals=np.zeros(3), result=NS(log=[]))
+
+
+def test_gpu_log_reads_the_loss_back_once_per_interval(monkeypatch):
+    """GPU branch of ``train._Log``: the loss and label sums stay "on the device" (reads
+    counted) until the log step; the logged loss is the interval's mean, as on CPU."""
+    from pshybrid import train as tr
+
+    reads = []
+    monkeypatch.setattr(tr, "to_host", lambda a: (reads.append(1), np.asarray(a))[1])
+    job = _fake_job(log_every=3, steps=6)
+    log = tr._Log(job)
+    losses, labels = [0.5, 0.25, 1.0, 2.0, 0.5, 0.5], [np.array([1.0, 0, 1, 0])] * 6
+    for done, (l, y) in enumerate(zip(losses, labels), 1):
+        log.add(done, np.float32(l), y)
+        assert len(reads) == done // 3  # one read per interval, none in between
+    assert job.totals.tolist() == [sum(losses), 24.0, 12.0]
+
+
+@pytest.mark.parametrize("every,want", [(0, 4), (3, 3)])
+def test_gpu_log_stops_a_diverged_run_by_the_next_log_or_checkpoint(monkeypatch, every, want):
+    """A NaN loss at step 2 on a GPU is found at the next read: the log step (4), or a
+    checkpoint step before it (3), so no checkpoint holds the diverged parameters."""
+    from pshybrid import train as tr
+
+    monkeypatch.setattr(tr, "to_host", np.asarray)
+    log = tr._Log(_fake_job(log_every=4, steps=8, checkpoint_every=every))
+    y = np.array([1.0, 0, 0, 0])
+    log.add(1, np.float32(0.5), y)
+    log.add(2, np.float32("nan"), y)
+    with pytest.raises(tr.TrainingDiverged, match=f"loss is nan in the steps up to {want} "):
+        for done in range(3, 9):
+            log.add(done, np.float32(0.5), y)
+            assert done < want
