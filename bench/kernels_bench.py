@@ -1,5 +1,5 @@
 # python bench/kernels_bench.py
-"""python bench/kernels_bench.py [--batch 4096 6656] [--dim 16 64] [--zipf 1.05 1.2] [--cold]
+"""python bench/kernels_bench.py [--batch 4096 6656] [--dim 16 64] [--zipf 1.05 1.2] [--cold] [--pad 17]
 
 CPU embedding-kernel benchmark, one process, no MPI. For each (B, D, dtype, a):
 B ids drawn Zipf(a) over ``--rows`` rows, gradient rows (B, D). Every figure sits beside
@@ -14,6 +14,9 @@ its references, measured in the same run on the same data:
 GB/s is bytes of the (B, D) rows (gather: rows written; group_by_owner: the B int64 ids)
 per second. Warm-up first (numba compile time is printed once, not timed), then the
 median of ``--repeat`` runs of time.perf_counter.
+``--pad D``: instead, rows of D floats (17: the fused rows of dim 16 + the wide weight) vs the
+same rows padded to a multiple of 4 (20: what 16-byte vector loads need), timed in alternating
+rounds in one process (gather, segment_sum; per useful row), to decide whether padding pays.
 """
 
 from __future__ import annotations
@@ -57,6 +60,41 @@ def compile_report(kernels) -> str:
     return "numba first calls (per process): " + ", ".join(parts) + f"  [{where}]"
 
 
+def pad_report(kernels, a) -> None:
+    """``--pad D``: each kernel on (B, D) rows and on the same rows padded to (B, P), P the
+    next multiple of 4, alternating D and P ``--rounds`` times (medians of each round's
+    median): the machine's drift hits both alike. Prints time per call and P/D."""
+    import statistics
+    from functools import partial
+
+    D = a.pad
+    P = -(-D // 4) * 4
+    rng = np.random.default_rng(0)
+    print(f"rows of {D} vs {P} floats (padded to a multiple of 4), {a.rounds} alternating rounds "
+          f"of median-of-{a.repeat}; us per call; P/D = time ratio (< 1: padding wins; its "
+          f"bytes ratio is {P / D:.2f})")
+    print(f"{'B':>5} {'a':>4} {'dtype':>7} | {'kernel':<11} {'D us':>8} {'P us':>8} {'P/D':>5}")
+    for dtype in map(np.dtype, a.dtype):
+        for B in a.batch:
+            for z in a.zipf:
+                keys = ((rng.zipf(z, size=B) - 1) % a.rows).astype(np.int64)
+                vals = {w: rng.standard_normal((B, w)).astype(dtype) for w in (D, P)}
+                uniq, inverse = np.unique(keys, return_inverse=True)
+                rows = {w: np.ascontiguousarray(rng.standard_normal((uniq.size, w)).astype(dtype))
+                        for w in (D, P)}
+                calls = {"gather": {w: partial(kernels.gather, rows[w], inverse) for w in rows},
+                         "segment_sum": {w: partial(kernels.segment_sum, keys, vals[w])
+                                         for w in vals}}
+                for name, by_width in calls.items():
+                    got = {D: [], P: []}
+                    for _ in range(a.rounds):
+                        for w in (D, P):
+                            got[w].append(median_time(by_width[w], a.warmup, a.repeat))
+                    td, tp = statistics.median(got[D]), statistics.median(got[P])
+                    print(f"{B:>5} {z:>4} {dtype.name:>7} | {name:<11} {td * 1e6:>8.1f} "
+                          f"{tp * 1e6:>8.1f} {tp / td:>5.2f}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     ap.add_argument("--batch", type=int, nargs="+", default=[4096, 26 * 256])
@@ -67,6 +105,9 @@ def main(argv=None) -> int:
     ap.add_argument("--servers", type=int, default=4, help="S for group_by_owner")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--pad", type=int, default=None, metavar="D",
+                    help="compare rows of D floats with the same padded to a multiple of 4")
+    ap.add_argument("--rounds", type=int, default=5, help="--pad: alternating rounds")
     ap.add_argument("--cold", action="store_true",
                     help="compile into an empty numba cache, to see the cold compile time")
     a = ap.parse_args(argv)
@@ -78,6 +119,9 @@ def main(argv=None) -> int:
     from pshybrid import kernels, partition
 
     print(compile_report(kernels))
+    if a.pad:
+        pad_report(kernels, a)
+        return 0
     print(f"ids ~ Zipf(a) mod {a.rows} rows; group_by_owner with S={a.servers}; "
           f"median of {a.repeat} after {a.warmup} warm-up; us = microseconds\n")
     hdr1 = (f"{'B':>5} {'D':>3} {'dtype':>7} {'a':>4} {'U':>5} | {'memcpy us':>9} {'GB/s':>5} | "

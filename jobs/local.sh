@@ -1,8 +1,27 @@
 #!/usr/bin/env bash
 # bash jobs/local.sh [N] [train options...]   — train on this machine with N ranks (default 4)
 # One server per node by default (here: 1 server, N-1 workers); any `train` option passes through,
-# e.g.  bash jobs/local.sh 4 --mode ps --steps 500 --metrics run.jsonl
+# e.g.  bash jobs/local.sh 4 --mode ps --steps 500 --metrics run.jsonl --config jobs/local.toml
+# With --checkpoint-dir DIR (or CKPT=DIR in the environment) a rerun resumes from DIR/latest,
+# and SIGUSR1 or SIGTERM (kill -USR1 <this script's pid>) makes every rank stop at the next step
+# boundary after writing that step's checkpoint: exit status 75; run the same command again to
+# continue.
 set -euo pipefail
 N="${1:-4}"
 shift || true
-exec mpiexec -n "$N" python -m pshybrid train "$@"
+args=("$@")
+ckpt="${CKPT:-}"
+for ((i = 0; i < ${#args[@]}; i++)); do
+  case "${args[i]}" in
+    --checkpoint-dir) ckpt="${args[i + 1]:-}" ;;
+    --checkpoint-dir=*) ckpt="${args[i]#*=}" ;;
+  esac
+done
+if [ -n "${CKPT:-}" ] && [ "$ckpt" = "$CKPT" ]; then
+  args+=(--checkpoint-dir "$CKPT")
+fi
+if [ -n "$ckpt" ] && [ -f "$ckpt/latest" ]; then
+  args+=(--resume "$ckpt")
+fi
+# exec: a signal sent to this script's pid reaches mpiexec, which passes it to every rank
+exec mpiexec -n "$N" python -m pshybrid train "${args[@]}"

@@ -17,13 +17,42 @@ def array_module(*arrays):
 
 
 def cupy_available() -> bool:
-    """True when cupy imports and sees at least one CUDA device."""
+    """True when cupy imports and sees at least one CUDA device (``cupy_status`` says why
+    not)."""
+    return cupy_status()[0]
+
+
+def cupy_status() -> tuple[bool, str]:
+    """(usable, what was found): whether cupy imports and sees a CUDA device, and, when not,
+    what failed in one line: cupy not installed, a driver older than CuPy's CUDA runtime, no
+    device visible (with ``CUDA_VISIBLE_DEVICES``), or the error CuPy raised."""
     try:
         import cupy
+    except Exception as e:  # noqa: BLE001 - ImportError, or a broken install (missing libs)
+        if isinstance(e, ImportError) and getattr(e, "name", None) == "cupy":
+            return False, "cupy is not installed (docs/gpu.md: pip install cupy-cuda12x or -13x)"
+        return False, f"cupy does not import: {type(e).__name__}: {e}"
+    try:
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # noqa: BLE001 - CUDARuntimeError and friends
+        text = f"{type(e).__name__}: {e}"
+        if "InsufficientDriver" in text or "insufficient" in text.lower():
+            return False, (f"the NVIDIA driver is older than CuPy's CUDA runtime ({text}): "
+                           f"install the cupy wheel of the driver's CUDA major version "
+                           f"(nvidia-smi's 'CUDA Version'; docs/gpu.md)")
+        if "NoDevice" in text:
+            return False, f"no CUDA device visible ({text}){_visible()}"
+        return False, f"the CUDA runtime failed: {text}"
+    if n <= 0:
+        return False, f"no CUDA device visible (device count {n}){_visible()}"
+    return True, f"{n} CUDA device(s), CuPy {cupy.__version__}"
 
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+
+def _visible() -> str:
+    import os
+
+    v = os.environ.get("CUDA_VISIBLE_DEVICES")
+    return "" if v is None else f"; CUDA_VISIBLE_DEVICES={v!r}"
 
 
 def to_host(a):
@@ -39,3 +68,54 @@ def synchronize(*arrays) -> None:
         import cupy
 
         cupy.cuda.get_current_stream().synchronize()
+
+
+class _PinnedRing:
+    """Host-to-device copies through pinned (page-locked) host buffers: the copy is
+    asynchronous on the current stream (a pageable copy blocks the host until it is done).
+    ``slots`` buffers are reused in turn, each grown to the largest copy it served; a slot's
+    previous copy is waited for (its event, long done in a training loop) before the slot is
+    overwritten."""
+
+    def __init__(self, slots: int = 8):
+        import threading
+
+        self.slots: list = [None] * slots  # (pinned uint8 array, event of its last copy)
+        self.next = 0
+        self.lock = threading.Lock()
+
+    def to_device(self, xp, host: np.ndarray, dtype=None):
+        dtype = np.dtype(dtype or host.dtype)
+        nbytes = host.size * dtype.itemsize
+        with self.lock:
+            i, self.next = self.next, (self.next + 1) % len(self.slots)
+            buf, event = self.slots[i] or (None, None)
+            if event is not None:
+                event.synchronize()  # the copy that last read this slot has finished
+            if buf is None or buf.size < nbytes:
+                mem = xp.cuda.alloc_pinned_memory(nbytes)  # as cupyx.empty_pinned does
+                buf = np.ndarray((nbytes,), np.uint8, buffer=mem)
+            staged = buf[:nbytes].view(dtype).reshape(host.shape)
+            np.copyto(staged, host, casting="same_kind")  # the cast happens here, on the host
+            dev = xp.empty(host.shape, dtype)
+            dev.set(staged, stream=xp.cuda.get_current_stream())  # async H2D, pinned source
+            event = xp.cuda.Event()
+            event.record()
+            self.slots[i] = (buf, event)
+        return dev
+
+
+_RING = _PinnedRing()
+
+
+def to_device(xp, host, dtype=None):
+    """``host`` (NumPy) as an ``xp`` array of ``dtype`` (default: its own). NumPy: ``host``
+    itself when the dtype matches (no copy). CuPy: an asynchronous copy on the current
+    stream from a pinned staging buffer (``_PinnedRing``): kernels later on the stream see
+    it, and the host does not wait for it."""
+    host = np.asarray(host)
+    if xp is np:
+        return host.astype(dtype or host.dtype, copy=False)
+    if host.size == 0:
+        return xp.empty(host.shape, dtype or host.dtype)
+    return _RING.to_device(xp, np.ascontiguousarray(host), dtype)

@@ -92,10 +92,11 @@ def cmd_info(args) -> int:
 def cmd_train(args) -> int:
     from mpi4py import MPI
 
+    from .preempt import PREEMPTED
     from .train import train
 
-    train(resolve(TrainConfig, args), MPI.COMM_WORLD)
-    return 0
+    result = train(resolve(TrainConfig, args), MPI.COMM_WORLD)
+    return PREEMPTED if result.preempted is not None else 0
 
 
 def cmd_export(args) -> int:

@@ -109,13 +109,20 @@ def _module():
 
 def _launch(op: str, dtype, width: int, n: int, args: tuple, vector: bool) -> None:
     """Launch ``op`` over ``n`` rows of ``width`` elements (scalars, or 16-byte vectors)."""
+    launcher(op, dtype, width, n, args, vector)()
+
+
+def launcher(op: str, dtype, width: int, n: int, args: tuple, vector: bool):
+    """A no-argument callable that launches ``op`` as ``_launch`` does, its kernel, geometry
+    and arguments bound once (for timing many launches of the kernel alone)."""
     lanes = 1
     while lanes < min(width, 32):
         lanes *= 2
     rows_per_block = BLOCK_THREADS // lanes
     mod, sms = _module()
     blocks = max(1, min(-(-n // rows_per_block), 32 * sms))  # grid-stride beyond 32 per SM
-    mod.get_function(kernel_name(op, dtype, vector))((blocks,), (lanes, rows_per_block), args)
+    kernel = mod.get_function(kernel_name(op, dtype, vector))
+    return lambda: kernel((blocks,), (lanes, rows_per_block), args)
 
 
 def _width(dtype, dim: int, *arrays) -> tuple[int, bool]:

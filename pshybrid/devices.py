@@ -5,7 +5,8 @@ from __future__ import annotations
 import ctypes
 import os
 
-from .backend import cupy_available
+from .backend import cupy_status
+
 
 def cuda_aware_mpi(setting: str = "auto") -> tuple[bool, str]:
     """(hand device buffers to MPI, why). ``setting`` (``--cuda-aware``): "on" or "off"
@@ -28,11 +29,11 @@ def pick_device(kind: str, local_rank: int) -> str:
     """'cpu', or 'cuda:<local_rank % device_count>' for kind 'cuda' (workers pin one GPU)."""
     if kind == "cpu":
         return "cpu"
-    if not cupy_available():
+    usable, why = cupy_status()
+    if not usable:
         from .errors import ConfigError
 
-        raise ConfigError("--device cuda: no CUDA device visible (is cupy installed? "
-                          "pip install 'pshybrid[gpu]')", collective=True)
+        raise ConfigError(f"--device cuda: no usable CUDA device: {why}", collective=True)
     import cupy
 
     return f"cuda:{local_rank % cupy.cuda.runtime.getDeviceCount()}"

@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import checkpoint
-from .backend import synchronize, to_host
+from .backend import synchronize, to_device, to_host
 from .config import TrainConfig, from_dict, to_dict
 from .batches import BatchPlan, prefetch, worker_batches
 from .data import EVAL_BATCH, H5Dataset
@@ -36,6 +36,7 @@ from .models import build_model
 from .modes import MODES, build_mode
 from .modes.hot import hottest_rows
 from .optim import Optimizer
+from .preempt import Preemption, notice
 from .preflight import preflight
 from .report import PHASES, Reporter, summarize
 from .synthetic import SyntheticCTR
@@ -51,6 +52,7 @@ class TrainResult:
     evals: list = field(default_factory=list)    # reporter only: one dict per evaluation
     step_seconds: list = field(default_factory=list)  # reporter only: wall time of each step
     summary: dict = field(default_factory=dict)  # reporter only
+    preempted: int | None = None                 # the step a signal stopped the run at
     dense: np.ndarray | None = None              # workers, when collect=True
     table: np.ndarray | None = None              # workers, when collect=True
 
@@ -90,8 +92,13 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
                 if collect:
                     job.result.dense = job.mode.full_dense()
                     job.result.table = job.mode.full_table()
-            return finish(job)
+            result = finish(job)
+            # Wire: bcast of the step a signal stopped the workers at (or None) to every rank
+            result.preempted = topo.world.bcast(result.preempted, root=topo.worker_ranks[0])
+            return result
         finally:
+            if job is not None and job.stop is not None:
+                job.stop.close(complete=False)  # an error: restore the signal handlers
             gc.unfreeze()  # a later run in this process (tests, benchmarks) may collect them
             for d in opened:
                 d.close()
@@ -118,6 +125,7 @@ class Job:
     reporter: Reporter | None
     t_begin: float
     result: TrainResult = None
+    stop: Preemption | None = None  # SIGUSR1/SIGTERM -> checkpoint and stop (``loop``)
     t_start: float = 0.0
     totals: np.ndarray = field(default_factory=lambda: np.zeros(3))  # loss, samples, labels
 
@@ -224,10 +232,14 @@ def _use_gpu(topo):
 # -- the loop (workers) --------------------------------------------------------------------
 
 def loop(job: Job, on_step=None) -> None:
-    """Workers: steps ``job.start .. job.steps``, logging, evaluating and checkpointing."""
+    """Workers: steps ``job.start .. job.steps``, logging, evaluating and checkpointing; a
+    SIGUSR1 or SIGTERM (with --checkpoint-dir) stops every worker at the same step boundary
+    after a checkpoint (``preempt``)."""
     cfg, mode, timers = job.cfg, job.mode, job.mode.timers
     log = _Log(job)
     batches = _batches(job)
+    stop = job.stop = Preemption(job.topo.workers, bool(cfg.checkpoint_dir))
+    stop.install()
     for step in range(job.start, job.steps):
         with timers.time("data"):
             label, dense, ids, batch = next(batches)
@@ -236,7 +248,7 @@ def loop(job: Job, on_step=None) -> None:
                 batch = mode.prepare(ids)
         loss_sum = _step(job, step, label, dense, batch)
         done = step + 1
-        log.add(done, loss_sum, float(label.sum()))
+        log.add(done, loss_sum, label)
         if on_step is not None:
             on_step(done)
         if job.evdata is not None and ((cfg.eval_every and done % cfg.eval_every == 0)
@@ -246,6 +258,23 @@ def loop(job: Job, on_step=None) -> None:
                                    or done == job.steps):
             mode.request_checkpoint(done)
             job.save(done)
+        if done < job.steps and stop.stop():  # collective: every worker stops here
+            _preempted(job, done, log)
+            break
+    stop.close()
+
+
+def _preempted(job: Job, done: int, log) -> None:
+    """A signal stopped the workers after step ``done``: checkpoint it (unless the loop
+    just did), say so."""
+    every = job.cfg.checkpoint_every
+    if not (every and done % every == 0):
+        log.read_back(done)  # GPU: a diverged loss stops the run before it is saved
+        job.mode.request_checkpoint(done)
+        job.save(done)
+    job.result.preempted = done
+    if job.reporter:
+        job.reporter.out.write(f"\n{notice(job.stop.signal, done, job.cfg.checkpoint_dir)}\n")
 
 
 def _batches(job: Job):
@@ -268,14 +297,14 @@ def _batches(job: Job):
         return label, dense, ids, (mode.prepare(ids) if ahead else None)
 
     for label, dense, ids, batch in prefetch(produce, n, depth):
-        # GPU workers: H2D of the batch's dense features and labels
-        yield (xp.asarray(label.astype(dtype, copy=False)),
-               xp.asarray(dense.astype(dtype, copy=False)), ids, batch)
+        # GPU workers: H2D of the batch's dense features and labels (async, pinned staging)
+        yield to_device(xp, label, dtype), to_device(xp, dense, dtype), ids, batch
 
 
-def _step(job: Job, step: int, label, dense, batch) -> float:
+def _step(job: Job, step: int, label, dense, batch):
     """One training step (0-based ``step``): pull, forward, backward, update. Returns the
-    worker's loss sum."""
+    worker's loss sum: a float, checked, on CPU; on a GPU a device scalar that ``_Log``
+    reads back (and checks) once per log interval and before a checkpoint."""
     mode, model, ps, timers = job.mode, job.model, job.ps, job.mode.timers
     mode.begin(step)
     emb = mode.lookup(batch)
@@ -285,35 +314,53 @@ def _step(job: Job, step: int, label, dense, batch) -> float:
         ps.zero_grad()
         demb = model.backward(dz * (1.0 / (job.topo.n_workers * job.cfg.batch_size)))
         synchronize(demb)  # GPU: the timer measures the kernels, not their launches
-    loss_sum = float(losses.sum())
-    if not math.isfinite(loss_sum):
-        ck = job.cfg.checkpoint_dir
-        where = f"{ck}/latest names the last good checkpoint" if ck else \
-            "no checkpoint directory was given"
-        raise TrainingDiverged(f"loss is {loss_sum} at step {step + 1} on worker "
-                               f"{job.topo.worker_index}: training stopped; {where}")
+    loss_sum = losses.sum()  # GPU: stays on the device (no host sync per step)
+    if job.mode.xp is np:
+        loss_sum = float(loss_sum)
+        _check_loss(job, loss_sum, f"at step {step + 1}")
     mode.update(batch, demb, step + 1)
     batch.release()
     return loss_sum
 
 
+def _check_loss(job: Job, loss_sum: float, when: str) -> None:
+    if not math.isfinite(loss_sum):
+        ck = job.cfg.checkpoint_dir
+        where = f"{ck}/latest names the last good checkpoint" if ck else \
+            "no checkpoint directory was given"
+        raise TrainingDiverged(f"loss is {loss_sum} {when} on worker "
+                               f"{job.topo.worker_index}: training stopped; {where}")
+
+
 class _Log:
-    """Loss and throughput over each ``--log-every`` window, reduced over the workers."""
+    """Loss and throughput over each ``--log-every`` window, reduced over the workers. On a
+    GPU the loss and label sums accumulate on the device and are read back once per log
+    interval (and before a checkpoint): one device-to-host copy instead of two per step."""
 
     def __init__(self, job: Job):
         self.job = job
         self.acc = np.zeros(3)  # loss sum, samples, label sum since the last log
+        self.dev = None         # GPU: (loss sum, label sum) on the device since the last read
         self.t_log = self.t_step = time.perf_counter()
 
-    def add(self, done: int, loss_sum: float, label_sum: float) -> None:
-        job = self.job
+    def add(self, done: int, loss_sum, label) -> None:
+        job, xp = self.job, self.job.mode.xp
         now = time.perf_counter()
         if job.reporter:
             job.result.step_seconds.append(now - self.t_step)
         self.t_step = now
-        self.acc += (loss_sum, job.cfg.batch_size, label_sum)
+        if xp is np:
+            self.acc += (loss_sum, job.cfg.batch_size, float(label.sum()))
+        else:  # kernels queued on the stream: no wait
+            sums = xp.stack((loss_sum, label.sum())).astype(np.float64)
+            self.dev = sums if self.dev is None else self.dev + sums
+            self.acc[1] += job.cfg.batch_size
+        every = job.cfg.checkpoint_every if job.cfg.checkpoint_dir else 0
+        if every and done % every == 0:
+            self.read_back(done)
         if done % job.cfg.log_every and done != job.steps:
             return
+        self.read_back(done)
         # Wire: Allreduce of 3 doubles (loss sum, samples, labels) over the workers.
         glob = job.topo.workers.allreduce(self.acc, op=MPI.SUM)
         job.totals += glob
@@ -325,6 +372,14 @@ class _Log:
             job.reporter.step(rec)
         self.acc[:] = 0
         self.t_log = now
+
+    def read_back(self, done: int) -> None:
+        """GPU: add the device sums to the log's and check the loss (one D2H, a sync)."""
+        if self.dev is not None:
+            loss_sum, label_sum = (float(v) for v in to_host(self.dev))
+            self.dev = None
+            _check_loss(self.job, loss_sum, f"in the steps up to {done}")
+            self.acc += (loss_sum, 0.0, label_sum)
 
     def pause(self, work) -> None:
         """Run ``work`` (an evaluation) outside the training clock and phases."""

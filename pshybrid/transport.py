@@ -210,8 +210,12 @@ class _Staged:
         self.req, self.host, self.dev = req, host, dev
 
     def Wait(self) -> None:
+        import cupy
+
         self.req.Wait()
-        self.dev.set(self.host)  # H2D on the current stream: later kernels there see the sum
+        # async H2D on the current stream (pinned source: the host does not wait); later
+        # kernels there see the sum, and the next D2H into ``host`` follows a stream sync
+        self.dev.set(self.host, stream=cupy.cuda.get_current_stream())
 
 
 _PINNED: dict = {}  # (device pointer, shape, dtype) -> pinned host mirror, reused every step

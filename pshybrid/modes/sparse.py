@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import partition
-from ..backend import to_host
+from ..backend import to_device, to_host
 from ..initializers import uniform_rows
 from ..kernels import gather, scatter_add, segment_sum, unique_inverse
 from ..optim import Optimizer
@@ -58,8 +58,8 @@ def _device_rows(ctx, batch: Batch, rows):
     """GPU worker: (U, E) host rows -> (B, F, E) on the device (H2D of U rows and of the
     inverse index, then the gather kernel)."""
     xp = ctx.xp
-    batch.dev_inverse = xp.asarray(batch.inverse.ravel())  # H2D: 8 B per id
-    return gather(xp.asarray(rows), batch.dev_inverse).reshape(batch.ids.shape + rows.shape[1:])
+    batch.dev_inverse = to_device(xp, batch.inverse.ravel())  # H2D: 8 B per id (pinned, async)
+    return gather(to_device(xp, rows), batch.dev_inverse).reshape(batch.ids.shape + rows.shape[1:])
 
 
 def _device_sums(batch: Batch, demb):

@@ -1,0 +1,179 @@
+"""The GPU path's host-side logic on CPU stand-ins (no device needed): bench/timing.py's kernel
+timing method (bench/gpu_check.py: many launches between two CUDA events, beside a copy of the
+same bytes) on a fake clock whose time only the timed calls and the marks advance (analytic
+oracle) and on the host clock around NumPy kernels; ``backend.to_device``'s pinned staging
+ring on a fake cupy; and ``train._Log``'s GPU branch (loss read back once per log interval
+and before a checkpoint) with a stand-in array module."""
+
+import os
+import sys
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench"))
+from timing import HostClock, per_launch  # noqa: E402
+
+
+class FakeClock:
+    """A device timeline: ``now`` advances by what ``work`` costs and by ``mark_cost`` per
+    mark (an event's own overhead, after the reading it records)."""
+
+    def __init__(self, mark_cost=0.0):
+        self.now, self.mark_cost, self.marks = 0.0, mark_cost, 0
+
+    def mark(self):
+        t = self.now
+        self.now += self.mark_cost
+        self.marks += 1
+        return t
+
+    def elapsed(self, start, stop):
+        return stop - start
+
+
+def test_per_launch_is_the_cost_of_one_call_with_marks_amortised():
+    clock, calls = FakeClock(mark_cost=50.0), []
+
+    def work():
+        calls.append(1)
+        clock.now += 100.0 if len(calls) <= 2 else 1.0  # warm-ups are slow (compile, caches)
+
+    got = per_launch(work, clock, launches=50, repeat=3, warmup=2)
+    assert len(calls) == 2 + 50 * 3 and clock.marks == 2 * 3
+    assert got == pytest.approx(1.0 + 50.0 / 50)  # the call, plus one mark's cost / launches
+    # one launch per mark pair (the old method) times the mark's overhead as the kernel's
+    clock2 = FakeClock(mark_cost=50.0)
+    assert per_launch(lambda: setattr(clock2, "now", clock2.now + 1.0), clock2, 1, 1, 0) == 51.0
+
+
+def test_per_launch_takes_the_median_round():
+    clock, costs = FakeClock(), iter([0.0, 0.0] + [5.0] * 4 + [1.0] * 4 + [2.0] * 4)
+
+    def work():
+        clock.now += next(costs)
+
+    assert per_launch(work, clock, launches=4, repeat=3) == 2.0
+
+
+def test_host_clock_syncs_before_each_mark_and_times_numpy_beside_a_copy():
+    syncs = []
+    clock = HostClock(sync=lambda: syncs.append(1))
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((1 << 14, 16)).astype(np.float32)
+    idx = rng.integers(0, table.shape[0], 1 << 14)
+    out, src = np.empty((idx.size, 16), np.float32), np.ones((idx.size, 16), np.float32)
+    gather = per_launch(lambda: np.take(table, idx, axis=0, out=out), clock, 5, 3)
+    copy = per_launch(lambda: np.copyto(out, src), clock, 5, 3)
+    assert len(syncs) == 2 * 3 * 2 and gather > 0 and copy > 0
+    np.testing.assert_array_equal(out, src)  # the copy really ran last
+    np.take(table, idx, axis=0, out=out)
+    np.testing.assert_array_equal(out, table[idx])
+
+
+class FakeCuda:
+    """The part of cupy that ``backend.to_device`` uses, on NumPy: pinned memory is a
+    bytearray, an event records the copies queued before it, ``set`` queues a copy (run at
+    the next synchronize of an event recorded after it)."""
+
+    def __init__(self):
+        self.queue, self.log, self.done = [], [], 0
+        fake = self
+
+        class Event:
+            def record(self):
+                self.upto = len(fake.queue)
+
+            def synchronize(self):
+                fake.run(self.upto)
+                fake.log.append(("sync", self.upto))
+
+        class Dev(np.ndarray):
+            def set(self, host, stream=None):
+                assert stream == "stream", "the copy must be asynchronous, on the stream"
+                fake.queue.append(lambda dst=self, src=host: np.copyto(dst, src))
+
+        self.cuda = type("cuda", (), {
+            "Event": Event, "get_current_stream": staticmethod(lambda: "stream"),
+            "alloc_pinned_memory": staticmethod(lambda n: (fake.log.append(("alloc", n)),
+                                                           bytearray(n))[1])})
+        self.empty = lambda shape, dtype: np.empty(shape, dtype).view(Dev)
+
+    def run(self, upto):
+        """Complete the queued copies up to ``upto`` (each runs once, in order)."""
+        while self.done < upto:
+            self.queue[self.done]()
+            self.done += 1
+
+    def drain(self):
+        self.run(len(self.queue))
+
+
+def test_to_device_stages_through_reused_pinned_slots():
+    """Each copy: host -> a pinned slot (cast there), then an asynchronous copy on the
+    stream; a slot is overwritten only after its last copy's event completed; slots grow."""
+    from pshybrid import backend
+
+    fake, ring = FakeCuda(), backend._PinnedRing(slots=2)
+    rng = np.random.default_rng(0)
+    hosts = [rng.standard_normal((5, 3)), rng.standard_normal(4), rng.standard_normal((7, 3)),
+             rng.standard_normal(3)]
+    devs = [ring.to_device(fake, h, np.float32) for h in hosts]
+    assert [e for e in fake.log if e[0] == "alloc"] == [("alloc", 60), ("alloc", 16),
+                                                       ("alloc", 84)]  # slot 0 grew, not 1
+    # each slot's previous copy was waited for (and so had run) before the slot's reuse
+    assert [e for e in fake.log if e[0] == "sync"] == [("sync", 1), ("sync", 2)]
+    fake.drain()
+    for d, h in zip(devs, hosts):
+        assert d.dtype == np.float32 and d.shape == h.shape
+        np.testing.assert_array_equal(np.asarray(d), h.astype(np.float32))
+    same = np.arange(6.0)
+    assert backend.to_device(np, same) is same  # NumPy: no copy
+    assert backend.to_device(np, same, np.float32).dtype == np.float32
+
+
+def _fake_job(log_every, steps, checkpoint_every=0):
+    """What ``train._Log`` reads of a job, on a GPU worker: ``mode.xp`` is not NumPy (a
+    stand-in whose arrays are NumPy's), one worker (the Allreduce is the identity)."""
+    from collections import defaultdict
+    from types import SimpleNamespace as NS
+
+    fake_xp = NS(stack=np.stack)
+    return NS(mode=NS(xp=fake_xp, timers=defaultdict(float)), reporter=None, steps=steps,
+              cfg=NS(batch_size=4, log_every=log_every, checkpoint_every=checkpoint_every,
+                     checkpoint_dir="ck" if checkpoint_every else None),
+              topo=NS(worker_index=0, workers=NS(allreduce=lambda a, op: a.copy())),
+              totals=np.zeros(3), result=NS(log=[]))
+
+
+def test_gpu_log_reads_the_loss_back_once_per_interval(monkeypatch):
+    """GPU branch of ``train._Log``: the loss and label sums stay "on the device" (reads
+    counted) until the log step; the logged loss is the interval's mean, as on CPU."""
+    from pshybrid import train as tr
+
+    reads = []
+    monkeypatch.setattr(tr, "to_host", lambda a: (reads.append(1), np.asarray(a))[1])
+    job = _fake_job(log_every=3, steps=6)
+    log = tr._Log(job)
+    losses, labels = [0.5, 0.25, 1.0, 2.0, 0.5, 0.5], [np.array([1.0, 0, 1, 0])] * 6
+    for done, (l, y) in enumerate(zip(losses, labels), 1):
+        log.add(done, np.float32(l), y)
+        assert len(reads) == done // 3  # one read per interval, none in between
+    assert job.totals.tolist() == [sum(losses), 24.0, 12.0]
+
+
+@pytest.mark.parametrize("every,want", [(0, 4), (3, 3)])
+def test_gpu_log_stops_a_diverged_run_by_the_next_log_or_checkpoint(monkeypatch, every, want):
+    """A NaN loss at step 2 on a GPU is found at the next read: the log step (4), or a
+    checkpoint step before it (3), so no checkpoint holds the diverged parameters."""
+    from pshybrid import train as tr
+
+    monkeypatch.setattr(tr, "to_host", np.asarray)
+    log = tr._Log(_fake_job(log_every=4, steps=8, checkpoint_every=every))
+    y = np.array([1.0, 0, 0, 0])
+    log.add(1, np.float32(0.5), y)
+    log.add(2, np.float32("nan"), y)
+    with pytest.raises(tr.TrainingDiverged, match=f"loss is nan in the steps up to {want} "):
+        for done in range(3, 9):
+            log.add(done, np.float32(0.5), y)
+            assert done < want

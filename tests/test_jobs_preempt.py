@@ -1,0 +1,147 @@
+"""jobs/: the scripts' shared functions (jobs/lib.sh), their example TOML configs, and a
+whole-job preemption: jobs/local.sh signalled mid-run checkpoints and exits 75; the same
+command run again resumes from ``latest`` and ends with the parameters of an uninterrupted
+run (export of both final checkpoints compared)."""
+
+import glob
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from mpi_util import JOB_TIMEOUT
+from pshybrid.checkpoint_files import export, read_latest
+from pshybrid.cli import build_parser
+from pshybrid.config import TrainConfig, resolve
+
+pytestmark = pytest.mark.job
+JOBS = os.path.join(os.path.dirname(__file__), os.pardir, "jobs")
+ENV = dict(os.environ, PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+
+
+def bash(script: str, env=None, timeout=30):
+    return subprocess.run(["bash", "-c", f"set -euo pipefail; . {JOBS}/lib.sh; {script}"],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(ENV, **(env or {})), stdin=subprocess.DEVNULL)
+
+
+def test_every_script_parses_and_its_toml_config_is_valid():
+    for path in sorted(glob.glob(os.path.join(JOBS, "*.sh"))):
+        assert subprocess.run(["bash", "-n", path], timeout=30).returncode == 0, path
+    tomls = sorted(glob.glob(os.path.join(JOBS, "*.toml")))
+    assert [os.path.basename(t) for t in tomls] == ["local.toml", "slurm_cpu.toml",
+                                                   "slurm_gpu.toml"]
+    for t in tomls:
+        cfg = resolve(TrainConfig, build_parser().parse_args(
+            ["train", "--config", t, "--checkpoint-dir", "ck"]))
+        assert cfg.checkpoint_every > 0 and cfg.keep_last > 0, t
+    for name in ("slurm_cpu", "slurm_gpu"):
+        text = open(os.path.join(JOBS, f"{name}.sh")).read()
+        for needle in ("#SBATCH --signal=B:USR1@", "#SBATCH --requeue", f"jobs/{name}.toml",
+                       "pshybrid_env", "pshybrid_resume", "pshybrid_run srun --mpi=",
+                       "pshybrid_requeue"):
+            assert needle in text, (name, needle)
+
+
+def test_lib_forwards_signals_resumes_and_requeues(tmp_path):
+    """pshybrid_run passes SIGUSR1 on to its command and returns the command's status (not
+    the trap's); pshybrid_resume names DIR only once DIR/latest exists; pshybrid_requeue
+    requeues on 75 (a fake scontrol records it) and passes any other status through."""
+    child = tmp_path / "child.sh"
+    child.write_text("trap 'echo got-usr1; exit 75' USR1\n"
+                     f"echo started > {tmp_path}/up\n"
+                     "for i in $(seq 200); do sleep 0.05; done\nexit 0\n")
+    p = subprocess.Popen(["bash", "-c", f". {JOBS}/lib.sh; status=0; pshybrid_run bash "
+                          f"{child} || status=$?; echo status=$status"],
+                         stdout=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.time() + 20
+    while not (tmp_path / "up").exists() and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGUSR1)
+    out, _ = p.communicate(timeout=30)
+    assert "got-usr1" in out and "status=75" in out, out
+    assert bash(f"pshybrid_resume {tmp_path}/ck").stdout == ""
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "latest").write_text("step-4\n")
+    assert bash(f"pshybrid_resume {tmp_path}/ck").stdout.split() == ["--resume",
+                                                                      f"{tmp_path}/ck"]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/scontrol\n")
+    (fake / "scontrol").chmod(0o755)
+    env = {"PATH": f"{fake}{os.pathsep}{ENV['PATH']}", "SLURM_JOB_ID": "123"}
+    assert bash("pshybrid_requeue 75", env).returncode == 0
+    assert (tmp_path / "scontrol").read_text().split() == ["requeue", "123"]
+    (tmp_path / "scontrol").unlink()
+    assert bash("pshybrid_requeue 3", env).returncode == 3
+    assert not (tmp_path / "scontrol").exists()
+
+
+def _local(args):
+    """jobs/local.sh with 2 ranks (1 server, 1 worker) in a session of its own."""
+    return subprocess.Popen(["bash", os.path.join(JOBS, "local.sh"), "2", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+
+
+def _finish(p, timeout=JOB_TIMEOUT):
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError(f"jobs/local.sh hung past {timeout}s") from None
+    return p.returncode, out, err
+
+
+def _params(ckpt, out):
+    """{dataset name: array} of the export of ``ckpt``'s latest: /dense and /embeddings."""
+    export(ckpt, out)
+    with h5py.File(out) as f:
+        names = []
+        f.visit(lambda n: names.append(n) if isinstance(f[n], h5py.Dataset) else None)
+        return {n: f[n][()] for n in names if n.split("/")[0] in ("dense", "embeddings")}
+
+
+def test_local_job_signalled_mid_run_resumes_to_the_uninterrupted_result(tmp_path):
+    """Oracle: the uninterrupted run, here one process in ``allreduce`` mode (BSP: every
+    mode gives the same parameters, up to float rounding: 1e-9 relative in float64)."""
+    from mpi4py import MPI
+
+    from pshybrid.train import train
+
+    steps = 30
+    common = ["--steps", str(steps), "--batch-size", "16", "--mlp", "16,8", "--embedding-dim",
+              "4", "--dtype", "float64", "--log-every", "1", "--progress", "none"]
+    ref_ck, ck = str(tmp_path / "ref"), str(tmp_path / "ck")
+    metrics = tmp_path / "m.jsonl"
+    args = common + ["--checkpoint-dir", ck, "--metrics", str(metrics)]
+    p = _local(args)
+    deadline = time.time() + JOB_TIMEOUT
+    while time.time() < deadline and p.poll() is None and not (
+            metrics.exists() and metrics.read_text().count('"step"') >= 2):
+        time.sleep(0.02)
+    p.send_signal(signal.SIGUSR1)  # the script exec'd mpiexec: it passes it to every rank
+    rc, out, err = _finish(p)
+    assert rc == 75, (rc, out, err)
+    m = re.search(r"stopped by SIGUSR1 at step (\d+): checkpoint", out)
+    assert m and 2 <= int(m.group(1)) < steps, out
+    assert read_latest(ck) == f"step-{m.group(1)}"
+    rc, out, err = _finish(_local(args))  # the same command again
+    assert rc == 0 and read_latest(ck) == f"step-{steps}", (out, err)
+    first = json.loads(metrics.read_text().splitlines()[0])  # the rerun's own metrics
+    assert first["step"] == int(m.group(1)) + 1, first  # it went on, it did not start over
+    cfg = resolve(TrainConfig, build_parser().parse_args(
+        ["train", *common, "--mode", "allreduce", "--servers", "0", "--checkpoint-dir", ref_ck]))
+    train(cfg, MPI.COMM_SELF, out=open(os.devnull, "w"))  # noqa: SIM115
+    want, got = _params(ref_ck, str(tmp_path / "ref.h5")), _params(ck, str(tmp_path / "ck.h5"))
+    assert sorted(want) == sorted(got) and any(n.startswith("embeddings/") for n in got)
+    for n, x in want.items():
+        assert got[n].shape == x.shape
+        assert np.max(np.abs(got[n] - x)) <= 1e-9 * max(np.max(np.abs(x)), 1e-300), n
