@@ -35,7 +35,7 @@ from .metrics import auc, logloss_from_logits
 from .models import build_model
 from .modes import MODES, build_mode
 from .modes.hot import hottest_rows
-from .optim import Optimizer
+from .optim import Optimizer, Schedule
 from .preflight import preflight
 from .report import PHASES, Reporter, summarize
 from .synthetic import SyntheticCTR
@@ -140,13 +140,15 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
                      cfg.shuffle, cfg.seed)
     hot = (hottest_rows(data, plan, layout, cfg.replicate_rows)
            if cfg.replicate_rows and topo.is_worker else None)
-    mode = build_mode(cfg.mode, topo, layout, ps, Optimizer(cfg.sparse_optimizer, cfg.lr),
-                      Optimizer(cfg.dense_optimizer, dense_lr), cfg.seed,
+    steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
+    sched = Schedule(cfg.lr_schedule, cfg.warmup_steps, steps)  # servers: the same factors
+    mode = build_mode(cfg.mode, topo, layout, ps,
+                      Optimizer(cfg.sparse_optimizer, cfg.lr, l2=cfg.l2, schedule=sched),
+                      Optimizer(cfg.dense_optimizer, dense_lr, l2=cfg.l2, schedule=sched), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
                       cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged
                       hot_rows=hot)
-    steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
     reporter = (Reporter(cfg, out, topo.n_workers, steps)
                 if topo.rank == topo.worker_ranks[0] else None)
     start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema) if cfg.resume else 0

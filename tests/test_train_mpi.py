@@ -52,6 +52,11 @@ def test_bsp_equals_single_process_with_global_batch(comm, model, mode, sparse_o
     W = comm.size - S
     cfg = replace(BASE, model=model, mode=mode, servers=S, sparse_optimizer=sparse_opt,
                   dense_optimizer=dense_opt, bucket_mb=bucket_mb, prefetch=prefetch)
+    assert_all(comm, *bsp_verdict(comm, cfg, W, S))
+
+
+def bsp_verdict(comm, cfg, W, S):
+    """(ok, message): ``cfg`` on ``comm`` == one process with the global batch."""
     got = run(cfg, comm)
     ok, msg = True, ""
     if got.role == "worker":
@@ -67,6 +72,25 @@ def test_bsp_equals_single_process_with_global_batch(comm, model, mode, sparse_o
             ok, msg = False, f"training barely moved the parameters: {moved}"
         elif W > 1 and rel_err(wrong.table, ref.table) < 1e-4:
             ok, msg = False, "oracle cannot tell batch b from batch W*b"
+    return ok, msg
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode,sparse_opt,dense_opt,schedule", [
+    ("hybrid", "sgd", "sgd", "cosine"),  # --l2 turns the direct SGD push into a server step
+    ("hybrid", "adagrad", "adam", "warmup-linear"),
+    ("ps", "sgd", "adam", "cosine"),
+    ("allreduce", "adam", "sgd", "warmup-linear")])
+def test_bsp_with_l2_and_schedule(comm, mode, sparse_opt, dense_opt, schedule):
+    """--l2 and --lr-schedule keep the master oracle, and they change the result."""
+    S = 0 if mode == "allreduce" else (1 if comm.size <= 3 else 2)
+    cfg = replace(BASE, mode=mode, servers=S, sparse_optimizer=sparse_opt,
+                  dense_optimizer=dense_opt, l2=0.5, lr_schedule=schedule, warmup_steps=1)
+    ok, msg = bsp_verdict(comm, cfg, comm.size - S, S)
+    plain = run(replace(cfg, l2=0.0, lr_schedule="constant", warmup_steps=0), comm)
+    with_l2 = run(cfg, comm)
+    if ok and with_l2.role == "worker" and rel_err(plain.table, with_l2.table) < 1e-4:
+        ok, msg = False, "--l2 and the schedule changed nothing"
     assert_all(comm, ok, msg)
 
 
