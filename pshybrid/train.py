@@ -149,7 +149,8 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
                       shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
                       cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged
                       hot_rows=hot)
-    reporter = (Reporter(cfg, out, topo.n_workers, steps)
+    reporter = (Reporter(cfg, out, topo.n_workers, steps, mode.sparse.opt.lr_at,
+                         plan.steps_per_epoch)
                 if topo.rank == topo.worker_ranks[0] else None)
     start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema) if cfg.resume else 0
     if topo.is_worker:

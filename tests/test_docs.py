@@ -218,8 +218,9 @@ TRAFFIC = {  # docs/training.md, "Output": traffic_per_step's keys per mode
 SUMMARY_KEYS = {"summary", "mode", "model", "steps", "steps_run", "workers", "servers",
                 "batch_size", "samples_per_s", "seconds", "startup_seconds", "final_loss",
                 "base_rate", "base_rate_logloss", "phase_seconds", "phase_fraction",
-                "server_apply_seconds", "traffic_per_step", "peak_rss_mb"}
-LOG_KEYS = {"step", "loss", "samples_per_s", "seconds"}
+                "server_apply_seconds", "traffic_per_step", "peak_rss_mb", "time", "epoch",
+                "lr"}
+LOG_KEYS = {"step", "loss", "samples_per_s", "seconds", "time", "epoch", "lr"}
 
 
 def metrics_as_documented(path, mode: str, steps: list[int]) -> None:
@@ -530,7 +531,7 @@ def test_training_options_paragraph_lists_every_option():
 
     text = (ROOT / "docs" / "training.md").read_text()
     para = text[text.index("Options (`pshybrid/config.py`"):text.index("**Before step 1.**")]
-    doc = set(re.findall(r"--([a-z][a-z-]*)", para))
+    doc = set(re.findall(r"--([a-z][a-z0-9-]*)", para))
     fields = dataclasses.fields(TrainConfig)
     code = {f.name.replace("_", "-") for f in fields}
     negated = {"no-" + f.name.replace("_", "-") for f in fields if f.type in (bool, "bool")}
