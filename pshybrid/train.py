@@ -80,9 +80,12 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
         job, opened, out = None, [], out or sys.stdout
         try:
             data, evdata = _open_data(cfg, topo, dataset, opened)
-            if preflight(cfg, topo, data, evdata, out, collect):  # a resume with nothing to do
+            idle = preflight(cfg, topo, data, evdata, out, collect)  # resumed, nothing to do
+            if idle and evdata is None:
                 return TrainResult(topo.role)
             job = setup(cfg, topo, data, evdata, out)
+            if idle:  # --eval-data: evaluate the resumed model
+                return score_only(job)
             if not topo.is_worker:
                 job.mode.serve(job.start, job.save)
             else:
@@ -344,6 +347,17 @@ class _Log:
 def _evaluate(job: Job, step: int) -> None:
     """Exact AUC and logloss over the whole eval file: worker w scores rows
     [n*w/W, n*(w+1)/W); logits and labels are gathered to worker 0, which reports them."""
+    allz, ally = score_rows(job, step)
+    if allz is not None:
+        rec = {"eval": True, "step": step, "auc": auc(allz, ally),
+               "logloss": logloss_from_logits(allz, ally), "rows": int(allz.size)}
+        job.result.evals.append(rec)
+        job.reporter.evaluation(rec)
+
+
+def score_rows(job: Job, step: int):
+    """Workers (collective): the model's logits and the labels of every row of
+    ``job.evdata``, in row order, as float64 on worker 0; (None, None) on the others."""
     mode, topo, ev = job.mode, job.topo, job.evdata
     mode.begin(step)  # ps: pull the current dense weights
     W, w, n = topo.n_workers, topo.worker_index, ev.n_rows
@@ -364,11 +378,18 @@ def _evaluate(job: Job, step: int) -> None:
     # Wire: Gatherv of logits and labels (8 B each per row) to worker 0; all workers wait.
     topo.workers.Gatherv(z, [allz, counts, MPI.DOUBLE] if root else None, 0)
     topo.workers.Gatherv(y, [ally, counts, MPI.DOUBLE] if root else None, 0)
-    if root:
-        rec = {"eval": True, "step": step, "auc": auc(allz, ally),
-               "logloss": logloss_from_logits(allz, ally), "rows": int(counts.sum())}
-        job.result.evals.append(rec)
-        job.reporter.evaluation(rec)
+    return allz, ally
+
+
+def score_only(job: Job, work=None) -> TrainResult:
+    """Collective: no training; workers run ``work(job)`` (default: evaluate the loaded
+    model on ``job.evdata``), servers serve until the workers stop them."""
+    if job.topo.is_worker:
+        (work or (lambda j: _evaluate(j, j.start)))(job)
+    else:
+        job.mode.serve(job.start, job.save)
+    job.mode.finish()
+    return job.result
 
 
 # -- the end ---------------------------------------------------------------------------------
