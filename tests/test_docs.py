@@ -405,7 +405,7 @@ def evaluated(out, cwd):
 
 
 def evaluated_step(out, cwd):
-    first = [r for r in jsonl(cwd / "run.jsonl") if r.get("eval")][0]
+    first = next(r for r in jsonl(cwd / "run.jsonl") if r.get("eval"))
     assert f"eval at step 3: auc {first['auc']:.4f}" in out, out
 
 

@@ -13,13 +13,14 @@ import math
 import os
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import h5py
 import numpy as np
 import pytest
 from mpi4py import MPI
-
 from mpi_util import SHARED_MEMORY, assert_all
+
 from pshybrid.config import TrainConfig
 from pshybrid.optim import Schedule
 from pshybrid.train import train
@@ -102,10 +103,10 @@ def test_eval_equals_training_eval_and_predict_equals_forward(comm, trained):
 
 @pytest.mark.mpi(min_size=2)
 def test_metrics_lines_carry_time_epoch_and_lr(comm, trained):
-    cfg, res, tmp = trained
+    cfg = trained[0]
     ok, msg = True, ""
     if comm.rank == 0:
-        recs = [json.loads(ln) for ln in open(cfg.metrics)]
+        recs = [json.loads(ln) for ln in Path(cfg.metrics).read_text().splitlines()]
         W = comm.size - 1
         per_epoch = 900 // (W * cfg.batch_size)
         sched = Schedule("cosine", 2, 6)
