@@ -87,6 +87,8 @@ def score(ckpt: str, data: str, comm, out: str | None = None, overwrite: bool = 
             try:
                 preflight(cfg, topo, ds, ds)  # the checkpoint matches the data; memory
                 job = setup(cfg, topo, ds, ds, stdout or io.StringIO())
+                if job.reporter:  # the training run's epoch length and schedule are unknown
+                    job.reporter.lr_at = job.reporter.steps_per_epoch = None
                 try:
                     return score_only(job, None if out is None else
                                       (lambda j: _write(j, out, cfg.resume)))

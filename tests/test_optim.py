@@ -9,18 +9,20 @@ from pshybrid.errors import ConfigError
 from pshybrid.optim import Optimizer
 
 
-def scalar_run(kind, w, grads, lr, b1=0.9, b2=0.999, eps=1e-8):
+def scalar_run(kind, w, grads, lr, b1=0.9, b2=0.999, eps=1e-8, l2=0.0, factor=None):
+    """With ``l2``: the gradient is g + l2*w; with ``factor``: step t's lr is lr*factor(t)."""
     a = m = v = 0.0
     for t, g in enumerate(grads, start=1):
+        g, eta = g + l2 * w, lr * (factor(t) if factor else 1.0)
         if kind == "sgd":
-            w = w - lr * g
+            w = w - eta * g
         elif kind == "adagrad":
             a += g * g
-            w = w - lr * g / (math.sqrt(a) + eps)
+            w = w - eta * g / (math.sqrt(a) + eps)
         else:
             m = b1 * m + (1 - b1) * g
             v = b2 * v + (1 - b2) * g * g
-            w = w - lr * (m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + eps)
+            w = w - eta * (m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + eps)
     return w
 
 
@@ -161,23 +163,6 @@ def scalar_factor(kind, s, K, T):
     return 1.0 - p if kind == "warmup-linear" else (1 + math.cos(math.pi * p)) / 2
 
 
-def scalar_run_l2(kind, w, grads, lr, l2, factor, b1=0.9, b2=0.999, eps=1e-8):
-    """scalar_run with g + l2*w and the step's lr = lr * factor(t)."""
-    a = m = v = 0.0
-    for t, g in enumerate(grads, start=1):
-        g, eta = g + l2 * w, lr * factor(t)
-        if kind == "sgd":
-            w = w - eta * g
-        elif kind == "adagrad":
-            a += g * g
-            w = w - eta * g / (math.sqrt(a) + eps)
-        else:
-            m = b1 * m + (1 - b1) * g
-            v = b2 * v + (1 - b2) * g * g
-            w = w - eta * (m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + eps)
-    return w
-
-
 def test_schedule_factors():
     from pshybrid.optim import Schedule
 
@@ -223,8 +208,7 @@ def test_l2_and_schedule_match_scalar_recurrence(kind, schedule, numba_on, monke
         opt.update(w_dense, g, st_dense, t)
     for i, r in enumerate(rows):
         for j in range(3):
-            want = scalar_run_l2(kind, w0[r, j], grads[:, i, j], 0.1, 0.3,
-                                 lambda t: sch.factor(t))
+            want = scalar_run(kind, w0[r, j], grads[:, i, j], 0.1, l2=0.3, factor=sch.factor)
             for got in (w_rows[r, j], w_slot[r, j], w_dense[i, j]):
                 assert got == pytest.approx(want, rel=1e-12, abs=1e-14)
     # untouched rows get no L2 decay (lazy)
