@@ -252,6 +252,8 @@ def loop(job: Job, on_step=None) -> None:
                                    or done == job.steps):
             mode.request_checkpoint(done)
             job.save(done)
+    if job.start >= job.steps and job.evdata is not None:  # resumed at the end (collect=True)
+        log.pause(lambda: _evaluate(job, job.start))
 
 
 def _batches(job: Job):

@@ -78,10 +78,12 @@ def test_eval_equals_training_eval_and_predict_equals_forward(comm, trained):
     again = score(ck, v, comm, out=out, overwrite=True)
     resumed = train(replace(cfg, resume=ck, checkpoint_dir=None, metrics=None), comm,
                     out=io.StringIO())
+    collected = train(replace(cfg, resume=ck, checkpoint_dir=None, metrics=None), comm,
+                      out=io.StringIO(), collect=True)  # the Python API's path
     ok, msg = True, ""
     if comm.rank == 0:  # worker 0 of every run
         want = res.evals[-1]
-        got = [here.evals[-1], alone.evals[-1], resumed.evals[-1]]
+        got = [here.evals[-1], alone.evals[-1], resumed.evals[-1], collected.evals[-1]]
         for g in got:
             for k in ("step", "rows"):
                 ok &= g[k] == want[k]
