@@ -52,11 +52,11 @@ def test_bsp_equals_single_process_with_global_batch(comm, model, mode, sparse_o
     W = comm.size - S
     cfg = replace(BASE, model=model, mode=mode, servers=S, sparse_optimizer=sparse_opt,
                   dense_optimizer=dense_opt, bucket_mb=bucket_mb, prefetch=prefetch)
-    assert_all(comm, *bsp_verdict(comm, cfg, W, S))
+    assert_all(comm, *bsp_verdict(comm, cfg, W, S)[:2])
 
 
 def bsp_verdict(comm, cfg, W, S):
-    """(ok, message): ``cfg`` on ``comm`` == one process with the global batch."""
+    """(ok, message, result): ``cfg`` on ``comm`` == one process with the global batch."""
     got = run(cfg, comm)
     ok, msg = True, ""
     if got.role == "worker":
@@ -72,7 +72,7 @@ def bsp_verdict(comm, cfg, W, S):
             ok, msg = False, f"training barely moved the parameters: {moved}"
         elif W > 1 and rel_err(wrong.table, ref.table) < 1e-4:
             ok, msg = False, "oracle cannot tell batch b from batch W*b"
-    return ok, msg
+    return ok, msg, got
 
 
 @pytest.mark.mpi(min_size=2)
@@ -80,7 +80,7 @@ def bsp_verdict(comm, cfg, W, S):
     ("hybrid", "sgd", "sgd", "cosine"),  # --l2 turns the direct SGD push into a server step
     ("hybrid", "adagrad", "adam", "warmup-linear"),
     ("colocated", "adam", "adam", "cosine"),  # every rank applies its shard's step itself
-    ("ps", "sgd", "adam", "cosine"),
+    ("ps", "adagrad", "sgd", "cosine"),  # the dense table's SGD becomes a server step
     ("allreduce", "adam", "sgd", "warmup-linear")])
 def test_bsp_with_l2_and_schedule(comm, mode, sparse_opt, dense_opt, schedule):
     """--l2 and --lr-schedule keep the master oracle, and they change the result."""
@@ -90,9 +90,8 @@ def test_bsp_with_l2_and_schedule(comm, mode, sparse_opt, dense_opt, schedule):
         mode, S, where = "hybrid", 0, {"placement": "colocated", "servers": None}
     cfg = replace(BASE, mode=mode, sparse_optimizer=sparse_opt, dense_optimizer=dense_opt,
                   l2=0.5, lr_schedule=schedule, warmup_steps=1, **where)
-    ok, msg = bsp_verdict(comm, cfg, comm.size - S, S)
+    ok, msg, with_l2 = bsp_verdict(comm, cfg, comm.size - S, S)
     plain = run(replace(cfg, l2=0.0, lr_schedule="constant", warmup_steps=0), comm)
-    with_l2 = run(cfg, comm)
     if ok and with_l2.role == "worker" and rel_err(plain.table, with_l2.table) < 1e-4:
         ok, msg = False, "--l2 and the schedule changed nothing"
     assert_all(comm, ok, msg)
