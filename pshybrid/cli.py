@@ -7,6 +7,7 @@ import os
 import sys
 
 from . import __version__
+from .commands import add_scoring_commands
 from .config import ArgumentParser, TrainConfig, add_arguments, resolve
 from .prep import add_prep_commands
 from .registry import MODES
@@ -29,6 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("ckpt", help="checkpoint directory (its 'latest') or a step-N directory")
     export.add_argument("out", help="output .h5 file (written atomically)")
     export.set_defaults(func=cmd_export)
+    add_scoring_commands(sub)
     info = sub.add_parser("info", help="topology, MPI library, CUDA-awareness, devices, "
                           "per-rank roles")
     info.add_argument("--servers", type=int, default=None,

@@ -26,6 +26,7 @@ import typing
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .optim import SCHEDULES
 from .registry import MODES
 
 
@@ -294,6 +295,15 @@ class TrainConfig:
     resume: str | None = option(None, "checkpoint directory to resume from")
     keep_last: int = option(0, "keep only the newest K checkpoints (0: keep all)",
                             check=_at_least(0))
+    l2: float = option(0.0, "L2 penalty lambda: every update uses g + lambda*w, on the dense "
+                       "weights and on the embedding rows a step touches",
+                       check=_learning_rate)
+    lr_schedule: str = option("constant", "learning-rate factor per step, the same for "
+                              "--lr and --dense-lr: constant, warmup-linear (linear decay "
+                              "to 0 after the warm-up) or cosine (cosine decay to 0)",
+                              choices=SCHEDULES)
+    warmup_steps: int = option(0, "steps of linear warm-up (factor s/K at step s <= K) "
+                               "before the schedule", check=_at_least(0))
 
     def validate(self) -> None:
         """Cross-field rules."""

@@ -385,22 +385,24 @@ def _nb_scatter_add(index, values, out):
 # Row optimizers: w[rows[i]] (and its state rows) from gradient row g[k], k = i, or
 # k = rows[i] when ``consume`` (g is a gradient-sum slot shaped like w: the row is read,
 # then zeroed, in the same pass). Same operations in the same order as ``Optimizer``.
-def _nb_sgd_rows(w, rows, g, consume, lr):
+def _nb_sgd_rows(w, rows, g, consume, lr, l2):
+    # l2 != 0: the gradient is g + l2 * w (w before the step), as in optim's NumPy form
     for i in range(rows.size):
         r = rows[i]
         k = r if consume else i
         for j in range(w.shape[1]):
-            w[r, j] -= lr * g[k, j]
+            x = g[k, j] + l2 * w[r, j] if l2 != 0 else g[k, j]
+            w[r, j] -= lr * x
         if consume:
             g[k, :] = 0
 
 
-def _nb_adagrad_rows(w, acc, rows, g, consume, lr, eps):
+def _nb_adagrad_rows(w, acc, rows, g, consume, lr, eps, l2):
     for i in range(rows.size):
         r = rows[i]
         k = r if consume else i
         for j in range(w.shape[1]):
-            x = g[k, j]
+            x = g[k, j] + l2 * w[r, j] if l2 != 0 else g[k, j]
             a = acc[r, j] + x * x
             acc[r, j] = a
             w[r, j] -= lr * x / (np.sqrt(a) + eps)
@@ -408,12 +410,13 @@ def _nb_adagrad_rows(w, acc, rows, g, consume, lr, eps):
             g[k, :] = 0
 
 
-def _nb_adam_rows(w, m, v, rows, g, consume, b1, one_b1, b2, one_b2, inv_sqrt_c2, eps, lr_c1):
+def _nb_adam_rows(w, m, v, rows, g, consume, b1, one_b1, b2, one_b2, inv_sqrt_c2, eps, lr_c1,
+                  l2):
     for i in range(rows.size):
         r = rows[i]
         k = r if consume else i
         for j in range(w.shape[1]):
-            x = g[k, j]
+            x = g[k, j] + l2 * w[r, j] if l2 != 0 else g[k, j]
             mm = m[r, j] * b1 + one_b1 * x
             vv = v[r, j] * b2 + x * x * one_b2
             m[r, j] = mm

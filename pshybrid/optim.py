@@ -14,6 +14,11 @@ Dense parameters pass the whole flat buffer. Sparse tables pass the gathered row
 touched (the union over all workers) and scatter them back: *lazy* updates, so rows no
 worker touched keep their weights and state unchanged (for Adam: their moments do not
 decay), and ``step`` is the global step for bias correction (TensorFlow's LazyAdam).
+
+L2 (``l2`` = lambda > 0) is coupled: every formula above sees ``g + lambda * w`` (``w``
+before the step) in place of ``g``: on the dense buffer every step, on sparse rows only
+the rows the step touched. The learning rate of step ``s`` is ``lr * schedule.factor(s)``
+(``Schedule``; the same factor for dense and sparse updates, on workers and servers).
 """
 
 from __future__ import annotations
@@ -29,6 +34,33 @@ from .errors import ConfigError
 
 _ROW0 = np.zeros(1, np.int64)  # the one row of a dense buffer seen as (1, n)
 SLOTS = {"sgd": (), "adagrad": ("acc",), "adam": ("m", "v")}
+SCHEDULES = ("constant", "warmup-linear", "cosine")
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The learning-rate factor of 1-based step ``s`` with ``K`` = ``warmup_steps`` and ``T``
+    = ``total_steps``: ``s / K`` while ``s <= K``; after it, with ``p = (s - K - 1) / (T - K)``
+    (0 at the first step after the warm-up, clipped to [0, 1]): ``constant`` 1,
+    ``warmup-linear`` ``1 - p``, ``cosine`` ``(1 + cos(pi * p)) / 2``."""
+
+    kind: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int = 0
+
+    def __post_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ConfigError(f"unknown learning-rate schedule {self.kind!r}: choose from "
+                              f"{', '.join(SCHEDULES)}", collective=True)
+
+    def factor(self, step: int) -> float:
+        K, T = self.warmup_steps, self.total_steps
+        if K and step <= K:
+            return step / K
+        if self.kind == "constant" or T <= K:
+            return 1.0
+        p = min(max((step - K - 1) / (T - K), 0.0), 1.0)
+        return 1.0 - p if self.kind == "warmup-linear" else 0.5 * (1.0 + math.cos(math.pi * p))
 
 
 @dataclass(frozen=True)
@@ -38,6 +70,8 @@ class Optimizer:
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-8
+    l2: float = 0.0
+    schedule: Schedule = Schedule()
 
     def __post_init__(self):
         if self.kind not in SLOTS:
@@ -49,6 +83,16 @@ class Optimizer:
         """Names of the state arrays this optimizer keeps beside each weight."""
         return SLOTS[self.kind]
 
+    @property
+    def needs_weights(self) -> bool:
+        """The update reads the weights it changes (a state, or L2): it cannot be a blind
+        ``-lr * g`` push, and must see each touched row once (the union over workers)."""
+        return self.kind != "sgd" or self.l2 > 0
+
+    def lr_at(self, step: int) -> float:
+        """The learning rate of 1-based ``step``."""
+        return self.lr * self.schedule.factor(step)
+
     def update(self, w, g, state: dict, step: int) -> None:
         """w, g, state[*]: same shape; updated in place. step: 1-based. On contiguous
         NumPy arrays the fused numba kernel does it in one pass over a (1, n) view."""
@@ -57,13 +101,15 @@ class Optimizer:
 
     def _update_xp(self, w, g, state: dict, step: int) -> None:
         """The array-expression form (NumPy or CuPy): the oracle of the fused kernels."""
-        xp = array_module(w)
+        xp, lr = array_module(w), self.lr_at(step)
+        if self.l2:
+            g = g + self.l2 * w
         if self.kind == "sgd":
-            w -= self.lr * g
+            w -= lr * g
         elif self.kind == "adagrad":
             acc = state["acc"]
             acc += g * g
-            w -= self.lr * g / (xp.sqrt(acc) + self.eps)
+            w -= lr * g / (xp.sqrt(acc) + self.eps)
         else:
             m, v = state["m"], state["v"]
             m *= self.beta1
@@ -76,7 +122,7 @@ class Optimizer:
             den *= 1 / math.sqrt(1 - self.beta2 ** step)
             den += self.eps
             upd = xp.divide(m, den, out=den)
-            upd *= self.lr / (1 - self.beta1 ** step)
+            upd *= lr / (1 - self.beta1 ** step)
             w -= upd
 
     def update_rows(self, w, rows, g, state: dict, step: int) -> None:
@@ -117,13 +163,14 @@ class Optimizer:
             state = {k: a.reshape(1, -1) for k, a in state.items()}
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         f = w.dtype.type  # scalars in the arrays' dtype, as NumPy's weak Python scalars are
+        lr, l2 = self.lr_at(step), f(self.l2)
         if self.kind == "sgd":
-            kernels._nb_sgd_rows(w, rows, g, consume, f(self.lr))
+            kernels._nb_sgd_rows(w, rows, g, consume, f(lr), l2)
         elif self.kind == "adagrad":
-            kernels._nb_adagrad_rows(w, state["acc"], rows, g, consume, f(self.lr), f(self.eps))
+            kernels._nb_adagrad_rows(w, state["acc"], rows, g, consume, f(lr), f(self.eps), l2)
         else:
             kernels._nb_adam_rows(w, state["m"], state["v"], rows, g, consume, f(self.beta1),
                                   f(1 - self.beta1), f(self.beta2), f(1 - self.beta2),
                                   f(1 / math.sqrt(1 - self.beta2 ** step)), f(self.eps),
-                                  f(self.lr / (1 - self.beta1 ** step)))
+                                  f(lr / (1 - self.beta1 ** step)), l2)
         return True

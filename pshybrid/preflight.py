@@ -82,8 +82,10 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False) -> 
         if topo.rank == topo.worker_ranks[0] and out is not None:
             until = (f"--epochs {cfg.epochs} ({steps} steps)" if cfg.epochs
                      else f"--steps {steps}")
+            then = ("evaluating it on --eval-data" if evdata is not None
+                    else "no step run, nothing written")
             out.write(f"nothing to do: {step_dir} is already at step {start} >= {until}; "
-                      "no step run, nothing written\n")
+                      f"{then}\n")
             out.flush()
         return True
     return False

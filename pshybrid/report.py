@@ -7,6 +7,7 @@ import json
 import math
 import os
 import re
+import time
 
 import numpy as np
 
@@ -77,8 +78,10 @@ class Reporter:
     ``bar`` (one line redrawn with ``\\r``), ``lines`` (one per log), ``none``; ``auto``:
     ``bar`` where ``interactive(out)``, else ``lines``."""
 
-    def __init__(self, cfg, out, W: int, total_steps: int):
+    def __init__(self, cfg, out, W: int, total_steps: int, lr_at=None,
+                 steps_per_epoch: int | None = None):
         self.cfg, self.out, self.W, self.total_steps = cfg, out, W, total_steps
+        self.lr_at, self.steps_per_epoch = lr_at, steps_per_epoch  # for ``stamp``
         progress = getattr(cfg, "progress", "auto")
         if progress == "auto":
             progress = "bar" if interactive(out) else "lines"
@@ -106,7 +109,16 @@ class Reporter:
         self.out.flush()
         self._write(rec)
 
+    def stamp(self, rec: dict, step: int) -> None:
+        """Add ``time`` (unix seconds), ``epoch`` (passes over --data done after ``step``;
+        None on the endless synthetic stream) and ``lr`` (the sparse learning rate of
+        ``step``, the schedule applied) to ``rec``."""
+        rec["time"] = time.time()
+        rec["epoch"] = step / self.steps_per_epoch if self.steps_per_epoch else None
+        rec["lr"] = self.lr_at(step) if self.lr_at is not None else None
+
     def _write(self, rec: dict) -> None:
+        self.stamp(rec, rec["steps"] if rec.get("summary") else rec["step"])
         if self.metrics:
             self.metrics.write(json.dumps(rec) + "\n")
             self.metrics.flush()

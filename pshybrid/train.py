@@ -35,7 +35,7 @@ from .metrics import auc, logloss_from_logits
 from .models import build_model
 from .modes import MODES, build_mode
 from .modes.hot import hottest_rows
-from .optim import Optimizer
+from .optim import Optimizer, Schedule
 from .preempt import Preemption, notice
 from .preflight import preflight
 from .report import PHASES, Reporter, summarize
@@ -82,9 +82,12 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
         job, opened, out = None, [], out or sys.stdout
         try:
             data, evdata = _open_data(cfg, topo, dataset, opened)
-            if preflight(cfg, topo, data, evdata, out, collect):  # a resume with nothing to do
+            idle = preflight(cfg, topo, data, evdata, out, collect)  # resumed, nothing to do
+            if idle and evdata is None:
                 return TrainResult(topo.role)
             job = setup(cfg, topo, data, evdata, out)
+            if idle:  # --eval-data: evaluate the resumed model
+                return score_only(job)
             if not topo.is_worker:
                 job.mode.serve(job.start, job.save)
             else:
@@ -148,14 +151,17 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
                      cfg.shuffle, cfg.seed)
     hot = (hottest_rows(data, plan, layout, cfg.replicate_rows)
            if cfg.replicate_rows and topo.is_worker else None)
-    mode = build_mode(cfg.mode, topo, layout, ps, Optimizer(cfg.sparse_optimizer, cfg.lr),
-                      Optimizer(cfg.dense_optimizer, dense_lr), cfg.seed,
+    steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
+    sched = Schedule(cfg.lr_schedule, cfg.warmup_steps, steps)  # servers: the same factors
+    mode = build_mode(cfg.mode, topo, layout, ps,
+                      Optimizer(cfg.sparse_optimizer, cfg.lr, l2=cfg.l2, schedule=sched),
+                      Optimizer(cfg.dense_optimizer, dense_lr, l2=cfg.l2, schedule=sched), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
                       cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged
                       hot_rows=hot)
-    steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
-    reporter = (Reporter(cfg, out, topo.n_workers, steps)
+    reporter = (Reporter(cfg, out, topo.n_workers, steps, mode.sparse.opt.lr_at,
+                         plan.steps_per_epoch)
                 if topo.rank == topo.worker_ranks[0] else None)
     start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema) if cfg.resume else 0
     if topo.is_worker:
@@ -262,6 +268,8 @@ def loop(job: Job, on_step=None) -> None:
             _preempted(job, done, log)
             break
     stop.close()
+    if job.start >= job.steps and job.evdata is not None:  # resumed at the end (collect=True)
+        log.pause(lambda: _evaluate(job, job.start))
 
 
 def _preempted(job: Job, done: int, log) -> None:
@@ -396,6 +404,17 @@ class _Log:
 def _evaluate(job: Job, step: int) -> None:
     """Exact AUC and logloss over the whole eval file: worker w scores rows
     [n*w/W, n*(w+1)/W); logits and labels are gathered to worker 0, which reports them."""
+    allz, ally = score_rows(job, step)
+    if allz is not None:
+        rec = {"eval": True, "step": step, "auc": auc(allz, ally),
+               "logloss": logloss_from_logits(allz, ally), "rows": int(allz.size)}
+        job.result.evals.append(rec)
+        job.reporter.evaluation(rec)
+
+
+def score_rows(job: Job, step: int):
+    """Workers (collective): the model's logits and the labels of every row of
+    ``job.evdata``, in row order, as float64 on worker 0; (None, None) on the others."""
     mode, topo, ev = job.mode, job.topo, job.evdata
     mode.begin(step)  # ps: pull the current dense weights
     W, w, n = topo.n_workers, topo.worker_index, ev.n_rows
@@ -416,11 +435,18 @@ def _evaluate(job: Job, step: int) -> None:
     # Wire: Gatherv of logits and labels (8 B each per row) to worker 0; all workers wait.
     topo.workers.Gatherv(z, [allz, counts, MPI.DOUBLE] if root else None, 0)
     topo.workers.Gatherv(y, [ally, counts, MPI.DOUBLE] if root else None, 0)
-    if root:
-        rec = {"eval": True, "step": step, "auc": auc(allz, ally),
-               "logloss": logloss_from_logits(allz, ally), "rows": int(counts.sum())}
-        job.result.evals.append(rec)
-        job.reporter.evaluation(rec)
+    return allz, ally
+
+
+def score_only(job: Job, work=None) -> TrainResult:
+    """Collective: no training; workers run ``work(job)`` (default: evaluate the loaded
+    model on ``job.evdata``), servers serve until the workers stop them."""
+    if job.topo.is_worker:
+        (work or (lambda j: _evaluate(j, j.start)))(job)
+    else:
+        job.mode.serve(job.start, job.save)
+    job.mode.finish()
+    return job.result
 
 
 # -- the end ---------------------------------------------------------------------------------

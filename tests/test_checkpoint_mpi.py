@@ -23,15 +23,18 @@ def same(a, b, W):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("mode,sparse_opt", [("hybrid", "adagrad"), ("hybrid", "adam"),
-                                             ("ps", "adagrad"), ("ps", "adam"),
-                                             ("allreduce", "adam")])
-def test_resume_continues_exactly(comm, mpi_tmp_path, mode, sparse_opt):
+@pytest.mark.parametrize("mode,sparse_opt,warmup", [
+    ("hybrid", "adagrad", 0), ("hybrid", "adam", 0), ("ps", "adagrad", 0), ("ps", "adam", 0),
+    ("allreduce", "adam", 0),
+    ("hybrid", "sgd", 6)])  # with --l2 and a warm-up past the resume point: the servers'
+#                             step count (the warm-up factor s/6) continues from the checkpoint
+def test_resume_continues_exactly(comm, mpi_tmp_path, mode, sparse_opt, warmup):
     S = 0 if mode == "allreduce" else 1
     W = comm.size - S
     cfg = replace(BASE, mode=mode, servers=S, sparse_optimizer=sparse_opt,
-                  dense_optimizer="adam", steps=8, log_every=2)
-    ckpt = str(mpi_tmp_path / f"ck-{mode}-{sparse_opt}")
+                  dense_optimizer="adam", steps=8, log_every=2, warmup_steps=warmup,
+                  l2=0.1 if warmup else 0.0)
+    ckpt = str(mpi_tmp_path / f"ck-{mode}-{sparse_opt}-{warmup}")
     straight = run(cfg, comm)
     run(replace(cfg, steps=4, checkpoint_dir=ckpt), comm)
     resumed = run(replace(cfg, resume=ckpt), comm)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import importlib.util
 import io
 import json
 import mmap
@@ -218,8 +219,9 @@ TRAFFIC = {  # docs/training.md, "Output": traffic_per_step's keys per mode
 SUMMARY_KEYS = {"summary", "mode", "model", "steps", "steps_run", "workers", "servers",
                 "batch_size", "samples_per_s", "seconds", "startup_seconds", "final_loss",
                 "base_rate", "base_rate_logloss", "phase_seconds", "phase_fraction",
-                "server_apply_seconds", "traffic_per_step", "peak_rss_mb"}
-LOG_KEYS = {"step", "loss", "samples_per_s", "seconds"}
+                "server_apply_seconds", "traffic_per_step", "peak_rss_mb", "time", "epoch",
+                "lr"}
+LOG_KEYS = {"step", "loss", "samples_per_s", "seconds", "time", "epoch", "lr"}
 
 
 def metrics_as_documented(path, mode: str, steps: list[int]) -> None:
@@ -400,6 +402,51 @@ COMMANDS = {
     "python bench/scaling.py P1.json --compute-from gpu.json --workers-per-node 1,4,8": Run(
         "bench", expect=lambda out, cwd: "fake-gpu" in out),
 }
+
+
+def scored_run(out, cwd):
+    recs = jsonl(cwd / "run.jsonl")
+    assert [r["step"] for r in recs if r.get("eval")] == [3, 6], recs
+    assert all({"time", "epoch", "lr"} <= set(r) for r in recs)
+
+
+def evaluated(out, cwd):
+    last = [r for r in jsonl(cwd / "run.jsonl") if r.get("eval")][-1]  # the training's
+    assert f"eval at step 6: auc {last['auc']:.4f}  logloss {last['logloss']:.4f}" in out, out
+
+
+def evaluated_step(out, cwd):
+    first = next(r for r in jsonl(cwd / "run.jsonl") if r.get("eval"))
+    assert f"eval at step 3: auc {first['auc']:.4f}" in out, out
+
+
+def predicted(out, cwd):
+    with h5py.File(cwd / "scores.h5") as f, h5py.File(cwd / "test.h5") as t:
+        assert f["score"].shape == t["label"].shape and f.attrs["step"] == 6
+        assert ((f["score"][...] > 0) & (f["score"][...] < 1)).all()
+
+
+def plotted(out, cwd):
+    assert (cwd / "run.png").read_bytes()[:4] == b"\x89PNG", out
+
+
+SCORE = ("--steps", "6", "--batch-size", "8", "--mlp", "8", "--embedding-dim", "4",
+         "--log-every", "2", "--eval-every", "3", "--warmup-steps", "2", "--checkpoint-every",
+         "3")
+COMMANDS.update({  # docs/training.md, "Scoring a checkpoint" (in this order)
+    "mpiexec -n 4 python -m pshybrid train --data train.h5 --eval-data valid.h5 --eval-every "
+    "500 --checkpoint-dir ck --metrics run.jsonl --l2 1e-5 --lr-schedule cosine "
+    "--warmup-steps 200": Run("score", SCORE, expect=scored_run),
+    "mpiexec -n 4 python -m pshybrid eval ck valid.h5": Run("score", expect=evaluated),
+    "python -m pshybrid eval ck/step-1000 valid.h5": Run("score", (), {"ck/step-1000":
+                                                                       "ck/step-3"},
+                                                         expect=evaluated_step),
+    "mpiexec -n 4 python -m pshybrid predict ck test.h5 scores.h5": Run("score",
+                                                                        expect=predicted),
+    "python -m pshybrid plot run.jsonl run.png": (
+        Run("score", expect=plotted) if importlib.util.find_spec("matplotlib")
+        else Skip("needs matplotlib (the plot extra), not installed here", parses)),
+})
 SHM_SCRIPT = "\n".join(ln.rstrip() for ln in """\
 ls -l /dev/shm/mpich_shm_*
 for f in /dev/shm/mpich_shm_*; do
@@ -473,8 +520,16 @@ def setup_bench(cwd: pathlib.Path) -> None:
         "dense_apply_seconds": 0.0002}}}))
 
 
+def setup_score(cwd: pathlib.Path) -> None:
+    """train.h5, valid.h5 and test.h5 (a copy of valid.h5): small synthetic files."""
+    p = execute([sys.executable, "-m", "pshybrid", "prep", "synthetic", "train.h5", "--rows",
+                 "2000", "--valid-fraction", "0.2", "--valid-out", "valid.h5"], cwd, 120)
+    ok(p)
+    shutil.copy(cwd / "valid.h5", cwd / "test.h5")
+
+
 GROUPS = {"quick": None, "info": None, "train": setup_train, "prep": setup_prep,
-          "ckpt": None, "bench": setup_bench, "shm": None, "gpu": None}
+          "ckpt": None, "bench": setup_bench, "shm": None, "gpu": None, "score": setup_score}
 
 
 def run_group(name: str, cwd: pathlib.Path, env=None) -> None:
@@ -488,7 +543,8 @@ def run_group(name: str, cwd: pathlib.Path, env=None) -> None:
             assert how.expect(out, cwd) is not False, (cmd, out)
 
 
-@pytest.mark.parametrize("group", ["quick", "info", "train", "prep", "ckpt", "bench"])
+@pytest.mark.parametrize("group", ["quick", "info", "train", "prep", "ckpt", "bench",
+                                   "score"])
 def test_documented_commands_run(group, tmp_path):
     run_group(group, tmp_path)
 
@@ -541,7 +597,7 @@ def test_training_options_paragraph_lists_every_option():
 
     text = (ROOT / "docs" / "training.md").read_text()
     para = text[text.index("Options (`pshybrid/config.py`"):text.index("**Before step 1.**")]
-    doc = set(re.findall(r"--([a-z][a-z-]*)", para))
+    doc = set(re.findall(r"--([a-z][a-z0-9-]*)", para))
     fields = dataclasses.fields(TrainConfig)
     code = {f.name.replace("_", "-") for f in fields}
     negated = {"no-" + f.name.replace("_", "-") for f in fields if f.type in (bool, "bool")}

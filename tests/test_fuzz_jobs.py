@@ -1,4 +1,5 @@
-"""Fuzz matrix: bad inputs to ``train``, ``export`` and ``--resume``, each one whole command
+"""Fuzz matrix: bad inputs to ``train``, ``export``, ``--resume``, ``eval``, ``predict`` and
+``plot``, each one whole command
 in a subprocess with a timeout. Every one must end with exit status 2, exactly one
 ``pshybrid: error`` line per rank naming the problem, no ``Traceback``, and nothing that
 existed before changed, removed or added (no partial output). Most run on one rank
@@ -210,6 +211,38 @@ def _empty_eval(w):
 
 
 CASES["eval_data_empty"] = (1, _empty_eval, *CASES["eval_data_empty"][2:])
+
+
+def _other_schema(w):
+    """o.h5: d.h5 with every cardinality doubled (its ids stay valid): another model."""
+    shutil.copy(w / "d.h5", w / "o.h5")
+    with h5py.File(w / "o.h5", "a") as f:
+        f.attrs["cardinalities"] = CARDS(f) * 2
+
+
+# eval, predict, plot: a bad checkpoint, dataset or metrics file, or an output in the way
+CASES.update({
+    "eval_missing_ckpt": (1, None, ["eval", "nope", "d.h5"], "not a checkpoint"),
+    "eval_missing_data": (1, None, ["eval", "ck", "nope.h5"], "no such dataset"),
+    "eval_data_not_hdf5": (1, None, ["eval", "ck", "victim.txt"], "not a readable HDF5 file"),
+    "eval_other_schema": (1, _other_schema, ["eval", "ck", "o.h5"], "other fields"),
+    "eval_no_flat": (1, h5edit(DENSE, lambda f: f.__delitem__("flat")), ["eval", "ck", "d.h5"],
+                     "dense.h5: /flat"),
+    "eval_id_out_of_range": (1, h5edit("d.h5", replace_ds("sparse", setitem((5, 1), 10**6))),
+                             ["eval", "ck", "d.h5"], "/sparse"),
+    "predict_exists": (1, None, ["predict", "ck", "d.h5", "victim.txt"], "--overwrite"),
+    "predict_missing_dir": (1, None, ["predict", "ck", "d.h5", "no/p.h5"], "no/p.h5"),
+    "predict_other_schema": (1, _other_schema, ["predict", "ck", "o.h5", "p.h5"],
+                             "other fields"),
+    "plot_missing": (1, None, ["plot", "nope.jsonl", "x.png"], "nope.jsonl: no such file"),
+    "plot_not_jsonl": (1, None, ["plot", "victim.txt", "x.png"], "victim.txt:1: not a JSON"),
+    "plot_no_steps": (1, write("m.jsonl", '{"summary": true}\n'), ["plot", "m.jsonl", "x.png"],
+                      "no step records"),
+    "plot_loss_not_number": (1, write("m.jsonl", '{"step": 1, "loss": "x", "samples_per_s": 2}'
+                                      '\n'), ["plot", "m.jsonl", "x.png"], "m.jsonl:1: key 'loss'"),
+    "mpi_eval_other_schema": (2, _other_schema, ["eval", "ck", "o.h5"], "other fields"),
+    "mpi_predict_exists": (2, None, ["predict", "ck", "d.h5", "victim.txt"], "--overwrite"),
+})
 
 
 def run(ranks, argv, cwd):

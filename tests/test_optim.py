@@ -9,18 +9,20 @@ from pshybrid.errors import ConfigError
 from pshybrid.optim import Optimizer
 
 
-def scalar_run(kind, w, grads, lr, b1=0.9, b2=0.999, eps=1e-8):
+def scalar_run(kind, w, grads, lr, b1=0.9, b2=0.999, eps=1e-8, l2=0.0, factor=None):
+    """With ``l2``: the gradient is g + l2*w; with ``factor``: step t's lr is lr*factor(t)."""
     a = m = v = 0.0
     for t, g in enumerate(grads, start=1):
+        g, eta = g + l2 * w, lr * (factor(t) if factor else 1.0)
         if kind == "sgd":
-            w = w - lr * g
+            w = w - eta * g
         elif kind == "adagrad":
             a += g * g
-            w = w - lr * g / (math.sqrt(a) + eps)
+            w = w - eta * g / (math.sqrt(a) + eps)
         else:
             m = b1 * m + (1 - b1) * g
             v = b2 * v + (1 - b2) * g * g
-            w = w - lr * (m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + eps)
+            w = w - eta * (m / (1 - b1**t)) / (math.sqrt(v / (1 - b2**t)) + eps)
     return w
 
 
@@ -147,3 +149,74 @@ def test_apply_slot_equals_update_then_zero(kind, numba_on, monkeypatch):
         for k in opt.slots:
             np.testing.assert_allclose(state[k], rstate[k], rtol=1e-14, atol=1e-15)
         np.testing.assert_array_equal(g, want_g)
+
+
+# -- L2 and learning-rate schedules ----------------------------------------------------------
+
+def scalar_factor(kind, s, K, T):
+    """The documented schedule, written out per case."""
+    if K > 0 and s <= K:
+        return s / K
+    if kind == "constant" or T <= K:
+        return 1.0
+    p = min(max((s - K - 1) / (T - K), 0.0), 1.0)
+    return 1.0 - p if kind == "warmup-linear" else (1 + math.cos(math.pi * p)) / 2
+
+
+def test_schedule_factors():
+    from pshybrid.optim import Schedule
+
+    for kind in ("constant", "warmup-linear", "cosine"):
+        for K, T in ((0, 10), (3, 10), (4, 4), (0, 1)):
+            sch = Schedule(kind, K, T)
+            got = [sch.factor(s) for s in range(1, T + 1)]
+            assert got == [scalar_factor(kind, s, K, T) for s in range(1, T + 1)]
+    # anchor points of the formulas: warm-up ramp, first step after it at 1, decay
+    assert Schedule("cosine", 2, 6).factor(3) == 1.0
+    assert Schedule("warmup-linear", 0, 4).factor(4) == 0.25
+    assert Schedule("cosine", 0, 2).factor(2) == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match="step-decay"):
+        Schedule("step-decay")
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("schedule", ["constant", "warmup-linear", "cosine"])
+@pytest.mark.parametrize("numba_on", [True, False])
+def test_l2_and_schedule_match_scalar_recurrence(kind, schedule, numba_on, monkeypatch):
+    """Dense update, sparse update_rows and the servers' apply_slot (fused kernels and their
+    NumPy twins) == the scalar recurrence with g + l2*w and lr * factor(step)."""
+    from pshybrid import kernels
+    from pshybrid.optim import Schedule
+
+    if not numba_on:
+        monkeypatch.setattr(kernels, "numba_active", lambda: False)
+    rng = np.random.default_rng(6)
+    w0 = rng.standard_normal((4, 3))
+    grads = rng.standard_normal((6, 2, 3))  # 6 steps, rows 1 and 3 touched
+    sch = Schedule(schedule, 2, 6)
+    opt = Optimizer(kind, lr=0.1, l2=0.3, schedule=sch)
+    rows = np.array([3, 1])
+    w_rows, w_slot = w0.copy(), w0.copy()
+    st_rows = {k: np.zeros_like(w0) for k in opt.slots}
+    st_slot = {k: np.zeros_like(w0) for k in opt.slots}
+    w_dense, st_dense = w0[rows].copy(), {k: np.zeros((2, 3)) for k in opt.slots}
+    for t, g in enumerate(grads, start=1):
+        opt.update_rows(w_rows, rows, g, st_rows, t)
+        slot = np.zeros_like(w0)
+        slot[rows] = g
+        opt.apply_slot(w_slot, slot, st_slot, t, rows)
+        opt.update(w_dense, g, st_dense, t)
+    for i, r in enumerate(rows):
+        for j in range(3):
+            want = scalar_run(kind, w0[r, j], grads[:, i, j], 0.1, l2=0.3, factor=sch.factor)
+            for got in (w_rows[r, j], w_slot[r, j], w_dense[i, j]):
+                assert got == pytest.approx(want, rel=1e-12, abs=1e-14)
+    # untouched rows get no L2 decay (lazy)
+    np.testing.assert_array_equal(w_rows[[0, 2]], w0[[0, 2]])
+    np.testing.assert_array_equal(w_slot[[0, 2]], w0[[0, 2]])
+
+
+def test_needs_weights():
+    assert not Optimizer("sgd", 0.1).needs_weights  # a blind -lr*g push is enough
+    assert Optimizer("sgd", 0.1, l2=1e-4).needs_weights
+    assert Optimizer("adagrad", 0.1).needs_weights

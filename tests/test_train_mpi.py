@@ -52,13 +52,18 @@ def test_bsp_equals_single_process_with_global_batch(comm, model, mode, sparse_o
     W = comm.size - S
     cfg = replace(BASE, model=model, mode=mode, servers=S, sparse_optimizer=sparse_opt,
                   dense_optimizer=dense_opt, bucket_mb=bucket_mb, prefetch=prefetch)
+    assert_all(comm, *bsp_verdict(comm, cfg, W, S)[:2])
+
+
+def bsp_verdict(comm, cfg, W, S):
+    """(ok, message, result): ``cfg`` on ``comm`` == one process with the global batch."""
     got = run(cfg, comm)
     ok, msg = True, ""
     if got.role == "worker":
-        ref = run(replace(cfg, mode="allreduce", servers=0, batch_size=W * cfg.batch_size),
-                  MPI.COMM_SELF)
-        init = run(replace(cfg, mode="allreduce", servers=0, steps=0), MPI.COMM_SELF)
-        wrong = run(replace(cfg, mode="allreduce", servers=0), MPI.COMM_SELF)  # batch b only
+        one = replace(cfg, mode="allreduce", servers=0, placement="dedicated")
+        ref = run(replace(one, batch_size=W * cfg.batch_size), MPI.COMM_SELF)
+        init = run(replace(one, steps=0), MPI.COMM_SELF)
+        wrong = run(one, MPI.COMM_SELF)  # batch b only
         errs = {"dense": rel_err(got.dense, ref.dense), "table": rel_err(got.table, ref.table)}
         moved = {"dense": rel_err(init.dense, ref.dense), "table": rel_err(init.table, ref.table)}
         if max(errs.values()) > 1e-9:
@@ -67,6 +72,28 @@ def test_bsp_equals_single_process_with_global_batch(comm, model, mode, sparse_o
             ok, msg = False, f"training barely moved the parameters: {moved}"
         elif W > 1 and rel_err(wrong.table, ref.table) < 1e-4:
             ok, msg = False, "oracle cannot tell batch b from batch W*b"
+    return ok, msg, got
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode,sparse_opt,dense_opt,schedule", [
+    ("hybrid", "sgd", "sgd", "cosine"),  # --l2 turns the direct SGD push into a server step
+    ("hybrid", "adagrad", "adam", "warmup-linear"),
+    ("colocated", "adam", "adam", "cosine"),  # every rank applies its shard's step itself
+    ("ps", "adagrad", "sgd", "cosine"),  # the dense table's SGD becomes a server step
+    ("allreduce", "adam", "sgd", "warmup-linear")])
+def test_bsp_with_l2_and_schedule(comm, mode, sparse_opt, dense_opt, schedule):
+    """--l2 and --lr-schedule keep the master oracle, and they change the result."""
+    S = 0 if mode == "allreduce" else (1 if comm.size <= 3 else 2)
+    where = {"servers": S}
+    if mode == "colocated":
+        mode, S, where = "hybrid", 0, {"placement": "colocated", "servers": None}
+    cfg = replace(BASE, mode=mode, sparse_optimizer=sparse_opt, dense_optimizer=dense_opt,
+                  l2=0.5, lr_schedule=schedule, warmup_steps=1, **where)
+    ok, msg, with_l2 = bsp_verdict(comm, cfg, comm.size - S, S)
+    plain = run(replace(cfg, l2=0.0, lr_schedule="constant", warmup_steps=0), comm)
+    if ok and with_l2.role == "worker" and rel_err(plain.table, with_l2.table) < 1e-4:
+        ok, msg = False, "--l2 and the schedule changed nothing"
     assert_all(comm, ok, msg)
 
 
@@ -160,13 +187,16 @@ def test_colocated_equals_dedicated_and_single_process(comm, mode, sparse_opt, d
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("placement,sparse_opt", [("dedicated", "sgd"), ("dedicated", "adagrad"),
-                                                  ("dedicated", "adam"), ("colocated", "adam")])
-def test_replicated_hot_rows_equal_none(comm, placement, sparse_opt):
+@pytest.mark.parametrize("placement,sparse_opt,l2", [
+    ("dedicated", "sgd", 0.0), ("dedicated", "adagrad", 0.0), ("dedicated", "adam", 0.0),
+    ("colocated", "adam", 0.0), ("dedicated", "sgd", 0.5), ("colocated", "adagrad", 0.5)])
+def test_replicated_hot_rows_equal_none(comm, placement, sparse_opt, l2):
     """--replicate-rows N (the N hottest rows on every worker, summed by an Allreduce) gives
-    the per-step losses and final parameters of N = 0, to float64 rounding."""
+    the per-step losses and final parameters of N = 0, to float64 rounding (also with
+    --l2, which decays only the rows some worker touched, and a schedule)."""
     cfg = replace(BASE, mode="hybrid", sparse_optimizer=sparse_opt, log_every=1, steps=4,
-                  placement=placement, servers=None if placement == "colocated" else 1)
+                  placement=placement, servers=None if placement == "colocated" else 1,
+                  l2=l2, lr_schedule="cosine" if l2 else "constant")
     hot = run(replace(cfg, replicate_rows=20), comm)
     cold = run(cfg, comm)
     ok, msg = True, ""

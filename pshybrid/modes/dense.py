@@ -104,12 +104,12 @@ class ServerDense:
     """The flat dense buffer as the table ``"dense"`` of ``DENSE_ROW``-wide rows sharded on
     the servers (a parameter server): workers pull every row before the forward pass and push
     their gradients back; a non-SGD optimizer runs on the servers (gradients into a ``"g"``
-    slot), plain SGD is a direct ``-lr * g`` push onto the weights."""
+    slot), plain SGD (no ``--l2``) is a direct ``-lr * g`` push onto the weights."""
 
     def __init__(self, ctx, opt: Optimizer, bucket_bytes: int = 0):
         self.ctx, self.opt, self.ps = ctx, opt, ctx.ps
         self.rows = -(-self.ps.size // DENSE_ROW)
-        self.server_step = opt.kind != "sgd"
+        self.server_step = opt.needs_weights
         self.live = not self.server_step
         self.store = None
         self._plan = None  # every row of the table: one plan, reused every step
@@ -158,7 +158,7 @@ class ServerDense:
         if self.live:
             with self.ctx.timers.time("push"):
                 self.store.push_sgd("dense", self._all(), self._padded(self.ps.flat_grad),
-                                    self.opt.lr)
+                                    self.opt.lr_at(step))
 
     def server_apply(self, step: int) -> None:
         if self.server_step:

@@ -74,7 +74,8 @@ class ServerSparse:
     server to pull (on one node: a gather from the servers' shared memory). A non-SGD
     optimizer runs on the servers: each worker sends each server, with the step message, the
     local rows it touched and their gradient sums (two-sided, contiguous: no datatype), and
-    the server sums the workers' parts and applies the optimizer; plain SGD instead pushes
+    the server sums the workers' parts and applies the optimizer; plain SGD (no ``--l2``:
+    it needs the weights) instead pushes
     ``-lr * g`` straight onto the weights with one Accumulate per server (``live``)."""
 
     prepare_uses_mpi = True  # the plan may commit MPI datatypes
@@ -82,7 +83,7 @@ class ServerSparse:
     def __init__(self, ctx, layout: FusedTable, opt: Optimizer, hot_ids=None):
         self.ctx, self.layout, self.opt = ctx, layout, opt
         self.name = layout.table.name
-        self.server_step = opt.kind != "sgd"
+        self.server_step = opt.needs_weights
         self.live = not self.server_step
         self.grad_row = (layout.table.dim, np.dtype(layout.table.dtype))  # a sums row
         self.store = None
@@ -148,7 +149,7 @@ class ServerSparse:
         if self.live:
             with self.ctx.timers.time("push"):
                 self.store.push(self.name, batch.plan, self._sums(batch, demb),
-                                scale=-self.opt.lr, unique=True)
+                                scale=-self.opt.lr_at(step), unique=True)
         if batch.hot is not None:
             self.hot.finish(step)
 

@@ -1,0 +1,72 @@
+"""The ``eval``, ``predict`` and ``plot`` commands: their options and handlers (the work is
+in ``scoring`` and ``plot``, imported when a command runs)."""
+
+from __future__ import annotations
+
+import sys
+
+CKPT_HELP = "checkpoint directory (its 'latest') or a step-N directory"
+
+
+def add_scoring_commands(sub) -> None:
+    """Add ``eval``, ``predict`` and ``plot`` to the ``pshybrid`` subparsers ``sub``."""
+    ev = _scoring_parser(sub, "eval", "exact AUC and logloss of a checkpoint on a dataset "
+                         "file (any number of ranks)", "Evaluate a checkpoint on a dataset "
+                         "file: exact AUC and logloss, computed as training's --eval-data "
+                         "evaluation. Runs on one process or under mpiexec -n N (every rank "
+                         "scores 1/N of the rows).")
+    ev.add_argument("--metrics", metavar="FILE", default=None,
+                    help="also write the evaluation as one JSON line to FILE")
+    ev.set_defaults(func=cmd_eval)
+    pr = _scoring_parser(sub, "predict", "one score per row of a dataset file from a "
+                         "checkpoint, to HDF5 (/score, /logit)", "Score every row of a "
+                         "dataset file with a checkpoint's model; OUT.h5 gets /score (the "
+                         "predicted click probability) and /logit, float64, one per row in "
+                         "row order. Written atomically.")
+    pr.add_argument("out", help="output .h5 file (refused if it exists, unless --overwrite)")
+    pr.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    pr.set_defaults(func=cmd_predict)
+    pl = sub.add_parser("plot", help="loss, samples/s and AUC curves of a --metrics file "
+                        "(needs matplotlib)",
+                        description="Draw a --metrics file's training loss, samples/s and "
+                        "evaluation AUC/logloss against the step (needs matplotlib: "
+                        "pip install 'pshybrid[plot]').")
+    pl.add_argument("run", help="--metrics JSON-lines file of a training run")
+    pl.add_argument("out", help="image file (.png, .svg, .pdf; written atomically)")
+    pl.set_defaults(func=cmd_plot)
+
+
+def _scoring_parser(sub, name: str, help: str, description: str):
+    p = sub.add_parser(name, help=help, description=description)
+    p.add_argument("ckpt", help=CKPT_HELP)
+    p.add_argument("data", help="dataset file (HDF5, the checkpoint's fields)")
+    return p
+
+
+def cmd_eval(args) -> int:
+    from mpi4py import MPI
+
+    from .scoring import score
+
+    score(args.ckpt, args.data, MPI.COMM_WORLD, metrics=args.metrics, stdout=sys.stdout)
+    return 0
+
+
+def cmd_predict(args) -> int:
+    from mpi4py import MPI
+
+    from .scoring import score
+
+    res = score(args.ckpt, args.data, MPI.COMM_WORLD, out=args.out, overwrite=args.overwrite)
+    if MPI.COMM_WORLD.rank == 0:
+        print(f"predicted {res.summary['rows']} rows with step {res.summary['step']} "
+              f"-> {args.out}")
+    return 0
+
+
+def cmd_plot(args) -> int:
+    from .plot import plot
+
+    n, e = plot(args.run, args.out)
+    print(f"plotted {n} step and {e} evaluation records -> {args.out}")
+    return 0

@@ -1,0 +1,153 @@
+"""``eval`` and ``predict`` of a checkpoint, the resumed run's evaluation, the --metrics
+stamps, and ``plot``.
+
+Oracles: ``eval`` == the training-time evaluation of the same checkpoint (at this world
+size, and alone on each rank); ``predict``'s logits == WDL's forward pass written out here
+in NumPy (docs/models.md) from the checkpoint's one-file export; a resumed run with no step
+left evaluates to the same numbers; ``lr`` == --lr x the documented schedule.
+"""
+
+import io
+import json
+import math
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+from mpi4py import MPI
+from mpi_util import SHARED_MEMORY, assert_all
+
+from pshybrid.config import TrainConfig
+from pshybrid.optim import Schedule
+from pshybrid.train import train
+
+CFG = TrainConfig(model="wdl", embedding_dim=4, mlp=(8, 6), steps=6, batch_size=16,
+                  dtype="float64", lr=0.2, dense_lr=0.05, seed=3, log_every=2, eval_every=3,
+                  lr_schedule="cosine", warmup_steps=2, l2=1e-3, shared_memory=SHARED_MEMORY)
+
+
+def wdl_logits(export_path, dense, sparse):
+    """docs/models.md, WDL: wide.dense(dense) + sum_f w_f + over(x0), from the export."""
+    with h5py.File(export_path, "r") as f:
+        names = json.loads(f.attrs["field_names"])[dense.shape[1]:]  # dense names first
+        e = np.concatenate([f[f"embeddings/{n}"][...][sparse[:, i]][:, None, :]
+                            for i, n in enumerate(names)], axis=1)
+        lin = sum(f[f"linear/{n}"][...][sparse[:, i]] for i, n in enumerate(names))
+        d = {k: f[f"dense/{k}"][...] for k in f["dense"]}
+    z = dense @ d["wide.dense.weight"] + d["wide.dense.bias"]
+    x = np.concatenate([dense, e.reshape(len(dense), -1)], axis=1)
+    layers = sorted({k.split(".")[1] for k in d if k.startswith("over.")}, key=int)
+    for i, l in enumerate(layers):
+        x = x @ d[f"over.{l}.weight"] + d[f"over.{l}.bias"]
+        if i < len(layers) - 1:
+            x = np.maximum(x, 0)
+    return (z + x)[:, 0] + lin
+
+
+@pytest.fixture
+def trained(comm, mpi_tmp_path):
+    """Train on a file with --eval-data, checkpointing; (cfg, result, paths)."""
+    from pshybrid.synthetic import write_synthetic
+
+    t, v = str(mpi_tmp_path / "t.h5"), str(mpi_tmp_path / "v.h5")
+    if comm.rank == 0:
+        write_synthetic(t, 1200, valid_fraction=0.25, valid_out=v, seed=4, n_dense=3,
+                        cardinalities=(7, 30, 200, 5))
+    comm.Barrier()
+    cfg = replace(CFG, servers=1, data=t, eval_data=v,
+                  checkpoint_dir=str(mpi_tmp_path / "ck"), metrics=str(mpi_tmp_path / "m.jsonl"))
+    res = train(cfg, comm, out=io.StringIO())
+    return cfg, res, mpi_tmp_path
+
+
+@pytest.mark.mpi(min_size=2)
+def test_eval_equals_training_eval_and_predict_equals_forward(comm, trained):
+    from pshybrid.checkpoint_files import export
+    from pshybrid.scoring import score
+
+    cfg, res, tmp = trained
+    ck, v = cfg.checkpoint_dir, cfg.eval_data
+    here = score(ck, v, comm)                       # every rank a worker with a shard
+    alone = score(ck + "/step-6", v, MPI.COMM_SELF)  # each rank by itself
+    out = str(tmp / "p.h5")
+    score(ck, v, comm, out=out)
+    again = score(ck, v, comm, out=out, overwrite=True)
+    resumed = train(replace(cfg, resume=ck, checkpoint_dir=None, metrics=None), comm,
+                    out=io.StringIO())
+    collected = train(replace(cfg, resume=ck, checkpoint_dir=None, metrics=None), comm,
+                      out=io.StringIO(), collect=True)  # the Python API's path
+    ok, msg = True, ""
+    if comm.rank == 0:  # worker 0 of every run
+        want = res.evals[-1]
+        got = [here.evals[-1], alone.evals[-1], resumed.evals[-1], collected.evals[-1]]
+        for g in got:
+            for k in ("step", "rows"):
+                ok &= g[k] == want[k]
+            for k in ("auc", "logloss"):
+                ok &= math.isclose(g[k], want[k], rel_tol=1e-12)
+        export(ck, str(tmp / "x.h5"))
+        with h5py.File(v, "r") as f:
+            label, dense, sparse = f["label"][...], f["dense"][...], f["sparse"][...]
+        with h5py.File(out, "r") as f:
+            logit, s = f["logit"][...], f["score"][...]
+        ref = wdl_logits(str(tmp / "x.h5"), dense.astype(np.float64), sparse)
+        ok &= logit.shape == label.shape and again.summary == {"rows": len(label), "step": 6}
+        ok &= bool(np.allclose(logit, ref, rtol=1e-10, atol=1e-12))
+        ok &= bool(np.allclose(s, 1 / (1 + np.exp(-ref)), rtol=1e-12))
+        ok &= not np.allclose(ref, ref.mean())  # the rows score differently
+        msg = f"eval {got} vs training {want}; logits {logit[:3]} vs forward {ref[:3]}"
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_metrics_lines_carry_time_epoch_and_lr(comm, trained):
+    cfg = trained[0]
+    ok, msg = True, ""
+    if comm.rank == 0:
+        recs = [json.loads(ln) for ln in Path(cfg.metrics).read_text().splitlines()]
+        W = comm.size - 1
+        per_epoch = 900 // (W * cfg.batch_size)
+        sched = Schedule("cosine", 2, 6)
+        times = [r["time"] for r in recs]
+        for r in recs:
+            s = r["steps"] if r.get("summary") else r["step"]
+            ok &= r["lr"] == cfg.lr * sched.factor(s) and r["epoch"] == s / per_epoch
+        ok &= times == sorted(times) and abs(times[-1] - time.time()) < 600
+        ok &= [r["step"] for r in recs if "loss" in r] == [2, 4, 6]
+        ok &= [r["step"] for r in recs if r.get("eval")] == [3, 6]
+        msg = f"{recs}"
+    assert_all(comm, ok, msg)
+
+
+def test_plot_draws_the_curves(tmp_path):
+    pytest.importorskip("matplotlib")
+    from pshybrid.plot import plot
+
+    m = tmp_path / "m.jsonl"
+    m.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 1, "loss": 0.7, "samples_per_s": 100.0},
+        {"step": 2, "loss": 0.6, "samples_per_s": 120.0},
+        {"eval": True, "step": 2, "auc": 0.7, "logloss": 0.5, "rows": 10},
+        {"summary": True}]))
+    assert plot(str(m), str(tmp_path / "o.png")) == (2, 1)
+    assert (tmp_path / "o.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(os.listdir(tmp_path)) == {"m.jsonl", "o.png"}  # no temporary left
+
+
+def test_plot_without_matplotlib_is_one_clear_error(tmp_path, monkeypatch):
+    import sys
+
+    from pshybrid.errors import ConfigError
+    from pshybrid.plot import NEEDS, plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails as if not installed
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
+    m = tmp_path / "m.jsonl"
+    m.write_text('{"step": 1, "loss": 0.7, "samples_per_s": 100.0}\n')
+    with pytest.raises(ConfigError) as e:
+        plot(str(m), str(tmp_path / "o.png"))
+    assert str(e.value) == NEEDS and not (tmp_path / "o.png").exists()
