@@ -66,6 +66,24 @@ def read_ranges(dataset, ranges):
     return tuple(np.concatenate(p) for p in zip(*parts))
 
 
+def read_ids(dataset, ranges, offsets):
+    """Rows in ``ranges`` with fused-table ids (``offsets`` (F,) of each field): ``(label,
+    dense, ids (n, F))``; with multi-hot fields ``(label, dense, ids, lengths)``: ``ids`` flat
+    (n * F1 + M,), the ``F1`` single-hot ids row by row, then multi-hot field 0's ids of
+    every row (row 0's first), field 1's, ...; ``lengths`` (n, K) int64 the ids of each row
+    and multi-hot field (>= 1)."""
+    label, dense, sparse = read_ranges(dataset, ranges)
+    single = np.add(sparse, offsets[:sparse.shape[1]], dtype=np.int64)
+    if not getattr(dataset.schema, "multi_hot", 0):
+        return label, dense, single
+    parts = [dataset.bags(a, b) for a, b in ranges]
+    bags = [tuple(np.concatenate(x) for x in zip(*field)) for field in zip(*parts)]
+    f1 = sparse.shape[1]
+    ids = np.concatenate([single.ravel()] + [np.add(v, offsets[f1 + k], dtype=np.int64)
+                                             for k, (v, _) in enumerate(bags)])
+    return label, dense, ids, np.stack([n for _, n in bags], axis=1)
+
+
 # -- a worker's batches ----------------------------------------------------------------------
 WINDOW_ROWS = 8192    # HDF5: rows of this worker's upcoming steps planned together
 MERGE_GAP = 1024      # HDF5: ranges closer than this are read as one span (gap rows too)
@@ -88,6 +106,9 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     many steps at once (``WINDOW_ROWS``, one h5py call per dataset and span of nearby
     ranges) and copies each step out, adding the offsets on the way.
 
+    A dataset with multi-hot fields (``schema.multi_hot``) yields ``(label, dense, ids,
+    lengths)`` as ``read_ids`` makes them (flat ids; new arrays every step).
+
     Buffer contract (fast paths): batches live in a ring of ``depth + 3`` buffers, so the
     batch yielded i-th is overwritten when batch ``i + depth + 3`` is made. Consumed through
     ``prefetch(produce, n, depth)`` with the same ``depth`` (which makes at most ``depth + 1``
@@ -97,7 +118,10 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     offsets = np.zeros(dataset.schema.n_sparse, np.int64) if layout is None else \
         np.asarray(layout.offsets, np.int64)
     steps = range(start_step, start_step + max(n_steps, 0))
-    if hasattr(dataset, "fill"):
+    if getattr(dataset.schema, "multi_hot", 0):
+        for step in steps:
+            yield read_ids(dataset, plan.ranges(step, offset, count), offsets)
+    elif hasattr(dataset, "fill"):
         yield from _generated_batches(dataset, plan, steps, offset, count, offsets, depth)
     elif isinstance(dataset, H5Dataset):
         yield from _h5_batches(dataset, plan, steps, offset, count, offsets, depth)
