@@ -284,13 +284,12 @@ class BagPooling:
         E, head = emb.shape[1], B * self.n_single
         self.lens = np.ascontiguousarray(lengths.T).ravel()        # field-major: (K*B,)
         self.starts = head + np.cumsum(self.lens) - self.lens
-        if xp is np:
-            pooled = np.add.reduceat(emb, self.starts, axis=0) if K else emb[:0]
-        else:                                  # CuPy: one gather-add per position in a bag
-            pooled = xp.zeros((K * B, E), emb.dtype)
-            for j in range(int(self.lens.max(initial=0))):
-                sel = np.flatnonzero(self.lens > j)
-                pooled[xp.asarray(sel)] += emb[xp.asarray(self.starts[sel] + j)]
+        # One gather-add per position in a bag: each bag summed left to right, so a row's
+        # sum never depends on the other rows of the batch (W workers x b == 1 x W*b).
+        pooled = emb[xp.asarray(self.starts)] if K else emb[:0]
+        for j in range(1, int(self.lens.max(initial=0))):
+            sel = np.flatnonzero(self.lens > j)
+            pooled[xp.asarray(sel)] += emb[xp.asarray(self.starts[sel] + j)]
         if self.mode == "mean":
             pooled = pooled / xp.asarray(self.lens, emb.dtype)[:, None]
         pooled = pooled.reshape(K, B, E).transpose(1, 0, 2)
