@@ -17,10 +17,13 @@ NL, QUOTE = 10, ord('"')
 
 
 def _records(data: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Start and end (the LF's offset) of each record: the LFs outside double quotes."""
+    """Start and end (the LF's offset) of each record: the LFs outside double quotes (and
+    the block's last byte, an LF)."""
     a = np.frombuffer(data, np.uint8)
     nl = np.flatnonzero(a == NL)
     ends = nl[np.cumsum(a == QUOTE)[nl] % 2 == 0]
+    if not len(ends) or ends[-1] != len(data) - 1:   # the last quote never closed (at EOF)
+        ends = np.append(ends, len(data) - 1)
     return np.concatenate(([0], ends[:-1] + 1)).astype(np.int64), ends
 
 
@@ -38,7 +41,7 @@ def _fields(record: bytes, sep: int) -> tuple[list[bytes] | None, str]:
     except csv.Error as exc:
         return None, f"bad quoting: {exc}"
     if len(got) != 1:
-        return None, "a CR outside double quotes"
+        return None, "unbalanced double quotes, or a CR outside them"
     return [v.encode("latin-1") for v in got[0]], ""
 
 
