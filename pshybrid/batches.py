@@ -4,9 +4,12 @@ a data thread where the rank has a spare core (``prefetch``)."""
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from .data import SHUFFLE_BLOCK, H5Dataset
+from .files import H5Files
 
 
 class BatchPlan:
@@ -123,7 +126,7 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
             yield read_ids(dataset, plan.ranges(step, offset, count), offsets)
     elif hasattr(dataset, "fill"):
         yield from _generated_batches(dataset, plan, steps, offset, count, offsets, depth)
-    elif isinstance(dataset, H5Dataset):
+    elif isinstance(dataset, (H5Dataset, H5Files)):
         yield from _h5_batches(dataset, plan, steps, offset, count, offsets, depth)
     else:
         for step in steps:
@@ -171,25 +174,29 @@ def _h5_handles(ds) -> list:
     handles = []
     for key in ("label", "dense", "sparse"):
         dapl = h5p.create(h5p.DATASET_ACCESS)
-        if ds.f[key].id.get_create_plist().get_nfilters() == 0:  # (that handle is closed again)
+        d = ds.f[key]
+        if d.id.get_create_plist().get_nfilters() == 0:  # (that handle is closed again)
             # Uncompressed: no chunk cache, so a read copies just its rows. With the default
             # 1 MiB cache, each new 16k-row chunk of /dense was read whole (~0.5 ms a call).
             # HDF5 shares one cache among a dataset's open handles: opened first, this sets it.
             dapl.set_chunk_cache(0, 0, 1.0)
+        elif d.chunks:
+            # Compressed: a chunk is decompressed whole; keep 4 (a window's spans reuse them).
+            dapl.set_chunk_cache(521, 4 * int(np.prod(d.chunks)) * d.dtype.itemsize, 1.0)
         dsid = h5d.open(ds.f.id, key.encode(), dapl)
         handles.append((dsid, dsid.get_space(), {}))
     return handles
 
 
-def _read_span(handles, bufs, span) -> None:
-    """One read per dataset of file rows ``span[0]:span[1]``, straight into ``bufs`` at row
-    ``span[2]``."""
+def _read_span(handles, bufs, span, base: int = 0) -> None:
+    """One read per dataset of rows ``span[0]:span[1]`` (of the file whose first row is row
+    ``base`` of the dataset), straight into ``bufs`` at row ``span[2]``."""
     from h5py import h5s
 
     for (dsid, fspace, mspaces), buf in zip(handles, bufs):
         dest = buf[span[2]:span[2] + span[1] - span[0]]
         if dest.size:  # (a file without dense or sparse columns: nothing)
-            fspace.select_hyperslab((span[0],) + (0,) * (buf.ndim - 1), dest.shape)
+            fspace.select_hyperslab((span[0] - base,) + (0,) * (buf.ndim - 1), dest.shape)
             mspace = mspaces.get(dest.shape)
             if mspace is None:
                 mspace = mspaces[dest.shape] = h5s.create_simple(dest.shape)
@@ -200,8 +207,10 @@ def _read_span(handles, bufs, span) -> None:
 def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
     sch = ds.schema
     ring = _Ring(depth + 3, count, sch.n_dense, sch.n_sparse)
-    handles = _h5_handles(ds)
-    bufs = [np.empty((0,) + d.shape[1:], d.dtype) for d, _, _ in handles]
+    # Several files (H5Files): ranges split at the files' bounds, spans within one file.
+    bounds = getattr(ds, "bounds", [0, ds.n_rows])
+    handles = [_h5_handles(d) for d in getattr(ds, "parts", [ds])]
+    bufs = [np.empty((0,) + d.shape[1:], d.dtype) for d, _, _ in handles[0]]
     per_window = max(1, WINDOW_ROWS // max(count, 1))
     w = 0
     while w < len(steps):
@@ -210,21 +219,23 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
         n = min(per_window, len(steps) - w)
         if plan.steps_per_epoch:
             n = min(n, plan.steps_per_epoch - first % plan.steps_per_epoch)
-        ranges = [plan.ranges(first + j, offset, count) for j in range(n)]
+        ranges = [_at_bounds(plan.ranges(first + j, offset, count), bounds) for j in range(n)]
         # Spans: the window's ranges sorted, nearby ones merged. where[(a, b)] = (its span,
         # its buffer row). A span is read when a step first needs it, so no step waits
         # for more than its own spans.
         spans, where, total = [], {}, 0
         for a, b in sorted(r for rs in ranges for r in rs):
-            if spans and a - spans[-1][1] <= MERGE_GAP and b - spans[-1][0] <= SPAN_ROWS:
+            f = bisect.bisect_right(bounds, a) - 1
+            if spans and spans[-1][4] == f and a - spans[-1][1] <= MERGE_GAP and \
+                    b - spans[-1][0] <= SPAN_ROWS:
                 total += a - spans[-1][1]
                 spans[-1][1] = b
             else:
-                spans.append([a, b, total, False])  # start, stop, buffer row, read yet
+                spans.append([a, b, total, False, f])  # start, stop, buffer row, read, file
             where[(a, b)] = (spans[-1], total)
             total += b - a
         if bufs[0].shape[0] < total:
-            bufs = [np.empty((total,) + d.shape[1:], d.dtype) for d, _, _ in handles]
+            bufs = [np.empty((total,) + d.shape[1:], d.dtype) for d, _, _ in handles[0]]
         lb, db, sb = bufs
         for j, rs in enumerate(ranges):
             label, dense, ids = ring.get(w + j)
@@ -232,7 +243,7 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
             for a, b in rs:
                 span, p = where[(a, b)]
                 if not span[3]:
-                    _read_span(handles, bufs, span)
+                    _read_span(handles[span[4]], bufs, span, bounds[span[4]])
                 m = b - a
                 label[k:k + m] = lb[p:p + m]
                 dense[k:k + m] = db[p:p + m]
@@ -240,6 +251,19 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
                 k += m
             yield label, dense, ids
         w += n
+
+
+def _at_bounds(ranges, bounds):
+    """``ranges`` split where a file of the dataset ends (``bounds``: the first rows)."""
+    if len(bounds) <= 2:
+        return ranges
+    out = []
+    for a, b in ranges:
+        for cut in bounds[bisect.bisect_right(bounds, a):bisect.bisect_left(bounds, b)]:
+            out.append((a, cut))
+            a = cut
+        out.append((a, b))
+    return out
 
 
 def prefetch(produce, n: int, depth: int = 2):

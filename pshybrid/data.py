@@ -123,8 +123,11 @@ class DatasetWriter:
         self.path = os.fspath(path)
         self.dense_names, self.sparse_names = list(dense_names), list(sparse_names)
         self.multi_hot_names = list(multi_hot_names)
+        # Compressed: chunks of one shuffle block (1024 rows), so a shuffled read
+        # decompresses only the rows it needs; uncompressed: 16,384 rows.
         filters = {"lzf": {"compression": "lzf"}, "gzip": {"compression": "gzip"},
                    "none": {}}[compression]
+        rows = SHUFFLE_BLOCK if filters else CHUNK_ROWS
         try:
             self.tmp, fd = _create_temp(self.path)
         except OSError as exc:
@@ -134,21 +137,21 @@ class DatasetWriter:
             self.f = h5py.File(self.sink, "w")
             nd, ns = len(self.dense_names), len(self.sparse_names)
             self.label = self.f.create_dataset("label", (0,), np.float32, maxshape=(None,),
-                                               chunks=(CHUNK_ROWS,), **filters)
+                                               chunks=(rows,), **filters)
             self.dense = self.f.create_dataset("dense", (0, nd), np.float32,
                                                maxshape=(None, nd),
-                                               chunks=(CHUNK_ROWS, nd) if nd else None,
+                                               chunks=(rows, nd) if nd else None,
                                                **(filters if nd else {}))
             self.sparse = self.f.create_dataset("sparse", (0, ns), np.int64,
                                                 maxshape=(None, ns),
-                                                chunks=(CHUNK_ROWS, ns) if ns else None,
+                                                chunks=(rows, ns) if ns else None,
                                                 **(filters if ns else {}))
             # multi-hot field k: /multi_hot/<name>/values (M,), offsets (N + 1,)
             self.bags = [(self.f.create_dataset(f"multi_hot/{n}/values", (0,), np.int64,
-                                                maxshape=(None,), chunks=(CHUNK_ROWS,),
+                                                maxshape=(None,), chunks=(rows,),
                                                 **filters),
                           self.f.create_dataset(f"multi_hot/{n}/offsets", (1,), np.int64,
-                                                maxshape=(None,), chunks=(CHUNK_ROWS,),
+                                                maxshape=(None,), chunks=(rows,),
                                                 **filters))
                          for n in self.multi_hot_names]
             self._check()

@@ -31,8 +31,6 @@ def _fields(record: bytes, sep: int) -> tuple[list[bytes] | None, str]:
     """The values of one record (None if it is bad) and why it is bad."""
     if b"\0" in record:
         return None, "a NUL byte (not a text file?)"
-    if b'"' not in record:
-        return record.split(bytes([sep])), ""
     lines = record.decode("latin-1").split("\n")
     lines = [x + "\n" for x in lines[:-1]] + lines[-1:]
     try:
@@ -47,22 +45,41 @@ def _fields(record: bytes, sep: int) -> tuple[list[bytes] | None, str]:
 
 def split_quoted(t, data: bytes):
     """Records of a block with quotes: ``(block, s, L, whole, shape_why, line_of)`` as
-    ``read._split`` gives for lines, over a new block of the values; ``line_of`` (records,)
-    the line, counted from the block's first, where each record starts."""
+    ``read._split`` gives for lines; ``line_of`` (records,) the line, counted from the
+    block's first, where each record starts. The records without a quote keep the NumPy
+    path: each record with one becomes a line of empty fields there, and its values (from
+    the csv module) are appended to the block, where its fields then point."""
+    from .read import _split
+
     starts, ends = _records(data)
-    values, whole, why = [], np.zeros(len(starts), bool), {}
-    for i, (a, b) in enumerate(zip(starts.tolist(), ends.tolist())):
-        got, problem = _fields(data[a:b], t.sep)
-        if got is not None and len(got) != t.n_fields:
-            got, problem = None, f"wrong number of fields: {len(got)}, expected {t.n_fields}"
-        if got is None:
-            why[i] = problem
-        else:
-            whole[i] = True
-            values.extend(got)
+    quotes = np.concatenate(([0], np.cumsum(np.frombuffer(data, np.uint8) == QUOTE)))
+    quoted = np.flatnonzero(quotes[ends] > quotes[starts]).tolist()
+    blank = bytes([t.sep]) * (t.n_fields - 1) + b"\n"
+    pieces, at, values, got = [], 0, [], {}
+    for i in quoted:
+        a, b = int(starts[i]), int(ends[i])
+        pieces += [data[at:a], blank]
+        at = b + 1
+        got[i] = _fields(data[a:b], t.sep)
+        if got[i][0] is not None and len(got[i][0]) != t.n_fields:
+            got[i] = None, f"wrong number of fields: {len(got[i][0])}, expected {t.n_fields}"
+        values += got[i][0] or []
+    pieces.append(data[at:])
+    lines = b"".join(pieces)
+    _, s, L, whole, line_why = _split(t, lines)
     lengths = np.array([len(v) for v in values], np.int64)
-    s = (np.cumsum(lengths) - lengths).reshape(-1, t.n_fields)
-    block = Block(b"".join(values))
-    lines = np.frombuffer(data, np.uint8) == NL
-    line_of = np.concatenate(([0], np.cumsum(lines)))[starts]
-    return block, s, lengths.reshape(-1, t.n_fields), whole, why.__getitem__, line_of
+    row = np.cumsum(whole) - 1                  # each whole line's row of s and L
+    ok = [i for i in quoted if got[i][0] is not None]
+    s[row[ok]] = (len(lines) + np.cumsum(lengths) - lengths).reshape(-1, t.n_fields)
+    L[row[ok]] = lengths.reshape(-1, t.n_fields)
+    bad = [i for i in quoted if got[i][0] is None]
+    keep = np.ones(len(s), bool)
+    keep[row[bad]] = False
+    whole[bad] = False
+    block = Block(lines + b"".join(values))
+    nl = np.concatenate(([0], np.cumsum(np.frombuffer(data, np.uint8) == NL)))
+
+    def why(i: int) -> str:
+        return got[i][1] if i in got else line_why(i)
+
+    return block, s[keep], L[keep], whole, why, nl[starts]
