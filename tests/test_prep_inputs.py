@@ -196,3 +196,30 @@ def test_every_compression_holds_the_same_arrays(tmp_path, compression):
     assert_same(tmp_path / "out.h5", tmp_path / "ref.h5")
     with h5py.File(tmp_path / "out.h5", "r") as f:
         assert f["sparse"].compression == (None if compression == "none" else compression)
+
+
+def test_parquet_equals_the_same_table_as_csv(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from pshybrid.prep import inputs
+
+    monkeypatch.setattr(inputs, "PARQUET_BATCH", 7)        # several batches, one header
+    rng = np.random.default_rng(2)
+    n = 40
+    cols = {"y": rng.integers(0, 2, n).tolist(),
+            "x": [None if i % 5 == 0 else float(v) for i, v in enumerate(rng.random(n))],
+            "title": [None if i % 6 == 0 else f'M{v}, "The"' if i % 3 == 0 else f"M{v}"
+                      for i, v in enumerate(rng.integers(0, 9, n))],
+            "genres": ["|".join(rng.choice(["A", "B", "C"], rng.integers(0, 3)))
+                       for _ in range(n)],
+            "user": rng.integers(0, 50, n).tolist()}
+    pq.write_table(pa.table(cols), tmp_path / "t.parquet", row_group_size=16)
+    with open(tmp_path / "t.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        w.writerows([["" if v is None else v for v in row] for row in zip(*cols.values())])
+    opts = ["--label", "y", "--dense", "x", "--sparse", "title,user", "--multi-hot", "genres",
+            "--buckets", "101"]
+    assert run("csv", tmp_path / "t.parquet", tmp_path / "p.h5", *opts) == 0
+    assert run("csv", tmp_path / "t.csv", tmp_path / "c.h5", *opts) == 0
+    assert_same(tmp_path / "p.h5", tmp_path / "c.h5")

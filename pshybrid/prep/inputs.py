@@ -18,6 +18,8 @@ import zlib
 from ..errors import InputError
 
 STDIN = "-"
+PARQUET_MAGIC = b"PAR1"
+PARQUET_BATCH = 65536      # rows converted at a time
 MAX_LINE_BYTES = 8 << 20   # a longer line is a bad line
 
 
@@ -46,6 +48,58 @@ class _Prefixed(io.RawIOBase):
         return len(data)
 
 
+class _ParquetText(io.RawIOBase):
+    """A Parquet file (optional: pyarrow) as the CSV text pyarrow writes for it: a header
+    of the column names, then the rows, comma-separated, a value quoted only where it must
+    be (RFC 4180), null = empty."""
+
+    def __init__(self, f, name: str):
+        try:
+            import pyarrow.csv as pcsv
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise InputError(f"{name}: a Parquet file; reading it needs pyarrow (pip install "
+                             "'pshybrid[parquet]')") from None
+        self.pcsv, self.name = pcsv, name
+        try:
+            self.batches = pq.ParquetFile(f).iter_batches(batch_size=PARQUET_BATCH)
+        except Exception as exc:  # noqa: BLE001 - pyarrow's errors name no common base
+            raise InputError(f"{name}: not a readable Parquet file ({exc})") from None
+        self.buf, self.header = b"", True
+
+    def readable(self) -> bool:
+        return True
+
+    def _next(self) -> bytes:
+        try:
+            batch = next(self.batches)
+        except StopIteration:
+            return b""
+        except Exception as exc:  # noqa: BLE001
+            raise InputError(f"{self.name}: cannot read: {exc}") from None
+        out = io.BytesIO()
+        for style in ("none", "needed"):     # unquoted where no value needs quotes
+            try:
+                opts = self.pcsv.WriteOptions(include_header=self.header, quoting_style=style)
+                self.pcsv.write_csv(batch, out, opts)
+                break
+            except Exception as exc:  # noqa: BLE001 - ArrowInvalid (a value needs quotes)
+                out, why = io.BytesIO(), exc
+        else:
+            raise InputError(f"{self.name}: cannot convert to text: {why}")
+        self.header = False
+        return out.getvalue()
+
+    def readinto(self, b) -> int:
+        while not self.buf:
+            self.buf = self._next()
+            if not self.buf:
+                return 0
+        n = min(len(b), len(self.buf))
+        b[:n], self.buf = self.buf[:n], self.buf[n:]
+        return n
+
+
 @contextlib.contextmanager
 def open_input(path: str, spools: dict | None = None):
     """IN opened for binary reading (``readline``, ``read``), gunzipped if it starts with the
@@ -62,9 +116,13 @@ def open_input(path: str, spools: dict | None = None):
     else:
         f = _open_regular(path)
     try:
-        head = _read(name, f.read, 2)
-        raw = io.BufferedReader(_Prefixed(head, f), 1 << 20)
-        with gzip.GzipFile(fileobj=raw, mode="rb") if head == b"\x1f\x8b" else \
+        head = _read(name, f.read, 4)
+        if head == PARQUET_MAGIC:
+            f.seek(0)
+            raw = io.BufferedReader(_ParquetText(f, name), 1 << 20)
+        else:
+            raw = io.BufferedReader(_Prefixed(head, f), 1 << 20)
+        with gzip.GzipFile(fileobj=raw, mode="rb") if head[:2] == b"\x1f\x8b" else \
                 contextlib.nullcontext(raw) as g:
             yield g
     finally:
