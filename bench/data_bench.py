@@ -31,6 +31,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: before NumPy loads its BLAS
 
 import argparse  # noqa: E402
+import itertools
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -41,7 +42,7 @@ import numpy as np  # noqa: E402
 
 from pshybrid.batches import BatchPlan, worker_batches  # noqa: E402
 from pshybrid.data import DatasetWriter, H5Dataset  # noqa: E402
-from pshybrid.files import H5Files  # noqa: E402
+from pshybrid.files import H5Files
 from pshybrid.schema import FusedTable  # noqa: E402
 from pshybrid.synthetic import SyntheticCTR  # noqa: E402
 
@@ -121,7 +122,7 @@ def compressed_copies(h5: H5Dataset, tmp: str) -> dict:
         out[name] = H5Dataset(path)
     cut = np.linspace(0, h5.n_rows, 5).astype(int)
     parts = []
-    for i, (p, q) in enumerate(zip(cut[:-1], cut[1:])):
+    for i, (p, q) in enumerate(itertools.pairwise(cut)):
         parts.append(os.path.join(tmp, f"part{i}.h5"))
         with DatasetWriter(parts[-1], sch.dense_names, sch.sparse_names) as w:
             w.append(label[p:q], dense[p:q], sparse[p:q])

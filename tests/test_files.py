@@ -82,7 +82,7 @@ def test_worker_batches_of_several_files_are_the_ones_of_the_concatenation(files
 
 
 def test_training_on_several_files_or_a_directory_equals_the_one_file(files, tmp_path):
-    names, whole, mh = files
+    names, whole, _ = files
     cfg = TrainConfig(model="wdl", mode="allreduce", servers=0, embedding_dim=4, mlp=(8,),
                       epochs=1, batch_size=96, dtype="float64", seed=2, log_every=1000,
                       eval_data=whole, data=whole)

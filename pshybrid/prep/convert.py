@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
@@ -97,7 +98,7 @@ def make_encoders(o: TableOptions, n_single: int, n_multi: int) -> list:
         raise ConfigError(f"--buckets: {len(buckets)} values for {n_fields} sparse fields "
                           "(give one, or one per field)", collective=True)
     cut = np.cumsum([0] + sizes)
-    return [Hashing(buckets[a:b]) for a, b in zip(cut[:-1], cut[1:])]
+    return [Hashing(buckets[a:b]) for a, b in itertools.pairwise(cut)]
 
 
 def transform_text(t: Table, o: TableOptions) -> str:

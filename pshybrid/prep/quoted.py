@@ -11,7 +11,7 @@ import csv
 
 import numpy as np
 
-from .block import Block
+from .block import Block, split_lines
 
 NL, QUOTE = 10, ord('"')
 
@@ -49,8 +49,6 @@ def split_quoted(t, data: bytes):
     block's first, where each record starts. The records without a quote keep the NumPy
     path: each record with one becomes a line of empty fields there, and its values (from
     the csv module) are appended to the block, where its fields then point."""
-    from .read import _split
-
     starts, ends = _records(data)
     quotes = np.concatenate(([0], np.cumsum(np.frombuffer(data, np.uint8) == QUOTE)))
     quoted = np.flatnonzero(quotes[ends] > quotes[starts]).tolist()
@@ -66,7 +64,7 @@ def split_quoted(t, data: bytes):
         values += got[i][0] or []
     pieces.append(data[at:])
     lines = b"".join(pieces)
-    _, s, L, whole, line_why = _split(t, lines)
+    _, s, L, whole, line_why = split_lines(lines, t.sep, t.n_fields)
     lengths = np.array([len(v) for v in values], np.int64)
     row = np.cumsum(whole) - 1                  # each whole line's row of s and L
     ok = [i for i in quoted if got[i][0] is not None]

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import InputError
-from .block import Block
+from .block import Block, split_lines
 from .inputs import MAX_LINE_BYTES, _read, open_input, shown_input
 
 BLOCK_BYTES = 2 << 20      # read size: a block holds ~9k Criteo lines
@@ -77,7 +77,7 @@ def parse(t: Table, data: bytes):
 
         block, s, L, whole, shape_why, line_of = split_quoted(t, data)
     else:
-        block, s, L, whole, shape_why = _split(t, data)
+        block, s, L, whole, shape_why = split_lines(data, t.sep, t.n_fields)
         line_of = None
     number = block.ints if t.integers else block.floats
     label, label_ok = number(s[:, t.label], L[:, t.label])
@@ -113,35 +113,6 @@ def parse(t: Table, data: bytes):
     rows = Rows(block, label.astype(np.float32), dense, s[:, sparse_cols], L[:, sparse_cols],
                 s[:, multi], L[:, multi])
     return ok, why, rows if good.all() else rows.take(good), line_of
-
-
-def _split(t: Table, data: bytes):
-    """Unquoted lines: ``(block, s, L, whole, shape_why)``, ``s``/``L`` (whole lines,
-    n_fields) the fields' offsets and lengths, ``whole`` (lines,) the lines with the right
-    number of fields and no NUL byte, ``shape_why(i)`` why line i is not whole."""
-    block = Block(data)
-    buf = block.buf[8:8 + len(data)]
-    ends = np.flatnonzero((buf == t.sep) | (buf == NL))
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    eol = np.flatnonzero(buf[ends] == NL)
-    fields = np.diff(eol, prepend=-1)
-    whole = fields == t.n_fields
-    nul = np.zeros(len(eol), bool)
-    if b"\0" in data:                                   # such a line is bad
-        nul[np.searchsorted(ends[eol], np.flatnonzero(buf == 0))] = True
-        whole &= ~nul
-    if whole.all():
-        s, L = starts.reshape(-1, t.n_fields), (ends - starts).reshape(-1, t.n_fields)
-    else:
-        idx = eol[whole][:, None] + np.arange(1 - t.n_fields, 1)
-        s, L = starts[idx], ends[idx] - starts[idx]
-
-    def shape_why(i: int) -> str:
-        if nul[i]:
-            return "a NUL byte (not a text file?)"
-        return f"wrong number of fields: {fields[i]}, expected {t.n_fields}"
-
-    return block, s, L, whole, shape_why
 
 
 def _view(cols: list[int]):
