@@ -302,5 +302,5 @@ class BagPooling:
         dp = dy[:, self.n_single:].transpose(1, 0, 2).reshape(-1, E)   # (K*B, E)
         if self.mode == "mean":
             dp = dp / xp.asarray(self.lens, dy.dtype)[:, None]
-        rep = xp.repeat(dp, xp.asarray(self.lens), axis=0)
+        rep = dp[xp.asarray(np.repeat(np.arange(self.lens.size), self.lens))]  # each id's
         return xp.concatenate([dy[:, :self.n_single].reshape(B * self.n_single, E), rep])
