@@ -3,9 +3,12 @@
     /label  (N,)      float32 in {0, 1}
     /dense  (N, F_d)  float32
     /sparse (N, F_s)  int64, field f's ids in [0, cardinalities[f])
-    attrs: format_version (int, 1), cardinalities (F_s,) int64,
-           field_names (F_d + F_s,) str: the dense names, then the sparse names;
-           optional: planted_auc (float, synthetic files), source (str), transform (str)
+    /multi_hot/<name>/values (M,) int64, offsets (N + 1,) int64: multi-hot field <name>,
+           row r's ids values[offsets[r]:offsets[r + 1]] (at least one), offsets[0] = 0
+    attrs: format_version (int, 1), cardinalities (F_s + K,) int64,
+           field_names (F_d + F_s + K,) str: the dense names, the single-hot names, then
+           the K multi-hot names; optional: multi_hot (K,) str (the multi-hot names),
+           planted_auc (float, synthetic files), source (str), transform (str)
 
 ``DatasetWriter`` streams rows into such a file atomically (a fresh temporary file, then
 rename); the reader and the validation live beside it.

@@ -125,3 +125,28 @@ def test_directory_files_by_name_and_errors(tmp_path):
     c = write(tmp_path / "c.h5", [bad], False)
     with pytest.raises(InputError, match=r"c.h5: /sparse row 3 has an id outside"):
         open_dataset(f"{a},{c}").validate(0, 10)
+
+
+def test_checkpoint_records_the_multi_hot_fields(tmp_path):
+    """A checkpoint's schema names the multi-hot fields; resuming it on data whose same
+    cardinalities are all single-hot is refused, naming the difference; save -> resume on
+    the same data continues exactly (2 + 2 steps == 4 steps)."""
+    import json
+
+    mh = write(tmp_path / "mh.h5", [rows(300, 1, True)], True)
+    flat = write(tmp_path / "flat.h5", [rows(300, 1, False)], False)
+    cfg = TrainConfig(model="deepfm", mode="allreduce", servers=0, embedding_dim=4, mlp=(8,),
+                      steps=2, batch_size=32, dtype="float64", seed=2, log_every=1000,
+                      data=mh, checkpoint_dir=str(tmp_path / "ck"), pooling="mean")
+    train(cfg, MPI.COMM_SELF, out=io.StringIO())
+    meta = json.loads((tmp_path / "ck" / "step-2" / "meta.json").read_text())
+    assert meta["schema"]["multi_hot"] == 2 and meta["config"]["pooling"] == "mean"
+    with pytest.raises(InputError, match="multi-hot fields"):
+        train(replace(cfg, data=flat, resume=str(tmp_path / "ck"), checkpoint_dir=None,
+                      steps=4), MPI.COMM_SELF, out=io.StringIO())
+    resumed = train(replace(cfg, resume=str(tmp_path / "ck"), checkpoint_dir=None, steps=4),
+                    MPI.COMM_SELF, collect=True, out=io.StringIO())
+    straight = train(replace(cfg, checkpoint_dir=None, steps=4), MPI.COMM_SELF, collect=True,
+                     out=io.StringIO())
+    assert np.array_equal(resumed.table, straight.table)
+    assert np.array_equal(resumed.dense, straight.dense)
