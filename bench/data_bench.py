@@ -15,8 +15,10 @@ dense, int64 ids) from rotating places of a 256 MiB source, so not from cache.
 Compression (``prep --compression``): the same rows copied into files written with each of
 ``none``, ``lzf``, ``gzip`` (HDF5 filters, 16,384-row chunks), read by worker 0 of W = 2
 through the fast path, block-shuffled and in order, with each file's size; ``several files``:
-the uncompressed rows split into 4 files read as one dataset (``--data a,b,c,d``). ``--quick``:
-only these cases (and memcpy).
+the uncompressed rows split into 4 files read as one dataset (``--data a,b,c,d``);
+``multi-hot``: the last 2 of the 26 fields as multi-hot fields of 1-4 ids a row
+(uncompressed; ``batches.read_ids``, flat ids and lengths). ``--quick``: only these cases
+(and memcpy).
 
 Each number: the median over --repeat interleaved rounds (every case once per round) of
 (time for --steps consecutive batches) / --steps, so HDF5's window reads are amortised as
@@ -128,6 +130,17 @@ def compressed_copies(h5: H5Dataset, tmp: str) -> dict:
             w.append(label[p:q], dense[p:q], sparse[p:q])
             w.close(sch.cardinalities)
     out["4 files"] = H5Files(parts)
+    # 24 single-hot fields and the last 2 as multi-hot fields of 1-4 ids a row (uncompressed)
+    rng = np.random.default_rng(0)
+    lengths = [rng.integers(1, 5, h5.n_rows) for _ in range(2)]
+    bags = [(rng.integers(0, c, int(n.sum())), n)
+            for c, n in zip(sch.cardinalities[-2:], lengths)]
+    path = os.path.join(tmp, "multi_hot.h5")
+    with DatasetWriter(path, sch.dense_names, sch.sparse_names[:-2],
+                       sch.sparse_names[-2:]) as w:
+        w.append(label, dense, sparse[:, :-2], bags)
+        w.close(sch.cardinalities)
+    out["multi-hot"] = H5Dataset(path)
     return out
 
 

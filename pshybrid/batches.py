@@ -79,12 +79,18 @@ def read_ids(dataset, ranges, offsets):
     single = np.add(sparse, offsets[:sparse.shape[1]], dtype=np.int64)
     if not getattr(dataset.schema, "multi_hot", 0):
         return label, dense, single
+    return (label, dense, *_bagged(dataset, ranges, single, offsets))
+
+
+def _bagged(dataset, ranges, single, offsets):
+    """``(ids, lengths)`` of ``read_ids``: ``single`` (n, F1) fused single-hot ids, then the
+    multi-hot fields' ids of the rows in ``ranges``."""
     parts = [dataset.bags(a, b) for a, b in ranges]
     bags = [tuple(np.concatenate(x) for x in zip(*field)) for field in zip(*parts)]
-    f1 = sparse.shape[1]
+    f1 = single.shape[1]
     ids = np.concatenate([single.ravel()] + [np.add(v, offsets[f1 + k], dtype=np.int64)
                                              for k, (v, _) in enumerate(bags)])
-    return label, dense, ids, np.stack([n for _, n in bags], axis=1)
+    return ids, np.stack([n for _, n in bags], axis=1)
 
 
 # -- a worker's batches ----------------------------------------------------------------------
@@ -121,7 +127,14 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     offsets = np.zeros(dataset.schema.n_sparse, np.int64) if layout is None else \
         np.asarray(layout.offsets, np.int64)
     steps = range(start_step, start_step + max(n_steps, 0))
-    if getattr(dataset.schema, "multi_hot", 0):
+    if getattr(dataset.schema, "multi_hot", 0) and isinstance(dataset, (H5Dataset, H5Files)):
+        # the single-hot part through the windowed reads, the multi-hot ids per step
+        f1 = dataset.schema.n_single
+        for step, (label, dense, ids) in zip(steps, _h5_batches(
+                dataset, plan, steps, offset, count, offsets[:f1], depth)):
+            yield (label, dense, *_bagged(dataset, plan.ranges(step, offset, count), ids,
+                                          offsets))
+    elif getattr(dataset.schema, "multi_hot", 0):
         for step in steps:
             yield read_ids(dataset, plan.ranges(step, offset, count), offsets)
     elif hasattr(dataset, "fill"):
@@ -206,7 +219,7 @@ def _read_span(handles, bufs, span, base: int = 0) -> None:
 
 def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
     sch = ds.schema
-    ring = _Ring(depth + 3, count, sch.n_dense, sch.n_sparse)
+    ring = _Ring(depth + 3, count, sch.n_dense, len(offsets))
     # Several files (H5Files): ranges split at the files' bounds, spans within one file.
     bounds = getattr(ds, "bounds", [0, ds.n_rows])
     handles = [_h5_handles(d) for d in getattr(ds, "parts", [ds])]

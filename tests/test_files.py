@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from pshybrid.batches import BatchPlan, worker_batches
+from pshybrid.batches import BatchPlan, read_ids, worker_batches
 from pshybrid.config import ArgumentParser, TrainConfig, add_arguments, resolve
 from pshybrid.data import DatasetWriter, H5Dataset
 from pshybrid.errors import InputError
@@ -17,6 +17,13 @@ from pshybrid.files import H5Files, dataset_paths, open_dataset
 from pshybrid.train import train
 
 CARDS = (7, 30, 50, 20)
+
+
+class FusedOffsets:
+    """The part of a ``FusedTable`` that ``worker_batches`` reads."""
+
+    def __init__(self, offsets):
+        self.offsets = offsets
 
 
 def rows(n, seed, multi_hot):
@@ -70,13 +77,15 @@ def test_worker_batches_of_several_files_are_the_ones_of_the_concatenation(files
     names, whole, mh = files
     many, one = H5Files(names), H5Dataset(whole)
     plan = BatchPlan(many.n_rows, 3 * 100, shuffle, seed=4)   # W=3 x b=100: 7 steps an epoch
+    offsets = np.array([0, 10, 100, 1000])              # fused-table offsets of the fields
     for w in range(3):
-        got = worker_batches(many, plan, 0, 15, w * 100, 100, depth=0)
-        want = worker_batches(one, plan, 0, 15, w * 100, 100, depth=0)
-        for g, x in zip(got, want):
-            assert len(g) == len(x) == (4 if mh else 3)
-            for a, b in zip(g, x):
-                assert np.array_equal(a, b)
+        got = worker_batches(many, plan, 0, 15, w * 100, 100, FusedOffsets(offsets), depth=0)
+        want = worker_batches(one, plan, 0, 15, w * 100, 100, FusedOffsets(offsets), depth=0)
+        for step, (g, x) in enumerate(zip(got, want)):
+            oracle = read_ids(one, plan.ranges(step, w * 100, 100), offsets)  # plain reads
+            assert len(g) == len(x) == len(oracle) == (4 if mh else 3)
+            for a, b, c in zip(g, x, oracle):
+                assert np.array_equal(a, b) and np.array_equal(a, c)
     many.close()
     one.close()
 
