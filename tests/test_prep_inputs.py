@@ -80,19 +80,20 @@ def test_several_csv_inputs_repeat_the_header(tmp_path):
     assert not (tmp_path / "bad.h5").exists()
 
 
-@pytest.mark.parametrize("command,gz,opts", [
-    ("criteo", False, ["--buckets", "50"]),                      # one pass: streamed
-    ("criteo", True, ["--buckets", "50"]),
-    ("criteo", True, ["--min-count", "2", "--valid-fraction", "0.2"]),   # two: spooled
+@pytest.mark.parametrize("command,gz,opts,name", [
+    ("criteo", False, ["--buckets", "50"], "-"),                 # one pass: streamed
+    ("criteo", True, ["--buckets", "50"], "-"),
+    ("criteo", True, ["--min-count", "2", "--valid-fraction", "0.2"], "-"),  # two: spooled
+    ("criteo", True, ["--min-count", "2"], "/dev/stdin"),        # the pipe by its name
     ("csv", False, ["--label", "rating", "--label-threshold", "4", "--sparse", "item,city",
-                    "--dense", "age"])])
-def test_stdin_equals_the_file(tmp_path, gz, command, opts):
+                    "--dense", "age"], "-")])
+def test_stdin_equals_the_file(tmp_path, gz, command, opts, name):
     text = (CRITEO if command == "criteo" else RATINGS).encode()
     data = gzip.compress(text) if gz else text
     (tmp_path / "in").write_bytes(data)
     assert run(command, tmp_path / "in", tmp_path / "file.h5", *opts) == 0
     # A pipe: no seek can give back the two bytes read to tell gzip from text.
-    got = subprocess.run([sys.executable, "-m", "pshybrid", "prep", command, "-",
+    got = subprocess.run([sys.executable, "-m", "pshybrid", "prep", command, name,
                           str(tmp_path / "pipe.h5"), *opts], input=data, capture_output=True,
                          timeout=60, check=False)
     assert got.returncode == 0, got.stderr.decode()

@@ -38,8 +38,10 @@ def cmd_synthetic(args) -> int:
 def cmd_criteo(args) -> int:
     o = resolve(TableOptions, args)
     from .convert import run_table
-    from .inputs import spooled
+    from .inputs import as_inputs, spooled
     from .read import Table
+
+    args.input = as_inputs(args.input)
 
     with spooled(args.input, two_passes(o)) as spools:
         t = Table(args.input, sep=ord("\t"), n_fields=40, header=False, label=0,
@@ -57,9 +59,11 @@ def two_passes(o: TableOptions) -> bool:
 def cmd_csv(args) -> int:
     o = resolve(CsvOptions, args)
     from .convert import run_table
-    from .inputs import spooled
+    from .inputs import as_inputs, spooled
     from .multihot import parse_multi_hot
     from .read import Table
+
+    args.input = as_inputs(args.input)
 
     sep = separator(o.sep)
     with spooled(args.input, True) as spools:   # the header is read before the rows

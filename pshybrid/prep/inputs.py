@@ -23,6 +23,25 @@ PARQUET_BATCH = 65536      # rows converted at a time
 MAX_LINE_BYTES = 8 << 20   # a longer line is a bad line
 
 
+def as_inputs(paths: list[str]) -> list[str]:
+    """The inputs, a name of standard input that is not a regular file (``/dev/stdin`` on a
+    pipe) taken as ``-`` (its bytes can be read once only)."""
+    try:
+        st0 = os.fstat(0)
+    except OSError:
+        return list(paths)
+    out = []
+    for p in paths:
+        try:
+            st = os.stat(p)
+            same = (st.st_dev, st.st_ino) == (st0.st_dev, st0.st_ino) and \
+                not stat.S_ISREG(st.st_mode)
+        except OSError:
+            same = False
+        out.append(STDIN if same else p)
+    return out
+
+
 def shown_input(path: str) -> str:
     """How messages name an input: ``<stdin>`` for ``-``."""
     return "<stdin>" if path == STDIN else path
