@@ -1,4 +1,4 @@
-# python bench/data_bench.py [--rows 300000] [--batch-size 256] [--steps 256] [--repeat 5] [--max-cardinality 1000000]
+# python bench/data_bench.py [--rows 300000] [--batch-size 256] [--steps 256] [--repeat 5] [--max-cardinality 1000000] [--quick]
 """Input pipeline benchmark: rows/s of one worker's batches (``batches.worker_batches``: label,
 dense, fused-table ids) on one core, inline (no data thread), beside a raw copy of the
 same bytes.
@@ -11,6 +11,14 @@ Paths: ``fast`` (the built-in sources' paths) and ``generic`` (the same dataset 
 through ``rows(start, stop)``: one call per range and step, then ``+ offsets``; for HDF5
 that is what training did before). ``memcpy``: NumPy copies of a batch's bytes (label,
 dense, int64 ids) from rotating places of a 256 MiB source, so not from cache.
+
+Compression (``prep --compression``): the same rows copied into files written with each of
+``none``, ``lzf``, ``gzip`` (HDF5 filters, 16,384-row chunks), read by worker 0 of W = 2
+through the fast path, block-shuffled and in order, with each file's size; ``several files``:
+the uncompressed rows split into 4 files read as one dataset (``--data a,b,c,d``);
+``multi-hot``: the last 2 of the 26 fields as multi-hot fields of 1-4 ids a row
+(uncompressed; ``batches.read_ids``, flat ids and lengths). ``--quick``: only these cases
+(and memcpy).
 
 Each number: the median over --repeat interleaved rounds (every case once per round) of
 (time for --steps consecutive batches) / --steps, so HDF5's window reads are amortised as
@@ -25,6 +33,7 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: before NumPy loads its BLAS
 
 import argparse  # noqa: E402
+import itertools
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
@@ -34,7 +43,8 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pshybrid.batches import BatchPlan, worker_batches  # noqa: E402
-from pshybrid.data import H5Dataset  # noqa: E402
+from pshybrid.data import DatasetWriter, H5Dataset  # noqa: E402
+from pshybrid.files import H5Files
 from pshybrid.schema import FusedTable  # noqa: E402
 from pshybrid.synthetic import SyntheticCTR  # noqa: E402
 
@@ -102,6 +112,38 @@ class Memcpy(Case):
             self.cpu.append((time.thread_time() - c0) / self.steps)
 
 
+def compressed_copies(h5: H5Dataset, tmp: str) -> dict:
+    """The rows of ``h5`` written with each compression, and split into 4 files."""
+    label, dense, sparse = h5.rows(0, h5.n_rows)
+    sch, out = h5.schema, {}
+    for name in ("none", "lzf", "gzip"):
+        path = os.path.join(tmp, f"{name}.h5")
+        with DatasetWriter(path, sch.dense_names, sch.sparse_names, compression=name) as w:
+            w.append(label, dense, sparse)
+            w.close(sch.cardinalities)
+        out[name] = H5Dataset(path)
+    cut = np.linspace(0, h5.n_rows, 5).astype(int)
+    parts = []
+    for i, (p, q) in enumerate(itertools.pairwise(cut)):
+        parts.append(os.path.join(tmp, f"part{i}.h5"))
+        with DatasetWriter(parts[-1], sch.dense_names, sch.sparse_names) as w:
+            w.append(label[p:q], dense[p:q], sparse[p:q])
+            w.close(sch.cardinalities)
+    out["4 files"] = H5Files(parts)
+    # 24 single-hot fields and the last 2 as multi-hot fields of 1-4 ids a row (uncompressed)
+    rng = np.random.default_rng(0)
+    lengths = [rng.integers(1, 5, h5.n_rows) for _ in range(2)]
+    bags = [(rng.integers(0, c, int(n.sum())), n)
+            for c, n in zip(sch.cardinalities[-2:], lengths)]
+    path = os.path.join(tmp, "multi_hot.h5")
+    with DatasetWriter(path, sch.dense_names, sch.sparse_names[:-2],
+                       sch.sparse_names[-2:]) as w:
+        w.append(label, dense, sparse[:, :-2], bags)
+        w.close(sch.cardinalities)
+    out["multi-hot"] = H5Dataset(path)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, default=300_000, help="rows of the HDF5 file")
@@ -109,6 +151,7 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=256, help="batches per timed run")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--max-cardinality", type=int, default=1_000_000)
+    ap.add_argument("--quick", action="store_true", help="the compression cases only")
     a = ap.parse_args(argv)
     b = a.batch_size
     syn = SyntheticCTR(seed=0, cardinalities=tuple(min(c, a.max_cardinality)
@@ -122,31 +165,41 @@ def main(argv=None) -> int:
         subprocess.run([sys.executable, "-m", "pshybrid", "prep", "synthetic", f, "--rows",
                         str(a.rows)], check=True, stdout=subprocess.DEVNULL)
         h5 = H5Dataset(f)
-        cases = [Case(("synthetic", W, "-", path), data, W, b, False, a.steps)
-                 for W in (1, 2) for path, data in (("fast", syn), ("generic", RowsOnly(syn)))]
-        cases += [Case(("hdf5", W, "yes" if shuffle else "no", path), data, W, b, shuffle,
-                       a.steps)
-                  for W in (1, 2) for shuffle in (False, True)
-                  for path, data in (("fast", h5), ("generic", RowsOnly(h5)))]
+        cases = [] if a.quick else \
+            [Case(("synthetic", W, "-", path), data, W, b, False, a.steps)
+             for W in (1, 2) for path, data in (("fast", syn), ("generic", RowsOnly(syn)))]
+        cases += [] if a.quick else \
+            [Case(("hdf5", W, "yes" if shuffle else "no", path), data, W, b, shuffle, a.steps)
+             for W in (1, 2) for shuffle in (False, True)
+             for path, data in (("fast", h5), ("generic", RowsOnly(h5)))]
+        files = compressed_copies(h5, tmp)
+        cases += [Case((f"h5 {name}", 2, "yes" if shuffle else "no", "fast"), data, 2, b,
+                       shuffle, a.steps)
+                  for shuffle in (False, True) for name, data in files.items()]
         cases.append(Memcpy(b, sch.n_dense, sch.n_sparse, a.steps))
         load = [os.getloadavg()[0]]
         for r in range(a.repeat + 1):  # rounds of every case; the first warms up
             for c in cases:
                 c.run(timed=r > 0)
         load.append(os.getloadavg()[0])
+        sizes = {name: sum(os.path.getsize(p) for p in d.path.split(","))
+                 for name, d in files.items()}
         h5.close()
+        for d in files.values():
+            d.close()
+    print("files: " + ", ".join(f"{n} {sz / 1e6:.1f} MB" for n, sz in sizes.items()))
     mem = statistics.median(cases[-1].wall)
     nbytes = b * (4 + 4 * sch.n_dense + 8 * sch.n_sparse)
     print(f"one worker, batch {b} ({nbytes:,} bytes: label, {sch.n_dense} dense float32, "
           f"{sch.n_sparse} int64 ids), inline; median of {a.repeat} interleaved runs of "
           f"{a.steps} batches; load average {load[0]:.2f} -> {load[1]:.2f} "
           f"({os.cpu_count()} cores)")
-    print(f"{'source':<10} {'W':>2} {'shuffle':>7} {'path':<8} {'ms/batch':>9} {'cpu ms':>7} "
+    print(f"{'source':<14} {'W':>2} {'shuffle':>7} {'path':<8} {'ms/batch':>9} {'cpu ms':>7} "
           f"{'rows/s':>12} {'x memcpy':>9}")
     for c in cases:
         src, W, sh, path = c.label
         t, cpu = statistics.median(c.wall), statistics.median(c.cpu)
-        print(f"{src:<10} {W:>2} {sh:>7} {path:<8} {t * 1e3:>9.3f} {cpu * 1e3:>7.3f} "
+        print(f"{src:<14} {W:>2} {sh:>7} {path:<8} {t * 1e3:>9.3f} {cpu * 1e3:>7.3f} "
               f"{b / t:>12,.0f} {t / mem:>9.1f}")
     return 0
 

@@ -3,8 +3,13 @@
 ``prep criteo`` throughput on one core, beside its reference in the same run,
 each the best of ``--repeats`` runs after a warm-up read of the input:
   raw line read   iterating the file's lines in Python (``for line in f``): the floor;
-  hashing         ``prep criteo IN OUT`` (default --buckets), one pass;
-  vocabulary      ``prep criteo IN OUT --min-count 2``, two passes (count, then write).
+  hashing         ``prep criteo IN OUT`` (default --buckets), one pass, with each
+                  ``--compression`` (none, lzf, gzip: the HDF5 output's filter);
+  vocabulary      ``prep criteo IN OUT --min-count 2``, two passes (count, then write);
+  multi-hot csv   ``prep csv`` of a MovieLens-like table (user, movie, a quoted title with
+                  commas in a third of the rows, a ``|``-separated genres list of 1-3
+                  items, rating), hashing, ``--multi-hot genres``, beside the same table
+                  with genres as a single-hot column.
 The input is a generated Criteo TSV: labels ~ Bernoulli(0.25); I1..I13 rounded log-normal
 integers (I2 may be negative), each missing with its own probability up to 45%; C1..C26
 8-digit hex values of Zipf(1.1) ids over per-field cardinalities from 3 to 300k, some fields
@@ -62,15 +67,25 @@ def raw_read(path: str) -> float:
     return time.perf_counter() - t0
 
 
-def prep(*argv: str) -> float:
-    """Seconds of one in-process ``pshybrid prep criteo IN OUT ...`` run (its output
-    swallowed, OUT removed afterwards)."""
+def prep(command: str, *argv: str) -> float:
+    """Seconds of one in-process ``pshybrid prep COMMAND IN OUT ...`` run (its output
+    swallowed, OUT removed afterwards, its size kept)."""
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        main(["prep", "criteo", *argv])
+        main(["prep", command, *argv])
     sec = time.perf_counter() - t0
+    SIZES[_name_of(command, argv)] = os.path.getsize(argv[1])
     os.remove(argv[1])
     return sec
+
+
+def _name_of(command: str, argv) -> str:
+    if command == "csv":
+        return "prep csv --multi-hot genres" if "--multi-hot" in argv else \
+            "prep csv, genres single-hot"
+    if "--min-count" in argv:
+        return "prep criteo --min-count 2"
+    return f"prep criteo, {argv[argv.index('--compression') + 1]}"
 
 
 def run(rows: int, repeats: int) -> None:
@@ -83,15 +98,69 @@ def run(rows: int, repeats: int) -> None:
               f"{time.perf_counter() - t0:.1f} s; one core "
               f"(cpu {sorted(os.sched_getaffinity(0))})")
         raw_read(src)  # warm-up: the file into the page cache
-        figures = [(name, min(fn() for _ in range(repeats))) for name, fn in (
-            ("raw line read", lambda: raw_read(src)),
-            ("prep criteo (hashing)", lambda: prep(src, out)),
-            ("prep criteo --min-count 2", lambda: prep(src, out, "--min-count", "2")))]
-        floor = rows / figures[0][1]
-        for name, sec in figures:
-            print(f"{name:<28} {sec:7.2f} s  {rows / sec:>12,.0f} rows/s  "
-                  f"{mb / sec:7.1f} MB/s  {rows / sec / floor:6.1%} of raw read")
-        sys.stdout.flush()
+        cases = [("raw line read", lambda: raw_read(src))]
+        cases += [(f"prep criteo, {c}", lambda c=c: prep("criteo", src, out, "--compression", c))
+                  for c in ("none", "lzf", "gzip")]
+        cases += [("prep criteo --min-count 2",
+                   lambda: prep("criteo", src, out, "--min-count", "2"))]
+        report(cases, rows, mb, repeats, out)
+        movies = os.path.join(d, "ratings.csv")
+        generate_ratings(movies, rows)
+        mb = os.path.getsize(movies) / 1e6
+        print(f"input: {rows:,} MovieLens-like lines, {mb:.0f} MB")
+        opts = ["--label", "rating", "--label-threshold", "4", "--sparse", "user,movie,title"]
+        report([("raw line read", lambda: raw_read(movies)),
+                ("prep csv, genres single-hot",
+                 lambda: prep("csv", movies, out, *opts[:-1], opts[-1] + ",genres")),
+                ("prep csv --multi-hot genres",
+                 lambda: prep("csv", movies, out, *opts, "--multi-hot", "genres"))],
+               rows, mb, repeats, out)
+
+
+def report(cases, rows, mb, repeats, out) -> None:
+    """Best of ``repeats`` rounds of every case (interleaved), beside the first (the raw
+    read)."""
+    best = [float("inf")] * len(cases)
+    for _ in range(repeats):
+        for i, (_, fn) in enumerate(cases):
+            best[i] = min(best[i], fn())
+    floor = rows / best[0]
+    for (name, _), sec in zip(cases, best):
+        size = f"{name_size(out, name):>9}" if name.startswith("prep") else " " * 9
+        print(f"{name:<30} {sec:7.2f} s  {rows / sec:>12,.0f} rows/s  {mb / sec:7.1f} MB/s  "
+              f"{rows / sec / floor:6.1%} of raw read {size}")
+    sys.stdout.flush()
+
+
+SIZES: dict = {}
+
+
+def name_size(out: str, name: str) -> str:
+    return f"{SIZES.get(name, 0) / 1e6:.1f} MB"
+
+
+GENRES = ["Action", "Adventure", "Animation", "Children", "Comedy", "Crime", "Documentary",
+          "Drama", "Fantasy", "Film-Noir", "Horror", "Musical", "Mystery", "Romance", "Sci-Fi",
+          "Thriller", "War", "Western"]
+
+
+def generate_ratings(path: str, rows: int, seed: int = 0) -> None:
+    """A MovieLens-like ratings CSV with a title and a multi-hot genres column."""
+    rng = np.random.default_rng(seed)
+    movies = 20_000
+    titles = [f'"Movie {i}, The ({1950 + i % 70})"' if i % 3 == 0 else f"Movie {i}"
+              for i in range(movies)]
+    genres = ["|".join(rng.choice(GENRES, rng.integers(1, 4), replace=False))
+              for _ in range(movies)]
+    with open(path, "w") as f:
+        f.write("user,movie,title,genres,rating\n")
+        for a in range(0, rows, 100_000):
+            n = min(100_000, rows - a)
+            m = (rng.zipf(1.2, n) - 1) % movies
+            u = rng.integers(0, 160_000, n)
+            r = rng.integers(1, 11, n) / 2
+            f.write("".join(f"{x},{y},{titles[y]},{genres[y]},{z}\n"
+                            for x, y, z in zip(u.tolist(), m.tolist(), r.tolist())))
 
 
 if __name__ == "__main__":

@@ -4,9 +4,12 @@ a data thread where the rank has a spare core (``prefetch``)."""
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from .data import SHUFFLE_BLOCK, H5Dataset
+from .files import H5Files
 
 
 class BatchPlan:
@@ -66,6 +69,30 @@ def read_ranges(dataset, ranges):
     return tuple(np.concatenate(p) for p in zip(*parts))
 
 
+def read_ids(dataset, ranges, offsets):
+    """Rows in ``ranges`` with fused-table ids (``offsets`` (F,) of each field): ``(label,
+    dense, ids (n, F))``; with multi-hot fields ``(label, dense, ids, lengths)``: ``ids`` flat
+    (n * F1 + M,), the ``F1`` single-hot ids row by row, then multi-hot field 0's ids of
+    every row (row 0's first), field 1's, ...; ``lengths`` (n, K) int64 the ids of each row
+    and multi-hot field (>= 1)."""
+    label, dense, sparse = read_ranges(dataset, ranges)
+    single = np.add(sparse, offsets[:sparse.shape[1]], dtype=np.int64)
+    if not getattr(dataset.schema, "multi_hot", 0):
+        return label, dense, single
+    return (label, dense, *_bagged(dataset, ranges, single, offsets))
+
+
+def _bagged(dataset, ranges, single, offsets):
+    """``(ids, lengths)`` of ``read_ids``: ``single`` (n, F1) fused single-hot ids, then the
+    multi-hot fields' ids of the rows in ``ranges``."""
+    parts = [dataset.bags(a, b) for a, b in ranges]
+    bags = [tuple(np.concatenate(x) for x in zip(*field)) for field in zip(*parts)]
+    f1 = single.shape[1]
+    ids = np.concatenate([single.ravel()] + [np.add(v, offsets[f1 + k], dtype=np.int64)
+                                             for k, (v, _) in enumerate(bags)])
+    return ids, np.stack([n for _, n in bags], axis=1)
+
+
 # -- a worker's batches ----------------------------------------------------------------------
 WINDOW_ROWS = 8192    # HDF5: rows of this worker's upcoming steps planned together
 MERGE_GAP = 1024      # HDF5: ranges closer than this are read as one span (gap rows too)
@@ -88,6 +115,9 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     many steps at once (``WINDOW_ROWS``, one h5py call per dataset and span of nearby
     ranges) and copies each step out, adding the offsets on the way.
 
+    A dataset with multi-hot fields (``schema.multi_hot``) yields ``(label, dense, ids,
+    lengths)`` as ``read_ids`` makes them (flat ids; new arrays every step).
+
     Buffer contract (fast paths): batches live in a ring of ``depth + 3`` buffers, so the
     batch yielded i-th is overwritten when batch ``i + depth + 3`` is made. Consumed through
     ``prefetch(produce, n, depth)`` with the same ``depth`` (which makes at most ``depth + 1``
@@ -97,9 +127,19 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     offsets = np.zeros(dataset.schema.n_sparse, np.int64) if layout is None else \
         np.asarray(layout.offsets, np.int64)
     steps = range(start_step, start_step + max(n_steps, 0))
-    if hasattr(dataset, "fill"):
+    if getattr(dataset.schema, "multi_hot", 0) and isinstance(dataset, (H5Dataset, H5Files)):
+        # the single-hot part through the windowed reads, the multi-hot ids per step
+        f1 = dataset.schema.n_single
+        for step, (label, dense, ids) in zip(steps, _h5_batches(
+                dataset, plan, steps, offset, count, offsets[:f1], depth)):
+            yield (label, dense, *_bagged(dataset, plan.ranges(step, offset, count), ids,
+                                          offsets))
+    elif getattr(dataset.schema, "multi_hot", 0):
+        for step in steps:
+            yield read_ids(dataset, plan.ranges(step, offset, count), offsets)
+    elif hasattr(dataset, "fill"):
         yield from _generated_batches(dataset, plan, steps, offset, count, offsets, depth)
-    elif isinstance(dataset, H5Dataset):
+    elif isinstance(dataset, (H5Dataset, H5Files)):
         yield from _h5_batches(dataset, plan, steps, offset, count, offsets, depth)
     else:
         for step in steps:
@@ -147,25 +187,29 @@ def _h5_handles(ds) -> list:
     handles = []
     for key in ("label", "dense", "sparse"):
         dapl = h5p.create(h5p.DATASET_ACCESS)
-        if ds.f[key].id.get_create_plist().get_nfilters() == 0:  # (that handle is closed again)
+        d = ds.f[key]
+        if d.id.get_create_plist().get_nfilters() == 0:  # (that handle is closed again)
             # Uncompressed: no chunk cache, so a read copies just its rows. With the default
             # 1 MiB cache, each new 16k-row chunk of /dense was read whole (~0.5 ms a call).
             # HDF5 shares one cache among a dataset's open handles: opened first, this sets it.
             dapl.set_chunk_cache(0, 0, 1.0)
+        elif d.chunks:
+            # Compressed: a chunk is decompressed whole; keep 4 (a window's spans reuse them).
+            dapl.set_chunk_cache(521, 4 * int(np.prod(d.chunks)) * d.dtype.itemsize, 1.0)
         dsid = h5d.open(ds.f.id, key.encode(), dapl)
         handles.append((dsid, dsid.get_space(), {}))
     return handles
 
 
-def _read_span(handles, bufs, span) -> None:
-    """One read per dataset of file rows ``span[0]:span[1]``, straight into ``bufs`` at row
-    ``span[2]``."""
+def _read_span(handles, bufs, span, base: int = 0) -> None:
+    """One read per dataset of rows ``span[0]:span[1]`` (of the file whose first row is row
+    ``base`` of the dataset), straight into ``bufs`` at row ``span[2]``."""
     from h5py import h5s
 
     for (dsid, fspace, mspaces), buf in zip(handles, bufs):
         dest = buf[span[2]:span[2] + span[1] - span[0]]
         if dest.size:  # (a file without dense or sparse columns: nothing)
-            fspace.select_hyperslab((span[0],) + (0,) * (buf.ndim - 1), dest.shape)
+            fspace.select_hyperslab((span[0] - base,) + (0,) * (buf.ndim - 1), dest.shape)
             mspace = mspaces.get(dest.shape)
             if mspace is None:
                 mspace = mspaces[dest.shape] = h5s.create_simple(dest.shape)
@@ -175,9 +219,11 @@ def _read_span(handles, bufs, span) -> None:
 
 def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
     sch = ds.schema
-    ring = _Ring(depth + 3, count, sch.n_dense, sch.n_sparse)
-    handles = _h5_handles(ds)
-    bufs = [np.empty((0,) + d.shape[1:], d.dtype) for d, _, _ in handles]
+    ring = _Ring(depth + 3, count, sch.n_dense, len(offsets))
+    # Several files (H5Files): ranges split at the files' bounds, spans within one file.
+    bounds = getattr(ds, "bounds", [0, ds.n_rows])
+    handles = [_h5_handles(d) for d in getattr(ds, "parts", [ds])]
+    bufs = [np.empty((0,) + d.shape[1:], d.dtype) for d, _, _ in handles[0]]
     per_window = max(1, WINDOW_ROWS // max(count, 1))
     w = 0
     while w < len(steps):
@@ -186,21 +232,23 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
         n = min(per_window, len(steps) - w)
         if plan.steps_per_epoch:
             n = min(n, plan.steps_per_epoch - first % plan.steps_per_epoch)
-        ranges = [plan.ranges(first + j, offset, count) for j in range(n)]
+        ranges = [_at_bounds(plan.ranges(first + j, offset, count), bounds) for j in range(n)]
         # Spans: the window's ranges sorted, nearby ones merged. where[(a, b)] = (its span,
         # its buffer row). A span is read when a step first needs it, so no step waits
         # for more than its own spans.
         spans, where, total = [], {}, 0
         for a, b in sorted(r for rs in ranges for r in rs):
-            if spans and a - spans[-1][1] <= MERGE_GAP and b - spans[-1][0] <= SPAN_ROWS:
+            f = bisect.bisect_right(bounds, a) - 1
+            if spans and spans[-1][4] == f and a - spans[-1][1] <= MERGE_GAP and \
+                    b - spans[-1][0] <= SPAN_ROWS:
                 total += a - spans[-1][1]
                 spans[-1][1] = b
             else:
-                spans.append([a, b, total, False])  # start, stop, buffer row, read yet
+                spans.append([a, b, total, False, f])  # start, stop, buffer row, read, file
             where[(a, b)] = (spans[-1], total)
             total += b - a
         if bufs[0].shape[0] < total:
-            bufs = [np.empty((total,) + d.shape[1:], d.dtype) for d, _, _ in handles]
+            bufs = [np.empty((total,) + d.shape[1:], d.dtype) for d, _, _ in handles[0]]
         lb, db, sb = bufs
         for j, rs in enumerate(ranges):
             label, dense, ids = ring.get(w + j)
@@ -208,7 +256,7 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
             for a, b in rs:
                 span, p = where[(a, b)]
                 if not span[3]:
-                    _read_span(handles, bufs, span)
+                    _read_span(handles[span[4]], bufs, span, bounds[span[4]])
                 m = b - a
                 label[k:k + m] = lb[p:p + m]
                 dense[k:k + m] = db[p:p + m]
@@ -216,6 +264,19 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
                 k += m
             yield label, dense, ids
         w += n
+
+
+def _at_bounds(ranges, bounds):
+    """``ranges`` split where a file of the dataset ends (``bounds``: the first rows)."""
+    if len(bounds) <= 2:
+        return ranges
+    out = []
+    for a, b in ranges:
+        for cut in bounds[bisect.bisect_right(bounds, a):bisect.bisect_left(bounds, b)]:
+            out.append((a, cut))
+            a = cut
+        out.append((a, b))
+    return out
 
 
 def prefetch(produce, n: int, depth: int = 2):

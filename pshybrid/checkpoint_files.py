@@ -187,9 +187,10 @@ def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
             raise InputError(f"{where}: checkpoint has {key} = {getattr(saved, key)!r} but this "
                              f"run asks for {getattr(cfg, key)!r}")
     if tuple(meta["schema"]["cardinalities"]) != tuple(schema.cardinalities) or \
-            meta["schema"]["n_dense"] != schema.n_dense:
-        raise InputError(f"{where}: checkpoint was trained on other fields or cardinalities "
-                         f"than this run's data")
+            meta["schema"]["n_dense"] != schema.n_dense or \
+            meta["schema"].get("multi_hot", 0) != schema.multi_hot:
+        raise InputError(f"{where}: checkpoint was trained on other fields, cardinalities or "
+                         f"multi-hot fields than this run's data")
 
 
 def _h5(path: str):

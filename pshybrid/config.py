@@ -37,10 +37,21 @@ class ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(f"{self.prog}: {message}", collective=True)
 
 
-def option(default, help: str, *, choices: tuple | None = None, check=None):
-    """A config field: ``default``, one-line ``help``, allowed ``choices``, and ``check``."""
-    return dataclasses.field(default=default,
-                             metadata={"help": help, "choices": choices, "check": check})
+def option(default, help: str, *, choices: tuple | None = None, check=None,
+           repeat: bool = False):
+    """A config field: ``default``, one-line ``help``, allowed ``choices``, and ``check``.
+    ``repeat`` (a str field): the option may be given several times, and a TOML array of
+    strings is accepted; the values are joined with commas."""
+    return dataclasses.field(default=default, metadata={"help": help, "choices": choices,
+                                                        "check": check, "repeat": repeat})
+
+
+class _Join(argparse.Action):
+    """A repeated option: its values joined with commas."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        old = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, values if old is None else f"{old},{values}")
 
 
 def _error(message: str) -> ConfigError:
@@ -97,6 +108,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
         kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
+        elif f.metadata.get("repeat"):
+            kwargs["action"] = _Join
         elif f.metadata.get("choices"):
             none = ["none"] if optional else []
             kwargs["choices"] = [*map(_show, f.metadata["choices"]), *none]
@@ -154,7 +167,11 @@ def _build(cls, values: dict, where: dict):
     kwargs = {}
     for f, base, optional in _fields(cls):
         label = where.get(f.name, f.name)
-        value = _typed(values.get(f.name, f.default), base, optional, label)
+        value = values.get(f.name, f.default)
+        if f.metadata.get("repeat") and isinstance(value, list) and value and \
+                all(type(v) is str for v in value):
+            value = ",".join(value)                   # a TOML array of strings
+        value = _typed(value, base, optional, label)
         choices, check = f.metadata.get("choices"), f.metadata.get("check")
         if value is not None and choices and value not in choices:
             raise _error(f"{label}: must be one of {', '.join(map(_show, choices))}, "
@@ -242,8 +259,12 @@ class TrainConfig:
                             "only serve (dedicated), or on every rank, each of which also "
                             "trains (colocated; --servers does not apply)",
                             choices=("dedicated", "colocated"))
-    data: str | None = option(None, "training dataset file (none: built-in synthetic stream)")
-    eval_data: str | None = option(None, "evaluation dataset file (exact AUC and logloss)")
+    data: str | None = option(None, "training dataset: a file, several (comma-separated or "
+                              "repeated: read as their concatenation, in the order given) or "
+                              "a directory (its *.h5 files by name); none: built-in synthetic "
+                              "stream", repeat=True)
+    eval_data: str | None = option(None, "evaluation dataset (exact AUC and logloss): files "
+                                   "or a directory, as --data", repeat=True)
     eval_every: int = option(0, "evaluate every K steps (0: only at the end)", check=_at_least(0))
     shuffle: bool = option(True, "block-shuffle --data each epoch (blocks of 1024 rows, by --seed)")
     batch_size: int = option(128, "batch size per worker", check=_positive)
@@ -304,6 +325,8 @@ class TrainConfig:
                               choices=SCHEDULES)
     warmup_steps: int = option(0, "steps of linear warm-up (factor s/K at step s <= K) "
                                "before the schedule", check=_at_least(0))
+    pooling: str = option("sum", "how the embeddings of a multi-hot field's ids are pooled "
+                          "into one per row: their sum or their mean", choices=("sum", "mean"))
 
     def validate(self) -> None:
         """Cross-field rules."""

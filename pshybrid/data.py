@@ -3,9 +3,12 @@
     /label  (N,)      float32 in {0, 1}
     /dense  (N, F_d)  float32
     /sparse (N, F_s)  int64, field f's ids in [0, cardinalities[f])
-    attrs: format_version (int, 1), cardinalities (F_s,) int64,
-           field_names (F_d + F_s,) str: the dense names, then the sparse names;
-           optional: planted_auc (float, synthetic files), source (str), transform (str)
+    /multi_hot/<name>/values (M,) int64, offsets (N + 1,) int64: multi-hot field <name>,
+           row r's ids values[offsets[r]:offsets[r + 1]] (at least one), offsets[0] = 0
+    attrs: format_version (int, 1), cardinalities (F_s + K,) int64,
+           field_names (F_d + F_s + K,) str: the dense names, the single-hot names, then
+           the K multi-hot names; optional: multi_hot (K,) str (the multi-hot names),
+           planted_auc (float, synthetic files), source (str), transform (str)
 
 ``DatasetWriter`` streams rows into such a file atomically (a fresh temporary file, then
 rename); the reader and the validation live beside it.
@@ -118,9 +121,16 @@ class DatasetWriter:
     disk) raises ``InputError`` naming ``path``.
     """
 
-    def __init__(self, path: str, dense_names, sparse_names):
+    def __init__(self, path: str, dense_names, sparse_names, multi_hot_names=(),
+                 compression: str = "none"):
         self.path = os.fspath(path)
         self.dense_names, self.sparse_names = list(dense_names), list(sparse_names)
+        self.multi_hot_names = list(multi_hot_names)
+        # Compressed: chunks of one shuffle block (1024 rows), so a shuffled read
+        # decompresses only the rows it needs; uncompressed: 16,384 rows.
+        filters = {"lzf": {"compression": "lzf"}, "gzip": {"compression": "gzip"},
+                   "none": {}}[compression]
+        rows = SHUFFLE_BLOCK if filters else CHUNK_ROWS
         try:
             self.tmp, fd = _create_temp(self.path)
         except OSError as exc:
@@ -130,13 +140,23 @@ class DatasetWriter:
             self.f = h5py.File(self.sink, "w")
             nd, ns = len(self.dense_names), len(self.sparse_names)
             self.label = self.f.create_dataset("label", (0,), np.float32, maxshape=(None,),
-                                               chunks=(CHUNK_ROWS,))
+                                               chunks=(rows,), **filters)
             self.dense = self.f.create_dataset("dense", (0, nd), np.float32,
                                                maxshape=(None, nd),
-                                               chunks=(CHUNK_ROWS, nd) if nd else None)
+                                               chunks=(rows, nd) if nd else None,
+                                               **(filters if nd else {}))
             self.sparse = self.f.create_dataset("sparse", (0, ns), np.int64,
                                                 maxshape=(None, ns),
-                                                chunks=(CHUNK_ROWS, ns) if ns else None)
+                                                chunks=(rows, ns) if ns else None,
+                                                **(filters if ns else {}))
+            # multi-hot field k: /multi_hot/<name>/values (M,), offsets (N + 1,)
+            self.bags = [(self.f.create_dataset(f"multi_hot/{n}/values", (0,), np.int64,
+                                                maxshape=(None,), chunks=(rows,),
+                                                **filters),
+                          self.f.create_dataset(f"multi_hot/{n}/offsets", (1,), np.int64,
+                                                maxshape=(None,), chunks=(rows,),
+                                                **filters))
+                         for n in self.multi_hot_names]
             self._check()
         except BaseException as exc:
             self.abort()
@@ -156,7 +176,9 @@ class DatasetWriter:
         there was one (HDF5 then fails in its own words: a bad read, a broken header)."""
         return self._error(self.sink.error) if self.sink.error is not None else exc
 
-    def append(self, label, dense, sparse) -> None:
+    def append(self, label, dense, sparse, bags=()) -> None:
+        """label (n,), dense (n, F_d), sparse (n, F_s); ``bags``: per multi-hot field
+        ``(values (m,) int64, lengths (n,) int64)``, each length >= 1."""
         n = len(label)
         if n == 0:
             return
@@ -165,6 +187,12 @@ class DatasetWriter:
             for ds, arr in ((self.label, label), (self.dense, dense), (self.sparse, sparse)):
                 ds.resize(b, axis=0)
                 ds[a:b] = arr
+            for (vs, os_), (values, lengths) in zip(self.bags, bags):
+                m = int(os_[-1])
+                vs.resize(m + len(values), axis=0)
+                vs[m:] = values
+                os_.resize(b + 1, axis=0)
+                os_[a + 1:] = m + np.cumsum(lengths)
         except Exception as exc:
             raise self._failed(exc) from None
         self._check()
@@ -175,8 +203,12 @@ class DatasetWriter:
         try:
             self.f.attrs["format_version"] = FORMAT_VERSION
             self.f.attrs["cardinalities"] = np.asarray(cardinalities, np.int64)
-            self.f.attrs["field_names"] = np.array(self.dense_names + self.sparse_names,
-                                                   dtype=h5py.string_dtype())
+            self.f.attrs["field_names"] = np.array(
+                self.dense_names + self.sparse_names + self.multi_hot_names,
+                dtype=h5py.string_dtype())
+            if self.multi_hot_names:
+                self.f.attrs["multi_hot"] = np.array(self.multi_hot_names,
+                                                     dtype=h5py.string_dtype())
             for k, v in attrs.items():
                 self.f.attrs[k] = v
             self.f.close()
@@ -289,18 +321,39 @@ class H5Dataset:
             raise InputError(f"{self.path}: attribute cardinalities sums to {sum(cards)}, "
                              "beyond the int64 ids of the fused table")
         fd, fs = self.f["dense"].shape[1], self.f["sparse"].shape[1]
-        try:
-            raw = np.atleast_1d(self.f.attrs["field_names"])
-            names = [n.decode() if isinstance(n, bytes) else str(n) for n in raw]
-        except (OSError, TypeError, ValueError, UnicodeDecodeError) as e:
-            raise InputError(f"{self.path}: attribute field_names is not a list of "
-                             f"strings ({e})") from None
-        if len(cards) != fs or len(names) != fd + fs or min(cards, default=1) < 1:
+        names, multi = (self._names(k) for k in ("field_names", "multi_hot"))
+        k = len(multi)
+        if len(cards) != fs + k or len(names) != fd + fs + k or min(cards, default=1) < 1:
             raise InputError(f"{self.path}: attributes cardinalities ({len(cards)}) and "
-                             f"field_names ({len(names)}) do not match /dense ({fd} columns) "
-                             f"and /sparse ({fs} columns), or a cardinality is < 1")
+                             f"field_names ({len(names)}) do not match /dense ({fd} columns), "
+                             f"/sparse ({fs} columns) and {k} multi-hot fields, or a "
+                             "cardinality is < 1")
         self.n_rows = n["label"]
-        self.schema = Schema(fd, cards, tuple(names[:fd]), tuple(names[fd:]))
+        if multi != names[len(names) - k:]:
+            raise InputError(f"{self.path}: attribute multi_hot {multi} is not the last "
+                             "field_names")
+        self.bag_sets = [check_bags(self.f, self.path, m, self.n_rows) for m in multi]
+        self.schema = Schema(fd, cards, tuple(names[:fd]), tuple(names[fd:]), k)
+
+    def _names(self, key: str) -> list[str]:
+        """A string-list attribute (absent: empty)."""
+        if key not in self.f.attrs:
+            return []
+        try:
+            raw = np.atleast_1d(self.f.attrs[key])
+            return [n.decode() if isinstance(n, bytes) else str(n) for n in raw]
+        except (OSError, TypeError, ValueError, UnicodeDecodeError) as e:
+            raise InputError(f"{self.path}: attribute {key} is not a list of "
+                             f"strings ({e})") from None
+
+    def bags(self, start: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Rows ``[start, stop)`` of each multi-hot field: ``(values (m,) int64, lengths (n,)
+        int64)``, the ids of row ``start`` first."""
+        out = []
+        for values, offsets in self.bag_sets:
+            o = offsets[start:stop + 1]
+            out.append((values[o[0]:o[-1]], np.diff(o)))
+        return out
 
     def rows(self, start: int, stop: int):
         """Rows ``[start, stop)``: label (n,) float32, dense (n, F_d) float32, sparse (n, F_s) int64."""
@@ -310,8 +363,8 @@ class H5Dataset:
     def validate(self, start: int, stop: int) -> None:
         """Scan rows ``[start, stop)`` in chunks; raise ``InputError`` naming the file, the
         key and the first bad row: labels outside {0, 1}, NaN/inf dense values, sparse ids
-        < 0 or >= the field's cardinality."""
-        cards = np.asarray(self.schema.cardinalities, np.int64)
+        < 0 or >= the field's cardinality, multi-hot rows without an id."""
+        cards = np.asarray(self.schema.cardinalities[:self.schema.n_single], np.int64)
         for a in range(start, stop, _SCAN_ROWS):
             try:
                 label, dense, sparse = self.rows(a, min(stop, a + _SCAN_ROWS))
@@ -333,6 +386,39 @@ class H5Dataset:
                     elif key == "label":
                         detail = f": {label[r]}"
                     raise InputError(f"{self.path}: /{key} row {a + r} has {what}{detail}")
+            self._validate_bags(a, min(stop, a + _SCAN_ROWS))
+
+    def _validate_bags(self, a: int, b: int) -> None:
+        """Multi-hot rows ``[a, b)``: at least one id each, ids in ``[0, cardinality)``."""
+        sch = self.schema
+        for k, (values, lengths) in enumerate(self.bags(a, b)):
+            name, card = sch.sparse_names[sch.n_single + k], sch.cardinalities[sch.n_single + k]
+            where = f"{self.path}: /multi_hot/{name}"
+            if (lengths < 1).any():
+                r = a + int(np.flatnonzero(lengths < 1)[0])
+                raise InputError(f"{where}/offsets row {r} has no id (every row needs one)")
+            bad = (values < 0) | (values >= card)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                r = a + int(np.searchsorted(np.cumsum(lengths), i, side="right"))
+                raise InputError(f"{where}/values row {r} has an id outside [0, cardinality): "
+                                 f"{values[i]}, cardinality {card}")
 
     def close(self) -> None:
         self.f.close()
+
+
+def check_bags(f, path: str, name: str, n_rows: int):
+    """``(values, offsets)`` datasets of multi-hot field ``name``: 1-D int64, offsets of
+    ``n_rows + 1`` entries from 0 to len(values)."""
+    got = []
+    for key in ("values", "offsets"):
+        ds = f.get(f"multi_hot/{name}/{key}")
+        if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype != np.int64:
+            raise InputError(f"{path}: /multi_hot/{name}/{key} must be a 1-D int64 dataset")
+        got.append(ds)
+    values, offsets = got
+    if offsets.shape[0] != n_rows + 1 or offsets[0] != 0 or offsets[-1] != values.shape[0]:
+        raise InputError(f"{path}: /multi_hot/{name}/offsets must hold {n_rows + 1} entries "
+                         f"from 0 to {values.shape[0]} (the length of values)")
+    return values, offsets

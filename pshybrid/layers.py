@@ -263,3 +263,44 @@ class DotInteraction:
         dg = xp.zeros((b, n, n), dtype=dy.dtype)
         dg[:, self.i, self.j] = dy
         return (dg + dg.transpose(0, 2, 1)) @ self.z
+
+
+class BagPooling:
+    """Multi-hot fields pooled (TorchRec's EmbeddingBag): ``emb`` (n, E), the rows of a
+    batch's flat ids (``batches.read_ids``: the ``B * n_single`` single-hot rows row by row,
+    then each multi-hot field's rows of every row), and ``lengths`` (B, K) host int64 (>= 1)
+    -> ``out`` (B, n_single + K, E): the single-hot rows as they are, then per multi-hot
+    field the sum (``mode="sum"``) or the mean (``"mean"``) of the row's rows, added in
+    their order. No parameters."""
+
+    def __init__(self, n_single: int, mode: str = "sum"):
+        assert mode in ("sum", "mean"), mode
+        self.n_single, self.mode = n_single, mode
+
+    def forward(self, emb, lengths):
+        """emb: (n, E), lengths: (B, K) -> (B, n_single + K, E)."""
+        xp = array_module(emb)
+        B, K = lengths.shape
+        E, head = emb.shape[1], B * self.n_single
+        self.lens = np.ascontiguousarray(lengths.T).ravel()        # field-major: (K*B,)
+        self.starts = head + np.cumsum(self.lens) - self.lens
+        # One gather-add per position in a bag: each bag summed left to right, so a row's
+        # sum never depends on the other rows of the batch (W workers x b == 1 x W*b).
+        pooled = emb[xp.asarray(self.starts)] if K else emb[:0]
+        for j in range(1, int(self.lens.max(initial=0))):
+            sel = np.flatnonzero(self.lens > j)
+            pooled[xp.asarray(sel)] += emb[xp.asarray(self.starts[sel] + j)]
+        if self.mode == "mean":
+            pooled = pooled / xp.asarray(self.lens, emb.dtype)[:, None]
+        pooled = pooled.reshape(K, B, E).transpose(1, 0, 2)
+        return xp.concatenate([emb[:head].reshape(B, self.n_single, E), pooled], axis=1)
+
+    def backward(self, dy):
+        """dy: (B, n_single + K, E) -> demb: (n, E)."""
+        xp = array_module(dy)
+        B, _, E = dy.shape
+        dp = dy[:, self.n_single:].transpose(1, 0, 2).reshape(-1, E)   # (K*B, E)
+        if self.mode == "mean":
+            dp = dp / xp.asarray(self.lens, dy.dtype)[:, None]
+        rep = dp[xp.asarray(np.repeat(np.arange(self.lens.size), self.lens))]  # each id's
+        return xp.concatenate([dy[:, :self.n_single].reshape(B * self.n_single, E), rep])

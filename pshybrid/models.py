@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from .backend import array_module
 from .errors import ConfigError
-from .layers import MLP, CrossNet, DotInteraction, FMInteraction, Linear, ParamSpace
+from .layers import (MLP, BagPooling, CrossNet, DotInteraction, FMInteraction, Linear,
+                     ParamSpace)
 from .schema import FusedTable, Schema
 
 
@@ -134,15 +135,34 @@ class DLRM(CTRModel):
         return dstack[:, 1:, :]
 
 
+class Pooled:
+    """A model over a schema with multi-hot fields: the batch's flat embedding rows pooled
+    per field (``layers.BagPooling``), then the model. ``forward(dense, emb (n, E), lengths
+    (B, K))``; ``backward(dlogits) -> demb (n, E)``, one row per id as pulled."""
+
+    def __init__(self, model: CTRModel, pooling: str):
+        self.model, self.pool = model, BagPooling(model.schema.n_single, pooling)
+        self.wide = model.wide
+
+    def forward(self, dense, emb, lengths):
+        return self.model.forward(dense, self.pool.forward(emb, lengths))
+
+    def backward(self, dlogits):
+        return self.pool.backward(self.model.backward(dlogits))
+
+
 MODELS = {"wdl": WDL, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM}
 
 
 def build_model(name: str, schema: Schema, dim: int, mlp, ps: ParamSpace, dtype: str,
-                cross_layers: int = 2):
+                cross_layers: int = 2, pooling: str = "sum"):
     """Model ``name`` and its fused sparse table (``FusedTable``); registers the dense
-    parameters in ``ps``."""
+    parameters in ``ps``. With multi-hot fields in ``schema``, the model pools them first
+    (``Pooled``, by ``pooling``: sum or mean)."""
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}: choose from {sorted(MODELS)}", collective=True)
     kw = {"cross_layers": cross_layers} if name == "dcn" else {}
     model = MODELS[name](schema, dim, tuple(mlp), ps, **kw)
+    if schema.multi_hot:
+        model = Pooled(model, pooling)
     return model, FusedTable(schema, dim, model.wide, dtype)

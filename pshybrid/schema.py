@@ -23,12 +23,14 @@ from .errors import ConfigError
 @dataclass(frozen=True)
 class Schema:
     """What a model needs to know about its input: ``n_dense`` dense features and one
-    categorical field per entry of ``cardinalities`` (ids in ``[0, cardinality)``)."""
+    categorical field per entry of ``cardinalities`` (ids in ``[0, cardinality)``); the last
+    ``multi_hot`` of them are multi-hot (a list of ids per row, pooled by the model)."""
 
     n_dense: int
     cardinalities: tuple[int, ...]
     dense_names: tuple[str, ...] = ()
     sparse_names: tuple[str, ...] = ()
+    multi_hot: int = 0
 
     def __post_init__(self):
         if not self.dense_names:
@@ -41,15 +43,22 @@ class Schema:
     def n_sparse(self) -> int:
         return len(self.cardinalities)
 
+    @property
+    def n_single(self) -> int:
+        """The single-hot fields (the first ones): one id per row each."""
+        return len(self.cardinalities) - self.multi_hot
+
     def to_dict(self) -> dict:
         """JSON-able form (checkpoint metadata); ``from_dict`` inverts it."""
         return {"n_dense": self.n_dense, "cardinalities": list(self.cardinalities),
-                "dense_names": list(self.dense_names), "sparse_names": list(self.sparse_names)}
+                "dense_names": list(self.dense_names), "sparse_names": list(self.sparse_names),
+                "multi_hot": self.multi_hot}
 
     @classmethod
     def from_dict(cls, d: dict) -> Schema:
         return cls(int(d["n_dense"]), tuple(int(c) for c in d["cardinalities"]),
-                   tuple(d.get("dense_names", ())), tuple(d.get("sparse_names", ())))
+                   tuple(d.get("dense_names", ())), tuple(d.get("sparse_names", ())),
+                   int(d.get("multi_hot", 0)))
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,9 @@ from mpi4py import MPI
 from . import checkpoint
 from .backend import synchronize, to_device, to_host
 from .config import TrainConfig, from_dict, to_dict
-from .batches import BatchPlan, prefetch, worker_batches
-from .data import EVAL_BATCH, H5Dataset
+from .batches import BatchPlan, prefetch, read_ids, worker_batches
+from .data import EVAL_BATCH
+from .files import open_dataset
 from .devices import cuda_aware_mpi, pick_device
 from .errors import InputError, PshybridError
 from .layers import ParamSpace, bce_with_logits
@@ -143,7 +144,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
     t_begin = time.perf_counter()
     ps = ParamSpace()
     model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, ps,
-                                cfg.dtype, cfg.cross_layers)
+                                cfg.dtype, cfg.cross_layers, cfg.pooling)
     xp = _use_gpu(topo) if cfg.device == "cuda" else np
     ps.build(xp, np.dtype(cfg.dtype), cfg.seed)
     dense_lr = cfg.lr if cfg.dense_lr is None else cfg.dense_lr
@@ -185,12 +186,12 @@ def _open_data(cfg, topo, dataset, opened):
         if dataset is not None:
             data = dataset
         elif cfg.data:
-            data = H5Dataset(cfg.data)
+            data = open_dataset(cfg.data)
             opened.append(data)
         else:
             data = SyntheticCTR(seed=cfg.seed)
         if cfg.eval_data:
-            evdata = H5Dataset(cfg.eval_data)
+            evdata = open_dataset(cfg.eval_data)
             opened.append(evdata)
             if evdata.schema != data.schema:
                 raise InputError(f"{cfg.eval_data}: fields or cardinalities differ from the "
@@ -248,11 +249,11 @@ def loop(job: Job, on_step=None) -> None:
     stop.install()
     for step in range(job.start, job.steps):
         with timers.time("data"):
-            label, dense, ids, batch = next(batches)
+            label, dense, ids, bags, batch = next(batches)
         if batch is None:  # not made ahead on the data thread
             with timers.time("pull"):
                 batch = mode.prepare(ids)
-        loss_sum = _step(job, step, label, dense, batch)
+        loss_sum = _step(job, step, label, dense, batch, bags)
         done = step + 1
         log.add(done, loss_sum, label)
         if on_step is not None:
@@ -301,15 +302,15 @@ def _batches(job: Job):
     rows = worker_batches(job.data, job.plan, job.start, n, offset, b, job.layout, depth)
 
     def produce(i):
-        label, dense, ids = next(rows)
-        return label, dense, ids, (mode.prepare(ids) if ahead else None)
+        label, dense, ids, *bags = next(rows)  # bags: [lengths] with multi-hot fields
+        return label, dense, ids, bags, (mode.prepare(ids) if ahead else None)
 
-    for label, dense, ids, batch in prefetch(produce, n, depth):
+    for label, dense, ids, bags, batch in prefetch(produce, n, depth):
         # GPU workers: H2D of the batch's dense features and labels (async, pinned staging)
-        yield to_device(xp, label, dtype), to_device(xp, dense, dtype), ids, batch
+        yield to_device(xp, label, dtype), to_device(xp, dense, dtype), ids, bags, batch
 
 
-def _step(job: Job, step: int, label, dense, batch):
+def _step(job: Job, step: int, label, dense, batch, bags=()):
     """One training step (0-based ``step``): pull, forward, backward, update. Returns the
     worker's loss sum: a float, checked, on CPU; on a GPU a device scalar that ``_Log``
     reads back (and checks) once per log interval and before a checkpoint."""
@@ -317,7 +318,7 @@ def _step(job: Job, step: int, label, dense, batch):
     mode.begin(step)
     emb = mode.lookup(batch)
     with timers.time("fwd_bwd"):
-        logits = model.forward(dense, emb)
+        logits = model.forward(dense, emb, *bags)
         losses, dz = bce_with_logits(logits, label)
         ps.zero_grad()
         demb = model.backward(dz * (1.0 / (job.topo.n_workers * job.cfg.batch_size)))
@@ -421,10 +422,11 @@ def score_rows(job: Job, step: int):
     a, b = n * w // W, n * (w + 1) // W
     zs, ys = [np.zeros(0)], [np.zeros(0)]
     for s in range(a, b, EVAL_BATCH):
-        label, dense, sp = ev.rows(s, min(b, s + EVAL_BATCH))
+        label, dense, ids, *bags = read_ids(ev, [(s, min(b, s + EVAL_BATCH))],
+                                            job.layout.offsets)
         dense = mode.xp.asarray(dense.astype(job.cfg.dtype))  # GPU worker: H2D
-        batch = mode.prepare(job.layout.global_ids(sp))
-        zs.append(to_host(job.model.forward(dense, mode.lookup(batch))))
+        batch = mode.prepare(ids)
+        zs.append(to_host(job.model.forward(dense, mode.lookup(batch), *bags)))
         batch.release()
         ys.append(label)
     z = np.concatenate(zs).astype(np.float64)

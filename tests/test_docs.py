@@ -283,6 +283,20 @@ def csv_made(out, cwd):
         assert f["sparse"].shape == (6, 2) and f["dense"].shape == (6, 1)
 
 
+def two_days(out, cwd):
+    with h5py.File(cwd / "days.h5") as f, h5py.File(cwd / "day0.h5") as d0:
+        assert len(f["label"]) == 33 + 33 and f["sparse"].compression == "gzip"
+        assert f["label"][:33].tolist() == d0["label"][:].tolist()   # day_0's rows first
+
+
+def genres_made(out, cwd):
+    with h5py.File(cwd / "mlg.h5") as f:
+        assert list(f.attrs["multi_hot"]) == ["genres"] and len(f["label"]) == 8
+        offsets = f["multi_hot/genres/offsets"][:]
+        assert offsets.tolist() == [0, 2, 3, 4, 7, 8, 9, 11, 13]  # no genre: one id, 0
+        assert f["sparse"][0, 2] == 1 + zlib.crc32(b"Heat, The (1995)") % (10**6 - 1)
+
+
 def synthetic_made(out, cwd):
     with h5py.File(cwd / "syn.h5") as f, h5py.File(cwd / "syn.valid.h5") as v:
         assert (len(f["label"]), len(v["label"])) == (18000, 2000)
@@ -359,6 +373,14 @@ COMMANDS = {
         "prep", expect=csv_made),
     "python -m pshybrid prep synthetic syn.h5 --rows 1000000 --valid-fraction 0.1": Run(
         "prep", ("--rows", "20000"), expect=synthetic_made),
+    "python -m pshybrid prep criteo day_0.gz day_1.gz days.h5 --compression gzip": Run(
+        "prep", expect=two_days),
+    "python -m pshybrid prep csv ratings_genres.csv mlg.h5 --label rating --label-threshold 4 "
+    "--sparse userId,movieId,title --multi-hot genres --valid-fraction 0.2": Run(
+        "prep", expect=genres_made),
+    "mpiexec -n 3 python -m pshybrid train --data mlg.h5 --eval-data mlg.valid.h5 --pooling "
+    "mean": Run("prep", SMALL_BUT_BATCH + ("--batch-size", "2"), expect=lambda out, cwd:
+                "eval at step 3" in out and "done: hybrid wdl  3 steps" in summary_of(out)),
     # docs/checkpoints.md (in this order: each continues the last)
     "mpiexec -n 4 python -m pshybrid train --checkpoint-dir ck --checkpoint-every 500 "
     "--keep-last 3": Run("ckpt", SMALL + ("--steps", "6", "--checkpoint-every", "2"),
@@ -504,6 +526,15 @@ def setup_prep(cwd: pathlib.Path) -> None:
     lines = [b"\t".join(ln.split(b"\t")[:14] + [v] + ln.split(b"\t")[15:])
              for ln, v in zip(lines, [b"a", b"b", b"c"] * 10 + [b"d"] * 3)]
     (cwd / "day_0").write_bytes(b"".join(lines))
+    (cwd / "day_0.gz").write_bytes(gzip.compress(b"".join(lines)))
+    (cwd / "day_1.gz").write_bytes(gzip.compress(b"".join(lines[::-1])))
+    (cwd / "ratings_genres.csv").write_text("".join(line + "\n" for line in [
+        "userId,movieId,title,genres,rating", '1,6,"Heat, The (1995)",Action|Crime,4.5',
+        "2,1,Toy Story (1995),Animation,3", "3,2,Jumanji (1995),,4",
+        '1,6,"Heat, The (1995)",Action|Crime|Thriller,5', "4,3,Up (2009),Animation,2",
+        "4,3,Up (2009),Animation,2", "5,1,Toy Story (1995),Animation|Children,5",
+        "6,2,Jumanji (1995),Adventure|Fantasy,1", "7,1,Toy Story (1995),Comedy,4",
+        "8,3,Up (2009),Animation,4.5"]))
     (cwd / "ratings.csv").write_text("userId,movieId,rating,timestamp\n1,10,4.5,964982703\n"
                                      "2,11,3.0,964981247\n1,12,5,964982224\n3,10,4,964983815\n"
                                      "3,13,0.5,964982931\n2,10,2,964982400\n")

@@ -583,3 +583,17 @@ def test_train_float32_two_gpu_workers_close_to_numpy(comm):
                 ok, msg = False, f"float32 W=2 on GPU: {errs} > 1e-4 (moved {moved})"
         sub.Free()
     assert_all(comm, ok, msg)
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_bag_pooling_on_the_gpu_equals_numpy(cp, mode):
+    """Multi-hot pooling (``layers.BagPooling``) on CuPy arrays == on NumPy, both ways."""
+    from pshybrid.layers import BagPooling
+
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 6, (9, 3))
+    emb = rng.standard_normal((9 * 2 + int(lengths.sum()), 5))
+    dy = rng.standard_normal((9, 5, 5))
+    host, dev = BagPooling(2, mode), BagPooling(2, mode)
+    np.testing.assert_array_equal(dev.forward(cp.asarray(emb), lengths).get(),
+                                  host.forward(emb, lengths))
+    np.testing.assert_allclose(dev.backward(cp.asarray(dy)).get(), host.backward(dy),
+                               rtol=1e-15, atol=0)

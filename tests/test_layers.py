@@ -7,8 +7,8 @@ import zlib
 import numpy as np
 import pytest
 
-from pshybrid.layers import (MLP, CrossNet, DotInteraction, FMInteraction, Linear, ParamSpace,
-                             ReLU, bce_with_logits)
+from pshybrid.layers import (MLP, BagPooling, CrossNet, DotInteraction, FMInteraction, Linear,
+                             ParamSpace, ReLU, bce_with_logits)
 
 H = 1e-6
 
@@ -214,3 +214,54 @@ def test_bce_extreme_logits_are_exact_without_fp_errors():
         loss, dz = bce_with_logits(z, y)
     np.testing.assert_array_equal(loss, [0.0, 1000.0, 0.0, 1000.0])
     np.testing.assert_array_equal(dz, [0.0, 1.0, 0.0, -1.0])
+
+
+# ---------------------------------------------------------------- multi-hot pooling
+
+def bags_batch(B=5, n_single=2, K=3, E=4, seed=0):
+    """Flat rows of a batch (the single-hot rows row by row, then each multi-hot field's
+    rows of every row) and the lengths (B, K), 1..4 ids a bag."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, 5, (B, K))
+    emb = rng.standard_normal((B * n_single + int(lengths.sum()), E))
+    return emb, lengths
+
+
+def pooled_reference(emb, lengths, n_single, mode):
+    """The documented pooling, with explicit loops: (B, n_single + K, E)."""
+    B, K = lengths.shape
+    out = np.zeros((B, n_single + K, emb.shape[1]))
+    out[:, :n_single] = emb[:B * n_single].reshape(B, n_single, emb.shape[1])
+    pos = B * n_single
+    for k in range(K):
+        for b in range(B):
+            n = int(lengths[b, k])
+            acc = np.zeros(emb.shape[1])
+            for j in range(n):
+                acc = acc + emb[pos + j]
+            out[b, n_single + k] = acc / n if mode == "mean" else acc
+            pos += n
+    return out
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("n_single", [0, 2])
+def test_bag_pooling_matches_loops(mode, n_single):
+    emb, lengths = bags_batch(n_single=n_single)
+    got = BagPooling(n_single, mode).forward(emb, lengths)
+    np.testing.assert_array_equal(got, pooled_reference(emb, lengths, n_single, mode))
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_bag_pooling_backward_finite_differences(mode):
+    emb, lengths = bags_batch(B=3, K=2, E=3, seed=2)
+    pool = BagPooling(2, mode)
+
+    class Layer:
+        def forward(self, x):
+            return pool.forward(x, lengths)
+
+        def backward(self, dy):
+            return pool.backward(dy)
+
+    check_backward(Layer(), emb)

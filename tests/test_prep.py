@@ -327,7 +327,7 @@ def test_csv_bad_lines(tmp_path, capsys, text, extra, line, why):
 @pytest.mark.parametrize("argv, message", [
     (["--label", "nope", "--dense", "age"], r"--label: no column 'nope'"),
     (["--label", "rating", "--dense", "age,rating"], r"column 'rating' is used twice"),
-    (["--label", "rating"], r"--dense and/or --sparse"),
+    (["--label", "rating"], r"--sparse and/or --multi-hot"),
     (["--label", "rating", "--sparse", "user", "--buckets", "10,20"], r"--buckets: 2 values"),
     (["--label", "rating", "--sparse", "user", "--sep", "ab"],
      r"--sep: must be one ASCII character \(or \\t\), got 'ab'"),
@@ -543,7 +543,7 @@ def test_csv_hash_oracle_random_tokens(tmp_path, empty):
     text = b"y,a,b,c\n" + b"".join(b",".join([b"1"] + toks) + b"\r\n" for toks in sparse)
     (tmp_path / "in.csv").write_bytes(text)
     assert run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y",
-               "--sparse", "a,b,c", "--buckets", "777") == 0
+               "--sparse", "a,b,c", "--buckets", "777", "--quoting", "none") == 0
     got = read(tmp_path / "out.h5")[2]
     assert got.tolist() == [oracle_ids(as_read(toks, b"\r\n"), 777) for toks in sparse]
 

@@ -208,3 +208,54 @@ def test_replicated_hot_rows_equal_none(comm, placement, sparse_opt, l2):
         if max(errs.values()) > 1e-9 or not moved:
             ok, msg = False, f"replicated vs not: {errs}, hot Allreduce bytes/step {moved}"
     assert_all(comm, ok, msg)
+
+
+def write_multi_hot(path, rows, seed):
+    """A dataset file with 2 single-hot fields and 2 multi-hot fields of 1-4 ids a row."""
+    from pshybrid.data import DatasetWriter
+
+    rng = np.random.default_rng(seed)
+    cards = (7, 30, 50, 20)
+    with DatasetWriter(path, ["d0", "d1", "d2"], ["s0", "s1"], ["m0", "m1"]) as w:
+        lengths = [rng.integers(1, 5, rows) for _ in range(2)]
+        w.append(rng.integers(0, 2, rows).astype(np.float32),
+                 rng.random((rows, 3), np.float32),
+                 np.stack([rng.integers(0, c, rows) for c in cards[:2]], 1),
+                 [(rng.integers(0, c, int(n.sum())), n) for c, n in zip(cards[2:], lengths)])
+        w.close(cards)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("model,mode,pooling,placement", [
+    ("wdl", "hybrid", "sum", "colocated"), ("dlrm", "hybrid", "mean", "dedicated"),
+    ("deepfm", "ps", "mean", "dedicated")])
+def test_multi_hot_fields_bsp_equals_single_process(comm, mpi_tmp_path, model, mode, pooling,
+                                                    placement):
+    """Multi-hot fields (pooled by the model, flat ids to the store) under BSP: W workers
+    x b == one process with W*b (colocated: W = every rank); the distributed eval == the
+    single process's."""
+    path = str(mpi_tmp_path / "mh.h5")
+    if comm.rank == 0:
+        write_multi_hot(path, 300, seed=4)
+    comm.Barrier()
+    S = None if placement == "colocated" else 1
+    W = comm.size - (S or 0)
+    cfg = replace(BASE, model=model, mode=mode, servers=S, data=path, eval_data=path,
+                  steps=6, batch_size=12, pooling=pooling, sparse_optimizer="adagrad",
+                  placement=placement)
+    got = train(cfg, comm, collect=True, out=io.StringIO())
+    ok, msg = True, ""
+    if got.role == "worker":
+        single = replace(cfg, mode="allreduce", servers=0, placement="dedicated")
+        ref = train(replace(single, batch_size=W * cfg.batch_size), MPI.COMM_SELF,
+                    collect=True, out=io.StringIO())
+        init = train(replace(single, steps=0, eval_data=None), MPI.COMM_SELF, collect=True,
+                     out=io.StringIO())
+        errs = {"dense": rel_err(got.dense, ref.dense), "table": rel_err(got.table, ref.table)}
+        if max(errs.values()) > 1e-9:
+            ok, msg = False, f"W={W} S={S}: relative error {errs} > 1e-9"
+        elif rel_err(init.table[7 + 30:], ref.table[7 + 30:]) < 1e-4:
+            ok, msg = False, "training barely moved the multi-hot rows"
+        elif comm.rank == 0 and abs(got.evals[-1]["auc"] - ref.evals[-1]["auc"]) > 1e-9:
+            ok, msg = False, f"eval {got.evals[-1]} != {ref.evals[-1]}"
+    assert_all(comm, ok, msg)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..batches import read_ranges
+from ..batches import read_ids
 from ..kernels import gather, scatter_add
 from ..transport import iallreduce
 
@@ -23,8 +23,8 @@ def hottest_rows(data, plan, layout, n: int, sample_steps: int = SAMPLE_STEPS) -
     return. Every rank reads the same rows, so every rank finds the same set."""
     steps = sample_steps if plan.steps_per_epoch is None else min(sample_steps,
                                                                    plan.steps_per_epoch)
-    ids = np.concatenate([layout.global_ids(read_ranges(data, plan.ranges(t, 0, plan.G))[2])
-                          .ravel() for t in range(steps)])
+    ids = np.concatenate([read_ids(data, plan.ranges(t, 0, plan.G), layout.offsets)[2].ravel()
+                          for t in range(steps)])
     rows, counts = np.unique(ids, return_counts=True)
     order = np.lexsort((rows, -counts))  # count descending, then id ascending
     return np.sort(rows[order[:n]])

@@ -1,7 +1,11 @@
-"""``python -m pshybrid prep criteo IN OUT`` · ``prep csv IN OUT``: text table → dataset file.
+"""``python -m pshybrid prep criteo IN... OUT`` · ``prep csv IN... OUT``: text tables → dataset
+file.
 
-One process, no MPI. IN is a regular file, plain text or gzip (told by its first two bytes),
-read twice where a first pass is needed (see rows). It is streamed in blocks of whole lines of
+One process, no MPI. Each IN is a regular file or ``-`` (standard input, copied to an
+unnamed temporary file where it must be read twice), plain text or gzip (told by its first
+bytes, read and handed back without a seek; ``prep csv`` also reads Parquet with pyarrow,
+as the CSV text pyarrow writes for it); the inputs are read one after the other as one
+table, read twice where a first pass is needed (see rows). It is streamed in blocks of whole lines of
 about ``read.BLOCK_BYTES``, each parsed with NumPy at once, so memory stays bounded whatever
 the input size (a ``--min-count`` vocabulary grows with the number of distinct values). Rows
 are written with ``DatasetWriter``: published atomically at the end, removed on any error, so
@@ -10,8 +14,10 @@ file and an existing OUT unchanged; it ends with one line ``pshybrid: error: ...
 status 2.
 
 Lines. ``criteo``: 40 tab-separated fields: label, I1..I13 (integers), C1..C26 (categorical,
-hexadecimal in Criteo's files, taken as raw strings). ``csv``: ``--sep``-separated, no quoting;
-every line has as many fields as the first (the header, UTF-8, with ``--header``). Lines end in
+hexadecimal in Criteo's files, taken as raw strings). ``csv``: ``--sep``-separated, RFC 4180
+quoting (``prep.quoted``; ``--quoting none``: quotes are data); every record has as many
+fields as the first (the header, UTF-8, with ``--header``: the same in every input);
+``--multi-hot COL[:SEP]`` columns are lists of items (``prep.multihot``). Lines end in
 LF or CRLF, the last may lack one: a CR right before the LF is dropped, any other CR is data.
 An empty field is missing. A bad line stops the run with an ``InputError`` naming IN and the
 1-based line number, or with ``--skip-bad-lines`` is skipped and counted: a wrong number of

@@ -79,3 +79,35 @@ def _float(t: bytes) -> float:
         return float(t)
     except ValueError:
         return math.nan
+
+
+NL = 10
+
+
+def split_lines(data: bytes, sep: int, n_fields: int):
+    """Unquoted lines split at ``sep``: ``(block, s, L, whole, shape_why)``, ``s``/``L``
+    (whole lines, n_fields) the fields' offsets and lengths, ``whole`` (lines,) the lines with the right
+    number of fields and no NUL byte, ``shape_why(i)`` why line i is not whole."""
+    block = Block(data)
+    buf = block.buf[8:8 + len(data)]
+    ends = np.flatnonzero((buf == sep) | (buf == NL))
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    eol = np.flatnonzero(buf[ends] == NL)
+    fields = np.diff(eol, prepend=-1)
+    whole = fields == n_fields
+    nul = np.zeros(len(eol), bool)
+    if b"\0" in data:                                   # such a line is bad
+        nul[np.searchsorted(ends[eol], np.flatnonzero(buf == 0))] = True
+        whole &= ~nul
+    if whole.all():
+        s, L = starts.reshape(-1, n_fields), (ends - starts).reshape(-1, n_fields)
+    else:
+        idx = eol[whole][:, None] + np.arange(1 - n_fields, 1)
+        s, L = starts[idx], ends[idx] - starts[idx]
+
+    def shape_why(i: int) -> str:
+        if nul[i]:
+            return "a NUL byte (not a text file?)"
+        return f"wrong number of fields: {fields[i]}, expected {n_fields}"
+
+    return block, s, L, whole, shape_why

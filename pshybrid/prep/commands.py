@@ -38,55 +38,81 @@ def cmd_synthetic(args) -> int:
 def cmd_criteo(args) -> int:
     o = resolve(TableOptions, args)
     from .convert import run_table
+    from .inputs import as_inputs, spooled
     from .read import Table
 
-    t = Table(args.input, sep=ord("\t"), n_fields=40, header=False, label=0,
-              dense=list(range(1, 14)), sparse=list(range(14, 40)), dense_names=CRITEO_DENSE,
-              sparse_names=CRITEO_SPARSE, integers=True, log=True, threshold=None)
-    return run_table("criteo", t, args.out, o)
+    args.input = as_inputs(args.input)
+
+    with spooled(args.input, two_passes(o)) as spools:
+        t = Table(args.input, sep=ord("\t"), n_fields=40, header=False, label=0,
+                  dense=list(range(1, 14)), sparse=list(range(14, 40)),
+                  dense_names=CRITEO_DENSE, sparse_names=CRITEO_SPARSE, integers=True,
+                  log=True, threshold=None, spools=spools)
+        return run_table("criteo", t, args.out, o)
+
+
+def two_passes(o: TableOptions) -> bool:
+    """Whether the inputs are read twice (a vocabulary, or a split that needs the count)."""
+    return o.min_count is not None or bool(o.valid_fraction)
 
 
 def cmd_csv(args) -> int:
     o = resolve(CsvOptions, args)
     from .convert import run_table
+    from .inputs import as_inputs, spooled
+    from .multihot import parse_multi_hot
     from .read import Table
 
+    args.input = as_inputs(args.input)
+
     sep = separator(o.sep)
-    names = _header(args.input, sep, o.header)
-    label, dense, sparse = (_columns(text, option, names, o.header, args.input) for
-                            text, option in ((o.label, "--label"), (o.dense, "--dense"),
-                                             (o.sparse, "--sparse")))
-    if len(label) != 1:
-        raise ConfigError(f"--label {o.label}: give one column", collective=True)
-    used = label + dense + sparse
-    if len(set(used)) < len(used):
-        twice = next(names[c] for c in used if used.count(c) > 1)
-        raise ConfigError(f"column {twice!r} is used twice in --label/--dense/--sparse",
-                          collective=True)
-    t = Table(args.input, sep=ord(sep), n_fields=len(names), header=o.header, label=label[0],
-              dense=dense, sparse=sparse, dense_names=[names[c] for c in dense],
-              sparse_names=[names[c] for c in sparse], integers=False,
-              log=o.dense_transform == "log", threshold=o.label_threshold)
-    return run_table("csv", t, args.out, o)
+    with spooled(args.input, True) as spools:   # the header is read before the rows
+        first, names = _header(args.input[0], sep, o.header, spools)
+        label, dense, sparse = (_columns(text, option, names, o.header, args.input[0]) for
+                                text, option in ((o.label, "--label"), (o.dense, "--dense"),
+                                                 (o.sparse, "--sparse")))
+        multi, seps = parse_multi_hot(o.multi_hot, names, o.header, args.input[0], _columns)
+        if len(label) != 1:
+            raise ConfigError(f"--label {o.label}: give one column", collective=True)
+        used = label + dense + sparse + multi
+        if len(set(used)) < len(used):
+            twice = next(names[c] for c in used if used.count(c) > 1)
+            raise ConfigError(f"column {twice!r} is used twice in "
+                              "--label/--dense/--sparse/--multi-hot", collective=True)
+        t = Table(args.input, sep=ord(sep), n_fields=len(names), header=o.header,
+                  label=label[0], dense=dense, sparse=sparse,
+                  dense_names=[names[c] for c in dense],
+                  sparse_names=[names[c] for c in sparse + multi], integers=False,
+                  log=o.dense_transform == "log", threshold=o.label_threshold,
+                  quote=o.quoting == "rfc4180", spools=spools, multi_hot=multi,
+                  multi_sep=seps, header_line=first if o.header else None)
+        return run_table("csv", t, args.out, o)
 
 
-def _header(path: str, sep: str, header: bool) -> list[str]:
-    """The column names: the first line's cells with ``header``, else ``c0, c1, ...``."""
-    from .read import first_line
+def _header(path: str, sep: str, header: bool, spools: dict):
+    """``(first line, column names)``: the first line's cells with ``header``, else ``c0,
+    c1, ...``; a header with double quotes is read as a csv record."""
+    from .inputs import first_line, shown_input
 
-    first = first_line(path)
+    name = shown_input(path)
+    first = first_line(path, spools)
     if not first.strip(b"\r\n"):
-        raise InputError(f"{path}: no data rows (empty first line)")
+        raise InputError(f"{name}: no data rows (empty first line)")
     line = first.rstrip(b"\n").rstrip(b"\r")
     if not header:
-        return [f"c{i}" for i in range(line.count(sep.encode()) + 1)]
+        return first, [f"c{i}" for i in range(line.count(sep.encode()) + 1)]
     if b"\0" in line:
-        raise InputError(f"{path}:1: the header holds a NUL byte (not a text file?)")
+        raise InputError(f"{name}:1: the header holds a NUL byte (not a text file?)")
     try:
-        return line.decode("utf-8-sig").split(sep)
+        text = line.decode("utf-8-sig")
     except UnicodeDecodeError:
-        raise InputError(f"{path}:1: the header is not UTF-8 text (with --no-header, "
+        raise InputError(f"{name}:1: the header is not UTF-8 text (with --no-header, "
                          "columns are given by index)") from None
+    if '"' in text:
+        import csv
+
+        return first, next(csv.reader([text], delimiter=sep))
+    return first, text.split(sep)
 
 
 def _columns(text: str | None, option: str, names: list[str], header: bool, path: str):
@@ -126,7 +152,9 @@ def _command(formats, name: str, options, func, help: str, description: str) -> 
     """Add ``prep <name> IN OUT`` with the options of dataclass ``options`` (and --config)."""
     p = formats.add_parser(name, help=help, description=description + " Every option can "
                            "also come from a TOML file (--config FILE; the command line wins).")
-    p.add_argument("input", metavar="IN", help="input table, plain text or gzip")
+    p.add_argument("input", metavar="IN", nargs="+", help="input tables, read one after the "
+                   "other as one table: files (plain text or gzip, told by content) or - for "
+                   "standard input")
     p.add_argument("out", metavar="OUT", help="dataset file to write (HDF5)")
     add_arguments(p, options)
     p.set_defaults(func=_ended_by_signals(func))
@@ -146,8 +174,10 @@ _CRITEO = (
     "(decimal integers -?[0-9]{1,18}, missing = 0), C1..C26 (categorical). Dense stored as "
     "float32(log1p(max(x, 0))). " + _SPARSE_RULE)
 _CSV = (
-    "Delimited table -> dataset file; columns by header name or 0-based index; no quoting, "
-    "every line as many fields as the first. Label: a number, 0 or 1, or with "
+    "Delimited table (or Parquet, with pyarrow) -> dataset file; columns by header name or "
+    "0-based index; RFC 4180 quoting (--quoting none: quotes are data), every record as "
+    "many fields as the first; --multi-hot COL[:SEP]: a list of items (split at SEP, "
+    "default |), each encoded as a value of its own field. Label: a number, 0 or 1, or with "
     "--label-threshold T: 1 if >= T else 0. Dense: a finite number (Python float syntax), "
     "missing = 0, stored as float32(log1p(max(x, 0))) (--dense-transform none: float32(x)). "
     + _SPARSE_RULE)

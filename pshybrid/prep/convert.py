@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 
+import numpy as np
+
 from ..errors import ConfigError, InputError
 from .hashing import Hashing
+from .inputs import STDIN, shown_input
+from .multihot import items
 from .options import DEFAULT_BUCKETS, TableOptions
 from .read import Table, Tally, scan
 from .vocabulary import Vocabulary
@@ -14,36 +19,54 @@ from .write import SplitWriter, check_out, split_sizes, valid_path
 
 
 def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
-    """Convert IN to ``out`` (and the validation file); print the summary; exit code 0."""
+    """Convert the inputs to ``out`` (and the validation file); print the summary; exit
+    code 0."""
     t0 = time.perf_counter()
-    encoder = make_encoder(o, len(t.sparse))
-    check_out(out, "OUT", [("IN", t.path)])
-    valid = valid_path(out, o, [("IN", t.path)])
+    n_single = len(t.sparse)
+    encoders = make_encoders(o, n_single, len(t.multi_hot))
+    named = [("IN", p) for p in t.paths if p != STDIN]
+    check_out(out, "OUT", named)
+    valid = valid_path(out, o, named)
+    names = t.sparse_names
     # The files first: an OUT that cannot be made fails before a pass over IN.
-    with SplitWriter(out, valid, t.dense_names, t.sparse_names) as w:
+    with SplitWriter(out, valid, t.dense_names, names[:n_single], names[n_single:],
+                     o.compression) as w:
         rows = None
         if valid is not None or o.min_count is not None:
-            tally = Tally(t.path, o.skip_bad_lines)
+            tally = Tally(t.paths[0], o.skip_bad_lines)
             for r in scan(t, o.max_rows, tally, f"prep {command}: pass 1/2 (count)"):
-                encoder.count(r)
-            rows = rows_read(tally)
-            encoder.finish()
+                for enc, part in zip(encoders, _parts(t, r)):
+                    enc.count(part)
+            rows = rows_read(tally, t)
+            for enc in encoders:
+                enc.finish()
             w.n_train = split_sizes(rows, o)
-        tally = Tally(t.path, o.skip_bad_lines)
+        tally = Tally(t.paths[0], o.skip_bad_lines)
         title = f"prep {command}: {'write' if rows is None else 'pass 2/2 (write)'}"
         for r in scan(t, o.max_rows, tally, title):
-            w.append(r.label, t.transform(r.dense), encoder.encode(r))
-        if rows_read(tally) != rows and rows is not None:
-            raise InputError(f"{t.path}: changed while being read ({rows} rows, then "
-                             f"{tally.rows})")
-        w.close(encoder.cardinalities, source=shown(t.path), transform=transform_text(t, o))
+            parts = _parts(t, r)
+            bags = [(enc.encode(p)[:, 0], p.lengths) for enc, p in zip(encoders[1:], parts[1:])]
+            w.append(r.label, t.transform(r.dense), encoders[0].encode(r), bags)
+        if rows_read(tally, t) != rows and rows is not None:
+            raise InputError(f"{', '.join(map(shown_input, t.paths))}: changed while being "
+                             f"read ({rows} rows, then {tally.rows})")
+        cards = [c for enc in encoders for c in enc.cardinalities]
+        w.close(cards, source=", ".join(shown(shown_input(p)) for p in t.paths),
+                transform=transform_text(t, o))
     dt = time.perf_counter() - t0
-    cards = " ".join(f"{n}={c}" for n, c in zip(t.sparse_names, encoder.cardinalities))
+    cards = " ".join(f"{n}={c}" for n, c in zip(names, cards))
     split = f", {w.rows[1]:,} valid rows -> {shown(valid)}" if valid is not None else ""
     print(f"prep {command}: {w.rows[0]:,} rows -> {shown(out)}{split}; {tally.bad:,} bad lines "
           f"skipped; cardinalities {cards or '(none)'}; {dt:.2f} s, "
           f"{tally.rows / max(dt, 1e-9):,.0f} rows/s", flush=True)
     return 0
+
+
+def _parts(t: Table, r):
+    """What each encoder reads: the rows (single-hot fields), then each multi-hot column's
+    items."""
+    return [r] + [items(r.block, r.ms[:, k], r.mL[:, k], sep)
+                  for k, sep in enumerate(t.multi_sep)]
 
 
 def shown(path: str) -> str:
@@ -52,25 +75,30 @@ def shown(path: str) -> str:
     return os.fsencode(path).decode("utf-8", "replace")
 
 
-def rows_read(tally: Tally) -> int:
+def rows_read(tally: Tally, t: Table) -> int:
     """The rows of a finished pass; an InputError if there were none."""
     if tally.rows == 0:
         skipped = f" ({tally.bad} bad lines skipped)" if tally.bad else ""
-        raise InputError(f"{tally.path}: no data rows{skipped}")
+        raise InputError(f"{', '.join(map(shown_input, t.paths))}: no data rows{skipped}")
     return tally.rows
 
 
-def make_encoder(o: TableOptions, n_fields: int):
-    """``Hashing`` (default) or ``Vocabulary`` (``--min-count``) for ``n_fields`` fields."""
+def make_encoders(o: TableOptions, n_single: int, n_multi: int) -> list:
+    """``Hashing`` (default) or ``Vocabulary`` (``--min-count``): one for the ``n_single``
+    single-hot fields, then one per multi-hot field (``--buckets``: one value for all, or one
+    per field, the single-hot fields first)."""
+    sizes = [n_single] + [1] * n_multi
     if o.min_count is not None:
-        return Vocabulary(n_fields, o.min_count)
+        return [Vocabulary(n, o.min_count) for n in sizes]
+    n_fields = n_single + n_multi
     buckets = list(o.buckets or [DEFAULT_BUCKETS])
     if len(buckets) == 1:
         buckets = buckets * n_fields
     elif len(buckets) != n_fields:
         raise ConfigError(f"--buckets: {len(buckets)} values for {n_fields} sparse fields "
                           "(give one, or one per field)", collective=True)
-    return Hashing(buckets)
+    cut = np.cumsum([0] + sizes)
+    return [Hashing(buckets[a:b]) for a, b in itertools.pairwise(cut)]
 
 
 def transform_text(t: Table, o: TableOptions) -> str:
@@ -79,4 +107,6 @@ def transform_text(t: Table, o: TableOptions) -> str:
     sparse = (f"vocabulary min_count={o.min_count} (0 missing, 1 rare, 2.. by count)"
               if o.min_count is not None else "1 + crc32(value) % (buckets - 1), 0 missing")
     label = "" if t.threshold is None else f"label = value >= {t.threshold}; "
-    return f"{label}dense {dense} (missing 0); sparse {sparse}"
+    multi = "".join(f"; multi-hot {n} items split at {chr(c)!r}" for n, c in
+                    zip(t.sparse_names[len(t.sparse):], t.multi_sep))
+    return f"{label}dense {dense} (missing 0); sparse {sparse}{multi}"

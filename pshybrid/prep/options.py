@@ -45,6 +45,9 @@ class TableOptions(SplitOptions):
                                    "times get their own id; none: hashing",
                                    check=_check(lambda v: v > 0, "must be > 0"))
     skip_bad_lines: bool = option(False, "skip and count bad lines instead of failing")
+    compression: str = option("lzf", "compression of OUT's datasets (HDF5 filters; lzf: "
+                              "fast, gzip: smaller, none: fastest to read, largest)",
+                              choices=("lzf", "gzip", "none"))
 
     def validate(self) -> None:
         """Cross-field rules."""
@@ -70,14 +73,20 @@ class CsvOptions(TableOptions):
     header: bool = option(True, "the first line names the columns")
     dense_transform: str = option("log", "log: log1p(max(x, 0)); none: x",
                                   choices=("log", "none"))
+    quoting: str = option("rfc4180", "rfc4180: a value in double quotes may hold the "
+                          "separator, LFs and \"\" (one \"); none: quotes are data",
+                          choices=("rfc4180", "none"))
+    multi_hot: str | None = option(None, "multi-hot columns COL[:SEP] (SEP default |; comma, "
+                                   "tab), comma list or repeated: each value a list of items "
+                                   "pooled by the model (train --pooling)", repeat=True)
 
     def validate(self) -> None:
         """Cross-field rules."""
         super().validate()
         if self.label is None:
             raise ConfigError("--label is required (a column name or index)", collective=True)
-        if self.dense is None and self.sparse is None:
-            raise ConfigError("give the feature columns: --dense and/or --sparse",
+        if self.dense is None and self.sparse is None and self.multi_hot is None:
+            raise ConfigError("give the feature columns: --dense, --sparse and/or --multi-hot",
                               collective=True)
 
 

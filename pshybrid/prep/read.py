@@ -2,30 +2,28 @@
 
 from __future__ import annotations
 
-import contextlib
-import gzip
-import os
-import stat
 import sys
 import time
-import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from ..errors import InputError
-from .block import Block
+from .block import Block, split_lines
+from .inputs import MAX_LINE_BYTES, _read, open_input, shown_input
 
 BLOCK_BYTES = 2 << 20      # read size: a block holds ~9k Criteo lines
-MAX_LINE_BYTES = 8 << 20   # a longer line is a bad line
+QUOTE = ord('"')
 NL = 10
 
 
 @dataclass
 class Table:
-    """How to read IN: fields per line, the columns used and how their values parse."""
+    """How to read the inputs: fields per line, the columns used and how their values parse.
+    ``paths``: the inputs, read one after the other (``-``: standard input, its copy in
+    ``spools`` where one was made); ``quote``: RFC 4180 quoting (lines with a ``"``)."""
 
-    path: str
+    paths: list[str]
     sep: int                     # separator byte
     n_fields: int
     header: bool                 # line 1 is a header
@@ -37,6 +35,11 @@ class Table:
     integers: bool               # label and dense are integers (criteo) or floats (csv)
     log: bool                    # dense transform log1p(max(x, 0))
     threshold: float | None      # label = value >= threshold; None: value must be 0 or 1
+    quote: bool = False
+    spools: dict = field(default_factory=dict)
+    multi_hot: list[int] = field(default_factory=list)   # multi-hot columns
+    multi_sep: list[int] = field(default_factory=list)   # and their item separators
+    header_line: bytes | None = None  # the first input's header: every input must repeat it
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         """Dense values as stored, (n, F_d) float32: log1p(max(x, 0)) (in float64), or x."""
@@ -48,38 +51,34 @@ class Table:
 class Rows:
     """The good rows of a block: ``label (n,) float32``, ``dense (n, F_d)`` the values x as
     parsed (int64 or float64, missing 0), and the sparse fields as offsets ``s``, lengths
-    ``L`` ``(n, F_s) int64`` into ``block``."""
+    ``L`` ``(n, F_s) int64`` into ``block``; the multi-hot fields likewise, ``ms``, ``mL``
+    ``(n, K)``."""
 
     block: Block
     label: np.ndarray
     dense: np.ndarray
     s: np.ndarray
     L: np.ndarray
+    ms: np.ndarray
+    mL: np.ndarray
 
     def take(self, rows) -> Rows:
         """The rows ``rows`` (an index, a mask or a slice)."""
-        return Rows(self.block, self.label[rows], self.dense[rows], self.s[rows], self.L[rows])
+        return Rows(self.block, self.label[rows], self.dense[rows], self.s[rows], self.L[rows],
+                    self.ms[rows], self.mL[rows])
 
 
 def parse(t: Table, data: bytes):
-    """Parse a block of whole lines: ``ok`` (lines,) bool, ``why(i)``: what is wrong with bad
-    line i, and the good ``Rows``."""
-    block = Block(data)
-    buf = block.buf[8:8 + len(data)]
-    ends = np.flatnonzero((buf == t.sep) | (buf == NL))
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    eol = np.flatnonzero(buf[ends] == NL)
-    fields = np.diff(eol, prepend=-1)
-    whole = fields == t.n_fields
-    nul = np.zeros(len(eol), bool)
-    if b"\0" in data:                                   # such a line is bad
-        nul[np.searchsorted(ends[eol], np.flatnonzero(buf == 0))] = True
-        whole &= ~nul
-    if whole.all():
-        s, L = starts.reshape(-1, t.n_fields), (ends - starts).reshape(-1, t.n_fields)
+    """Parse a block of whole lines: ``ok`` (records,) bool, ``why(i)``: what is wrong with
+    bad record i, the good ``Rows``, and ``line_of`` (records,): the line of IN, counted
+    from the block's first, where each record starts (None: record i is line i)."""
+    if t.quote and QUOTE in data:
+        from .quoted import split_quoted
+
+        block, s, L, whole, shape_why, line_of = split_quoted(t, data)
     else:
-        idx = eol[whole][:, None] + np.arange(1 - t.n_fields, 1)
-        s, L = starts[idx], ends[idx] - starts[idx]
+        block, s, L, whole, shape_why = split_lines(data, t.sep, t.n_fields)
+        line_of = None
     number = block.ints if t.integers else block.floats
     label, label_ok = number(s[:, t.label], L[:, t.label])
     label_ok &= L[:, t.label] > 0
@@ -96,14 +95,12 @@ def parse(t: Table, data: bytes):
     ok[whole] = good
 
     def why(i: int) -> str:
-        if nul[i]:
-            return "a NUL byte (not a text file?)"
         if not whole[i]:
-            return f"wrong number of fields: {fields[i]}, expected {t.n_fields}"
+            return shape_why(i)
         r = np.count_nonzero(whole[:i])
 
         def text(c: int) -> str:
-            return data[s[r, c]:s[r, c] + L[r, c]].decode(errors="replace")
+            return block.data[s[r, c]:s[r, c] + L[r, c]].decode(errors="replace")
 
         if not label_ok[r]:
             need = "0 or 1" if t.threshold is None else "a number"
@@ -112,8 +109,10 @@ def parse(t: Table, data: bytes):
         need = "an integer" if t.integers else "a finite number" if t.log else "a float32"
         return f"{t.dense_names[j]} value {text(t.dense[j])!r} is not {need}"
 
-    rows = Rows(block, label.astype(np.float32), dense, s[:, sparse_cols], L[:, sparse_cols])
-    return ok, why, rows if good.all() else rows.take(good)
+    multi = _view(t.multi_hot)
+    rows = Rows(block, label.astype(np.float32), dense, s[:, sparse_cols], L[:, sparse_cols],
+                s[:, multi], L[:, multi])
+    return ok, why, rows if good.all() else rows.take(good), line_of
 
 
 def _view(cols: list[int]):
@@ -122,48 +121,10 @@ def _view(cols: list[int]):
     return slice(cols[0], cols[0] + len(cols)) if run else cols
 
 
-@contextlib.contextmanager
-def open_input(path: str):
-    """IN opened for binary reading, gunzipped if it starts with the gzip magic bytes. IN
-    must be a regular file (it is read twice; a FIFO is not even opened for long)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
-        os.close(fd)
-        what = "is a directory" if stat.S_ISDIR(mode) else "not a regular file"
-        raise InputError(f"{path}: cannot read: {what}")
-    f = os.fdopen(fd, "rb")
-    try:
-        gz = _read(path, f.read, 2) == b"\x1f\x8b"
-        f.seek(0)
-        with gzip.GzipFile(fileobj=f, mode="rb") if gz else contextlib.nullcontext(f) as g:
-            yield g
-    finally:
-        f.close()
-
-
-def _read(path: str, read, n: int) -> bytes:
-    """``read(n)``, its failures (an I/O error, a corrupt or truncated gzip stream) as an
-    InputError naming IN."""
-    try:
-        return read(n)
-    except (OSError, EOFError, zlib.error) as exc:
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise InputError(f"{path}: cannot read: {why or type(exc).__name__}") from None
-
-
-def first_line(path: str) -> bytes:
-    """IN's first line (at most MAX_LINE_BYTES + 1 bytes), with its line end."""
-    with open_input(path) as f:
-        return _read(path, f.readline, MAX_LINE_BYTES + 1)
-
-
 @dataclass
 class Tally:
-    """Counts of one pass; ``bad_line`` raises unless bad lines are skipped."""
+    """Counts of one pass; ``bad_line`` raises unless bad lines are skipped. ``path``: the
+    input being read (as messages name it)."""
 
     path: str
     skip: bool
@@ -176,18 +137,33 @@ class Tally:
         self.bad += count
 
 
-def blocks(path: str, tally: Tally):
+def _cut(buf: bytes, quote: bool) -> int:
+    """Where the whole lines of ``buf`` end: after its last LF (with ``quote``, the last LF
+    outside double quotes: after an even number of them); 0 if none."""
+    cut = buf.rfind(b"\n") + 1
+    if not quote or not cut or b'"' not in buf:
+        return cut
+    a = np.frombuffer(buf, np.uint8)
+    nl = np.flatnonzero(a == NL)
+    inside = np.cumsum(a == QUOTE)[nl] % 2 == 1
+    outside = nl[~inside]
+    return int(outside[-1]) + 1 if len(outside) else 0
+
+
+def blocks(path: str, tally: Tally, spools: dict | None = None, quote: bool = False):
     """Yield ``(first, data)``: whole lines of IN, each ending in LF, ``first`` the 1-based
-    number of the first line; lines over MAX_LINE_BYTES go to ``tally.bad_line``."""
+    number of the first line; lines over MAX_LINE_BYTES go to ``tally.bad_line``. With
+    ``quote``, a block never ends inside double quotes (a quoted value may hold LFs)."""
     line, rem, skipping = 1, b"", False
-    with open_input(path) as f:
+    name = shown_input(path)
+    with open_input(path, spools) as f:
         while True:
-            chunk = _read(path, f.read, BLOCK_BYTES)
+            chunk = _read(name, f.read, BLOCK_BYTES)
             buf = rem + (chunk or b"\n" * bool(rem))   # at the end, close an unfinished line
             if skipping:                                 # the rest of a too long line
                 k = buf.find(b"\n") + 1
                 buf, skipping, line = (buf[k:], False, line + 1) if k else (b"", True, line)
-            cut = buf.rfind(b"\n") + 1
+            cut = _cut(buf, quote) if chunk else len(buf)
             if cut:
                 data = buf[:cut]
                 yield line, data.replace(b"\r\n", b"\n") if b"\r" in data else data
@@ -223,26 +199,46 @@ class Progress:
 
 
 def scan(t: Table, max_rows: int | None, tally: Tally, title: str):
-    """Yield the good rows of IN (``Rows``) block by block, at most ``max_rows`` in all."""
+    """Yield the good rows of the inputs, one after the other (``Rows``), block by block, at
+    most ``max_rows`` in all."""
     progress = Progress(title)
-    for first, data in blocks(t.path, tally):
-        if t.header and first == 1:
-            data, first = data[data.index(b"\n") + 1:], 2
-            if not data:
-                continue
-        ok, why, rows = parse(t, data)
-        good = np.flatnonzero(ok)
-        stop = max_rows is not None and len(good) >= max_rows - tally.rows
-        if stop:
-            good = good[:max_rows - tally.rows]
-            ok = ok[:good[-1] + 1]
-        bad = np.flatnonzero(~ok)
-        if len(bad):
-            tally.bad_line(first + int(bad[0]), why(int(bad[0])), len(bad))
-        yield rows.take(slice(len(good)))
-        tally.rows += len(good)
-        progress.update(tally.rows)
-        if stop:
-            break
+    for path in t.paths:
+        tally.path = shown_input(path)
+        for first, data in blocks(path, tally, t.spools, t.quote):
+            if t.header and first == 1:
+                _check_header(t, data[:data.index(b"\n") + 1], tally.path)
+                data, first = data[data.index(b"\n") + 1:], 2
+                if not data:
+                    continue
+            rows = _block(t, first, data, max_rows, tally)
+            if rows is not None:
+                yield rows
+                progress.update(tally.rows)
+            if max_rows is not None and tally.rows >= max_rows:
+                progress.update(tally.rows, end=True)
+                return
     progress.update(tally.rows, end=True)
 
+
+def _block(t: Table, first: int, data: bytes, max_rows: int | None, tally: Tally):
+    """Parse one block; count its bad lines (or raise); return its good rows (at most what
+    ``max_rows`` leaves), None if it has none."""
+    ok, why, rows, line_of = parse(t, data)
+    good = np.flatnonzero(ok)
+    if max_rows is not None and len(good) >= max_rows - tally.rows:
+        good = good[:max_rows - tally.rows]
+        ok = ok[:good[-1] + 1] if len(good) else ok[:0]
+    bad = np.flatnonzero(~ok)
+    if len(bad):
+        i = int(bad[0])
+        tally.bad_line(first + (i if line_of is None else int(line_of[i])), why(i), len(bad))
+    tally.rows += len(good)
+    return rows.take(slice(len(good))) if len(good) else None
+
+
+def _check_header(t: Table, line: bytes, name: str) -> None:
+    """Every input's header is the first input's."""
+    want = None if t.header_line is None else t.header_line.rstrip(b"\r\n")
+    if want is not None and line.rstrip(b"\r\n") != want:
+        shown = want.decode(errors="replace")
+        raise InputError(f"{name}:1: the header differs from the first input's ({shown!r})")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import stat
 
+import numpy as np
+
 from ..data import DatasetWriter
 from ..errors import ConfigError, InputError
 from .options import SplitOptions
@@ -15,24 +17,29 @@ class SplitWriter:
     before the first ``append``). ``close`` finishes both, then publishes both; an exception
     inside ``with`` removes both (``DatasetWriter.abort``), so a failure leaves neither."""
 
-    def __init__(self, out: str, valid: str | None, dense_names, sparse_names):
+    def __init__(self, out: str, valid: str | None, dense_names, sparse_names,
+                 multi_hot_names=(), compression: str = "none"):
         self.n_train: int | None = None
         self.rows = [0, 0]
-        self.writers = [DatasetWriter(out, dense_names, sparse_names)]
+        args = (dense_names, sparse_names, multi_hot_names, compression)
+        self.writers = [DatasetWriter(out, *args)]
         if valid is not None:
             try:
-                self.writers.append(DatasetWriter(valid, dense_names, sparse_names))
+                self.writers.append(DatasetWriter(valid, *args))
             except BaseException:
                 self.writers[0].abort()
                 raise
 
-    def append(self, label, dense, sparse) -> None:
-        """label (n,), dense (n, F_d), sparse (n, F_s)."""
+    def append(self, label, dense, sparse, bags=()) -> None:
+        """label (n,), dense (n, F_d), sparse (n, F_s); bags: per multi-hot field
+        ``(values (m,), lengths (n,))``."""
         done = sum(self.rows)
         k = len(label) if self.n_train is None else min(max(self.n_train - done, 0), len(label))
+        ends = [np.concatenate(([0], np.cumsum(n))) for _, n in bags]
         for i, (a, b) in enumerate(((0, k), (k, len(label)))):
             if b > a:
-                self.writers[i].append(label[a:b], dense[a:b], sparse[a:b])
+                part = [(v[e[a]:e[b]], n[a:b]) for (v, n), e in zip(bags, ends)]
+                self.writers[i].append(label[a:b], dense[a:b], sparse[a:b], part)
                 self.rows[i] += b - a
 
     def close(self, cardinalities, **attrs) -> None:

@@ -1,0 +1,85 @@
+"""A dataset of several files (``--data a.h5,b.h5`` or a directory): their rows read as one
+table, the files' rows one after the other in the order given (a directory: its ``*.h5``
+files sorted by name). Every file must have the same fields and cardinalities."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .data import H5Dataset
+from .errors import InputError
+
+
+def dataset_paths(spec: str) -> list[str]:
+    """The files of ``--data`` text: a comma list of files and directories."""
+    paths = []
+    for part in spec.split(","):
+        if not part:
+            raise InputError(f"{spec!r}: an empty file name in the list")
+        if os.path.isdir(part):
+            found = sorted(n for n in os.listdir(part) if n.endswith(".h5")
+                           and os.path.isfile(os.path.join(part, n)))
+            if not found:
+                raise InputError(f"{part}: a directory without *.h5 files")
+            paths += [os.path.join(part, n) for n in found]
+        else:
+            paths.append(part)
+    return paths
+
+
+def open_dataset(spec: str):
+    """``H5Dataset`` of one file, ``H5Files`` of several."""
+    paths = dataset_paths(spec)
+    return H5Dataset(paths[0]) if len(paths) == 1 else H5Files(paths)
+
+
+class H5Files:
+    """Files read as their concatenation: row ``r`` is row ``r - bounds[i]`` of file ``i``
+    for ``bounds[i] <= r < bounds[i + 1]``. The same interface as ``H5Dataset`` (``schema``,
+    ``n_rows``, ``rows``, ``bags``, ``validate``, ``close``); errors name the file and its
+    own row."""
+
+    def __init__(self, paths: list[str]):
+        self.parts: list[H5Dataset] = []
+        try:
+            for p in paths:
+                self.parts.append(H5Dataset(p))
+                first, d = self.parts[0], self.parts[-1]
+                if d.schema != first.schema:
+                    raise InputError(f"{d.path}: fields or cardinalities differ from "
+                                     f"{first.path}'s ({d.schema} vs {first.schema})")
+        except BaseException:
+            self.close()
+            raise
+        self.path = ",".join(paths)
+        self.schema = self.parts[0].schema
+        self.bounds = np.cumsum([0] + [d.n_rows for d in self.parts]).tolist()
+        self.n_rows = self.bounds[-1]
+
+    def _pieces(self, start: int, stop: int):
+        """``(file, first, stop)`` of rows ``[start, stop)``, in order, file rows."""
+        for d, a, b in zip(self.parts, self.bounds[:-1], self.bounds[1:]):
+            if a < stop and start < b:
+                yield d, max(start, a) - a, min(stop, b) - a
+
+    def rows(self, start: int, stop: int):
+        """Rows ``[start, stop)``: label (n,) float32, dense (n, F_d), sparse (n, F_s)."""
+        parts = [d.rows(a, b) for d, a, b in self._pieces(start, stop)]
+        if len(parts) == 1:
+            return parts[0]
+        return tuple(np.concatenate(p) for p in zip(*parts))
+
+    def bags(self, start: int, stop: int):
+        """Rows ``[start, stop)`` of each multi-hot field: (values, lengths)."""
+        parts = [d.bags(a, b) for d, a, b in self._pieces(start, stop)]
+        return [tuple(np.concatenate(x) for x in zip(*field)) for field in zip(*parts)]
+
+    def validate(self, start: int, stop: int) -> None:
+        for d, a, b in self._pieces(start, stop):
+            d.validate(a, b)
+
+    def close(self) -> None:
+        for d in self.parts:
+            d.close()

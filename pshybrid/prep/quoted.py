@@ -1,0 +1,83 @@
+"""Quoted CSV (RFC 4180), for the blocks that hold a double quote: records end at the LFs
+outside double quotes; a record without a quote splits at the separator as any line; one
+with a quote is read by Python's ``csv`` module (``delimiter`` the separator, ``"`` quotes,
+``""`` inside quotes is one ``"``, ``strict``): it must give exactly one record of the
+expected number of fields. The values are then laid end to end in a new ``Block``, so the
+typed parsers and the encoders read them as they read unquoted fields."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+
+from .block import Block, split_lines
+
+NL, QUOTE = 10, ord('"')
+
+
+def _records(data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Start and end (the LF's offset) of each record: the LFs outside double quotes (and
+    the block's last byte, an LF)."""
+    a = np.frombuffer(data, np.uint8)
+    nl = np.flatnonzero(a == NL)
+    ends = nl[np.cumsum(a == QUOTE)[nl] % 2 == 0]
+    if not len(ends) or ends[-1] != len(data) - 1:   # the last quote never closed (at EOF)
+        ends = np.append(ends, len(data) - 1)
+    return np.concatenate(([0], ends[:-1] + 1)).astype(np.int64), ends
+
+
+def _fields(record: bytes, sep: int) -> tuple[list[bytes] | None, str]:
+    """The values of one record (None if it is bad) and why it is bad."""
+    if b"\0" in record:
+        return None, "a NUL byte (not a text file?)"
+    lines = record.decode("latin-1").split("\n")
+    lines = [x + "\n" for x in lines[:-1]] + lines[-1:]
+    try:
+        got = list(csv.reader(lines, delimiter=chr(sep), quotechar='"', doublequote=True,
+                              strict=True))
+    except csv.Error as exc:
+        return None, f"bad quoting: {exc}"
+    if len(got) != 1:
+        return None, "unbalanced double quotes, or a CR outside them"
+    return [v.encode("latin-1") for v in got[0]], ""
+
+
+def split_quoted(t, data: bytes):
+    """Records of a block with quotes: ``(block, s, L, whole, shape_why, line_of)`` as
+    ``read._split`` gives for lines; ``line_of`` (records,) the line, counted from the
+    block's first, where each record starts. The records without a quote keep the NumPy
+    path: each record with one becomes a line of empty fields there, and its values (from
+    the csv module) are appended to the block, where its fields then point."""
+    starts, ends = _records(data)
+    quotes = np.concatenate(([0], np.cumsum(np.frombuffer(data, np.uint8) == QUOTE)))
+    quoted = np.flatnonzero(quotes[ends] > quotes[starts]).tolist()
+    blank = bytes([t.sep]) * (t.n_fields - 1) + b"\n"
+    pieces, at, values, got = [], 0, [], {}
+    for i in quoted:
+        a, b = int(starts[i]), int(ends[i])
+        pieces += [data[at:a], blank]
+        at = b + 1
+        got[i] = _fields(data[a:b], t.sep)
+        if got[i][0] is not None and len(got[i][0]) != t.n_fields:
+            got[i] = None, f"wrong number of fields: {len(got[i][0])}, expected {t.n_fields}"
+        values += got[i][0] or []
+    pieces.append(data[at:])
+    lines = b"".join(pieces)
+    _, s, L, whole, line_why = split_lines(lines, t.sep, t.n_fields)
+    lengths = np.array([len(v) for v in values], np.int64)
+    row = np.cumsum(whole) - 1                  # each whole line's row of s and L
+    ok = [i for i in quoted if got[i][0] is not None]
+    s[row[ok]] = (len(lines) + np.cumsum(lengths) - lengths).reshape(-1, t.n_fields)
+    L[row[ok]] = lengths.reshape(-1, t.n_fields)
+    bad = [i for i in quoted if got[i][0] is None]
+    keep = np.ones(len(s), bool)
+    keep[row[bad]] = False
+    whole[bad] = False
+    block = Block(lines + b"".join(values))
+    nl = np.concatenate(([0], np.cumsum(np.frombuffer(data, np.uint8) == NL)))
+
+    def why(i: int) -> str:
+        return got[i][1] if i in got else line_why(i)
+
+    return block, s[keep], L[keep], whole, why, nl[starts]

@@ -1,0 +1,224 @@
+"""``prep``'s inputs and outputs beyond one file: several inputs == their concatenation,
+standard input == the file, quoted CSV == Python's ``csv`` module, multi-hot columns ==
+the documented split and hash written out here, every ``--compression`` == the same
+arrays."""
+
+import csv
+import gzip
+import io
+import subprocess
+import sys
+import zlib
+
+import h5py
+import numpy as np
+import pytest
+from test_prep import CRITEO, RATINGS
+
+from pshybrid.cli import main
+from pshybrid.errors import InputError
+from pshybrid.prep import read as prep_read
+
+
+def run(*argv) -> int:
+    return main(["prep", *map(str, argv)])
+
+
+def content(path) -> dict:
+    """Every dataset (by name) and the attributes but ``source``, of a dataset file."""
+    out = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: out.__setitem__(name, obj[()])
+                     if isinstance(obj, h5py.Dataset) else None)
+        out.update({f"@{k}": np.asarray(v).tolist() for k, v in f.attrs.items()
+                    if k != "source"})
+    return out
+
+
+def assert_same(a, b):
+    ca, cb = content(a), content(b)
+    assert sorted(ca) == sorted(cb)
+    for k in ca:
+        assert np.array_equal(ca[k], cb[k]), k
+
+
+ENCODINGS = {"hashing": ["--buckets", "97"],
+             "vocabulary+split": ["--min-count", "2", "--valid-fraction", "0.25"]}
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_several_criteo_inputs_equal_the_concatenated_file(tmp_path, encoding):
+    lines = CRITEO.encode().splitlines(keepends=True)
+    parts = [b"".join(lines[:7]), b"".join(lines[7:8]), b"".join(lines[8:])]
+    names = []
+    for i, part in enumerate(parts):
+        p = tmp_path / f"part{i}" if i != 1 else tmp_path / "part1.gz"
+        p.write_bytes(gzip.compress(part) if i == 1 else part)
+        names.append(p)
+    (tmp_path / "all").write_bytes(b"".join(parts))
+    opts = ENCODINGS[encoding]
+    assert run("criteo", *names, tmp_path / "several.h5", *opts) == 0
+    assert run("criteo", tmp_path / "all", tmp_path / "one.h5", *opts) == 0
+    assert_same(tmp_path / "several.h5", tmp_path / "one.h5")
+    if "--valid-fraction" in opts:
+        assert_same(tmp_path / "several.valid.h5", tmp_path / "one.valid.h5")
+
+
+def test_several_csv_inputs_repeat_the_header(tmp_path):
+    head, *rows = RATINGS.splitlines(keepends=True)
+    (tmp_path / "a.csv").write_text(head + "".join(rows[:3]))
+    (tmp_path / "b.csv").write_text(head + "".join(rows[3:]))
+    (tmp_path / "all.csv").write_text(RATINGS)
+    opts = ["--label", "rating", "--label-threshold", "4", "--sparse", "user,item",
+            "--min-count", "1"]
+    assert run("csv", tmp_path / "a.csv", tmp_path / "b.csv", tmp_path / "two.h5", *opts) == 0
+    assert run("csv", tmp_path / "all.csv", tmp_path / "one.h5", *opts) == 0
+    assert_same(tmp_path / "two.h5", tmp_path / "one.h5")
+    (tmp_path / "c.csv").write_text("other," + head + "".join(rows[3:]))
+    with pytest.raises(InputError, match="c.csv:1: the header differs from the first "):
+        run("csv", tmp_path / "a.csv", tmp_path / "c.csv", tmp_path / "bad.h5", *opts)
+    assert not (tmp_path / "bad.h5").exists()
+
+
+@pytest.mark.parametrize("command,gz,opts,name", [
+    ("criteo", False, ["--buckets", "50"], "-"),                 # one pass: streamed
+    ("criteo", True, ["--buckets", "50"], "-"),
+    ("criteo", True, ["--min-count", "2", "--valid-fraction", "0.2"], "-"),  # two: spooled
+    ("criteo", True, ["--min-count", "2"], "/dev/stdin"),        # the pipe by its name
+    ("csv", False, ["--label", "rating", "--label-threshold", "4", "--sparse", "item,city",
+                    "--dense", "age"], "-")])
+def test_stdin_equals_the_file(tmp_path, gz, command, opts, name):
+    text = (CRITEO if command == "criteo" else RATINGS).encode()
+    data = gzip.compress(text) if gz else text
+    (tmp_path / "in").write_bytes(data)
+    assert run(command, tmp_path / "in", tmp_path / "file.h5", *opts) == 0
+    # A pipe: no seek can give back the two bytes read to tell gzip from text.
+    got = subprocess.run([sys.executable, "-m", "pshybrid", "prep", command, name,
+                          str(tmp_path / "pipe.h5"), *opts], input=data, capture_output=True,
+                         timeout=60, check=False)
+    assert got.returncode == 0, got.stderr.decode()
+    assert_same(tmp_path / "pipe.h5", tmp_path / "file.h5")
+    if "--valid-fraction" in opts:
+        assert_same(tmp_path / "pipe.valid.h5", tmp_path / "file.valid.h5")
+
+
+def hashed(value: bytes, buckets: int) -> int:
+    return 0 if value == b"" else 1 + zlib.crc32(value) % (buckets - 1)
+
+
+@pytest.mark.parametrize("block", [1 << 20, 256], ids=["one-block", "256-byte-blocks"])
+def test_quoted_csv_equals_the_csv_module(tmp_path, monkeypatch, block):
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
+    rng = np.random.default_rng(3)
+    alphabet = list('ab,"\n xé|;')
+    rows = [[str(rng.integers(0, 2)), f"{rng.random() * 9:.3f}"]
+            + ["".join(rng.choice(alphabet, rng.integers(0, 9))) for _ in range(3)]
+            for _ in range(200)]
+    buf = io.StringIO(newline="")
+    w = csv.writer(buf, quoting=csv.QUOTE_MINIMAL)   # CRLF line ends
+    w.writerow(["y", "x", "a", "b", "c"])
+    for i, r in enumerate(rows):
+        (csv.writer(buf, quoting=csv.QUOTE_ALL) if i % 7 == 0 else w).writerow(r)
+    (tmp_path / "in.csv").write_bytes(buf.getvalue().encode())
+    assert run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y", "--dense",
+               "x", "--sparse", "a,b,c", "--buckets", "1009", "--dense-transform", "none") == 0
+    with open(tmp_path / "in.csv", newline="", encoding="utf-8") as f:
+        want = list(csv.reader(f))[1:]                 # the oracle
+    assert want == rows
+    got = content(tmp_path / "out.h5")
+    assert got["label"].tolist() == [float(r[0]) for r in want]
+    assert got["dense"][:, 0].tolist() == [float(np.float32(r[1])) for r in want]
+    assert got["sparse"].tolist() == [[hashed(v.encode(), 1009) for v in r[2:]] for r in want]
+
+
+def test_bad_quoting_names_the_line(tmp_path):
+    (tmp_path / "in.csv").write_text('y,a\n1,"x"\n0,"ab"c\n')
+    with pytest.raises(InputError, match="in.csv:3: bad quoting"):
+        run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y", "--sparse", "a")
+    assert run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y",
+               "--sparse", "a", "--quoting", "none", "--buckets", "5") == 0
+
+
+def bag_oracle(value: bytes, sep: bytes, encode) -> list[int]:
+    """The documented multi-hot rule: split at SEP, drop empty items, none left: [0]."""
+    items = [v for v in value.split(sep) if v]
+    return [encode(v) for v in items] or [0]
+
+
+@pytest.mark.parametrize("block", [1 << 20, 128], ids=["one-block", "128-byte-blocks"])
+def test_multi_hot_columns_are_values_and_offsets(tmp_path, monkeypatch, block):
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
+    rng = np.random.default_rng(5)
+    genres = ["Action", "Crime", "Drama", "", "Sci-Fi"]
+    rows = [(int(rng.integers(0, 2)), "|".join(rng.choice(genres, rng.integers(0, 4))),
+             ";".join(rng.choice(["t1", "t2", "t3", ""], rng.integers(0, 3))),
+             f"u{rng.integers(0, 9)}") for _ in range(150)]
+    text = "y,genres,tags,user\n" + "".join(f"{y},{g},{t},{u}\n" for y, g, t, u in rows)
+    (tmp_path / "in.csv").write_text(text)
+    assert run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y", "--sparse",
+               "user", "--multi-hot", "genres", "--multi-hot", "tags:;",
+               "--buckets", "31,17,13", "--valid-fraction", "0.2") == 0
+    n_train = 150 - round(0.2 * 150)
+    for path, part in (("out.h5", rows[:n_train]), ("out.valid.h5", rows[n_train:])):
+        got = content(tmp_path / path)
+        assert got["@field_names"] == ["user", "genres", "tags"]
+        assert got["@multi_hot"] == ["genres", "tags"]
+        assert got["@cardinalities"] == [31, 17, 13]
+        assert got["sparse"][:, 0].tolist() == [hashed(u.encode(), 31) for *_, u in part]
+        for col, sep, b in ((1, b"|", 17), (2, b";", 13)):
+            name = ["genres", "tags"][col - 1]
+            bags = [bag_oracle(r[col].encode(), sep, lambda v, b=b: hashed(v, b)) for r in part]
+            assert got[f"multi_hot/{name}/values"].tolist() == [i for x in bags for i in x]
+            assert got[f"multi_hot/{name}/offsets"].tolist() == \
+                np.concatenate(([0], np.cumsum([len(x) for x in bags]))).tolist()
+
+
+def test_multi_hot_vocabulary_counts_items(tmp_path):
+    (tmp_path / "in.csv").write_text("y,g\n1,a|b\n0,b\n1,b|c|a\n0,\n1,c|d\n")
+    assert run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y",
+               "--multi-hot", "g", "--min-count", "2") == 0
+    got = content(tmp_path / "out.h5")
+    # counts: b 3, a 2, c 2, d 1 -> b 2, a 3, c 4 (ties by bytes), d rare 1; missing 0
+    assert got["multi_hot/g/values"].tolist() == [3, 2, 2, 2, 4, 3, 0, 4, 1]
+    assert got["multi_hot/g/offsets"].tolist() == [0, 2, 3, 6, 7, 9]
+    assert got["@cardinalities"] == [5]
+
+
+@pytest.mark.parametrize("compression", ["lzf", "gzip", "none"])
+def test_every_compression_holds_the_same_arrays(tmp_path, compression):
+    src = tmp_path / "in"
+    src.write_text(CRITEO)
+    assert run("criteo", src, tmp_path / "ref.h5", "--buckets", "101",
+               "--compression", "none") == 0
+    assert run("criteo", src, tmp_path / "out.h5", "--buckets", "101",
+               "--compression", compression) == 0
+    assert_same(tmp_path / "out.h5", tmp_path / "ref.h5")
+    with h5py.File(tmp_path / "out.h5", "r") as f:
+        assert f["sparse"].compression == (None if compression == "none" else compression)
+
+
+def test_parquet_equals_the_same_table_as_csv(tmp_path, monkeypatch):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from pshybrid.prep import inputs
+
+    monkeypatch.setattr(inputs, "PARQUET_BATCH", 7)        # several batches, one header
+    rng = np.random.default_rng(2)
+    n = 40
+    cols = {"y": rng.integers(0, 2, n).tolist(),
+            "x": [None if i % 5 == 0 else float(v) for i, v in enumerate(rng.random(n))],
+            "title": [None if i % 6 == 0 else f'M{v}, "The"' if i % 3 == 0 else f"M{v}"
+                      for i, v in enumerate(rng.integers(0, 9, n))],
+            "genres": ["|".join(rng.choice(["A", "B", "C"], rng.integers(0, 3)))
+                       for _ in range(n)],
+            "user": rng.integers(0, 50, n).tolist()}
+    pq.write_table(pa.table(cols), tmp_path / "t.parquet", row_group_size=16)
+    with open(tmp_path / "t.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols)
+        w.writerows([["" if v is None else v for v in row] for row in zip(*cols.values())])
+    opts = ["--label", "y", "--dense", "x", "--sparse", "title,user", "--multi-hot", "genres",
+            "--buckets", "101"]
+    assert run("csv", tmp_path / "t.parquet", tmp_path / "p.h5", *opts) == 0
+    assert run("csv", tmp_path / "t.csv", tmp_path / "c.h5", *opts) == 0
+    assert_same(tmp_path / "p.h5", tmp_path / "c.h5")
