@@ -119,7 +119,7 @@ def _subplan(plan: Plan, mask) -> Plan:
 
 
 class _Pending:
-    __slots__ = ("batch", "step", "version", "hit", "hit_rows", "hit_age", "plan", "handle")
+    __slots__ = ("batch", "handle", "hit", "hit_age", "hit_rows", "plan", "step", "version")
 
 
 class Pipeline:
