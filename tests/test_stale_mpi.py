@@ -102,9 +102,9 @@ def test_every_read_meets_the_ssp_bound_with_a_slow_worker(comm, monkeypatch, bo
     if got.role == "worker":
         if len(reads) != cfg.steps:
             ok, msg = False, f"{len(reads)} training reads recorded, not {cfg.steps}"
-        tr = got.summary.get("traffic_per_step", {}) if comm.rank == 0 else {}
-        if comm.rank == 0 and (tr["staleness_max"] > bound
-                               or (cache_rows and not tr["cache_hit_rows"])):
+        tr = got.summary.get("reads", {}) if comm.rank == 0 else {}
+        if comm.rank == 0 and (tr["max_staleness"] != bound if cache_rows else
+                               tr["max_staleness"] != 1 or tr["cache_hit_rate"]):
             ok, msg = False, f"reported reads: {tr}"
     total_stale = comm.allreduce(stale)
     if cache_rows and not total_stale:  # else the bound was never put to the test
@@ -143,8 +143,7 @@ def test_asp_applies_every_pushed_gradient_once(comm, monkeypatch, shared):
             ok, msg = False, f"{n} pushes recorded"
         elif rel_err(got.table, expect) > 1e-12:
             ok, msg = False, f"table vs init + pushed: {rel_err(got.table, expect)}"
-        elif rel_err(got.table, bsp.table) < 1e-9 or not \
-                got.summary["traffic_per_step"]["cache_hit_rows"]:
+        elif rel_err(got.table, bsp.table) < 1e-9 or not got.summary["reads"]["cache_hit_rate"]:
             ok, msg = False, "asp ran as bsp: no stale read, no cache hit"
     assert_all(comm, ok, msg)
 

@@ -198,7 +198,8 @@ def test_ssp0_with_and_without_cache_equals_single_process(comm, mode, sparse_op
                           batch_size=W * cfg.batch_size), MPI.COMM_SELF)
         for rows, r in got.items():
             errs = {"dense": rel_err(r.dense, ref.dense), "table": rel_err(r.table, ref.table)}
-            served = r.summary["traffic_per_step"].get("cache_hit_rows")
-            if max(errs.values()) > 1e-9 or served != 0:
+            reads = r.summary["reads"]
+            served, pulled = reads["cache_rows_per_step"], reads["pulled_rows_per_step"]
+            if max(errs.values()) > 1e-9 or served != 0 or not pulled:
                 ok, msg = False, f"ssp:0 --cache-rows {rows}: {errs}, cache rows/step {served}"
     assert_all(comm, ok, msg)

@@ -236,6 +236,8 @@ class Pipeline:
                 "pulled_bytes": int(sums[1]) * self.row_bytes, "max_staleness": int(worst)}
 
     def traffic(self) -> dict:
-        """This worker's run totals (the summary's hit rate and staleness)."""
-        return {"cache_hit_rows": float(self.total[0]), "pulled_rows": float(self.total[1]),
-                "staleness_sum": float(self.total[2]), "staleness_max": float(self.total_max)}
+        """This worker's run totals (``report`` turns them into the summary's ``reads``)."""
+        return {"reads": {"cache_rows": int(self.total[0]), "pulled_rows": int(self.total[1]),
+                          "pulled_bytes": int(self.total[1]) * self.row_bytes,
+                          "staleness_sum": int(self.total[2]),
+                          "max_staleness": int(self.total_max)}}
