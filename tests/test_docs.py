@@ -328,6 +328,21 @@ def scaled(out, cwd):
     assert "ASSUMPTION: GPU-class workers" in out and "measured / 50" in out, out[-2000:]
 
 
+def stale_reads(out, cwd):
+    """docs/consistency.md: ssp:4 with a cache logs its reads as docs/training.md says."""
+    recs = jsonl(cwd / "ssp.jsonl")
+    logs, summary = recs[:-1], recs[-1]
+    assert [r["step"] for r in logs] == [1, 2, 3]
+    assert all(set(r["reads"]) == {"cache_rows", "pulled_rows", "pulled_bytes", "max_staleness"}
+               and r["reads"]["max_staleness"] <= 4 for r in logs), logs
+    reads = summary["reads"]
+    assert set(reads) == {"cache_hit_rate", "mean_staleness", "max_staleness",
+                          "cache_rows_per_step", "pulled_rows_per_step", "pulled_bytes_per_step"}
+    served = sum(r["reads"]["cache_rows"] for r in logs)
+    assert served == round(reads["cache_rows_per_step"] * 3) and reads["max_staleness"] <= 4
+    assert sum(r["reads"]["pulled_rows"] for r in logs) == round(reads["pulled_rows_per_step"] * 3)
+
+
 SMALL_BUT_BATCH = ("--steps", "3", "--mlp", "8", "--embedding-dim", "4", "--log-every", "1")
 COMMANDS = {
     # README.md, Quick start
@@ -347,6 +362,9 @@ COMMANDS = {
     "mpiexec -n 4 python -m pshybrid train --config run.toml --lr 0.1": Run(
         "train", expect=lambda out, cwd: "done: hybrid dcn  3 steps" in summary_of(out)),
     "python -m pshybrid train --help": Run("train", expect=train_help),
+    # docs/consistency.md
+    "mpiexec -n 3 python -m pshybrid train --servers 1 --consistency ssp:4 --cache-rows 20000 "
+    "--metrics ssp.jsonl": Run("train", SMALL, expect=stale_reads),
     # docs/data.md
     "python -m pshybrid prep criteo train.txt.gz criteo.h5 --valid-fraction 0.1": Run(
         "prep", expect=criteo_hashed),
