@@ -101,10 +101,13 @@ class RowCache:
         slots = self.slots(ids)
         freq = self.counts[self._hash(ids, self.counts.size, 17)]
         resident = self.ids[slots] == ids
-        key = 2 * freq + resident  # a resident being refreshed wins ties
-        order = np.lexsort((-key, slots))
-        first = order[np.unique(slots[order], return_index=True)[1]]  # best per slot
-        s, cur = slots[first], self.ids[slots[first]]
+        # the best candidate per slot: most frequent, a resident being refreshed on ties,
+        # then the first offered (a unique key per candidate)
+        key = ((2 * freq + resident) * ids.size + (ids.size - 1 - np.arange(ids.size)))
+        best = np.full(self.n, -1, np.int64)
+        np.maximum.at(best, slots, key)
+        first = np.flatnonzero(best[slots] == key)
+        cur = self.ids[slots[first]]
         cur_freq = self.counts[self._hash(np.maximum(cur, 0), self.counts.size, 17)]
         take = first[(cur < 0) | resident[first] | (freq[first] > cur_freq)]
         s = slots[take]
