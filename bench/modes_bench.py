@@ -33,8 +33,9 @@ Allreduce of the P dense floats alone (median of 20), the on-node cost of the de
 Consistency (``--consistency bsp,ssp:1,ssp:4,asp --cache-rows 0,N``): hybrid and ps also
 run once per other consistency and cache size given (named ``hybrid ssp:4 c=N``), in the
 same interleaved rounds; a table then gives each one's samples/s beside its mode's bsp run,
-the rows and bytes pulled per step per worker, the cache hit rate, the mean and largest
-staleness, and with ``--eval-data`` the AUC after the same samples beside bsp's.
+the rows and bytes pulled per step per worker, the cache hit rate beside the ideal one (an
+unbounded cache under the same bound, from worker 0's data: ``ideal_hit_rate``), the mean
+and largest staleness, and with ``--eval-data`` the AUC after the same samples beside bsp's.
 """
 
 from __future__ import annotations
@@ -126,6 +127,26 @@ def _variants(modes, consistency: str, cache_rows: str) -> dict:
     return out
 
 
+def ideal_hit_rate(batches, bound: int | None) -> float:
+    """The hit rate of an unbounded cache under the same rule (``batches``: worker 0's
+    distinct rows per step): a row read at step t is a hit when it was pulled for an earlier
+    step with version v >= t - bound (a pull for step t has version t - 1, one step ahead;
+    asp: bound 32). What any cache of any size could serve: the reference for a run's."""
+    from pshybrid.modes.stale import ASP_AGE
+
+    K = ASP_AGE if bound is None else bound
+    version, hits, reads = {}, 0, 0
+    for t, rows in enumerate(batches):
+        for r in rows.tolist():
+            v = version.get(r)
+            if K and v is not None and t - v <= K:
+                hits += 1
+            else:
+                version[r] = t - (1 if K else 0)
+        reads += len(rows)
+    return hits / max(reads, 1)
+
+
 def _print_reads(results: dict, W: int) -> None:
     """The consistency runs beside their mode's bsp run (same rounds, same samples)."""
     rows = [(k, r) for k, r in results.items() if r["reads"] or (k in ("hybrid", "ps") and any(
@@ -135,7 +156,7 @@ def _print_reads(results: dict, W: int) -> None:
     print("consistency: vs the same mode's bsp run; pulled per step per worker; AUC after "
           "the same samples")
     print(f"{'run':<22}{'samples/s':>11}{'x bsp':>7}{'rows':>9}{'bytes':>11}{'x bsp':>7}"
-          f"{'hit':>7}{'stale mean/max':>16}{'AUC':>8}{'dAUC':>8}")
+          f"{'hit':>7}{'ideal':>7}{'stale mean/max':>16}{'AUC':>8}{'dAUC':>8}")
     for k, r in rows:
         ref = results[r["mode"]]
         reads = r["reads"] or {}
@@ -148,7 +169,8 @@ def _print_reads(results: dict, W: int) -> None:
         print(f"{k:<22}{r['samples_per_s']:>11,.0f}"
               f"{r['samples_per_s'] / ref['samples_per_s']:>7.2f}"
               f"{reads.get('pulled_rows_per_step', 0) / W if reads else np.mean(r['unique_ids_per_worker_step']):>9,.0f}{got:>11,.0f}"
-              f"{got / max(base, 1):>7.2f}{reads.get('cache_hit_rate', 0):>7.1%}{stale:>16}"
+              f"{got / max(base, 1):>7.2f}{reads.get('cache_hit_rate', 0):>7.1%}"
+              f"{r.get('ideal_hit_rate', 0):>7.1%}{stale:>16}"
               f"{auc:>16}")
 
 
@@ -287,6 +309,13 @@ def main(argv=None) -> int:
         results[mode] = dict(rs[len(rs) // 2],
                              step_seconds_median_runs=[r["step_seconds_median"] for r in rs])
     P = next((r["_P"] for r in results.values() if r["_P"]), 0)
+    worker0 = [np.unique(read_ranges(data, plan.ranges(t, 0, a.batch_size))[2] + offsets)
+               for t in range(a.steps)]
+    for k, (_, consistency, cache_rows) in _variants(modes, a.consistency, a.cache_rows).items():
+        if cache_rows and k in results:
+            from pshybrid.modes.stale import staleness_bound
+
+            results[k]["ideal_hit_rate"] = ideal_hit_rate(worker0, staleness_bound(consistency))
     for m, r in results.items():
         r.pop("_P")
         r["dense_params"] = P

@@ -135,6 +135,8 @@ class Pipeline:
         self.depth = 0 if bound == 0 else 1  # steps a pull is issued ahead
         spec = sparse.layout.table
         self.cache = RowCache(cache_rows, spec.dim, spec.dtype) if cache_rows else None
+        if self.cache is not None:
+            sparse.pull_types = False  # the pulls use sub-plans of the rows not cached
         self.row_bytes = spec.dim * np.dtype(spec.dtype).itemsize
         self.step = 0            # the 0-based step being run (``begin``)
         self.current = None      # this step's Batch (``ahead``): the one ``lookup`` serves
