@@ -511,7 +511,7 @@ def _entries(calib: dict, hit_rate: float | None) -> list:
     hybrid-ssp (hybrid with that hit rate and the pull ahead)."""
     out = [(m, c, {}) for m, c in calib.items()]
     if hit_rate is not None and "hybrid" in calib:
-        out.append(("hybrid-ssp", calib["hybrid"], dict(hit_rate=hit_rate, pull_ahead=True)))
+        out.append(("hybrid-ssp", calib["hybrid"], {"hit_rate": hit_rate, "pull_ahead": True}))
     return out
 
 

@@ -16,15 +16,15 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from mpi4py import MPI
+from mpi_util import assert_all
+from test_train_mpi import BASE, DATA, rel_err, run
 
 import pshybrid.train as train_module
-from mpi_util import assert_all
 from pshybrid.batches import BatchPlan, worker_batches
 from pshybrid.layers import ParamSpace
 from pshybrid.models import build_model
 from pshybrid.modes.step import Mode
 from pshybrid.store import EmbeddingStore
-from test_train_mpi import BASE, DATA, rel_err, run
 
 CFG = replace(BASE, mode="hybrid", sparse_optimizer="sgd", lr=1.0, steps=10, servers=1)
 
