@@ -57,8 +57,9 @@ class Mode:
     same-node path: None = on when the job is on one node), ``cuda_aware``, ``hot_rows``
     (sorted fused-table rows replicated on every worker, ``modes.hot``; call ``ready()``
     once the tables hold their start values), ``consistency`` (``bsp``, ``ssp:K``, ``asp``)
-    and ``cache_rows`` (the worker's hot-row cache): anything but ``bsp`` without a cache
-    reads the embeddings through ``stale.Pipeline`` (``self.stale``; None otherwise).
+    and ``cache_rows`` (the worker's hot-row cache): with a consistency other than ``bsp``,
+    or a cache, workers read the embeddings through ``stale.Pipeline`` (``self.stale``;
+    None otherwise: the bsp path, unchanged).
     """
 
     def __init__(self, spec: ModeSpec, topo: Topology, layout, ps, sparse_opt: Optimizer,
