@@ -147,31 +147,36 @@ def ideal_hit_rate(batches, bound: int | None) -> float:
     return hits / max(reads, 1)
 
 
-def _print_reads(results: dict, W: int) -> None:
-    """The consistency runs beside their mode's bsp run (same rounds, same samples)."""
+def _print_reads(results: dict, W: int, row_bytes: int) -> None:
+    """The consistency runs beside their mode's bsp run (same rounds, same samples): the
+    embedding rows a worker pulled for training (the library's read counters; bsp: the
+    distinct ids of its batches, what its pulls read), so the evaluation's pulls are not
+    in them."""
     rows = [(k, r) for k, r in results.items() if r["reads"] or (k in ("hybrid", "ps") and any(
         o["mode"] == k and o["reads"] for o in results.values()))]
     if not rows:
         return
-    print("consistency: vs the same mode's bsp run; pulled per step per worker; AUC after "
-          "the same samples")
+    print("consistency: vs the same mode's bsp run; embedding rows pulled for training per "
+          "step per worker; AUC after the same samples")
     print(f"{'run':<22}{'samples/s':>11}{'x bsp':>7}{'rows':>9}{'bytes':>11}{'x bsp':>7}"
           f"{'hit':>7}{'ideal':>7}{'stale mean/max':>16}{'AUC':>8}{'dAUC':>8}")
+
+    def pulled(r):
+        return (r["reads"]["pulled_rows_per_step"] / W if r["reads"] else
+                float(np.mean(r["unique_ids_per_worker_step"])))
+
     for k, r in rows:
         ref = results[r["mode"]]
         reads = r["reads"] or {}
-        got = r["bytes_per_step"].get("rma_get_bytes", 0) + r["bytes_per_step"].get(
-            "shm_read_bytes", 0)
-        base = ref["bytes_per_step"].get("rma_get_bytes", 0) + ref["bytes_per_step"].get(
-            "shm_read_bytes", 0)
+        got, base = pulled(r), pulled(ref)
+        r["pulled_rows_per_worker_step"] = got
         auc = f"{r['auc']:.4f}{r['auc'] - ref['auc']:>+8.4f}" if r["auc"] is not None else ""
         stale = f"{reads.get('mean_staleness', 0):.2f}/{reads.get('max_staleness', 0)}"
         print(f"{k:<22}{r['samples_per_s']:>11,.0f}"
               f"{r['samples_per_s'] / ref['samples_per_s']:>7.2f}"
-              f"{reads.get('pulled_rows_per_step', 0) / W if reads else np.mean(r['unique_ids_per_worker_step']):>9,.0f}{got:>11,.0f}"
-              f"{got / max(base, 1):>7.2f}{reads.get('cache_hit_rate', 0):>7.1%}"
-              f"{r.get('ideal_hit_rate', 0):>7.1%}{stale:>16}"
-              f"{auc:>16}")
+              f"{got:>9,.0f}{got * row_bytes:>11,.0f}{got / max(base, 1e-9):>7.2f}"
+              f"{reads.get('cache_hit_rate', 0):>7.1%}"
+              f"{r.get('ideal_hit_rate', 0):>7.1%}{stale:>16}{auc:>16}")
 
 
 def main(argv=None) -> int:
@@ -340,7 +345,7 @@ def main(argv=None) -> int:
                 continue  # pulls went through shared memory (shm_read_bytes)
             got = r["bytes_per_step"].get(k, 0.0)
             print(f"  {m:<10}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
-    _print_reads(results, W)
+    _print_reads(results, W, 17 * 4)
     if dense_allreduce is not None:
         print(f"dense Allreduce alone ({P * 4:,} bytes, {W} workers, median of 20): "
               f"{dense_allreduce * 1e3:.3f} ms")
