@@ -73,11 +73,13 @@ def _instrument(monkeypatch, reads):
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize("bound,cache_rows,shared", [(1, 0, "off"), (2, 60, "off"),
-                                                     (3, 60, "on")])
+@pytest.mark.parametrize("bound,cache_rows,shared,prefetch", [
+    (1, 0, "off", None), (2, 60, "off", 2), (3, 60, "on", None)])
 def test_every_read_meets_the_ssp_bound_with_a_slow_worker(comm, monkeypatch, bound,
-                                                           cache_rows, shared):
-    cfg = replace(CFG, consistency=f"ssp:{bound}", cache_rows=cache_rows, shared_memory=shared)
+                                                           cache_rows, shared, prefetch):
+    """(--prefetch 2: the batches and their plans made on the data thread.)"""
+    cfg = replace(CFG, consistency=f"ssp:{bound}", cache_rows=cache_rows, shared_memory=shared,
+                  prefetch=prefetch)
     W = comm.size - 1
     init = run(replace(cfg, mode="allreduce", servers=0, steps=0, consistency="bsp",
                        cache_rows=0), MPI.COMM_SELF).table
