@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# mpiexec -n 3 python bench/modes_bench.py [--workload paper|light --data FILE --shared-memory --steps 80 --warmup 20 --repeat 3 --bucket-mb 1 --json bench_modes.json --png bench_modes.png]
+# mpiexec -n 3 python bench/modes_bench.py [--workload paper|light --data FILE --eval-data FILE --shared-memory --steps 80 --warmup 20 --repeat 3 --bucket-mb 1 --consistency bsp,ssp:1 --cache-rows 0,N --json bench_modes.json --png bench_modes.png]
 """Mode benchmark (issue: the paper's claim): the same model, data, seed and workers trained
 in hybrid, ps and allreduce -- and a compute-only run (same workers, no communication at
 all) as the floor -- one after another in one invocation.
@@ -29,6 +29,13 @@ step minus its timed phases: what no phase timer covers), ``step_seconds_timed_m
 and the series themselves (``timed_series``: per step, the workers' mean and each worker's
 phases, the untimed rest, the server's apply). ``dense_allreduce_seconds``: the workers'
 Allreduce of the P dense floats alone (median of 20), the on-node cost of the dense bytes.
+
+Consistency (``--consistency bsp,ssp:1,ssp:4,asp --cache-rows 0,N``): hybrid and ps also
+run once per other consistency and cache size given (named ``hybrid ssp:4 c=N``), in the
+same interleaved rounds; a table then gives each one's samples/s beside its mode's bsp run,
+the rows and bytes pulled per step per worker, the cache hit rate beside the ideal one (an
+unbounded cache under the same bound, from worker 0's data: ``ideal_hit_rate``), the mean
+and largest staleness, and with ``--eval-data`` the AUC after the same samples beside bsp's.
 """
 
 from __future__ import annotations
@@ -109,6 +116,69 @@ def analytic_bytes(mode, U, E, P, W, itemsize, server_optimizer=True):
     return {}
 
 
+def _variants(modes, consistency: str, cache_rows: str) -> dict:
+    """name -> (mode, --consistency, --cache-rows): every mode at bsp, and hybrid and ps with
+    each other consistency and cache size."""
+    out = {m: (m, "bsp", 0) for m in modes}
+    for m in (m for m in modes if m in ("hybrid", "ps")):
+        for c in (c for c in consistency.split(",") if c != "bsp"):
+            for n in (int(x) for x in cache_rows.split(",")):
+                out[f"{m} {c} c={n}"] = (m, c, n)
+    return out
+
+
+def ideal_hit_rate(batches, bound: int | None) -> float:
+    """The hit rate of an unbounded cache under the same rule (``batches``: worker 0's
+    distinct rows per step): a row read at step t is a hit when it was pulled for an earlier
+    step with version v >= t - bound (a pull for step t has version t - 1, one step ahead;
+    asp: bound 32). What any cache of any size could serve: the reference for a run's."""
+    from pshybrid.modes.stale import ASP_AGE
+
+    K = ASP_AGE if bound is None else bound
+    version, hits, reads = {}, 0, 0
+    for t, rows in enumerate(batches):
+        for r in rows.tolist():
+            v = version.get(r)
+            if K and v is not None and t - v <= K:
+                hits += 1
+            else:
+                version[r] = t - (1 if K else 0)
+        reads += len(rows)
+    return hits / max(reads, 1)
+
+
+def _print_reads(results: dict, W: int, row_bytes: int) -> None:
+    """The consistency runs beside their mode's bsp run (same rounds, same samples): the
+    embedding rows a worker pulled for training (the library's read counters; bsp: the
+    distinct ids of its batches, what its pulls read), so the evaluation's pulls are not
+    in them."""
+    rows = [(k, r) for k, r in results.items() if r["reads"] or (k in ("hybrid", "ps") and any(
+        o["mode"] == k and o["reads"] for o in results.values()))]
+    if not rows:
+        return
+    print("consistency: vs the same mode's bsp run; embedding rows pulled for training per "
+          "step per worker; AUC after the same samples")
+    print(f"{'run':<22}{'samples/s':>11}{'x bsp':>7}{'rows':>9}{'bytes':>11}{'x bsp':>7}"
+          f"{'hit':>7}{'ideal':>7}{'stale mean/max':>16}{'AUC':>8}{'dAUC':>8}")
+
+    def pulled(r):
+        return (r["reads"]["pulled_rows_per_step"] / W if r["reads"] else
+                float(np.mean(r["unique_ids_per_worker_step"])))
+
+    for k, r in rows:
+        ref = results[r["mode"]]
+        reads = r["reads"] or {}
+        got, base = pulled(r), pulled(ref)
+        r["pulled_rows_per_worker_step"] = got
+        auc = f"{r['auc']:.4f}{r['auc'] - ref['auc']:>+8.4f}" if r["auc"] is not None else ""
+        stale = f"{reads.get('mean_staleness', 0):.2f}/{reads.get('max_staleness', 0)}"
+        print(f"{k:<22}{r['samples_per_s']:>11,.0f}"
+              f"{r['samples_per_s'] / ref['samples_per_s']:>7.2f}"
+              f"{got:>9,.0f}{got * row_bytes:>11,.0f}{got / max(base, 1e-9):>7.2f}"
+              f"{reads.get('cache_hit_rate', 0):>7.1%}"
+              f"{r.get('ideal_hit_rate', 0):>7.1%}{stale:>16}{auc:>16}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=80)
@@ -136,6 +206,12 @@ def main(argv=None) -> int:
                          "the other modes on every rank too")
     ap.add_argument("--replicate-rows", type=int, default=0,
                     help="hybrid: the N hottest rows on every worker (exact; docs/placement.md)")
+    ap.add_argument("--consistency", default="bsp",
+                    help="comma-separated: hybrid and ps also run with each (ssp:K, asp)")
+    ap.add_argument("--cache-rows", default="0",
+                    help="comma-separated --cache-rows sizes for the non-bsp runs")
+    ap.add_argument("--eval-data", default=None,
+                    help="evaluate every run at its end on this file (AUC after the same samples)")
     ap.add_argument("--json", default="bench_modes.json")
     ap.add_argument("--png", default="bench_modes.png")
     a = ap.parse_args(argv)
@@ -177,7 +253,9 @@ def main(argv=None) -> int:
                         for t in range(a.warmup, a.steps)]))
          for w in range(W)] if world.rank == 0 else None
     runs: dict[str, list] = {}
-    for mode in [m for _ in range(a.repeat) for m in modes]:
+    variants = _variants(modes, a.consistency, a.cache_rows)
+    for key in [k for _ in range(a.repeat) for k in variants]:
+        mode, consistency, cache_rows = variants[key]
         on_workers = not MODES[mode].needs_servers
         comm = workers_only if on_workers else world
         if comm == MPI.COMM_NULL:  # the idle server rank of a workers-only mode
@@ -186,7 +264,8 @@ def main(argv=None) -> int:
         cfg = replace(base, mode=mode, servers=0 if on_workers else (None if colocated else 1),
                       replicate_rows=a.replicate_rows if mode == "hybrid" else 0,
                       placement="colocated" if colocated and not on_workers else "dedicated",
-                      shared_memory="auto" if on_workers else base.shared_memory)
+                      shared_memory="auto" if on_workers else base.shared_memory,
+                      consistency=consistency, cache_rows=cache_rows, eval_data=a.eval_data)
         t0 = MPI.Wtime()
         res = train(cfg, comm, dataset=data, out=io.StringIO(),
                     on_step=lambda done: StepTimers.last.mark())
@@ -200,7 +279,8 @@ def main(argv=None) -> int:
             s = res.summary
             step = statistics.median(res.step_seconds[a.warmup:])
             P = int(s["traffic_per_step"].get("allreduce_bytes", 0) / 4) or None
-            runs.setdefault(mode, []).append({
+            runs.setdefault(key, []).append({
+                "mode": mode, "reads": s.get("reads"), "auc": s.get("auc"),
                 "samples_per_s": W * a.batch_size / step, "step_seconds_median": step,
                 "wall_seconds": wall, "phase_seconds_per_step":
                     {k: v / a.steps for k, v in s["phase_seconds"].items()},
@@ -234,10 +314,17 @@ def main(argv=None) -> int:
         results[mode] = dict(rs[len(rs) // 2],
                              step_seconds_median_runs=[r["step_seconds_median"] for r in rs])
     P = next((r["_P"] for r in results.values() if r["_P"]), 0)
+    worker0 = [np.unique(read_ranges(data, plan.ranges(t, 0, a.batch_size))[2] + offsets)
+               for t in range(a.steps)]
+    for k, (_, consistency, cache_rows) in _variants(modes, a.consistency, a.cache_rows).items():
+        if cache_rows and k in results:
+            from pshybrid.modes.stale import staleness_bound
+
+            results[k]["ideal_hit_rate"] = ideal_hit_rate(worker0, staleness_bound(consistency))
     for m, r in results.items():
         r.pop("_P")
         r["dense_params"] = P
-        r["bytes_analytic"] = analytic_bytes(m, r["unique_ids_per_worker_step"], 17, P, W, 4,
+        r["bytes_analytic"] = analytic_bytes(r["mode"], r["unique_ids_per_worker_step"], 17, P, W, 4,
                                              a.sparse_optimizer != "sgd")
     print(f"modes benchmark: WDL, 26 tables ({sum(cards) / 1e6:.1f}M rows, dim 16), MLP "
           f"{a.mlp} ({P / 1e6:.2f}M dense params), batch {a.batch_size}/worker, {W} workers"
@@ -258,6 +345,7 @@ def main(argv=None) -> int:
                 continue  # pulls went through shared memory (shm_read_bytes)
             got = r["bytes_per_step"].get(k, 0.0)
             print(f"  {m:<10}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
+    _print_reads(results, W, 17 * 4)
     if dense_allreduce is not None:
         print(f"dense Allreduce alone ({P * 4:,} bytes, {W} workers, median of 20): "
               f"{dense_allreduce * 1e3:.3f} ms")

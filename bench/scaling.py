@@ -328,10 +328,15 @@ def with_dense_params(c: Calib, P: int) -> Calib:
 
 def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
             ps_server_dense: str = "shard", ps_local_dense: str = "share",
-            intra_node: float | None = None) -> dict:
+            intra_node: float | None = None, hit_rate: float = 0.0,
+            pull_ahead: bool = False) -> dict:
     """Seconds per step by component, step, samples_per_s at ``nodes`` nodes x k workers.
     ``intra_node`` (bytes/s): the on-node dense bytes at that speed instead of the
-    measured on-node costs (``dense_local``)."""
+    measured on-node costs (``dense_local``). ``--consistency ssp:K`` (hybrid, ps):
+    ``hit_rate``, the share of a step's distinct rows served by the worker's cache (not
+    pulled: fewer Get bytes on the wire); ``pull_ahead``, the rows' Get (its wire bytes and
+    latency) travels while the previous step computes, hidden up to the compute time. The
+    measured on-node pull phase stays as measured."""
     W, S = nodes * k, nodes
     rows = c.U * c.E * 4
     loc = dict(c.local)  # the measured phases at this configuration
@@ -355,9 +360,11 @@ def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
                imbalance=c.imbalance, wait=c.wait, exchange=0.0, ps_dense=0.0, allgather=0.0,
                allreduce=0.0)
     if c.mode in ("hybrid", "ps"):
-        put = rows + c.U * 8 * c.ids
-        out["exchange"] = server_exchange(rows, put, nodes, k, link,
+        put, get = rows + c.U * 8 * c.ids, rows * (1 - hit_rate)
+        out["exchange"] = server_exchange(get, put, nodes, k, link,
                                           server_messages(c.mode, c.ids))
+        if pull_ahead:  # the Get's wire time, behind the compute
+            out["exchange"] -= min(server_exchange(get, 0.0, nodes, k, link, 1), comp)
         if c.mode == "ps":
             out["ps_dense"] = 2 * server_nic_bytes(padded(c.P) * 4, nodes, k) / link.bandwidth
     if c.mode == "allreduce" and nodes > 1:
@@ -499,6 +506,15 @@ def table_rows(max_cardinality: int) -> int:
     return sum(min(c, max_cardinality) for c in ast.literal_eval(node.value))
 
 
+def _entries(calib: dict, hit_rate: float | None) -> list:
+    """(name, Calib, ssp options) per projected row: every mode, and with ``--hit-rate``
+    hybrid-ssp (hybrid with that hit rate and the pull ahead)."""
+    out = [(m, c, {}) for m, c in calib.items()]
+    if hit_rate is not None and "hybrid" in calib:
+        out.append(("hybrid-ssp", calib["hybrid"], {"hit_rate": hit_rate, "pull_ahead": True}))
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="modes_bench JSON files; the first calibrates, "
@@ -520,6 +536,10 @@ def main(argv=None) -> int:
                     help="the dense bytes that stay on a node at this speed (e.g. NVLink) "
                          "instead of their measured one-node cost")
     ap.add_argument("--row-width", type=int, default=ROW_WIDTH)
+    ap.add_argument("--hit-rate", type=float, default=None, metavar="H",
+                    help="add hybrid-ssp: hybrid with this share of rows served by the "
+                         "workers' caches (modes_bench's hit rate) and the Get pulled a step "
+                         "ahead, behind the compute (--consistency ssp:K)")
     cg = ap.add_mutually_exclusive_group()
     cg.add_argument("--compute-speedup", type=float, metavar="X",
                     help="GPU-class workers: fwd_bwd and dense_apply divided by X (stated)")
@@ -617,8 +637,8 @@ def main(argv=None) -> int:
             print(f"{'mode':<10}" + "".join(f"{'N=' + str(n):>11}" for n in nodes)
                   + f"{'eff@max':>9}{'sat.':>6}{'plat.':>6}")
             res = proj[p][str(k)] = {}
-            for m, c in calib.items():
-                pr = [predict(c, n, k, lk, **kw) for n in nodes]
+            for m, c, x in _entries(calib, a.hit_rate):
+                pr = [predict(c, n, k, lk, **kw, **x) for n in nodes]
                 sps = [x["samples_per_s"] for x in pr]
                 sat, plat = saturation(nodes, sps)
                 eff = [x / (n / nodes[0] * sps[0]) for n, x in zip(nodes, sps)]
@@ -635,6 +655,12 @@ def main(argv=None) -> int:
                 print(f"Hybrid/PS at 16 nodes: {ratios[p][str(k)]:.2f}x   step ms (hybrid | "
                       f"ps): " + "  ".join(f"{t} {h[t] * 1e3:.2f} | {q[t] * 1e3:.2f}"
                                            for t in terms))
+                if a.hit_rate is not None:
+                    s = predict(calib["hybrid"], 16, k, lk, **kw, hit_rate=a.hit_rate,
+                                pull_ahead=True)
+                    print(f"Hybrid-ssp (hit rate {a.hit_rate:.0%}, pull ahead)/PS (bsp) at 16 "
+                          f"nodes: {q['step'] / s['step']:.2f}x   exchange ms {s['exchange'] * 1e3:.2f}"
+                          f" (hybrid bsp {h['exchange'] * 1e3:.2f})")
     if ratios and any(ratios.values()):
         print("\nHybrid/PS at 16 nodes: " + ", ".join(
             f"{p} k={k} {r:.2f}x" for p, rs in ratios.items() for k, r in rs.items())
@@ -677,8 +703,9 @@ def main(argv=None) -> int:
                 for m, r in res.items():
                     if len(ks) > 1 and m not in ("hybrid", "ps"):
                         continue  # several k: the paper's comparison only
-                    ls = {"hybrid": "-", "ps": "--", "allreduce": ":", "compute": "-."}[m]
-                    color = f"C{ci}" if len(ks) > 1 else f"C{MODES.index(m)}"
+                    ls = {"hybrid": "-", "ps": "--", "allreduce": ":"}.get(m, "-.")
+                    color = f"C{ci}" if len(ks) > 1 else \
+                        f"C{MODES.index(m) if m in MODES else len(MODES)}"
                     ax.loglog(nodes, r["samples_per_s"], ls, color=color, marker="o", ms=3,
                               label=f"{m}, {k}/node" if len(ks) > 1 else m)
             ax.set_xlabel("nodes")

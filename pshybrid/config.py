@@ -237,9 +237,21 @@ def _layer_sizes(v):
 
 
 def _consistency(v):
-    if re.fullmatch(r"asp|ssp:[0-9]+", v):
-        return "bounded staleness (ssp:K, asp) is not available in this version: use bsp"
-    return None if v == "bsp" else "must be bsp"
+    return None if re.fullmatch(r"bsp|asp|ssp:[0-9]+", v) else \
+        "must be bsp, ssp:K (K >= 0 steps) or asp"
+
+
+def _check_stale(cfg) -> None:
+    """--consistency ssp:K/asp and --cache-rows: embeddings on dedicated servers, CPU workers."""
+    bad = [why for cond, why in (
+        (cfg.mode not in ("hybrid", "ps"), f"--mode {cfg.mode}"),
+        (cfg.placement != "dedicated", f"--placement {cfg.placement}"),
+        (cfg.replicate_rows > 0, f"--replicate-rows {cfg.replicate_rows}"),
+        (cfg.device != "cpu", f"--device {cfg.device}")) if cond]
+    if bad:
+        raise _error(f"--consistency {cfg.consistency} --cache-rows {cfg.cache_rows}: only with "
+                     f"--mode hybrid or ps, --placement dedicated, no --replicate-rows, "
+                     f"--device cpu; not with {', '.join(bad)}")
 
 
 @dataclass
@@ -291,8 +303,14 @@ class TrainConfig:
                                   check=_layer_sizes)
     cross_layers: int = option(2, "number of cross layers (dcn only)", check=_at_least(0))
     seed: int = option(0, "random seed", check=_at_least(0))
-    consistency: str = option("bsp", "consistency of embedding reads: bsp (every pull sees "
-                              "every update of the earlier steps)", check=_consistency)
+    consistency: str = option("bsp", "consistency of embedding reads: bsp (every read sees "
+                              "every update of the earlier steps), ssp:K (a read at step t "
+                              "sees every update of the steps before t-K; the next step's "
+                              "rows are pulled while this one runs), asp (no bound); dense "
+                              "weights stay synchronous", check=_consistency)
+    cache_rows: int = option(0, "rows of the worker's hot-row cache, served without a pull "
+                             "while they meet the --consistency bound (never under bsp); 0: "
+                             "none", check=_at_least(0))
     shared_memory: str = option("auto", "single-node jobs: workers read the servers' rows "
                                 "straight from shared memory (auto: on when the job is on one "
                                 "node; off: RMA Gets, as between nodes)",
@@ -339,6 +357,8 @@ class TrainConfig:
         if self.replicate_rows and (self.mode != "hybrid" or self.device != "cpu"):
             raise _error(f"--replicate-rows {self.replicate_rows}: hot rows join the workers' "
                          "dense Allreduce: only with --mode hybrid on --device cpu")
+        if self.consistency != "bsp" or self.cache_rows:
+            _check_stale(self)
         if self.placement == "colocated" and not MODES[self.mode].needs_servers:
             raise _error(f"--placement colocated: --mode {self.mode} has no table shards to "
                          "place (every worker holds every table)")

@@ -107,6 +107,10 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
         worker.append(Part("replicated hot rows", hot * E * s * (2 + slots),
                            f"--replicate-rows {cfg.replicate_rows} x --embedding-dim {D}",
                            "lower --replicate-rows"))
+    if getattr(cfg, "cache_rows", 0):  # values, id, version, 4 sketch counters (int64)
+        worker.append(Part("hot-row cache", cfg.cache_rows * (E * s + 48),
+                           f"--cache-rows {cfg.cache_rows} x --embedding-dim {D}",
+                           "lower --cache-rows"))
     server = _table_parts(cfg, schema, worker, W, S, E, s, P, cards, net)
     return {"worker": worker, "server": server}
 

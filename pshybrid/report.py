@@ -173,11 +173,27 @@ def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
         "base_rate_logloss": _base_rate_logloss(base), "phase_seconds": worker_t,
         "phase_fraction": {k: v / busy for k, v in worker_t.items()},
         "server_apply_seconds": max(server_apply, default=0.0),
-        "traffic_per_step": {k: v / max(steps_run, 1) for k, v in stats[reporter][2].items()},
+        "traffic_per_step": {k: v / max(steps_run, 1) for k, v in stats[reporter][2].items()
+                             if k != "reads"},
         "peak_rss_mb": {role: max((s[3] for s in stats if s[0] == role), default=0.0)
                         for role in ("worker", "server")},
     }
+    reads = [s[2]["reads"] for s in stats if "reads" in s[2]]
+    if reads:
+        summary["reads"] = _reads(reads, steps_run)
     if evals:
         summary["auc"] = evals[-1]["auc"]
         summary["eval_logloss"] = evals[-1]["logloss"]
     return summary
+
+
+def _reads(reads: list, steps_run: int) -> dict:
+    """--consistency ssp:K/asp, --cache-rows: the workers' embedding reads in total."""
+    tot = {k: sum(r[k] for r in reads) for k in ("cache_rows", "pulled_rows", "pulled_bytes",
+                                                 "staleness_sum")}
+    n, steps = max(tot["cache_rows"] + tot["pulled_rows"], 1), max(steps_run, 1)
+    return {"cache_hit_rate": tot["cache_rows"] / n, "mean_staleness": tot["staleness_sum"] / n,
+            "max_staleness": max(r["max_staleness"] for r in reads),
+            "cache_rows_per_step": tot["cache_rows"] / steps,
+            "pulled_rows_per_step": tot["pulled_rows"] / steps,
+            "pulled_bytes_per_step": tot["pulled_bytes"] / steps}

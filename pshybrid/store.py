@@ -255,14 +255,36 @@ class EmbeddingStore:
             return self._pull_shared(t, self._check_ids(t, ids.ids if isinstance(ids, Plan)
                                                          else ids), slot)
         plan, own = self._planned(table, ids)
+        buf = self._get(t, plan, slot)
+        self._flush(plan, own)
+        return buf if unique else gather(buf, plan.inverse)
+
+    def _get(self, t: _Table, plan: Plan, slot: str) -> np.ndarray:
+        """Issue one indexed Get per owner of ``plan.unique``'s rows into a new (U, dim)
+        buffer, not completed: valid after ``Flush`` of those owners (``_flush``)."""
         buf = np.empty((plan.unique.size, t.spec.dim), dtype=t.spec.dtype)
         for s, rank, sl, dt in plan.targets:
             # Wire: one indexed Get of (rows, dim) from server `rank`; origin buf stays alive until Flush.
-            self.win.Get([buf[sl], t.base], rank, [self._remote[s][table][slot], 1, dt])
+            self.win.Get([buf[sl], t.base], rank, [self._remote[s][t.spec.name][slot], 1, dt])
         self.traffic.get_bytes += buf.nbytes
         self.traffic.get_ops += len(plan.targets)
-        self._flush(plan, own)
-        return buf if unique else gather(buf, plan.inverse)
+        return buf
+
+    def pull_start(self, table: str, plan: Plan):
+        """Start pulling the (U, dim) rows of ``plan.unique`` (weights): the Gets are issued
+        and left in flight (the values are read at some point before ``pull_wait``; on the
+        same-node path they are copied now). -> a handle for ``pull_wait``."""
+        t = self.tables[table]
+        if self._views is not None:
+            return None, self._pull_shared_plan(t, plan, "w", True)
+        return plan, self._get(t, plan, "w")
+
+    def pull_wait(self, handle) -> np.ndarray:
+        """Complete ``pull_start``'s Gets (Flush of their owners) -> (U, dim) rows."""
+        plan, buf = handle
+        if plan is not None:
+            self._flush(plan, False)
+        return buf
     def _region(self, t: _Table, s: int, slot: str) -> np.ndarray:
         """Server s's (rows, dim) region of ``slot``, a zero-copy view of shared memory."""
         n = partition.shard_rows(t.spec.rows, self.topo.n_servers, s)

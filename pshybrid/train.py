@@ -160,7 +160,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
                       cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged
-                      hot_rows=hot)
+                      hot_rows=hot, consistency=cfg.consistency, cache_rows=cfg.cache_rows)
     reporter = (Reporter(cfg, out, topo.n_workers, steps, mode.sparse.opt.lr_at,
                          plan.steps_per_epoch)
                 if topo.rank == topo.worker_ranks[0] else None)
@@ -247,6 +247,8 @@ def loop(job: Job, on_step=None) -> None:
     batches = _batches(job)
     stop = job.stop = Preemption(job.topo.workers, bool(cfg.checkpoint_dir))
     stop.install()
+    if mode.stale is not None:  # --consistency ssp:K/asp, --cache-rows: one batch ahead
+        batches = mode.stale.ahead(batches, mode.prepare)
     for step in range(job.start, job.steps):
         with timers.time("data"):
             label, dense, ids, bags, batch = next(batches)
@@ -376,6 +378,8 @@ class _Log:
         rec = {"step": done, "loss": glob[0] / glob[1],
                "samples_per_s": glob[1] / (now - self.t_log),
                "seconds": {k: job.mode.timers[k] for k in PHASES}}
+        if job.mode.stale is not None:  # Wire: see stale.Pipeline.log
+            rec["reads"] = job.mode.stale.log(job.topo.workers)
         if job.reporter:
             job.result.log.append(rec)
             job.reporter.step(rec)

@@ -92,9 +92,16 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
     (["--lr", "-1"], "--lr: must be >= 0 and finite, got -1.0"),
     (["--lr", "inf"], "--lr: must be >= 0 and finite, got inf"),
     (["--servers", "-1"], "--servers: must be >= 0, got -1"),
-    (["--consistency", "ssp:x"], "--consistency: must be bsp, got 'ssp:x'"),
-    (["--consistency", "ssp:2"], "--consistency: bounded staleness (ssp:K, asp) is not "
-                                 "available in this version: use bsp, got 'ssp:2'"),
+    (["--consistency", "ssp:x"], ("--consistency: must be bsp, ssp:K (K >= 0 steps) or asp, "
+                                  "got 'ssp:x'")),
+    (["--cache-rows", "-1"], "--cache-rows: must be >= 0, got -1"),
+    (["--consistency", "ssp:2", "--mode", "allreduce"],
+     ("--consistency ssp:2 --cache-rows 0: only with --mode hybrid or ps, --placement "
+      "dedicated, no --replicate-rows, --device cpu; not with --mode allreduce")),
+    (["--cache-rows", "9", "--placement", "colocated", "--replicate-rows", "3"],
+     ("--consistency bsp --cache-rows 9: only with --mode hybrid or ps, --placement "
+      "dedicated, no --replicate-rows, --device cpu; not with --placement colocated, "
+      "--replicate-rows 3")),
     (["--mode", "auto"], "prog: argument --mode: invalid choice: 'auto' "
                          "(choose from 'hybrid', 'ps', 'allreduce')"),
     (["--model", "bogus"], "prog: argument --model: invalid choice: 'bogus' "

@@ -344,6 +344,21 @@ def scaled(out, cwd):
     assert "ASSUMPTION: GPU-class workers" in out and "measured / 50" in out, out[-2000:]
 
 
+def stale_reads(out, cwd):
+    """docs/consistency.md: ssp:4 with a cache logs its reads as docs/training.md says."""
+    recs = jsonl(cwd / "ssp.jsonl")
+    logs, summary = recs[:-1], recs[-1]
+    assert [r["step"] for r in logs] == [1, 2, 3]
+    assert all(set(r["reads"]) == {"cache_rows", "pulled_rows", "pulled_bytes", "max_staleness"}
+               and r["reads"]["max_staleness"] <= 4 for r in logs), logs
+    reads = summary["reads"]
+    assert set(reads) == {"cache_hit_rate", "mean_staleness", "max_staleness",
+                          "cache_rows_per_step", "pulled_rows_per_step", "pulled_bytes_per_step"}
+    served = sum(r["reads"]["cache_rows"] for r in logs)
+    assert served == round(reads["cache_rows_per_step"] * 3) and reads["max_staleness"] <= 4
+    assert sum(r["reads"]["pulled_rows"] for r in logs) == round(reads["pulled_rows_per_step"] * 3)
+
+
 SMALL_BUT_BATCH = ("--steps", "3", "--mlp", "8", "--embedding-dim", "4", "--log-every", "1")
 COMMANDS = {
     # README.md, Quick start
@@ -363,6 +378,9 @@ COMMANDS = {
     "mpiexec -n 4 python -m pshybrid train --config run.toml --lr 0.1": Run(
         "train", expect=lambda out, cwd: "done: hybrid dcn  3 steps" in summary_of(out)),
     "python -m pshybrid train --help": Run("train", expect=train_help),
+    # docs/consistency.md
+    "mpiexec -n 3 python -m pshybrid train --servers 1 --consistency ssp:4 --cache-rows 20000 "
+    "--metrics ssp.jsonl": Run("train", SMALL, expect=stale_reads),
     # docs/data.md
     "python -m pshybrid prep criteo train.txt.gz criteo.h5 --valid-fraction 0.1": Run(
         "prep", expect=criteo_hashed),
@@ -415,6 +433,12 @@ COMMANDS = {
     "mpiexec -n 3 python bench/modes_bench.py --workload paper --steps 200 --json P1.json":
         Skip("a benchmark: minutes and GiBs (bench/sample_modes.json is its output)",
              flags_in_help),
+    "python -m pshybrid prep synthetic syn.h5 --rows 200000 --valid-fraction 0.2": Run(
+        "prep", ("--rows", "20000"), expect=lambda out, cwd: "16000 rows -> syn.h5" in out
+        and "4000 rows -> syn.valid.h5" in out),
+    "mpiexec -n 3 python bench/modes_bench.py --workload light --modes hybrid,ps --data syn.h5 "
+    "--eval-data syn.valid.h5 --consistency bsp,ssp:1,ssp:4,asp --cache-rows 0,15000 --steps 300 "
+    "--warmup 30 --repeat 1": Skip("a benchmark: minutes on 2 cores", flags_in_help),
     "python bench/scaling.py P1.json P2.json P3.json": Run("bench"),
     "python bench/scaling.py P1.json --cross L1.json": Run("bench"),
     "python bench/scaling.py P1.json --compute-speedup 50 --workers-per-node 1,4,8 --png S.png":

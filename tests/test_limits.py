@@ -38,6 +38,7 @@ def test_default_command_fits_and_sizes_add_up():
     (dict(embedding_dim=100_000_000), "--embedding-dim 100000000"),
     (dict(mlp=(100_000_000, 100_000_000)), "--mlp 100000000,100000000"),
     (dict(prefetch=10**12), "--prefetch"),
+    (dict(cache_rows=10**12, consistency="ssp:2"), "--cache-rows 1000000000000"),
     (dict(model="dcn", cross_layers=10**12), "--cross-layers"),
     (dict(model="dlrm", batch_size=10**9), "--batch-size 1000000000"),
     (dict(mode="ps", mlp=(20_000, 20_000, 20_000)), "--mlp 20000,20000,20000"),

@@ -639,3 +639,37 @@ def test_intra_node_speed_replaces_the_measured_on_node_dense_cost():
         got = sc.predict(q, N, k, lk, intra_node=bw)["local"]
         base = sc.predict(q, N, k, lk)["local"] - 6e-3 / N
         assert got == pytest.approx(base + 2 * sc.padded(1_000_000) * 4 / N / bw)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "ps"])
+def test_cache_hit_rate_and_pull_ahead_act_on_the_get_only(mode):
+    """--consistency ssp:K in the model: a hit rate h removes h of the rows' Get bytes from
+    the servers' NICs (the push still carries every row); pulling ahead hides the Get's wire
+    time (bytes and one latency per remote server) behind the compute, never more than it."""
+    lk = sc.Link(10e-6, 1e9)
+    U, E, nodes, k = 1000.0, sc.ROW_WIDTH, 16, 4
+    c = sc.calibrate(fake_run((mode,), U=U), mode)
+    base = sc.predict(c, nodes, k, lk)
+    get = sc.server_nic_bytes(U * E * 4, nodes, k) / lk.bandwidth
+    cached = sc.predict(c, nodes, k, lk, hit_rate=0.25)
+    assert base["exchange"] - cached["exchange"] == pytest.approx(0.25 * get, rel=1e-12)
+    ahead = sc.predict(c, nodes, k, lk, hit_rate=0.25, pull_ahead=True)
+    wire = 0.75 * get + (nodes - 1) * lk.latency
+    assert wire < cached["compute"]  # so all of it hides
+    assert cached["exchange"] - ahead["exchange"] == pytest.approx(wire, rel=1e-12)
+    slow = sc.Link(10e-6, 1e6)  # a Get longer than the compute: only the compute hides
+    a, b = (sc.predict(c, nodes, k, slow, pull_ahead=p) for p in (False, True))
+    assert a["exchange"] - b["exchange"] == pytest.approx(a["compute"], rel=1e-12)
+    assert {x: y for x, y in ahead.items() if x not in ("exchange", "step", "samples_per_s")} \
+        == {x: y for x, y in base.items() if x not in ("exchange", "step", "samples_per_s")}
+
+
+def test_cli_projects_hybrid_ssp_against_ps(sample, tmp_path, capsys):
+    assert sc.main([SAMPLE, "--hit-rate", "0.3", "--json", str(tmp_path / "s.json")]) == 0
+    out = capsys.readouterr().out
+    assert "Hybrid-ssp (hit rate 30%, pull ahead)/PS (bsp) at 16 nodes" in out
+    proj = json.loads((tmp_path / "s.json").read_text())["projection"]
+    for p, byk in proj.items():
+        for k, res in byk.items():
+            assert all(s >= h for s, h in zip(res["hybrid-ssp"]["samples_per_s"],
+                                               res["hybrid"]["samples_per_s"])), (p, k)

@@ -259,3 +259,28 @@ def test_multi_hot_fields_bsp_equals_single_process(comm, mpi_tmp_path, model, m
         elif comm.rank == 0 and abs(got.evals[-1]["auc"] - ref.evals[-1]["auc"]) > 1e-9:
             ok, msg = False, f"eval {got.evals[-1]} != {ref.evals[-1]}"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["hybrid", "ps"])
+@pytest.mark.parametrize("sparse_opt", ["sgd", "adagrad", "adam"])
+def test_ssp0_with_and_without_cache_equals_single_process(comm, mode, sparse_opt):
+    """--consistency ssp:0 (the pull-ahead pipeline at depth 0), alone and with a hot-row
+    cache that can hold most of the table, is BSP: the parameters of one process with the
+    global batch, and a cache that never served a row."""
+    S = 1 if comm.size <= 3 else 2
+    W = comm.size - S
+    cfg = replace(BASE, mode=mode, servers=S, sparse_optimizer=sparse_opt, steps=4,
+                  consistency="ssp:0")
+    got = {rows: run(replace(cfg, cache_rows=rows), comm) for rows in (0, 150)}
+    ok, msg = True, ""
+    if comm.rank == 0:  # a worker
+        ref = run(replace(cfg, mode="allreduce", servers=0, consistency="bsp",
+                          batch_size=W * cfg.batch_size), MPI.COMM_SELF)
+        for rows, r in got.items():
+            errs = {"dense": rel_err(r.dense, ref.dense), "table": rel_err(r.table, ref.table)}
+            reads = r.summary["reads"]
+            served, pulled = reads["cache_rows_per_step"], reads["pulled_rows_per_step"]
+            if max(errs.values()) > 1e-9 or served != 0 or not pulled:
+                ok, msg = False, f"ssp:0 --cache-rows {rows}: {errs}, cache rows/step {served}"
+    assert_all(comm, ok, msg)

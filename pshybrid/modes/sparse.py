@@ -87,6 +87,7 @@ class ServerSparse:
         self.live = not self.server_step
         self.grad_row = (layout.table.dim, np.dtype(layout.table.dtype))  # a sums row
         self.store = None
+        self.pull_types = True  # the plan's datatypes serve pulls (not when a cache splits them)
         self._sent = None  # (plan, (U, E) host sums) of the step, for grads_for
         # --replicate-rows: the hot rows on every worker (modes.hot)
         self.hot = (HotRows(ctx, self.name, hot_ids, layout.table.dim, layout.table.dtype, opt)
@@ -109,7 +110,7 @@ class ServerSparse:
     def prepare(self, ids) -> Batch:
         # row datatypes only where an RMA operation uses them: Gets without shared memory,
         # and the direct-SGD Accumulate
-        types = self.live or not self.store.shared
+        types = self.live or (not self.store.shared and self.pull_types)
         hot = None
         if self.hot is not None:
             hot = self.hot.split(ids)

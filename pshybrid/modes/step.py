@@ -34,6 +34,7 @@ from ..topology import Topology
 from .dense import DENSE
 from .servers import ServerLink, apply_step, serve
 from .sparse import SPARSE, Batch
+from .stale import Pipeline, staleness_bound
 
 
 @dataclass
@@ -55,13 +56,16 @@ class Mode:
     bytes during backward; 0: one Allreduce after it), ``shared_memory`` (the store's
     same-node path: None = on when the job is on one node), ``cuda_aware``, ``hot_rows``
     (sorted fused-table rows replicated on every worker, ``modes.hot``; call ``ready()``
-    once the tables hold their start values).
+    once the tables hold their start values), ``consistency`` (``bsp``, ``ssp:K``, ``asp``)
+    and ``cache_rows`` (the worker's hot-row cache): with a consistency other than ``bsp``,
+    or a cache, workers read the embeddings through ``stale.Pipeline`` (``self.stale``;
+    None otherwise: the bsp path, unchanged).
     """
 
     def __init__(self, spec: ModeSpec, topo: Topology, layout, ps, sparse_opt: Optimizer,
                  dense_opt: Optimizer, seed: int, *, bucket_bytes: int = 0,
                  shared_memory: bool | None = None, cuda_aware: bool = False,
-                 hot_rows=None):
+                 hot_rows=None, consistency: str = "bsp", cache_rows: int = 0):
         self.spec, self.topo, self.layout = spec, topo, layout
         self.timers = Timers()
         self.xp = array_module(ps.flat)
@@ -77,6 +81,10 @@ class Mode:
         self.server_step = self.sparse.server_step or self.dense.server_step
         self.live = self.sparse.live or self.dense.live
         self.link = ServerLink(topo) if spec.needs_servers else None
+        self.stale = None
+        if (consistency != "bsp" or cache_rows) and topo.is_worker:
+            assert spec.sparse == "servers" and hot_rows is None, "refused by the config"
+            self.stale = Pipeline(self.sparse, staleness_bound(consistency), cache_rows)
 
     # -- the step (workers) ----------------------------------------------------------------
     @property
@@ -91,9 +99,14 @@ class Mode:
     def begin(self, step: int) -> None:
         """Before the forward pass (``ps``: pull the dense weights)."""
         self.dense.begin(step)
+        if self.stale is not None:
+            self.stale.begin(step)
 
     def lookup(self, batch: Batch):
         """-> emb: batch.ids.shape + (E,) in ``self.xp``."""
+        if self.stale is not None and batch is self.stale.current:  # a training step's
+            with self.timers.time("pull"):
+                return self.stale.lookup(batch)
         return self.sparse.lookup(batch)
 
     def update(self, batch: Batch, demb, step: int) -> None:
@@ -145,11 +158,15 @@ class Mode:
         """Workers, before ``checkpoint.save`` for ``step``: replicated rows written back to
         their owners; dedicated servers told to join."""
         self.sparse.before_checkpoint()
+        if self.stale is not None:
+            self.stale.drain()  # no read in flight, no cached row: a BSP point
         if self._dedicated:
             self.link.checkpoint(step)
 
     def finish(self) -> None:
         """Collective: stop the servers, free plans and the store's window."""
+        if self.stale is not None:
+            self.stale.drain()
         self.sparse.close()
         self.dense.close()
         if self._dedicated and self.topo.is_worker:
@@ -191,4 +208,6 @@ class Mode:
                        rma_acc_bytes=t.acc_bytes)
         if self.link is not None:
             out["p2p_bytes"] = self.link.bytes
+        if self.stale is not None:
+            out.update(self.stale.traffic())
         return out
