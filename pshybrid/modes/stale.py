@@ -147,18 +147,18 @@ class Pipeline:
         self.total, self.total_max = np.zeros(3), 0
 
     def ahead(self, batches, prepare):
-        """Wrap the loop's batches ``(label, dense, ids, Batch or None)``: each is prepared
-        one step early and announced as the next step's batch (pull-ahead)."""
+        """Wrap the loop's batches ``(label, dense, ids, bags, Batch or None)``: each is
+        prepared one step early and announced as the next step's batch (pull-ahead)."""
         def ready(item):
-            label, dense, ids, batch = item
-            return label, dense, ids, (prepare(ids) if batch is None else batch)
+            *head, batch = item
+            return (*head, prepare(item[2]) if batch is None else batch)
 
         nxt = next(batches, None)
         nxt = None if nxt is None else ready(nxt)
         while nxt is not None:
             cur, nxt = nxt, next(batches, None)
             nxt = None if nxt is None else ready(nxt)
-            self.current, self.upcoming = cur[3], None if nxt is None else nxt[3]
+            self.current, self.upcoming = cur[-1], None if nxt is None else nxt[-1]
             yield cur
 
     def begin(self, step: int) -> None:
