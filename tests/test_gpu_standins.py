@@ -139,7 +139,8 @@ def _fake_job(log_every, steps, checkpoint_every=0):
     from types import SimpleNamespace as NS
 
     fake_xp = NS(stack=np.stack)
-    return NS(mode=NS(xp=fake_xp, timers=defaultdict(float)), reporter=None, steps=steps,
+    return NS(mode=NS(xp=fake_xp, timers=defaultdict(float), stale=None), reporter=None,
+              steps=steps,
               cfg=NS(batch_size=4, log_every=log_every, checkpoint_every=checkpoint_every,
                      checkpoint_dir="ck" if checkpoint_every else None),
               topo=NS(worker_index=0, workers=NS(allreduce=lambda a, op: a.copy())),
