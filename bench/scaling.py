@@ -76,7 +76,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pshybrid.optim import SLOTS
-from pshybrid.registry import DENSE_ROW
+
+# the wire terms --mode auto prices with (one copy): links, ring collectives, server NICs
+from pshybrid.planner import (
+    PRESETS,
+    Link,
+    padded,
+    ring_allgather,
+    ring_allreduce,
+    server_messages,
+    server_nic_bytes,
+)
+
 ROW_WIDTH = 17  # modes_bench's fused row: embedding dim 16 + the wide (linear) weight
 BWD_FRACTION = 2 / 3  # --overlap: share of fwd_bwd that is backward (2 of 3 matmul passes)
 PAPER_HYBRID_OVER_PS_16 = 1.48  # the paper: Hybrid 48% faster than TF-PS at 16 nodes
@@ -88,34 +99,6 @@ COMPUTE = ("fwd_bwd", "dense_apply")  # what a GPU worker replaces
 SYNC = {"hybrid": ("allreduce", "wait"), "ps": ("wait",), "allreduce": ("push", "allreduce"),
         "compute": ()}
 EFFICIENCY, GAIN = 0.5, 0.10  # saturation: efficiency < 50%; plateau: < 10% per doubling
-
-
-@dataclass(frozen=True)
-class Link:
-    latency: float  # seconds per message
-    bandwidth: float  # bytes/s, each direction (full duplex)
-    label: str = ""
-
-
-PRESETS = {"eth25": Link(10e-6, 3.1e9, "25 Gb/s Ethernet"),
-           "ib100": Link(1.5e-6, 12.5e9, "100 Gb/s InfiniBand")}
-
-
-def ring_allreduce(nbytes: float, W: int, link: Link) -> float:
-    """Ring Allreduce of ``nbytes`` over W ranks: 2(W-1) steps of nbytes/W each."""
-    return 2 * (W - 1) / W * nbytes / link.bandwidth + 2 * (W - 1) * link.latency if W > 1 else 0.0
-
-
-def ring_allgather(nbytes_each: float, W: int, link: Link) -> float:
-    """Ring Allgather, ``nbytes_each`` per rank: W-1 steps, each forwards one rank's block."""
-    return (W - 1) * (nbytes_each / link.bandwidth + link.latency)
-
-
-def server_nic_bytes(per_worker: float, nodes: int, k: int) -> float:
-    """Off-node bytes one server's NIC carries in one phase when each of W = nodes*k
-    workers exchanges ``per_worker`` bytes spread over the S = nodes servers."""
-    W, S = nodes * k, nodes
-    return W / S * per_worker * (nodes - 1) / nodes
 
 
 def server_exchange(get: float, acc: float, nodes: int, k: int, link: Link,
@@ -133,13 +116,6 @@ def ring_on_node(nodes: int, k: int, W0: int) -> float:
     W = nodes * k
     on = 1.0 if nodes == 1 else (k - 1) / k
     return (2 * (W - 1) / W * on) / (2 * (W0 - 1) / W0) if W0 > 1 else 1.0
-
-
-def server_messages(mode: str, ids: bool) -> int:
-    """Messages a worker sends each server per step (each costs one latency): the rows'
-    Get; with a server-side optimizer the step message (row ids, then gradient sums), else
-    one Accumulate (direct SGD); ps adds the dense table's Get and Accumulate."""
-    return (1 + (2 if ids else 1)) + (2 if mode == "ps" else 0)
 
 
 def middle_half(steps) -> list[int]:
@@ -271,10 +247,6 @@ def hidden(mode: str, local: dict, allreduce_wire: float = 0.0) -> float:
     if mode != "hybrid":
         return 0.0
     return local.get("allreduce", 0.0) + allreduce_wire + local.get("dense_apply", 0.0)
-
-
-def padded(P: int) -> int:
-    return -(-P // DENSE_ROW) * DENSE_ROW
 
 
 # -- the compute a GPU worker replaces, and a different dense size ---------------------------

@@ -306,12 +306,15 @@ class TrainConfig:
         if self.replicate_rows and (self.mode != "hybrid" or self.device != "cpu"):
             raise _error(f"--replicate-rows {self.replicate_rows}: hot rows join the workers' "
                          "dense Allreduce: only with --mode hybrid on --device cpu")
+        if MODES[self.mode].chosen and (self.replicate_rows or self.placement != "dedicated"):
+            raise _error(f"--mode {self.mode} chooses --placement and --replicate-rows: drop "
+                         "them (or pick a mode)")
         if self.placement == "colocated" and not MODES[self.mode].needs_servers:
             raise _error(f"--placement colocated: --mode {self.mode} has no table shards to "
                          "place (every worker holds every table)")
         if self.placement == "colocated" and self.servers is not None:
             raise _error(f"--placement colocated puts a shard on every rank: drop --servers "
                          f"{self.servers}")
-        if self.servers and not MODES[self.mode].needs_servers:
+        if self.servers and not MODES[self.mode].needs_servers and not MODES[self.mode].chosen:
             raise _error(f"--mode {self.mode} keeps every table on every worker and uses no "
                          f"server: drop --servers {self.servers} (or use --servers 0)")
