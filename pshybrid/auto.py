@@ -7,8 +7,8 @@ and per global batch, the share of them among the N hottest rows); this model's 
 backward on one real batch, the dense optimizer over the dense parameters, the sparse
 optimizer per row, reading and deduplicating one batch; an Allreduce of the dense gradient's
 size and of one element; an RMA Get and Accumulate of one batch's rows, and of one element,
-from the next rank. Every time is the least of a few repeats on each rank, then the largest
-over the ranks (the slowest rank sets a synchronous step), so every rank prices the same
+from the next rank; a Barrier. Every time is the median of a few repeats on each rank, then
+the largest over the ranks (the slowest rank sets a synchronous step), so every rank prices the same
 numbers and picks the same alternative. Memory: an alternative whose ranks on a node would
 need more than ``planner.MEMORY_SHARE`` of the node's available memory (the least any rank
 sees) is refused (``limits.check_sizes``).
@@ -35,7 +35,7 @@ from .synthetic import SyntheticCTR
 from .topology import default_servers
 from .transport import agree
 
-REPEATS = 5  # timed repeats of each probe (after one untimed warm-up); the least counts
+REPEATS = 7  # timed repeats of each probe (after one untimed warm-up); the median counts
 STAT_STEPS = 8  # global batches whose ids the probe counts (modes.hot counts 32 to pick rows)
 
 
@@ -178,16 +178,18 @@ def id_stats(cfg, data, layout, N: int, S: int, nodes: int, P: int):
 
 # -- the rates ------------------------------------------------------------------------------
 
-def _least(fn, repeats: int = REPEATS, sync=None) -> float:
-    fn()  # warm-up: first-use compilation, page faults
-    best = float("inf")
+def _typical(fn, repeats: int = REPEATS, sync=None) -> float:
+    """The median time of ``fn`` over ``repeats`` calls after an untimed one (first-use
+    compilation, page faults): on a busy node the typical call, time slices lost included."""
+    fn()
+    times = []
     for _ in range(repeats):
         if sync is not None:
             sync()
         t = time.perf_counter()
         fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+        times.append(time.perf_counter() - t)
+    return float(np.median(times))
 
 
 def measure(comm, cfg, model, ps, layout, shape, read):
@@ -207,20 +209,20 @@ def measure(comm, cfg, model, ps, layout, shape, read):
     dense_opt = Optimizer(cfg.dense_optimizer, cfg.lr)
     state = {k: np.zeros_like(ps.flat) for k in dense_opt.slots}
     comm.Barrier()  # every rank computes at once, as in training
-    compute = _least(fwd_bwd)
-    dense_apply = _least(lambda: dense_opt.update(ps.flat, ps.flat_grad, state, 1))
+    compute = _typical(fwd_bwd)
+    dense_apply = _typical(lambda: dense_opt.update(ps.flat, ps.flat_grad, state, 1))
     n = max(1, int(max(shape.union.values(), default=shape.U)))
     R = min(max(4 * n, 1024), layout.table.rows)
     rows = np.sort(rng.choice(R, size=min(n, R), replace=False)).astype(np.int64)
     sparse_opt = Optimizer(cfg.sparse_optimizer, cfg.lr)
     w, g = np.zeros((R, shape.E), dt), np.zeros((R, shape.E), dt)
     sstate = {k: np.zeros_like(w) for k in sparse_opt.slots}
-    row_apply = _least(lambda: sparse_opt.apply_slot(w, g, sstate, 1, rows)) / rows.size
-    batch = _least(lambda: group_by_owner(layout.global_ids(read()[2]), layout.table.rows,
+    row_apply = _typical(lambda: sparse_opt.apply_slot(w, g, sstate, 1, rows)) / rows.size
+    batch = _typical(lambda: group_by_owner(layout.global_ids(read()[2]), layout.table.rows,
                                           max(1, shape.servers)))
     links = _wire(comm, shape, dt)
     mine = np.array([compute, dense_apply, row_apply, batch, *links])
-    # Wire: Allreduce(MAX) of the 10 figures; then (MIN) of the available memory: all wait.
+    # Wire: Allreduce(MAX) of the 11 figures; then (MIN) of the available memory: all wait.
     t = np.empty_like(mine)
     comm.Allreduce(mine, t, op=MPI.MAX)
     mem = available_memory()
@@ -229,7 +231,7 @@ def measure(comm, cfg, model, ps, layout, shape, read):
               comm.size)
     rates = planner.Rates(fwd_bwd=t[0], dense_apply=t[1], row_apply=t[2], batch=t[3],
                           allreduce=ar, get=_fit(t[6], t[7], _rows_bytes(shape), 1, 1),
-                          acc=_fit(t[8], t[9], _rows_bytes(shape), 1, 1))
+                          acc=_fit(t[8], t[9], _rows_bytes(shape), 1, 1), barrier=t[10])
     return rates, (memory if memory >= 0 else None)
 
 
@@ -247,13 +249,15 @@ def _fit(small: float, big: float, nbytes: int, messages: float, share: float):
 
 
 def _wire(comm, shape, dt):
-    """This rank's (Allreduce small, big, Get small, big, Accumulate small, big) seconds."""
+    """This rank's (Allreduce small, big, Get small, big, Accumulate small, big, Barrier)
+    seconds."""
     mpi_t = MPI.DOUBLE if dt == np.float64 else MPI.FLOAT
     big, one = np.zeros(shape.P, dt), np.zeros(1, dt)
     sink = np.empty_like(big)
     # Wire: Allreduce of one element and of the P dense floats, every rank, a few times.
-    ar_small = _least(lambda: comm.Allreduce(one, sink[:1]), 5, comm.Barrier)
-    ar_big = _least(lambda: comm.Allreduce(big, sink), REPEATS, comm.Barrier)
+    barrier = _typical(comm.Barrier)
+    ar_small = _typical(lambda: comm.Allreduce(one, sink[:1]), REPEATS, comm.Barrier)
+    ar_big = _typical(lambda: comm.Allreduce(big, sink), REPEATS, comm.Barrier)
     count = _rows_bytes(shape) // dt.itemsize
     win = MPI.Win.Allocate(count * dt.itemsize, dt.itemsize, comm=comm)
     buf = np.zeros(count, dt)
@@ -270,12 +274,12 @@ def _wire(comm, shape, dt):
 
         # Wire: one-sided Get / Accumulate of 1 element and of one batch's rows from the
         # next rank; each rank waits only for its own flush.
-        times = [_least(lambda kd=kind, k=k: op(kd, k), REPEATS, comm.Barrier)
+        times = [_typical(lambda kd=kind, k=k: op(kd, k), REPEATS, comm.Barrier)
                  for kind in ("get", "acc") for k in (1, count)]
         win.Unlock_all()
     finally:
         win.Free()
-    return (ar_small, ar_big, *times)
+    return (ar_small, ar_big, *times, barrier)
 
 
 # -- memory ---------------------------------------------------------------------------------

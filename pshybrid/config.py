@@ -303,12 +303,12 @@ class TrainConfig:
             raise _error("--checkpoint-every needs --checkpoint-dir")
         if self.eval_every and self.eval_data is None:
             raise _error("--eval-every needs --eval-data")
-        if self.replicate_rows and (self.mode != "hybrid" or self.device != "cpu"):
-            raise _error(f"--replicate-rows {self.replicate_rows}: hot rows join the workers' "
-                         "dense Allreduce: only with --mode hybrid on --device cpu")
         if MODES[self.mode].chosen and (self.replicate_rows or self.placement != "dedicated"):
             raise _error(f"--mode {self.mode} chooses --placement and --replicate-rows: drop "
                          "them (or pick a mode)")
+        if self.replicate_rows and (self.mode != "hybrid" or self.device != "cpu"):
+            raise _error(f"--replicate-rows {self.replicate_rows}: hot rows join the workers' "
+                         "dense Allreduce: only with --mode hybrid on --device cpu")
         if self.placement == "colocated" and not MODES[self.mode].needs_servers:
             raise _error(f"--placement colocated: --mode {self.mode} has no table shards to "
                          "place (every worker holds every table)")

@@ -4,14 +4,15 @@ alternative from measured rates and pick the cheapest. Pure functions, no MPI.
 A step of one alternative, in seconds (``price``; ``docs/placement.md`` says what each
 term is, what measures it and when each alternative wins):
 
-  step = batch + compute + pull + push + allreduce + allgather + hot_apply + server
+  step = batch + compute + pull + push + allreduce + allgather + hot_apply + server + sync
 
 ``batch`` (reading and deduplicating a worker's batch) and ``compute`` (forward, backward
 and, except in ``ps``, the dense optimizer) are measured on this job's model and batch;
 the communication terms are a message latency times the messages plus the bytes over the
 measured bandwidth of the operation that moves them (``Link``); ``server`` is the owners'
 sparse (and ``ps``'s dense) optimizer, hidden behind the workers' Allreduce on dedicated
-servers, inside every rank's step when colocated. The alternatives are ranked by seconds
+servers, inside every rank's step when colocated; ``sync`` the owners' sync points, a
+measured Barrier each. The alternatives are ranked by seconds
 per sample (step / (W * b)): placements change the number of workers W.
 """
 
@@ -84,6 +85,7 @@ class Rates:
     allreduce: Link     # fitted to the ring: latency per ring step, bandwidth per rank
     get: Link           # one-sided Get from another rank: per target, bytes/s
     acc: Link           # one-sided Accumulate(SUM) to another rank
+    barrier: float = 0.0  # s: a Barrier of every rank (a sync point's cost on a busy node)
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,8 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
     cold = s.U * (1 - s.hot_share.get(N, 0.0)) if N else s.U
     union = s.union.get(W, s.U * W)
     t = dict(batch=r.batch, compute=r.fwd_bwd + (r.dense_apply if alt.mode != "ps" else 0.0),
-             pull=0.0, push=0.0, allreduce=0.0, allgather=0.0, hot_apply=0.0, server=0.0)
+             pull=0.0, push=0.0, allreduce=0.0, allgather=0.0, hot_apply=0.0, server=0.0,
+             sync=0.0)
     if alt.mode in ("hybrid", "ps"):
         t["pull"] = r.get.time(cold * row, S)
         per_id = 8 + row if s.server_opt else row
@@ -167,6 +170,8 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
     if alt.mode in ("hybrid", "ps"):
         colocated = alt.placement == "colocated"
         t["server"] = sparse if colocated else max(0.0, sparse - hidden)
+        # the end-of-step sync with the owners; colocated: also every rank's step messages
+        t["sync"] = r.barrier * (2 if colocated else 1)
     step = sum(t.values())
     return dict(t, step=step, samples_per_s=W * s.batch / step if step > 0 else math.inf)
 

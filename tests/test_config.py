@@ -95,8 +95,10 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
     (["--consistency", "ssp:x"], "--consistency: must be bsp, got 'ssp:x'"),
     (["--consistency", "ssp:2"], "--consistency: bounded staleness (ssp:K, asp) is not "
                                  "available in this version: use bsp, got 'ssp:2'"),
-    (["--mode", "auto"], "prog: argument --mode: invalid choice: 'auto' "
-                         "(choose from 'hybrid', 'ps', 'allreduce')"),
+    (["--mode", "bogus"], "prog: argument --mode: invalid choice: 'bogus' "
+                          "(choose from 'hybrid', 'ps', 'allreduce', 'auto')"),
+    (["--mode", "auto", "--replicate-rows", "8"], "--mode auto chooses --placement and "
+                                                  "--replicate-rows: drop them (or pick a mode)"),
     (["--model", "bogus"], "prog: argument --model: invalid choice: 'bogus' "
                            "(choose from 'wdl', 'deepfm', 'dcn', 'dlrm')"),
     (["--epochs", "2"], "--epochs needs --data; the synthetic stream is endless: use --steps"),

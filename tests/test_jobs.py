@@ -60,7 +60,7 @@ def test_one_rank_raising_ends_the_job_fast(kind, needle):
     (["--batch-size", "0"], "--batch-size: must be > 0, got 0"),
     (["--mlp", "abc"], "--mlp: expected comma-separated integers, got 'abc'"),
     (["--lr", "-1"], "--lr"),
-    (["--mode", "auto"], "invalid choice: 'auto'"),
+    (["--mode", "auto", "--placement", "colocated"], "--mode auto chooses --placement"),
     (["--consistency", "asp"], "--consistency: bounded staleness"),
     (["--mode", "allreduce", "--servers", "1"], "drop --servers 1"),
 ])
