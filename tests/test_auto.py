@@ -10,9 +10,8 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from mpi4py import MPI
-
 from mpi_util import SHARED_MEMORY, assert_all
+
 from pshybrid import auto, planner
 from pshybrid.config import TrainConfig
 from pshybrid.errors import ConfigError
@@ -129,8 +128,8 @@ def test_auto_trains_as_the_fixed_choice(comm):
     fixed = replace(BASE, mode=s["mode"], servers=None if s["auto"]["choice"].startswith(
         ("allreduce", f"{s['mode']} colocated")) else s["servers"],
         placement="colocated" if "colocated" in s["auto"]["choice"] else "dedicated",
-        replicate_rows=next((a["replicate_rows"] for a in s["auto"]["alternatives"]
-                             if a["key"] == s["auto"]["choice"])))
+        replicate_rows=next(a["replicate_rows"] for a in s["auto"]["alternatives"]
+                             if a["key"] == s["auto"]["choice"]))
     ref = train(fixed, comm, dataset=DATA, collect=True, out=io.StringIO())
     ok, msg = True, ""
     if comm.rank == 0:
