@@ -79,6 +79,7 @@ from pshybrid.optim import SLOTS
 
 # the wire terms --mode auto prices with (one copy): links, ring collectives, server NICs
 from pshybrid.planner import (
+    MEMORY_SHARE,
     PRESETS,
     Link,
     padded,
@@ -462,6 +463,23 @@ def cross_workload(src: dict, dst: dict, row_width: int = ROW_WIDTH) -> list[dic
     return out
 
 
+def auto_picks(proj: dict, worker_bytes: float, node_memory: float) -> dict:
+    """What --mode auto would pick at each projected node count: {preset: {k: [mode per
+    N]}}: the most samples/s among hybrid, ps and allreduce (the compute-only floor is no
+    alternative), allreduce only where a node's k workers' whole tables fit
+    ``MEMORY_SHARE`` of ``node_memory`` (the same rule as auto's). Colocated placements and
+    hot rows are not in this projection."""
+    out = {}
+    for p, byk in proj.items():
+        for k, res in byk.items():
+            ok = [m for m in ("hybrid", "ps", "allreduce") if m in res and (
+                m != "allreduce" or int(k) * worker_bytes <= MEMORY_SHARE * node_memory)]
+            n = len(next(iter(res.values()))["samples_per_s"])
+            out.setdefault(p, {})[k] = [max(ok, key=lambda m: res[m]["samples_per_s"][i])
+                                        for i in range(n)]
+    return out
+
+
 def table_rows(max_cardinality: int) -> int:
     """Rows of modes_bench's fused table: its CRITEO_KAGGLE cardinalities, capped (read
     from the source: importing modes_bench would start MPI)."""
@@ -492,6 +510,8 @@ def main(argv=None) -> int:
                     help="the dense bytes that stay on a node at this speed (e.g. NVLink) "
                          "instead of their measured one-node cost")
     ap.add_argument("--row-width", type=int, default=ROW_WIDTH)
+    ap.add_argument("--node-memory", type=float, default=24.0, metavar="GB",
+                    help="memory per node for the auto pick's memory check (default 24)")
     cg = ap.add_mutually_exclusive_group()
     cg.add_argument("--compute-speedup", type=float, metavar="X",
                     help="GPU-class workers: fwd_bwd and dense_apply divided by X (stated)")
@@ -625,8 +645,17 @@ def main(argv=None) -> int:
           f" state, at any N; hybrid/ps: {mem['server_bytes_times_nodes'] / 1e9:.2f} GB / N "
           f"per server")
 
+    picks = auto_picks(proj, mem["allreduce_worker_bytes"], a.node_memory * 1e9)
+    print(f"--mode auto would pick (the most samples/s among hybrid, ps and allreduce with "
+          f"dedicated servers; allreduce only where k whole tables fit "
+          f"{MEMORY_SHARE:.0%} of {a.node_memory:g} GB per node):")
+    for p, byk in picks.items():
+        for k, ms in byk.items():
+            print(f"  {p:<6} k={k:<3}" + "".join(f"{'N=' + str(n)}:{m:<10}"
+                                                for n, m in zip(nodes, ms)))
+
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(
+        Path(a.json).write_text(json.dumps(dict(auto_picks=picks,
             calibrated_from=name0, workers_per_node=ks, servers_per_node=1, **kw,
             compute=ch.compute, links={p: asdict(lk) for p, lk in links.items()},
             calib={m: asdict(c) for m, c in calib.items()}, validation=val,

@@ -639,3 +639,14 @@ def test_intra_node_speed_replaces_the_measured_on_node_dense_cost():
         got = sc.predict(q, N, k, lk, intra_node=bw)["local"]
         base = sc.predict(q, N, k, lk)["local"] - 6e-3 / N
         assert got == pytest.approx(base + 2 * sc.padded(1_000_000) * 4 / N / bw)
+
+
+def test_auto_picks_the_fastest_mode_that_fits():
+    """The pick per node count is the mode with the most samples/s; allreduce only where a
+    node's k whole tables fit the memory share (the same rule as --mode auto)."""
+    res = {"hybrid": {"samples_per_s": [1.0, 5.0, 3.0]}, "ps": {"samples_per_s": [2.0, 1.0, 4.0]},
+           "allreduce": {"samples_per_s": [9.0, 9.0, 0.5]}, "compute": {"samples_per_s": [99] * 3}}
+    proj = {"eth25": {"2": res}}
+    assert sc.auto_picks(proj, 1e9, 10e9) == {"eth25": {"2": ["allreduce", "allreduce", "ps"]}}
+    # two workers' whole tables (2 x 4.5 GB) over 80% of 10 GB: allreduce is refused
+    assert sc.auto_picks(proj, 4.5e9, 10e9) == {"eth25": {"2": ["ps", "hybrid", "ps"]}}
