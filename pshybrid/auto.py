@@ -1,21 +1,23 @@
-"""``--mode auto``: measure this job (a probe of well under a second), price every
-alternative with ``planner`` and resolve the options to the cheapest, the same on every rank.
+"""``--mode auto``: measure this job (a probe of a second or so), price every alternative
+with ``planner`` and resolve the options to the cheapest, the same on every rank.
 
 The probe, on every rank of the job at once: the id statistics of the first global batches
-of the training order (the batches ``--replicate-rows`` counts: distinct ids per worker batch
-and per global batch, the share of them among the N hottest rows); this model's forward and
-backward on one real batch, the dense optimizer over the dense parameters, the sparse
-optimizer per row, reading and deduplicating one batch; an Allreduce of the dense gradient's
-size and of one element; an RMA Get and Accumulate of one batch's rows, and of one element,
-from the next rank; a Barrier. Every time is the median of a few repeats on each rank, then
-the largest over the ranks (the slowest rank sets a synchronous step), so every rank prices the same
-numbers and picks the same alternative. Memory: an alternative whose ranks on a node would
-need more than ``planner.MEMORY_SHARE`` of the node's available memory (the least any rank
-sees) is refused (``limits.check_sizes``).
+of the training order (distinct ids per worker batch and per global batch, the share of
+them among the N hottest rows, as ``--replicate-rows`` ranks rows); this model's forward
+and backward on one real batch, the dense optimizer over the dense parameters, the sparse
+optimizer per row, reading and deduplicating one batch; an Allreduce of one element and of
+the dense gradient's size (at least ``AR_FLOATS``); an RMA Get and Accumulate of one
+element and of one batch's rows from the next rank; a Barrier. Every time is the median of
+a few repeats on each rank, then the largest over the ranks (the slowest rank sets a
+synchronous step), so every rank prices the same numbers and picks the same alternative.
+Memory: an alternative whose ranks on a node would need more than
+``planner.MEMORY_SHARE`` of the node's available memory (the least any rank sees) is
+refused (``limits.check_sizes``).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, replace
 
@@ -36,6 +38,7 @@ from .topology import default_servers
 from .transport import agree
 
 REPEATS = 7  # timed repeats of each probe (after one untimed warm-up); the median counts
+AR_FLOATS = 1 << 19  # the Allreduce's bandwidth is timed on at least this many floats
 STAT_STEPS = 8  # global batches whose ids the probe counts (modes.hot counts 32 to pick rows)
 
 
@@ -222,16 +225,21 @@ def measure(comm, cfg, model, ps, layout, shape, read):
                                           max(1, shape.servers)))
     links = _wire(comm, shape, dt)
     mine = np.array([compute, dense_apply, row_apply, batch, *links])
-    # Wire: Allreduce(MAX) of the 11 figures; then (MIN) of the available memory: all wait.
+    # Wire: Allreduce(MAX) of the 13 figures; then (MIN) of the available memory and of the
+    # cores of a node: all wait.
     t = np.empty_like(mine)
     comm.Allreduce(mine, t, op=MPI.MAX)
     mem = available_memory()
-    memory = comm.allreduce(mem if mem is not None else -1, op=MPI.MIN)
-    ar = _fit(t[4], t[5], shape.P * dt.itemsize, 2 * (comm.size - 1), 2 * (comm.size - 1) /
-              comm.size)
+    memory, cores = comm.allreduce((mem if mem is not None else -1, os.cpu_count() or 1),
+                                   op=MPI.MIN)
+    ar = _fit(t[4], t[5], max(shape.P, AR_FLOATS) * dt.itemsize, 2 * (comm.size - 1),
+              2 * (comm.size - 1) / comm.size)
+    rows, dense = _rows_bytes(shape), planner.padded(shape.P) * dt.itemsize
     rates = planner.Rates(fwd_bwd=t[0], dense_apply=t[1], row_apply=t[2], batch=t[3],
-                          allreduce=ar, get=_fit(t[6], t[7], _rows_bytes(shape), 1, 1),
-                          acc=_fit(t[8], t[9], _rows_bytes(shape), 1, 1), barrier=t[10])
+                          allreduce=ar, get=_fit(t[6], t[7], rows, 1, 1),
+                          acc=_fit(t[9], t[10], rows, 1, 1), barrier=t[12],
+                          get_dense=_fit(t[6], t[8], dense, 1, 1),
+                          acc_dense=_fit(t[9], t[11], dense, 1, 1), cores=cores)
     return rates, (memory if memory >= 0 else None)
 
 
@@ -249,18 +257,20 @@ def _fit(small: float, big: float, nbytes: int, messages: float, share: float):
 
 
 def _wire(comm, shape, dt):
-    """This rank's (Allreduce small, big, Get small, big, Accumulate small, big, Barrier)
-    seconds."""
+    """This rank's (Allreduce small, big, Get 1, rows, dense, Accumulate 1, rows, dense,
+    Barrier) seconds."""
     mpi_t = MPI.DOUBLE if dt == np.float64 else MPI.FLOAT
-    big, one = np.zeros(shape.P, dt), np.zeros(1, dt)
+    big, one = np.zeros(max(shape.P, AR_FLOATS), dt), np.zeros(1, dt)
     sink = np.empty_like(big)
-    # Wire: Allreduce of one element and of the P dense floats, every rank, a few times.
+    # Wire: Allreduce of one element and of max(P, AR_FLOATS) floats, every rank, a few
+    # times (a small P alone would time the latency, not the bandwidth).
     barrier = _typical(comm.Barrier)
     ar_small = _typical(lambda: comm.Allreduce(one, sink[:1]), REPEATS, comm.Barrier)
     ar_big = _typical(lambda: comm.Allreduce(big, sink), REPEATS, comm.Barrier)
     count = _rows_bytes(shape) // dt.itemsize
-    win = MPI.Win.Allocate(count * dt.itemsize, dt.itemsize, comm=comm)
-    buf = np.zeros(count, dt)
+    dense = planner.padded(shape.P)
+    win = MPI.Win.Allocate(max(count, dense) * dt.itemsize, dt.itemsize, comm=comm)
+    buf = np.zeros(max(count, dense), dt)
     target = (comm.rank + 1) % comm.size
     try:
         win.Lock_all()
@@ -272,10 +282,10 @@ def _wire(comm, shape, dt):
                 win.Accumulate([buf[:k], mpi_t], target, [0, k, mpi_t], op=MPI.SUM)
             win.Flush(target)
 
-        # Wire: one-sided Get / Accumulate of 1 element and of one batch's rows from the
-        # next rank; each rank waits only for its own flush.
+        # Wire: one-sided Get / Accumulate of 1 element, of one batch's rows and of the ps
+        # dense table from the next rank; each rank waits only for its own flush.
         times = [_typical(lambda kd=kind, k=k: op(kd, k), REPEATS, comm.Barrier)
-                 for kind in ("get", "acc") for k in (1, count)]
+                 for kind in ("get", "acc") for k in (1, count, dense)]
         win.Unlock_all()
     finally:
         win.Free()

@@ -86,6 +86,9 @@ class Rates:
     get: Link           # one-sided Get from another rank: per target, bytes/s
     acc: Link           # one-sided Accumulate(SUM) to another rank
     barrier: float = 0.0  # s: a Barrier of every rank (a sync point's cost on a busy node)
+    get_dense: Link | None = None  # ps's dense table: Get and Accumulate at its own size
+    acc_dense: Link | None = None  #   (None: as the rows')
+    cores: int = 0      # cores of a node (0: unknown); the probe ran every rank at once
 
 
 @dataclass(frozen=True)
@@ -143,7 +146,9 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
     row = s.E * s.itemsize
     cold = s.U * (1 - s.hot_share.get(N, 0.0)) if N else s.U
     union = s.union.get(W, s.U * W)
-    t = dict(batch=r.batch, compute=r.fwd_bwd + (r.dense_apply if alt.mode != "ps" else 0.0),
+    cpu = dilation(alt, r, s)
+    t = dict(batch=r.batch * cpu,
+             compute=(r.fwd_bwd + (r.dense_apply if alt.mode != "ps" else 0.0)) * cpu,
              pull=0.0, push=0.0, allreduce=0.0, allgather=0.0, hot_apply=0.0, server=0.0,
              sync=0.0)
     if alt.mode in ("hybrid", "ps"):
@@ -154,8 +159,8 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
                   if s.server_opt else 0.0)
         if alt.mode == "ps":  # the dense table: one Get and one Accumulate per server
             dense = padded(s.P) * s.itemsize
-            t["pull"] += r.get.time(dense, S)
-            t["push"] += r.acc.time(dense, S)
+            t["pull"] += (r.get_dense or r.get).time(dense, S)
+            t["push"] += (r.acc_dense or r.acc).time(dense, S)
             sparse += r.dense_apply / S
         hidden = 0.0
     if alt.mode in ("hybrid", "allreduce"):
@@ -174,6 +179,18 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
         t["sync"] = r.barrier * (2 if colocated else 1)
     step = sum(t.values())
     return dict(t, step=step, samples_per_s=W * s.batch / step if step > 0 else math.inf)
+
+
+def dilation(alt: Alternative, r: Rates, s: Shape) -> float:
+    """The workers' CPU time under ``alt`` relative to the probe's: the probe kept every
+    rank of a node busy; a dedicated placement keeps only its workers busy (servers wait
+    in MPI with back-off sleeps), so with more ranks than cores on a node its workers get
+    max(1, busy / cores) of the probe's max(1, ranks / cores) time slices."""
+    if not r.cores:
+        return 1.0
+    per_node = -(-s.ranks // s.nodes)
+    busy = -(-alt.workers // s.nodes) if alt.placement == "dedicated" else per_node
+    return max(1.0, busy / r.cores) / max(1.0, per_node / r.cores)
 
 
 def choose(alts: list[Alternative], r: Rates, s: Shape, refused: dict | None = None):
