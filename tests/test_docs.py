@@ -381,6 +381,9 @@ COMMANDS = {
         Skip("a benchmark: minutes and GiBs (bench/sample_modes.json is its output)",
              flags_in_help),
     "python bench/scaling.py P1.json P2.json P3.json": Run("bench"),
+    "mpiexec -n 3 python bench/auto_bench.py --workload paper --steps 40 --warmup 10 --repeat 2 "
+    "--no-hot --json auto_paper.json": Skip("a benchmark: minutes on 2 cores (its numbers are in "
+                                            "the text)", flags_in_help),
     "python bench/scaling.py P1.json --cross L1.json": Run("bench"),
     "python bench/scaling.py P1.json --compute-speedup 50 --workers-per-node 1,4,8 --png S.png":
         Run("bench", expect=scaled),
