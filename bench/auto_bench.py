@@ -2,9 +2,10 @@
 # mpiexec -n 3 python bench/auto_bench.py [--workload light|paper|big --steps 150 --repeat 2 --json auto.json]
 """--mode auto beside every fixed alternative it priced, in one run, alternating.
 
-Each round trains ``--mode auto`` (which probes, prices and picks), then every alternative
-of its table that was not refused, one after another on the same ranks, data and seed;
-rounds repeat (``--repeat``) so that the machine's drift hits every variant alike. Per
+Each round trains ``--mode auto`` (which probes, prices and picks) and every alternative of
+its first table that was not refused, one after another on the same ranks, data and seed;
+rounds repeat (``--repeat``), each starting one variant later, so that the machine's drift
+hits every variant alike and none is always first. Per
 variant: the median step after the first ``--warmup`` steps, per round, and the median of
 the rounds. Rank 0 prints auto's choice and its measured step beside the best fixed
 alternative's (the ratio of samples/s: the target is >= 0.95x) and, for every
@@ -88,16 +89,25 @@ def main(argv=None) -> int:
                       embedding_dim=16, **w)
     runs = {"auto": []}
     decisions = []
+    alts = None
     for rnd in range(a.repeat):
-        step, summ = timed(replace(cfg, mode="auto"), comm, data, a.warmup)
-        rec = comm.bcast(summ["auto"] if comm.rank == 0 else None, root=0)
-        decisions.append(rec)
-        runs["auto"].append(step)
-        for alt in rec["alternatives"]:
-            if alt["refused"] or (a.no_hot and alt["replicate_rows"]):
+        # auto first in round 1, then one place later each round (no variant always first)
+        order = ["auto"] + (alts or [])
+        order = order[-rnd % len(order):] + order[:-rnd % len(order)] if rnd else order
+        for key in order:
+            if key == "auto":
+                step, summ = timed(replace(cfg, mode="auto"), comm, data, a.warmup)
+                rec = comm.bcast(summ["auto"] if comm.rank == 0 else None, root=0)
+                decisions.append(rec)
+                runs["auto"].append(step)
+                if alts is None:  # round 1: the alternatives auto priced, in its order
+                    alts = [x["key"] for x in rec["alternatives"] if not x["refused"]
+                            and not (a.no_hot and x["replicate_rows"])]
+                    order += alts
+                    table = {x["key"]: x for x in rec["alternatives"]}
                 continue
-            step, _ = timed(fixed_config(cfg, alt), comm, data, a.warmup)
-            runs.setdefault(alt["key"], []).append(step)
+            step, _ = timed(fixed_config(cfg, table[key]), comm, data, a.warmup)
+            runs.setdefault(key, []).append(step)
         if comm.rank == 0:
             print(f"round {rnd + 1}/{a.repeat}: auto chose {rec['choice']}", flush=True)
     if comm.rank == 0:
@@ -117,6 +127,10 @@ def report(a, runs, decisions) -> None:
           f"{a.repeat} alternating rounds; auto chose {', '.join(chosen)}")
     print(f"auto {auto_sps:,.0f} samples/s vs best fixed ({best}) {sps[best]:,.0f}: "
           f"{auto_sps / sps[best]:.2f}x")
+    pick = max(set(chosen), key=chosen.count)
+    if pick in sps:
+        print(f"auto's pick ({pick}) run as a fixed alternative: {sps[pick]:,.0f} samples/s, "
+              f"{sps[pick] / sps[best]:.2f}x the best fixed")
     print(f"{'alternative':<42}{'predicted ms':>13}{'measured ms':>12}{'error':>8}"
           f"{'samples/s':>12}")
     rows = []
