@@ -175,8 +175,11 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
     if alt.mode in ("hybrid", "ps"):
         colocated = alt.placement == "colocated"
         t["server"] = sparse if colocated else max(0.0, sparse - hidden)
-        # the end-of-step sync with the owners; colocated: also every rank's step messages
-        t["sync"] = r.barrier * (2 if colocated else 1)
+        # a step of the owners (a server-side sparse optimizer, ps's dense one) is a sync
+        # point: the end-of-step barrier; colocated, also receiving every rank's message.
+        # hybrid with plain SGD Accumulates straight into the weights: no owners' step
+        if s.server_opt or alt.mode == "ps":
+            t["sync"] = r.barrier * (2 if colocated else 1)
     step = sum(t.values())
     return dict(t, step=step, samples_per_s=W * s.batch / step if step > 0 else math.inf)
 
