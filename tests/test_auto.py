@@ -141,3 +141,33 @@ def test_auto_trains_as_the_fixed_choice(comm):
                 not in rows or ref.summary["workers"] != s["workers"]:
             ok, msg = False, f"auto ({s['auto']['choice']}) vs fixed: {errs}"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.parametrize("mode,placement,server_opt,barriers", [
+    ("hybrid", "dedicated", True, 1), ("hybrid", "colocated", True, 2),
+    ("hybrid", "dedicated", False, 0), ("hybrid", "colocated", False, 0),
+    ("ps", "dedicated", False, 1), ("ps", "colocated", True, 2)])
+def test_sync_points_are_where_the_owners_step(mode, placement, server_opt, barriers):
+    """A step of the owners (server-side optimizer, ps's dense Adam) costs a Barrier (two
+    colocated: also every rank's message); hybrid with plain SGD has none."""
+    W, S = (3, 1) if placement == "dedicated" else (4, 4)
+    base = planner.price(planner.Alternative(mode, placement, 0, W, S), RATES,
+                         replace(SHAPE, server_opt=server_opt))
+    slow = planner.price(planner.Alternative(mode, placement, 0, W, S),
+                         replace(RATES, barrier=1.0), replace(SHAPE, server_opt=server_opt))
+    assert slow["sync"] == barriers and slow["step"] - base["step"] == pytest.approx(barriers)
+
+
+def test_cpu_dilation_counts_busy_ranks_per_core():
+    """The probe ran all 3 ranks on 2 cores at once (1.5 ranks per core): a dedicated
+    placement's 2 workers get a core each (2/3 of the probe's time), colocated and
+    allreduce keep all 3 busy (as probed); unknown cores or enough of them: unchanged."""
+    s3 = replace(SHAPE, ranks=3, servers=1)
+    ded, col = (planner.Alternative("hybrid", p, 0, w, n)
+                for p, w, n in (("dedicated", 2, 1), ("colocated", 3, 3)))
+    assert planner.dilation(ded, replace(RATES, cores=2), s3) == pytest.approx(2 / 3)
+    assert planner.dilation(col, replace(RATES, cores=2), s3) == 1.0
+    assert planner.dilation(ded, RATES, s3) == planner.dilation(ded, replace(RATES, cores=8),
+                                                                s3) == 1.0
+    t = planner.price(ded, replace(RATES, cores=2), s3)
+    assert t["compute"] == pytest.approx((RATES.fwd_bwd + RATES.dense_apply) * 2 / 3)
