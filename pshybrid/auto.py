@@ -7,7 +7,8 @@ them among the N hottest rows, as ``--replicate-rows`` ranks rows); this model's
 and backward on one real batch, the dense optimizer over the dense parameters, the sparse
 optimizer per row, reading and deduplicating one batch; an Allreduce of one element and of
 the dense gradient's size (at least ``AR_FLOATS``); an RMA Get and Accumulate of one
-element and of one batch's rows from the next rank; a Barrier. Every time is the median of
+element and of one batch's rows from the next rank, and every rank's Accumulate into one
+owner at once; a Barrier. Every time is the median of
 a few repeats on each rank, then the largest over the ranks (the slowest rank sets a
 synchronous step), so every rank prices the same numbers and picks the same alternative.
 Memory: an alternative whose ranks on a node would need more than
@@ -225,7 +226,7 @@ def measure(comm, cfg, model, ps, layout, shape, read):
                                           max(1, shape.servers)))
     links = _wire(comm, shape, dt)
     mine = np.array([compute, dense_apply, row_apply, batch, *links])
-    # Wire: Allreduce(MAX) of the 13 figures; then (MIN) of the available memory and of the
+    # Wire: Allreduce(MAX) of the 14 figures; then (MIN) of the available memory and of the
     # cores of a node: all wait.
     t = np.empty_like(mine)
     comm.Allreduce(mine, t, op=MPI.MAX)
@@ -239,7 +240,8 @@ def measure(comm, cfg, model, ps, layout, shape, read):
                           allreduce=ar, get=_fit(t[6], t[7], rows, 1, 1),
                           acc=_fit(t[9], t[10], rows, 1, 1), barrier=t[12],
                           get_dense=_fit(t[6], t[8], dense, 1, 1),
-                          acc_dense=_fit(t[9], t[11], dense, 1, 1), cores=cores)
+                          acc_dense=_fit(t[9], t[11], dense, 1, 1), cores=cores,
+                          acc_owner=(comm.size - 1) * max(rows, dense) / t[13] if t[13] else 0.0)
     return rates, (memory if memory >= 0 else None)
 
 
@@ -258,7 +260,7 @@ def _fit(small: float, big: float, nbytes: int, messages: float, share: float):
 
 def _wire(comm, shape, dt):
     """This rank's (Allreduce small, big, Get 1, rows, dense, Accumulate 1, rows, dense,
-    Barrier) seconds."""
+    every rank's Accumulate into one, Barrier) seconds."""
     mpi_t = MPI.DOUBLE if dt == np.float64 else MPI.FLOAT
     big, one = np.zeros(max(shape.P, AR_FLOATS), dt), np.zeros(1, dt)
     sink = np.empty_like(big)
@@ -286,10 +288,20 @@ def _wire(comm, shape, dt):
         # dense table from the next rank; each rank waits only for its own flush.
         times = [_typical(lambda kd=kind, k=k: op(kd, k), REPEATS, comm.Barrier)
                  for kind in ("get", "acc") for k in (1, count, dense)]
+        # Wire: every rank but 0 Accumulates the larger size into rank 0 at once (what the
+        # workers of a ps or plain-SGD step do to an owner); rank 0 only waits.
+        size = max(count, dense)
+
+        def crowd():
+            if comm.rank:
+                win.Accumulate([buf[:size], mpi_t], 0, [0, size, mpi_t], op=MPI.SUM)
+                win.Flush(0)
+
+        times.append(_typical(crowd, REPEATS, comm.Barrier) if comm.size > 1 else 0.0)
         win.Unlock_all()
     finally:
         win.Free()
-    return (ar_small, ar_big, *times, barrier)
+    return (ar_small, ar_big, *times[:6], barrier, times[6])
 
 
 # -- memory ---------------------------------------------------------------------------------

@@ -89,6 +89,8 @@ class Rates:
     get_dense: Link | None = None  # ps's dense table: Get and Accumulate at its own size
     acc_dense: Link | None = None  #   (None: as the rows')
     cores: int = 0      # cores of a node (0: unknown); the probe ran every rank at once
+    acc_owner: float = 0.0  # bytes/s one owner takes in when every other rank Accumulates
+    #   into it at once (0: unknown, not priced)
 
 
 @dataclass(frozen=True)
@@ -155,12 +157,17 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
         t["pull"] = r.get.time(cold * row, S)
         per_id = 8 + row if s.server_opt else row
         t["push"] = r.acc.time(cold * per_id, S * (2 if s.server_opt else 1))
+        acc_in = 0.0 if s.server_opt else cold * row  # bytes Accumulated per worker
         sparse = (union * (1 - s.hot_share.get(N, 0.0)) / S * r.row_apply
                   if s.server_opt else 0.0)
         if alt.mode == "ps":  # the dense table: one Get and one Accumulate per server
             dense = padded(s.P) * s.itemsize
             t["pull"] += (r.get_dense or r.get).time(dense, S)
             t["push"] += (r.acc_dense or r.acc).time(dense, S)
+            acc_in += dense
+        if r.acc_owner and acc_in:  # every worker Accumulates into every owner at once: an
+            #   owner takes in W/S workers' shares, at its measured crowded rate
+            t["push"] = max(t["push"], W * acc_in / S / r.acc_owner)
             sparse += r.dense_apply / S
         hidden = 0.0
     if alt.mode in ("hybrid", "allreduce"):

@@ -171,3 +171,17 @@ def test_cpu_dilation_counts_busy_ranks_per_core():
                                                                 s3) == 1.0
     t = planner.price(ded, replace(RATES, cores=2), s3)
     assert t["compute"] == pytest.approx((RATES.fwd_bwd + RATES.dense_apply) * 2 / 3)
+
+
+def test_a_crowded_owner_bounds_the_accumulates():
+    """ps: the W/S workers per owner Accumulate their dense share into it at once; at the
+    owner's measured crowded rate that bounds the push (hand arithmetic); a server-side
+    sparse optimizer's rows go two-sided and are not Accumulated."""
+    alt = planner.Alternative("ps", "dedicated", 0, 3, 1)
+    slow = replace(RATES, acc_owner=1e6)
+    dense = planner.padded(SHAPE.P) * 4
+    assert planner.price(alt, slow, SHAPE)["push"] == pytest.approx(3 * dense / 1e6)
+    hyb = planner.Alternative("hybrid", "dedicated", 0, 3, 1)
+    assert planner.price(hyb, slow, SHAPE)["push"] == planner.price(hyb, RATES, SHAPE)["push"]
+    sgd = replace(SHAPE, server_opt=False)
+    assert planner.price(hyb, slow, sgd)["push"] == pytest.approx(3 * 2500 * 17 * 4 / 1e6)
