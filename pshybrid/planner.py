@@ -11,8 +11,8 @@ and, except in ``ps``, the dense optimizer) are measured on this job's model and
 the communication terms are a message latency times the messages plus the bytes over the
 measured bandwidth of the operation that moves them (``Link``); ``server`` is the owners'
 sparse (and ``ps``'s dense) optimizer, hidden behind the workers' Allreduce on dedicated
-servers, inside every rank's step when colocated; ``sync`` the owners' sync points, a
-measured Barrier each. The alternatives are ranked by seconds
+servers, inside every rank's step when colocated; ``sync`` the step's sync points (the
+workers' collectives, the owners' step), a measured Barrier each. The alternatives are ranked by seconds
 per sample (step / (W * b)): placements change the number of workers W.
 """
 
@@ -151,8 +151,7 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
     cpu = dilation(alt, r, s)
     t = dict(batch=r.batch * cpu,
              compute=(r.fwd_bwd + (r.dense_apply if alt.mode != "ps" else 0.0)) * cpu,
-             pull=0.0, push=0.0, allreduce=0.0, allgather=0.0, hot_apply=0.0, server=0.0,
-             sync=0.0)
+             pull=0.0, push=0.0, allreduce=0.0, allgather=0.0, hot_apply=0.0, server=0.0)
     if alt.mode in ("hybrid", "ps"):
         t["pull"] = r.get.time(cold * row, S)
         per_id = 8 + row if s.server_opt else row
@@ -170,6 +169,12 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
             t["push"] = max(t["push"], W * acc_in / S / r.acc_owner)
             sparse += r.dense_apply / S
         hidden = 0.0
+    # collectives over the workers: each is a sync point where a busy node's ranks wait for
+    # the slowest (a measured Barrier each): the dense Allreduce, the hot rows' one, the
+    # allreduce mode's three Allgathers (counts, ids, rows)
+    waits = (1 if alt.mode != "ps" else 0) + (1 if N else 0) + (3 if alt.mode == "allreduce"
+                                                                 else 0)
+    t["sync"] = r.barrier * waits if W > 1 else 0.0
     if alt.mode in ("hybrid", "allreduce"):
         t["allreduce"] = ring_allreduce(s.P * s.itemsize, W, r.allreduce)
         hidden = t["allreduce"] + r.dense_apply
@@ -186,7 +191,7 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
         # point: the end-of-step barrier; colocated, also receiving every rank's message.
         # hybrid with plain SGD Accumulates straight into the weights: no owners' step
         if s.server_opt or alt.mode == "ps":
-            t["sync"] = r.barrier * (2 if colocated else 1)
+            t["sync"] += r.barrier * (2 if colocated else 1)
     step = sum(t.values())
     return dict(t, step=step, samples_per_s=W * s.batch / step if step > 0 else math.inf)
 

@@ -149,12 +149,14 @@ def test_auto_trains_as_the_fixed_choice(comm):
     ("ps", "dedicated", False, 1), ("ps", "colocated", True, 2)])
 def test_sync_points_are_where_the_owners_step(mode, placement, server_opt, barriers):
     """A step of the owners (server-side optimizer, ps's dense Adam) costs a Barrier (two
-    colocated: also every rank's message); hybrid with plain SGD has none."""
+    colocated: also every rank's message), hybrid with plain SGD has none; and each
+    collective of the workers one (hybrid's dense Allreduce)."""
     W, S = (3, 1) if placement == "dedicated" else (4, 4)
     base = planner.price(planner.Alternative(mode, placement, 0, W, S), RATES,
                          replace(SHAPE, server_opt=server_opt))
     slow = planner.price(planner.Alternative(mode, placement, 0, W, S),
                          replace(RATES, barrier=1.0), replace(SHAPE, server_opt=server_opt))
+    barriers += 1 if mode == "hybrid" else 0  # the dense Allreduce
     assert slow["sync"] == barriers and slow["step"] - base["step"] == pytest.approx(barriers)
 
 
@@ -185,3 +187,11 @@ def test_a_crowded_owner_bounds_the_accumulates():
     assert planner.price(hyb, slow, SHAPE)["push"] == planner.price(hyb, RATES, SHAPE)["push"]
     sgd = replace(SHAPE, server_opt=False)
     assert planner.price(hyb, slow, sgd)["push"] == pytest.approx(3 * 2500 * 17 * 4 / 1e6)
+
+
+def test_allreduce_mode_waits_at_four_collectives_and_hot_rows_at_one_more():
+    slow = replace(RATES, barrier=1.0)
+    ar = planner.price(planner.Alternative("allreduce", "-", 0, 4, 0), slow, SHAPE)
+    hot = planner.price(planner.Alternative("hybrid", "colocated", 1024, 4, 4), slow, SHAPE)
+    one = planner.price(planner.Alternative("allreduce", "-", 0, 1, 0), slow, SHAPE)
+    assert (ar["sync"], hot["sync"], one["sync"]) == (4, 1 + 1 + 2, 0)
