@@ -1,4 +1,4 @@
-"""``--mode auto``: measure this job (a probe of a second or so), price every alternative
+"""``--mode auto``: measure this job (a probe of a few seconds), price every alternative
 with ``planner`` and resolve the options to the cheapest, the same on every rank.
 
 The probe, on every rank of the job at once: the id statistics of the first global batches

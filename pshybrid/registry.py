@@ -51,5 +51,5 @@ MODES: dict[str, ModeSpec] = {m.name: m for m in (
              "every table on every worker: sparse gradients Allgathered, dense Allreduced"),
     ModeSpec("auto", "chosen", "chosen",
              "mode, placement and --replicate-rows picked at start-up by a cost model "
-             "calibrated on this job (a probe of well under a second)"),
+             "calibrated on this job (a probe of a few seconds at start-up)"),
 )}
