@@ -76,7 +76,19 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pshybrid.optim import SLOTS
-from pshybrid.registry import DENSE_ROW
+
+# the wire terms --mode auto prices with (one copy): links, ring collectives, server NICs
+from pshybrid.planner import (
+    MEMORY_SHARE,
+    PRESETS,
+    Link,
+    padded,
+    ring_allgather,
+    ring_allreduce,
+    server_messages,
+    server_nic_bytes,
+)
+
 ROW_WIDTH = 17  # modes_bench's fused row: embedding dim 16 + the wide (linear) weight
 BWD_FRACTION = 2 / 3  # --overlap: share of fwd_bwd that is backward (2 of 3 matmul passes)
 PAPER_HYBRID_OVER_PS_16 = 1.48  # the paper: Hybrid 48% faster than TF-PS at 16 nodes
@@ -88,34 +100,6 @@ COMPUTE = ("fwd_bwd", "dense_apply")  # what a GPU worker replaces
 SYNC = {"hybrid": ("allreduce", "wait"), "ps": ("wait",), "allreduce": ("push", "allreduce"),
         "compute": ()}
 EFFICIENCY, GAIN = 0.5, 0.10  # saturation: efficiency < 50%; plateau: < 10% per doubling
-
-
-@dataclass(frozen=True)
-class Link:
-    latency: float  # seconds per message
-    bandwidth: float  # bytes/s, each direction (full duplex)
-    label: str = ""
-
-
-PRESETS = {"eth25": Link(10e-6, 3.1e9, "25 Gb/s Ethernet"),
-           "ib100": Link(1.5e-6, 12.5e9, "100 Gb/s InfiniBand")}
-
-
-def ring_allreduce(nbytes: float, W: int, link: Link) -> float:
-    """Ring Allreduce of ``nbytes`` over W ranks: 2(W-1) steps of nbytes/W each."""
-    return 2 * (W - 1) / W * nbytes / link.bandwidth + 2 * (W - 1) * link.latency if W > 1 else 0.0
-
-
-def ring_allgather(nbytes_each: float, W: int, link: Link) -> float:
-    """Ring Allgather, ``nbytes_each`` per rank: W-1 steps, each forwards one rank's block."""
-    return (W - 1) * (nbytes_each / link.bandwidth + link.latency)
-
-
-def server_nic_bytes(per_worker: float, nodes: int, k: int) -> float:
-    """Off-node bytes one server's NIC carries in one phase when each of W = nodes*k
-    workers exchanges ``per_worker`` bytes spread over the S = nodes servers."""
-    W, S = nodes * k, nodes
-    return W / S * per_worker * (nodes - 1) / nodes
 
 
 def server_exchange(get: float, acc: float, nodes: int, k: int, link: Link,
@@ -133,13 +117,6 @@ def ring_on_node(nodes: int, k: int, W0: int) -> float:
     W = nodes * k
     on = 1.0 if nodes == 1 else (k - 1) / k
     return (2 * (W - 1) / W * on) / (2 * (W0 - 1) / W0) if W0 > 1 else 1.0
-
-
-def server_messages(mode: str, ids: bool) -> int:
-    """Messages a worker sends each server per step (each costs one latency): the rows'
-    Get; with a server-side optimizer the step message (row ids, then gradient sums), else
-    one Accumulate (direct SGD); ps adds the dense table's Get and Accumulate."""
-    return (1 + (2 if ids else 1)) + (2 if mode == "ps" else 0)
 
 
 def middle_half(steps) -> list[int]:
@@ -271,10 +248,6 @@ def hidden(mode: str, local: dict, allreduce_wire: float = 0.0) -> float:
     if mode != "hybrid":
         return 0.0
     return local.get("allreduce", 0.0) + allreduce_wire + local.get("dense_apply", 0.0)
-
-
-def padded(P: int) -> int:
-    return -(-P // DENSE_ROW) * DENSE_ROW
 
 
 # -- the compute a GPU worker replaces, and a different dense size ---------------------------
@@ -497,6 +470,23 @@ def cross_workload(src: dict, dst: dict, row_width: int = ROW_WIDTH) -> list[dic
     return out
 
 
+def auto_picks(proj: dict, worker_bytes: float, node_memory: float) -> dict:
+    """What --mode auto would pick at each projected node count: {preset: {k: [mode per
+    N]}}: the most samples/s among hybrid, ps and allreduce (the compute-only floor is no
+    alternative), allreduce only where a node's k workers' whole tables fit
+    ``MEMORY_SHARE`` of ``node_memory`` (the same rule as auto's). Colocated placements and
+    hot rows are not in this projection."""
+    out = {}
+    for p, byk in proj.items():
+        for k, res in byk.items():
+            ok = [m for m in ("hybrid", "ps", "allreduce") if m in res and (
+                m != "allreduce" or int(k) * worker_bytes <= MEMORY_SHARE * node_memory)]
+            n = len(next(iter(res.values()))["samples_per_s"])
+            out.setdefault(p, {})[k] = [max(ok, key=lambda m: res[m]["samples_per_s"][i])
+                                        for i in range(n)]
+    return out
+
+
 def table_rows(max_cardinality: int) -> int:
     """Rows of modes_bench's fused table: its CRITEO_KAGGLE cardinalities, capped (read
     from the source: importing modes_bench would start MPI)."""
@@ -540,6 +530,8 @@ def main(argv=None) -> int:
                     help="add hybrid-ssp: hybrid with this share of rows served by the "
                          "workers' caches (modes_bench's hit rate) and the Get pulled a step "
                          "ahead, behind the compute (--consistency ssp:K)")
+    ap.add_argument("--node-memory", type=float, default=24.0, metavar="GB",
+                    help="memory per node for the auto pick's memory check (default 24)")
     cg = ap.add_mutually_exclusive_group()
     cg.add_argument("--compute-speedup", type=float, metavar="X",
                     help="GPU-class workers: fwd_bwd and dense_apply divided by X (stated)")
@@ -679,8 +671,17 @@ def main(argv=None) -> int:
           f" state, at any N; hybrid/ps: {mem['server_bytes_times_nodes'] / 1e9:.2f} GB / N "
           f"per server")
 
+    picks = auto_picks(proj, mem["allreduce_worker_bytes"], a.node_memory * 1e9)
+    print(f"--mode auto would pick (the most samples/s among hybrid, ps and allreduce with "
+          f"dedicated servers; allreduce only where k whole tables fit "
+          f"{MEMORY_SHARE:.0%} of {a.node_memory:g} GB per node):")
+    for p, byk in picks.items():
+        for k, ms in byk.items():
+            print(f"  {p:<6} k={k:<3}" + "".join(f"{'N=' + str(n)}:{m:<10}"
+                                                for n, m in zip(nodes, ms)))
+
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(
+        Path(a.json).write_text(json.dumps(dict(auto_picks=picks,
             calibrated_from=name0, workers_per_node=ks, servers_per_node=1, **kw,
             compute=ch.compute, links={p: asdict(lk) for p, lk in links.items()},
             calib={m: asdict(c) for m, c in calib.items()}, validation=val,

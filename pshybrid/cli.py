@@ -35,7 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "per-rank roles")
     info.add_argument("--servers", type=int, default=None,
                       help="number of server ranks (default: one per node)")
-    info.add_argument("--mode", choices=tuple(MODES), default="hybrid",
+    info.add_argument("--mode", choices=tuple(m for m in MODES if not MODES[m].chosen),
+                      default="hybrid",
                       help="communication mode, decides whether servers are needed")
     info.add_argument("--placement", choices=("dedicated", "colocated"), default="dedicated",
                       help="as train's --placement: server ranks, or a shard on every rank")

@@ -354,6 +354,9 @@ class TrainConfig:
             raise _error("--checkpoint-every needs --checkpoint-dir")
         if self.eval_every and self.eval_data is None:
             raise _error("--eval-every needs --eval-data")
+        if MODES[self.mode].chosen and (self.replicate_rows or self.placement != "dedicated"):
+            raise _error(f"--mode {self.mode} chooses --placement and --replicate-rows: drop "
+                         "them (or pick a mode)")
         if self.replicate_rows and (self.mode != "hybrid" or self.device != "cpu"):
             raise _error(f"--replicate-rows {self.replicate_rows}: hot rows join the workers' "
                          "dense Allreduce: only with --mode hybrid on --device cpu")
@@ -365,6 +368,6 @@ class TrainConfig:
         if self.placement == "colocated" and self.servers is not None:
             raise _error(f"--placement colocated puts a shard on every rank: drop --servers "
                          f"{self.servers}")
-        if self.servers and not MODES[self.mode].needs_servers:
+        if self.servers and not MODES[self.mode].needs_servers and not MODES[self.mode].chosen:
             raise _error(f"--mode {self.mode} keeps every table on every worker and uses no "
                          f"server: drop --servers {self.servers} (or use --servers 0)")

@@ -15,11 +15,13 @@ DENSE_ROW = 256  # width of a row of the dense table when the dense weights live
 SPARSE_STRATEGIES = {
     "servers": "sharded row-wise on the server ranks; one-sided RMA Get / Accumulate",
     "replicated": "a full copy on every worker; gradient rows exchanged with Allgather",
+    "chosen": "one of the above, chosen at start-up by a cost model (pshybrid.planner)",
 }
 DENSE_STRATEGIES = {
     "allreduce": "replicated on every worker; gradients summed with Allreduce",
     "servers": f"a table of {DENSE_ROW}-wide rows sharded on the servers, pulled and pushed "
                "every step",
+    "chosen": "as the chosen mode's",
 }
 
 
@@ -34,6 +36,11 @@ class ModeSpec:
     def needs_servers(self) -> bool:
         return "servers" in (self.sparse, self.dense)
 
+    @property
+    def chosen(self) -> bool:
+        """``auto``: resolved to another mode (and placement) before anything is built."""
+        return self.sparse == "chosen"
+
 
 MODES: dict[str, ModeSpec] = {m.name: m for m in (
     ModeSpec("hybrid", "servers", "allreduce",
@@ -42,4 +49,7 @@ MODES: dict[str, ModeSpec] = {m.name: m for m in (
              "embeddings and dense weights on the servers: a parameter server"),
     ModeSpec("allreduce", "replicated", "allreduce",
              "every table on every worker: sparse gradients Allgathered, dense Allreduced"),
+    ModeSpec("auto", "chosen", "chosen",
+             "mode, placement and --replicate-rows picked at start-up by a cost model "
+             "calibrated on this job (a probe of a few seconds at start-up)"),
 )}

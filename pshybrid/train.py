@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import checkpoint
+from . import auto, checkpoint
 from .backend import synchronize, to_device, to_host
 from .config import TrainConfig, from_dict, to_dict
 from .batches import BatchPlan, prefetch, read_ids, worker_batches
@@ -76,6 +76,9 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
     """
     with abort_on_error(comm):
         cfg = from_dict(TrainConfig, to_dict(cfg), "TrainConfig")
+        planned = None
+        if MODES[cfg.mode].chosen:  # --mode auto: probe, price, pick; the same on every rank
+            cfg, planned, dataset = auto.resolve(cfg, comm, dataset, out or sys.stdout)
         spec = MODES[cfg.mode]
         topo = Topology.create(comm, cfg.servers if spec.needs_servers else 0,
                                need_servers=spec.needs_servers,
@@ -87,6 +90,7 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
             if idle and evdata is None:
                 return TrainResult(topo.role)
             job = setup(cfg, topo, data, evdata, out)
+            job.auto = planned
             if idle:  # --eval-data: evaluate the resumed model
                 return score_only(job)
             if not topo.is_worker:
@@ -132,6 +136,7 @@ class Job:
     stop: Preemption | None = None  # SIGUSR1/SIGTERM -> checkpoint and stop (``loop``)
     t_start: float = 0.0
     totals: np.ndarray = field(default_factory=lambda: np.zeros(3))  # loss, samples, labels
+    auto: dict | None = None  # --mode auto: the decision (auto.resolve), into the summary
 
     def save(self, step: int) -> str:
         """Collective: write checkpoint ``step`` (servers join through their loop)."""
@@ -472,5 +477,7 @@ def finish(job: Job) -> TrainResult:
                                        job.result.evals, job.steps,
                                        max(job.steps - job.start, 0),
                                        elapsed, job.t_start - job.t_begin)
+        if job.auto is not None:
+            job.result.summary["auto"] = job.auto
         job.reporter.close(job.result.summary)
     return job.result

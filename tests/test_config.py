@@ -102,8 +102,10 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
      ("--consistency bsp --cache-rows 9: only with --mode hybrid or ps, --placement "
       "dedicated, no --replicate-rows, --device cpu; not with --placement colocated, "
       "--replicate-rows 3")),
-    (["--mode", "auto"], "prog: argument --mode: invalid choice: 'auto' "
-                         "(choose from 'hybrid', 'ps', 'allreduce')"),
+    (["--mode", "bogus"], "prog: argument --mode: invalid choice: 'bogus' "
+                          "(choose from 'hybrid', 'ps', 'allreduce', 'auto')"),
+    (["--mode", "auto", "--replicate-rows", "8"], "--mode auto chooses --placement and "
+                                                  "--replicate-rows: drop them (or pick a mode)"),
     (["--model", "bogus"], "prog: argument --model: invalid choice: 'bogus' "
                            "(choose from 'wdl', 'deepfm', 'dcn', 'dlrm')"),
     (["--epochs", "2"], "--epochs needs --data; the synthetic stream is endless: use --steps"),

@@ -440,6 +440,9 @@ COMMANDS = {
     "--eval-data syn.valid.h5 --consistency bsp,ssp:1,ssp:4,asp --cache-rows 0,15000 --steps 300 "
     "--warmup 30 --repeat 1": Skip("a benchmark: minutes on 2 cores", flags_in_help),
     "python bench/scaling.py P1.json P2.json P3.json": Run("bench"),
+    "mpiexec -n 3 python bench/auto_bench.py --workload paper --steps 40 --warmup 10 --repeat 2 "
+    "--no-hot --json auto_paper.json": Skip("a benchmark: minutes on 2 cores (its numbers are in "
+                                            "the text)", flags_in_help),
     "python bench/scaling.py P1.json --cross L1.json": Run("bench"),
     "python bench/scaling.py P1.json --compute-speedup 50 --workers-per-node 1,4,8 --png S.png":
         Run("bench", expect=scaled),

@@ -60,9 +60,9 @@ def test_one_rank_raising_ends_the_job_fast(kind, needle):
     (["--batch-size", "0"], "--batch-size: must be > 0, got 0"),
     (["--mlp", "abc"], "--mlp: expected comma-separated integers, got 'abc'"),
     (["--lr", "-1"], "--lr"),
-    (["--mode", "auto"], "invalid choice: 'auto'"),
     (["--consistency", "ssp", "--mode", "hybrid"], "--consistency: must be bsp, ssp:K"),
     (["--consistency", "asp", "--device", "cuda"], "not with --device cuda"),
+    (["--mode", "auto", "--placement", "colocated"], "--mode auto chooses --placement"),
     (["--mode", "allreduce", "--servers", "1"], "drop --servers 1"),
 ])
 def test_train_bad_options_fail_on_every_rank(args, needle):

@@ -673,3 +673,14 @@ def test_cli_projects_hybrid_ssp_against_ps(sample, tmp_path, capsys):
         for k, res in byk.items():
             assert all(s >= h for s, h in zip(res["hybrid-ssp"]["samples_per_s"],
                                                res["hybrid"]["samples_per_s"])), (p, k)
+
+
+def test_auto_picks_the_fastest_mode_that_fits():
+    """The pick per node count is the mode with the most samples/s; allreduce only where a
+    node's k whole tables fit the memory share (the same rule as --mode auto)."""
+    res = {"hybrid": {"samples_per_s": [1.0, 5.0, 3.0]}, "ps": {"samples_per_s": [2.0, 1.0, 4.0]},
+           "allreduce": {"samples_per_s": [9.0, 9.0, 0.5]}, "compute": {"samples_per_s": [99] * 3}}
+    proj = {"eth25": {"2": res}}
+    assert sc.auto_picks(proj, 1e9, 10e9) == {"eth25": {"2": ["allreduce", "allreduce", "ps"]}}
+    # two workers' whole tables (2 x 4.5 GB) over 80% of 10 GB: allreduce is refused
+    assert sc.auto_picks(proj, 4.5e9, 10e9) == {"eth25": {"2": ["ps", "hybrid", "ps"]}}

@@ -1,0 +1,197 @@
+"""--mode auto: the cost model's choice against a brute-force minimum over its priced table
+with forced rates (serial), the same choice on every rank, and training under auto equal to
+training with the fixed alternative it picked (MPI, BSP)."""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from mpi_util import SHARED_MEMORY, assert_all
+
+from pshybrid import auto, planner
+from pshybrid.config import TrainConfig
+from pshybrid.errors import ConfigError
+from pshybrid.synthetic import SyntheticCTR
+from pshybrid.train import train
+
+FAST = planner.Link(1e-6, 10e9)
+RATES = planner.Rates(fwd_bwd=1e-3, dense_apply=1e-4, row_apply=50e-9, batch=2e-4,
+                      allreduce=FAST, get=FAST, acc=FAST)
+SHAPE = planner.Shape(ranks=4, nodes=1, servers=1, batch=256, E=17, P=100_000, itemsize=4,
+                      server_opt=True, U=2500.0, union={4: 8000.0, 3: 6500.0},
+                      hot_share={0: 0.0, 1024: 0.4}, hot_touched={(4, 1024): 300.0,
+                                                                  (3, 1024): 280.0})
+
+
+def brute_force(rows):
+    """The oracle: the least seconds per sample over the rows not refused."""
+    ok = [r for r in rows if r["refused"] is None]
+    return min(ok, key=lambda r: r["step"] / (r["workers"] * SHAPE.batch))["key"]
+
+
+@pytest.mark.parametrize("rates,refused,expected", [
+    # an Allreduce 10^4 times slower than RMA: ps moves its dense weights through the owners
+    (replace(RATES, allreduce=planner.Link(1e-2, 1e6)), {}, "ps colocated"),
+    # one second per RMA message: only the allreduce mode sends none
+    (replace(RATES, get=planner.Link(1.0, 10e9), acc=planner.Link(1.0, 10e9)), {}, "allreduce -"),
+    # ... and with it refused (memory), the fewest messages: 1 server, hybrid; its 1024 hot
+    # rows take 40% of the rows off the server's optimizer, which the step hides only in part
+    (replace(RATES, get=planner.Link(1.0, 10e9), acc=planner.Link(1.0, 10e9)),
+     {"allreduce -": "not enough memory"}, "hybrid dedicated, --replicate-rows 1024"),
+    # ... and without hot rows to offer
+    (replace(RATES, get=planner.Link(1.0, 10e9), acc=planner.Link(1.0, 10e9)),
+     {"allreduce -": "not enough memory", "hybrid dedicated, --replicate-rows 1024": "memory"},
+     "hybrid dedicated"),
+    # a sparse optimizer so slow that no rank hides it: spread over every rank, and the
+    # 1024 hot rows (300 touched per step, 40% of the ids) cut the owners' rows
+    (replace(RATES, row_apply=1e-4), {"allreduce -": "memory"},
+     "hybrid colocated, --replicate-rows 1024"),
+])
+def test_forced_rates_pick_the_brute_force_minimum(rates, refused, expected):
+    alts = planner.alternatives(SHAPE)
+    alt, row, rows = planner.choose(alts, rates, SHAPE, refused)
+    assert len(rows) == len(alts) == len({r["key"] for r in rows})
+    assert alt.key == row["key"] == brute_force(rows) == expected
+    assert all(r["refused"] == refused.get(r["key"]) for r in rows)
+
+
+def test_price_terms_add_up_and_match_hand_arithmetic():
+    """hybrid dedicated, 3 workers + 1 server: each term from the formulas by hand."""
+    alt = planner.Alternative("hybrid", "dedicated", 0, 3, 1)
+    t = planner.price(alt, RATES, SHAPE)
+    rows = 2500 * 17 * 4
+    assert t["pull"] == pytest.approx(1e-6 + rows / 10e9)
+    assert t["push"] == pytest.approx(2e-6 + 2500 * (8 + 17 * 4) / 10e9)
+    ar = 2 * 2 / 3 * 400_000 / 10e9 + 2 * 2 * 1e-6
+    assert t["allreduce"] == pytest.approx(ar)
+    assert t["server"] == pytest.approx(max(0.0, 6500 * 50e-9 - ar - 1e-4))
+    parts = sum(v for k, v in t.items() if k not in ("step", "samples_per_s"))
+    assert t["step"] == pytest.approx(parts)
+    assert t["samples_per_s"] == pytest.approx(3 * 256 / t["step"])
+
+
+def test_nothing_fits_is_an_error_naming_every_alternative():
+    alts = planner.alternatives(SHAPE)
+    with pytest.raises(ValueError, match="hybrid dedicated: no room"):
+        planner.choose(alts, RATES, SHAPE, {a.key: "no room" for a in alts})
+
+
+def test_alternatives_follow_the_ranks():
+    one = replace(SHAPE, ranks=1, servers=0)
+    keys = [a.key for a in planner.alternatives(one)]
+    assert "hybrid dedicated" not in keys and "allreduce -" in keys
+    gpu = [a for a in planner.alternatives(replace(SHAPE, cuda=True)) if a.replicate_rows]
+    assert gpu == []
+
+
+@pytest.mark.parametrize("extra", [dict(placement="colocated"), dict(replicate_rows=8)])
+def test_auto_refuses_the_options_it_chooses(extra):
+    with pytest.raises(ConfigError, match="chooses --placement and --replicate-rows"):
+        replace(TrainConfig(mode="auto"), **extra).validate()
+
+
+# -- MPI ------------------------------------------------------------------------------------
+
+DATA = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
+BASE = TrainConfig(model="wdl", embedding_dim=4, mlp=(8, 6), steps=3, batch_size=4,
+                   dtype="float64", lr=0.2, dense_lr=0.05, seed=3, log_every=1,
+                   shared_memory=SHARED_MEMORY, progress="none")
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_picks_the_same_on_every_rank(comm):
+    """Every rank resolves to the same options and prices the same table, and the choice
+    is the brute-force minimum of that table."""
+    cfg, record, _ = auto.resolve(replace(BASE, mode="auto"), comm, DATA)
+    mine = (cfg.mode, cfg.placement, cfg.replicate_rows, cfg.servers, record["choice"],
+            [(r["key"], r["step"], r["refused"]) for r in record["alternatives"]])
+    every = comm.allgather(mine)
+    ok = all(x == every[0] for x in every) and brute_force(record["alternatives"]) == \
+        record["choice"] and 0 < record["predicted_step_s"] < math.inf
+    assert_all(comm, ok, f"{mine} vs rank 0 {every[0]}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_auto_trains_as_the_fixed_choice(comm):
+    """Training under auto == training with the options it picked (BSP, float64)."""
+    got = train(replace(BASE, mode="auto"), comm, dataset=DATA, collect=True, out=io.StringIO())
+    # the reporter (world rank 0, a worker in every placement) holds the summary
+    s = comm.bcast(got.summary if comm.rank == 0 else None, root=0)
+    fixed = replace(BASE, mode=s["mode"], servers=None if s["auto"]["choice"].startswith(
+        ("allreduce", f"{s['mode']} colocated")) else s["servers"],
+        placement="colocated" if "colocated" in s["auto"]["choice"] else "dedicated",
+        replicate_rows=next(a["replicate_rows"] for a in s["auto"]["alternatives"]
+                             if a["key"] == s["auto"]["choice"]))
+    ref = train(fixed, comm, dataset=DATA, collect=True, out=io.StringIO())
+    ok, msg = True, ""
+    if comm.rank == 0:
+        errs = {"dense": rel_err(got.dense, ref.dense), "table": rel_err(got.table, ref.table),
+                "loss": rel_err(np.array([r["loss"] for r in got.log]),
+                                np.array([r["loss"] for r in ref.log]))}
+        rows = {a["key"] for a in s["auto"]["alternatives"]}
+        if max(errs.values()) > 1e-12 or len(got.log) != BASE.steps or s["auto"]["choice"] \
+                not in rows or ref.summary["workers"] != s["workers"]:
+            ok, msg = False, f"auto ({s['auto']['choice']}) vs fixed: {errs}"
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.parametrize("mode,placement,server_opt,barriers", [
+    ("hybrid", "dedicated", True, 1), ("hybrid", "colocated", True, 2),
+    ("hybrid", "dedicated", False, 0), ("hybrid", "colocated", False, 0),
+    ("ps", "dedicated", False, 1), ("ps", "colocated", True, 2)])
+def test_sync_points_are_where_the_owners_step(mode, placement, server_opt, barriers):
+    """A step of the owners (server-side optimizer, ps's dense Adam) costs a Barrier (two
+    colocated: also every rank's message), hybrid with plain SGD has none; and each
+    collective of the workers one (hybrid's dense Allreduce)."""
+    W, S = (3, 1) if placement == "dedicated" else (4, 4)
+    base = planner.price(planner.Alternative(mode, placement, 0, W, S), RATES,
+                         replace(SHAPE, server_opt=server_opt))
+    slow = planner.price(planner.Alternative(mode, placement, 0, W, S),
+                         replace(RATES, barrier=1.0), replace(SHAPE, server_opt=server_opt))
+    barriers += 1 if mode == "hybrid" else 0  # the dense Allreduce
+    assert slow["sync"] == barriers and slow["step"] - base["step"] == pytest.approx(barriers)
+
+
+def test_cpu_dilation_counts_busy_ranks_per_core():
+    """The probe ran all 3 ranks on 2 cores at once (1.5 ranks per core): a dedicated
+    placement's 2 workers get a core each (2/3 of the probe's time), colocated and
+    allreduce keep all 3 busy (as probed); unknown cores or enough of them: unchanged."""
+    s3 = replace(SHAPE, ranks=3, servers=1)
+    ded, col = (planner.Alternative("hybrid", p, 0, w, n)
+                for p, w, n in (("dedicated", 2, 1), ("colocated", 3, 3)))
+    assert planner.dilation(ded, replace(RATES, cores=2), s3) == pytest.approx(2 / 3)
+    assert planner.dilation(col, replace(RATES, cores=2), s3) == 1.0
+    assert planner.dilation(ded, RATES, s3) == planner.dilation(ded, replace(RATES, cores=8),
+                                                                s3) == 1.0
+    t = planner.price(ded, replace(RATES, cores=2), s3)
+    assert t["compute"] == pytest.approx((RATES.fwd_bwd + RATES.dense_apply) * 2 / 3)
+
+
+def test_a_crowded_owner_bounds_the_accumulates():
+    """ps: the W/S workers per owner Accumulate their dense share into it at once; at the
+    owner's measured crowded rate that bounds the push (hand arithmetic); a server-side
+    sparse optimizer's rows go two-sided and are not Accumulated."""
+    alt = planner.Alternative("ps", "dedicated", 0, 3, 1)
+    slow = replace(RATES, acc_owner=1e6)
+    dense = planner.padded(SHAPE.P) * 4
+    assert planner.price(alt, slow, SHAPE)["push"] == pytest.approx(3 * dense / 1e6)
+    hyb = planner.Alternative("hybrid", "dedicated", 0, 3, 1)
+    assert planner.price(hyb, slow, SHAPE)["push"] == planner.price(hyb, RATES, SHAPE)["push"]
+    sgd = replace(SHAPE, server_opt=False)
+    assert planner.price(hyb, slow, sgd)["push"] == pytest.approx(3 * 2500 * 17 * 4 / 1e6)
+
+
+def test_allreduce_mode_waits_at_four_collectives_and_hot_rows_at_one_more():
+    slow = replace(RATES, barrier=1.0)
+    ar = planner.price(planner.Alternative("allreduce", "-", 0, 4, 0), slow, SHAPE)
+    hot = planner.price(planner.Alternative("hybrid", "colocated", 1024, 4, 4), slow, SHAPE)
+    one = planner.price(planner.Alternative("allreduce", "-", 0, 1, 0), slow, SHAPE)
+    assert (ar["sync"], hot["sync"], one["sync"]) == (4, 1 + 1 + 2, 0)
