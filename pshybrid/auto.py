@@ -26,9 +26,9 @@ import numpy as np
 from mpi4py import MPI
 
 from . import planner
-from .batches import BatchPlan, read_ranges
-from .data import H5Dataset
+from .batches import BatchPlan, read_ids
 from .errors import ConfigError, PshybridError
+from .files import open_dataset
 from .layers import ParamSpace, bce_with_logits
 from .limits import available_memory, check_sizes
 from .models import build_model
@@ -130,7 +130,7 @@ def _open(cfg, comm, dataset, opened):
     err, data = None, dataset
     try:
         if data is None and cfg.data:
-            data = H5Dataset(cfg.data)
+            data = open_dataset(cfg.data)
             opened.append(data)
         elif data is None:
             data = SyntheticCTR(seed=cfg.seed)
@@ -143,8 +143,8 @@ def _open(cfg, comm, dataset, opened):
 # -- the data's ids -------------------------------------------------------------------------
 
 def id_stats(cfg, data, layout, N: int, S: int, nodes: int, P: int):
-    """(planner.Shape, a reader of worker 0's first batch (label, dense, sparse)): distinct
-    ids per worker batch and per global batch of each worker count the alternatives have,
+    """(planner.Shape, a reader of worker 0's first batch: ``batches.read_ids``, so multi-hot
+    fields' ids count too): distinct ids per worker batch and per global batch of each worker count the alternatives have,
     and for each --replicate-rows candidate the share of a worker's distinct ids among the
     hottest rows of the sample and the hot rows a global batch touches."""
     b = cfg.batch_size
@@ -152,17 +152,18 @@ def id_stats(cfg, data, layout, N: int, S: int, nodes: int, P: int):
     steps = STAT_STEPS if plan.steps_per_epoch is None else max(1, min(STAT_STEPS,
                                                                       plan.steps_per_epoch))
     Ws = sorted({w for w in (N, N - S) if w >= 1})
-    glob = [layout.global_ids(read_ranges(data, plan.ranges(t, 0, plan.G))[2])
-            for t in range(steps)]
-    rows, counts = np.unique(np.concatenate([g.ravel() for g in glob]), return_counts=True)
+    # each step's fused ids per worker (flat: multi-hot fields' ids included)
+    per = [[read_ids(data, plan.ranges(t, w * b, (w + 1) * b), layout.offsets)[2].ravel()
+            for w in range(N)] for t in range(steps)]
+    rows, counts = np.unique(np.concatenate([x for g in per for x in g]), return_counts=True)
     heat = np.empty(rows.size, np.int64)  # each sampled row's place in the hottest-first order
     heat[np.lexsort((rows, -counts))] = np.arange(rows.size)  # as modes.hot: count, then id
 
     def places(ids):  # the hottest-first places of ids' distinct rows
         return heat[np.searchsorted(rows, np.unique(ids))]
 
-    worker = [places(g[w * b:(w + 1) * b]) for g in glob for w in range(N)]
-    by_w = {W: [places(g[:W * b]) for g in glob] for W in Ws}
+    worker = [places(x) for g in per for x in g]
+    by_w = {W: [places(np.concatenate(g[:W])) for g in per] for W in Ws}
     union = {W: float(np.mean([p.size for p in by_w[W]])) for W in Ws}
     share, touched = {0: 0.0}, {}
     hot = cfg.device == "cpu"
@@ -177,7 +178,7 @@ def id_stats(cfg, data, layout, N: int, S: int, nodes: int, P: int):
                           server_opt=cfg.sparse_optimizer != "sgd", cuda=cfg.device == "cuda",
                           U=float(np.mean([u.size for u in worker])), union=union,
                           hot_share=share, hot_touched=touched)
-    return shape, lambda: read_ranges(data, plan.ranges(0, 0, b))
+    return shape, lambda: read_ids(data, plan.ranges(0, 0, b), layout.offsets)
 
 
 # -- the rates ------------------------------------------------------------------------------
@@ -199,13 +200,13 @@ def _typical(fn, repeats: int = REPEATS, sync=None) -> float:
 def measure(comm, cfg, model, ps, layout, shape, read):
     """(planner.Rates, available memory or None): every figure the slowest rank's."""
     dt = np.dtype(cfg.dtype)
-    label, dense, ids = read()
+    label, dense, ids, *bags = read()  # bags: the multi-hot fields' lengths, if any
     label, dense = label.astype(dt), dense.astype(dt)
     rng = np.random.default_rng(cfg.seed)
     emb = rng.uniform(-0.05, 0.05, ids.shape + (shape.E,)).astype(dt)
 
     def fwd_bwd():
-        z = model.forward(dense, emb)
+        z = model.forward(dense, emb, *bags)
         _, dz = bce_with_logits(z, label)
         ps.zero_grad()
         model.backward(dz * (1.0 / dz.size))
@@ -222,8 +223,7 @@ def measure(comm, cfg, model, ps, layout, shape, read):
     w, g = np.zeros((R, shape.E), dt), np.zeros((R, shape.E), dt)
     sstate = {k: np.zeros_like(w) for k in sparse_opt.slots}
     row_apply = _typical(lambda: sparse_opt.apply_slot(w, g, sstate, 1, rows)) / rows.size
-    batch = _typical(lambda: group_by_owner(layout.global_ids(read()[2]), layout.table.rows,
-                                          max(1, shape.servers)))
+    batch = _typical(lambda: group_by_owner(read()[2], layout.table.rows, max(1, shape.servers)))
     links = _wire(comm, shape, dt)
     mine = np.array([compute, dense_apply, row_apply, batch, *links])
     # Wire: Allreduce(MAX) of the 14 figures; then (MIN) of the available memory and of the
