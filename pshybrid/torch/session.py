@@ -3,14 +3,15 @@ on every worker in ``allreduce`` mode), the mode, the step counter, and the serv
 
 Every ``pt.Table`` is a block of rows of one fused table ``"sparse"`` (``schema.FusedTable``:
 table k's row i is fused row ``offsets[k] + i``), as the native models' fields are; its
-width is the widest table's ``dim`` (narrower tables use the first ``dim`` columns, the rest
-stay zero: their gradients are zero). Initialisation follows the library's rule
+width is the widest table's ``dim`` (narrower tables use the first ``dim`` columns; the
+rest are never read, and their gradients are zero, so they never change). Initialisation follows the library's rule
 (``initializers``: seed, the name ``"sparse"``, the fused row, the fused width).
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 from dataclasses import dataclass
 
@@ -26,6 +27,7 @@ from pshybrid.modes import build_mode
 from pshybrid.optim import SLOTS, Optimizer
 from pshybrid.registry import MODES
 from pshybrid.schema import FusedTable, Schema
+from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
 from pshybrid.transport import abort, abort_on_error, agree
 
@@ -131,31 +133,39 @@ def _excepthook(comm):
 
 
 def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
-         resume: str | None = None, comm=None) -> None:
+         resume: str | None = None, comm=None, exit_servers: bool = True) -> bool:
     """Collective over ``comm`` (default: every rank). Server ranks serve here until the
-    workers call ``shutdown`` and then exit the process with status 0."""
+    workers call ``shutdown`` and then exit the process with status 0 (``exit_servers``
+    False: they return False instead, for a program that goes on; workers return True)."""
     global _session
     comm = MPI.COMM_WORLD if comm is None else comm
-    sys.excepthook = _excepthook(comm)
+    prev_hook, sys.excepthook = sys.excepthook, _excepthook(comm)
     with abort_on_error(comm):
         if _session is not None and not _session.closed:
             raise ConfigError("pt.init was already called in this process", collective=True)
         tables = list(tables)
         _check_tables(tables, mode, servers)
+        if not any(v in os.environ for v in THREAD_VARS):  # one pool of this rank's cores
+            torch.set_num_threads(max(1, int(rank_cores())))
         S = servers if MODES[mode].needs_servers else 0
         topo = Topology.create(comm, S, need_servers=MODES[mode].needs_servers)
         s = _session = Session(topo, tables, mode, seed)
+        s.prev_hook = prev_hook
         if resume is not None:
             s.step = _load_sparse(s, resume)
             s.resume_dir = resolve(resume) if topo.is_worker else None
         if topo.is_worker:
             s.mode.ready()
             atexit.register(shutdown)
-            return
+            return True
         s.mode.serve(s.step, lambda step: _save(s, None, step))
         s.mode.finish()
         topo.free()
-    sys.exit(0)
+        s.closed = True
+    sys.excepthook = prev_hook
+    if exit_servers:
+        sys.exit(0)
+    return False
 
 
 def _load_sparse(s: Session, path: str) -> int:
@@ -165,9 +175,10 @@ def _load_sparse(s: Session, path: str) -> int:
         step_dir = resolve(path)
         meta = read_meta(step_dir)
         where = f"{step_dir}/meta.json"
-        if tuple(meta["schema"]["cardinalities"]) != s.schema.cardinalities:
-            raise InputError(f"{where}: schema cardinalities {meta['schema']['cardinalities']} "
-                             f"are not the tables' rows {list(s.schema.cardinalities)}")
+        cards = meta["schema"]["cardinalities"]
+        if sum(cards) != s.layout.table.rows:  # (a native run's fields, or the same tables)
+            raise InputError(f"{where}: schema cardinalities {cards} sum to {sum(cards)} fused "
+                             f"rows, the tables have {s.layout.table.rows}")
         saved = meta["config"].get("sparse_optimizer")
         if saved != s.sparse_opt.kind:
             raise InputError(f"{where}: config sparse_optimizer is {saved!r}, the tables use "
@@ -220,6 +231,7 @@ def shutdown() -> None:
             s.optimizer.close()
         s.mode.finish()
         s.topo.free()
+    sys.excepthook = s.prev_hook
 
 
 def worker_index() -> int:

@@ -51,10 +51,21 @@ class WDL(torch.nn.Module):
         return self.wide.dense(dense)[:, 0] + e[:, :, self.D].sum(1) + x[:, 0]
 
 
-def main(argv):
+def evaluate(model, path, out):
+    """Logits and labels of every row of ``path`` (no gradients: nothing recorded)."""
+    import h5py
+
+    with h5py.File(path, "r") as f, torch.no_grad():
+        label, dense, sparse = f["label"][...], f["dense"][...], f["sparse"][...]
+        z = [model(torch.from_numpy(dense[i:i + 4096]).to(torch.get_default_dtype()),
+                   torch.from_numpy(sparse[i:i + 4096])) for i in range(0, len(label), 4096)]
+    np.savez(out, logits=torch.cat(z).numpy(), label=label)
+
+
+def parser():
     p = argparse.ArgumentParser()
     p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
+    p.add_argument("--out")
     p.add_argument("--sparse-opt", default="adagrad")
     p.add_argument("--dense-opt", default="adam")
     p.add_argument("--mode", default="hybrid")
@@ -64,22 +75,38 @@ def main(argv):
     p.add_argument("--resume")
     p.add_argument("--checkpoint")
     p.add_argument("--checkpoint-at", type=int, default=-1)
-    a = p.parse_args(argv)
-    torch.set_default_dtype(torch.float64)
+    p.add_argument("--valid", help="worker 0 writes its logits on this file's rows")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--dim", type=int, default=4)
+    p.add_argument("--mlp", default="8,6")
+    p.add_argument("--lr", type=float, default=0.2)
+    p.add_argument("--dense-lr", type=float, default=0.05)
+    p.add_argument("--float32", action="store_true")
+    return p
+
+
+def run(a, comm=None, exit_servers=True):
+    """Train; a worker returns its results (a server None, with ``exit_servers`` False)."""
+    dtype = torch.float32 if a.float32 else torch.float64
+    torch.set_default_dtype(dtype)
     torch.manual_seed(1)
     sch = pt.schema(a.data)
-    D = 4
-    pt.init(servers=a.servers, mode=a.mode, seed=3, resume=a.resume,
-            tables=[pt.Table("sparse", rows=sum(sch.cardinalities), dim=D + 1,
-                             optimizer=a.sparse_opt, lr=0.2, dtype=torch.float64)])
+    D = a.dim
+    if not pt.init(servers=a.servers, mode=a.mode, seed=3, resume=a.resume, comm=comm,
+                   exit_servers=exit_servers,
+                   tables=[pt.Table("sparse", rows=sum(sch.cardinalities), dim=D + 1,
+                                    optimizer=a.sparse_opt, lr=a.lr, dtype=dtype)]):
+        return None
     print("after init", flush=True)  # server ranks never get here: they exit 0 in init
-    model = WDL(sch, D, (8, 6))
+    model = WDL(sch, D, [int(x) for x in a.mlp.split(",")])
     make = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[a.dense_opt]
-    opt = pt.DistributedOptimizer(make(model.parameters(), lr=0.05), model, bucket_mb=1e-6)
+    opt = pt.DistributedOptimizer(make(model.parameters(), lr=a.dense_lr), model,
+                                  bucket_mb=1e-6)
     s = session()
     start = (opt.ps.flat.copy(), s.mode.full_table())
     losses = []
-    for batch in pt.batches(a.data, a.batch, steps=a.steps):
+    steps = a.steps if a.steps > 0 else None
+    for batch in pt.batches(a.data, a.batch, steps=steps, epochs=a.epochs):
         loss = torch.nn.functional.binary_cross_entropy_with_logits(
             model(batch.dense, batch.sparse), batch.label)
         opt.zero_grad()
@@ -89,11 +116,15 @@ def main(argv):
         if s.step == a.checkpoint_at:
             pt.checkpoint(a.checkpoint)
     opt.sync_params()
-    np.savez(f"{a.out}-{pt.worker_index()}.npz", losses=np.array(losses), flat0=start[0],
-             table0=start[1], flat=opt.ps.flat, table=s.mode.full_table(),
-             names=np.array(opt.ps.names))
+    if a.valid and pt.worker_index() == 0:
+        evaluate(model, a.valid, f"{a.out}-valid.npz")
+    out = dict(losses=np.array(losses), flat0=start[0], table0=start[1], flat=opt.ps.flat.copy(),
+               table=s.mode.full_table(), worker=pt.worker_index())
     pt.shutdown()
+    return out
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    args = parser().parse_args(sys.argv[1:])
+    res = run(args)
+    np.savez(f"{args.out}-{res.pop('worker')}.npz", **res)
