@@ -9,11 +9,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mpi4py import MPI  # noqa: E402
+from mpi4py import MPI
 
-import pshybrid.torch as pt  # noqa: E402
-from pshybrid.errors import InputError  # noqa: E402
-from pshybrid.torch.session import session  # noqa: E402
+import pshybrid.torch as pt
+from pshybrid.errors import InputError
+from pshybrid.torch.session import session
 
 LR = 0.5
 

@@ -21,10 +21,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mpi4py import MPI  # noqa: E402
+from mpi4py import MPI
+from mpi_util import assert_all
 
-from mpi_util import assert_all  # noqa: E402
-from pshybrid.synthetic import write_synthetic  # noqa: E402
+from pshybrid.synthetic import write_synthetic
 
 _spec = importlib.util.spec_from_file_location(
     "torch_wdl", pathlib.Path(__file__).parent / "jobs" / "torch_wdl.py")

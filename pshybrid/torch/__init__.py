@@ -19,7 +19,14 @@ from __future__ import annotations
 from pshybrid.torch.embedding import Embedding, EmbeddingBag
 from pshybrid.torch.loader import Batch, batches, schema
 from pshybrid.torch.optimizer import DistributedOptimizer
-from pshybrid.torch.session import Table, checkpoint_to, init, num_workers, shutdown, worker_index
+from pshybrid.torch.session import (
+    Table,
+    checkpoint_to,
+    init,
+    num_workers,
+    shutdown,
+    worker_index,
+)
 
 
 def checkpoint(directory) -> str:

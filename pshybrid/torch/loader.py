@@ -10,6 +10,7 @@ data thread where the rank has a spare core.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,8 +21,8 @@ from pshybrid.data import H5Dataset
 from pshybrid.errors import InputError
 from pshybrid.schema import Schema
 from pshybrid.threads import rank_cores
-from pshybrid.transport import abort_on_error, agree
 from pshybrid.torch.session import session
+from pshybrid.transport import abort_on_error, agree
 
 
 @dataclass
@@ -44,8 +45,8 @@ def schema(path) -> Schema:
 def _open(path, G: int, s):
     err, ds = None, None
     try:
-        ds = H5Dataset(path)
-        if ds.n_rows < G:
+        ds = H5Dataset(path) if isinstance(path, (str, os.PathLike)) else path
+        if getattr(ds, "n_rows", G) < G:
             raise InputError(f"{path}: {ds.n_rows} rows, fewer than one global batch "
                              f"({s.topo.n_workers} workers x batch_size {G // s.topo.n_workers})")
     except InputError as e:
@@ -59,7 +60,8 @@ def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
     """Collective over the workers. Yields ``Batch`` for the job's steps from the current
     one up to ``steps`` (default: ``epochs`` passes over the file, the last partial global
     batch of each dropped). ``shuffle``: the native block shuffle, by ``seed`` (default:
-    ``pt.init``'s)."""
+    ``pt.init``'s). ``path`` may also be a dataset object (``synthetic.SyntheticCTR``, an
+    endless stream: give ``steps``)."""
     s = session()
     W, w = s.topo.n_workers, s.topo.worker_index
     with abort_on_error(s.topo.world):
@@ -67,7 +69,10 @@ def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
             raise InputError(f"batches: batch_size must be >= 1, got {batch_size}",
                              collective=True)
         ds = _open(path, W * batch_size, s)
-    plan = BatchPlan(ds.n_rows, W * batch_size, shuffle, s.seed if seed is None else seed)
+    plan = BatchPlan(getattr(ds, "n_rows", None), W * batch_size, shuffle,
+                     s.seed if seed is None else seed)
+    if steps is None and plan.steps_per_epoch is None:
+        raise InputError("batches: an endless stream needs steps=", collective=True)
     total = steps if steps is not None else epochs * plan.steps_per_epoch
     n = max(total - s.step, 0)
     depth = 2 if rank_cores() >= 2 else 0
@@ -80,4 +85,5 @@ def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
                         torch.from_numpy(np.array(dense)).to(dtype),
                         torch.from_numpy(np.array(sparse, np.int64)))
     finally:
-        ds.close()
+        if ds is not path:
+            ds.close()

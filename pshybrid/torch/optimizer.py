@@ -26,8 +26,8 @@ from pshybrid.layers import ParamSpace
 from pshybrid.modes.dense import AllreduceDense
 from pshybrid.modes.step import Context
 from pshybrid.optim import Optimizer
-from pshybrid.transport import abort_on_error, agree
 from pshybrid.torch.session import DTYPES, session
+from pshybrid.transport import abort_on_error, agree
 
 # torch optimizers whose state maps onto the checkpoint's dense slots: name, {slot: key}
 CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}),
@@ -221,7 +221,7 @@ class DistributedOptimizer:
         return self.ps.flat.copy(), state
 
     def _load(self, step_dir: str) -> None:
-        name, keys = self._kind()
+        _, keys = self._kind()
         flat, state, params = _read_dense(step_dir, tuple(keys), None)
         where = {n: (o, tuple(shape)) for n, o, shape in params}
         for n, p in self.named:

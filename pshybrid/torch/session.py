@@ -15,7 +15,6 @@ import os
 import sys
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from mpi4py import MPI
 

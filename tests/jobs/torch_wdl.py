@@ -10,6 +10,7 @@ Each worker writes OUT-<w>.npz: per-step local losses, start and final dense par
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 
 import numpy as np
@@ -37,7 +38,7 @@ class WDL(torch.nn.Module):
         self.wide = torch.nn.Module()
         self.wide.dense = Lin(sch.n_dense, 1)
         sizes = [sch.n_dense + self.F * D, *mlp, 1]
-        self.over = torch.nn.ModuleList(Lin(a, b) for a, b in zip(sizes[:-1], sizes[1:]))
+        self.over = torch.nn.ModuleList(Lin(a, b) for a, b in itertools.pairwise(sizes))
         self.emb = pt.Embedding("sparse")
         self.offsets = torch.tensor(np.concatenate(([0], np.cumsum(sch.cardinalities)[:-1])))
 
@@ -118,8 +119,8 @@ def run(a, comm=None, exit_servers=True):
     opt.sync_params()
     if a.valid and pt.worker_index() == 0:
         evaluate(model, a.valid, f"{a.out}-valid.npz")
-    out = dict(losses=np.array(losses), flat0=start[0], table0=start[1], flat=opt.ps.flat.copy(),
-               table=s.mode.full_table(), worker=pt.worker_index())
+    out = {"losses": np.array(losses), "flat0": start[0], "table0": start[1],
+           "flat": opt.ps.flat.copy(), "table": s.mode.full_table(), "worker": pt.worker_index()}
     pt.shutdown()
     return out
 
