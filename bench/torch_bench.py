@@ -83,7 +83,7 @@ def step_times(run_steps) -> list[float]:
 def run_native(a, data, cards, world):
     cfg = TrainConfig(model="wdl", mode="hybrid", servers=1, steps=a.steps, batch_size=a.batch,
                       embedding_dim=D, mlp=a.mlp, sparse_optimizer="adagrad",
-                      dense_optimizer="adam", log_every=a.steps, shared_memory="off")
+                      dense_optimizer="adam", log_every=a.steps)  # shared memory: auto, as torch
     res = train(cfg, world, dataset=data, out=io.StringIO())
     return res.step_seconds if res.role == "worker" else None
 

@@ -4,8 +4,9 @@ on every worker in ``allreduce`` mode), the mode, the step counter, and the serv
 Every ``pt.Table`` is a block of rows of one fused table ``"sparse"`` (``schema.FusedTable``:
 table k's row i is fused row ``offsets[k] + i``), as the native models' fields are; its
 width is the widest table's ``dim`` (narrower tables use the first ``dim`` columns; the
-rest are never read, and their gradients are zero, so they never change). Initialisation follows the library's rule
-(``initializers``: seed, the name ``"sparse"``, the fused row, the fused width).
+rest are never read, and their gradients are zero, so they never change). Initialisation
+follows the library's rule (``initializers``: seed, the name ``"sparse"``, the fused row,
+the fused width).
 """
 
 from __future__ import annotations
