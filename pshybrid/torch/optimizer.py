@@ -41,15 +41,8 @@ class TorchDense(AllreduceDense):
         super().__init__(ctx, Optimizer("sgd", 0.0), bucket_bytes)
         self.owner = owner
 
-    def sync(self, step: int) -> bool:
-        timers = self.ctx.timers
-        with timers.time("allreduce"):
-            for r in self._reqs:
-                r.Wait()  # every worker has contributed: the step's sync point
-        self._reqs = []
-        with timers.time("dense_apply"):
-            self.owner.apply_dense()
-        return True
+    def apply(self, step: int) -> None:
+        self.owner.apply_dense()
 
     def state_full(self):
         return self.owner.dense_state()
