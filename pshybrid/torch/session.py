@@ -14,7 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from mpi4py import MPI
@@ -198,10 +198,8 @@ def _save(s: Session, root: str | None, step: int) -> str:
     topo = s.topo
     # Wire: worker 0 tells every rank the directory (servers learn it only here)
     root = topo.world.bcast(root, root=topo.worker_ranks[0])
-    opt = s.optimizer
+    opt = s.optimizer  # (None on servers)
     cfg = s.config(*(opt.checkpoint_optimizer() if opt is not None else ("sgd", 0.001)))
-    from dataclasses import replace
-
     cfg = replace(cfg, checkpoint_dir=root)
     ps = opt.ps if opt is not None else s.mode.dense.ps
     return checkpoint.save(root, step, cfg, topo, s.mode, ps, s.schema)
@@ -211,8 +209,11 @@ def checkpoint_to(root: str) -> str:
     """Workers, collectively: write checkpoint ``step-N`` (N: steps done) under ``root``."""
     s = session()
     with abort_on_error(s.topo.world):
-        if s.optimizer is not None:
-            s.optimizer.sync_params()
+        if s.optimizer is None:
+            raise ConfigError("pt.checkpoint: make the pt.DistributedOptimizer first (the "
+                              "checkpoint holds the model's dense parameters)", collective=True)
+        s.optimizer.checkpoint_optimizer()  # refused here, before the servers are asked
+        s.optimizer.sync_params()
         s.mode.request_checkpoint(s.step)
         return _save(s, str(root), s.step)
 
