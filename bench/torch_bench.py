@@ -37,10 +37,8 @@ import tempfile
 import time
 
 import numpy as np
-import torch
 from mpi4py import MPI
 
-import pshybrid.torch as pt
 from pshybrid.config import TrainConfig
 from pshybrid.schema import field_offsets
 from pshybrid.synthetic import SyntheticCTR
@@ -54,23 +52,44 @@ CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 56
 D = 16
 
 
-class WDL(torch.nn.Module):
-    """The native WDL (docs/models.md) in PyTorch; ``emb``: ids (B, F) -> (B, F, D + 1)."""
+def make_wdl(emb, n_dense, cards, mlp):
+    """The native WDL (docs/models.md) in PyTorch; ``emb``: ids (B, F) -> (B, F, D + 1).
+    (torch is imported only by the torch variants: the native run's processes never load
+    it.)"""
+    import torch
 
-    def __init__(self, emb, n_dense, cards, mlp):
-        super().__init__()
-        self.emb = emb
-        self.register_buffer("offsets", torch.from_numpy(field_offsets(cards)))
-        self.wide = torch.nn.Linear(n_dense, 1)
-        sizes, layers = [n_dense + len(cards) * D, *mlp], []
-        for a, b in itertools.pairwise(sizes):
-            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-        self.deep = torch.nn.Sequential(*layers, torch.nn.Linear(sizes[-1], 1))
+    class WDL(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = emb
+            self.register_buffer("offsets", torch.from_numpy(field_offsets(cards)))
+            self.wide = torch.nn.Linear(n_dense, 1)
+            sizes, layers = [n_dense + len(cards) * D, *mlp], []
+            for a, b in itertools.pairwise(sizes):
+                layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+            self.deep = torch.nn.Sequential(*layers, torch.nn.Linear(sizes[-1], 1))
 
-    def forward(self, dense, sparse):
-        e = self.emb(sparse + self.offsets)
-        deep_in = torch.cat([dense, e[:, :, :D].flatten(1)], dim=1)
-        return (self.wide(dense) + self.deep(deep_in))[:, 0] + e[:, :, D].sum(1)
+        def forward(self, dense, sparse):
+            e = self.emb(sparse + self.offsets)
+            deep_in = torch.cat([dense, e[:, :, :D].flatten(1)], dim=1)
+            return (self.wide(dense) + self.deep(deep_in))[:, 0] + e[:, :, D].sum(1)
+
+    return WDL()
+
+
+def train_steps(model, batches, opts, mark):
+    """One step per (label, dense, sparse) batch: BCE loss, zero_grad, backward, step."""
+    import torch
+
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    for label, dense, sparse in batches:
+        loss = loss_fn(model(dense, sparse), label)
+        for o in opts:
+            o.zero_grad()
+        loss.backward()
+        for o in opts:
+            o.step()
+        mark()
 
 
 def step_times(run_steps) -> list[float]:
@@ -89,28 +108,24 @@ def run_native(a, data, cards, world):
 
 
 def run_torch(a, data, cards, world):
+    import torch
+
+    import pshybrid.torch as pt
+
     if not pt.init(servers=1, mode="hybrid", seed=0, comm=world, exit_servers=False,
                    tables=[pt.Table("sparse", rows=sum(cards), dim=D + 1, lr=0.05)]):
         return None
-    model = WDL(pt.Embedding("sparse"), data.schema.n_dense, cards, a.mlp)
+    model = make_wdl(pt.Embedding("sparse"), data.schema.n_dense, cards, a.mlp)
     opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3), model)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
-
-    def steps(mark):
-        for batch in pt.batches(data, a.batch, steps=a.steps):
-            loss = loss_fn(model(batch.dense, batch.sparse), batch.label)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            mark()
-
-    times = step_times(steps)
+    batches = ((b.label, b.dense, b.sparse) for b in pt.batches(data, a.batch, steps=a.steps))
+    times = step_times(lambda mark: train_steps(model, batches, [opt], mark))
     pt.shutdown()
     return times
 
 
 def run_ddp(a, data, cards, workers):
     """Plain PyTorch: DDP over gloo, the table replicated with sparse gradients."""
+    import torch
     import torch.distributed as dist
 
     from pshybrid.batches import BatchPlan, worker_batches
@@ -123,26 +138,15 @@ def run_ddp(a, data, cards, workers):
     emb = torch.nn.Embedding(sum(cards), D + 1, sparse=True)
     torch.nn.init.uniform_(emb.weight, -0.05, 0.05)
     model = torch.nn.parallel.DistributedDataParallel(
-        WDL(emb, data.schema.n_dense, cards, a.mlp))
+        make_wdl(emb, data.schema.n_dense, cards, a.mlp))
     opt_s = torch.optim.Adagrad(emb.parameters(), lr=0.05)
     opt_d = torch.optim.Adam([p for n, p in model.named_parameters() if "emb" not in n],
                              lr=1e-3)
-    loss_fn = torch.nn.BCEWithLogitsLoss()
     plan = BatchPlan(None, W * a.batch, False, 0)
-    rows = worker_batches(data, plan, 0, a.steps, w * a.batch, a.batch)
-
-    def steps(mark):
-        for label, dense, sparse in rows:
-            loss = loss_fn(model(torch.from_numpy(dense), torch.from_numpy(sparse)),
-                           torch.from_numpy(label))
-            opt_s.zero_grad()
-            opt_d.zero_grad()
-            loss.backward()
-            opt_s.step()
-            opt_d.step()
-            mark()
-
-    times = step_times(steps)
+    batches = ((torch.from_numpy(label), torch.from_numpy(dense), torch.from_numpy(sparse))
+               for label, dense, sparse in worker_batches(data, plan, 0, a.steps, w * a.batch,
+                                                          a.batch))
+    times = step_times(lambda mark: train_steps(model, batches, [opt_s, opt_d], mark))
     dist.destroy_process_group()
     return times
 
@@ -161,8 +165,10 @@ def one_run(a) -> int:
     cards = tuple(min(c, a.max_cardinality) for c in CRITEO_KAGGLE)
     data = SyntheticCTR(seed=0, cardinalities=cards)
     data.rows(0, 1)  # the generator's tables, outside the timed steps
-    torch.set_num_threads(max(1, int(rank_cores())))
-    run_native(argparse.Namespace(**{**vars(a), "steps": 3}), data, cards, world)  # numba
+    if a.variant != "native":  # (pt.init sizes torch's pool the same way)
+        import torch
+
+        torch.set_num_threads(max(1, int(rank_cores())))
     if a.variant == "ddp":
         times = run_ddp(a, data, cards, workers) if workers != MPI.COMM_NULL else None
     else:
