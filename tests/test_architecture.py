@@ -106,6 +106,32 @@ def test_every_module_is_in_the_layer_table_and_imports_go_down():
     assert not bad, "\n".join(bad)
 
 
+def torch_importers(pkg: pathlib.Path) -> list[str]:
+    """Modules outside ``pkg/torch`` that import torch (the core must run without it)."""
+    bad = []
+    for path in sorted(pkg.rglob("*.py")):
+        if path.relative_to(pkg).parts[0] == "torch":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level
+                     else [])
+            if any(n.split(".")[0] == "torch" for n in names):
+                bad.append(f"{module_name(path, pkg)}: line {node.lineno}")
+    return bad
+
+
+def test_only_the_torch_package_imports_torch(tmp_path):
+    assert (PKG / "torch" / "__init__.py").exists()
+    bad = torch_importers(PKG)
+    assert not bad, "torch imported outside pshybrid.torch: " + ", ".join(bad)
+    pkg = tmp_path / "toy"  # the check finds a planted import, lazy or not
+    (pkg / "torch").mkdir(parents=True)
+    (pkg / "torch" / "__init__.py").write_text("import torch\n")
+    (pkg / "core.py").write_text("def f():\n    from torch import nn\n")
+    assert torch_importers(pkg) == ["core: line 2"]
+
+
 def test_no_import_cycles():
     cycle = find_cycle(PKG)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)

@@ -450,6 +450,11 @@ COMMANDS = {
         "needs a GPU (the JSON it writes is faked for the next command)", flags_in_help),
     "python bench/scaling.py P1.json --compute-from gpu.json --workers-per-node 1,4,8": Run(
         "bench", expect=lambda out, cwd: "fake-gpu" in out),
+    # docs/torch.md (its WDL and DLRM are python snippets, run below)
+    'pip install -e ".[torch]"': Skip("needs the network and minutes; installed before the "
+                                      "tests run (the test extra pins torch)", extras),
+    "python bench/torch_bench.py --repeat 3 --json bench_torch.json": Skip(
+        "a benchmark: minutes and GiBs (docs/torch.md gives its numbers)", flags_in_help),
 }
 
 

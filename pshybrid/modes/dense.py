@@ -65,9 +65,14 @@ class AllreduceDense:
                 r.Wait()  # every worker has contributed: the step's sync point
         self._reqs = []
         with timers.time("dense_apply"):
-            self.opt.update(self.ps.flat, self.ps.flat_grad, self.state, step)
-            synchronize(self.ps.flat)  # GPU: time the kernels (no-op on CPU)
+            self.apply(step)
         return True
+
+    def apply(self, step: int) -> None:
+        """The dense optimizer's step on the summed gradients (``pshybrid.torch``: the torch
+        optimizer's)."""
+        self.opt.update(self.ps.flat, self.ps.flat_grad, self.state, step)
+        synchronize(self.ps.flat)  # GPU: time the kernels (no-op on CPU)
 
     def finish(self, step: int) -> None:
         pass

@@ -1,0 +1,40 @@
+"""PyTorch front end: any ``torch.nn.Module`` trained on pshybrid's sharded tables and
+bucketed dense Allreduce (``docs/torch.md``). The only part of pshybrid that imports torch
+(the ``[torch]`` extra)::
+
+    import torch, pshybrid.torch as pt
+    pt.init(servers=1, tables=[pt.Table("ids", rows=10**6, dim=16)], mode="hybrid", seed=0)
+    emb = pt.Embedding("ids")            # LongTensor of any shape -> shape + (16,)
+    opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3), model)
+    for batch in pt.batches("train.h5", batch_size=256):
+        loss = loss_fn(model(batch), batch.label)
+        opt.zero_grad(); loss.backward(); opt.step()
+    pt.shutdown()
+
+Server ranks serve inside ``init`` and exit with status 0 once the workers shut down.
+"""
+
+from __future__ import annotations
+
+from pshybrid.torch.embedding import Embedding, EmbeddingBag
+from pshybrid.torch.loader import Batch, batches, schema
+from pshybrid.torch.optimizer import DistributedOptimizer
+from pshybrid.torch.session import (
+    Table,
+    checkpoint_to,
+    init,
+    num_workers,
+    shutdown,
+    worker_index,
+)
+
+
+def checkpoint(directory) -> str:
+    """Workers, collectively: write checkpoint ``step-N`` (N: the steps done) under
+    ``directory`` in the native format (``python -m pshybrid export`` reads it); returns
+    its path. ``pt.init(..., resume=directory)`` continues from it."""
+    return checkpoint_to(directory)
+
+
+__all__ = ["Batch", "DistributedOptimizer", "Embedding", "EmbeddingBag", "Table", "batches",
+           "checkpoint", "init", "num_workers", "schema", "shutdown", "worker_index"]

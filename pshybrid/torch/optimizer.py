@@ -1,0 +1,248 @@
+"""``DistributedOptimizer``: a torch optimizer's step as the native step sequence.
+
+The model's dense parameters are registered in a ``ParamSpace`` (named as
+``model.named_parameters()``); its flat gradient buffer is the one the dense Allreduce
+reduces in place. A post-accumulate-grad hook per parameter moves a finished gradient into
+its span of that buffer (on CPU the parameter's ``.grad`` then *is* that span, so later
+steps accumulate straight into it) and reports it to ``GradBuckets``, which starts the
+Allreduce in buckets while backward still runs, in reverse order, as the native path does.
+``step()`` runs ``Mode.update``: the servers get the step's embedding-row gradient sums,
+the Allreduce completes, the gradients are averaged over the workers and the torch
+optimizer steps, and the step returns once every update is visible (BSP).
+
+Loss convention: each worker's loss is the mean over its local batch, so the sum over
+workers divided by W is the global batch's mean: dense and embedding gradients are both
+scaled by 1/W, and W workers x batch b == 1 worker x batch W*b.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from pshybrid.checkpoint_files import _read_dense
+from pshybrid.errors import ConfigError, InputError, PshybridError
+from pshybrid.layers import ParamSpace
+from pshybrid.modes.dense import AllreduceDense
+from pshybrid.modes.step import Context
+from pshybrid.optim import Optimizer
+from pshybrid.torch.session import DTYPES, session
+from pshybrid.transport import abort_on_error, agree
+
+# torch optimizers whose state maps onto the checkpoint's dense slots: name, {slot: key}
+CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}),
+                  torch.optim.Adam: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"})}
+
+
+class TorchDense(AllreduceDense):
+    """``AllreduceDense`` whose update is the torch optimizer's ``step``."""
+
+    def __init__(self, ctx, owner, bucket_bytes: int):
+        super().__init__(ctx, Optimizer("sgd", 0.0), bucket_bytes)
+        self.owner = owner
+
+    def apply(self, step: int) -> None:
+        self.owner.apply_dense()
+
+    def state_full(self):
+        return self.owner.dense_state()
+
+
+class DistributedOptimizer:
+    """Wraps ``torch_optimizer`` (over ``model``'s parameters) for the job ``pt.init``
+    started. Construction (collective over the workers) broadcasts worker 0's parameters
+    and, after ``pt.init(resume=...)``, loads the checkpoint's dense weights and state."""
+
+    def __init__(self, torch_optimizer, model: torch.nn.Module, bucket_mb: float = 1.0):
+        s = session()
+        self.s, self.opt, self.model = s, torch_optimizer, model
+        self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        dtypes = {p.dtype for _, p in self.named}
+        if len(dtypes) > 1 or not dtypes <= set(DTYPES):
+            raise ConfigError(f"DistributedOptimizer: the model's parameters must share one "
+                              f"dtype, float32 or float64; found {sorted(map(str, dtypes))}",
+                              collective=True)
+        ps = self.ps = ParamSpace()
+        for n, p in self.named:
+            ps.add(n, tuple(p.shape), "zeros")
+        ps.build(np, np.dtype(DTYPES[dtypes.pop()]) if dtypes else np.float32, 0)
+        self.on_cpu = all(p.device.type == "cpu" for _, p in self.named)
+        self.flat_grad = torch.from_numpy(ps.flat_grad)
+        ctx = Context(s.topo, ps, np, s.mode.timers, s.seed, False)
+        s.mode.dense.close()
+        s.mode.dense = TorchDense(ctx, self, int(bucket_mb * 2**20))
+        self.buckets = s.mode.dense._buckets
+        self.hooks = [p.register_post_accumulate_grad_hook(self._grad_done(n))
+                      for n, p in self.named]
+        with abort_on_error(s.topo.world):
+            self._start()
+        s.optimizer = self
+
+    # -- start: the same weights on every worker ------------------------------------------
+    def _start(self) -> None:
+        s = self.s
+        self.sync_params()
+        # Wire: Bcast of the flat dense parameters from worker 0 over the workers
+        s.topo.workers.Bcast(self.ps.flat, root=0)
+        self._to_params(self.ps.flat)
+        if s.resume_dir is not None:
+            err = None
+            try:
+                self._load(s.resume_dir)
+            except PshybridError as e:
+                err = e
+            agree(s.topo.workers, err)  # Wire: verdict allgather over the workers
+
+    def sync_params(self) -> None:
+        """ps.flat <- the parameters' current values."""
+        for n, p in self.named:
+            self.ps.param(n)[...] = p.detach().cpu().numpy()
+
+    def _to_params(self, flat) -> None:
+        with torch.no_grad():
+            for n, p in self.named:
+                o, k = self.ps.offset(n), p.numel()
+                p.copy_(torch.from_numpy(flat[o:o + k]).reshape(p.shape))
+
+    # -- backward: gradients into the flat buffer, buckets on the wire -------------------
+    def _grad_done(self, name: str):
+        view = self.flat_grad[self.ps.offset(name):][:int(np.prod(self.ps.shape(name)))]
+        view = view.reshape(self.ps.shape(name))
+
+        def hook(p):
+            if self.on_cpu:
+                if p.grad.data_ptr() != view.data_ptr():
+                    view.copy_(p.grad)
+                    p.grad = view  # later backward passes accumulate straight into it
+            else:
+                view.copy_(p.grad)  # GPU: D2H of the finished gradient
+            self.ps.grads_ready(name)
+        return hook
+
+    def zero_grad(self, set_to_none: bool = False) -> None:
+        """Zero the dense gradients (in place: they are the Allreduce's buffer) and drop
+        the embedding gradients of lookups whose backward already ran (a forward pass made
+        before ``zero_grad`` keeps its lookups for the coming backward)."""
+        self.ps.zero_grad()
+        if not self.on_cpu:
+            self.opt.zero_grad(set_to_none=False)
+        keep = []
+        for entry in self.s.entries:
+            if entry[2] is None:
+                keep.append(entry)
+            else:
+                entry[1].release()
+        self.s.entries = keep
+
+    # -- the step ----------------------------------------------------------------------------
+    def step(self) -> None:
+        s = self.s
+        with abort_on_error(s.topo.world):
+            batch, demb, used = self._sparse_batch()
+            s.mode.update(batch, demb, s.step + 1)
+            for b in used:
+                b.release()
+            s.entries = []
+            s.step += 1
+
+    def _sparse_batch(self):
+        """The step's lookups as one Batch and its (n, E) gradients (scaled by 1/W)."""
+        s = self.s
+        E, dtype = s.layout.table.dim, np.dtype(s.layout.table.dtype)
+        done = [(ids, b, g) for ids, b, g in s.entries if g is not None]
+        used = [b for _, b, _ in s.entries]
+        W = s.topo.n_workers
+        if len(done) == 1:
+            ids, batch, _ = done[0]
+        else:
+            ids = np.concatenate([d[0] for d in done]) if done else np.zeros(0, np.int64)
+            batch = s.mode.prepare(ids)
+            used.append(batch)
+        demb = np.zeros((ids.size, E), dtype)
+        k = 0
+        for _, _, g in done:
+            demb[k:k + g.shape[0], :g.shape[1]] = g
+            k += g.shape[0]
+        if W > 1:
+            demb *= 1.0 / W
+        return batch, demb, used
+
+    def apply_dense(self) -> None:
+        """At the sync point: the summed gradients averaged, the torch optimizer's step."""
+        W = self.s.topo.n_workers
+        if W > 1:
+            self.flat_grad.mul_(1.0 / W)
+        if not self.on_cpu:
+            for n, p in self.named:
+                p.grad = torch.from_numpy(self.ps.grad(n)).to(p.device)  # H2D
+        for n, p in self.named:
+            if p.grad is None:  # unused this step: a zero gradient, as native
+                p.grad = torch.from_numpy(self.ps.grad(n)).to(p.device)
+        self.opt.step()
+
+    # -- checkpoints ----------------------------------------------------------------------
+    def _kind(self):
+        for cls, (name, keys) in CHECKPOINTABLE.items():
+            if type(self.opt) is cls:
+                return name, keys
+        raise ConfigError(f"pt.checkpoint: the dense optimizer {type(self.opt).__name__} has "
+                          "no checkpoint form; use torch.optim.SGD (no momentum) or Adam",
+                          collective=True)
+
+    def checkpoint_optimizer(self):
+        """(the checkpoint's dense_optimizer, its lr)."""
+        name, _ = self._kind()
+        group = self.opt.param_groups[0]
+        if name == "sgd" and group.get("momentum", 0):
+            raise ConfigError("pt.checkpoint: SGD with momentum has no checkpoint form",
+                              collective=True)
+        return name, float(group["lr"])
+
+    def dense_state(self):
+        """(flat (P,), {slot: (P,)}) host arrays for the checkpoint."""
+        _, keys = self._kind()
+        self.sync_params()
+        state = {}
+        for slot, key in keys.items():
+            arr = np.zeros_like(self.ps.flat)
+            for n, p in self.named:
+                st = self.opt.state.get(p, {})
+                if key in st:
+                    o = self.ps.offset(n)
+                    arr[o:o + p.numel()] = st[key].detach().cpu().reshape(-1).numpy()
+            state[slot] = arr
+        return self.ps.flat.copy(), state
+
+    def _load(self, step_dir: str) -> None:
+        _, keys = self._kind()
+        flat, state, params = _read_dense(step_dir, tuple(keys), None)
+        where = {n: (o, tuple(shape)) for n, o, shape in params}
+        for n, p in self.named:
+            if n not in where or where[n][1] != tuple(p.shape):
+                got = where[n][1] if n in where else "missing"
+                raise InputError(f"{step_dir}/dense.h5: parameter {n!r} is {got}, the model's "
+                                 f"is {tuple(p.shape)}")
+        with torch.no_grad():
+            for n, p in self.named:
+                o, k = where[n][0], p.numel()
+                p.copy_(torch.from_numpy(flat[o:o + k].astype(self.ps.flat.dtype))
+                        .reshape(p.shape))
+                if keys:
+                    st = self.opt.state[p]
+                    st["step"] = torch.tensor(float(self.s.step))
+                    for slot, key in keys.items():
+                        st[key] = torch.from_numpy(state[slot][o:o + k].astype(
+                            self.ps.flat.dtype)).reshape(p.shape).to(p.device)
+
+    def close(self) -> None:
+        for h in self.hooks:
+            h.remove()
+        self.hooks = []
+
+    # -- what torch code expects of an optimizer ------------------------------------------
+    @property
+    def param_groups(self):
+        return self.opt.param_groups
+
+    def state_dict(self):
+        return self.opt.state_dict()

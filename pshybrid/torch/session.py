@@ -1,0 +1,243 @@
+"""The job ``pt.init`` starts: topology, the tables fused into one table on the servers (or
+on every worker in ``allreduce`` mode), the mode, the step counter, and the servers' loop.
+
+Every ``pt.Table`` is a block of rows of one fused table ``"sparse"`` (``schema.FusedTable``:
+table k's row i is fused row ``offsets[k] + i``), as the native models' fields are; its
+width is the widest table's ``dim`` (narrower tables use the first ``dim`` columns; the
+rest are never read, and their gradients are zero, so they never change). Initialisation
+follows the library's rule (``initializers``: seed, the name ``"sparse"``, the fused row,
+the fused width).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from dataclasses import dataclass, replace
+
+import torch
+from mpi4py import MPI
+
+from pshybrid import checkpoint
+from pshybrid.checkpoint_files import _read_shards, read_meta, resolve
+from pshybrid.config import TrainConfig
+from pshybrid.errors import ConfigError, InputError, PshybridError
+from pshybrid.modes import build_mode
+from pshybrid.optim import SLOTS, Optimizer
+from pshybrid.registry import MODES
+from pshybrid.schema import FusedTable, Schema
+from pshybrid.threads import THREAD_VARS, rank_cores
+from pshybrid.topology import Topology
+from pshybrid.transport import abort, abort_on_error, agree
+
+DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+@dataclass(frozen=True)
+class Table:
+    """One embedding table: ``rows`` x ``dim`` of ``dtype``, updated on the servers by
+    ``optimizer`` ("sgd" | "adagrad" | "adam") with learning rate ``lr``."""
+
+    name: str
+    rows: int
+    dim: int
+    optimizer: str = "adagrad"
+    lr: float = 0.05
+    dtype: torch.dtype = torch.float32
+    init_scale: float = 0.05
+
+
+class Session:
+    """What ``init`` built (one per process)."""
+
+    def __init__(self, topo: Topology, tables: list[Table], mode_name: str, seed: int):
+        self.topo, self.tables, self.seed = topo, {t.name: t for t in tables}, seed
+        self.schema = Schema(0, tuple(t.rows for t in tables), (),
+                             tuple(t.name for t in tables))
+        width = max(t.dim for t in tables)
+        self.layout = FusedTable(self.schema, width, 0, DTYPES[tables[0].dtype],
+                                 init_scale=tables[0].init_scale)
+        self.offsets = {t.name: int(o) for t, o in zip(tables, self.layout.offsets)}
+        t0 = tables[0]
+        self.sparse_opt = Optimizer(t0.optimizer, t0.lr)
+        # the dense strategy is rebuilt by DistributedOptimizer once the model is known
+        from pshybrid.layers import ParamSpace
+
+        self.mode = build_mode(mode_name, topo, self.layout, ParamSpace(), self.sparse_opt,
+                               Optimizer("sgd", 0.0), seed)
+        self.mode_name = mode_name
+        self.step = 0
+        self.resume_dir: str | None = None
+        self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None]
+        self.optimizer = None  # the DistributedOptimizer, once made
+        self.closed = False
+
+    # -- the checkpoint's description of this job (export reads it) ---------------------
+    def config(self, dense_optimizer: str = "sgd", dense_lr: float = 0.001) -> TrainConfig:
+        t0 = next(iter(self.tables.values()))
+        return TrainConfig(model="dlrm", mode=self.mode_name,
+                           servers=self.topo.n_servers if self.topo.n_servers else None,
+                           embedding_dim=self.layout.table.dim, dtype=self.layout.table.dtype,
+                           sparse_optimizer=t0.optimizer, lr=t0.lr,
+                           dense_optimizer=dense_optimizer, dense_lr=dense_lr, seed=self.seed)
+
+
+_session: Session | None = None
+
+
+def session() -> Session:
+    if _session is None or _session.closed:
+        raise ConfigError("pshybrid.torch: call pt.init(...) first (and not after pt.shutdown())")
+    return _session
+
+
+def _check_tables(tables, mode: str, servers: int) -> None:
+    if mode not in ("hybrid", "allreduce"):
+        raise ConfigError(f"pt.init: mode {mode!r}: pshybrid.torch trains with 'hybrid' "
+                          "(tables on the servers) or 'allreduce' (a copy per worker)",
+                          collective=True)
+    if not tables or not all(isinstance(t, Table) for t in tables):
+        raise ConfigError("pt.init: tables must be a non-empty list of pt.Table", collective=True)
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"pt.init: duplicate table names in {names}", collective=True)
+    t0 = tables[0]
+    for t in tables:
+        if t.rows < 1 or t.dim < 1:
+            raise ConfigError(f"pt.Table {t.name!r}: rows and dim must be >= 1, got rows="
+                              f"{t.rows} dim={t.dim}", collective=True)
+        if t.dtype not in DTYPES:
+            raise ConfigError(f"pt.Table {t.name!r}: dtype must be torch.float32 or "
+                              f"torch.float64, got {t.dtype}", collective=True)
+        if t.optimizer not in SLOTS:
+            raise ConfigError(f"pt.Table {t.name!r}: optimizer {t.optimizer!r} is not one of "
+                              f"{sorted(SLOTS)}", collective=True)
+        key = (t.optimizer, t.lr, t.dtype, t.init_scale)
+        if key != (t0.optimizer, t0.lr, t0.dtype, t0.init_scale):
+            raise ConfigError(f"pt.Table {t.name!r}: optimizer, lr, dtype and init_scale must "
+                              f"equal table {t0.name!r}'s (one fused table, one optimizer)",
+                              collective=True)
+    if mode == "allreduce" and servers:
+        raise ConfigError(f"pt.init: mode 'allreduce' uses no server: servers={servers}",
+                          collective=True)
+
+
+def _excepthook(comm):
+    """An uncaught exception on any rank ends the whole job (as the command line does)."""
+    def hook(kind, exc, tb):
+        sys.__excepthook__(kind, exc, tb)
+        if comm.size > 1:
+            abort(comm, 2 if issubclass(kind, PshybridError) else 1)
+    return hook
+
+
+def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
+         resume: str | None = None, comm=None, exit_servers: bool = True) -> bool:
+    """Collective over ``comm`` (default: every rank). Server ranks serve here until the
+    workers call ``shutdown`` and then exit the process with status 0 (``exit_servers``
+    False: they return False instead, for a program that goes on; workers return True)."""
+    global _session
+    comm = MPI.COMM_WORLD if comm is None else comm
+    prev_hook, sys.excepthook = sys.excepthook, _excepthook(comm)
+    with abort_on_error(comm):
+        if _session is not None and not _session.closed:
+            raise ConfigError("pt.init was already called in this process", collective=True)
+        tables = list(tables)
+        _check_tables(tables, mode, servers)
+        if not any(v in os.environ for v in THREAD_VARS):  # one pool of this rank's cores
+            torch.set_num_threads(max(1, int(rank_cores())))
+        S = servers if MODES[mode].needs_servers else 0
+        topo = Topology.create(comm, S, need_servers=MODES[mode].needs_servers)
+        s = _session = Session(topo, tables, mode, seed)
+        s.prev_hook = prev_hook
+        if resume is not None:
+            s.step = _load_sparse(s, resume)
+            s.resume_dir = resolve(resume) if topo.is_worker else None
+        if topo.is_worker:
+            s.mode.ready()
+            atexit.register(shutdown)
+            return True
+        s.mode.serve(s.step, lambda step: _save(s, None, step))
+        s.mode.finish()
+        topo.free()
+        s.closed = True
+    sys.excepthook = prev_hook
+    if exit_servers:
+        sys.exit(0)
+    return False
+
+
+def _load_sparse(s: Session, path: str) -> int:
+    """Every rank: the checkpoint's step; servers load their rows of the fused table."""
+    err, step = None, 0
+    try:
+        step_dir = resolve(path)
+        meta = read_meta(step_dir)
+        where = f"{step_dir}/meta.json"
+        cards = meta["schema"]["cardinalities"]
+        if sum(cards) != s.layout.table.rows:  # (a native run's fields, or the same tables)
+            raise InputError(f"{where}: schema cardinalities {cards} sum to {sum(cards)} fused "
+                             f"rows, the tables have {s.layout.table.rows}")
+        saved = meta["config"].get("sparse_optimizer")
+        if saved != s.sparse_opt.kind:
+            raise InputError(f"{where}: config sparse_optimizer is {saved!r}, the tables use "
+                             f"{s.sparse_opt.kind!r}")
+        step = int(meta["step"])
+        if s.topo.is_server or s.topo.n_servers == 0:
+            _read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
+                         s.mode.owns, s.mode.set_sparse_rows)
+    except PshybridError as e:
+        err = e
+    agree(s.topo.world, err)  # Wire: verdict allgather; nobody pulls before all loaded
+    return step
+
+
+def _save(s: Session, root: str | None, step: int) -> str:
+    """Collective over the world (servers join from their loop): checkpoint ``step``."""
+    topo = s.topo
+    # Wire: worker 0 tells every rank the directory (servers learn it only here)
+    root = topo.world.bcast(root, root=topo.worker_ranks[0])
+    opt = s.optimizer  # (None on servers)
+    cfg = s.config(*(opt.checkpoint_optimizer() if opt is not None else ("sgd", 0.001)))
+    cfg = replace(cfg, checkpoint_dir=root)
+    ps = opt.ps if opt is not None else s.mode.dense.ps
+    return checkpoint.save(root, step, cfg, topo, s.mode, ps, s.schema)
+
+
+def checkpoint_to(root: str) -> str:
+    """Workers, collectively: write checkpoint ``step-N`` (N: steps done) under ``root``."""
+    s = session()
+    with abort_on_error(s.topo.world):
+        if s.optimizer is None:
+            raise ConfigError("pt.checkpoint: make the pt.DistributedOptimizer first (the "
+                              "checkpoint holds the model's dense parameters)", collective=True)
+        s.optimizer.checkpoint_optimizer()  # refused here, before the servers are asked
+        s.optimizer.sync_params()
+        s.mode.request_checkpoint(s.step)
+        return _save(s, str(root), s.step)
+
+
+def shutdown() -> None:
+    """Workers, collectively: stop the servers (they exit), free the store."""
+    s = _session
+    if s is None or s.closed:
+        return
+    with abort_on_error(s.topo.world):
+        s.closed = True
+        for _, batch, _ in s.entries:
+            batch.release()
+        s.entries = []
+        if s.optimizer is not None:
+            s.optimizer.close()
+        s.mode.finish()
+        s.topo.free()
+    sys.excepthook = s.prev_hook
+
+
+def worker_index() -> int:
+    return session().topo.worker_index
+
+
+def num_workers() -> int:
+    return session().topo.n_workers

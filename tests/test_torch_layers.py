@@ -1,0 +1,85 @@
+"""pshybrid.torch's lookups against NumPy references, in one process (``allreduce`` mode on
+COMM_SELF: the fused table on the worker): Embedding of two tables of different widths and
+EmbeddingBag sum / mean, forward values and the SGD update their gradients make."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mpi4py import MPI
+
+import pshybrid.torch as pt
+from pshybrid.errors import InputError
+from pshybrid.torch.session import session
+
+LR = 0.5
+
+
+@pytest.fixture
+def job():
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
+            tables=[pt.Table("a", rows=20, dim=3, optimizer="sgd", lr=LR, dtype=torch.float64),
+                    pt.Table("b", rows=9, dim=5, optimizer="sgd", lr=LR, dtype=torch.float64)])
+    dummy = torch.nn.Linear(1, 1).double()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(dummy.parameters(), lr=0.1), dummy)
+    yield session(), opt
+    pt.shutdown()
+
+
+def test_embedding_rows_and_their_update(job):
+    s, opt = job
+    t0 = s.mode.full_table().copy()
+    assert t0.shape == (29, 5)  # "a" is padded to the fused width: columns 3, 4 never move
+    ia = torch.tensor([[1, 4, 1], [0, 19, 4]])
+    ib = torch.tensor([8, 0, 8, 8])
+    ea, eb = pt.Embedding("a")(ia), pt.Embedding("b")(ib)
+    np.testing.assert_array_equal(ea.detach().numpy(), t0[ia.numpy(), :3])
+    np.testing.assert_array_equal(eb.detach().numpy(), t0[20 + ib.numpy()])
+    rng = np.random.default_rng(0)
+    ra, rb = rng.standard_normal(ea.shape), rng.standard_normal(eb.shape)
+    loss = (ea * torch.from_numpy(ra)).sum() + (eb * torch.from_numpy(rb)).sum()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    want = t0.copy()
+    np.add.at(want, ia.numpy().ravel(), np.pad(-LR * ra.reshape(-1, 3), ((0, 0), (0, 2))))
+    np.add.at(want, 20 + ib.numpy(), -LR * rb)
+    np.testing.assert_allclose(s.mode.full_table(), want, rtol=0, atol=1e-15)
+    assert s.step == 1
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_embedding_bag_against_numpy(job, mode):
+    s, opt = job
+    t0 = s.mode.full_table()[:20, :3].copy()
+    values = torch.tensor([3, 3, 7, 0, 19, 5, 5, 5])
+    offsets = torch.tensor([0, 3, 3, 5])  # bags [3 3 7] [] [0 19] [5 5 5]
+    out = pt.EmbeddingBag("a", mode=mode)(values, offsets)
+    bounds = [0, 3, 3, 5, 8]
+    want, grad = np.zeros((4, 3)), np.zeros((20, 3))
+    r = np.random.default_rng(1).standard_normal((4, 3))
+    for i in range(4):
+        rows = values.numpy()[bounds[i]:bounds[i + 1]]
+        scale = 1.0 / max(len(rows), 1) if mode == "mean" else 1.0
+        want[i] = t0[rows].sum(0) * scale
+        np.add.at(grad, rows, np.broadcast_to(r[i] * scale, (len(rows), 3)))
+    np.testing.assert_allclose(out.detach().numpy(), want, rtol=1e-14, atol=1e-15)
+    opt.zero_grad()
+    (out * torch.from_numpy(r)).sum().backward()
+    opt.step()
+    np.testing.assert_allclose(s.mode.full_table()[:20, :3], t0 - LR * grad, rtol=0,
+                               atol=1e-14)
+
+
+def test_bad_input_names_the_table(job):
+    with pytest.raises(InputError, match=r"table 'a': id 20 at position 1 is outside \[0, 20\)"):
+        pt.Embedding("a")(torch.tensor([0, 20]))
+    with pytest.raises(InputError, match="offsets must start at 0"):
+        pt.EmbeddingBag("b")(torch.tensor([1, 2]), torch.tensor([1]))
+    with pytest.raises(InputError, match="no table 'c'"):
+        pt.Embedding("a").forward  # noqa: B018 - the module exists
+        from pshybrid.torch.embedding import lookup
+        lookup("c", torch.tensor([0]))

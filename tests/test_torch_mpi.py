@@ -1,0 +1,97 @@
+"""pshybrid.torch under the MPI test runs (2, 3 and 5 ranks; float64), in process: server
+ranks return from ``pt.init(..., exit_servers=False)``.
+
+- W workers x batch b == 1 worker x batch W*b (the single process in ``allreduce`` mode on
+  COMM_SELF): per-step losses and final dense and table parameters to 1e-9, for the sgd,
+  adagrad and adam sparse optimizers, with every dense layer's Allreduce its own bucket;
+- checkpoint at step 2 -> resume -> step 5 == the uninterrupted run, bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import pathlib
+import shutil
+import tempfile
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mpi4py import MPI
+from mpi_util import assert_all
+
+from pshybrid.synthetic import write_synthetic
+
+_spec = importlib.util.spec_from_file_location(
+    "torch_wdl", pathlib.Path(__file__).parent / "jobs" / "torch_wdl.py")
+wdl = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(wdl)
+
+
+@pytest.fixture
+def workdir(comm):
+    """A fresh directory every rank sees, with a small dataset."""
+    path = None
+    if comm.rank == 0:
+        path = tempfile.mkdtemp(prefix="pshybrid-torch-")
+        write_synthetic(os.path.join(path, "d.h5"), 400, seed=5, n_dense=3,
+                        cardinalities=(7, 30, 200, 5), zipf=1.3)
+    path = comm.bcast(path, root=0)  # Wire: the directory's name from rank 0
+    yield pathlib.Path(path)
+    comm.Barrier()  # Wire: everyone is done with it
+    if comm.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def args(workdir, *extra) -> argparse.Namespace:
+    return wdl.parser().parse_args(["--data", str(workdir / "d.h5"), *extra])
+
+
+def rel_err(a, b):
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("sparse_opt", ["sgd", "adagrad", "adam"])
+def test_workers_equal_one_process_with_the_global_batch(comm, workdir, sparse_opt):
+    S = 1 if comm.size <= 3 else 2
+    W, b = comm.size - S, 4
+    a = args(workdir, "--sparse-opt", sparse_opt, "--servers", str(S), "--batch", str(b))
+    got = wdl.run(a, comm, exit_servers=False)
+    losses = [r for r in comm.allgather(None if got is None else got["losses"]) if r is not None]
+    ok, msg = True, ""
+    if got is not None:
+        ref = wdl.run(args(workdir, "--sparse-opt", sparse_opt, "--mode", "allreduce",
+                           "--servers", "0", "--batch", str(W * b)), MPI.COMM_SELF,
+                      exit_servers=False)
+        errs = {"loss": rel_err(np.mean(losses, axis=0), ref["losses"]),
+                **{k: rel_err(got[k], ref[k]) for k in ("flat", "table")}}
+        moved = {k: rel_err(ref[k + "0"], ref[k]) for k in ("flat", "table")}
+        if max(errs.values()) > 1e-9:
+            ok, msg = False, f"W={W} S={S}: relative error {errs} > 1e-9"
+        elif min(moved.values()) < 1e-3:
+            ok, msg = False, f"training barely moved the parameters: {moved}"
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_checkpoint_then_resume_equals_the_uninterrupted_run(comm, workdir):
+    ck = workdir / "ck"
+    common = ("--batch", "4", "--steps", "5", "--sparse-opt", "adam", "--dense-opt", "adam")
+    full = wdl.run(args(workdir, *common, "--checkpoint", str(ck), "--checkpoint-at", "2"),
+                   comm, exit_servers=False)
+    res = wdl.run(args(workdir, *common, "--resume", str(ck)), comm, exit_servers=False)
+    ok, msg = True, ""
+    if full is not None:
+        if (ck / "latest").read_text().strip() != "step-2":
+            ok, msg = False, "latest does not name step-2"
+        elif not np.array_equal(res["losses"], full["losses"][2:]):
+            ok, msg = False, f"losses {res['losses']} vs {full['losses'][2:]}"
+        else:
+            bad = [k for k in ("flat", "table") if not np.array_equal(res[k], full[k])]
+            ok, msg = not bad, f"{bad} differ after the resume"
+    assert_all(comm, ok, msg)
