@@ -168,7 +168,7 @@ def unique_inverse(keys, m: int = 1):
 # -- numba plumbing: import + jit on first use, NumPy twins when numba is unavailable --------
 _NUMBA: bool | None = None  # None: not tried yet
 _NUMBA_LOCK = threading.Lock()
-_JITTED = ("_nb_hash_dedup", "_nb_radix_argsort", "_nb_sorted_dedup", "_nb_unique_inverse",
+_JITTED = ("_ftz", "_nb_hash_dedup", "_nb_radix_argsort", "_nb_sorted_dedup", "_nb_unique_inverse",
            "_nb_segment_sum", "_nb_uniform_rows", "_nb_sgd_rows", "_nb_adagrad_rows",
            "_nb_adam_rows", "_nb_scatter_add")
 
@@ -385,33 +385,41 @@ def _nb_scatter_add(index, values, out):
 # Row optimizers: w[rows[i]] (and its state rows) from gradient row g[k], k = i, or
 # k = rows[i] when ``consume`` (g is a gradient-sum slot shaped like w: the row is read,
 # then zeroed, in the same pass). Same operations in the same order as ``Optimizer``.
-def _nb_sgd_rows(w, rows, g, consume, lr, l2):
+def _ftz(x, tiny):
+    # l2 != 0: a value below the dtype's smallest normal number becomes 0 (optim: FTZ)
+    return x if abs(x) >= tiny else x * 0
+
+
+def _nb_sgd_rows(w, rows, g, consume, lr, l2, tiny):
     # l2 != 0: the gradient is g + l2 * w (w before the step), as in optim's NumPy form
     for i in range(rows.size):
         r = rows[i]
         k = r if consume else i
         for j in range(w.shape[1]):
             x = g[k, j] + l2 * w[r, j] if l2 != 0 else g[k, j]
-            w[r, j] -= lr * x
+            w[r, j] = _ftz(w[r, j] - lr * x, tiny) if l2 != 0 else w[r, j] - lr * x
         if consume:
             g[k, :] = 0
 
 
-def _nb_adagrad_rows(w, acc, rows, g, consume, lr, eps, l2):
+def _nb_adagrad_rows(w, acc, rows, g, consume, lr, eps, l2, tiny):
     for i in range(rows.size):
         r = rows[i]
         k = r if consume else i
         for j in range(w.shape[1]):
             x = g[k, j] + l2 * w[r, j] if l2 != 0 else g[k, j]
             a = acc[r, j] + x * x
+            nw = w[r, j] - lr * x / (np.sqrt(a) + eps)
+            if l2 != 0:
+                a, nw = _ftz(a, tiny), _ftz(nw, tiny)
             acc[r, j] = a
-            w[r, j] -= lr * x / (np.sqrt(a) + eps)
+            w[r, j] = nw
         if consume:
             g[k, :] = 0
 
 
 def _nb_adam_rows(w, m, v, rows, g, consume, b1, one_b1, b2, one_b2, inv_sqrt_c2, eps, lr_c1,
-                  l2):
+                  l2, tiny):
     for i in range(rows.size):
         r = rows[i]
         k = r if consume else i
@@ -419,8 +427,11 @@ def _nb_adam_rows(w, m, v, rows, g, consume, b1, one_b1, b2, one_b2, inv_sqrt_c2
             x = g[k, j] + l2 * w[r, j] if l2 != 0 else g[k, j]
             mm = m[r, j] * b1 + one_b1 * x
             vv = v[r, j] * b2 + x * x * one_b2
+            nw = w[r, j] - mm / (np.sqrt(vv) * inv_sqrt_c2 + eps) * lr_c1
+            if l2 != 0:
+                mm, vv, nw = _ftz(mm, tiny), _ftz(vv, tiny), _ftz(nw, tiny)
             m[r, j] = mm
             v[r, j] = vv
-            w[r, j] -= mm / (np.sqrt(vv) * inv_sqrt_c2 + eps) * lr_c1
+            w[r, j] = nw
         if consume:
             g[k, :] = 0

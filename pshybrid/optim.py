@@ -17,7 +17,14 @@ decay), and ``step`` is the global step for bias correction (TensorFlow's LazyAd
 
 L2 (``l2`` = lambda > 0) is coupled: every formula above sees ``g + lambda * w`` (``w``
 before the step) in place of ``g``: on the dense buffer every step, on sparse rows only
-the rows the step touched. The learning rate of step ``s`` is ``lr * schedule.factor(s)``
+the rows the step touched. With L2, every weight and optimizer state value whose
+magnitude falls below ``sqrt(np.finfo(dtype).tiny)`` (1.1e-19 in float32) after the step
+is set to 0 (flush to zero): L2 alone shrinks the weights no data gradient reaches (a dead
+ReLU unit's) geometrically toward 0, and in float32 they, Adam's moments and the
+products of the forward pass became subnormal numbers, which the CPU computes many times
+slower (one run slowed 8x over 6 epochs). Below that bound a value cannot matter beside any
+normal-sized term (float32 epsilon 1.2e-7), and a product of two values above it is normal.
+The learning rate of step ``s`` is ``lr * schedule.factor(s)``
 (``Schedule``; the same factor for dense and sparse updates, on workers and servers).
 """
 
@@ -124,6 +131,10 @@ class Optimizer:
             upd = xp.divide(m, den, out=den)
             upd *= lr / (1 - self.beta1 ** step)
             w -= upd
+        if self.l2:  # flush to zero (module docstring)
+            tiny = math.sqrt(np.finfo(w.dtype).tiny)
+            for a in (w, *(state[k] for k in self.slots)):
+                a[xp.abs(a) < tiny] = 0
 
     def update_rows(self, w, rows, g, state: dict, step: int) -> None:
         """Lazy sparse update of ``w[rows]`` (w: (N, D), rows: (U,) unique, g: (U, D));
@@ -163,14 +174,15 @@ class Optimizer:
             state = {k: a.reshape(1, -1) for k, a in state.items()}
         rows = np.ascontiguousarray(rows, dtype=np.int64)
         f = w.dtype.type  # scalars in the arrays' dtype, as NumPy's weak Python scalars are
-        lr, l2 = self.lr_at(step), f(self.l2)
+        lr, l2, tiny = self.lr_at(step), f(self.l2), f(math.sqrt(np.finfo(w.dtype).tiny))
         if self.kind == "sgd":
-            kernels._nb_sgd_rows(w, rows, g, consume, f(lr), l2)
+            kernels._nb_sgd_rows(w, rows, g, consume, f(lr), l2, tiny)
         elif self.kind == "adagrad":
-            kernels._nb_adagrad_rows(w, state["acc"], rows, g, consume, f(lr), f(self.eps), l2)
+            kernels._nb_adagrad_rows(w, state["acc"], rows, g, consume, f(lr), f(self.eps), l2,
+                                     tiny)
         else:
             kernels._nb_adam_rows(w, state["m"], state["v"], rows, g, consume, f(self.beta1),
                                   f(1 - self.beta1), f(self.beta2), f(1 - self.beta2),
                                   f(1 / math.sqrt(1 - self.beta2 ** step)), f(self.eps),
-                                  f(lr / (1 - self.beta1 ** step)), l2)
+                                  f(lr / (1 - self.beta1 ** step)), l2, tiny)
         return True

@@ -220,3 +220,41 @@ def test_needs_weights():
     assert not Optimizer("sgd", 0.1).needs_weights  # a blind -lr*g push is enough
     assert Optimizer("sgd", 0.1, l2=1e-4).needs_weights
     assert Optimizer("adagrad", 0.1).needs_weights
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("numba_on", [True, False])
+def test_l2_flushes_values_below_sqrt_tiny_to_zero(kind, dtype, numba_on, monkeypatch):
+    """With L2, weights and state below sqrt(finfo.tiny) after the step become 0 (dense,
+    rows and servers' slots, fused and NumPy forms); the others follow the recurrence;
+    without L2 nothing is flushed. Values: one far below the bound, one just above it."""
+    from pshybrid import kernels
+
+    if not numba_on:
+        monkeypatch.setattr(kernels, "numba_active", lambda: False)
+    bound = np.sqrt(np.finfo(dtype).tiny)
+    w0 = np.array([[bound * 1e-3, -bound * 1e-3, 4 * bound, 0.5]], dtype)
+    g = np.zeros_like(w0)
+    for l2 in (0.0, 0.25):
+        opt = Optimizer(kind, lr=0.1, l2=l2)
+        outs = []
+        for how in ("dense", "rows", "slot"):
+            w, st = w0.copy(), {k: np.zeros_like(w0) for k in opt.slots}
+            if how == "dense":
+                opt.update(w, g.copy(), st, 1)
+            elif how == "rows":
+                opt.update_rows(w, np.array([0]), g.copy(), st, 1)
+            else:
+                opt.apply_slot(w, g.copy(), st, 1, np.array([0]))
+            outs.append((w, st))
+        for w, st in outs:
+            if not l2:  # zero gradient, no L2: nothing moves, nothing is flushed
+                np.testing.assert_array_equal(w, w0)
+                continue
+            if kind == "sgd":  # w * (1 - lr * l2): the tiny ones flushed, the others kept
+                np.testing.assert_array_equal(w[0, :2], 0)
+                np.testing.assert_array_equal(w[0, 2:], w0[0, 2:] * dtype(1 - 0.1 * 0.25))
+            for a in (w, *st.values()):  # adaptive: the tiny ones' (l2*w)^2 state flushed
+                assert not np.any((a != 0) & (np.abs(a) < bound)), a
+            np.testing.assert_array_equal(w, outs[0][0])  # the three paths agree
