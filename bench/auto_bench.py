@@ -9,7 +9,8 @@ hits every variant alike and none is always first. Per
 variant: the median step after the first ``--warmup`` steps, per round, and the median of
 the rounds. Rank 0 prints auto's choice and its measured step beside the best fixed
 alternative's (the ratio of samples/s: the target is >= 0.95x) and, for every
-alternative, the step auto's model predicted beside the step measured (the target is
+alternative, the step auto's model predicted and, for those auto trained in its trial
+(``--auto-trial-steps``), the trial's median step, beside the step measured (the target is
 within 20%).
 
 Workloads: ``light`` (WDL, MLP 64-32), ``paper`` (MLP 1024-512-256), both on the built-in
@@ -131,8 +132,12 @@ def report(a, runs, decisions) -> None:
     if pick in sps:
         print(f"auto's pick ({pick}) run as a fixed alternative: {sps[pick]:,.0f} samples/s, "
               f"{sps[pick] / sps[best]:.2f}x the best fixed")
-    print(f"{'alternative':<42}{'predicted ms':>13}{'measured ms':>12}{'error':>8}"
-          f"{'samples/s':>12}")
+    trial = [d.get("trial_seconds") for d in decisions if d.get("trial_seconds")]
+    if trial:
+        print(f"auto's trials took {statistics.median(trial):.2f} s per run (median), its "
+              f"probe {statistics.median(d['probe_seconds'] for d in decisions):.2f} s")
+    print(f"{'alternative':<42}{'predicted ms':>13}{'trial ms':>10}{'measured ms':>12}"
+          f"{'error':>8}{'trial err':>10}{'samples/s':>12}")
     rows = []
     for x in last["alternatives"]:
         k = x["key"]
@@ -142,10 +147,17 @@ def report(a, runs, decisions) -> None:
         if k not in med:
             continue
         err = x["step"] / med[k] - 1
-        rows.append(dict(key=k, predicted_s=x["step"], measured_s=med[k], error=err,
-                         samples_per_s=sps[k], per_round=runs[k]))
-        print(f"{k:<42}{x['step'] * 1e3:>13.2f}{med[k] * 1e3:>12.2f}{err:>+8.1%}"
-              f"{sps[k]:>12,.0f}" + ("  <- auto" if k == chosen[-1] else ""))
+        tried = [d_x["measured_step"] for d in decisions for d_x in d["alternatives"]
+                 if d_x["key"] == k and d_x.get("measured_step")]
+        tr = statistics.median(tried) if tried else None  # auto's trial steps, over runs
+        terr = tr / med[k] - 1 if tr else None
+        rows.append(dict(key=k, predicted_s=x["step"], trial_s=tr, measured_s=med[k],
+                         error=err, trial_error=terr, samples_per_s=sps[k], per_round=runs[k]))
+        print(f"{k:<42}{x['step'] * 1e3:>13.2f}"
+              + (f"{tr * 1e3:>10.2f}" if tr else f"{'-':>10}")
+              + f"{med[k] * 1e3:>12.2f}{err:>+8.1%}"
+              + (f"{terr:>+10.1%}" if tr else f"{'-':>10}")
+              + f"{sps[k]:>12,.0f}" + ("  <- auto" if k == chosen[-1] else ""))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(workload=a.workload, ranks=MPI.COMM_WORLD.size, steps=a.steps,

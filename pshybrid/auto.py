@@ -25,7 +25,7 @@ from dataclasses import asdict, replace
 import numpy as np
 from mpi4py import MPI
 
-from . import planner
+from . import planner, trials
 from .batches import BatchPlan, read_ids
 from .errors import ConfigError, PshybridError
 from .files import open_dataset
@@ -43,12 +43,14 @@ AR_FLOATS = 1 << 19  # the Allreduce's bandwidth is timed on at least this many 
 STAT_STEPS = 8  # global batches whose ids the probe counts (modes.hot counts 32 to pick rows)
 
 
-def resolve(cfg, comm, dataset=None, out=None):
+def resolve(cfg, comm, dataset=None, out=None, trial=None):
     """Collective over ``comm``: (``cfg`` with mode, placement, --replicate-rows and
-    --servers of the cheapest alternative, the record of the decision for the summary, the
+    --servers of the chosen alternative, the record of the decision for the summary, the
     dataset to train on: ``dataset``, or the synthetic stream the probe built, whose
-    planted model is then not built twice). Rank 0 prints the choice and every
-    alternative's predicted step."""
+    planted model is then not built twice). The choice: the cheapest priced one; with
+    ``trial`` (``train.train``) and ``--auto-trial-steps`` > 0, the fastest measured among
+    the model's leaders (``trials``). Rank 0 prints the choice and every alternative's
+    predicted (and measured) step."""
     t0 = time.perf_counter()
     pc = comm.Dup()
     opened = []
@@ -68,6 +70,12 @@ def resolve(cfg, comm, dataset=None, out=None):
             alt, row, rows = planner.choose(alts, rates, shape, refused)
         except ValueError as e:
             raise ConfigError(f"--mode auto: {e}", collective=True) from None
+        probe_s, trial_s = time.perf_counter() - t0, None
+        if trial is not None and cfg.auto_trial_steps:
+            key, trial_s = trials.settle(rows, lambda r: chosen_config(cfg, _alt(r)), trial,
+                                         comm, data, cfg.auto_trial_steps, cfg.batch_size)
+            row = next(r for r in rows if r["key"] == key)
+            alt = _alt(row)
     finally:
         for d in opened:
             d.close()
@@ -76,11 +84,17 @@ def resolve(cfg, comm, dataset=None, out=None):
     record = dict(choice=alt.key, predicted_step_s=row["step"],
                   predicted_samples_per_s=row["samples_per_s"], alternatives=rows,
                   rates=asdict(rates), unique_ids=shape.U, memory_bytes=memory,
-                  probe_seconds=time.perf_counter() - t0)
+                  probe_seconds=probe_s, measured=trial_s is not None,
+                  measured_step_s=row.get("measured_step"), trial_seconds=trial_s)
     if comm.rank == 0 and out is not None:
         out.write(describe(record))
         out.flush()
     return chosen, record, (None if opened else data)
+
+
+def _alt(row: dict) -> planner.Alternative:
+    return planner.Alternative(row["mode"], row["placement"], row["replicate_rows"],
+                               row["workers"], row["servers"])
 
 
 def chosen_config(cfg, alt):
@@ -102,14 +116,21 @@ def describe(record: dict) -> str:
               f"{r['batch'] * 1e3:.2f} ms, {record['unique_ids']:.0f} distinct ids per "
               f"worker batch; Allreduce {_link(r['allreduce'])}, Get {_link(r['get'])}, "
               f"Accumulate {_link(r['acc'])}")]
+    if record.get("measured"):
+        lines.append(f"auto: {len([x for x in record['alternatives'] if x.get('measured_step')])}"
+                     f" alternatives trained for {record['trial_seconds']:.2f} s; the fastest "
+                     "measured per sample is chosen")
     for x in record["alternatives"]:
-        mark = "  <- chosen" if x["key"] == record["choice"] else ""
+        mark = ("  <- chosen" + (" (measured)" if record.get("measured") else "")
+                if x["key"] == record["choice"] else "")
+        seen = x.get("measured_step")
+        seen = f", measured {seen * 1e3:8.3f} ms" if seen is not None else ""
         head = f"  {x['key']:<40} W={x['workers']:<3} S={x['servers']:<3}"
         if x["refused"]:
             lines.append(f"{head} refused: {x['refused']}")
         else:
             lines.append(f"{head} predicted step {x['step'] * 1e3:8.3f} ms "
-                         f"{x['samples_per_s']:>12,.0f} samples/s{mark}")
+                         f"{x['samples_per_s']:>12,.0f} samples/s{seen}{mark}")
     return "\n".join(lines) + "\n"
 
 

@@ -345,6 +345,10 @@ class TrainConfig:
                                "before the schedule", check=_at_least(0))
     pooling: str = option("sum", "how the embeddings of a multi-hot field's ids are pooled "
                           "into one per row: their sum or their mean", choices=("sum", "mean"))
+    auto_trial_steps: int = option(20, "--mode auto: train the cost model's leading "
+                                   "alternatives this many timed steps each (after 3 warm-up "
+                                   "steps) and pick the fastest measured (0: the model alone)",
+                                   check=_at_least(0))
 
     def validate(self) -> None:
         """Cross-field rules."""

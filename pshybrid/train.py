@@ -78,7 +78,8 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
         cfg = from_dict(TrainConfig, to_dict(cfg), "TrainConfig")
         planned = None
         if MODES[cfg.mode].chosen:  # --mode auto: probe, price, pick; the same on every rank
-            cfg, planned, dataset = auto.resolve(cfg, comm, dataset, out or sys.stdout)
+            cfg, planned, dataset = auto.resolve(cfg, comm, dataset, out or sys.stdout,
+                                                 trial=train)  # trials: train itself
         spec = MODES[cfg.mode]
         topo = Topology.create(comm, cfg.servers if spec.needs_servers else 0,
                                need_servers=spec.needs_servers,

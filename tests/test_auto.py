@@ -1,6 +1,7 @@
 """--mode auto: the cost model's choice against a brute-force minimum over its priced table
-with forced rates (serial), the same choice on every rank, and training under auto equal to
-training with the fixed alternative it picked (MPI, BSP)."""
+with forced rates (serial), the same choice on every rank, the trial's choice == the least
+measured seconds per sample among the alternatives it trained, and training under auto
+equal to training with the fixed alternative it picked (MPI, BSP)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 from mpi_util import SHARED_MEMORY, assert_all
 
-from pshybrid import auto, planner
+from pshybrid import auto, planner, trials
 from pshybrid.config import TrainConfig
 from pshybrid.errors import ConfigError
 from pshybrid.synthetic import SyntheticCTR
@@ -195,3 +196,46 @@ def test_allreduce_mode_waits_at_four_collectives_and_hot_rows_at_one_more():
     hot = planner.price(planner.Alternative("hybrid", "colocated", 1024, 4, 4), slow, SHAPE)
     one = planner.price(planner.Alternative("allreduce", "-", 0, 1, 0), slow, SHAPE)
     assert (ar["sync"], hot["sync"], one["sync"]) == (4, 1 + 1 + 2, 0)
+
+
+def _row(key, mode, sps, refused=None):
+    return dict(key=key, mode=mode, samples_per_s=sps, refused=refused)
+
+
+def test_trial_candidates_are_the_leaders_and_each_close_modes_best():
+    """The model's 3 best not refused, plus each mode's best within 3x of the best."""
+    rows = [_row("h1", "hybrid", 100.0), _row("h2", "hybrid", 90.0),
+            _row("h3", "hybrid", 80.0, refused="memory"), _row("h4", "hybrid", 70.0),
+            _row("h5", "hybrid", 60.0), _row("p1", "ps", 40.0), _row("p2", "ps", 35.0),
+            _row("a", "allreduce", 30.0)]
+    assert [r["key"] for r in trials.candidates(rows)] == ["h1", "h2", "h4", "p1"]
+    assert [r["key"] for r in trials.candidates(rows, family=4.0)] == \
+        ["h1", "h2", "h4", "p1", "a"]
+    assert [r["key"] for r in trials.candidates(rows, leaders=1, family=1.0)] == ["h1"]
+    assert trials.candidates([_row("x", "ps", 1.0, refused="memory")]) == []
+
+
+@pytest.mark.mpi(min_size=2)
+def test_trials_pick_the_least_measured_per_sample_and_write_nothing(comm, mpi_tmp_path):
+    """With trial steps: every rank makes the same choice; the trained rows are the
+    candidates, each with a measured step; the choice is the one with the least measured
+    seconds per sample (the oracle: the recorded measurements); no trial writes a metrics
+    file or a checkpoint."""
+    metrics, ck = mpi_tmp_path / "m.jsonl", mpi_tmp_path / "ck"
+    cfg = replace(BASE, mode="auto", auto_trial_steps=2, metrics=str(metrics),
+                  checkpoint_dir=str(ck), checkpoint_every=1)
+    chosen, record, _ = auto.resolve(cfg, comm, DATA, trial=train)
+    rows = record["alternatives"]
+    tried = {r["key"] for r in rows if r["measured_step"] is not None}
+    best = min((r for r in rows if r["key"] in tried),
+               key=lambda r: r["measured_step"] / r["workers"])["key"]
+    mine = (chosen.mode, chosen.placement, chosen.replicate_rows, chosen.servers,
+            record["choice"], [(r["key"], r["measured_step"]) for r in rows])
+    every = comm.allgather(mine)
+    ok = all(x == every[0] for x in every) and record["measured"] and \
+        tried == {r["key"] for r in trials.candidates(rows)} and best == record["choice"] \
+        and all(r["measured_step"] > 0 for r in rows if r["key"] in tried) and \
+        record["measured_step_s"] == next(r["measured_step"] for r in rows
+                                          if r["key"] == best) and \
+        not metrics.exists() and not ck.exists()
+    assert_all(comm, ok, f"{mine}, best measured {best}, files {list(mpi_tmp_path.iterdir())}")

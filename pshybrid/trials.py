@@ -1,0 +1,82 @@
+"""``--mode auto``'s trial: a few real training steps of the cost model's leading
+alternatives, timed, and the fastest measured one picked, the same on every rank.
+
+The model prices every alternative from its parts; a real step also pays what the parts
+miss (a server woken from its back-off sleep, rows scattered over a large table, a busy
+node's time slices). So the leaders of the model's table, those memory allows, are each
+trained for ``WARM`` + ``--auto-trial-steps`` steps through the library's own training
+path (``train.train``, handed in by the caller: this layer does not import it) on the same
+communicator and data, with no evaluation, checkpoint, metrics file or output; each step
+after the warm-up is timed on the reporter, the median is shared (the largest over the
+ranks: only the reporter holds one) and the alternative with the least measured seconds
+per sample (median step / (workers * batch): placements change the workers) is chosen.
+Nothing a trial trains persists, and the real run starts at step 0 of the data's order
+as before (the data is read by position, never consumed).
+"""
+
+from __future__ import annotations
+
+import io
+import statistics
+import time
+from dataclasses import replace
+
+from mpi4py import MPI
+
+WARM = 3      # untimed steps of each trial (first-use compilation, page faults, caches)
+LEADERS = 3   # the model's best alternatives that are always tried
+FAMILY = 3.0  # ... and each mode's best whose predicted samples/s is within this factor
+
+
+def per_sample(row: dict, batch: int, step: float) -> float:
+    """Seconds per sample of ``row``'s alternative at ``step`` seconds per step."""
+    return step / (row["workers"] * batch)
+
+
+def candidates(rows: list[dict], leaders: int = LEADERS, family: float = FAMILY) -> list[dict]:
+    """The rows to try, in the model's order: its ``leaders`` best that are not refused,
+    and the best of each mode (hybrid, ps, allreduce) predicted within ``family`` times the
+    best's samples per second."""
+    ok = sorted((r for r in rows if r["refused"] is None), key=lambda r: -r["samples_per_s"])
+    if not ok:
+        return []
+    keep = {r["key"] for r in ok[:leaders]}
+    for mode in ("hybrid", "ps", "allreduce"):
+        best = next((r for r in ok if r["mode"] == mode), None)
+        if best is not None and best["samples_per_s"] * family >= ok[0]["samples_per_s"]:
+            keep.add(best["key"])
+    return [r for r in ok if r["key"] in keep]
+
+
+def trial_config(cfg, steps: int):
+    """``cfg`` (already one alternative's options) as a trial: ``WARM + steps`` steps from
+    step 0, and nothing written: no evaluation, checkpoint, resume, metrics or progress."""
+    return replace(cfg, steps=WARM + steps, epochs=None, eval_data=None, eval_every=0,
+                   checkpoint_dir=None, checkpoint_every=0, resume=None, metrics=None,
+                   progress="none", auto_trial_steps=0)
+
+
+def measure(rows: list[dict], configure, train_fn, comm, dataset, steps: int) -> dict:
+    """Collective over ``comm``: {key: median seconds of a timed step} of each candidate
+    (``configure(row)`` -> its TrainConfig), the same on every rank."""
+    out = {}
+    for row in candidates(rows):
+        r = train_fn(trial_config(configure(row), steps), comm, dataset=dataset,
+                     out=io.StringIO())
+        timed = r.step_seconds[WARM:]
+        mine = statistics.median(timed) if timed else 0.0  # only the reporter holds steps
+        # Wire: Allreduce(MAX) of one double, every rank: the reporter's median to all.
+        out[row["key"]] = comm.allreduce(mine, op=MPI.MAX)
+    return out
+
+
+def settle(rows: list[dict], configure, train_fn, comm, dataset, steps: int, batch: int):
+    """Collective: (the key of the fastest measured alternative, seconds the trials took);
+    each row of ``rows`` gains ``measured_step`` (seconds, or None where not tried)."""
+    t0 = time.perf_counter()
+    measured = measure(rows, configure, train_fn, comm, dataset, steps)
+    for r in rows:
+        r["measured_step"] = measured.get(r["key"])
+    best = min((r for r in rows if r["measured_step"] is not None),
+               key=lambda r: per_sample(r, batch, r["measured_step"]))
+    return best["key"], time.perf_counter() - t0
