@@ -198,12 +198,13 @@ def test_allreduce_mode_waits_at_four_collectives_and_hot_rows_at_one_more():
     assert (ar["sync"], hot["sync"], one["sync"]) == (4, 1 + 1 + 2, 0)
 
 
-def _row(key, mode, sps, refused=None):
-    return dict(key=key, mode=mode, samples_per_s=sps, refused=refused)
+def _row(key, mode, sps, refused=None, placement="dedicated"):
+    return dict(key=key, mode=mode, samples_per_s=sps, refused=refused, placement=placement)
 
 
-def test_trial_candidates_are_the_leaders_and_each_close_modes_best():
-    """The model's 3 best not refused, plus each mode's best within 3x of the best."""
+def test_trial_candidates_are_the_leaders_and_each_close_families_best():
+    """The model's 3 best not refused, plus each (mode, placement)'s best within 3x of the
+    best."""
     rows = [_row("h1", "hybrid", 100.0), _row("h2", "hybrid", 90.0),
             _row("h3", "hybrid", 80.0, refused="memory"), _row("h4", "hybrid", 70.0),
             _row("h5", "hybrid", 60.0), _row("p1", "ps", 40.0), _row("p2", "ps", 35.0),
@@ -213,6 +214,13 @@ def test_trial_candidates_are_the_leaders_and_each_close_modes_best():
         ["h1", "h2", "h4", "p1", "a"]
     assert [r["key"] for r in trials.candidates(rows, leaders=1, family=1.0)] == ["h1"]
     assert trials.candidates([_row("x", "ps", 1.0, refused="memory")]) == []
+    # the paper workload's table (per-sample order): hybrid dedicated is 4th of the model's
+    # and the best of its family, so it is tried
+    paper = [_row("pc", "ps", 21.3, placement="colocated"),
+             _row("hc", "hybrid", 21.1, placement="colocated"),
+             _row("a", "allreduce", 20.97, placement="-"), _row("hd", "hybrid", 20.92),
+             _row("pd", "ps", 19.8), _row("hc1k", "hybrid", 15.0, placement="colocated")]
+    assert [r["key"] for r in trials.candidates(paper)] == ["pc", "hc", "a", "hd", "pd"]
 
 
 @pytest.mark.mpi(min_size=2)
