@@ -21,7 +21,11 @@ from __future__ import annotations
 
 from pshybrid.threads import apply_thread_limits
 
-apply_thread_limits()  # before NumPy loads its BLAS, as `python -m pshybrid` does
+# before NumPy loads its BLAS, as `python -m pshybrid` does; the driver's own limits (one
+# process on the node) must not reach the runs it launches (``drive``): each rank sizes its
+# own (inherited, the driver's 2 BLAS threads per rank x 3 ranks on 2 cores slowed the
+# native variant 2x)
+DRIVER_LIMITS = apply_thread_limits()
 
 import argparse
 import io
@@ -210,8 +214,9 @@ def drive(a, argv) -> int:
             out = os.path.join(tmp, f"{i}.json")
             cmd = [_mpiexec(), "-n", str(a.ranks), sys.executable, os.path.abspath(__file__),
                    *argv, "--variant", name, "--json", out]
+            env = {k: v for k, v in os.environ.items() if k not in DRIVER_LIMITS}
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, check=False,
-                               stdin=subprocess.DEVNULL)
+                               stdin=subprocess.DEVNULL, env=env)
             if p.returncode != 0:
                 print(p.stdout[-3000:], p.stderr[-3000:], file=sys.stderr)
                 return p.returncode
