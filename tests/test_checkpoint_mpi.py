@@ -22,6 +22,17 @@ def same(a, b, W):
     return np.array_equal(a, b) if W == 1 else rel_err(a, b) <= 1e-12
 
 
+def resumed_verdict(comm, straight, resumed, what: str) -> None:
+    """Collective: rank 0 compares the resumed run's final parameters with the straight
+    run's (max relative error <= 1e-9), every rank gets the verdict."""
+    ok, msg = True, ""
+    if comm.rank == 0:
+        e = max(rel_err(straight.table, resumed.table), rel_err(straight.dense, resumed.dense))
+        if e > 1e-9:
+            ok, msg = False, f"{what} differ by {e}"
+    assert_all(comm, ok, msg)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode,sparse_opt,warmup", [
     ("hybrid", "adagrad", 0), ("hybrid", "adam", 0), ("ps", "adagrad", 0), ("ps", "adam", 0),
@@ -69,12 +80,7 @@ def test_resume_across_placements(comm, mpi_tmp_path, first, then):
     straight = run(replace(cfg, **place(then)), comm)
     run(replace(cfg, steps=3, checkpoint_dir=ckpt, **place(first)), comm)
     resumed = run(replace(cfg, resume=ckpt, **place(then)), comm)
-    ok, msg = True, ""
-    if comm.rank == 0:
-        e = max(rel_err(straight.table, resumed.table), rel_err(straight.dense, resumed.dense))
-        if e > 1e-9:
-            ok, msg = False, f"{first} -> {then}: resumed parameters differ by {e}"
-    assert_all(comm, ok, msg)
+    resumed_verdict(comm, straight, resumed, f"{first} -> {then}: resumed parameters")
 
 
 @pytest.mark.mpi(min_size=2)
@@ -86,12 +92,7 @@ def test_resume_with_replicated_hot_rows(comm, mpi_tmp_path):
     straight = run(cfg, comm)
     run(replace(cfg, steps=3, checkpoint_dir=ckpt, replicate_rows=20), comm)
     resumed = run(replace(cfg, resume=ckpt, replicate_rows=20), comm)
-    ok, msg = True, ""
-    if comm.rank == 0:
-        e = max(rel_err(straight.table, resumed.table), rel_err(straight.dense, resumed.dense))
-        if e > 1e-9:
-            ok, msg = False, f"resumed with hot rows differs by {e}"
-    assert_all(comm, ok, msg)
+    resumed_verdict(comm, straight, resumed, "resumed with hot rows: parameters")
 
 
 @pytest.mark.mpi(min_size=5)
