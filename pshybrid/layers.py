@@ -30,6 +30,7 @@ import zlib
 import numpy as np
 
 from .backend import array_module
+from .kernels import scatter_add
 
 INITS = ("zeros", "ones", "xavier_uniform", "uniform", "normal")
 
@@ -284,12 +285,18 @@ class BagPooling:
         E, head = emb.shape[1], B * self.n_single
         self.lens = np.ascontiguousarray(lengths.T).ravel()        # field-major: (K*B,)
         self.starts = head + np.cumsum(self.lens) - self.lens
-        # One gather-add per position in a bag: each bag summed left to right, so a row's
-        # sum never depends on the other rows of the batch (W workers x b == 1 x W*b).
-        pooled = emb[xp.asarray(self.starts)] if K else emb[:0]
-        for j in range(1, int(self.lens.max(initial=0))):
-            sel = np.flatnonzero(self.lens > j)
-            pooled[xp.asarray(sel)] += emb[xp.asarray(self.starts[sel] + j)]
+        # Each bag summed left to right, so a row's sum never depends on the other rows of
+        # the batch (W workers x b == 1 x W*b). CPU: one scatter-add in input order (10x
+        # the loop below at bags of 50); a device: one gather-add per position in a bag
+        # (its scatter kernel adds in no fixed order).
+        if xp is np:
+            pooled = scatter_add(np.repeat(np.arange(self.lens.size), self.lens), emb[head:],
+                                 self.lens.size)
+        else:
+            pooled = emb[xp.asarray(self.starts)] if K else emb[:0]
+            for j in range(1, int(self.lens.max(initial=0))):
+                sel = np.flatnonzero(self.lens > j)
+                pooled[xp.asarray(sel)] += emb[xp.asarray(self.starts[sel] + j)]
         if self.mode == "mean":
             pooled = pooled / xp.asarray(self.lens, emb.dtype)[:, None]
         pooled = pooled.reshape(K, B, E).transpose(1, 0, 2)
