@@ -147,8 +147,10 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
 
 # -- loading -------------------------------------------------------------------------------
 
-def load(path: str, cfg: TrainConfig, topo, mode, ps, schema) -> int:
-    """Load a checkpoint into a freshly built ``mode`` (collective); returns its step."""
+def load(path: str, cfg: TrainConfig, topo, mode, ps, schema, weights_only: bool = False) -> int:
+    """Load a checkpoint into a freshly built ``mode`` (collective); returns its step. With
+    ``weights_only`` (scoring: a mode built without optimizer state) the optimizer state is
+    checked but not loaded."""
     err, step = None, 0
     try:
         step_dir = resolve(path)
@@ -157,9 +159,9 @@ def load(path: str, cfg: TrainConfig, topo, mode, ps, schema) -> int:
         step = int(meta["step"])
         if topo.is_server or topo.n_servers == 0:  # holders of sparse rows under this run
             _read_shards(step_dir, meta, mode.layout.table.dim, SLOTS[cfg.sparse_optimizer],
-                         mode.owns, mode.set_sparse_rows)
+                         mode.owns, mode.set_sparse_rows, weights_only)
         flat, state, _ = _read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size)
-        mode.set_dense_state(flat, state)
+        mode.set_dense_state(flat, {} if weights_only else state)
     except PshybridError as e:
         err = e
     agree(topo.world, err)  # Wire: verdict allgather; nobody pulls before every rank loaded

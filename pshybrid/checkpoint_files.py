@@ -259,9 +259,11 @@ def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
     return n
 
 
-def _read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take):
+def _read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take,
+                 weights_only: bool = False):
     """Read every shard of ``step_dir`` in chunks, checking it; ``take(ids, {slot: rows})``
-    gets the rows ``owns(ids)`` selects, after their values were checked finite."""
+    gets the rows ``owns(ids)`` selects, after their values were checked finite (with
+    ``weights_only``, ``{"w": rows}``: the slots' layout is checked, their values not read)."""
     rows = _Rows(int(sum(meta["schema"]["cardinalities"])))
     for name in meta["shards"]:
         fpath = os.path.join(step_dir, name)
@@ -276,7 +278,7 @@ def _read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], 
                         continue
                     sel = np.flatnonzero(mine)
                     vals = {}
-                    for k in ("w", *slots):
+                    for k in ("w",) if weights_only else ("w", *slots):
                         v = f[k][a:a + _CHUNK][sel]
                         if not np.isfinite(v).all():
                             raise _bad(fpath, f"/{k}", f"has a non-finite value near row {a}")

@@ -17,6 +17,7 @@ at or past the last step): it printed one line saying so, and the caller returns
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 from . import checkpoint_files, limits, safeio
 from .batches import BatchPlan
@@ -53,10 +54,12 @@ def _ranks_here(topo) -> tuple[int, int]:
     return len(here) - servers, servers
 
 
-def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False) -> bool:
+def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
+              score: bool = False) -> bool:
     """Run the checks above on every rank (collective: one verdict); True when a resumed
     run has nothing left to do and ``collect`` is False (the Python API's ``collect=True``
-    still loads the checkpoint and returns its parameters)."""
+    still loads the checkpoint and returns its parameters). ``score``: the memory of a
+    scoring run, which keeps no optimizer state (``train.setup(score=True)``)."""
     err, start, step_dir = None, 0, None
     steps = total_steps(cfg, getattr(data, "n_rows", None), topo.n_workers)
     try:
@@ -72,7 +75,9 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False) -> 
             checkpoint_files.check_run_dir(cfg.checkpoint_dir, step_dir, start)
         check_outputs(cfg, topo)
         workers, servers = _ranks_here(topo)
-        limits.check_sizes(cfg, data.schema, topo.n_workers, topo.n_servers,
+        sized = replace(cfg, sparse_optimizer="sgd", dense_optimizer="sgd", l2=0.0) \
+            if score else cfg
+        limits.check_sizes(sized, data.schema, topo.n_workers, topo.n_servers,
                            limits.available_memory(), workers, servers,
                            getattr(evdata, "n_rows", 0) if evdata is not None else 0)
     except PshybridError as e:

@@ -85,8 +85,8 @@ def score(ckpt: str, data: str, comm, out: str | None = None, overwrite: bool = 
         try:
             ds = _open(data, topo, out, overwrite)
             try:
-                preflight(cfg, topo, ds, ds)  # the checkpoint matches the data; memory
-                job = setup(cfg, topo, ds, ds, stdout or io.StringIO())
+                preflight(cfg, topo, ds, ds, score=True)  # the checkpoint matches the data; memory
+                job = setup(cfg, topo, ds, ds, stdout or io.StringIO(), score=True)
                 if job.reporter:  # the training run's epoch length and schedule are unknown
                     job.reporter.lr_at = job.reporter.steps_per_epoch = None
                 try:

@@ -145,8 +145,9 @@ class Job:
                                self.ps, self.data.schema)
 
 
-def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
-    """Model, parameters, mode (its tables on the servers), resume; collective."""
+def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = False) -> Job:
+    """Model, parameters, mode (its tables on the servers), resume; collective. ``score``:
+    for scoring only, the optimizers keep no state (plain SGD) and none is loaded."""
     t_begin = time.perf_counter()
     ps = ParamSpace()
     model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, ps,
@@ -160,9 +161,10 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
            if cfg.replicate_rows and topo.is_worker else None)
     steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
     sched = Schedule(cfg.lr_schedule, cfg.warmup_steps, steps)  # servers: the same factors
+    kinds = ("sgd", "sgd", 0.0) if score else (cfg.sparse_optimizer, cfg.dense_optimizer, cfg.l2)
     mode = build_mode(cfg.mode, topo, layout, ps,
-                      Optimizer(cfg.sparse_optimizer, cfg.lr, l2=cfg.l2, schedule=sched),
-                      Optimizer(cfg.dense_optimizer, dense_lr, l2=cfg.l2, schedule=sched), cfg.seed,
+                      Optimizer(kinds[0], cfg.lr, l2=kinds[2], schedule=sched),
+                      Optimizer(kinds[1], dense_lr, l2=kinds[2], schedule=sched), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
                       cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged
@@ -170,7 +172,8 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out) -> Job:
     reporter = (Reporter(cfg, out, topo.n_workers, steps, mode.sparse.opt.lr_at,
                          plan.steps_per_epoch)
                 if topo.rank == topo.worker_ranks[0] else None)
-    start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema) if cfg.resume else 0
+    start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema, score) if cfg.resume \
+        else 0
     if topo.is_worker:
         mode.ready()
     job = Job(cfg, topo, data, evdata, model, layout, ps, mode, plan, steps, start, reporter,
