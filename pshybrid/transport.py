@@ -1,6 +1,7 @@
 """MPI transport helpers: datatypes for indexed RMA, polite waiting, shared verdicts, the
-job-wide abort on error, and the dense Allreduce of a NumPy or CuPy buffer (the CUDA stream
-is synchronised here, before MPI touches a GPU buffer, so no caller can forget)."""
+job-wide abort on error, and the dense Allreduce of a NumPy or CuPy buffer (``iallreduce``
+synchronises the CUDA stream before MPI touches a GPU buffer, so no caller can forget; a
+training step, which synchronises once for all its MPI calls, uses ``start_allreduce``)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,6 @@ and a fake two-worker communicator gives the CPU optimizer's weights with the su
 gradient, and no MPI call happens inside backward."""
 
 import sys
-from collections import defaultdict
 from types import SimpleNamespace as NS
 
 import numpy as np
@@ -55,7 +54,8 @@ class FakeGPU:
                     return np.array(self)
                 assert stream is not None and out is not None, "an async copy needs both"
                 fake.log.append("d2h queued")
-                fake.queue.append(lambda src=self.copy(): np.copyto(out, src.view(np.ndarray)))
+                src = np.array(self)  # the values when the device reaches the copy
+                fake.queue.append(lambda: np.copyto(out, src))
                 return out
 
             def set(self, host, stream=None):
