@@ -5,16 +5,24 @@ seconds == the fake clock's elapsed times; a staged buffer holds the device valu
 after the sync and is reused; ``Mode.update``'s one sync comes after every queued
 device->host copy and before every MPI call; the dense Allreduce in buckets on a fake GPU
 and a fake two-worker communicator gives the CPU optimizer's weights with the summed
-gradient, and no MPI call happens inside backward."""
+gradient, and no MPI call happens inside backward; and the whole GPU training path on a
+NumPy-backed stand-in for CuPy (``tests/fake_cupy.py``) == the NumPy run, with one host
+wait per step, in every mode."""
 
+import io
 import sys
+from dataclasses import replace
 from types import SimpleNamespace as NS
 
 import numpy as np
 import pytest
 
 from pshybrid import backend
+from pshybrid.config import TrainConfig
+from pshybrid.synthetic import SyntheticCTR
 from pshybrid.timers import EventTimers, Timers
+
+DATA = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
 
 
 class FakeGPU:
@@ -266,3 +274,78 @@ def test_allreduce_dense_on_a_gpu_starts_its_buckets_after_the_sync(monkeypatch,
     np.testing.assert_array_equal(np.asarray(ps.flat_grad), ref_g)  # the sum came back
     np.testing.assert_allclose(np.asarray(ps.flat), ref_w, rtol=1e-13)
     assert fake.log.count("stream sync") == 2 and "blocking get" not in fake.log
+
+
+# -- the whole GPU training path on a NumPy-backed stand-in for CuPy --------------------------
+def _train_fake_gpu(monkeypatch, cfg, comm):
+    """Train ``cfg`` with ``--device cuda`` on ``tests/fake_cupy.py`` -> (result, the host waits
+    of each steady-state step: the 3rd to the 5th, no log or checkpoint among them)."""
+    import fake_cupy
+
+    from pshybrid.train import train
+
+    fake_cupy.install(monkeypatch)
+    seen = []
+    got = train(replace(cfg, device="cuda"), comm, dataset=DATA, collect=True,
+                out=io.StringIO(), on_step=lambda done: seen.append(backend.host_waits()))
+    return got, np.diff(seen[1:-1]).tolist()
+
+
+def _one_process(cfg, batch_size):
+    """The NumPy run of ``cfg`` in one process with ``batch_size`` (the global batch)."""
+    from mpi4py import MPI
+
+    from pshybrid.train import train
+
+    one = replace(cfg, mode="allreduce", servers=0, placement="dedicated",
+                  batch_size=batch_size)
+    return train(one, MPI.COMM_SELF, dataset=DATA, collect=True, out=io.StringIO())
+
+
+BASE = TrainConfig(model="wdl", embedding_dim=4, mlp=(32, 16), steps=6, batch_size=8,
+                   dtype="float64", lr=0.2, dense_lr=0.05, seed=3, log_every=1000,
+                   sparse_optimizer="adagrad", dense_optimizer="adam", bucket_mb=0.001)
+
+
+@pytest.mark.parametrize("bucket_mb,cuda_aware", [(0.0, "off"), (0.001, "off"),
+                                                  (0.001, "on")])
+def test_fake_gpu_training_waits_once_per_step_and_equals_numpy(monkeypatch, bucket_mb,
+                                                                cuda_aware):
+    """allreduce mode on one worker: every steady-state step waits on the host once, and the
+    run's parameters are the NumPy run's (the stand-in's copies run only at a host wait: a
+    read before the step's sync would train on stale gradients)."""
+    from mpi4py import MPI
+
+    cfg = replace(BASE, mode="allreduce", servers=0, bucket_mb=bucket_mb, cuda_aware=cuda_aware)
+    ref = _one_process(cfg, cfg.batch_size)
+    got, waits = _train_fake_gpu(monkeypatch, cfg, MPI.COMM_SELF)
+    assert waits == [1, 1, 1], waits
+    np.testing.assert_allclose(got.dense, ref.dense, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(got.table, ref.table, rtol=1e-12, atol=1e-15)
+    assert got.summary["phase_seconds"]["fwd_bwd"] > 0  # the events' times were folded
+    assert got.summary["host_syncs_per_step"] >= 1
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode,placement,sparse_opt", [
+    ("hybrid", "dedicated", "adagrad"), ("hybrid", "dedicated", "sgd"),
+    ("hybrid", "colocated", "adagrad"), ("ps", "dedicated", "adam")])
+def test_fake_gpu_workers_wait_once_per_step_and_equal_one_process(comm, monkeypatch, mode,
+                                                                   placement, sparse_opt):
+    """GPU workers (the stand-in) + CPU servers under BSP == one NumPy process with the
+    global batch, and one host wait per steady-state step on every worker."""
+    from mpi_util import assert_all
+
+    colocated = placement == "colocated"
+    W = comm.size if colocated else comm.size - 1
+    cfg = replace(BASE, mode=mode, placement=placement, servers=None if colocated else 1,
+                  sparse_optimizer=sparse_opt, shared_memory="off", cuda_aware="off")
+    got, waits = _train_fake_gpu(monkeypatch, cfg, comm)
+    ok, msg = True, ""
+    if got.role == "worker":
+        ref = _one_process(cfg, W * cfg.batch_size)
+        err = max(float(np.max(np.abs(got.dense - ref.dense))),
+                  float(np.max(np.abs(got.table - ref.table))))
+        if waits != [1, 1, 1] or err > 1e-12:
+            ok, msg = False, f"{mode} {placement}: waits {waits}, max error {err}"
+    assert_all(comm, ok, msg)
