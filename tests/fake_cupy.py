@@ -4,12 +4,14 @@ subclass whose module name starts with "cupy", as ``backend.array_module`` looks
 mixing a host array (not a scalar) into a device operation raises, as CuPy does. Kernels run
 at once; a device->host copy queued with ``get(blocking=False)`` runs only when the host waits
 (a stream or event synchronisation), so a host read before the sync sees stale values; a
-host->device ``set`` runs in stream order (what is queued first, then itself). The embedding
-kernels are their NumPy twins (``kernels.gather_ref`` / ``scatter_add_ref``)."""
+host->device ``set`` runs in stream order (what is queued first, then itself). Events read
+the host clock, or ``state.now`` when a test sets it (a device clock it advances). The
+embedding kernels are their NumPy twins (``kernels.gather_ref`` / ``scatter_add_ref``)."""
 
 from __future__ import annotations
 
 import sys
+import time
 import types
 
 import numpy as np
@@ -38,6 +40,7 @@ class ndarray(np.ndarray):  # cupy's name
             return np.array(self.view(np.ndarray), order=order)
         assert stream is not None and out is not None, "an async copy needs a stream and out"
         src = np.array(self.view(np.ndarray))  # the values when the device reaches the copy
+        STATE.log.append("d2h queued")
         STATE.queue.append(lambda: np.copyto(out, src))
         return out
 
@@ -56,6 +59,7 @@ ndarray.__module__ = "cupy._core.core"
 
 
 def _dev_arg(x):
+    """A device array's NumPy view; a host array (not a scalar) raises, as in CuPy."""
     if isinstance(x, ndarray):
         return x.view(np.ndarray)
     if isinstance(x, np.ndarray) and x.ndim > 0:
@@ -64,13 +68,7 @@ def _dev_arg(x):
 
 
 def _index(key):
-    if isinstance(key, tuple):
-        return tuple(_index(k) for k in key)
-    if isinstance(key, ndarray):
-        return key.view(np.ndarray)
-    if isinstance(key, np.ndarray) and key.ndim > 0:
-        raise TypeError("fake cupy: indexing a device array with a host array")
-    return key
+    return tuple(_dev_arg(k) for k in key) if isinstance(key, tuple) else _dev_arg(key)
 
 
 def _wrap(r):
@@ -92,8 +90,11 @@ def _unwrap(x):
 
 
 class _State:
-    def __init__(self):
-        self.queue, self.done, self.log = [], 0, []
+    """The fake device: its queue of copies (``done`` of them ran), what the host did
+    (``log``), and the device clock of events (``now``; None: the host clock)."""
+
+    def __init__(self, now=None):
+        self.queue, self.done, self.log, self.now = [], 0, [], now
 
     def run(self, upto):
         while self.done < upto:
@@ -109,20 +110,19 @@ STATE = _State()
 
 class Event:
     def __init__(self, *a, **k):
-        self.upto, self.t = 0, 0.0
+        self.state, self.upto, self.t = STATE, 0, 0.0
 
     def record(self, stream=None):
-        import time
-
-        self.upto, self.t = len(STATE.queue), time.perf_counter()
+        self.state, self.upto = STATE, len(STATE.queue)  # the copies queued before it
+        self.t = time.perf_counter() if STATE.now is None else STATE.now
 
     @property
     def done(self):
-        return STATE.done >= self.upto
+        return self.state.done >= self.upto
 
     def synchronize(self):
-        STATE.log.append("event sync")
-        STATE.run(self.upto)
+        self.state.log.append("event sync")
+        self.state.run(self.upto)
 
 
 class Stream:
@@ -169,25 +169,32 @@ def _module():
         return attr
 
     cp.__getattr__ = module_getattr
+    def alloc_pinned_memory(n):
+        STATE.log.append(f"alloc {n}")
+        return bytearray(b"\x7f" * n)  # not zeroed, as page-locked memory
+
     cp.cuda = types.SimpleNamespace(
         Event=Event, get_elapsed_time=_elapsed, get_current_stream=lambda: _STREAM,
-        alloc_pinned_memory=lambda n: bytearray(b"\x7f" * n),
+        alloc_pinned_memory=alloc_pinned_memory,
         Device=lambda i=0: types.SimpleNamespace(use=lambda: None, id=i),
         runtime=types.SimpleNamespace(getDeviceCount=lambda: 1))
     return cp
 
 
-def install(monkeypatch):
+def install(monkeypatch, now=None):
     """Make ``import cupy`` the stand-in for this test, with the embedding kernels as their
-    NumPy twins and no NVRTC build; returns the module (its ``STATE``: queue and log)."""
+    NumPy twins and no NVRTC build, on a fresh fake device (``now``: its clock, see
+    ``_State``); returns the module (``.state``: the device)."""
+    global STATE
     from pshybrid import backend, cuda, devices
     from pshybrid.kernels import gather_ref, scatter_add_ref
 
+    STATE = _State(now)  # events recorded earlier (the pinned ring's) keep their own
     cp = _module()
+    cp.state = STATE
     monkeypatch.setitem(sys.modules, "cupy", cp)
     monkeypatch.setitem(sys.modules, "cupyx", types.SimpleNamespace(
         empty_pinned=lambda shape, dtype: np.empty(shape, dtype)))
-    # (STATE is kept: the pinned ring's events from an earlier test index into its queue)
     monkeypatch.setattr(backend, "cupy_status", lambda: (True, "fake cupy"))
     monkeypatch.setattr(devices, "cupy_status", lambda: (True, "fake cupy"))
     monkeypatch.setattr(cuda, "module", lambda: None)

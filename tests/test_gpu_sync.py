@@ -10,7 +10,6 @@ NumPy-backed stand-in for CuPy (``tests/fake_cupy.py``) == the NumPy run, with o
 wait per step, in every mode."""
 
 import io
-import sys
 from dataclasses import replace
 from types import SimpleNamespace as NS
 
@@ -25,129 +24,67 @@ from pshybrid.timers import EventTimers, Timers
 DATA = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
 
 
-class FakeGPU:
-    """What the GPU path uses of cupy, on NumPy: device arrays are ``Dev`` (an ndarray
-    subclass); ``get(blocking=False)`` queues a copy that runs only when the host waits for
-    the stream or an event recorded after it; NumPy "kernels" run at once, so ``set`` (a
-    host->device copy, in stream order before the kernels after it) runs what is queued,
-    then itself; an event records the fake clock (``now``, advanced by the test as
-    "kernels" run) and the queue length."""
+def _fake(monkeypatch):
+    """A fresh fake device (``tests/fake_cupy.py``) whose events read ``state.now``."""
+    import fake_cupy
 
-    def __init__(self):
-        self.queue, self.done, self.log, self.now = [], 0, [], 0.0
-        fake = self
+    return fake_cupy.install(monkeypatch, now=0.0)
 
-        class Event:
-            def record(self):
-                self.upto, self.t = len(fake.queue), fake.now
 
-            @property
-            def done(self):
-                return fake.done >= self.upto
-
-            def synchronize(self):
-                fake.log.append("event sync")
-                fake.run(self.upto)
-
-        class Stream:
-            def synchronize(self):
-                fake.log.append("stream sync")
-                fake.run(len(fake.queue))
-
-        class Dev(np.ndarray):
-            def get(self, stream=None, out=None, blocking=True):
-                if blocking:
-                    fake.log.append("blocking get")
-                    fake.run(len(fake.queue))
-                    return np.array(self)
-                assert stream is not None and out is not None, "an async copy needs both"
-                fake.log.append("d2h queued")
-                src = np.array(self)  # the values when the device reaches the copy
-                fake.queue.append(lambda: np.copyto(out, src))
-                return out
-
-            def set(self, host, stream=None):
-                assert stream is not None, "the copy back must be asynchronous, on the stream"
-                fake.queue.append(lambda dst=self, src=host: np.copyto(dst, src))
-                fake.run(len(fake.queue))  # the device reaches it before the next kernel
-
-        def elapsed(a, b):
-            assert a.done and b.done, "cudaEventElapsedTime of an event not reached"
-            return (b.t - a.t) * 1e3  # milliseconds, as cupy's
-
-        self.Dev = Dev
-        self.stream = Stream()
-        self.cuda = NS(Event=Event, get_elapsed_time=elapsed,
-                       get_current_stream=lambda: self.stream,
-                       alloc_pinned_memory=lambda n: (self.log.append(f"alloc {n}"),  # not
-                                                      bytearray(b"\x7f" * n))[1])  # zeroed
-
-    def run(self, upto):
-        while self.done < upto:
-            self.queue[self.done]()
-            self.done += 1
-
-    def asarray(self, a):
-        return np.array(a).view(self.Dev)
-
-    def zeros_like(self, a):
-        return np.zeros_like(np.asarray(a)).view(self.Dev)
+def _sync(fake):
+    fake.cuda.get_current_stream().synchronize()
 
 
 # -- phase timers from CUDA events ----------------------------------------------------------
 def test_event_timers_fold_the_device_times_when_the_host_has_waited(monkeypatch):
-    fake, timers = FakeGPU(), Timers()
+    fake, timers = _fake(monkeypatch), Timers()
     ev = EventTimers(timers, fake.cuda)
     spans = [("fwd_bwd", 0.004), ("dense_apply", 0.001), ("fwd_bwd", 0.006)]
     for phase, seconds in spans:
         with ev.time(phase):
-            fake.queue.append(lambda: None)  # the block's kernels, on the stream
-            fake.now += seconds               # ... take this long on the device
-        fake.now += 0.5                       # the host's own work between phases: not timed
-    assert dict(timers) == {} and fake.log == []  # recorded, not waited for
+            fake.state.queue.append(lambda: None)  # the block's kernels, on the stream
+            fake.state.now += seconds               # ... take this long on the device
+        fake.state.now += 0.5                       # the host's own work between phases: not timed
+    assert dict(timers) == {} and fake.state.log == []  # recorded, not waited for
     before = backend.host_waits()
-    fake.stream.synchronize()                     # the host waited anyway (a read back)
+    _sync(fake)                                   # the host waited anyway (a read back)
     ev.fold()
     assert timers["fwd_bwd"] == pytest.approx(0.010) and timers["dense_apply"] == \
         pytest.approx(0.001)
     assert backend.host_waits() == before          # the events were reached: no extra wait
     with ev.time("fwd_bwd"):                        # not reached when folded: one wait
-        fake.queue.append(lambda: None)
-        fake.now += 0.002
+        fake.state.queue.append(lambda: None)
+        fake.state.now += 0.002
     ev.fold()
-    assert backend.host_waits() == before + 1 and fake.log[-1] == "event sync"
+    assert backend.host_waits() == before + 1 and fake.state.log[-1] == "event sync"
     assert timers["fwd_bwd"] == pytest.approx(0.012)
     assert len(ev.free) == 6  # the last pair reused two folded events: 6 made, not 8
 
 
 # -- pinned staging of device->host copies ---------------------------------------------------
-def test_host_staging_is_readable_after_the_sync_and_reused():
-    fake, staging = FakeGPU(), backend.HostStaging()
+def test_host_staging_is_readable_after_the_sync_and_reused(monkeypatch):
+    fake, staging = _fake(monkeypatch), backend.HostStaging()
     dev = fake.asarray(np.arange(6.0).reshape(2, 3))
     host = staging.stage(fake, "g", dev)
-    assert host.shape == (2, 3) and fake.log == ["alloc 48", "d2h queued"]
-    fake.stream.synchronize()                       # the step's sync
+    assert host.shape == (2, 3) and fake.state.log == ["alloc 48", "d2h queued"]
+    _sync(fake)                                     # the step's sync
     np.testing.assert_array_equal(host, np.arange(6.0).reshape(2, 3))
     seen = host.copy()                              # MPI read it within that step
     dev[...] = -1                                   # the next step's kernels
     host2 = staging.stage(fake, "g", dev)
-    assert np.shares_memory(host, host2) and fake.log.count("alloc 48") == 1  # reused
+    assert np.shares_memory(host, host2) and fake.state.log.count("alloc 48") == 1  # reused
     np.testing.assert_array_equal(host2, seen)      # not overwritten before the next sync
-    fake.stream.synchronize()
+    _sync(fake)
     np.testing.assert_array_equal(host2, -np.ones((2, 3)))
     padded = staging.stage(fake, "p", fake.asarray(np.ones(5, np.float32)), total=8)
-    fake.stream.synchronize()
+    _sync(fake)
     assert padded.tolist() == [1.0] * 5 + [0.0] * 3  # a padded table: zero tail
     staging.stage(fake, "g", fake.asarray(np.ones(7)))  # larger: the buffer grows
-    assert "alloc 56" in fake.log
+    assert "alloc 56" in fake.state.log
 
 
 def test_host_waits_counts_every_wait_through_the_backend(monkeypatch):
-    fake = FakeGPU()
-    fake_mod = NS(cuda=fake.cuda, __name__="cupy")
-    monkeypatch.setitem(sys.modules, "cupy", fake_mod)
-    monkeypatch.setattr(backend, "array_module",
-                        lambda *a: fake_mod if any(isinstance(x, fake.Dev) for x in a) else np)
+    fake = _fake(monkeypatch)
     dev, n = fake.asarray(np.ones(3)), backend.host_waits()
     backend.synchronize(np.ones(2))                 # NumPy: nothing to wait for
     assert backend.to_host(np.ones(2)).sum() == 2 and backend.host_waits() == n
@@ -156,7 +93,7 @@ def test_host_waits_counts_every_wait_through_the_backend(monkeypatch):
     event = fake.cuda.Event()
     event.record()
     backend.wait_event(event)                       # reached already: no wait
-    assert backend.host_waits() == n + 2 and fake.log == ["stream sync", "blocking get"]
+    assert backend.host_waits() == n + 2 and fake.state.log == ["stream sync", "blocking get"]
 
 
 # -- Mode.update: one sync, after every D2H, before every MPI call ---------------------------
@@ -199,7 +136,7 @@ CASES = {"hybrid adagrad": (False, True, True), "hybrid sgd": (True, False, True
 @pytest.mark.parametrize("case", CASES)
 def test_update_on_a_gpu_syncs_once_after_every_d2h_and_before_any_mpi(monkeypatch, case):
     log = []
-    mode = _mode(monkeypatch, log, FakeGPU(), *CASES[case])
+    mode = _mode(monkeypatch, log, _fake(monkeypatch), *CASES[case])
     mode.update(NS(), "demb", 3)
     stages = [i for i, e in enumerate(log) if e.endswith(".stage")]
     mpi = [i for i, e in enumerate(log) if e.endswith((".start", ".finish", ".sync"))
@@ -223,15 +160,15 @@ class _TwoWorkers:
 
     def Iallreduce(self, _inplace, spec):
         buf = spec[0]
-        assert isinstance(buf, np.ndarray) and not isinstance(buf, self.fake.Dev)
-        assert self.fake.done == len(self.fake.queue), "MPI read a copy still queued"
+        assert isinstance(buf, np.ndarray) and not isinstance(buf, self.fake.ndarray)
+        assert self.fake.state.done == len(self.fake.state.queue), "MPI read a copy still queued"
         self.log.append(("Iallreduce", buf.size))
         return NS(Wait=lambda: buf.__imul__(2))
 
     def Allreduce(self, _inplace, spec):
         buf = spec[0]
-        assert isinstance(buf, self.fake.Dev)  # CUDA-aware: the device span itself
-        assert self.fake.done == len(self.fake.queue), "MPI read device memory unsynced"
+        assert isinstance(buf, self.fake.ndarray)  # CUDA-aware: the device span itself
+        assert self.fake.state.done == len(self.fake.state.queue), "MPI read device memory unsynced"
         self.log.append(("Allreduce", buf.size))
         buf *= 2
 
@@ -242,8 +179,7 @@ def test_allreduce_dense_on_a_gpu_starts_its_buckets_after_the_sync(monkeypatch,
     from pshybrid.modes.dense import AllreduceDense
     from pshybrid.optim import Optimizer
 
-    fake, log = FakeGPU(), []
-    monkeypatch.setitem(sys.modules, "cupy", NS(cuda=fake.cuda))  # transport's copy back
+    fake, log = _fake(monkeypatch), []
     ps = ParamSpace()
     for name, shape in (("a", (40,)), ("b", (8, 8)), ("c", (30,)), ("d", (5,))):
         ps.add(name, shape, "uniform", 0.1)
@@ -258,22 +194,22 @@ def test_allreduce_dense_on_a_gpu_starts_its_buckets_after_the_sync(monkeypatch,
     g = np.random.default_rng(0).standard_normal(ps.size)
     for names in (["d"], ["c"], ["b"], ["a"]):  # backward: the last layer first
         for n in names:
-            o = ps.offset(n)
-            ps.flat_grad[o:o + int(np.prod(ps.shape(n)))] = g[o:o + int(np.prod(ps.shape(n)))]
+            span = slice(ps.offset(n), ps.offset(n) + int(np.prod(ps.shape(n))))
+            ps.flat_grad[span] = fake.asarray(g[span])  # a kernel writes it
         ps.grads_ready(*names)                    # at kernel launch time on a GPU
     assert log == []                              # no MPI inside backward
     dense.stage(1)                                # Mode.update's move 0 ...
-    fake.stream.synchronize()                     # ... and its one sync
+    _sync(fake)                                   # ... and its one sync
     dense.start(1)
     assert dense.sync(1) is True
-    fake.stream.synchronize()                     # the end of the run (a read back)
+    _sync(fake)                                   # the end of the run (a read back)
     assert len(log) >= 3 and sum(n for _, n in log) == ps.size  # several buckets, all
     ref_w, ref_g = w0.copy(), 2 * g
     Optimizer("adam", 0.01).update(ref_w, ref_g, {"m": np.zeros_like(g), "v": np.zeros_like(g)},
                                    1)
     np.testing.assert_array_equal(np.asarray(ps.flat_grad), ref_g)  # the sum came back
     np.testing.assert_allclose(np.asarray(ps.flat), ref_w, rtol=1e-13)
-    assert fake.log.count("stream sync") == 2 and "blocking get" not in fake.log
+    assert fake.state.log.count("stream sync") == 2 and "blocking get" not in fake.state.log
 
 
 # -- the whole GPU training path on a NumPy-backed stand-in for CuPy --------------------------
