@@ -47,7 +47,10 @@ class _Span:
         self.start = self.owner._event()
 
     def __exit__(self, *exc):
-        self.owner.pending.append((self.phase, self.start, self.owner._event()))
+        pending = self.owner.pending
+        pending.append((self.phase, self.start, self.owner._event()))
+        if len(pending) > self.owner.bound:  # a long log interval: fold what is reached
+            self.owner.fold(wait=False)
 
 
 class EventTimers:
@@ -58,10 +61,13 @@ class EventTimers:
     waited for the stream anyway (the log interval's read back, before a checkpoint, at the
     end), so every ``--metrics`` record and the summary see the device times.
 
+    Past ``bound`` recorded spans (a long log interval) the spans whose events the device
+    has reached are folded without a wait, so the pending list stays short.
+
     cuda: ``cupy.cuda`` (``Event``, ``get_elapsed_time`` in ms) or a stand-in."""
 
-    def __init__(self, timers: Timers, cuda):
-        self.timers, self.cuda = timers, cuda
+    def __init__(self, timers: Timers, cuda, bound: int = 256):
+        self.timers, self.cuda, self.bound = timers, cuda, bound
         self.pending: list = []  # (phase, start event, end event), in record order
         self.free: list = []     # events whose times were folded: reused
 
@@ -73,13 +79,17 @@ class EventTimers:
         event.record()
         return event
 
-    def fold(self) -> None:
+    def fold(self, wait: bool = True) -> None:
         """Add the recorded spans' device seconds to the timers (a wait, counted, only if
-        the last event is not reached yet: not after a read back)."""
-        if not self.pending:
-            return
-        wait_event(self.pending[-1][2])  # stream order: every earlier event is reached too
+        the last event is not reached yet: not after a read back). ``wait=False``: only the
+        spans whose end the device has reached (a query, no wait)."""
+        if wait and self.pending:
+            wait_event(self.pending[-1][2])  # stream order: every earlier event is reached
+        n = 0
         for phase, start, end in self.pending:
+            if not (wait or end.done):
+                break
             self.timers[phase] += self.cuda.get_elapsed_time(start, end) / 1e3
             self.free += (start, end)
-        self.pending.clear()
+            n += 1
+        del self.pending[:n]

@@ -61,6 +61,24 @@ def test_event_timers_fold_the_device_times_when_the_host_has_waited(monkeypatch
     assert len(ev.free) == 6  # the last pair reused two folded events: 6 made, not 8
 
 
+def test_event_timers_fold_what_is_reached_past_their_bound(monkeypatch):
+    """A long log interval: past ``bound`` spans the reached ones are folded with no wait;
+    a span not yet reached stays pending until the next fold."""
+    fake, timers = _fake(monkeypatch), Timers()
+    ev, n = EventTimers(timers, fake.cuda, bound=4), backend.host_waits()
+    for _ in range(4):
+        with ev.time("fwd_bwd"):
+            fake.state.now += 0.001
+    _sync(fake)                                   # a step's sync: all four reached
+    with ev.time("fwd_bwd"):                      # the fifth: not reached (a queued copy)
+        fake.state.queue.append(lambda: None)
+        fake.state.now += 0.002
+    assert len(ev.pending) == 1 and timers["fwd_bwd"] == pytest.approx(0.004)
+    assert backend.host_waits() == n and len(ev.free) == 8
+    ev.fold()
+    assert timers["fwd_bwd"] == pytest.approx(0.006) and backend.host_waits() == n + 1
+
+
 # -- pinned staging of device->host copies ---------------------------------------------------
 def test_host_staging_is_readable_after_the_sync_and_reused(monkeypatch):
     fake, staging = _fake(monkeypatch), backend.HostStaging()

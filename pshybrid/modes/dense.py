@@ -192,6 +192,7 @@ class ServerDense:
 
     def _grads(self):
         """(rows, DENSE_ROW) host gradient: a padded copy, or (GPU) the staged one."""
+        # Wire: read by the push's Accumulate, flushed before it returns (then the next copy)
         return self._padded(self.ps.flat_grad) if self._staged is None else self._staged
 
     def start(self, step: int) -> None:

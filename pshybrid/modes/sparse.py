@@ -152,7 +152,9 @@ class ServerSparse(_StagedSums):
             return batch.plan.sum_rows(demb[~batch.hot[0]])
         if self.ctx.xp is np:
             return batch.plan.sum_rows(demb)
-        return self._staged  # staged, and synchronised (``modes.step``)
+        # Wire: the staged pinned sums go out in the step message's Isend (completed in the
+        # step's last move) or the Accumulate (flushed): done before the next step's copy
+        return self._staged
 
     def start(self, batch: Batch, demb, step: int) -> None:
         with self.ctx.timers.time("push"):
@@ -278,7 +280,7 @@ class ReplicatedSparse(_StagedSums):
         if self.ctx.xp is np:
             dim = self.table.shape[1]
             return scatter_add(batch.inverse.ravel(), demb.reshape(-1, dim), batch.unique.size)
-        return self._staged  # staged, and synchronised (``modes.step``)
+        return self._staged  # Wire: read by the blocking Allgatherv, before the next copy
 
     def start(self, batch: Batch, demb, step: int) -> None:
         with self.ctx.timers.time("push"):
