@@ -186,10 +186,10 @@ def install(monkeypatch, now=None):
     NumPy twins and no NVRTC build, on a fresh fake device (``now``: its clock, see
     ``_State``); returns the module (``.state``: the device)."""
     global STATE
-    from pshybrid import backend, cuda, devices
+    from pshybrid import backend, cuda, devices, transport
     from pshybrid.kernels import gather_ref, scatter_add_ref
 
-    STATE = _State(now)  # events recorded earlier (the pinned ring's) keep their own
+    STATE = _State(now)
     cp = _module()
     cp.state = STATE
     monkeypatch.setitem(sys.modules, "cupy", cp)
@@ -197,6 +197,8 @@ def install(monkeypatch, now=None):
         empty_pinned=lambda shape, dtype: np.empty(shape, dtype)))
     monkeypatch.setattr(backend, "cupy_status", lambda: (True, "fake cupy"))
     monkeypatch.setattr(devices, "cupy_status", lambda: (True, "fake cupy"))
+    monkeypatch.setattr(backend, "_RING", backend._PinnedRing())  # no fake slot outlives it
+    monkeypatch.setattr(transport, "_PINNED", {})
     monkeypatch.setattr(cuda, "module", lambda: None)
     monkeypatch.setattr(cuda, "gather", lambda rows, index: _wrap(gather_ref(
         _unwrap(rows), _unwrap(index))))
