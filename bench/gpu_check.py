@@ -14,8 +14,11 @@ MPI jobs itself as subprocesses.
 2. times them beside the device-to-device copy of the same bytes: many back-to-back launches
    of the bound kernel between two CUDA events (bench/timing.py ``per_launch``), the copy
    the same way, in the same run; target printed beside each: >= 0.7x the copy bandwidth;
-3. times a training step, hybrid vs ps, one GPU worker + one CPU server rank (DLRM,
-   float32, batch 4096, steady-state interval of the run's metrics, phase split);
+3. times a training step, hybrid vs ps, one GPU worker + one CPU server rank, and
+   allreduce on one GPU worker (DLRM, float32, batch 4096, steady-state interval of the
+   run's metrics, phase split), and prints each run's host syncs per training step (the
+   summary's ``host_syncs_per_step``: one per step plus one per log interval; another
+   count fails the check);
 4. runs tests/test_gpu.py with PSHYBRID_REQUIRE_GPU=1 (serial tests, then the MPI tests under
    ``mpiexec -n 3``: 1 server and W = 2 GPU workers, float64 == NumPy in hybrid, ps and
    allreduce, over RMA with several Allreduce buckets, and float32 == NumPy), so nothing
@@ -146,18 +149,23 @@ def bench_kernels(cp, quick: bool) -> list[str]:
 
 def bench_training(quick: bool, mpi: dict) -> bool:
     steps = 60 if quick else 300
-    print(f"\ntraining step, 1 GPU worker + 1 CPU server (mpiexec -n 2), dlrm float32, "
-          f"batch 4096, {steps} steps; samples/s of the last {steps // 3}-step interval")
+    logs = 3
+    print(f"\ntraining step, 1 GPU worker (+ 1 CPU server in hybrid and ps: mpiexec -n 2), "
+          f"dlrm float32, batch 4096, {steps} steps; samples/s of the last "
+          f"{steps // logs}-step interval; host syncs per training step (worker 0's host "
+          f"waits for the GPU: 1 per step + 1 per log interval = {1 + logs / steps:.2f})")
     res, ok = {}, True
     with tempfile.TemporaryDirectory() as tmp:
-        for mode in ("hybrid", "ps"):
+        for mode in ("hybrid", "ps", "allreduce"):
             metrics = os.path.join(tmp, f"{mode}.jsonl")
-            cmd = [mpi["mpiexec"], "-n", "2", sys.executable, "-m", "pshybrid", "train",
-                   "--device", "cuda", "--mode", mode, "--servers", "1", "--model", "dlrm",
+            ranks = ["-n", "1"] if mode == "allreduce" else ["-n", "2"]
+            servers = [] if mode == "allreduce" else ["--servers", "1"]
+            cmd = [mpi["mpiexec"], *ranks, sys.executable, "-m", "pshybrid", "train",
+                   "--device", "cuda", "--mode", mode, *servers, "--model", "dlrm",
                    "--batch-size", "4096", "--steps", str(steps), "--log-every",
-                   str(steps // 3), "--metrics", metrics]
+                   str(steps // logs), "--metrics", metrics]
             t0 = time.time()
-            p = run_limited(f"train {mode}", cmd, 60 if quick else 180)
+            p = run_limited(f"train {mode}", cmd, 60 if quick else 150)
             if p is None:
                 ok = False
                 continue
@@ -172,10 +180,15 @@ def bench_training(quick: bool, mpi: dict) -> bool:
             res[mode] = steps_recs[-1]["samples_per_s"]
             split = "  ".join(f"{k} {v:.0%}" for k, v in summ["phase_fraction"].items()
                               if v >= 0.01)
-            print(f"  {mode:<7} {res[mode]:>10,.0f} samples/s  {4096 / res[mode] * 1e3:7.2f} "
-                  f"ms/step  final loss {summ['final_loss']:.4f}  startup "
+            syncs = summ.get("host_syncs_per_step", float("nan"))
+            good = abs(syncs - (1 + logs / steps)) < 1e-9
+            ok &= good
+            print(f"  {mode:<9} {res[mode]:>10,.0f} samples/s  {4096 / res[mode] * 1e3:7.2f} "
+                  f"ms/step  host syncs per training step {syncs:.3f} "
+                  f"({'ok' if good else 'EXPECTED ' + format(1 + logs / steps, '.3f')})  "
+                  f"final loss {summ['final_loss']:.4f}  startup "
                   f"{summ['startup_seconds']:.1f}s  wall {time.time() - t0:.0f}s  |  {split}")
-    if len(res) == 2:
+    if "hybrid" in res and "ps" in res:
         print(f"  hybrid / ps = {res['hybrid'] / res['ps']:.2f}x samples/s "
               "(reference: the paper reports hybrid ahead of PS; here one worker, one node)")
     return ok

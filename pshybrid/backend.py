@@ -55,9 +55,22 @@ def _visible() -> str:
     return "" if v is None else f"; CUDA_VISIBLE_DEVICES={v!r}"
 
 
+_WAITS = [0]  # host waits for the GPU performed through this module (``host_waits``)
+
+
+def host_waits() -> int:
+    """How many times this process's host has waited for the GPU through this module: stream
+    synchronisations, blocking device->host copies (``to_host``), waits on a CUDA event not
+    yet reached. A GPU worker's training step makes one (``modes.step``)."""
+    return _WAITS[0]
+
+
 def to_host(a):
-    """``a`` as a NumPy array: ``a`` itself if it is one, else a device->host copy."""
-    return a if array_module(a) is np else a.get()
+    """``a`` as a NumPy array: ``a`` itself if it is one, else a blocking device->host copy."""
+    if array_module(a) is np:
+        return a
+    _WAITS[0] += 1
+    return a.get()
 
 
 def synchronize(*arrays) -> None:
@@ -67,7 +80,43 @@ def synchronize(*arrays) -> None:
     if array_module(*arrays) is not np:
         import cupy
 
+        _WAITS[0] += 1
         cupy.cuda.get_current_stream().synchronize()
+
+
+def wait_event(event) -> None:
+    """Wait for a recorded CUDA ``event``; a wait (counted) only if it is not reached yet."""
+    if not event.done:
+        _WAITS[0] += 1
+        event.synchronize()
+
+
+class HostStaging:
+    """Device->host copies into pinned (page-locked) host buffers reused step after step:
+    ``stage`` queues the copy on the current stream and returns at once; the host reads the
+    buffer only after a later stream synchronisation (``modes.step``: one per step). The
+    next ``stage`` of the same key overwrites the buffer (queued after everything before it
+    on the stream), so whatever reads it (MPI) must have completed by then: each caller
+    says why it has."""
+
+    def __init__(self):
+        self.bufs: dict = {}  # key -> pinned uint8 array, grown to the largest copy
+
+    def stage(self, xp, key: str, dev, total: int | None = None) -> np.ndarray:
+        """Queue the copy of ``dev`` (a contiguous ``xp`` array) into ``key``'s buffer ->
+        the host view: ``dev.shape``, or with ``total`` a flat (total,) view whose elements
+        past ``dev.size`` are 0 (a padded table)."""
+        n = dev.size if total is None else total
+        nbytes = n * dev.dtype.itemsize
+        buf = self.bufs.get(key)
+        if buf is None or buf.size < nbytes:
+            mem = xp.cuda.alloc_pinned_memory(nbytes)  # as cupyx.empty_pinned does
+            buf = self.bufs[key] = np.ndarray((nbytes,), np.uint8, buffer=mem)
+        host = buf[:nbytes].view(dev.dtype)
+        host[dev.size:] = 0
+        out = host[:dev.size].reshape(dev.shape)
+        dev.get(out=out, stream=xp.cuda.get_current_stream(), blocking=False)  # async D2H
+        return out if total is None else host
 
 
 class _PinnedRing:
@@ -84,20 +133,20 @@ class _PinnedRing:
         self.next = 0
         self.lock = threading.Lock()
 
-    def to_device(self, xp, host: np.ndarray, dtype=None):
+    def to_device(self, xp, host: np.ndarray, dtype=None, out=None):
         dtype = np.dtype(dtype or host.dtype)
         nbytes = host.size * dtype.itemsize
         with self.lock:
             i, self.next = self.next, (self.next + 1) % len(self.slots)
             buf, event = self.slots[i] or (None, None)
             if event is not None:
-                event.synchronize()  # the copy that last read this slot has finished
+                wait_event(event)  # the copy that last read this slot has finished
             if buf is None or buf.size < nbytes:
                 mem = xp.cuda.alloc_pinned_memory(nbytes)  # as cupyx.empty_pinned does
                 buf = np.ndarray((nbytes,), np.uint8, buffer=mem)
             staged = buf[:nbytes].view(dtype).reshape(host.shape)
             np.copyto(staged, host, casting="same_kind")  # the cast happens here, on the host
-            dev = xp.empty(host.shape, dtype)
+            dev = xp.empty(host.shape, dtype) if out is None else out
             dev.set(staged, stream=xp.cuda.get_current_stream())  # async H2D, pinned source
             event = xp.cuda.Event()
             event.record()
@@ -108,14 +157,17 @@ class _PinnedRing:
 _RING = _PinnedRing()
 
 
-def to_device(xp, host, dtype=None):
+def to_device(xp, host, dtype=None, out=None):
     """``host`` (NumPy) as an ``xp`` array of ``dtype`` (default: its own). NumPy: ``host``
     itself when the dtype matches (no copy). CuPy: an asynchronous copy on the current
     stream from a pinned staging buffer (``_PinnedRing``): kernels later on the stream see
-    it, and the host does not wait for it."""
+    it, and the host does not wait for it. ``out`` (CuPy, contiguous, ``host``'s shape and
+    ``dtype``): copy into it instead of a new array."""
     host = np.asarray(host)
+    if out is not None:
+        assert xp is not np and out.shape == host.shape, (xp, out.shape, host.shape)
     if xp is np:
         return host.astype(dtype or host.dtype, copy=False)
     if host.size == 0:
         return xp.empty(host.shape, dtype or host.dtype)
-    return _RING.to_device(xp, np.ascontiguousarray(host), dtype)
+    return _RING.to_device(xp, np.ascontiguousarray(host), dtype, out)

@@ -292,7 +292,8 @@ class TrainConfig:
     dense_lr: float | None = option(0.001, "learning rate of the dense parameters (none: --lr)",
                                     check=_learning_rate)
     bucket_mb: float = option(1.0, "Allreduce the dense gradients in buckets of at least this "
-                              "many MiB while backward runs (0: one Allreduce after backward)",
+                              "many MiB while backward runs (0: one Allreduce after backward; "
+                              "GPU workers: cut then, started after the step's one host sync)",
                               check=lambda v: None if math.isfinite(v) and v >= 0
                               else "must be >= 0 and finite")
     prefetch: int | None = option(None, "batches prepared ahead on a background thread "

@@ -1,9 +1,12 @@
-"""Wall time per phase of the training step, accumulated (``Timers().time("pull")``)."""
+"""Wall time per phase of the training step, accumulated (``Timers().time("pull")``); on a
+GPU worker the device time of the phases that launch kernels (``EventTimers``)."""
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
+
+from .backend import wait_event
 
 
 class _Phase:
@@ -30,3 +33,63 @@ class Timers(defaultdict):
     def time(self, phase: str) -> _Phase:
         # one small object per call (a class per call was cyclic garbage: full GC passes)
         return _Phase(self, phase)
+
+
+class _Span:
+    """Context manager recording a CUDA event before and after its block (no host wait)."""
+
+    __slots__ = ("owner", "phase", "start")
+
+    def __init__(self, owner, phase: str):
+        self.owner, self.phase = owner, phase
+
+    def __enter__(self):
+        self.start = self.owner._event()
+
+    def __exit__(self, *exc):
+        pending = self.owner.pending
+        pending.append((self.phase, self.start, self.owner._event()))
+        if len(pending) > self.owner.bound:  # a long log interval: fold what is reached
+            self.owner.fold(wait=False)
+
+
+class EventTimers:
+    """Phase timers of GPU work (``--device cuda``): ``time(phase)`` records a CUDA event on
+    the current stream before and after its block, so the phase gets the device time of
+    the kernels its block launched, and the host does not wait. ``fold()`` adds every
+    recorded pair's elapsed time to ``timers[phase]``: call it where the host has just
+    waited for the stream anyway (the log interval's read back, before a checkpoint, at the
+    end), so every ``--metrics`` record and the summary see the device times.
+
+    Past ``bound`` recorded spans (a long log interval) the spans whose events the device
+    has reached are folded without a wait, so the pending list stays short.
+
+    cuda: ``cupy.cuda`` (``Event``, ``get_elapsed_time`` in ms) or a stand-in."""
+
+    def __init__(self, timers: Timers, cuda, bound: int = 256):
+        self.timers, self.cuda, self.bound = timers, cuda, bound
+        self.pending: list = []  # (phase, start event, end event), in record order
+        self.free: list = []     # events whose times were folded: reused
+
+    def time(self, phase: str) -> _Span:
+        return _Span(self, phase)
+
+    def _event(self):
+        event = self.free.pop() if self.free else self.cuda.Event()
+        event.record()
+        return event
+
+    def fold(self, wait: bool = True) -> None:
+        """Add the recorded spans' device seconds to the timers (a wait, counted, only if
+        the last event is not reached yet: not after a read back). ``wait=False``: only the
+        spans whose end the device has reached (a query, no wait)."""
+        if wait and self.pending:
+            wait_event(self.pending[-1][2])  # stream order: every earlier event is reached
+        n = 0
+        for phase, start, end in self.pending:
+            if not (wait or end.done):
+                break
+            self.timers[phase] += self.cuda.get_elapsed_time(start, end) / 1e3
+            self.free += (start, end)
+            n += 1
+        del self.pending[:n]

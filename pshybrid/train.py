@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import auto, checkpoint
-from .backend import synchronize, to_device, to_host
+from .backend import to_device, to_host
 from .config import TrainConfig, from_dict, to_dict
 from .batches import BatchPlan, prefetch, read_ids, worker_batches
 from .data import EVAL_BATCH
@@ -325,15 +325,14 @@ def _step(job: Job, step: int, label, dense, batch, bags=()):
     """One training step (0-based ``step``): pull, forward, backward, update. Returns the
     worker's loss sum: a float, checked, on CPU; on a GPU a device scalar that ``_Log``
     reads back (and checks) once per log interval and before a checkpoint."""
-    mode, model, ps, timers = job.mode, job.model, job.ps, job.mode.timers
+    mode, model, ps = job.mode, job.model, job.ps
     mode.begin(step)
     emb = mode.lookup(batch)
-    with timers.time("fwd_bwd"):
+    with mode.kernel_timers.time("fwd_bwd"):  # GPU: CUDA events (device time, no wait)
         logits = model.forward(dense, emb, *bags)
         losses, dz = bce_with_logits(logits, label)
         ps.zero_grad()
         demb = model.backward(dz * (1.0 / (job.topo.n_workers * job.cfg.batch_size)))
-        synchronize(demb)  # GPU: the timer measures the kernels, not their launches
     loss_sum = losses.sum()  # GPU: stays on the device (no host sync per step)
     if job.mode.xp is np:
         loss_sum = float(loss_sum)
@@ -400,6 +399,7 @@ class _Log:
         if self.dev is not None:
             loss_sum, label_sum = (float(v) for v in to_host(self.dev))
             self.dev = None
+            self.job.mode.kernel_timers.fold()  # the copy waited: the phases' device times
             _check_loss(self.job, loss_sum, f"in the steps up to {done}")
             self.acc += (loss_sum, 0.0, label_sum)
 
@@ -483,5 +483,8 @@ def finish(job: Job) -> TrainResult:
                                        elapsed, job.t_start - job.t_begin)
         if job.auto is not None:
             job.result.summary["auto"] = job.auto
+        if mode.xp is not np:  # GPU: worker 0's host waits for its device, per step
+            job.result.summary["host_syncs_per_step"] = mode.host_syncs() / max(
+                job.steps - job.start, 1)
         job.reporter.close(job.result.summary)
     return job.result

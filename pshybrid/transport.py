@@ -1,6 +1,7 @@
 """MPI transport helpers: datatypes for indexed RMA, polite waiting, shared verdicts, the
-job-wide abort on error, and the dense Allreduce of a NumPy or CuPy buffer (the CUDA stream
-is synchronised here, before MPI touches a GPU buffer, so no caller can forget)."""
+job-wide abort on error, and the dense Allreduce of a NumPy or CuPy buffer (``iallreduce``
+synchronises the CUDA stream before MPI touches a GPU buffer, so no caller can forget; a
+training step, which synchronises once for all its MPI calls, uses ``start_allreduce``)."""
 
 from __future__ import annotations
 
@@ -214,39 +215,57 @@ class _Staged:
 
         self.req.Wait()
         # async H2D on the current stream (pinned source: the host does not wait); later
-        # kernels there see the sum, and the next D2H into ``host`` follows a stream sync
+        # kernels there see the sum, and the next D2H into ``host`` is queued after it
         self.dev.set(self.host, stream=cupy.cuda.get_current_stream())
 
 
-_PINNED: dict = {}  # (device pointer, shape, dtype) -> pinned host mirror, reused every step
+_PINNED: dict = {}  # (device pointer, shape, dtype) -> pinned host mirror, reused every call
 
 
 def iallreduce(comm: MPI.Comm, buf, cuda_aware: bool = False):
     """Start an in-place SUM Iallreduce of ``buf`` over ``comm``; ``.Wait()`` completes it.
 
-    buf: a contiguous NumPy or CuPy array. For CuPy the current stream is synchronised first
-    (MPI reads device memory outside stream order); with ``cuda_aware`` (``devices.
-    cuda_aware_mpi()``) the device buffer goes to a *blocking* Allreduce (CUDA-aware MPIs
-    document device buffers for blocking collectives; Open MPI not for non-blocking ones) and
-    a completed request is returned; else it is staged: a blocking device->host copy into a
-    pinned mirror, the Iallreduce on the mirror, and ``Wait`` copies the result back.
+    buf: a contiguous NumPy or CuPy array. For CuPy (a caller outside the training step,
+    which stages its own copies: ``modes.step``): staged (not ``cuda_aware``), a
+    device->host copy into a pinned mirror is queued; then the current stream is
+    synchronised (MPI reads memory outside stream order: every kernel that wrote ``buf``,
+    and the copy, have finished) and ``start_allreduce`` starts it.
     Wire: one (I)allreduce(SUM) of buf.nbytes over comm; each Wait waits for every rank's
     contribution.
     """
-    T = mpi_type(buf.dtype)
     if array_module(buf) is np:
-        return comm.Iallreduce(MPI.IN_PLACE, [buf, T])
-    synchronize(buf)  # every kernel that wrote buf has finished
-    if cuda_aware:
-        comm.Allreduce(MPI.IN_PLACE, [buf, T])  # Wire: device memory, CUDA-aware MPI, blocking
-        return MPI.REQUEST_NULL  # (Wait on it returns at once)
-    import cupyx
+        return comm.Iallreduce(MPI.IN_PLACE, [buf, mpi_type(buf.dtype)])
+    host = None
+    if not cuda_aware:
+        import cupy
+        import cupyx
 
-    key = (buf.data.ptr, buf.shape, buf.dtype.str)
-    host = _PINNED.get(key)
+        key = (buf.data.ptr, buf.shape, buf.dtype.str)
+        host = _PINNED.get(key)
+        if host is None:
+            if len(_PINNED) >= 64:  # buffers of earlier runs; an in-flight request keeps its own
+                _PINNED.clear()
+            host = _PINNED[key] = cupyx.empty_pinned(buf.shape, buf.dtype)
+        # async D2H, after the previous call's copy back on the same stream (stream order)
+        buf.get(out=host, stream=cupy.cuda.get_current_stream(), blocking=False)
+    synchronize(buf)  # the one host wait: the kernels that wrote buf, and the copy
+    return start_allreduce(comm, buf, host)
+
+
+def start_allreduce(comm: MPI.Comm, dev, host=None):
+    """Start the in-place SUM Allreduce of the device buffer ``dev`` over ``comm``, once the
+    caller has synchronised the stream after the last kernel that wrote ``dev`` and after
+    the copy of ``dev`` into ``host`` (``iallreduce``; a training step: ``modes.step``).
+
+    host: ``dev``'s pinned host copy (staged: an Iallreduce on it; ``Wait`` copies the sum
+    back into ``dev`` asynchronously on the current stream), or None (CUDA-aware MPI: a
+    *blocking* Allreduce of the device buffer, as CUDA-aware MPIs document device buffers for
+    blocking collectives, Open MPI not for non-blocking ones; a completed request returned).
+    Wire: one (I)allreduce(SUM) of dev.nbytes over comm; each Wait waits for every rank's
+    contribution.
+    """
+    T = mpi_type(dev.dtype)
     if host is None:
-        if len(_PINNED) >= 64:  # buffers of earlier runs; an in-flight request keeps its own
-            _PINNED.clear()
-        host = _PINNED[key] = cupyx.empty_pinned(buf.shape, buf.dtype)
-    buf.get(out=host)  # D2H, blocking
-    return _Staged(comm.Iallreduce(MPI.IN_PLACE, [host, T]), host, buf)  # Wire: host mirror
+        comm.Allreduce(MPI.IN_PLACE, [dev, T])  # Wire: device memory, CUDA-aware MPI, blocking
+        return MPI.REQUEST_NULL  # (Wait on it returns at once)
+    return _Staged(comm.Iallreduce(MPI.IN_PLACE, [host, T]), host, dev)  # Wire: host copy

@@ -488,12 +488,12 @@ def test_train_cuda_eval_checkpoint_and_resume_equal_numpy(cp, tmp_path):
     write_synthetic(tf, 400, valid_fraction=0.25, valid_out=vf, seed=9, n_dense=3,
                     cardinalities=(7, 30, 200, 5))
     cfg = replace(BASE, mode="allreduce", servers=0, data=tf, eval_data=vf, steps=4,
-                  eval_every=2, checkpoint_every=2, shuffle=False)
+                  eval_every=2, shuffle=False)
     train, self_comm = _train(), _mpi().COMM_SELF
     ref = train(cfg, self_comm, collect=True, out=io.StringIO())
     ck = str(tmp_path / "ck")
-    got = train(replace(cfg, device="cuda", checkpoint_dir=ck), self_comm, collect=True,
-                out=io.StringIO())
+    got = train(replace(cfg, device="cuda", checkpoint_dir=ck, checkpoint_every=2), self_comm,
+                collect=True, out=io.StringIO())
     for g, r in zip(got.evals, ref.evals):
         assert g["step"] == r["step"] and abs(g["auc"] - r["auc"]) < 1e-9
         assert abs(g["logloss"] - r["logloss"]) < 1e-9
@@ -597,3 +597,54 @@ def test_bag_pooling_on_the_gpu_equals_numpy(cp, mode):
                                   host.forward(emb, lengths))
     np.testing.assert_allclose(dev.backward(cp.asarray(dy)).get(), host.backward(dy),
                                rtol=1e-15, atol=0)
+
+
+# -- one host wait per training step (docs/gpu.md) -----------------------------------------
+def _waits_per_step(cfg, comm):
+    """Train ``cfg`` on ``comm``, logging only at the end; -> (role, the host waits each step
+    made after the first two (steady state: no log read back, no checkpoint))."""
+    from pshybrid.backend import host_waits
+
+    seen = []
+    got = _train()(cfg, comm, dataset=DATA, out=io.StringIO(),
+                   on_step=lambda done: seen.append(host_waits()))
+    if got.role != "worker":
+        return got.role, []
+    return got.role, np.diff(seen[1:-1]).tolist()  # the last step reads the loss back
+
+
+@pytest.mark.parametrize("bucket_mb", [0.0, 0.001])
+def test_a_gpu_step_waits_on_the_host_once(cp, bucket_mb):
+    """allreduce mode on one GPU worker (staged Allreduce, in one or ~8 buckets): every
+    steady-state step makes exactly one host wait (``backend.host_waits``)."""
+    cfg = replace(BASE, mode="allreduce", servers=0, mlp=(32, 16), steps=6, device="cuda",
+                  bucket_mb=bucket_mb, cuda_aware="off")
+    _, waits = _waits_per_step(cfg, _mpi().COMM_SELF)
+    assert waits == [1, 1, 1], waits
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode,placement", [("hybrid", "dedicated"), ("hybrid", "colocated"),
+                                            ("ps", "dedicated"), ("allreduce", "dedicated")])
+@pytest.mark.parametrize("sparse_opt", ["adagrad", "sgd"])  # server step, or live pushes
+def test_two_gpu_workers_wait_on_the_host_once_per_step(comm, mode, placement, sparse_opt):
+    """W = 2 GPU workers (+ 1 CPU server dedicated), dense Allreduce in ~8 buckets, staged
+    and (where MPI is CUDA-aware) direct: exactly one host wait per steady-state step."""
+    from pshybrid.devices import cuda_aware_mpi
+
+    _gpu_or_skip()
+    n = 3 if (mode != "allreduce" and placement == "dedicated") else 2
+    sub = _first(comm, n)
+    ok, msg = True, ""
+    if sub is not None:
+        for aware in ["off"] + (["on"] if cuda_aware_mpi()[0] else []):
+            cfg = replace(BASE, mode=mode, placement=placement, sparse_optimizer=sparse_opt,
+                          dense_optimizer="sgd" if sparse_opt == "sgd" else "adam",
+                          servers=1 if n == 3 else None if placement == "colocated" else 0,
+                          mlp=(32, 16), steps=6, bucket_mb=0.001, shared_memory="off",
+                          device="cuda", cuda_aware=aware)
+            role, waits = _waits_per_step(cfg, sub)
+            if role == "worker" and waits != [1, 1, 1]:
+                ok, msg = False, f"{mode} {placement} cuda-aware {aware}: waits {waits}"
+        sub.Free()
+    assert_all(comm, ok, msg)

@@ -84,6 +84,10 @@ class FakeCuda:
             def record(self):
                 self.upto = len(fake.queue)
 
+            @property
+            def done(self):
+                return fake.done >= self.upto
+
             def synchronize(self):
                 fake.run(self.upto)
                 fake.log.append(("sync", self.upto))
@@ -139,7 +143,8 @@ def _fake_job(log_every, steps, checkpoint_every=0):
     from types import SimpleNamespace as NS
 
     fake_xp = NS(stack=np.stack)
-    return NS(mode=NS(xp=fake_xp, timers=defaultdict(float), stale=None), reporter=None,
+    return NS(mode=NS(xp=fake_xp, timers=defaultdict(float), stale=None,
+                      kernel_timers=NS(fold=lambda: None)), reporter=None,
               steps=steps,
               cfg=NS(batch_size=4, log_every=log_every, checkpoint_every=checkpoint_every,
                      checkpoint_dir="ck" if checkpoint_every else None),

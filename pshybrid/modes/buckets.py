@@ -18,10 +18,17 @@ class GradBuckets:
     last bucket, and returns every request of the step. Each element is reduced exactly once
     whatever order layers finish in; the buckets only decide how early. Every worker starts
     the same buckets in the same order (same model, same backward).
+
+    ``deferred`` (GPU workers): the callback fires when backward's kernels are *launched*,
+    not finished, and an MPI call on the buffer would need a host wait for the stream in the
+    middle of backward. So the buckets are cut exactly as here but not started: ``finish()``
+    returns their spans (slices of ``flat_grad``, in start order), and the caller starts
+    them after the step's one stream synchronisation (``modes.step``).
     """
 
-    def __init__(self, ps: ParamSpace, start, min_bytes: int):
+    def __init__(self, ps: ParamSpace, start, min_bytes: int, deferred: bool = False):
         self.ps, self.start, self.min_bytes = ps, start, min_bytes
+        self.deferred = deferred
         self.spans = sorted((ps.offset(n), n) for n in ps.names)  # (first element, name)
         self.itemsize = ps.flat_grad.dtype.itemsize
         self._reset()
@@ -44,15 +51,18 @@ class GradBuckets:
         lo = self.spans[self.k][0] if self.k < len(self.spans) else self.ps.size
         if (self.sent - lo) * self.itemsize >= self.min_bytes:
             self._send(lo)
-        if self.reqs:  # drive the started buckets (MPI progresses inside its calls)
+        if self.reqs and not self.deferred:  # drive the started buckets (MPI progresses)
             MPI.Request.Testall([getattr(r, "req", r) for r in self.reqs])
 
     def _send(self, lo: int) -> None:
-        # Wire: Iallreduce(SUM) of flat_grad[lo:sent] over the workers, in place.
-        self.reqs.append(self.start(self.ps.flat_grad[lo:self.sent]))
+        # Wire: Iallreduce(SUM) of flat_grad[lo:sent] over the workers, in place (deferred:
+        # none here; the span is started after the step's stream sync).
+        self.reqs.append(slice(lo, self.sent) if self.deferred
+                         else self.start(self.ps.flat_grad[lo:self.sent]))
         self.sent = lo
 
     def finish(self) -> list:
+        """Start the last bucket -> every request of the step (deferred: every span)."""
         if self.sent > 0:
             self._send(0)
         reqs = self.reqs

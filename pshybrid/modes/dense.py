@@ -12,18 +12,23 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..backend import synchronize, to_host
+from ..backend import to_device, to_host
 from ..optim import Optimizer
 from ..registry import DENSE_ROW
 from ..schema import TableSpec
-from ..transport import iallreduce, idle_barrier
+from ..transport import iallreduce, idle_barrier, start_allreduce
 from .buckets import GradBuckets
 
 
 class AllreduceDense:
     """Replicated on every worker: the gradients are summed with an Allreduce over the
     workers (in buckets started during backward, ``GradBuckets``, when ``bucket_bytes`` > 0),
-    then every worker applies the same optimizer step to its copy."""
+    then every worker applies the same optimizer step to its copy.
+
+    GPU workers: the buckets are cut during backward but started after the step's one
+    stream sync (``GradBuckets`` deferred, ``stage``): staged, the whole gradient is copied
+    to pinned host memory once and each bucket's Iallreduce runs on its part of that copy;
+    CUDA-aware, each bucket is a blocking Allreduce of its device span."""
 
     live = server_step = False
 
@@ -33,8 +38,10 @@ class AllreduceDense:
         self.bytes = 0
         self._reqs: list = []
         self._buckets = None
+        self._spans = None  # GPU workers: the step's (device span, pinned copy or None)
         if bucket_bytes > 0 and ctx.topo.is_worker:
-            self._buckets = GradBuckets(self.ps, self._iallreduce, bucket_bytes)
+            self._buckets = GradBuckets(self.ps, self._iallreduce, bucket_bytes,
+                                        deferred=ctx.staging is not None)
             self.ps.on_grads_ready = self._buckets.ready
 
     def tables(self) -> list[TableSpec]:
@@ -51,10 +58,29 @@ class AllreduceDense:
     def begin(self, step: int) -> None:
         pass
 
+    def stage(self, step: int) -> None:
+        """GPU workers, before the step's sync: the buckets' spans (one without buckets)
+        and, staged, the gradient's copy to pinned host memory queued. That copy is read by
+        the Iallreduces (Waited in ``sync``), then by the copies of the sums back to the
+        device, queued on the stream before the next step's copy into it."""
+        flat = self.ps.flat_grad
+        spans = self._buckets.finish() if self._buckets is not None else [slice(0, flat.size)]
+        host = None
+        if not self.ctx.cuda_aware:
+            with self.ctx.kernel_timers.time("allreduce"):
+                host = self.ctx.staging.stage(self.ctx.xp, "dense_grad", flat)
+        self._spans = [(flat[s], None if host is None else host[s]) for s in spans]
+
     def start(self, step: int) -> None:
         """Start (the rest of) the Allreduce; ``sync`` completes it, so the sparse exchange
         in between overlaps it."""
         self.bytes += self.ps.flat_grad.nbytes
+        if self._spans is not None:  # GPU, after the step's sync: no further wait
+            # Wire: per bucket, Iallreduce(SUM) of its pinned copy (or a blocking Allreduce
+            # of its device span, CUDA-aware) over the workers; ``sync`` waits
+            self._reqs = [start_allreduce(self.ctx.topo.workers, d, h) for d, h in self._spans]
+            self._spans = None
+            return
         self._reqs = (self._buckets.finish() if self._buckets is not None
                       else [self._iallreduce(self.ps.flat_grad)])
 
@@ -64,7 +90,7 @@ class AllreduceDense:
             for r in self._reqs:
                 r.Wait()  # every worker has contributed: the step's sync point
         self._reqs = []
-        with timers.time("dense_apply"):
+        with self.ctx.kernel_timers.time("dense_apply"):  # GPU: device time, no wait
             self.apply(step)
         return True
 
@@ -72,7 +98,6 @@ class AllreduceDense:
         """The dense optimizer's step on the summed gradients (``pshybrid.torch``: the torch
         optimizer's)."""
         self.opt.update(self.ps.flat, self.ps.flat_grad, self.state, step)
-        synchronize(self.ps.flat)  # GPU: time the kernels (no-op on CPU)
 
     def finish(self, step: int) -> None:
         pass
@@ -118,6 +143,7 @@ class ServerDense:
         self.live = not self.server_step
         self.store = None
         self._plan = None  # every row of the table: one plan, reused every step
+        self._staged = None  # GPU workers: the step's padded gradient in pinned host memory
 
     def tables(self) -> list[TableSpec]:
         slots = (("g",) + self.opt.slots) if self.server_step else ()
@@ -149,12 +175,30 @@ class ServerDense:
     def begin(self, step: int) -> None:
         with self.ctx.timers.time("pull"):
             rows = self.store.pull("dense", self._all())
-            self.ps.flat[...] = self.ctx.xp.asarray(rows.ravel()[:self.ps.size])  # GPU: H2D
+            if self.ctx.staging is None:
+                self.ps.flat[...] = rows.ravel()[:self.ps.size]
+            else:  # GPU: async H2D through a pinned slot (backend.to_device), no wait
+                to_device(self.ctx.xp, rows.ravel()[:self.ps.size], self.ps.flat.dtype,
+                          out=self.ps.flat)
+
+    def stage(self, step: int) -> None:
+        """GPU workers, before the step's sync: the gradient's copy into a pinned padded
+        table queued; its reader (the push's Accumulate, flushed within this step) is done
+        before the next step's copy overwrites it."""
+        with self.ctx.kernel_timers.time("push"):
+            self._staged = self.ctx.staging.stage(
+                self.ctx.xp, "dense_grad", self.ps.flat_grad,
+                total=self.rows * DENSE_ROW).reshape(self.rows, DENSE_ROW)
+
+    def _grads(self):
+        """(rows, DENSE_ROW) host gradient: a padded copy, or (GPU) the staged one."""
+        # Wire: read by the push's Accumulate, flushed before it returns (then the next copy)
+        return self._padded(self.ps.flat_grad) if self._staged is None else self._staged
 
     def start(self, step: int) -> None:
         if self.server_step:
             with self.ctx.timers.time("push"):
-                self.store.push("dense", self._all(), self._padded(self.ps.flat_grad), slot="g")
+                self.store.push("dense", self._all(), self._grads(), slot="g")
 
     def sync(self, step: int) -> bool:
         return False
@@ -162,8 +206,7 @@ class ServerDense:
     def finish(self, step: int) -> None:
         if self.live:
             with self.ctx.timers.time("push"):
-                self.store.push_sgd("dense", self._all(), self._padded(self.ps.flat_grad),
-                                    self.opt.lr_at(step))
+                self.store.push_sgd("dense", self._all(), self._grads(), self.opt.lr_at(step))
 
     def server_apply(self, step: int) -> None:
         if self.server_step:

@@ -10,7 +10,8 @@ step)``. ``live`` and ``server_step`` as in ``dense``.
 Workers on a GPU (``ctx.xp`` is cupy): rows stay on the host store or table; a lookup
 copies the U distinct rows and the inverse index host->device once and expands them there
 (gather kernel); an update sums the rows of each distinct id on the device (scatter-add
-kernel) and copies the (U, E) sums device->host.
+kernel) and queues the copy of the (U, E) sums device->host (``stage``, move 0 of
+``modes.step``: the step's one stream sync follows; ``start`` and ``finish`` read them).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import partition
-from ..backend import to_device, to_host
+from ..backend import to_device
 from ..initializers import uniform_rows
 from ..kernels import gather, scatter_add, segment_sum, unique_inverse
 from ..optim import Optimizer
@@ -62,14 +63,29 @@ def _device_rows(ctx, batch: Batch, rows):
     return gather(to_device(xp, rows), batch.dev_inverse).reshape(batch.ids.shape + rows.shape[1:])
 
 
-def _device_sums(batch: Batch, demb):
-    """GPU worker: (B, F, E) device gradients -> (U, E) host sums per distinct id."""
+def _stage_sums(ctx, batch: Batch, demb):
+    """GPU worker: (B, F, E) device gradients -> (U, E) host sums per distinct id, in a
+    pinned buffer, readable after the step's stream sync (``modes.step``). Its readers (the
+    step message's Isend, completed in the step's last move; the Accumulate, flushed; the
+    Allgatherv, blocking) are done before the next step's copy overwrites it."""
     sums = scatter_add(batch.dev_inverse, demb.reshape(batch.dev_inverse.size, -1),
                        batch.unique.size)
-    return to_host(sums)  # D2H: U rows (waits for the backward pass)
+    return ctx.staging.stage(ctx.xp, "sparse_sums", sums)  # D2H queued: U rows, no wait
 
 
-class ServerSparse:
+class _StagedSums:
+    """GPU workers: ``stage`` (move 0 of ``modes.step``) queues the copy of the step's
+    (U, E) gradient sums to pinned host memory; ``_staged`` is it (valid after the sync)."""
+
+    _staged = None
+
+    def stage(self, batch: Batch, demb) -> None:
+        """GPU workers, before the step's sync: the sums' device->host copy queued."""
+        with self.ctx.kernel_timers.time("push"):
+            self._staged = _stage_sums(self.ctx, batch, demb)
+
+
+class ServerSparse(_StagedSums):
     """The fused table sharded row-wise on the servers (``store``): one indexed Get per
     server to pull (on one node: a gather from the servers' shared memory). A non-SGD
     optimizer runs on the servers: each worker sends each server, with the step message, the
@@ -136,7 +152,9 @@ class ServerSparse:
             return batch.plan.sum_rows(demb[~batch.hot[0]])
         if self.ctx.xp is np:
             return batch.plan.sum_rows(demb)
-        return _device_sums(batch, demb)
+        # Wire: the staged pinned sums go out in the step message's Isend (completed in the
+        # step's last move) or the Accumulate (flushed): done before the next step's copy
+        return self._staged
 
     def start(self, batch: Batch, demb, step: int) -> None:
         with self.ctx.timers.time("push"):
@@ -181,7 +199,7 @@ class ServerSparse:
             self.opt.update_rows(shard(self.name), rows, g, state, step)
 
     def close(self) -> None:
-        self._sent = None
+        self._sent = self._staged = None
 
     # -- checkpoints, tests, export ------------------------------------------------------
     def state(self):
@@ -217,7 +235,7 @@ class ServerSparse:
         return {"hot_allreduce_bytes": self.hot.allreduce_bytes} if self.hot is not None else {}
 
 
-class ReplicatedSparse:
+class ReplicatedSparse(_StagedSums):
     """Every worker holds the whole fused table. Each worker's gradient rows, summed per
     distinct id, are exchanged with Allgather (ids + rows, Horovod style) and every worker
     applies the same optimizer update to its copy."""
@@ -262,7 +280,7 @@ class ReplicatedSparse:
         if self.ctx.xp is np:
             dim = self.table.shape[1]
             return scatter_add(batch.inverse.ravel(), demb.reshape(-1, dim), batch.unique.size)
-        return _device_sums(batch, demb)
+        return self._staged  # Wire: read by the blocking Allgatherv, before the next copy
 
     def start(self, batch: Batch, demb, step: int) -> None:
         with self.ctx.timers.time("push"):

@@ -17,6 +17,15 @@ reaches weights a worker may still be reading for step t. ``update`` keeps it in
    worker's step message for its shard and applies the optimizer itself, then joins the
    same Ibarrier (the messages were sent after each worker's pulls, so all pulls of step t
    are done when the last one arrives).
+
+On a GPU worker a move 0 comes first (``stage``): every device->host copy the step's MPI
+calls read (the sparse gradient sums; the dense gradient when it is staged or pushed to
+the servers) is queued on the current stream into reused pinned host buffers, then the
+stream is synchronised ONCE -- the step's only host wait: it waits for backward and for the
+copies. Moves 1-5 then hand MPI host buffers (or, with CUDA-aware MPI, device buffers)
+with no further wait; what comes back (the Allreduce's sum) goes to the device
+asynchronously. A pinned buffer is overwritten by the next step's move 0 only: every MPI
+call reading it completed within this step's moves (each strategy's ``stage`` says how).
 """
 
 from __future__ import annotations
@@ -25,11 +34,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import array_module
+from ..backend import HostStaging, array_module, host_waits, synchronize
 from ..optim import Optimizer
 from ..registry import ModeSpec
 from ..store import EmbeddingStore
-from ..timers import Timers
+from ..timers import EventTimers, Timers
 from ..topology import Topology
 from .dense import DENSE
 from .servers import ServerLink, apply_step, serve
@@ -47,6 +56,13 @@ class Context:
     timers: Timers
     seed: int
     cuda_aware: bool     # GPU workers: hand device buffers to MPI (else stage them)
+    kernel_timers: object = None  # phases that launch kernels: ``timers``, or on GPU
+    #                               workers ``EventTimers`` (device time, no host wait)
+    staging: HostStaging | None = None  # GPU workers: pinned buffers of the step's D2H
+
+    def __post_init__(self):
+        if self.kernel_timers is None:
+            self.kernel_timers = self.timers
 
 
 class Mode:
@@ -69,7 +85,10 @@ class Mode:
         self.spec, self.topo, self.layout = spec, topo, layout
         self.timers = Timers()
         self.xp = array_module(ps.flat)
-        ctx = Context(topo, ps, self.xp, self.timers, seed, cuda_aware)
+        gpu = self.xp is not np
+        self.kernel_timers = EventTimers(self.timers, self.xp.cuda) if gpu else self.timers
+        ctx = Context(topo, ps, self.xp, self.timers, seed, cuda_aware, self.kernel_timers,
+                      HostStaging() if gpu else None)
         hot = {} if hot_rows is None else {"hot_ids": hot_rows}  # --replicate-rows
         self.sparse = SPARSE[spec.sparse](ctx, layout, sparse_opt, **hot)
         self.dense = DENSE[spec.dense](ctx, dense_opt, bucket_bytes)
@@ -113,6 +132,8 @@ class Mode:
         """Apply step ``step``'s gradients (demb: (B, F, E) in ``self.xp``; the dense ones in
         the ParamSpace); on return every worker's next lookup sees them (BSP)."""
         sparse, dense = self.sparse, self.dense
+        if self.xp is not np:                              # 0. GPU: queue every D2H, then
+            self.stage(batch, demb, step)                  #    the step's one host wait
         dense.start(step)                                  # 1. nothing a pull can see yet
         sparse.start(batch, demb, step)
         if self.server_step and not self.live:
@@ -131,6 +152,14 @@ class Mode:
                 self.link.wait()
             elif self.live:
                 self.topo.workers.Barrier()  # Wire: zero-byte barrier: every push completed
+
+    def stage(self, batch: Batch, demb, step: int) -> None:
+        """GPU workers, move 0: the strategies queue their device->host copies (pinned,
+        asynchronous), then ONE stream synchronisation (it waits for backward too): after
+        it every MPI call of the step reads host or device memory without waiting."""
+        self.sparse.stage(batch, demb)
+        self.dense.stage(step)
+        synchronize(demb)  # the step's one host wait (every queued kernel and copy is done)
 
     def _send_step(self) -> None:
         with self.timers.time("push"):
@@ -153,6 +182,11 @@ class Mode:
     def ready(self) -> None:
         """After start-up and any resume, before the first step (workers)."""
         self.sparse.ready()
+        self.waits_at_start = host_waits()
+
+    def host_syncs(self) -> int:
+        """GPU workers: the host's waits for the device since ``ready`` (``backend``)."""
+        return host_waits() - self.waits_at_start
 
     def request_checkpoint(self, step: int) -> None:
         """Workers, before ``checkpoint.save`` for ``step``: replicated rows written back to
