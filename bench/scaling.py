@@ -16,7 +16,13 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             per-step series: the phase means of all steps put on the median step (legacy).
   compute   fwd_bwd + dense_apply, as measured, or replaced: ``--compute-speedup X``
             (divided by X), ``--compute-from F`` (a bench/gpu_check.py JSON: its
-            ``compute`` entry with this run's MLP and batch). Everything else stays measured.
+            ``compute`` entry with this run's MLP and batch). Everything else stays measured:
+            when the compute is replaced (also ``--cross``) and the run has wire-only runs
+            (``modes_bench --wire-only``: ``<mode> wire``, the same pulls, pushes, Allreduce
+            and servers without the model's compute), every other term (local, wait,
+            imbalance's non-compute part, the servers' apply) comes from the mode's
+            wire-only run (``calibrate_gpu``): a GPU worker's matmuls leave the CPU alone;
+            without them, from the run itself (measured beside CPU compute).
   local     the other measured phases (data, pull, push, allreduce, eval) + other.
             allreduce mode: + row_apply * U * (W - W0) (every worker applies the optimizer
             to the rows all W workers gathered: W*U, an upper bound of their union).
@@ -36,7 +42,9 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             P/S shard, the Accumulates into its gradient slot are the workers' push) or g
             (``received``: a server whose CPU handles every worker's dense copy).
   imbalance the workers' wait for the slowest one at the sync point (the workers' mean
-            minus the least worker's time in the syncing phases), scaled with the compute.
+            minus the least worker's time in the syncing phases), scaled with the compute;
+            with a wire-only run its imbalance is the fixed part, the rest (the real run's
+            excess over it) scales with the compute.
   exchange  hybrid, ps: (server_nic(get) + server_nic(put)) / bw + m * (N-1) * lat, with
             server_nic(x) = (W/S) * x * (N-1)/N = k*x*(N-1)/N (a server's NIC per phase,
             off-node part; by symmetry also what a node's k workers move the other way),
@@ -99,6 +107,7 @@ COMPUTE = ("fwd_bwd", "dense_apply")  # what a GPU worker replaces
 # completion, the servers' step (Ibarrier), the allreduce mode's Allgather (in push)
 SYNC = {"hybrid": ("allreduce", "wait"), "ps": ("wait",), "allreduce": ("push", "allreduce"),
         "compute": ()}
+BESIDE = "the run (measured beside CPU compute)"  # the CPU-side terms without wire runs
 EFFICIENCY, GAIN = 0.5, 0.10  # saturation: efficiency < 50%; plateau: < 10% per doubling
 
 
@@ -178,6 +187,8 @@ class Calib:
     #   hybrid); part of ``local``
     stat: str = "middle-half mean"  # how the phases were taken from the run
     compute: str = "measured"  # where fwd_bwd / dense_apply come from
+    terms: str = BESIDE  # where every other term comes from
+    imbalance_fixed: float = 0.0  # the part of ``imbalance`` that does not scale with compute
 
     @property
     def modeled(self) -> float:
@@ -262,8 +273,46 @@ def with_compute(c: Calib, fwd_bwd: float, dense_apply: float, label: str) -> Ca
         local["dense_apply"] = dense_apply
     before = sum(c.local.get(p, 0.0) for p in COMPUTE)
     after = sum(local.get(p, 0.0) for p in COMPUTE)
-    return replace(c, local=local, compute=label,
-                   imbalance=c.imbalance * after / before if before else c.imbalance)
+    scaled = c.imbalance - c.imbalance_fixed
+    return replace(c, local=local, compute=label, imbalance=c.imbalance_fixed + (
+        scaled * after / before if before else scaled))
+
+
+WIRE = " wire"  # modes_bench's name suffix of the wire-only runs
+
+
+def wire_view(run: dict) -> dict | None:
+    """The run's wire-only results under their modes' names (a modes_bench-shaped dict, so
+    ``calibrate`` reads them as a run), or None when it has none."""
+    res = {k[:-len(WIRE)]: r for k, r in run["results"].items() if k.endswith(WIRE)}
+    return dict(run, results=res) if res else None
+
+
+def calibrate_gpu(run: dict, mode: str, row_width: int = ROW_WIDTH,
+                  name: str = "the run") -> Calib:
+    """``calibrate`` for a replaced compute: fwd_bwd and dense_apply from the real run (for
+    ``with_compute`` to replace), every other term from the mode's wire-only run when the
+    run has one (``<mode> wire``: local phases, other, wait and its exposure, the servers'
+    apply, the on-node dense costs, row_apply, all taken without CPU compute beside them);
+    imbalance = the wire run's (fixed) + the real run's excess over it (scales with the
+    compute). Without a wire-only run: ``calibrate(run, mode)``, the terms as measured
+    beside the CPU compute."""
+    c = calibrate(run, mode, row_width)
+    wv = wire_view(run)
+    if wv is None or mode not in wv["results"]:
+        return c
+    w = calibrate(wv, mode, row_width)
+    local = dict(w.local, **{p: c.local[p] for p in COMPUTE if p in c.local})
+    return replace(w, local=local, step=c.step, raw=c.raw,
+                   imbalance=max(c.imbalance, w.imbalance), imbalance_fixed=w.imbalance,
+                   terms=f"'{mode}{WIRE}' of {name} (no CPU compute beside)")
+
+
+def term_sources(c: Calib) -> str:
+    """Where each term of ``c`` comes from, in words."""
+    return (f"{c.mode}: fwd_bwd, dense_apply <- {c.compute}; data, pull, push, allreduce, "
+            f"eval, other, wait, the servers' apply, imbalance"
+            f"{' (its non-compute part)' if c.imbalance_fixed else ''} <- {c.terms}")
 
 
 def with_speedup(c: Calib, x: float) -> Calib:
@@ -459,14 +508,28 @@ def cross_workload(src: dict, dst: dict, row_width: int = ROW_WIDTH) -> list[dic
         if m not in src["results"] or m not in dst["results"]:
             continue
         t = dst["results"][m]
-        c = with_speedup(calibrate(src, m, row_width), x)
-        pred = predict(with_dense_params(c, t["dense_params"]), 1, t["workers"],
-                       PRESETS["eth25"])["step"]
+        c = with_speedup(calibrate_gpu(src, m, row_width), x)
+        cp = with_dense_params(c, t["dense_params"])
+        pred = predict(cp, 1, t["workers"], PRESETS["eth25"])
         same_p = predict(c, 1, t["workers"], PRESETS["eth25"])["step"]
         meas = t["step_seconds_median"]
-        out.append(dict(mode=m, ratio=x, measured_s=meas, predicted_s=pred,
-                        error=pred / meas - 1, predicted_same_dense_s=same_p,
-                        error_same_dense=same_p / meas - 1))
+        out.append(dict(mode=m, ratio=x, measured_s=meas, predicted_s=pred["step"],
+                        error=pred["step"] / meas - 1, predicted_same_dense_s=same_p,
+                        error_same_dense=same_p / meas - 1, terms=c.terms,
+                        diff=term_diff(cp, pred, calibrate(dst, m, row_width))))
+    return out
+
+
+def term_diff(c: Calib, pred: dict, d: Calib) -> dict:
+    """Predicted minus measured per term at 1 node (seconds per step): each local phase,
+    other, imbalance and wait of the prediction ``pred`` (``predict(c, 1, ...)``) vs the
+    target run's calibration ``d`` (the middle-half means), and ``residual``: the target's
+    middle-half mean step minus its median step (what no term carries); they add up to
+    predicted minus measured."""
+    out = {p: c.local.get(p, 0.0) - d.local.get(p, 0.0) for p in sorted(set(c.local) |
+                                                                          set(d.local))}
+    out.update(other=c.other - d.other, imbalance=c.imbalance - d.imbalance,
+               wait=pred["wait"] - d.wait, residual=d.modeled - d.step)
     return out
 
 
@@ -503,6 +566,15 @@ def _entries(calib: dict, hit_rate: float | None) -> list:
     if hit_rate is not None and "hybrid" in calib:
         out.append(("hybrid-ssp", calib["hybrid"], {"hit_rate": hit_rate, "pull_ahead": True}))
     return out
+
+
+def _print_sources(calib, name: str) -> None:
+    """Where the terms come from: the wire-only runs, or (without them) the run itself."""
+    for c in calib:
+        print(f"  terms of {term_sources(c)}")
+    if all(c.terms == BESIDE for c in calib):
+        print(f"  NOTE: {name} has no wire-only runs (modes_bench --wire-only): the CPU-side "
+              "terms are measured beside CPU compute (they overstate a GPU worker's)")
 
 
 def main(argv=None) -> int:
@@ -548,6 +620,8 @@ def main(argv=None) -> int:
     modes = [m for m in MODES if m in run0["results"]]
     calib = {m: calibrate(run0, m, a.row_width) for m in modes}
     c0 = next(iter(calib.values()))
+    if a.compute_speedup or a.compute_from:  # a GPU worker's CPU side: the wire-only runs
+        calib = {m: calibrate_gpu(run0, m, a.row_width, name0) for m in modes}
     if a.compute_speedup:
         calib = {m: with_speedup(c, a.compute_speedup) for m, c in calib.items()}
     elif a.compute_from:
@@ -585,6 +659,7 @@ def main(argv=None) -> int:
                                                  (calibrate(run0, m, a.row_width)
                                                   for m in modes)))
               + "; every communication and server term stays as measured")
+        _print_sources(calib.values(), name0)
     val = validate(runs, a.row_width)
     print(f"validation at 1 node: the model calibrated on {name0} (its step: the phases "
           "summed) vs each run's measured median step (the first: the residual of the phase "
@@ -610,6 +685,9 @@ def main(argv=None) -> int:
                   f"{v['predicted_s'] * 1e3:7.2f} ms  error {v['error']:+6.1%}   (dense terms "
                   f"not resized: {v['predicted_same_dense_s'] * 1e3:7.2f} ms "
                   f"{v['error_same_dense']:+6.1%})")
+            print("    predicted - measured, ms: " + " ".join(
+                f"{k} {d * 1e3:+.2f}" for k, d in v["diff"].items() if abs(d) >= 5e-6)
+                  + f"   (terms: {v['terms']})")
     print("bytes per worker per step, model vs the library's counters:")
     for m, c in calib.items():
         got = counted_bytes(run0["results"][m]["bytes_per_step"])
