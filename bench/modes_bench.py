@@ -39,11 +39,12 @@ and largest staleness, and with ``--eval-data`` the AUC after the same samples b
 
 Wire only (``--wire-only``): every mode also runs as ``<mode> wire`` in the same rounds, its
 model's forward/backward replaced by a zero-cost stand-in (``WireOnly``: zero logits, a
-zero demb (B, F, E), the dense gradients left as zeroed, and the ParamSpace's readiness
+zero demb (B, F, E), the dense gradients zeroed once, and the ParamSpace's readiness
 reports replayed in the real backward's order, recorded at its first step, a warm-up
-step): the pulls, pushes, Allreduce bytes, servers' optimizers and every counter are those
-of the real run (the bytes table shows both), without CPU compute beside them -- what a
-GPU worker's CPU side sees. ``bench/scaling.py`` takes the CPU-side terms from these runs
+step) and the workers' dense optimizer by a no-op (``DeviceOptimizer``; ps's dense Adam on
+the servers stays): the pulls, pushes, Allreduce bytes, servers' optimizers and every
+counter are those of the real run (the bytes table shows both), without the CPU compute a
+GPU worker moves to its GPU (fwd_bwd, dense_apply) -- what its CPU side sees. ``bench/scaling.py`` takes the CPU-side terms from these runs
 when it replaces the compute. Their loss and AUC mean nothing (no evaluation).
 """
 
@@ -73,10 +74,10 @@ from pshybrid.modes import step as mode_step
 from pshybrid.registry import DENSE_ROW, MODES, ModeSpec
 from pshybrid.schema import field_offsets
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
-import pshybrid.train as train_module
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
 from timing import StepTimers, timed_stats
+from wire import WIRE, wire_only
 
 CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                  3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
@@ -106,48 +107,6 @@ class LocalDense(AllreduceDense):
 SPARSE["local"], DENSE["local"] = LocalSparse, LocalDense
 MODES["compute"] = ModeSpec("compute", "local", "local", "no communication (benchmark floor)")
 WORKLOADS = {"paper": "1024,512,256", "light": "64,32"}
-WIRE = " wire"  # the name suffix of --wire-only runs
-
-
-class WireOnly:
-    """A zero-cost stand-in of ``model`` for the wire-only runs: its first forward/backward
-    (a warm-up step) is the real one, recording the ParamSpace's readiness reports; after
-    that forward returns zero logits (B,) and backward replays those reports in the same
-    order (the Allreduce buckets start as in the real run) and returns a zero demb of the
-    real shape (B, F, E). The dense gradients stay as the step zeroed them."""
-
-    def __init__(self, model, ps):
-        self.model, self.ps, self.order, self.demb = model, ps, None, {}
-
-    def forward(self, dense, emb, *bags):
-        if self.order is None:
-            return self.model.forward(dense, emb, *bags)
-        self.shape = emb.shape
-        return np.zeros(dense.shape[0], dense.dtype)
-
-    def backward(self, dlogits):
-        ps = self.ps
-        if self.order is None:
-            self.order, report = [], ps.grads_ready
-            ps.grads_ready = lambda *names: (self.order.append(names), report(*names))
-            try:
-                demb = self.model.backward(dlogits)
-            finally:
-                del ps.grads_ready  # the class's method again
-            self.demb[demb.shape] = np.zeros_like(demb)
-            return demb
-        for names in self.order:
-            ps.grads_ready(*names)
-        return self.demb.setdefault(self.shape, np.zeros(self.shape, dlogits.dtype))
-
-
-def wire_only_models(build_model):
-    """``build_model`` whose models are ``WireOnly`` stand-ins (installed in the train
-    module for the wire-only runs only)."""
-    def build(name, schema, dim, mlp, ps, *args, **kw):
-        model, layout = build_model(name, schema, dim, mlp, ps, *args, **kw)
-        return WireOnly(model, ps), layout
-    return build
 
 
 def analytic_bytes(mode, U, E, P, W, itemsize, server_optimizer=True):
@@ -329,7 +288,6 @@ def main(argv=None) -> int:
          for w in range(W)] if world.rank == 0 else None
     runs: dict[str, list] = {}
     variants = _variants(modes, a.consistency, a.cache_rows, a.wire_only)
-    build_model = train_module.build_model
     for key in [k for _ in range(a.repeat) for k in variants]:
         mode, consistency, cache_rows, wire = variants[key]
         on_workers = not MODES[mode].needs_servers
@@ -343,12 +301,11 @@ def main(argv=None) -> int:
                       shared_memory="auto" if on_workers else base.shared_memory,
                       consistency=consistency, cache_rows=cache_rows,
                       eval_data=None if wire else a.eval_data)
-        train_module.build_model = wire_only_models(build_model) if wire else build_model
         t0 = MPI.Wtime()
-        res = train(cfg, comm, dataset=data, out=io.StringIO(),
-                    on_step=lambda done: StepTimers.last.mark())
+        with wire_only(wire):
+            res = train(cfg, comm, dataset=data, out=io.StringIO(),
+                        on_step=lambda done: StepTimers.last.mark())
         wall = MPI.Wtime() - t0
-        train_module.build_model = build_model
         tm = StepTimers.last  # this rank's Mode timers of the run
         # Wire: gather of each rank's per-step phases and server applies to rank 0.
         per_rank = comm.gather((MPI.COMM_WORLD.rank < W, tm.steps[a.warmup:],
