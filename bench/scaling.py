@@ -22,7 +22,8 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             and servers without the model's compute), every other term (local, wait,
             imbalance's non-compute part, the servers' apply) comes from the mode's
             wire-only run (``calibrate_gpu``): a GPU worker's matmuls leave the CPU alone;
-            without them, from the run itself (measured beside CPU compute).
+            without them, from the run itself (measured beside CPU compute). The imbalance
+            stays the real run's, scaled with the compute (see ``calibrate_gpu``).
   local     the other measured phases (data, pull, push, allreduce, eval) + other.
             allreduce mode: + row_apply * U * (W - W0) (every worker applies the optimizer
             to the rows all W workers gathered: W*U, an upper bound of their union).
@@ -42,9 +43,7 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             P/S shard, the Accumulates into its gradient slot are the workers' push) or g
             (``received``: a server whose CPU handles every worker's dense copy).
   imbalance the workers' wait for the slowest one at the sync point (the workers' mean
-            minus the least worker's time in the syncing phases), scaled with the compute;
-            with a wire-only run its imbalance is the fixed part, the rest (the real run's
-            excess over it) scales with the compute.
+            minus the least worker's time in the syncing phases), scaled with the compute.
   exchange  hybrid, ps: (server_nic(get) + server_nic(put)) / bw + m * (N-1) * lat, with
             server_nic(x) = (W/S) * x * (N-1)/N = k*x*(N-1)/N (a server's NIC per phase,
             off-node part; by symmetry also what a node's k workers move the other way),
@@ -187,8 +186,7 @@ class Calib:
     #   hybrid); part of ``local``
     stat: str = "middle-half mean"  # how the phases were taken from the run
     compute: str = "measured"  # where fwd_bwd / dense_apply come from
-    terms: str = BESIDE  # where every other term comes from
-    imbalance_fixed: float = 0.0  # the part of ``imbalance`` that does not scale with compute
+    terms: str = BESIDE  # where every other term but the imbalance comes from
 
     @property
     def modeled(self) -> float:
@@ -273,9 +271,8 @@ def with_compute(c: Calib, fwd_bwd: float, dense_apply: float, label: str) -> Ca
         local["dense_apply"] = dense_apply
     before = sum(c.local.get(p, 0.0) for p in COMPUTE)
     after = sum(local.get(p, 0.0) for p in COMPUTE)
-    scaled = c.imbalance - c.imbalance_fixed
-    return replace(c, local=local, compute=label, imbalance=c.imbalance_fixed + (
-        scaled * after / before if before else scaled))
+    return replace(c, local=local, compute=label,
+                   imbalance=c.imbalance * after / before if before else c.imbalance)
 
 
 WIRE = " wire"  # modes_bench's name suffix of the wire-only runs
@@ -290,29 +287,30 @@ def wire_view(run: dict) -> dict | None:
 
 def calibrate_gpu(run: dict, mode: str, row_width: int = ROW_WIDTH,
                   name: str = "the run") -> Calib:
-    """``calibrate`` for a replaced compute: fwd_bwd and dense_apply from the real run (for
-    ``with_compute`` to replace), every other term from the mode's wire-only run when the
-    run has one (``<mode> wire``: local phases, other, wait and its exposure, the servers'
-    apply, the on-node dense costs, row_apply, all taken without CPU compute beside them);
-    imbalance = the wire run's (fixed) + the real run's excess over it (scales with the
-    compute). Without a wire-only run: ``calibrate(run, mode)``, the terms as measured
-    beside the CPU compute."""
+    """``calibrate`` for a replaced compute: fwd_bwd, dense_apply and the imbalance from the
+    real run (for ``with_compute`` to replace and scale), every other term from the mode's
+    wire-only run when the run has one (``<mode> wire``: local phases, other, wait and its
+    exposure, the servers' apply, the on-node dense costs, row_apply, all taken without CPU
+    compute beside them). The wire-only run's own imbalance is not a GPU worker's: with
+    nothing between their MPI calls, three ranks spinning on this box's two cores
+    deschedule each other (0.8-2.3 ms a step for the paper workload, more than a light
+    run's 0.2-0.9 ms with its compute). Without a wire-only run: ``calibrate(run, mode)``,
+    the terms as measured beside the CPU compute."""
     c = calibrate(run, mode, row_width)
     wv = wire_view(run)
     if wv is None or mode not in wv["results"]:
         return c
     w = calibrate(wv, mode, row_width)
     local = dict(w.local, **{p: c.local[p] for p in COMPUTE if p in c.local})
-    return replace(w, local=local, step=c.step, raw=c.raw,
-                   imbalance=max(c.imbalance, w.imbalance), imbalance_fixed=w.imbalance,
+    return replace(w, local=local, step=c.step, raw=c.raw, imbalance=c.imbalance,
                    terms=f"'{mode}{WIRE}' of {name} (no CPU compute beside)")
 
 
 def term_sources(c: Calib) -> str:
     """Where each term of ``c`` comes from, in words."""
-    return (f"{c.mode}: fwd_bwd, dense_apply <- {c.compute}; data, pull, push, allreduce, "
-            f"eval, other, wait, the servers' apply, imbalance"
-            f"{' (its non-compute part)' if c.imbalance_fixed else ''} <- {c.terms}")
+    return (f"{c.mode}: fwd_bwd, dense_apply <- {c.compute}; imbalance <- the run, x the "
+            f"compute ratio; data, pull, push, allreduce, eval, other, wait, the servers' "
+            f"apply <- {c.terms}")
 
 
 def with_speedup(c: Calib, x: float) -> Calib:

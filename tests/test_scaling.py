@@ -461,22 +461,22 @@ def wire_src():
 
 def test_calibrate_gpu_takes_every_term_but_the_compute_from_the_wire_run():
     """Hand-computed: fwd_bwd 20 and dense_apply 2 ms from the real run; data, pull, push,
-    Allreduce (least worker), wait, untimed and the server's apply from 'hybrid wire';
-    imbalance 2 ms (real) of which 0.5 (wire's) is fixed; / 10 -> 0.5 + 1.5 * 2.2 / 22."""
+    Allreduce (least worker), wait, untimed and the server's apply from 'hybrid wire'; the
+    imbalance, 2 ms, from the real run (not the wire run's 0.5): / 10 -> 0.2."""
     src = wire_src()
     c = sc.calibrate_gpu(src, "hybrid", name="P.json")
     assert {p: v for p, v in c.local.items() if v} == pytest.approx(
         {"data": 0.8e-3, "pull": 1.5e-3, "fwd_bwd": 20e-3, "push": 0.9e-3, "allreduce": 2e-3,
          "dense_apply": 2e-3})
     assert (c.wait, c.other, c.server_sparse) == pytest.approx((1.2e-3, 0.1e-3, 0.8e-3))
-    assert (c.imbalance, c.imbalance_fixed) == pytest.approx((2e-3, 0.5e-3))
+    assert c.imbalance == pytest.approx(2e-3)
     assert c.dense_local == pytest.approx({"allreduce": 2e-3})
     assert "'hybrid wire' of P.json" in sc.term_sources(c)
     g = sc.with_speedup(c, 10)
-    assert g.imbalance == pytest.approx(0.5e-3 + 1.5e-3 * 2.2 / 22)
-    # 1 node: compute 2.2 + local 0.8+1.5+0.9+2+0.1 + imbalance 0.65 + wait 1.2 (the server's
+    assert g.imbalance == pytest.approx(0.2e-3)
+    # 1 node: compute 2.2 + local 0.8+1.5+0.9+2+0.1 + imbalance 0.2 + wait 1.2 (the server's
     # 0.8 ms stays hidden by the Allreduce's 2 + dense_apply 0.2)
-    assert sc.predict(g, 1, 2, sc.PRESETS["eth25"])["step"] == pytest.approx(9.35e-3)
+    assert sc.predict(g, 1, 2, sc.PRESETS["eth25"])["step"] == pytest.approx(8.9e-3)
     c_only = sc.calibrate_gpu(src, "compute")
     assert c_only.row_apply == pytest.approx(0.4e-3 / 1000)  # the wire run's push / U
     plain = hybrid_ps_run()  # no wire-only runs: calibrate's, the terms "beside" the compute
@@ -490,9 +490,9 @@ def test_cross_workload_with_wire_runs_of_a_run_the_model_describes_is_exact():
     without its wire runs overstates dst (its CPU phases measured beside the compute)."""
     src = wire_src()
     dst = series_run({  # hybrid: Allreduce 2 -> 0.5 ms (P / 4); the server's 0.8 ms is now
-        # hidden by 0.5 + 0.2 ms only: wait 1.2 + 0.1; imbalance 0.65 = (w1 - w0) / 2
+        # hidden by 0.5 + 0.2 ms only: wait 1.2 + 0.1; imbalance 0.2 = (w1 - w0) / 2
         "hybrid": const_series(data=0.8, pull=1.5, fwd_bwd=2, push=0.9, allreduce=0.5,
-                               allreduce_w1=1.8, dense_apply=0.2, wait=1.3, server=0.8,
+                               allreduce_w1=0.9, dense_apply=0.2, wait=1.3, server=0.8,
                                untimed=0.1),
         "compute": const_series(data=0.6, pull=0.3, fwd_bwd=2, push=0.4, dense_apply=0.2)},
         P=250_000)
@@ -505,8 +505,8 @@ def test_cross_workload_with_wire_runs_of_a_run_the_model_describes_is_exact():
     for m in ("hybrid wire", "compute wire"):
         del src["results"][m]
     # hybrid: 2.2 + 1+2+1+0.75 (Allreduce 3 x 1/4) + imbalance 2/10 + wait 1 + (1 - 0.75 - 0.2)
-    # = 8.2 ms; compute-only: 1 + 0.5 + 2 + 0.5 + 0.2 = 4.2 ms
-    for v, want in zip(sc.cross_workload(src, dst), (8.2 / 7.95 - 1, 4.2 / 3.5 - 1)):
+    # = 8.2 ms (measured 7.5); compute-only: 1 + 0.5 + 2 + 0.5 + 0.2 = 4.2 ms (measured 3.5)
+    for v, want in zip(sc.cross_workload(src, dst), (8.2 / 7.5 - 1, 4.2 / 3.5 - 1)):
         assert v["error"] == pytest.approx(want)
         assert sum(v["diff"].values()) == pytest.approx(v["predicted_s"] - v["measured_s"])
 
