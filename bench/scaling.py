@@ -293,7 +293,7 @@ def calibrate_gpu(run: dict, mode: str, row_width: int = ROW_WIDTH,
     exposure, the servers' apply, the on-node dense costs, row_apply, all taken without CPU
     compute beside them). The wire-only run's own imbalance is not a GPU worker's: with
     nothing between their MPI calls, three ranks spinning on this box's two cores
-    deschedule each other (0.8-2.3 ms a step for the paper workload, more than a light
+    deschedule each other (0.7-3.0 ms a step for the paper workload, more than a light
     run's 0.2-0.9 ms with its compute). Without a wire-only run: ``calibrate(run, mode)``,
     the terms as measured beside the CPU compute."""
     c = calibrate(run, mode, row_width)
