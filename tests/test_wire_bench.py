@@ -19,7 +19,7 @@ from pshybrid.models import build_model
 from pshybrid.synthetic import SyntheticCTR
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench"))
-import wire  # noqa: E402
+import wire
 
 DATA = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
 
