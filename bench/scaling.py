@@ -604,14 +604,17 @@ def main(argv=None) -> int:
                     help="memory per node for the auto pick's memory check (default 24)")
     cg = ap.add_mutually_exclusive_group()
     cg.add_argument("--compute-speedup", type=float, metavar="X",
-                    help="GPU-class workers: fwd_bwd and dense_apply divided by X (stated)")
+                    help="GPU-class workers: fwd_bwd and dense_apply divided by X (stated); "
+                         "the other worker and server terms from the run's wire-only runs "
+                         "(modes_bench --wire-only) where it has them")
     cg.add_argument("--compute-from", metavar="FILE",
                     help="GPU-class workers: fwd_bwd and dense_apply from a bench/gpu_check.py"
                          " JSON (its 'compute' entry with the run's MLP and batch size)")
     ap.add_argument("--cross", nargs="+", metavar="FILE", default=(),
                     help="check the compute replacement: calibrated on the first run, "
                          "predict these runs of another workload (1 node) from the measured "
-                         "compute ratio")
+                         "compute ratio and the first run's wire-only terms; prints predicted "
+                         "minus measured per term")
     a = ap.parse_args(argv)
     runs = [(p, json.loads(Path(p).read_text())) for p in a.runs]
     name0, run0 = runs[0]
