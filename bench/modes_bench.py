@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# mpiexec -n 3 python bench/modes_bench.py [--workload paper|light --data FILE --eval-data FILE --shared-memory --steps 80 --warmup 20 --repeat 3 --bucket-mb 1 --consistency bsp,ssp:1 --cache-rows 0,N --json bench_modes.json --png bench_modes.png]
+# mpiexec -n 3 python bench/modes_bench.py [--workload paper|light --data FILE --eval-data FILE --shared-memory --steps 80 --warmup 20 --repeat 3 --bucket-mb 1 --consistency bsp,ssp:1 --cache-rows 0,N --wire-only --json bench_modes.json --png bench_modes.png]
 """Mode benchmark (issue: the paper's claim): the same model, data, seed and workers trained
 in hybrid, ps and allreduce -- and a compute-only run (same workers, no communication at
 all) as the floor -- one after another in one invocation.
@@ -36,6 +36,16 @@ same interleaved rounds; a table then gives each one's samples/s beside its mode
 the rows and bytes pulled per step per worker, the cache hit rate beside the ideal one (an
 unbounded cache under the same bound, from worker 0's data: ``ideal_hit_rate``), the mean
 and largest staleness, and with ``--eval-data`` the AUC after the same samples beside bsp's.
+
+Wire only (``--wire-only``): every mode also runs as ``<mode> wire`` in the same rounds, its
+model's forward/backward replaced by a zero-cost stand-in (``WireOnly``: zero logits, a
+zero demb (B, F, E), the dense gradients zeroed once, and the ParamSpace's readiness
+reports replayed in the real backward's order, recorded at its first step, a warm-up
+step) and the workers' dense optimizer by a no-op (``DeviceOptimizer``; ps's dense Adam on
+the servers stays): the pulls, pushes, Allreduce bytes, servers' optimizers and every
+counter are those of the real run (the bytes table shows both), without the CPU compute a
+GPU worker moves to its GPU (fwd_bwd, dense_apply) -- what its CPU side sees. ``bench/scaling.py`` takes the CPU-side terms from these runs
+when it replaces the compute. Their loss and AUC mean nothing (no evaluation).
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ apply_thread_limits()  # before NumPy loads its BLAS, as `python -m pshybrid` do
 import argparse  # noqa: E402
 import io
 import json
+import math
 import statistics
 import sys
 from dataclasses import replace
@@ -66,6 +77,7 @@ from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
 from timing import StepTimers, timed_stats
+from wire import WIRE, wire_only
 
 CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                  3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
@@ -116,14 +128,15 @@ def analytic_bytes(mode, U, E, P, W, itemsize, server_optimizer=True):
     return {}
 
 
-def _variants(modes, consistency: str, cache_rows: str) -> dict:
-    """name -> (mode, --consistency, --cache-rows): every mode at bsp, and hybrid and ps with
-    each other consistency and cache size."""
-    out = {m: (m, "bsp", 0) for m in modes}
+def _variants(modes, consistency: str, cache_rows: str, wire: bool = False) -> dict:
+    """name -> (mode, --consistency, --cache-rows, wire only): every mode at bsp, hybrid and
+    ps with each other consistency and cache size, and with ``wire`` every mode wire-only."""
+    out = {m: (m, "bsp", 0, False) for m in modes}
     for m in (m for m in modes if m in ("hybrid", "ps")):
         for c in (c for c in consistency.split(",") if c != "bsp"):
             for n in (int(x) for x in cache_rows.split(",")):
-                out[f"{m} {c} c={n}"] = (m, c, n)
+                out[f"{m} {c} c={n}"] = (m, c, n, False)
+    out.update({m + WIRE: (m, "bsp", 0, True) for m in modes if wire})
     return out
 
 
@@ -179,6 +192,22 @@ def _print_reads(results: dict, W: int, row_bytes: int) -> None:
               f"{r.get('ideal_hit_rate', 0):>7.1%}{stale:>16}{auc:>16}")
 
 
+def _print_wire_bytes(results: dict) -> None:
+    """Each wire-only run's byte counters beside its real run's (same data, same steps:
+    they must agree; the wire-only run moves what the real one does)."""
+    pairs = [(k, results[k[:-len(WIRE)]]) for k in results
+             if k.endswith(WIRE) and k[:-len(WIRE)] in results]
+    if pairs:
+        print("wire-only runs: bytes per step per worker (library counters) vs the real run's")
+    for k, ref in pairs:
+        got = results[k]["bytes_per_step"]
+        for kind in sorted(set(got) | set(ref["bytes_per_step"])):
+            g, r = got.get(kind, 0.0), ref["bytes_per_step"].get(kind, 0.0)
+            if g or r:
+                print(f"  {k:<16}{kind:<18}{g:>14,.0f}{r:>14,.0f}   "
+                      f"{g / r - 1 if r else math.inf:+.2%}")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=80)
@@ -212,6 +241,11 @@ def main(argv=None) -> int:
                     help="comma-separated --cache-rows sizes for the non-bsp runs")
     ap.add_argument("--eval-data", default=None,
                     help="evaluate every run at its end on this file (AUC after the same samples)")
+    ap.add_argument("--wire-only", action="store_true",
+                    help="also run every mode as '<mode> wire' (same rounds): forward/backward "
+                         "replaced by a zero-cost stand-in, the same pulls, pushes, Allreduce "
+                         "and server work without CPU compute beside them (what a GPU "
+                         "worker's CPU side sees; bench/scaling.py uses them)")
     ap.add_argument("--json", default="bench_modes.json")
     ap.add_argument("--png", default="bench_modes.png")
     a = ap.parse_args(argv)
@@ -253,9 +287,9 @@ def main(argv=None) -> int:
                         for t in range(a.warmup, a.steps)]))
          for w in range(W)] if world.rank == 0 else None
     runs: dict[str, list] = {}
-    variants = _variants(modes, a.consistency, a.cache_rows)
+    variants = _variants(modes, a.consistency, a.cache_rows, a.wire_only)
     for key in [k for _ in range(a.repeat) for k in variants]:
-        mode, consistency, cache_rows = variants[key]
+        mode, consistency, cache_rows, wire = variants[key]
         on_workers = not MODES[mode].needs_servers
         comm = workers_only if on_workers else world
         if comm == MPI.COMM_NULL:  # the idle server rank of a workers-only mode
@@ -265,10 +299,12 @@ def main(argv=None) -> int:
                       replicate_rows=a.replicate_rows if mode == "hybrid" else 0,
                       placement="colocated" if colocated and not on_workers else "dedicated",
                       shared_memory="auto" if on_workers else base.shared_memory,
-                      consistency=consistency, cache_rows=cache_rows, eval_data=a.eval_data)
+                      consistency=consistency, cache_rows=cache_rows,
+                      eval_data=None if wire else a.eval_data)
         t0 = MPI.Wtime()
-        res = train(cfg, comm, dataset=data, out=io.StringIO(),
-                    on_step=lambda done: StepTimers.last.mark())
+        with wire_only(wire):
+            res = train(cfg, comm, dataset=data, out=io.StringIO(),
+                        on_step=lambda done: StepTimers.last.mark())
         wall = MPI.Wtime() - t0
         tm = StepTimers.last  # this rank's Mode timers of the run
         # Wire: gather of each rank's per-step phases and server applies to rank 0.
@@ -280,7 +316,7 @@ def main(argv=None) -> int:
             step = statistics.median(res.step_seconds[a.warmup:])
             P = int(s["traffic_per_step"].get("allreduce_bytes", 0) / 4) or None
             runs.setdefault(key, []).append({
-                "mode": mode, "reads": s.get("reads"), "auc": s.get("auc"),
+                "mode": mode, "wire_only": wire, "reads": s.get("reads"), "auc": s.get("auc"),
                 "samples_per_s": W * a.batch_size / step, "step_seconds_median": step,
                 "wall_seconds": wall, "phase_seconds_per_step":
                     {k: v / a.steps for k, v in s["phase_seconds"].items()},
@@ -316,7 +352,8 @@ def main(argv=None) -> int:
     P = next((r["_P"] for r in results.values() if r["_P"]), 0)
     worker0 = [np.unique(read_ranges(data, plan.ranges(t, 0, a.batch_size))[2] + offsets)
                for t in range(a.steps)]
-    for k, (_, consistency, cache_rows) in _variants(modes, a.consistency, a.cache_rows).items():
+    for k, (_, consistency, cache_rows, _) in _variants(modes, a.consistency,
+                                                         a.cache_rows).items():
         if cache_rows and k in results:
             from pshybrid.modes.stale import staleness_bound
 
@@ -330,13 +367,13 @@ def main(argv=None) -> int:
           f"{a.mlp} ({P / 1e6:.2f}M dense params), batch {a.batch_size}/worker, {W} workers"
           f" + {world.size - W} server(s) ({a.placement}), {a.steps} steps ({a.warmup} warm-up), {a.sparse_optimizer}/adam, "
           f"median of {a.repeat} interleaved run(s) per mode")
-    print(f"{'mode':<10}{'samples/s':>11}{'step ms':>9}  {'phases (ms/step)':<62}"
+    print(f"{'mode':<16}{'samples/s':>11}{'step ms':>9}  {'phases (ms/step)':<62}"
           f"{'RSS w/s MB':>12}")
     for m, r in results.items():
         ph = " ".join(f"{k}={v * 1e3:.1f}" for k, v in r["phase_seconds_per_step"].items()
                       if v * 1e3 >= 0.05)
         rss = r["peak_rss_mb"]
-        print(f"{m:<10}{r['samples_per_s']:>11,.0f}{r['step_seconds_median'] * 1e3:>9.1f}  "
+        print(f"{m:<16}{r['samples_per_s']:>11,.0f}{r['step_seconds_median'] * 1e3:>9.1f}  "
               f"{ph:<62}{rss['worker']:>6.0f}/{rss['server']:<5.0f}")
     print("bytes per step per worker: measured (library counters) vs analytic (from the data)")
     for m, r in results.items():
@@ -344,7 +381,8 @@ def main(argv=None) -> int:
             if a.shared_memory and k == "rma_get_bytes":
                 continue  # pulls went through shared memory (shm_read_bytes)
             got = r["bytes_per_step"].get(k, 0.0)
-            print(f"  {m:<10}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
+            print(f"  {m:<16}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
+    _print_wire_bytes(results)
     _print_reads(results, W, 17 * 4)
     if dense_allreduce is not None:
         print(f"dense Allreduce alone ({P * 4:,} bytes, {W} workers, median of 20): "

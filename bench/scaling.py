@@ -16,7 +16,14 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             per-step series: the phase means of all steps put on the median step (legacy).
   compute   fwd_bwd + dense_apply, as measured, or replaced: ``--compute-speedup X``
             (divided by X), ``--compute-from F`` (a bench/gpu_check.py JSON: its
-            ``compute`` entry with this run's MLP and batch). Everything else stays measured.
+            ``compute`` entry with this run's MLP and batch). Everything else stays measured:
+            when the compute is replaced (also ``--cross``) and the run has wire-only runs
+            (``modes_bench --wire-only``: ``<mode> wire``, the same pulls, pushes, Allreduce
+            and servers without the model's compute), every other term (local, wait,
+            imbalance's non-compute part, the servers' apply) comes from the mode's
+            wire-only run (``calibrate_gpu``): a GPU worker's matmuls leave the CPU alone;
+            without them, from the run itself (measured beside CPU compute). The imbalance
+            stays the real run's, scaled with the compute (see ``calibrate_gpu``).
   local     the other measured phases (data, pull, push, allreduce, eval) + other.
             allreduce mode: + row_apply * U * (W - W0) (every worker applies the optimizer
             to the rows all W workers gathered: W*U, an upper bound of their union).
@@ -99,6 +106,7 @@ COMPUTE = ("fwd_bwd", "dense_apply")  # what a GPU worker replaces
 # completion, the servers' step (Ibarrier), the allreduce mode's Allgather (in push)
 SYNC = {"hybrid": ("allreduce", "wait"), "ps": ("wait",), "allreduce": ("push", "allreduce"),
         "compute": ()}
+BESIDE = "the run (measured beside CPU compute)"  # the CPU-side terms without wire runs
 EFFICIENCY, GAIN = 0.5, 0.10  # saturation: efficiency < 50%; plateau: < 10% per doubling
 
 
@@ -178,6 +186,7 @@ class Calib:
     #   hybrid); part of ``local``
     stat: str = "middle-half mean"  # how the phases were taken from the run
     compute: str = "measured"  # where fwd_bwd / dense_apply come from
+    terms: str = BESIDE  # where every other term but the imbalance comes from
 
     @property
     def modeled(self) -> float:
@@ -264,6 +273,44 @@ def with_compute(c: Calib, fwd_bwd: float, dense_apply: float, label: str) -> Ca
     after = sum(local.get(p, 0.0) for p in COMPUTE)
     return replace(c, local=local, compute=label,
                    imbalance=c.imbalance * after / before if before else c.imbalance)
+
+
+WIRE = " wire"  # modes_bench's name suffix of the wire-only runs
+
+
+def wire_view(run: dict) -> dict | None:
+    """The run's wire-only results under their modes' names (a modes_bench-shaped dict, so
+    ``calibrate`` reads them as a run), or None when it has none."""
+    res = {k[:-len(WIRE)]: r for k, r in run["results"].items() if k.endswith(WIRE)}
+    return dict(run, results=res) if res else None
+
+
+def calibrate_gpu(run: dict, mode: str, row_width: int = ROW_WIDTH,
+                  name: str = "the run") -> Calib:
+    """``calibrate`` for a replaced compute: fwd_bwd, dense_apply and the imbalance from the
+    real run (for ``with_compute`` to replace and scale), every other term from the mode's
+    wire-only run when the run has one (``<mode> wire``: local phases, other, wait and its
+    exposure, the servers' apply, the on-node dense costs, row_apply, all taken without CPU
+    compute beside them). The wire-only run's own imbalance is not a GPU worker's: with
+    nothing between their MPI calls, three ranks spinning on this box's two cores
+    deschedule each other (0.7-3.0 ms a step for the paper workload, more than a light
+    run's 0.2-0.9 ms with its compute). Without a wire-only run: ``calibrate(run, mode)``,
+    the terms as measured beside the CPU compute."""
+    c = calibrate(run, mode, row_width)
+    wv = wire_view(run)
+    if wv is None or mode not in wv["results"]:
+        return c
+    w = calibrate(wv, mode, row_width)
+    local = dict(w.local, **{p: c.local[p] for p in COMPUTE if p in c.local})
+    return replace(w, local=local, step=c.step, raw=c.raw, imbalance=c.imbalance,
+                   terms=f"'{mode}{WIRE}' of {name} (no CPU compute beside)")
+
+
+def term_sources(c: Calib) -> str:
+    """Where each term of ``c`` comes from, in words."""
+    return (f"{c.mode}: fwd_bwd, dense_apply <- {c.compute}; imbalance <- the run, x the "
+            f"compute ratio; data, pull, push, allreduce, eval, other, wait, the servers' "
+            f"apply <- {c.terms}")
 
 
 def with_speedup(c: Calib, x: float) -> Calib:
@@ -459,14 +506,28 @@ def cross_workload(src: dict, dst: dict, row_width: int = ROW_WIDTH) -> list[dic
         if m not in src["results"] or m not in dst["results"]:
             continue
         t = dst["results"][m]
-        c = with_speedup(calibrate(src, m, row_width), x)
-        pred = predict(with_dense_params(c, t["dense_params"]), 1, t["workers"],
-                       PRESETS["eth25"])["step"]
+        c = with_speedup(calibrate_gpu(src, m, row_width), x)
+        cp = with_dense_params(c, t["dense_params"])
+        pred = predict(cp, 1, t["workers"], PRESETS["eth25"])
         same_p = predict(c, 1, t["workers"], PRESETS["eth25"])["step"]
         meas = t["step_seconds_median"]
-        out.append(dict(mode=m, ratio=x, measured_s=meas, predicted_s=pred,
-                        error=pred / meas - 1, predicted_same_dense_s=same_p,
-                        error_same_dense=same_p / meas - 1))
+        out.append(dict(mode=m, ratio=x, measured_s=meas, predicted_s=pred["step"],
+                        error=pred["step"] / meas - 1, predicted_same_dense_s=same_p,
+                        error_same_dense=same_p / meas - 1, terms=c.terms,
+                        diff=term_diff(cp, pred, calibrate(dst, m, row_width))))
+    return out
+
+
+def term_diff(c: Calib, pred: dict, d: Calib) -> dict:
+    """Predicted minus measured per term at 1 node (seconds per step): each local phase,
+    other, imbalance and wait of the prediction ``pred`` (``predict(c, 1, ...)``) vs the
+    target run's calibration ``d`` (the middle-half means), and ``residual``: the target's
+    middle-half mean step minus its median step (what no term carries); they add up to
+    predicted minus measured."""
+    out = {p: c.local.get(p, 0.0) - d.local.get(p, 0.0) for p in sorted(set(c.local) |
+                                                                          set(d.local))}
+    out.update(other=c.other - d.other, imbalance=c.imbalance - d.imbalance,
+               wait=pred["wait"] - d.wait, residual=d.modeled - d.step)
     return out
 
 
@@ -505,6 +566,15 @@ def _entries(calib: dict, hit_rate: float | None) -> list:
     return out
 
 
+def _print_sources(calib, name: str) -> None:
+    """Where the terms come from: the wire-only runs, or (without them) the run itself."""
+    for c in calib:
+        print(f"  terms of {term_sources(c)}")
+    if all(c.terms == BESIDE for c in calib):
+        print(f"  NOTE: {name} has no wire-only runs (modes_bench --wire-only): the CPU-side "
+              "terms are measured beside CPU compute (they overstate a GPU worker's)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("runs", nargs="+", help="modes_bench JSON files; the first calibrates, "
@@ -534,20 +604,25 @@ def main(argv=None) -> int:
                     help="memory per node for the auto pick's memory check (default 24)")
     cg = ap.add_mutually_exclusive_group()
     cg.add_argument("--compute-speedup", type=float, metavar="X",
-                    help="GPU-class workers: fwd_bwd and dense_apply divided by X (stated)")
+                    help="GPU-class workers: fwd_bwd and dense_apply divided by X (stated); "
+                         "the other worker and server terms from the run's wire-only runs "
+                         "(modes_bench --wire-only) where it has them")
     cg.add_argument("--compute-from", metavar="FILE",
                     help="GPU-class workers: fwd_bwd and dense_apply from a bench/gpu_check.py"
                          " JSON (its 'compute' entry with the run's MLP and batch size)")
     ap.add_argument("--cross", nargs="+", metavar="FILE", default=(),
                     help="check the compute replacement: calibrated on the first run, "
                          "predict these runs of another workload (1 node) from the measured "
-                         "compute ratio")
+                         "compute ratio and the first run's wire-only terms; prints predicted "
+                         "minus measured per term")
     a = ap.parse_args(argv)
     runs = [(p, json.loads(Path(p).read_text())) for p in a.runs]
     name0, run0 = runs[0]
     modes = [m for m in MODES if m in run0["results"]]
     calib = {m: calibrate(run0, m, a.row_width) for m in modes}
     c0 = next(iter(calib.values()))
+    if a.compute_speedup or a.compute_from:  # a GPU worker's CPU side: the wire-only runs
+        calib = {m: calibrate_gpu(run0, m, a.row_width, name0) for m in modes}
     if a.compute_speedup:
         calib = {m: with_speedup(c, a.compute_speedup) for m, c in calib.items()}
     elif a.compute_from:
@@ -585,6 +660,7 @@ def main(argv=None) -> int:
                                                  (calibrate(run0, m, a.row_width)
                                                   for m in modes)))
               + "; every communication and server term stays as measured")
+        _print_sources(calib.values(), name0)
     val = validate(runs, a.row_width)
     print(f"validation at 1 node: the model calibrated on {name0} (its step: the phases "
           "summed) vs each run's measured median step (the first: the residual of the phase "
@@ -610,6 +686,9 @@ def main(argv=None) -> int:
                   f"{v['predicted_s'] * 1e3:7.2f} ms  error {v['error']:+6.1%}   (dense terms "
                   f"not resized: {v['predicted_same_dense_s'] * 1e3:7.2f} ms "
                   f"{v['error_same_dense']:+6.1%})")
+            print("    predicted - measured, ms: " + " ".join(
+                f"{k} {d * 1e3:+.2f}" for k, d in v["diff"].items() if abs(d) >= 5e-6)
+                  + f"   (terms: {v['terms']})")
     print("bytes per worker per step, model vs the library's counters:")
     for m, c in calib.items():
         got = counted_bytes(run0["results"][m]["bytes_per_step"])

@@ -430,9 +430,13 @@ COMMANDS = {
     "bash jobs/local.sh 3 --config jobs/local.toml --checkpoint-dir ckpt-local": Skip(
         "2000 steps: tests/test_jobs_preempt.py runs this script, signals and resumes it", bash_n),
     # docs/benchmarks.md
-    "mpiexec -n 3 python bench/modes_bench.py --workload paper --steps 200 --json P1.json":
-        Skip("a benchmark: minutes and GiBs (bench/sample_modes.json is its output)",
-             flags_in_help),
+    "mpiexec -n 3 python bench/modes_bench.py --workload paper --steps 200 --wire-only "
+    "--json P1.json": Skip("a benchmark: minutes and GiBs (bench/sample_modes.json is such an "
+                           "output; tests/test_wire_bench.py checks the wire-only runs)",
+                           flags_in_help),
+    "mpiexec -n 3 python bench/modes_bench.py --workload light --steps 200 --wire-only "
+    "--json L1.json": Skip("a benchmark: minutes on 2 cores (its numbers are in the text)",
+                           flags_in_help),
     "python -m pshybrid prep synthetic syn.h5 --rows 200000 --valid-fraction 0.2": Run(
         "prep", ("--rows", "20000"), expect=lambda out, cwd: "16000 rows -> syn.h5" in out
         and "4000 rows -> syn.valid.h5" in out),

@@ -434,6 +434,97 @@ def test_cross_workload_of_a_run_the_model_describes_is_exact():
     assert next(v for v in out if v["mode"] == "ps")["error_same_dense"] > 0.5
 
 
+def const_series(n=4, server=None, untimed=0.0, **workers):
+    """``series`` of two workers with constant phases (ms): w0 the given, w1 = w0 with the
+    ``*_w1`` overrides (its sync phase later: the imbalance)."""
+    w0 = {p: [v * 1e-3] * n for p, v in workers.items() if not p.endswith("_w1")}
+    w1 = dict(w0, **{p[:-3]: [v * 1e-3] * n for p, v in workers.items() if p.endswith("_w1")})
+    return series([w0, w1], untimed=[untimed * 1e-3] * n,
+                  server=[(server or 0.0) * 1e-3] * n)
+
+
+def wire_src():
+    """A paper-like run with wire-only runs (``<mode> wire``): its CPU phases faster
+    without the compute beside them."""
+    src = series_run({
+        "hybrid": const_series(data=1, pull=2, fwd_bwd=20, push=1, allreduce=3, allreduce_w1=7,
+                               dense_apply=2, wait=1, server=1),
+        "compute": const_series(data=1, pull=0.5, fwd_bwd=20, push=0.5, dense_apply=2),
+        "hybrid wire": const_series(data=0.8, pull=1.5, fwd_bwd=0.1, push=0.9, allreduce=2,
+                                    allreduce_w1=3, dense_apply=1.9, wait=1.2, server=0.8,
+                                    untimed=0.1),
+        "compute wire": const_series(data=0.6, pull=0.3, fwd_bwd=0.1, push=0.4,
+                                     dense_apply=1.8)}, P=1_000_000)
+    src["results"]["hybrid wire"]["servers"] = 1
+    return src
+
+
+def test_calibrate_gpu_takes_every_term_but_the_compute_from_the_wire_run():
+    """Hand-computed: fwd_bwd 20 and dense_apply 2 ms from the real run; data, pull, push,
+    Allreduce (least worker), wait, untimed and the server's apply from 'hybrid wire'; the
+    imbalance, 2 ms, from the real run (not the wire run's 0.5): / 10 -> 0.2."""
+    src = wire_src()
+    c = sc.calibrate_gpu(src, "hybrid", name="P.json")
+    assert {p: v for p, v in c.local.items() if v} == pytest.approx(
+        {"data": 0.8e-3, "pull": 1.5e-3, "fwd_bwd": 20e-3, "push": 0.9e-3, "allreduce": 2e-3,
+         "dense_apply": 2e-3})
+    assert (c.wait, c.other, c.server_sparse) == pytest.approx((1.2e-3, 0.1e-3, 0.8e-3))
+    assert c.imbalance == pytest.approx(2e-3)
+    assert c.dense_local == pytest.approx({"allreduce": 2e-3})
+    assert "'hybrid wire' of P.json" in sc.term_sources(c)
+    g = sc.with_speedup(c, 10)
+    assert g.imbalance == pytest.approx(0.2e-3)
+    # 1 node: compute 2.2 + local 0.8+1.5+0.9+2+0.1 + imbalance 0.2 + wait 1.2 (the server's
+    # 0.8 ms stays hidden by the Allreduce's 2 + dense_apply 0.2)
+    assert sc.predict(g, 1, 2, sc.PRESETS["eth25"])["step"] == pytest.approx(8.9e-3)
+    c_only = sc.calibrate_gpu(src, "compute")
+    assert c_only.row_apply == pytest.approx(0.4e-3 / 1000)  # the wire run's push / U
+    plain = hybrid_ps_run()  # no wire-only runs: calibrate's, the terms "beside" the compute
+    assert sc.calibrate_gpu(plain, "hybrid") == sc.calibrate(plain, "hybrid")
+    assert sc.calibrate(plain, "hybrid").terms == sc.BESIDE
+
+
+def test_cross_workload_with_wire_runs_of_a_run_the_model_describes_is_exact():
+    """dst: the wire-only terms, the compute / 10 and a quarter of the dense parameters,
+    built term by term: error 0, and the per-term differences are all 0. The same src
+    without its wire runs overstates dst (its CPU phases measured beside the compute)."""
+    src = wire_src()
+    dst = series_run({  # hybrid: Allreduce 2 -> 0.5 ms (P / 4); the server's 0.8 ms is now
+        # hidden by 0.5 + 0.2 ms only: wait 1.2 + 0.1; imbalance 0.2 = (w1 - w0) / 2
+        "hybrid": const_series(data=0.8, pull=1.5, fwd_bwd=2, push=0.9, allreduce=0.5,
+                               allreduce_w1=0.9, dense_apply=0.2, wait=1.3, server=0.8,
+                               untimed=0.1),
+        "compute": const_series(data=0.6, pull=0.3, fwd_bwd=2, push=0.4, dense_apply=0.2)},
+        P=250_000)
+    out = sc.cross_workload(src, dst)
+    assert [v["mode"] for v in out] == ["hybrid", "compute"]
+    for v in out:
+        assert v["error"] == pytest.approx(0.0, abs=1e-12), v["mode"]
+        assert all(d == pytest.approx(0.0, abs=1e-12) for d in v["diff"].values()), v
+        assert "wire" in v["terms"]
+    for m in ("hybrid wire", "compute wire"):
+        del src["results"][m]
+    # hybrid: 2.2 + 1+2+1+0.75 (Allreduce 3 x 1/4) + imbalance 2/10 + wait 1 + (1 - 0.75 - 0.2)
+    # = 8.2 ms (measured 7.5); compute-only: 1 + 0.5 + 2 + 0.5 + 0.2 = 4.2 ms (measured 3.5)
+    for v, want in zip(sc.cross_workload(src, dst), (8.2 / 7.5 - 1, 4.2 / 3.5 - 1)):
+        assert v["error"] == pytest.approx(want)
+        assert sum(v["diff"].values()) == pytest.approx(v["predicted_s"] - v["measured_s"])
+
+
+def test_cli_says_where_the_terms_come_from(tmp_path, capsys):
+    src, plain = tmp_path / "P.json", tmp_path / "Q.json"
+    run = wire_src()
+    src.write_text(json.dumps(run))
+    for m in ("hybrid wire", "compute wire"):
+        del run["results"][m]
+    plain.write_text(json.dumps(run))
+    assert sc.main([str(src), "--compute-speedup", "10", "--nodes", "1,2"]) == 0
+    text = capsys.readouterr().out
+    assert f"'hybrid wire' of {src}" in text and "NOTE" not in text
+    assert sc.main([str(plain), "--compute-speedup", "10", "--nodes", "1,2"]) == 0
+    assert "NOTE: " + str(plain) + " has no wire-only runs" in capsys.readouterr().out
+
+
 def test_ps_server_dense_shard_vs_received():
     """The ps servers' dense Adam runs over a P/S shard (shard: x S0/S) or per received
     copy (received: x g = k/W0); the sparse apply grows with the rows received (g)."""

@@ -1,0 +1,89 @@
+"""modes_bench's wire-only runs (``--wire-only``): the model's compute replaced by a zero-cost
+stand-in, so a run moves what the real one moves -- pulls, pushes, Allreduce, the servers'
+optimizers, every byte counter -- without the CPU compute a GPU worker runs on its GPU.
+Bench-only: ``wire_only`` swaps what the train module builds and restores it on exit."""
+
+from __future__ import annotations
+
+import contextlib
+
+import numpy as np
+
+import pshybrid.train as train_module
+from pshybrid.modes.dense import AllreduceDense
+
+WIRE = " wire"  # the name suffix of the wire-only runs ("hybrid wire")
+
+
+class WireOnly:
+    """A zero-cost stand-in of ``model`` for the wire-only runs: its first forward/backward
+    (a warm-up step) is the real one, recording the ParamSpace's readiness reports; after
+    that forward returns zero logits (B,) and backward replays those reports in the same
+    order (the Allreduce buckets start as in the real run) and returns a zero demb of the
+    real shape (B, F, E). The dense gradients are zeroed once and stay zero (a GPU worker
+    zeroes them on its GPU: no per-step memset of P floats on the CPU)."""
+
+    def __init__(self, model, ps):
+        self.model, self.ps, self.order, self.demb = model, ps, None, {}
+
+    def forward(self, dense, emb, *bags):
+        if self.order is None:
+            return self.model.forward(dense, emb, *bags)
+        self.shape = emb.shape
+        return np.zeros(dense.shape[0], dense.dtype)
+
+    def backward(self, dlogits):
+        ps = self.ps
+        if self.order is None:
+            self.order, report = [], ps.grads_ready
+            ps.grads_ready = lambda *names: (self.order.append(names), report(*names))
+            try:
+                demb = self.model.backward(dlogits)
+            finally:
+                del ps.grads_ready  # the class's method again
+            return demb
+        if "zero_grad" not in vars(ps):  # the first stand-in step: zero, then never again
+            ps.flat_grad[...] = 0
+            ps.zero_grad = lambda: None
+        for names in self.order:
+            ps.grads_ready(*names)
+        return self.demb.setdefault(self.shape, np.zeros(self.shape, dlogits.dtype))
+
+
+class DeviceOptimizer:
+    """The workers' dense optimizer in the wire-only runs: a GPU worker's runs on its GPU,
+    so its CPU does nothing (``update``: no-op); everything else, and any server's
+    optimizer (ps's dense Adam), is the real one."""
+
+    def __init__(self, opt):
+        self.opt = opt
+
+    def __getattr__(self, name):
+        return getattr(self.opt, name)
+
+    def update(self, *args, **kw) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def wire_only(on: bool):
+    """Within: the train module builds ``WireOnly`` models and gives the workers' dense
+    Allreduce strategies a ``DeviceOptimizer`` (bench-only; restored on exit)."""
+    build_model, build_mode = train_module.build_model, train_module.build_mode
+
+    def wire_model(name, schema, dim, mlp, ps, *args, **kw):
+        model, layout = build_model(name, schema, dim, mlp, ps, *args, **kw)
+        return WireOnly(model, ps), layout
+
+    def wire_mode(*args, **kw):
+        mode = build_mode(*args, **kw)
+        if isinstance(mode.dense, AllreduceDense):
+            mode.dense.opt = DeviceOptimizer(mode.dense.opt)
+        return mode
+
+    if on:
+        train_module.build_model, train_module.build_mode = wire_model, wire_mode
+    try:
+        yield
+    finally:
+        train_module.build_model, train_module.build_mode = build_model, build_mode

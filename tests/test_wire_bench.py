@@ -1,0 +1,86 @@
+"""bench/wire.py (modes_bench --wire-only): the zero-cost stand-in reports the same
+parameters ready in the same order, returns gradients of the real shapes, and a wire-only
+run moves exactly the bytes of the real one (one process, allreduce mode over COMM_SELF)."""
+
+from __future__ import annotations
+
+import io
+import os
+import sys
+from dataclasses import replace
+
+import numpy as np
+from mpi4py import MPI
+
+import pshybrid.train as train_module
+from pshybrid.config import TrainConfig
+from pshybrid.layers import ParamSpace
+from pshybrid.models import build_model
+from pshybrid.synthetic import SyntheticCTR
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench"))
+import wire
+
+DATA = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
+
+
+def model_and_batch(seed=0):
+    ps = ParamSpace()
+    model, _ = build_model("wdl", DATA.schema, 4, (8, 4), ps, "float32")
+    ps.build(np, np.dtype("float32"), seed)
+    rng = np.random.default_rng(seed)
+    dense = rng.standard_normal((6, 3)).astype(np.float32)
+    emb = rng.standard_normal((6, 4, 5)).astype(np.float32)
+    return model, ps, dense, emb
+
+
+def test_stand_in_replays_the_real_backwards_readiness_reports():
+    model, ps, dense, emb = model_and_batch()
+    real = []
+    ps.on_grads_ready = real.append
+    model.forward(dense, emb)
+    demb_real = model.backward(np.ones(6, np.float32))
+    assert len(real) >= 3  # the MLP's layers and the wide part, one report each
+
+    model, ps, dense, emb = model_and_batch()
+    got = []
+    ps.on_grads_ready = got.append
+    w = wire.WireOnly(model, ps)
+    w.forward(dense, emb)
+    first = w.backward(np.ones(6, np.float32))  # the real one, recorded
+    assert np.allclose(first, demb_real) and got == real and ps.flat_grad.any()
+    for _ in range(2):
+        got.clear()
+        ps.zero_grad()
+        assert not w.forward(dense, emb).any()
+        demb = w.backward(np.ones(6, np.float32))
+        assert got == real  # the same buckets become final in the same order
+        assert demb.shape == demb_real.shape and demb.dtype == demb_real.dtype
+        assert not demb.any() and not ps.flat_grad.any()
+    assert "zero_grad" in vars(ps)  # zeroed once, no per-step memset after that
+
+
+def test_device_optimizer_skips_the_workers_update_only():
+    calls = []
+
+    class Opt:
+        slots = ("m", "v")
+
+        def update(self, *a):
+            calls.append(a)
+
+    d = wire.DeviceOptimizer(Opt())
+    d.update(1, 2, 3, 4)
+    assert calls == [] and d.slots == ("m", "v")
+
+
+def test_a_wire_only_run_moves_the_real_runs_bytes():
+    cfg = TrainConfig(model="wdl", mode="allreduce", servers=0, embedding_dim=4, mlp=(8,),
+                      batch_size=8, steps=4, log_every=4, seed=3)
+    build = train_module.build_model, train_module.build_mode
+    real = train_module.train(cfg, MPI.COMM_SELF, dataset=DATA, out=io.StringIO())
+    with wire.wire_only(True):
+        got = train_module.train(replace(cfg), MPI.COMM_SELF, dataset=DATA, out=io.StringIO())
+    assert (train_module.build_model, train_module.build_mode) == build  # restored
+    t, r = got.summary["traffic_per_step"], real.summary["traffic_per_step"]
+    assert t == r and any(t.values())
