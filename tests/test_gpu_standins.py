@@ -2,7 +2,7 @@
 timing method (bench/gpu_check.py: many launches between two CUDA events, beside a copy of the
 same bytes) on a fake clock whose time only the timed calls and the marks advance (analytic
 oracle) and on the host clock around NumPy kernels; ``backend.to_device``'s pinned staging
-ring on a fake cupy; and ``train._Log``'s GPU branch (loss read back once per log interval
+ring on a fake cupy; and ``steplog.StepLog``'s GPU branch (loss read back once per log interval
 and before a checkpoint) with a stand-in array module."""
 
 import os
@@ -137,7 +137,7 @@ def test_to_device_stages_through_reused_pinned_slots():
 
 
 def _fake_job(log_every, steps, checkpoint_every=0):
-    """What ``train._Log`` reads of a job, on a GPU worker: ``mode.xp`` is not NumPy (a
+    """What ``steplog.StepLog`` reads of a job, on a GPU worker: ``mode.xp`` is not NumPy (a
     stand-in whose arrays are NumPy's), one worker (the Allreduce is the identity)."""
     from collections import defaultdict
     from types import SimpleNamespace as NS
@@ -153,14 +153,14 @@ def _fake_job(log_every, steps, checkpoint_every=0):
 
 
 def test_gpu_log_reads_the_loss_back_once_per_interval(monkeypatch):
-    """GPU branch of ``train._Log``: the loss and label sums stay "on the device" (reads
-    counted) until the log step; the logged loss is the interval's mean, as on CPU."""
-    from pshybrid import train as tr
+    """GPU branch of ``steplog.StepLog``: the loss and label sums stay "on the device"
+    (reads counted) until the log step; the logged loss is the interval's mean, as on CPU."""
+    from pshybrid import steplog
 
     reads = []
-    monkeypatch.setattr(tr, "to_host", lambda a: (reads.append(1), np.asarray(a))[1])
+    monkeypatch.setattr(steplog, "to_host", lambda a: (reads.append(1), np.asarray(a))[1])
     job = _fake_job(log_every=3, steps=6)
-    log = tr._Log(job)
+    log = steplog.StepLog(job)
     losses, labels = [0.5, 0.25, 1.0, 2.0, 0.5, 0.5], [np.array([1.0, 0, 1, 0])] * 6
     for done, (l, y) in enumerate(zip(losses, labels), 1):
         log.add(done, np.float32(l), y)
@@ -172,14 +172,14 @@ def test_gpu_log_reads_the_loss_back_once_per_interval(monkeypatch):
 def test_gpu_log_stops_a_diverged_run_by_the_next_log_or_checkpoint(monkeypatch, every, want):
     """A NaN loss at step 2 on a GPU is found at the next read: the log step (4), or a
     checkpoint step before it (3), so no checkpoint holds the diverged parameters."""
-    from pshybrid import train as tr
+    from pshybrid import steplog
 
-    monkeypatch.setattr(tr, "to_host", np.asarray)
-    log = tr._Log(_fake_job(log_every=4, steps=8, checkpoint_every=every))
+    monkeypatch.setattr(steplog, "to_host", np.asarray)
+    log = steplog.StepLog(_fake_job(log_every=4, steps=8, checkpoint_every=every))
     y = np.array([1.0, 0, 0, 0])
     log.add(1, np.float32(0.5), y)
     log.add(2, np.float32("nan"), y)
-    with pytest.raises(tr.TrainingDiverged, match=f"loss is nan in the steps up to {want} "):
+    with pytest.raises(steplog.TrainingDiverged, match=f"loss is nan in the steps up to {want} "):
         for done in range(3, 9):
             log.add(done, np.float32(0.5), y)
             assert done < want

@@ -1,0 +1,136 @@
+"""What a worker keeps of the training steps between log lines, and the evaluation: the
+loss and throughput of each ``--log-every`` window reduced over the workers (``StepLog``;
+on a GPU the loss and label sums stay on the device until the window's read-back), the
+divergence check, and the exact AUC / logloss of the whole ``--eval-data`` file
+(``evaluate``, ``score_rows``: also ``pshybrid eval`` / ``predict``). ``job`` is
+``train.Job``."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+from .backend import to_host
+from .batches import read_ids
+from .data import EVAL_BATCH
+from .errors import PshybridError
+from .metrics import auc, logloss_from_logits
+from .report import PHASES
+
+
+class TrainingDiverged(PshybridError):
+    """The loss became NaN or infinite."""
+
+
+def check_loss(job, loss_sum: float, when: str) -> None:
+    if not math.isfinite(loss_sum):
+        ck = job.cfg.checkpoint_dir
+        where = f"{ck}/latest names the last good checkpoint" if ck else \
+            "no checkpoint directory was given"
+        raise TrainingDiverged(f"loss is {loss_sum} {when} on worker "
+                               f"{job.topo.worker_index}: training stopped; {where}")
+
+
+class StepLog:
+    """Loss and throughput over each ``--log-every`` window, reduced over the workers. On a
+    GPU the loss and label sums accumulate on the device and are read back once per log
+    interval (and before a checkpoint): one device-to-host copy instead of two per step."""
+
+    def __init__(self, job):
+        self.job = job
+        self.acc = np.zeros(3)  # loss sum, samples, label sum since the last log
+        self.dev = None         # GPU: (loss sum, label sum) on the device since the last read
+        self.t_log = self.t_step = time.perf_counter()
+
+    def add(self, done: int, loss_sum, label) -> None:
+        job, xp = self.job, self.job.mode.xp
+        now = time.perf_counter()
+        if job.reporter:
+            job.result.step_seconds.append(now - self.t_step)
+        self.t_step = now
+        if xp is np:
+            self.acc += (loss_sum, job.cfg.batch_size, float(label.sum()))
+        else:  # kernels queued on the stream: no wait
+            sums = xp.stack((loss_sum, label.sum())).astype(np.float64)
+            self.dev = sums if self.dev is None else self.dev + sums
+            self.acc[1] += job.cfg.batch_size
+        every = job.cfg.checkpoint_every if job.cfg.checkpoint_dir else 0
+        if every and done % every == 0:
+            self.read_back(done)
+        if done % job.cfg.log_every and done != job.steps:
+            return
+        self.read_back(done)
+        # Wire: Allreduce of 3 doubles (loss sum, samples, labels) over the workers.
+        glob = job.topo.workers.allreduce(self.acc, op=MPI.SUM)
+        job.totals += glob
+        rec = {"step": done, "loss": glob[0] / glob[1],
+               "samples_per_s": glob[1] / (now - self.t_log),
+               "seconds": {k: job.mode.timers[k] for k in PHASES}}
+        if job.mode.stale is not None:  # Wire: see stale.Pipeline.log
+            rec["reads"] = job.mode.stale.log(job.topo.workers)
+        if job.reporter:
+            job.result.log.append(rec)
+            job.reporter.step(rec)
+        self.acc[:] = 0
+        self.t_log = now
+
+    def read_back(self, done: int) -> None:
+        """GPU: add the device sums to the log's and check the loss (one D2H, a sync)."""
+        if self.dev is not None:
+            loss_sum, label_sum = (float(v) for v in to_host(self.dev))
+            self.dev = None
+            self.job.mode.kernel_timers.fold()  # the copy waited: the phases' device times
+            check_loss(self.job, loss_sum, f"in the steps up to {done}")
+            self.acc += (loss_sum, 0.0, label_sum)
+
+    def pause(self, work) -> None:
+        """Run ``work`` (an evaluation) outside the training clock and phases."""
+        timers = self.job.mode.timers
+        t0, before = time.perf_counter(), dict(timers)
+        work()
+        timers.update(before)  # the eval's pulls count as eval, not as training
+        elapsed = time.perf_counter() - t0
+        timers["eval"] += elapsed
+        self.t_log += elapsed  # samples/s excludes evaluation
+        self.t_step += elapsed
+
+
+def evaluate(job, step: int) -> None:
+    """Exact AUC and logloss over the whole eval file: worker w scores rows
+    [n*w/W, n*(w+1)/W); logits and labels are gathered to worker 0, which reports them."""
+    allz, ally = score_rows(job, step)
+    if allz is not None:
+        rec = {"eval": True, "step": step, "auc": auc(allz, ally),
+               "logloss": logloss_from_logits(allz, ally), "rows": int(allz.size)}
+        job.result.evals.append(rec)
+        job.reporter.evaluation(rec)
+
+
+def score_rows(job, step: int):
+    """Workers (collective): the model's logits and the labels of every row of
+    ``job.evdata``, in row order, as float64 on worker 0; (None, None) on the others."""
+    mode, topo, ev = job.mode, job.topo, job.evdata
+    mode.begin(step)  # ps: pull the current dense weights
+    W, w, n = topo.n_workers, topo.worker_index, ev.n_rows
+    a, b = n * w // W, n * (w + 1) // W
+    zs, ys = [np.zeros(0)], [np.zeros(0)]
+    for s in range(a, b, EVAL_BATCH):
+        label, dense, ids, *bags = read_ids(ev, [(s, min(b, s + EVAL_BATCH))],
+                                            job.layout.offsets)
+        dense = mode.xp.asarray(dense.astype(job.cfg.dtype))  # GPU worker: H2D
+        batch = mode.prepare(ids)
+        zs.append(to_host(job.model.forward(dense, mode.lookup(batch), *bags)))
+        batch.release()
+        ys.append(label)
+    z = np.concatenate(zs).astype(np.float64)
+    y = np.concatenate(ys).astype(np.float64)
+    counts = np.array(topo.workers.allgather(z.size))
+    root = w == 0
+    allz, ally = (np.empty(counts.sum()), np.empty(counts.sum())) if root else (None, None)
+    # Wire: Gatherv of logits and labels (8 B each per row) to worker 0; all workers wait.
+    topo.workers.Gatherv(z, [allz, counts, MPI.DOUBLE] if root else None, 0)
+    topo.workers.Gatherv(y, [ally, counts, MPI.DOUBLE] if root else None, 0)
+    return allz, ally
