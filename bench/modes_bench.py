@@ -68,6 +68,8 @@ from mpi4py import MPI
 from pshybrid.config import TrainConfig
 from pshybrid.batches import BatchPlan, read_ranges
 from pshybrid.data import H5Dataset
+from pshybrid.layers import ParamSpace
+from pshybrid.models import build_model
 from pshybrid.modes.dense import DENSE, AllreduceDense
 from pshybrid.modes.sparse import SPARSE, ReplicatedSparse
 from pshybrid.modes import step as mode_step
@@ -269,6 +271,8 @@ def main(argv=None) -> int:
                        sparse_optimizer=a.sparse_optimizer, dense_optimizer="adam",
                        bucket_mb=a.bucket_mb, shared_memory="on" if a.shared_memory else "off")
     results = {}
+    ps_model = ParamSpace()  # the dense parameter count, whatever modes run (ps has no Allreduce)
+    build_model("wdl", data.schema, base.embedding_dim, base.mlp, ps_model, base.dtype)
     mode_step.Timers = StepTimers  # every Mode built from here on keeps its steps' phases
     # Warm-up runs (not measured): numba compiles its kernels on first use in each process.
     for mode in ("hybrid", "allreduce") if world.size > 1 or colocated else ("allreduce",):
@@ -314,7 +318,6 @@ def main(argv=None) -> int:
         if world.rank == 0:
             s = res.summary
             step = statistics.median(res.step_seconds[a.warmup:])
-            P = int(s["traffic_per_step"].get("allreduce_bytes", 0) / 4) or None
             runs.setdefault(key, []).append({
                 "mode": mode, "wire_only": wire, "reads": s.get("reads"), "auc": s.get("auc"),
                 "samples_per_s": W * a.batch_size / step, "step_seconds_median": step,
@@ -325,14 +328,13 @@ def main(argv=None) -> int:
                 "bytes_per_step": s["traffic_per_step"], "unique_ids_per_worker_step": U,
                 "peak_rss_mb": s["peak_rss_mb"], "workers": W,
                 "servers": s["servers"], "placement": a.placement,
-                "final_loss": s["final_loss"], "_P": P,
+                "final_loss": s["final_loss"],
                 **timed_stats([st for w, st, _ in per_rank if w], tm.steps[a.warmup:],
                               res.step_seconds[a.warmup:],
                               [ap for w, _, ap in per_rank if not w])})
     # The dense Allreduce alone, between the same workers with nothing beside it: the
     # on-node cost of the dense bytes (bench/scaling.py scales it with P across workloads).
-    P = world.bcast(next((r["_P"] for rs in runs.values() for r in rs if r["_P"]), 0)
-                    if world.rank == 0 else None, root=0)
+    P = ps_model.size
     dense_allreduce = None
     if workers_only != MPI.COMM_NULL and P:
         buf, times = np.ones(P, np.float32), []
@@ -349,7 +351,6 @@ def main(argv=None) -> int:
         rs = sorted(rs, key=lambda r: r["step_seconds_median"])
         results[mode] = dict(rs[len(rs) // 2],
                              step_seconds_median_runs=[r["step_seconds_median"] for r in rs])
-    P = next((r["_P"] for r in results.values() if r["_P"]), 0)
     worker0 = [np.unique(read_ranges(data, plan.ranges(t, 0, a.batch_size))[2] + offsets)
                for t in range(a.steps)]
     for k, (_, consistency, cache_rows, _) in _variants(modes, a.consistency,
@@ -359,7 +360,6 @@ def main(argv=None) -> int:
 
             results[k]["ideal_hit_rate"] = ideal_hit_rate(worker0, staleness_bound(consistency))
     for m, r in results.items():
-        r.pop("_P")
         r["dense_params"] = P
         r["bytes_analytic"] = analytic_bytes(r["mode"], r["unique_ids_per_worker_step"], 17, P, W, 4,
                                              a.sparse_optimizer != "sgd")
