@@ -376,3 +376,8 @@ class TrainConfig:
         if self.servers and not MODES[self.mode].needs_servers and not MODES[self.mode].chosen:
             raise _error(f"--mode {self.mode} keeps every table on every worker and uses no "
                          f"server: drop --servers {self.servers} (or use --servers 0)")
+
+    def stateless(self) -> TrainConfig:
+        """This config with optimizers that keep no state (plain SGD, no L2): what scoring
+        builds (``train.setup(score=True)``) and sizes (``preflight``)."""
+        return dataclasses.replace(self, sparse_optimizer="sgd", dense_optimizer="sgd", l2=0.0)

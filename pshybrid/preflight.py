@@ -17,7 +17,6 @@ at or past the last step): it printed one line saying so, and the caller returns
 from __future__ import annotations
 
 import os
-from dataclasses import replace
 
 from . import checkpoint_files, limits, safeio
 from .batches import BatchPlan
@@ -75,10 +74,8 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
             checkpoint_files.check_run_dir(cfg.checkpoint_dir, step_dir, start)
         check_outputs(cfg, topo)
         workers, servers = _ranks_here(topo)
-        sized = replace(cfg, sparse_optimizer="sgd", dense_optimizer="sgd", l2=0.0) \
-            if score else cfg
-        limits.check_sizes(sized, data.schema, topo.n_workers, topo.n_servers,
-                           limits.available_memory(), workers, servers,
+        limits.check_sizes(cfg.stateless() if score else cfg, data.schema, topo.n_workers,
+                           topo.n_servers, limits.available_memory(), workers, servers,
                            getattr(evdata, "n_rows", 0) if evdata is not None else 0)
     except PshybridError as e:
         err = e

@@ -155,10 +155,10 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
            if cfg.replicate_rows and topo.is_worker else None)
     steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
     sched = Schedule(cfg.lr_schedule, cfg.warmup_steps, steps)  # servers: the same factors
-    kinds = ("sgd", "sgd", 0.0) if score else (cfg.sparse_optimizer, cfg.dense_optimizer, cfg.l2)
+    opt = cfg.stateless() if score else cfg
     mode = build_mode(cfg.mode, topo, layout, ps,
-                      Optimizer(kinds[0], cfg.lr, l2=kinds[2], schedule=sched),
-                      Optimizer(kinds[1], dense_lr, l2=kinds[2], schedule=sched), cfg.seed,
+                      Optimizer(opt.sparse_optimizer, cfg.lr, l2=opt.l2, schedule=sched),
+                      Optimizer(opt.dense_optimizer, dense_lr, l2=opt.l2, schedule=sched), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
                       cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged
