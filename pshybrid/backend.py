@@ -91,6 +91,14 @@ def wait_event(event) -> None:
         event.synchronize()
 
 
+def _pinned(xp, buf, nbytes: int) -> np.ndarray:
+    """``buf`` (a pinned uint8 host array, or None) if it holds ``nbytes``, else a new one."""
+    if buf is None or buf.size < nbytes:
+        mem = xp.cuda.alloc_pinned_memory(nbytes)  # as cupyx.empty_pinned does
+        buf = np.ndarray((nbytes,), np.uint8, buffer=mem)
+    return buf
+
+
 class HostStaging:
     """Device->host copies into pinned (page-locked) host buffers reused step after step:
     ``stage`` queues the copy on the current stream and returns at once; the host reads the
@@ -108,10 +116,7 @@ class HostStaging:
         past ``dev.size`` are 0 (a padded table)."""
         n = dev.size if total is None else total
         nbytes = n * dev.dtype.itemsize
-        buf = self.bufs.get(key)
-        if buf is None or buf.size < nbytes:
-            mem = xp.cuda.alloc_pinned_memory(nbytes)  # as cupyx.empty_pinned does
-            buf = self.bufs[key] = np.ndarray((nbytes,), np.uint8, buffer=mem)
+        buf = self.bufs[key] = _pinned(xp, self.bufs.get(key), nbytes)
         host = buf[:nbytes].view(dev.dtype)
         host[dev.size:] = 0
         out = host[:dev.size].reshape(dev.shape)
@@ -141,9 +146,7 @@ class _PinnedRing:
             buf, event = self.slots[i] or (None, None)
             if event is not None:
                 wait_event(event)  # the copy that last read this slot has finished
-            if buf is None or buf.size < nbytes:
-                mem = xp.cuda.alloc_pinned_memory(nbytes)  # as cupyx.empty_pinned does
-                buf = np.ndarray((nbytes,), np.uint8, buffer=mem)
+            buf = _pinned(xp, buf, nbytes)
             staged = buf[:nbytes].view(dtype).reshape(host.shape)
             np.copyto(staged, host, casting="same_kind")  # the cast happens here, on the host
             dev = xp.empty(host.shape, dtype) if out is None else out
