@@ -29,6 +29,8 @@ step minus its timed phases: what no phase timer covers), ``step_seconds_timed_m
 and the series themselves (``timed_series``: per step, the workers' mean and each worker's
 phases, the untimed rest, the server's apply). ``dense_allreduce_seconds``: the workers'
 Allreduce of the P dense floats alone (median of 20), the on-node cost of the dense bytes.
+``ranks`` and ``cores_per_rank`` (rank 0's share of its node, below 1 when oversubscribed:
+``bench/scaling.py`` warns that such a calibration carries the ranks' descheduling).
 
 Consistency (``--consistency bsp,ssp:1,ssp:4,asp --cache-rows 0,N``): hybrid and ps also
 run once per other consistency and cache size given (named ``hybrid ssp:4 c=N``), in the
@@ -76,6 +78,7 @@ from pshybrid.modes import step as mode_step
 from pshybrid.registry import DENSE_ROW, MODES, ModeSpec
 from pshybrid.schema import field_offsets
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
+from pshybrid.threads import rank_cores
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
 from timing import StepTimers, timed_stats
@@ -395,7 +398,8 @@ def main(argv=None) -> int:
             value = 1 / ratio if other == "compute" else ratio
             print(f"{label:<32}= {value:.2f}x")
     with open(a.json, "w") as f:
-        json.dump({"args": vars(a), "results": results,
+        json.dump({"args": vars(a), "results": results, "ranks": world.size,
+                   "cores_per_rank": rank_cores(),
                    "dense_allreduce_seconds": dense_allreduce}, f, indent=1)
     try:
         import matplotlib

@@ -32,7 +32,9 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             ps's dense pull and push = ps minus hybrid); it scales with P across models.
             hybrid, allreduce: x the ring's on-node bytes per worker relative to the run,
             2(W-1)/W * (k-1)/k over 2(W0-1)/W0 (all edges on the node when N = 1; none
-            with one worker per node), on top of the wire term below.
+            with one worker per node), on top of the wire term below. A run with one
+            worker (W0 = 1) moved no dense bytes on its node: its Allreduce phases are a
+            fixed cost, and projections with k > 1 lack the on-node part (a NOTE says so).
   wait(N)   max(0, wait0 + exposed(N) - exposed0): workers wait for the servers'
             optimizer, exposed = max(0, server - hidden): server(N) = sparse0 * g +
             dense0 * h, less what the workers do meanwhile: hidden = hybrid's dense
@@ -42,6 +44,9 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             (``--ps-server-dense shard``, default: ps's dense Adam runs over the server's
             P/S shard, the Accumulates into its gradient slot are the workers' push) or g
             (``received``: a server whose CPU handles every worker's dense copy).
+            ``--servers-from F``: sparse0, dense0 and wait0 - exposed0 from F's run of
+            the same model (``with_servers``: one with a core per rank, where the
+            calibration run's ranks share cores and deschedule each other).
   imbalance the workers' wait for the slowest one at the sync point (the workers' mean
             minus the least worker's time in the syncing phases), scaled with the compute.
   exchange  hybrid, ps: (server_nic(get) + server_nic(put)) / bw + m * (N-1) * lat, with
@@ -228,7 +233,9 @@ def calibrate(run: dict, mode: str, row_width: int = ROW_WIDTH) -> Calib:
         row_apply = hyb["server_apply"] / (res["hybrid"]["workers"] * U /
                                            res["hybrid"]["servers"])
     dense_local = {}
-    if mode == "hybrid":  # the least worker's wait for the dense Allreduce: all dense bytes
+    if mode in ("hybrid", "allreduce") and W0 == 1:
+        pass  # one worker's Allreduce moves no bytes: what its phases hold is a fixed cost
+    elif mode == "hybrid":  # the least worker's wait for the dense Allreduce: all dense bytes
         dense_local = {"allreduce": ph.get("allreduce", 0.0)}
     elif mode == "allreduce":  # push = the rows' Allgather and optimizer + the Iallreduce
         #   the Allgather progresses; the rows' part: the optimizer on all W0 workers' rows
@@ -342,6 +349,23 @@ def with_dense_params(c: Calib, P: int) -> Calib:
         local[p] += v * (f - 1)
     return replace(c, P=P, local=local, dense_local={p: v * f for p, v in c.dense_local.items()},
                    server_dense=c.server_dense * f)
+
+
+def with_servers(c: Calib, o: Calib) -> Calib:
+    """``--servers-from``: ``c`` with its servers' terms from ``o``, the same mode of another
+    run of the same model (one with a core per rank: its servers apply and answer without
+    being descheduled): the sparse apply per row received (x the rows a server of ``c``'s
+    run receives, W0/S0 relative to ``o``'s), the dense Adam per shard (x S0 of ``o`` / S0 of
+    ``c``), and the workers' wait beyond the exposed apply (``o.wait - o.exposed``: message
+    latency and the Ibarrier); the exposure is recomputed against ``c``'s own hidden work."""
+    if o.mode != c.mode or o.P != c.P:
+        raise ValueError(f"--servers-from needs the same mode and model: {o.mode} with "
+                         f"{o.P:,} dense params vs {c.mode} with {c.P:,}")
+    sparse = o.server_sparse * (c.workers / c.servers) / (o.workers / o.servers)
+    dense = o.server_dense * o.servers / c.servers
+    exposed = max(0.0, sparse + dense - hidden(c.mode, c.local))
+    return replace(c, server_sparse=sparse, server_dense=dense, exposed=exposed,
+                   wait=max(0.0, o.wait - o.exposed) + exposed)
 
 
 # -- the model -------------------------------------------------------------------------------
@@ -610,6 +634,11 @@ def main(argv=None) -> int:
     cg.add_argument("--compute-from", metavar="FILE",
                     help="GPU-class workers: fwd_bwd and dense_apply from a bench/gpu_check.py"
                          " JSON (its 'compute' entry with the run's MLP and batch size)")
+    ap.add_argument("--servers-from", metavar="FILE",
+                    help="hybrid and ps: the servers' apply (per row, per dense shard) and "
+                         "the workers' wait beyond it from this modes_bench run of the same "
+                         "model, e.g. one with a core per rank where the calibration run is "
+                         "oversubscribed (its wire-only runs with a replaced compute)")
     ap.add_argument("--cross", nargs="+", metavar="FILE", default=(),
                     help="check the compute replacement: calibrated on the first run, "
                          "predict these runs of another workload (1 node) from the measured "
@@ -628,6 +657,25 @@ def main(argv=None) -> int:
     elif a.compute_from:
         fb, da, label = compute_from(json.loads(Path(a.compute_from).read_text()), run0["args"])
         calib = {m: with_compute(c, fb, da, label) for m, c in calib.items()}
+    srv_notes = []
+    if a.servers_from:
+        srv_run = json.loads(Path(a.servers_from).read_text())
+        cal = calibrate_gpu if a.compute_speedup or a.compute_from else calibrate
+        for m in [m for m in ("hybrid", "ps") if m in calib]:
+            if m not in srv_run["results"]:
+                raise SystemExit(f"--servers-from {a.servers_from}: no {m} run in it")
+            try:
+                new = with_servers(calib[m], cal(srv_run, m, a.row_width))
+            except ValueError as e:
+                raise SystemExit(f"--servers-from {a.servers_from}: {e}") from None
+            was = calib[m]
+            srv_notes.append(
+                f"  servers' terms of {m} from {a.servers_from}: apply "
+                f"{(new.server_sparse + new.server_dense) * 1e3:.2f} ms, wait beyond it "
+                f"{(new.wait - new.exposed) * 1e3:.2f} ms ({name0}'s: "
+                f"{(was.server_sparse + was.server_dense) * 1e3:.2f}, "
+                f"{(was.wait - was.exposed) * 1e3:.2f} ms)")
+            calib[m] = new
     ks = [int(x) for x in a.workers_per_node.split(",")] if a.workers_per_node else [c0.workers]
     nodes = [int(x) for x in a.nodes.split(",")]
     links = {}
@@ -661,6 +709,18 @@ def main(argv=None) -> int:
                                                   for m in modes)))
               + "; every communication and server term stays as measured")
         _print_sources(calib.values(), name0)
+    cpr = run0.get("cores_per_rank")
+    for line in srv_notes:
+        print(line)
+    if cpr is not None and cpr < 1:
+        print(f"  NOTE: {name0} ran {run0.get('ranks', '?')} ranks with {cpr:.2f} cores each: "
+              "they deschedule each other and its terms carry that (the waits for the "
+              "servers most); the model gives every rank its own cores, so calibrate on a "
+              "run with at least one core per rank (docs/benchmarks.md)")
+    if c0.workers == 1 and max(ks) > 1 and {"hybrid", "allreduce"} & set(modes):
+        print(f"  NOTE: {name0} has one worker: its dense Allreduce moved no bytes on the node,"
+              f" so the projections with {max(ks)} workers per node lack that on-node cost "
+              "(calibrate on a run with 2 or more workers)")
     val = validate(runs, a.row_width)
     print(f"validation at 1 node: the model calibrated on {name0} (its step: the phases "
           "summed) vs each run's measured median step (the first: the residual of the phase "
@@ -761,7 +821,8 @@ def main(argv=None) -> int:
 
     if a.json:
         Path(a.json).write_text(json.dumps(dict(auto_picks=picks,
-            calibrated_from=name0, workers_per_node=ks, servers_per_node=1, **kw,
+            calibrated_from=name0, servers_from=a.servers_from,
+            calibration_cores_per_rank=cpr, workers_per_node=ks, servers_per_node=1, **kw,
             compute=ch.compute, links={p: asdict(lk) for p, lk in links.items()},
             calib={m: asdict(c) for m, c in calib.items()}, validation=val,
             validation_summary=summary,

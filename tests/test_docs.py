@@ -450,6 +450,11 @@ COMMANDS = {
     "python bench/scaling.py P1.json --cross L1.json": Run("bench"),
     "python bench/scaling.py P1.json --compute-speedup 50 --workers-per-node 1,4,8 --png S.png":
         Run("bench", expect=scaled),
+    "mpiexec -n 2 python bench/modes_bench.py --workload paper --steps 200 --wire-only "
+    "--json O1.json": Skip("a benchmark: minutes (its numbers are in the text)", flags_in_help),
+    "python bench/scaling.py P1.json --compute-speedup 50 --workers-per-node 1,4,8 "
+    "--servers-from O1.json": Run("bench", expect=lambda out, cwd:
+                                  "servers' terms of ps from O1.json" in out),
     "python bench/gpu_check.py --compute-only --json gpu.json": Skip(
         "needs a GPU (the JSON it writes is faked for the next command)", flags_in_help),
     "python bench/scaling.py P1.json --compute-from gpu.json --workers-per-node 1,4,8": Run(
@@ -579,7 +584,7 @@ def setup_prep(cwd: pathlib.Path) -> None:
 def setup_bench(cwd: pathlib.Path) -> None:
     """Copies of bench/sample_modes.json (the paper workload) stand in for every run; the
     GPU compute file is what gpu_check --compute-only writes, with made-up times."""
-    for name in ("P1.json", "P2.json", "P3.json", "L1.json"):
+    for name in ("P1.json", "P2.json", "P3.json", "L1.json", "O1.json"):
         shutil.copy(ROOT / "bench" / "sample_modes.json", cwd / name)
     args = json.loads((ROOT / "bench" / "sample_modes.json").read_text())["args"]
     (cwd / "gpu.json").write_text(json.dumps({"device": "fake-gpu", "compute": {"paper": {

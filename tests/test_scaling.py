@@ -525,6 +525,80 @@ def test_cli_says_where_the_terms_come_from(tmp_path, capsys):
     assert "NOTE: " + str(plain) + " has no wire-only runs" in capsys.readouterr().out
 
 
+def test_cli_notes_an_oversubscribed_or_one_worker_calibration(tmp_path, capsys):
+    """A run with fewer cores than ranks, or one worker projected to more per node, gets
+    a NOTE; one with a core per rank and the same workers per node does not."""
+    run = wire_src()
+    path = tmp_path / "R.json"
+    for cpr, note in ((0.67, True), (1.0, False), (None, False)):
+        if cpr is not None:
+            run.update(ranks=3, cores_per_rank=cpr)
+        path.write_text(json.dumps(run))
+        assert sc.main([str(path), "--nodes", "1,2"]) == 0
+        assert ("ran 3 ranks with 0.67 cores each" in capsys.readouterr().out) == note
+        run.pop("cores_per_rank", None)
+    assert sc.main([str(path), "--nodes", "1,2"]) == 0
+    assert "has one worker" not in capsys.readouterr().out
+    one = series_run({"hybrid": series([{"fwd_bwd": [1e-3] * 4, "allreduce": [1e-4] * 4}])})
+    path.write_text(json.dumps(one))
+    assert sc.main([str(path), "--nodes", "1,2", "--workers-per-node", "1,4"]) == 0
+    assert f"NOTE: {path} has one worker" in capsys.readouterr().out
+
+
+def servers_runs():
+    """(2 workers + 1 server, oversubscribed: slow apply, 1.3 ms of wait beyond it;
+    1 worker + 1 server: 0.25 ms sparse per worker's rows, 0.8 ms dense, 0.05 ms beyond)."""
+    n = 4
+    two = series_run({"hybrid": series([{"fwd_bwd": [10e-3] * n, "wait": [0.6e-3] * n}] * 2,
+                                       server=[0.5e-3] * n),
+                      "ps": series([{"fwd_bwd": [10e-3] * n, "wait": [3.0e-3] * n}] * 2,
+                                   server=[1.7e-3] * n)})
+    one = series_run({"hybrid": series([{"fwd_bwd": [10e-3] * n, "wait": [0.3e-3] * n}],
+                                       server=[0.25e-3] * n),
+                      "ps": series([{"fwd_bwd": [10e-3] * n, "wait": [1.1e-3] * n}],
+                                   server=[1.05e-3] * n)})
+    return two, one
+
+
+def test_servers_from_another_run():
+    """Hand-computed: ps's sparse apply 0.25 ms for one worker's rows -> 0.5 for two, its
+    dense Adam 0.8 ms (same shard), exposed 1.3 ms (ps hides none), and the wait beyond
+    it 1.1 - 1.05 = 0.05 ms: wait 1.35 ms (was 3.0: 1.3 beyond 1.7); hybrid likewise:
+    0.5 + 0.05. At N nodes ps's wait follows its servers as before (sparse x k/W0, dense
+    x S0/S)."""
+    two, one = servers_runs()
+    lk = sc.PRESETS["eth25"]
+    for mode, wait in (("ps", 1.35e-3), ("hybrid", 0.55e-3)):
+        c = sc.with_servers(sc.calibrate(two, mode), sc.calibrate(one, mode))
+        assert c.wait == pytest.approx(wait)
+        assert sc.predict(c, 1, 2, lk)["wait"] == pytest.approx(wait)
+    ps = sc.with_servers(sc.calibrate(two, "ps"), sc.calibrate(one, "ps"))
+    assert (ps.server_sparse, ps.server_dense) == pytest.approx((0.5e-3, 0.8e-3))
+    assert sc.predict(ps, 4, 4, lk)["wait"] == pytest.approx(  # sparse x 2, dense / 4
+        0.05e-3 + 0.5e-3 * 2 + 0.8e-3 / 4)
+    one["results"]["ps"]["dense_params"] = 7
+    with pytest.raises(ValueError, match="same mode and model"):
+        sc.with_servers(sc.calibrate(two, "ps"), sc.calibrate(one, "ps"))
+
+
+def test_cli_servers_from(tmp_path, capsys):
+    two, one = servers_runs()
+    a, b = tmp_path / "two.json", tmp_path / "one.json"
+    a.write_text(json.dumps(two))
+    b.write_text(json.dumps(one))
+    out = tmp_path / "proj.json"
+    assert sc.main([str(a), "--nodes", "1,2", "--servers-from", str(b), "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"servers' terms of ps from {b}: apply 1.30 ms, wait beyond it 0.05 ms" in text
+    doc = json.loads(out.read_text())
+    assert doc["servers_from"] == str(b)
+    assert doc["calib"]["ps"]["wait"] == pytest.approx(1.35e-3)
+    del one["results"]["ps"]
+    b.write_text(json.dumps(one))
+    with pytest.raises(SystemExit, match="no ps run"):
+        sc.main([str(a), "--nodes", "1,2", "--servers-from", str(b)])
+
+
 def test_ps_server_dense_shard_vs_received():
     """The ps servers' dense Adam runs over a P/S shard (shard: x S0/S) or per received
     copy (received: x g = k/W0); the sparse apply grows with the rows received (g)."""
@@ -664,6 +738,26 @@ def test_on_node_dense_share_of_hybrid_and_allreduce():
     assert small.local["push"] == pytest.approx(1e-3 + 3e-3 / 100)
     del run["results"]["compute"]  # without it: hybrid's Allreduce phase, at most the push
     assert sc.calibrate(run, "allreduce").dense_local == {"push": pytest.approx(3e-3)}
+
+
+def test_one_worker_moves_no_dense_bytes_on_the_node():
+    """With one worker (W0 = 1) the Allreduce moves nothing: hybrid's Allreduce phase and the
+    allreduce mode's push are fixed costs, kept when the dense size changes; two workers of
+    the same phases put them in dense_local, which shrinks with P."""
+    n = 4
+    h = {p: [v] * n for p, v in dict(fwd_bwd=20e-3, allreduce=3e-3).items()}
+    a = {p: [v] * n for p, v in dict(fwd_bwd=20e-3, push=4e-3).items()}
+    c = {p: [v] * n for p, v in dict(fwd_bwd=20e-3, push=0.5e-3).items()}
+    for workers, shrinks in ((1, False), (2, True)):
+        run = series_run({"hybrid": series([h] * workers), "allreduce": series([a] * workers),
+                          "compute": series([c] * workers)})
+        for mode, phase in (("hybrid", "allreduce"), ("allreduce", "push")):
+            cal = sc.calibrate(run, mode)
+            assert cal.workers == workers
+            assert bool(cal.dense_local) == shrinks
+            small = sc.with_dense_params(cal, cal.P // 100)
+            assert (small.local[phase] < cal.local[phase]) == shrinks
+            assert small.local[phase] <= cal.local[phase]
 
 
 def test_ps_dense_pull_and_push_leave_the_node_with_the_wire():
