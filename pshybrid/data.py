@@ -110,9 +110,27 @@ class _Sink(io.RawIOBase):
         super().close()
 
 
+_STOP: list[int] = []  # the signal that told this process to stop writing, if one did
+
+
+def stop_writing(sig: int | None) -> None:
+    """Record that signal ``sig`` told this process to stop (None: forget it). A signal
+    handler calls it before it raises: its exception can be swallowed -- raised inside a
+    weakref callback, a ``__del__`` or an h5py file-object callback it is printed at most
+    and dropped -- so every ``DatasetWriter`` checks the record between appends and before
+    it publishes, and a stopped run never publishes its file."""
+    _STOP[:] = [] if sig is None else [sig]
+
+
+def _check_stop() -> None:
+    if _STOP:
+        raise SystemExit(128 + _STOP[0])
+
+
 class DatasetWriter:
     """Append rows, then ``close()`` to publish ``path`` atomically; ``abort()`` (or an
     exception inside ``with``) removes the temporary file and leaves ``path`` untouched.
+    After ``stop_writing(sig)``, ``append`` and ``publish`` raise ``SystemExit(128 + sig)``.
 
     ``DatasetWriter(path, dense_names, sparse_names)``; ``append(label (n,), dense (n, F_d),
     sparse (n, F_s))``; ``close(cardinalities, **attrs)`` = ``finish(cardinalities,
@@ -179,6 +197,7 @@ class DatasetWriter:
     def append(self, label, dense, sparse, bags=()) -> None:
         """label (n,), dense (n, F_d), sparse (n, F_s); ``bags``: per multi-hot field
         ``(values (m,) int64, lengths (n,) int64)``, each length >= 1."""
+        _check_stop()
         n = len(label)
         if n == 0:
             return
@@ -223,6 +242,7 @@ class DatasetWriter:
 
     def publish(self) -> None:
         """Rename the finished temporary file to ``path`` (atomic)."""
+        _check_stop()
         try:
             os.replace(self.tmp, self.path)
         except OSError as exc:

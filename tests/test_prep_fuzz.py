@@ -484,6 +484,50 @@ def test_sigterm_removes_the_temporary_file(tmp_path):
     assert os.listdir(tmp_path) == ["out.h5"] and (tmp_path / "out.h5").read_bytes() == OLD
 
 
+class _SignalledOnCollection:
+    """Raises SIGTERM from its ``__del__``: the handler's SystemExit is printed and dropped
+    there, as when a signal lands in a weakref callback or an h5py file-object callback."""
+
+    def __del__(self):
+        signal.raise_signal(signal.SIGTERM)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_swallowed_sigterm_still_stops_the_writer(tmp_path):
+    """The handler's exception is lost, the command goes on: the writer raises it again at
+    its next append, nothing is published, OUT is unchanged, no temporary is left."""
+    from pshybrid.data import DatasetWriter
+    from pshybrid.prep.commands import _ended_by_signals
+
+    out = tmp_path / "out.h5"
+    out.write_bytes(OLD)
+    went_on = []
+
+    def command(_args):
+        w = DatasetWriter(str(out), ["d"], ["s"])
+        try:
+            rows = (np.zeros(4, np.float32), np.zeros((4, 1), np.float32),
+                    np.zeros((4, 1), np.int64))
+            w.append(*rows)
+            _SignalledOnCollection()  # collected at once: SIGTERM inside __del__
+            went_on.append(True)
+            w.append(*rows)
+            w.close([3])
+        except BaseException:
+            w.abort()
+            raise
+        return 0
+
+    with pytest.raises(SystemExit) as e:
+        _ended_by_signals(command)(None)
+    assert e.value.code == 128 + signal.SIGTERM and went_on == [True]
+    assert os.listdir(tmp_path) == ["out.h5"] and out.read_bytes() == OLD
+    w = DatasetWriter(str(out), ["d"], ["s"])  # the stop ended with the command
+    w.append(np.ones(2, np.float32), np.ones((2, 1), np.float32), np.ones((2, 1), np.int64))
+    w.close([3])
+    assert out.read_bytes() != OLD and os.listdir(tmp_path) == ["out.h5"]
+
+
 if __name__ == "__main__":
     import collections
     import tempfile

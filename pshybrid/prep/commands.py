@@ -131,12 +131,16 @@ def _columns(text: str | None, option: str, names: list[str], header: bool, path
 
 def _ended_by_signals(func):
     """``func(args)`` with SIGTERM and SIGHUP (a job's time limit, a closed terminal) raised
-    as ``SystemExit(128 + signal)``, so that the ``with`` blocks remove the temporary files."""
+    as ``SystemExit(128 + signal)``, so that the ``with`` blocks remove the temporary files;
+    recorded too (``stop_writing``): where that exception is swallowed, the dataset writers
+    raise it again before they write or publish anything more."""
     def run(args) -> int:
         if threading.current_thread() is not threading.main_thread():
             return func(args)
+        from ..data import stop_writing  # (NumPy, h5py: loaded when a command runs)
 
         def stop(sig, _frame):
+            stop_writing(sig)
             raise SystemExit(128 + sig)
 
         old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -145,6 +149,7 @@ def _ended_by_signals(func):
         finally:
             for sig, handler in old.items():
                 signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            stop_writing(None)
     return run
 
 
