@@ -650,7 +650,8 @@ def main(argv=None) -> int:
     modes = [m for m in MODES if m in run0["results"]]
     calib = {m: calibrate(run0, m, a.row_width) for m in modes}
     c0 = next(iter(calib.values()))
-    if a.compute_speedup or a.compute_from:  # a GPU worker's CPU side: the wire-only runs
+    replaced = bool(a.compute_speedup or a.compute_from)
+    if replaced:  # a GPU worker's CPU side: the wire-only runs
         calib = {m: calibrate_gpu(run0, m, a.row_width, name0) for m in modes}
     if a.compute_speedup:
         calib = {m: with_speedup(c, a.compute_speedup) for m, c in calib.items()}
@@ -660,7 +661,7 @@ def main(argv=None) -> int:
     srv_notes = []
     if a.servers_from:
         srv_run = json.loads(Path(a.servers_from).read_text())
-        cal = calibrate_gpu if a.compute_speedup or a.compute_from else calibrate
+        cal = calibrate_gpu if replaced else calibrate  # as the calibration run's terms
         for m in [m for m in ("hybrid", "ps") if m in calib]:
             if m not in srv_run["results"]:
                 raise SystemExit(f"--servers-from {a.servers_from}: no {m} run in it")
