@@ -5,9 +5,10 @@
 #                         $PSHYBRID_VENV (default: .venv in the submit directory) if it exists.
 # pshybrid_resume DIR     prints "--resume DIR" when DIR/latest exists (a requeued or rerun job
 #                         continues from its newest complete checkpoint), else nothing.
-# pshybrid_run CMD...     runs CMD in the background, forwards SIGUSR1 and SIGTERM to it (srun
-#                         and mpiexec pass them to every rank: the workers checkpoint at the
-#                         next step boundary and exit 75), waits, and returns CMD's status.
+# pshybrid_run CMD...     runs CMD in the background, forwards SIGUSR1, SIGTERM and SIGINT to
+#                         it (srun and mpiexec pass them to every rank: the workers checkpoint
+#                         at the next step boundary and exit 75, 130 for SIGINT), waits, and
+#                         returns CMD's status.
 # pshybrid_requeue STATUS exit status 75 (stopped by a signal after its checkpoint): requeue this
 #                         Slurm job (scontrol requeue) and succeed; any other status: keep it.
 PSHYBRID_PREEMPTED=75
@@ -36,12 +37,13 @@ pshybrid_run() {
   pid=$!
   trap 'kill -USR1 "$pid" 2>/dev/null || true' USR1
   trap 'kill -TERM "$pid" 2>/dev/null || true' TERM
+  trap 'kill -INT "$pid" 2>/dev/null || true' INT
   while :; do
     status=0
     wait "$pid" || status=$?
     kill -0 "$pid" 2>/dev/null || break  # ended: $status is its own, not a trap's 128+n
   done
-  trap - USR1 TERM
+  trap - USR1 TERM INT
   return "$status"
 }
 

@@ -4,8 +4,8 @@
 # e.g.  bash jobs/local.sh 4 --mode ps --steps 500 --metrics run.jsonl --config jobs/local.toml
 # With --checkpoint-dir DIR (or CKPT=DIR in the environment) a rerun resumes from DIR/latest,
 # and SIGUSR1 or SIGTERM (kill -USR1 <this script's pid>) makes every rank stop at the next step
-# boundary after writing that step's checkpoint: exit status 75; run the same command again to
-# continue.
+# boundary after writing that step's checkpoint: exit status 75 (Ctrl-C: 130); run the same
+# command again to continue.
 set -euo pipefail
 N="${1:-4}"
 shift || true

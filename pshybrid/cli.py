@@ -95,11 +95,14 @@ def cmd_info(args) -> int:
 def cmd_train(args) -> int:
     from mpi4py import MPI
 
-    from .preempt import PREEMPTED
+    from .preempt import exit_status
     from .train import train
 
-    result = train(resolve(TrainConfig, args), MPI.COMM_WORLD)
-    return PREEMPTED if result.preempted is not None else 0
+    cfg = resolve(TrainConfig, args)
+    result = train(cfg, MPI.COMM_WORLD)
+    if result.preempted is None:
+        return 0
+    return exit_status(result.signal, bool(cfg.checkpoint_dir))
 
 
 def cmd_export(args) -> int:

@@ -4,6 +4,8 @@
 
 - a ``PshybridError`` raised on every rank at the same point (``collective``) prints one
   line per rank, ``pshybrid: error: <message>``, and every rank exits with status 2;
+- Ctrl-C (KeyboardInterrupt) outside a training loop prints one line and exits with 130
+  (a training loop stops at a step boundary instead: ``preempt``);
 - any other exception (or a ``PshybridError`` on some ranks only) prints the rank and
   the error (with traceback for unexpected ones) and calls ``MPI.COMM_WORLD.Abort``,
   which ends every rank of the job within seconds with a non-zero status.
@@ -63,6 +65,13 @@ def run(main, argv=None) -> int:
         _abort(2)
     except SystemExit:
         raise
+    except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step)
+        world = _world()
+        where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
+        sys.stderr.write(f"pshybrid: interrupted by SIGINT{where}\n")
+        if world.size == 1:
+            return 130
+        _abort(130)
     except BaseException:
         excepthook(*sys.exc_info())
     return 1

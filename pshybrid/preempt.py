@@ -1,90 +1,191 @@
-"""Stopping a run early on a signal, at a step boundary, with a checkpoint.
+"""Stopping a run early on a signal, at a step boundary, in every mode and placement.
 
-A cluster ends a job with a signal: Slurm's ``--signal=USR1@120`` (and a preemption's
-grace period, or a time limit) send SIGUSR1 or SIGTERM to every rank a while before
-SIGKILL. When the run writes checkpoints (``--checkpoint-dir``), the training loop catches
-both: the handler only raises a flag; at each step boundary the workers agree whether any
-of them was signalled (an Iallreduce of one int started at one boundary and completed at
-the next, so the agreement costs no wait of its own: it finishes under the next step), and
-all stop at the same step, write the checkpoint of that step, end the job normally and exit
-with status ``PREEMPTED`` (75, EX_TEMPFAIL: "try again"). Rerunning the command with
-``--resume DIR`` continues from it (``jobs/`` scripts do that themselves).
+A cluster ends a job with a signal: Slurm's ``--signal=USR1@120``, a preemption's grace
+period or a time limit send SIGTERM (or SIGUSR1) to every rank, or to the launcher, which
+forwards it; a person presses Ctrl-C (SIGINT). For the whole of ``train`` every rank --
+worker or server -- catches SIGUSR1, SIGTERM and SIGINT (``Signals``): the handler only
+records the signal. Then (``Preemption``):
 
-A signal that reaches only the servers is not seen (launchers send it to every rank). A
-second SIGTERM ends the process at once (the default action is restored by the first).
-Without ``--checkpoint-dir`` nothing is installed: the signals keep their default action.
+- a server that caught one tells every worker (one int each, two-sided) from its loop;
+- at each step boundary the workers agree whether any rank was signalled (an Iallreduce of
+  one int started at one boundary and completed at the next: it costs no wait of its own);
+- all workers stop at the same boundary, write that step's checkpoint when the run has a
+  ``--checkpoint-dir`` (servers join it from their loop), end the job normally, and every
+  rank exits with the same status (``exit_status``): 75 (EX_TEMPFAIL, "try again": a batch
+  system requeues; rerun with ``--resume DIR``) after a checkpoint, 130 after SIGINT, else
+  128 + the signal's number, after one line and no traceback.
+
+Signals within ``SAME_REQUEST_S`` of a rank's first are the same request (a launcher
+forwarding what the batch system already sent every rank). A later one ends that rank at
+once (the signal's default action, after removing the job's shared memory on its node):
+the job then ends without a new checkpoint, and ``latest`` still names a complete one.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
+import time
 
 import numpy as np
 from mpi4py import MPI
 
+from .transport import release_shared_memory
+
 PREEMPTED = 75  # exit status of a run stopped by a signal after writing its checkpoint
-SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+SAME_REQUEST_S = 2.0
+TAG_SIGNAL = 105  # server -> worker: "a signal reached me" (one int32: its number)
+
+
+class Signals:
+    """The process's catcher of ``SIGNALS`` (main thread only). ``install``/``uninstall``
+    nest (``--mode auto`` runs trials inside a run); the outermost ``uninstall`` restores
+    the previous handlers and forgets the signal. ``signum``: the first signal caught."""
+
+    def __init__(self):
+        self.signum: int | None = None
+        self.first = 0.0
+        self._old: dict = {}
+        self._depth = 0
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        if self._depth == 0:
+            self.signum = None
+            self._old = {sig: signal.signal(sig, self._caught) for sig in SIGNALS}
+        self._depth += 1
+
+    def uninstall(self) -> None:
+        if self._depth == 0:
+            return
+        self._depth -= 1
+        if self._depth == 0:
+            for sig, old in self._old.items():
+                signal.signal(sig, signal.SIG_DFL if old is None else old)
+            self._old, self.signum = {}, None
+
+    def _caught(self, signum, frame) -> None:
+        now = time.monotonic()
+        if self.signum is None:
+            self.signum, self.first = signum, now
+            return
+        if now - self.first <= SAME_REQUEST_S:
+            return  # the same request, forwarded once more
+        # A later signal: end this rank now (os.write: no buffered I/O inside a handler).
+        os.write(2, f"pshybrid: {signal.Signals(signum).name} again "
+                    f"{now - self.first:.1f} s after the first: ending now\n".encode())
+        release_shared_memory()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+
+CAUGHT = Signals()
 
 
 class Preemption:
-    """The workers' stop decision. ``install()`` before the loop, ``stop()`` at every step
-    boundary (collective over ``workers``, same call sequence on every worker),
-    ``close()`` after the loop (completes the agreement in flight, restores the handlers).
-    ``signal``: the name of the first signal this rank caught, or None."""
+    """One run's stop decision over ``topo``. Workers call ``stop()`` at every step boundary
+    (collective over the workers, same call sequence on each); servers call ``poll()``
+    while they wait in their loop; every rank calls ``close()`` after the loop and then
+    ``outcome()`` (collective over the world)."""
 
-    def __init__(self, workers: MPI.Comm, enabled: bool):
-        self.workers, self.enabled = workers, enabled
-        self.flag = np.zeros(1, np.int32)   # set by the handler
-        self.seen = np.zeros(1, np.int32)   # the agreement in flight: any worker's flag
-        self.signal: str | None = None
+    def __init__(self, topo, catcher: Signals = CAUGHT):
+        self.topo, self.caught = topo, catcher
+        self.seen = np.zeros(1, np.int32)   # the agreement in flight: the largest signal
+        self.agreed = 0                     # the signal the workers stopped on (0: none)
         self._req: MPI.Request | None = None
-        self._old: dict = {}
+        self._told: list = []               # servers: the notices' requests and buffer
+        self._heard: set[int] = set()       # workers: the servers whose notice arrived
+        self._notice = np.zeros(1, np.int32)
 
-    def install(self) -> None:
-        if not self.enabled or threading.current_thread() is not threading.main_thread():
+    def _local(self) -> int:
+        return self.caught.signum or 0
+
+    # -- servers ---------------------------------------------------------------------------
+    def poll(self) -> None:
+        """Servers, while waiting: the first time a signal is seen here, tell every worker.
+        Wire: Isend of one int32 (TAG_SIGNAL) to each worker; completed in ``close``."""
+        if self._told or not self._local():
             return
-        for sig in SIGNALS:
-            self._old[sig] = signal.signal(sig, self._caught)
+        buf = np.array([self._local()], np.int32)
+        self._told = [buf] + [self.topo.world.Isend([buf, MPI.INT32_T], r, TAG_SIGNAL)
+                              for r in self.topo.worker_ranks]
 
-    def _caught(self, signum, frame) -> None:
-        self.flag[0] = 1
-        if self.signal is None:
-            self.signal = signal.Signals(signum).name
-        if signum == signal.SIGTERM:  # a second SIGTERM: the default action (end now)
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # -- workers ---------------------------------------------------------------------------
+    def _hear(self, blocking_from=()) -> int:
+        """The largest signal number the servers' notices carry (those that arrived, and a
+        blocking receive from each server in ``blocking_from``)."""
+        world, st, best = self.topo.world, MPI.Status(), 0
+        while world.Iprobe(MPI.ANY_SOURCE, TAG_SIGNAL, st):
+            self._recv_notice(st.source)
+            best = max(best, int(self._notice[0]))
+        for r in blocking_from:
+            if r not in self._heard:
+                self._recv_notice(r)
+                best = max(best, int(self._notice[0]))
+        return best
+
+    def _recv_notice(self, source: int) -> None:
+        # Wire: a server's one-int notice (TAG_SIGNAL); it was sent, so this returns soon
+        self.topo.world.Recv([self._notice, MPI.INT32_T], source, TAG_SIGNAL)
+        self._heard.add(source)
 
     def stop(self) -> bool:
-        """At a step boundary: True when every worker is to stop here (some worker was
+        """At a step boundary: True when every worker is to stop here (some rank was
         signalled before the previous boundary). Wire: completes the Iallreduce(MAX) of one
         int32 started at the previous boundary, starts the next; all workers take part."""
-        if not self.enabled:
-            return False
-        agreed = False
+        heard = self._hear() if self.topo.n_servers and not self.topo.colocated else 0
         if self._req is not None:
             self._req.Wait()
-            agreed = bool(self.seen[0])
-        if not agreed:
-            self.seen[:] = self.flag
-            self._req = self.workers.Iallreduce(MPI.IN_PLACE, [self.seen, MPI.INT32_T],
-                                                op=MPI.MAX)
-        else:
+            self.agreed = int(self.seen[0])
+        if self.agreed:
             self._req = None
-        return agreed
+            return True
+        self.seen[0] = max(self._local(), heard)
+        self._req = self.topo.workers.Iallreduce(MPI.IN_PLACE, [self.seen, MPI.INT32_T],
+                                                 op=MPI.MAX)
+        return False
 
+    # -- every rank ------------------------------------------------------------------------
     def close(self, complete: bool = True) -> None:
-        """Restore the handlers; ``complete``: also finish the agreement in flight (not on
-        an error: the other workers may never join it, and the job is being aborted)."""
-        if self._req is not None and complete:
-            self._req.Wait()  # Wire: the last agreement's Iallreduce completes on every worker
+        """After the loop. ``complete``: finish the agreement in flight and the notices
+        sent (not on an error: the other ranks may never join, and the job is aborted)."""
+        if complete:
+            if self._req is not None:
+                self._req.Wait()  # Wire: the last agreement's Iallreduce, on every worker
+            if self._told:
+                MPI.Request.Waitall(self._told[1:])  # Wire: the notices' sends complete
         self._req = None
-        for sig, old in self._old.items():
-            signal.signal(sig, signal.SIG_DFL if old is None else old)
-        self._old = {}
+
+    def outcome(self, stopped_at: int | None) -> tuple[int | None, int]:
+        """Collective over the world, after ``close``: (the step the workers stopped at or
+        None, the signal they stopped on or 0), the same on every rank. Workers receive
+        every notice still on its way, so no message outlives the run.
+        Wire: allgather of (stopped step, signal, notified?) from every rank; all wait."""
+        topo = self.topo
+        rows = topo.world.allgather((stopped_at, self.agreed, bool(self._told)))
+        if topo.is_worker:
+            self._hear([r for r in topo.server_ranks if rows[r][2] and not topo.colocated])
+        step, sig, _ = rows[topo.worker_ranks[0]]
+        return step, sig
 
 
-def notice(signame: str | None, step: int, checkpoint_dir: str) -> str:
+def exit_status(signum: int, saved: bool) -> int:
+    """The exit status of a run stopped by ``signum``: 130 for SIGINT (a person's Ctrl-C),
+    else ``PREEMPTED`` after a checkpoint, else 128 + the signal's number."""
+    if signum == signal.SIGINT:
+        return 130
+    return PREEMPTED if saved else 128 + signum
+
+
+def notice(signum: int, step: int, checkpoint_dir: str | None) -> str:
     """The line worker 0 prints when the run stops on a signal."""
-    return (f"pshybrid: stopped by {signame or 'a signal'} at step {step}: checkpoint "
+    name = signal.Signals(signum).name
+    if not checkpoint_dir:
+        return (f"pshybrid: stopped by {name} at step {step}; no --checkpoint-dir, so "
+                f"nothing was saved (exit status {exit_status(signum, False)})")
+    return (f"pshybrid: stopped by {name} at step {step}: checkpoint "
             f"{checkpoint_dir}/step-{step} written; continue with --resume {checkpoint_dir} "
-            f"(exit status {PREEMPTED})")
+            f"(exit status {exit_status(signum, True)})")

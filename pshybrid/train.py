@@ -34,7 +34,7 @@ from .models import build_model
 from .modes import MODES, build_mode
 from .modes.hot import hottest_rows
 from .optim import Optimizer, Schedule
-from .preempt import Preemption, notice
+from .preempt import CAUGHT, Preemption, notice
 from .preflight import preflight
 from .report import Reporter, summarize
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
@@ -52,6 +52,7 @@ class TrainResult:
     step_seconds: list = field(default_factory=list)  # reporter only: wall time of each step
     summary: dict = field(default_factory=dict)  # reporter only
     preempted: int | None = None                 # the step a signal stopped the run at
+    signal: int = 0                              # ... and that signal's number
     dense: np.ndarray | None = None              # workers, when collect=True
     table: np.ndarray | None = None              # workers, when collect=True
 
@@ -68,6 +69,14 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
     files, ids) raises the same ``PshybridError`` on every rank; any other failure on any
     rank prints the rank and the error and ends the whole job (``MPI_Abort``), never a hang.
     """
+    CAUGHT.install()  # from now on a signal is a request to stop (``preempt``)
+    try:
+        return _train(cfg, comm, dataset, collect, out, on_step)
+    finally:
+        CAUGHT.uninstall()
+
+
+def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
     with abort_on_error(comm):
         cfg = from_dict(TrainConfig, to_dict(cfg), "TrainConfig")
         planned = None
@@ -88,16 +97,17 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
             job.auto = planned
             if idle:  # --eval-data: evaluate the resumed model
                 return score_only(job)
+            job.stop = Preemption(topo)
             if not topo.is_worker:
-                job.mode.serve(job.start, job.save)
+                job.mode.serve(job.start, job.save, job.stop.poll)
             else:
                 loop(job, on_step)
                 if collect:
                     job.result.dense = job.mode.full_dense()
                     job.result.table = job.mode.full_table()
+            job.stop.close()
             result = finish(job)
-            # Wire: bcast of the step a signal stopped the workers at (or None) to every rank
-            result.preempted = topo.world.bcast(result.preempted, root=topo.worker_ranks[0])
+            result.preempted, result.signal = job.stop.outcome(result.preempted)
             return result
         finally:
             if job is not None and job.stop is not None:
@@ -128,7 +138,7 @@ class Job:
     reporter: Reporter | None
     t_begin: float
     result: TrainResult = None
-    stop: Preemption | None = None  # SIGUSR1/SIGTERM -> checkpoint and stop (``loop``)
+    stop: Preemption | None = None  # a signal -> stop at a step boundary (``loop``)
     t_start: float = 0.0
     totals: np.ndarray = field(default_factory=lambda: np.zeros(3))  # loss, samples, labels
     auto: dict | None = None  # --mode auto: the decision (auto.resolve), into the summary
@@ -243,13 +253,12 @@ def _use_gpu(topo):
 
 def loop(job: Job, on_step=None) -> None:
     """Workers: steps ``job.start .. job.steps``, logging, evaluating and checkpointing; a
-    SIGUSR1 or SIGTERM (with --checkpoint-dir) stops every worker at the same step boundary
-    after a checkpoint (``preempt``)."""
+    SIGUSR1, SIGTERM or SIGINT reaching any rank stops every worker at the same step
+    boundary, after a checkpoint with --checkpoint-dir (``preempt``)."""
     cfg, mode, timers = job.cfg, job.mode, job.mode.timers
     log = StepLog(job)
     batches = _batches(job)
-    stop = job.stop = Preemption(job.topo.workers, bool(cfg.checkpoint_dir))
-    stop.install()
+    stop = job.stop
     if mode.stale is not None:  # --consistency ssp:K/asp, --cache-rows: one batch ahead
         batches = mode.stale.ahead(batches, mode.prepare)
     for step in range(job.start, job.steps):
@@ -273,22 +282,21 @@ def loop(job: Job, on_step=None) -> None:
         if done < job.steps and stop.stop():  # collective: every worker stops here
             _preempted(job, done, log)
             break
-    stop.close()
     if job.start >= job.steps and job.evdata is not None:  # resumed at the end (collect=True)
         log.pause(lambda: evaluate(job, job.start))
 
 
 def _preempted(job: Job, done: int, log) -> None:
-    """A signal stopped the workers after step ``done``: checkpoint it (unless the loop
-    just did), say so."""
+    """A signal stopped the workers after step ``done``: checkpoint it (with
+    --checkpoint-dir, unless the loop just did), say so."""
     every = job.cfg.checkpoint_every
-    if not (every and done % every == 0):
+    if job.cfg.checkpoint_dir and not (every and done % every == 0):
         log.read_back(done)  # GPU: a diverged loss stops the run before it is saved
         job.mode.request_checkpoint(done)
         job.save(done)
     job.result.preempted = done
     if job.reporter:
-        job.reporter.out.write(f"\n{notice(job.stop.signal, done, job.cfg.checkpoint_dir)}\n")
+        job.reporter.out.write(f"\n{notice(job.stop.agreed, done, job.cfg.checkpoint_dir)}\n")
 
 
 def _batches(job: Job):
@@ -361,14 +369,14 @@ def finish(job: Job) -> TrainResult:
     stats = topo.world.gather((topo.role, dict(mode.timers), mode.traffic(), peak_mb),
                               root=topo.worker_ranks[0])
     if job.reporter:
+        last = job.steps if job.result.preempted is None else job.result.preempted
         job.result.summary = summarize(job.cfg, topo, stats, job.totals, job.result.log,
-                                       job.result.evals, job.steps,
-                                       max(job.steps - job.start, 0),
+                                       job.result.evals, last, max(last - job.start, 0),
                                        elapsed, job.t_start - job.t_begin)
         if job.auto is not None:
             job.result.summary["auto"] = job.auto
         if mode.xp is not np:  # GPU: worker 0's host waits for its device, per step
             job.result.summary["host_syncs_per_step"] = mode.host_syncs() / max(
-                job.steps - job.start, 1)
+                last - job.start, 1)
         job.reporter.close(job.result.summary)
     return job.result

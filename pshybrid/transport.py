@@ -126,13 +126,17 @@ class Pacer:
 
 
 def poll_recv(comm: MPI.Comm, source: int, dtype=np.int64, max_sleep: float = 1e-3,
-              pacer: Pacer | None = None, learn: bool = True, spin: bool = False):
+              pacer: Pacer | None = None, learn: bool = True, spin: bool = False,
+              on_wait=None):
     """Receive one message of unknown length from ``source`` without spinning a core:
-    Iprobe with back-off sleeps (or as ``pacer`` says), then Recv. ``spin``: wait in MPI's
-    own (spinning) Probe instead, as a rank that trains does. Returns (array, tag)."""
+    Iprobe with back-off sleeps (or as ``pacer`` says), calling ``on_wait()`` before each,
+    then Recv. ``spin``: wait in MPI's own (spinning) Probe instead, as a rank that trains
+    does. Returns (array, tag)."""
     st = MPI.Status()
 
     def test():
+        if on_wait is not None:
+            on_wait()
         return comm.Iprobe(source, MPI.ANY_TAG, st)
 
     if spin:
@@ -168,13 +172,35 @@ def agree(comm: MPI.Comm, error: BaseException | None) -> None:
             raise PshybridError(f"rank {rank}: {msg}", collective=True)
 
 
+def release_shared_memory() -> list[str]:
+    """Unlink the shared-memory files this process maps that still have a name (the MPI
+    library's and the store's segments of this job on this node, under ``/dev/shm``), so
+    a job that is about to die (abort, a second signal) leaves none behind; the mappings
+    stay valid until the processes end. Returns the paths removed (Linux; elsewhere none)."""
+    removed = []
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split(None, 5)[5].strip() for line in f if " /dev/shm/" in line}
+    except (OSError, IndexError):
+        return removed
+    for p in sorted(paths):
+        if p.startswith("/dev/shm/") and not p.endswith("(deleted)"):
+            with contextlib.suppress(OSError):
+                os.unlink(p)
+                removed.append(p)
+    return removed
+
+
 def abort(comm: MPI.Comm, code: int) -> None:
     """End every rank of ``comm``'s job (MPI_Abort) after the launcher had a moment to
-    forward what this rank printed. Wire: MPI_Abort kills every rank; nobody waits."""
+    forward what this rank printed; the job's shared memory on this node is unlinked first
+    (the other ranks are killed, and cannot). Wire: MPI_Abort kills every rank; nobody
+    waits."""
     for f in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         if f is not None:
             f.flush()
     if comm.size > 1:
+        release_shared_memory()
         time.sleep(0.3)
         comm.Abort(code)
     raise SystemExit(code)

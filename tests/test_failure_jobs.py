@@ -18,7 +18,7 @@ SMALL = ["--batch-size", "16", "--embedding-dim", "4", "--mlp", "16", "--log-eve
 
 
 def test_rank_raising_mid_training_ends_job_fast():
-    """Time from the failing rank's report to the end of the whole job (start-up, which
+    """The abort leaves none of the job's shared memory in /dev/shm. Time from the failing rank's report to the end of the whole job (start-up, which
     includes numba's first compile in a fresh environment, is not counted)."""
     script = os.path.join(os.path.dirname(__file__), "jobs", "train_with_fault.py")
     cmd = [mpiexec(), "-n", "4", sys.executable, script, "1", "7", "--steps", "200", *SMALL]
@@ -41,6 +41,9 @@ def test_rank_raising_mid_training_ends_job_fast():
     assert proc.returncode != 0
     assert "rank 1/4" in err and "injected fault" in err and "at step 7" in err, err
     assert t_fault is not None and t_end - t_fault < 10, f"{t_end - t_fault:.1f}s"
+    shm = [ln.split()[2:] for ln in lines if ln.startswith("shared memory:")]
+    assert shm and shm[0], err  # the job's segments on this node: none left behind
+    assert not [p for p in shm[0] if os.path.exists(p)], shm
 
 
 def test_nan_loss_stops_with_last_good_checkpoint(tmp_path):

@@ -77,13 +77,15 @@ class ServerLink:
         self._complete()
 
 
-def _receive(topo, width: int, dtype, pacer: Pacer | None):
+def _receive(topo, width: int, dtype, pacer: Pacer | None, on_wait=None):
     """One message from every worker: [(int64 payload, tag, gradient sums or None)].
-    ``pacer`` None: wait in MPI's own (spinning) probe, as a colocated rank (a worker) does."""
+    ``pacer`` None: wait in MPI's own (spinning) probe, as a colocated rank (a worker) does;
+    else ``on_wait()`` is called at each check."""
     out = []
     for i, r in enumerate(topo.worker_ranks):
         # Wire: one message from worker r (the pacer naps through most of a step's length)
-        ids, tag = poll_recv(topo.world, r, pacer=pacer, learn=i == 0, spin=pacer is None)
+        ids, tag = poll_recv(topo.world, r, pacer=pacer, learn=i == 0, spin=pacer is None,
+                             on_wait=on_wait)
         grads = None
         if tag == TAG_STEP:  # Wire: its gradient sums follow, rows x width floats
             grads = np.empty((ids.size, width), dtype)
@@ -110,17 +112,18 @@ def _apply(mode, msgs, step: int) -> None:
         win.Sync()  # publish before the workers' next Get
 
 
-def serve(topo, mode, start_step: int, on_checkpoint) -> None:
+def serve(topo, mode, start_step: int, on_checkpoint, on_wait=None) -> None:
     """Servers: handle rounds of one message from every worker until STOP (see above).
     ``mode.server_apply(parts, step)`` applies a step (parts: every worker's (rows, sums));
-    ``on_checkpoint(step)`` saves."""
+    ``on_checkpoint(step)`` saves; ``on_wait()`` is called while waiting for the workers
+    (the stop on a signal: ``preempt.Preemption.poll``)."""
     timers = mode.timers
     width, dtype = mode.sparse.grad_row
     pacer = Pacer(own_core=rank_cores() >= 1)  # (threads: this rank's share of the node)
     step = start_step
     while True:
         with timers.time("wait"):
-            msgs = _receive(topo, width, dtype, pacer)
+            msgs = _receive(topo, width, dtype, pacer, on_wait)
         tags = {tag for _, tag, _ in msgs}
         assert len(tags) == 1, f"workers out of step: tags {tags}"
         tag = tags.pop()

@@ -166,9 +166,10 @@ class Mode:
             self.link.step(self.sparse.grads_for)  # Wire: see servers.ServerLink.step
 
     # -- servers ---------------------------------------------------------------------------
-    def serve(self, start_step: int, on_checkpoint) -> None:
-        """Servers: run the steps' optimizers until the workers stop (``servers.serve``)."""
-        serve(self.topo, self, start_step, on_checkpoint)
+    def serve(self, start_step: int, on_checkpoint, on_wait=None) -> None:
+        """Servers: run the steps' optimizers until the workers stop (``servers.serve``;
+        ``on_wait()`` is called while waiting for the workers' messages)."""
+        serve(self.topo, self, start_step, on_checkpoint, on_wait)
 
     def server_apply(self, parts, step: int) -> None:
         self.sparse.server_apply(parts, step)

@@ -1,5 +1,6 @@
 """``python -m pshybrid train`` whose world rank RANK raises after step STEP (a test hook
-passed to ``train(on_step=...)``, as a user's callback would be).
+passed to ``train(on_step=...)``, as a user's callback would be); first it prints the
+shared-memory files it maps (``shared memory: PATH...``), which the abort must remove.
 
 mpiexec -n 4 python tests/jobs/train_with_fault.py RANK STEP [train options]
 """
@@ -20,6 +21,10 @@ def main(argv):
 
     def fault(done):
         if MPI.COMM_WORLD.rank == rank and done == step:
+            with open("/proc/self/maps") as f:  # the job's shared memory on this node
+                shm = sorted({ln.split(None, 5)[5].strip() for ln in f if " /dev/shm/" in ln})
+            print("shared memory:", *[p for p in shm if not p.endswith("(deleted)")],
+                  file=sys.stderr, flush=True)
             raise RuntimeError(f"injected fault at step {step}")
 
     train(resolve(TrainConfig, args), MPI.COMM_WORLD, on_step=fault)

@@ -1,0 +1,187 @@
+"""Whole jobs stopped by a signal (pshybrid.preempt), as a batch system or a person stops them:
+SIGTERM to mpiexec (which passes it to every rank) in the default hybrid mode checkpoints,
+exits 75 and resumes; SIGTERM to the server rank alone, with no checkpoint directory, stops
+every rank with 143 after one line; SIGINT (Ctrl-C) exits 130 after the checkpoint. Also
+the catcher itself (a repeat within 2 s is the same request, a later one ends the process
+at once), Ctrl-C outside training, and an aborted job's shared memory."""
+
+import mmap
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+import pytest
+
+from mpi_util import JOB_TIMEOUT, mpiexec, pshybrid
+from pshybrid.checkpoint_files import read_latest
+
+pytestmark = pytest.mark.job
+SMALL = ["--batch-size", "16", "--embedding-dim", "4", "--mlp", "16", "--progress", "none",
+         "--log-every", "5"]
+
+
+def _start(tmp_path, *args, n=2):
+    """``mpiexec -n n python -m pshybrid train`` (many steps) in a session of its own; returns
+    once it has logged a step (its --metrics file has a step record)."""
+    metrics = tmp_path / "m.jsonl"
+    p = subprocess.Popen([mpiexec(), "-n", str(n), *pshybrid("train", "--steps", "1000000",
+                                                             "--metrics", str(metrics), *SMALL,
+                                                             *args)],
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + JOB_TIMEOUT
+    while p.poll() is None and time.time() < deadline and not (
+            metrics.exists() and '"step"' in metrics.read_text()):
+        time.sleep(0.05)
+    assert p.poll() is None, p.communicate()
+    return p
+
+
+def _finish(p):
+    try:
+        out, err = p.communicate(timeout=JOB_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        raise AssertionError("the signalled job hung") from None
+    return p.returncode, out, err
+
+
+def _rank_pid(mpiexec_pid: int, rank: int) -> int:
+    """The pid of world rank ``rank`` among ``mpiexec_pid``'s descendants (its environment's
+    PMI_RANK, set by the launcher)."""
+    parents = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = open(f"/proc/{d}/stat").read()
+            except OSError:
+                continue
+            parents[int(d)] = int(stat.rsplit(")", 1)[1].split()[1])
+    for pid in parents:
+        up = parents.get(pid)
+        while up is not None and up != mpiexec_pid:
+            up = parents.get(up)
+        if up is None:
+            continue
+        try:
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"PMI_RANK={rank}".encode() in env:
+            return pid
+    raise AssertionError(f"no rank {rank} under mpiexec {mpiexec_pid}")
+
+
+def test_sigterm_to_mpiexec_in_hybrid_checkpoints_exits_75_and_resumes(tmp_path):
+    p = _start(tmp_path, "--checkpoint-dir", "ck")
+    p.send_signal(signal.SIGTERM)
+    rc, out, err = _finish(p)
+    assert rc == 75, (rc, out, err)
+    m = re.search(r"stopped by SIGTERM at step (\d+): checkpoint ck/step-\1 written", out)
+    assert m and "Traceback" not in err, (out, err)
+    step = int(m.group(1))
+    assert read_latest(str(tmp_path / "ck")) == f"step-{step}"
+    assert re.search(rf"done: hybrid wdl  {step} steps", out), out  # the steps that ran
+    r = subprocess.run([mpiexec(), "-n", "2", *pshybrid("train", "--steps", str(step + 3),
+                                                        "--checkpoint-dir", "ck", "--resume",
+                                                        "ck", *SMALL)],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=JOB_TIMEOUT,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert read_latest(str(tmp_path / "ck")) == f"step-{step + 3}"
+
+
+def test_sigterm_to_the_server_alone_stops_every_rank_with_143(tmp_path):
+    p = _start(tmp_path, "--mode", "hybrid", "--servers", "1")
+    os.kill(_rank_pid(p.pid, 1), signal.SIGTERM)  # one node: the last rank serves
+    rc, out, err = _finish(p)
+    assert rc == 143, (rc, out, err)
+    assert len(re.findall(r"stopped by SIGTERM at step \d+; no --checkpoint-dir, so nothing "
+                          r"was saved \(exit status 143\)", out)) == 1, out
+    assert "Traceback" not in err, err
+
+
+def test_sigint_to_mpiexec_exits_130_after_the_checkpoint(tmp_path):
+    p = _start(tmp_path, "--checkpoint-dir", "ck", "--mode", "ps")
+    p.send_signal(signal.SIGINT)
+    rc, out, err = _finish(p)
+    assert rc == 130, (rc, out, err)
+    m = re.search(r"stopped by SIGINT at step (\d+): checkpoint ck/step-\1 written", out)
+    assert m and "Traceback" not in err and "KeyboardInterrupt" not in err, (out, err)
+    assert read_latest(str(tmp_path / "ck")) == f"step-{m.group(1)}"
+
+
+CATCHER = textwrap.dedent("""
+    import os, signal, time
+    from pshybrid.preempt import CAUGHT
+    CAUGHT.install(); CAUGHT.install()          # nested (--mode auto's trials)
+    CAUGHT.uninstall()
+    assert signal.getsignal(signal.SIGINT) == CAUGHT._caught
+    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), signal.SIGUSR1)       # within 2 s: the same request
+    print("alive", CAUGHT.signum, flush=True)
+    CAUGHT.first -= 5                           # as if the first came 5 s ago
+    os.kill(os.getpid(), signal.SIGUSR1)       # a later one: this process ends now
+    time.sleep(10)
+    print("survived", flush=True)
+""")
+
+
+def test_a_repeat_within_2s_is_one_request_a_later_one_ends_at_once():
+    p = subprocess.run([sys.executable, "-c", CATCHER], capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    assert p.returncode == -signal.SIGUSR1, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout.split() == ["alive", str(int(signal.SIGTERM))], p.stdout
+    assert "SIGUSR1 again 5.0 s after the first: ending now" in p.stderr, p.stderr
+
+
+def test_the_outermost_uninstall_restores_the_handlers_and_forgets_the_signal():
+    from pshybrid.preempt import SIGNALS, Signals
+
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    c = Signals()
+    c.install()
+    c.install()
+    c._caught(signal.SIGTERM, None)
+    c.uninstall()
+    assert c.signum == signal.SIGTERM and signal.getsignal(signal.SIGTERM) == c._caught
+    c.uninstall()
+    assert c.signum is None and {s: signal.getsignal(s) for s in SIGNALS} == before
+
+
+def test_ctrl_c_outside_training_is_one_line_and_130(tmp_path):
+    p = subprocess.Popen(pshybrid("prep", "synthetic", "o.h5", "--rows", "50000000"),
+                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL)
+    time.sleep(3)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130, (p.returncode, out, err)
+    assert err.strip() == "pshybrid: interrupted by SIGINT", err
+    assert os.listdir(tmp_path) == []  # no partial output
+
+
+def test_release_shared_memory_unlinks_what_this_process_maps_and_nothing_else():
+    from pshybrid.transport import release_shared_memory
+
+    mine = tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="pshybrid-test-", delete=False)
+    other = tempfile.NamedTemporaryFile(dir="/dev/shm", prefix="pshybrid-test-", delete=False)
+    try:
+        mine.write(b"\0" * 4096)
+        mine.flush()
+        view = mmap.mmap(mine.fileno(), 4096)
+        removed = release_shared_memory()
+        assert mine.name in removed and other.name not in removed, removed
+        assert not os.path.exists(mine.name) and os.path.exists(other.name)
+        view[0] = 1  # the mapping itself stays valid
+        view.close()
+    finally:
+        for f in (mine, other):
+            f.close()
+            if os.path.exists(f.name):
+                os.unlink(f.name)
