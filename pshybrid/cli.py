@@ -95,11 +95,16 @@ def cmd_info(args) -> int:
 def cmd_train(args) -> int:
     from mpi4py import MPI
 
-    from .preempt import exit_status
-    from .train import train
+    from .preempt import CAUGHT, exit_status
 
-    cfg = resolve(TrainConfig, args)
-    result = train(cfg, MPI.COMM_WORLD)
+    CAUGHT.install()  # a signal during the imports below is a stop request too
+    try:
+        from .train import train
+
+        cfg = resolve(TrainConfig, args)
+        result = train(cfg, MPI.COMM_WORLD)
+    finally:
+        CAUGHT.uninstall()
     if result.preempted is None:
         return 0
     return exit_status(result.signal, bool(cfg.checkpoint_dir))
