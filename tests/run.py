@@ -58,7 +58,7 @@ def run(label: str, cmd: list[str], timeout: int, totals: dict) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    py = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q"]
+    py = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rs"]  # -rs: why skipped
     totals = dict(passed=0, failed=0, skipped=0, error=0)
     ok = run("serial", py + ["-m", "not mpi", "tests"] + argv, SERIAL_TIMEOUT, totals)
     for n in SIZES:

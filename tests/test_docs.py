@@ -651,7 +651,7 @@ def test_gpu_check_without_a_gpu(tmp_path):
 @pytest.mark.parametrize("where,code", snippets(), ids=[w for w, _ in snippets()])
 def test_python_snippet_runs(where, code, tmp_path):
     if re.search(r"^import torch\b", code, re.M):
-        pytest.importorskip("torch")  # the [torch] extra (the test extra installs it)
+        pytest.importorskip("torch")  # the [torch] extra (.ci/run installs its CPU build)
     first = code.splitlines()[0]
     m = re.fullmatch(r"# mpiexec -n (\d+) python (\S+\.py)", first.strip())
     script = tmp_path / (m.group(2) if m else "snippet.py")
