@@ -8,7 +8,7 @@ import sys
 
 from . import __version__
 from .commands import add_scoring_commands
-from .config import ArgumentParser, TrainConfig, add_arguments, resolve
+from .config import ArgumentParser, TrainConfig, add_arguments, resolve, to_toml
 from .prep import add_prep_commands
 from .registry import MODES
 
@@ -23,6 +23,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "can also come from a TOML file (--config FILE; same names, - or _); "
                            "the command line wins.")
     add_arguments(train, TrainConfig)
+    train.add_argument("--print-config", action="store_true",
+                       help="print the effective options (defaults < --config < the command "
+                            "line) as a TOML file that --config reads back, and exit")
     train.set_defaults(func=cmd_train)
     add_prep_commands(sub)
     export = sub.add_parser("export", help="write a checkpoint as one plain HDF5 file "
@@ -97,11 +100,15 @@ def cmd_train(args) -> int:
 
     from .preempt import CAUGHT, exit_status
 
+    cfg = resolve(TrainConfig, args)
+    if args.print_config:
+        if MPI.COMM_WORLD.rank == 0:
+            sys.stdout.write(to_toml(cfg))
+        return 0
     CAUGHT.install()  # a signal during the imports below is a stop request too
     try:
         from .train import train
 
-        cfg = resolve(TrainConfig, args)
         result = train(cfg, MPI.COMM_WORLD)
     finally:
         CAUGHT.uninstall()

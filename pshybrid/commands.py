@@ -26,12 +26,14 @@ def add_scoring_commands(sub) -> None:
     pr.add_argument("out", help="output .h5 file (refused if it exists, unless --overwrite)")
     pr.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
     pr.set_defaults(func=cmd_predict)
-    pl = sub.add_parser("plot", help="loss, samples/s and AUC curves of a --metrics file "
+    pl = sub.add_parser("plot", help="loss, samples/s and AUC curves of --metrics files "
                         "(needs matplotlib)",
-                        description="Draw a --metrics file's training loss, samples/s and "
-                        "evaluation AUC/logloss against the step (needs matplotlib: "
-                        "pip install 'pshybrid[plot]').")
-    pl.add_argument("run", help="--metrics JSON-lines file of a training run")
+                        description="Draw --metrics files' training loss, samples/s and "
+                        "evaluation AUC/logloss against the step; several runs are overlaid, "
+                        "labelled by file name (needs matplotlib: pip install "
+                        "'pshybrid[plot]').")
+    pl.add_argument("runs", nargs="+", metavar="RUN.jsonl",
+                    help="--metrics JSON-lines file(s) of training runs")
     pl.add_argument("out", help="image file (.png, .svg, .pdf; written atomically)")
     pl.set_defaults(func=cmd_plot)
 
@@ -67,6 +69,7 @@ def cmd_predict(args) -> int:
 def cmd_plot(args) -> int:
     from .plot import plot
 
-    n, e = plot(args.run, args.out)
-    print(f"plotted {n} step and {e} evaluation records -> {args.out}")
+    n, e = plot(args.runs, args.out)
+    runs = f" of {len(args.runs)} runs" if len(args.runs) > 1 else ""
+    print(f"plotted {n} step and {e} evaluation records{runs} -> {args.out}")
     return 0

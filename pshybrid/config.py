@@ -9,8 +9,9 @@ cross-field rules. Every error is a ``ConfigError`` naming the option or key; it
 ``collective``: each rank parses the same arguments and reaches the same verdict.
 
 Supported field types: ``int``, ``float``, ``str``, ``bool`` (``--flag/--no-flag``), the
-``X | None`` of all but bool (``none`` on the command line), and ``tuple[int, ...]``
-(``1024,512,256`` on the command line; an array of integers or that string in TOML).
+``X | None`` of all but bool (``none`` on the command line, ``"none"`` in TOML), and
+``tuple[int, ...]`` (``1024,512,256`` on the command line; an array of integers or that
+string in TOML). ``to_toml`` writes a config as a TOML file that reads back to it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import json
 import math
 import re
 import tomllib
@@ -129,8 +131,9 @@ def _from_text(text, base: type, optional: bool, where: str):
 
 
 def _typed(value, base: type, optional: bool, where: str):
-    """A TOML / stored value → the field's value (int → float, list → tuple), type-checked."""
-    if value is None and optional:
+    """A TOML / stored value → the field's value (int → float, list → tuple), type-checked.
+    An optional field also takes ``"none"``, as on the command line (TOML has no null)."""
+    if optional and (value is None or (isinstance(value, str) and value == "none")):
         return None
     if base is tuple and isinstance(value, str):
         return _from_text(value, base, optional, where)
@@ -210,6 +213,23 @@ def resolve(cls, ns: argparse.Namespace):
 def to_dict(cfg) -> dict:
     """``{field: value}`` of a config, JSON-able (tuples → lists; None stays None)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+
+
+def to_toml(cfg) -> str:
+    """A config as a TOML file that ``--config`` reads back to the same config: every field,
+    one ``key = value`` line each (None as ``"none"``)."""
+    def value(v) -> str:
+        if v is None:
+            return '"none"'
+        if isinstance(v, bool):
+            return str(v).lower()
+        if isinstance(v, str):
+            return json.dumps(v)  # a JSON string is a TOML basic string
+        if isinstance(v, tuple):
+            return "[" + ", ".join(map(str, v)) + "]"
+        return repr(v)  # int; float (repr round-trips; inf and nan are TOML too)
+
+    return "".join(f"{f.name} = {value(getattr(cfg, f.name))}\n" for f in dataclasses.fields(cfg))
 
 
 def from_dict(cls, d: dict, source: str):

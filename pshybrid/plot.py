@@ -1,7 +1,8 @@
-"""``pshybrid plot RUN.jsonl OUT.png``: the curves of a ``--metrics`` file (training loss,
-samples/s, and the evaluations' AUC and logloss, against the step) in one image.
+"""``pshybrid plot RUN.jsonl [RUN2.jsonl ...] OUT.png``: the curves of ``--metrics`` files
+(training loss, samples/s, and the evaluations' AUC and logloss, against the step) in one
+image; several runs are overlaid, one colour each, labelled by file name.
 
-Needs matplotlib (the ``plot`` or ``bench`` extra). The file is checked whole before
+Needs matplotlib (the ``plot`` or ``bench`` extra). Every file is checked whole before
 anything is drawn; the image is written atomically (a failed run leaves nothing).
 """
 
@@ -50,30 +51,20 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
     return steps, evals
 
 
-def plot(path: str, out: str) -> tuple[int, int]:
-    """Draw ``path``'s curves into ``out`` (its format from the extension). Returns the
-    number of (step, evaluation) records drawn."""
-    steps, evals = read_metrics(path)
-    try:
-        from matplotlib.figure import Figure
-    except ImportError:
-        raise ConfigError(NEEDS) from None
+def labels(paths: list[str]) -> list[str]:
+    """Each run's label: its file name, or its path where two runs share a file name."""
+    names = [os.path.basename(p) for p in paths]
+    return [p if names.count(n) > 1 else n for p, n in zip(paths, names)]
+
+
+def plot(paths, out: str) -> tuple[int, int]:
+    """Draw the curves of the ``--metrics`` file(s) ``paths`` (one path or a list) into
+    ``out`` (its format from the extension). Returns the number of (step, evaluation)
+    records drawn, over all runs."""
+    paths = [paths] if isinstance(paths, str) else list(paths)
+    runs = [read_metrics(p) for p in paths]  # all checked before anything is drawn
+    fig = figure(paths, runs)
     fmt = os.path.splitext(out)[1][1:].lower() or "png"
-    fig = Figure(figsize=(12, 3.6), layout="constrained")
-    ax = fig.subplots(1, 3)
-    x = [r["step"] for r in steps]
-    ax[0].plot(x, [r["loss"] for r in steps], marker=".")
-    ax[0].set(title="training loss", xlabel="step", ylabel="logloss")
-    ax[1].plot(x, [r["samples_per_s"] for r in steps], marker=".")
-    ax[1].set(title="throughput", xlabel="step", ylabel="samples/s")
-    ex = [r["step"] for r in evals]
-    ax[2].plot(ex, [r["auc"] for r in evals], marker="o", label="AUC")
-    twin = ax[2].twinx()
-    twin.plot(ex, [r["logloss"] for r in evals], marker="s", color="tab:red", label="logloss")
-    ax[2].set(title="evaluation" if evals else "evaluation (none in this file)",
-              xlabel="step", ylabel="AUC")
-    twin.set_ylabel("logloss")
-    fig.suptitle(os.path.basename(path))
     if fmt not in fig.canvas.get_supported_filetypes():
         raise InputError(f"{out}: unknown image format {fmt!r}: use one of "
                          f"{', '.join(sorted(fig.canvas.get_supported_filetypes()))}")
@@ -82,4 +73,35 @@ def plot(path: str, out: str) -> tuple[int, int]:
             fig.savefig(tmp, format=fmt)
     except OSError as e:
         raise InputError(f"{out}: cannot write: {e}") from None
-    return len(steps), len(evals)
+    return sum(len(s) for s, _ in runs), sum(len(e) for _, e in runs)
+
+
+def figure(paths: list[str], runs: list):
+    """The matplotlib Figure of ``runs`` (``read_metrics`` of each of ``paths``): panels
+    loss, samples/s and evaluation (AUC on the left axis, logloss on its twin), one line
+    per run in each, colour ``Ci`` for run i."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ConfigError(NEEDS) from None
+    fig = Figure(figsize=(12, 3.6), layout="constrained")
+    ax = fig.subplots(1, 3)
+    twin = ax[2].twinx()
+    for i, (label, (steps, evals)) in enumerate(zip(labels(paths), runs)):
+        color = f"C{i % 10}"
+        x = [r["step"] for r in steps]
+        ax[0].plot(x, [r["loss"] for r in steps], marker=".", color=color, label=label)
+        ax[1].plot(x, [r["samples_per_s"] for r in steps], marker=".", color=color)
+        ex = [r["step"] for r in evals]
+        ax[2].plot(ex, [r["auc"] for r in evals], marker="o", color=color)
+        twin.plot(ex, [r["logloss"] for r in evals], marker="s", linestyle="--", color=color)
+    ax[0].set(title="training loss", xlabel="step", ylabel="logloss")
+    ax[1].set(title="throughput", xlabel="step", ylabel="samples/s")
+    any_evals = any(evals for _, evals in runs)
+    ax[2].set(title="evaluation: AUC (o), logloss (s, dashed)" if any_evals
+              else "evaluation (none in these files)", xlabel="step", ylabel="AUC")
+    twin.set_ylabel("logloss")
+    if len(paths) > 1:
+        ax[0].legend(fontsize="small")
+    fig.suptitle(os.path.basename(paths[0]) if len(paths) == 1 else f"{len(paths)} runs")
+    return fig

@@ -158,3 +158,37 @@ def test_generic_errors():
         "flag (in src): expected true or false, got 1"
     assert fails(from_dict, Toy, {"zzz": 1}, "ckpt/config.json") == \
         "unknown key 'zzz' in ckpt/config.json; known: flag, rate, count, name, sizes"
+
+
+@pytest.mark.parametrize("cfg", [
+    Toy(), Toy(flag=True, rate=1e-7, count=0, name="b", sizes=(1024, 512, 256)),
+    Toy(rate=-0.0, count=2**62, sizes=(1,))])
+def test_to_toml_reads_back_to_the_same_config(cfg, tmp_path):
+    from pshybrid.config import to_toml
+
+    path = tmp_path / "c.toml"
+    path.write_text(to_toml(cfg))
+    assert parse(Toy, "--config", str(path)) == cfg
+
+
+def test_print_config_prints_the_effective_options_and_trains_nothing(tmp_path, capsys):
+    """defaults < --config < command line, with strings that need TOML escapes and a
+    none-valued option whose default is not none; --config of the output gives it back."""
+    import tomllib
+
+    from pshybrid.cli import main
+    from pshybrid.config import to_toml
+
+    (tmp_path / "base.toml").write_text('mlp = [8, 4]\nsteps = 7\nmetrics = "x.jsonl"\n')
+    argv = ["train", "--config", str(tmp_path / "base.toml"), "--steps", "9", "--dense-lr",
+            "none", "--metrics", 'a "b"\\c.jsonl', "--print-config"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    want = dataclasses.replace(TrainConfig(), mlp=(8, 4), steps=9, dense_lr=None,
+                               metrics='a "b"\\c.jsonl')
+    assert from_dict(TrainConfig, tomllib.loads(printed), "printed") == want
+    assert printed == to_toml(want)
+    (tmp_path / "printed.toml").write_text(printed)
+    assert main(["train", "--config", str(tmp_path / "printed.toml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == printed
+    assert not list(tmp_path.glob("*.jsonl"))  # nothing ran

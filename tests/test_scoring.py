@@ -138,6 +138,38 @@ def test_plot_draws_the_curves(tmp_path):
     assert set(os.listdir(tmp_path)) == {"m.jsonl", "o.png"}  # no temporary left
 
 
+def test_plot_overlays_several_runs_one_line_each(tmp_path):
+    """``plot A B OUT``: every panel holds each run's own records as one line, labelled by
+    file name (by path where two share a name); a bad file among them draws nothing."""
+    pytest.importorskip("matplotlib")
+    from pshybrid.errors import InputError
+    from pshybrid.plot import figure, labels, plot, read_metrics
+
+    runs = {"a/m.jsonl": [(1, 0.7, 100.0), (3, 0.5, 110.0)],
+            "b/m.jsonl": [(2, 0.9, 90.0), (4, 0.8, 95.0), (6, 0.6, 99.0)]}
+    paths = []
+    for rel, recs in runs.items():
+        (tmp_path / rel).parent.mkdir()
+        (tmp_path / rel).write_text("".join(
+            json.dumps({"step": s, "loss": lo, "samples_per_s": r}) + "\n" for s, lo, r in recs)
+            + json.dumps({"eval": True, "step": recs[-1][0], "auc": 0.6, "logloss": 0.5,
+                          "rows": 4}) + "\n")
+        paths.append(str(tmp_path / rel))
+    assert labels(paths) == paths and labels(["x/a.jsonl", "y/b.jsonl"]) == ["a.jsonl", "b.jsonl"]
+    fig = figure(paths, [read_metrics(p) for p in paths])
+    loss, speed, ev = fig.axes[:3]
+    for i, recs in enumerate(runs.values()):
+        assert loss.lines[i].get_xydata().tolist() == [[s, lo] for s, lo, _ in recs]
+        assert speed.lines[i].get_xydata().tolist() == [[s, r] for s, _, r in recs]
+        assert ev.lines[i].get_xydata().tolist() == [[recs[-1][0], 0.6]]
+        assert loss.lines[i].get_label() == paths[i]
+    assert plot(paths, str(tmp_path / "o.png")) == (5, 2)
+    (tmp_path / "bad.jsonl").write_text("not json\n")
+    with pytest.raises(InputError, match="bad.jsonl:1"):
+        plot([paths[0], str(tmp_path / "bad.jsonl")], str(tmp_path / "p.png"))
+    assert not (tmp_path / "p.png").exists()
+
+
 def test_plot_without_matplotlib_is_one_clear_error(tmp_path, monkeypatch):
     import sys
 
