@@ -344,6 +344,9 @@ class TrainConfig:
     dtype: str = option("float32", "floating-point type of parameters and activations",
                         choices=("float32", "float64"))
     metrics: str | None = option(None, "JSON-lines file of per-step and evaluation metrics")
+    tensorboard: str | None = option(None, "directory for TensorBoard event files of the same "
+                                     "scalars (needs tensorboardX: pip install "
+                                     "'pshybrid[tensorboard]')")
     progress: str = option("auto", "worker 0's progress: bar (one line redrawn), lines (one per "
                            "log), none; auto: bar when the job was started from an interactive "
                            "terminal, else lines", choices=("auto", "bar", "lines", "none"))

@@ -7,7 +7,8 @@ after its steps ran, or being killed for memory:
   (model, sizes, optimizers, data fields);
 - ``--checkpoint-dir``: no checkpoints this run could lose track of
   (``checkpoint_files.check_run_dir``), and writable on every rank (each one writes there);
-- ``--metrics``: writable on the reporting rank (worker 0, the only one writing it);
+- ``--metrics``, ``--tensorboard``: writable on the reporting rank (worker 0, the only one
+  writing them; tensorboardX importable);
 - memory: what this node's ranks need (``limits.check_sizes``) fits its available memory.
 
 ``preflight`` returns True when a resumed run has nothing to do (its checkpoint is already
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import os
 
-from . import checkpoint_files, limits, safeio
+from . import checkpoint_files, limits, safeio, tboard
 from .batches import BatchPlan
 from .errors import ConfigError, InputError, PshybridError
 from .transport import agree
@@ -43,6 +44,11 @@ def check_outputs(cfg, topo) -> None:
         problem = safeio.check_writable_file(cfg.metrics)
         if problem:
             raise ConfigError(f"--metrics: {problem}")
+    if cfg.tensorboard and topo.rank == topo.worker_ranks[0]:
+        tboard.check()
+        problem = safeio.check_writable_dir(cfg.tensorboard)
+        if problem:
+            raise ConfigError(f"--tensorboard: {problem}")
 
 
 def _ranks_here(topo) -> tuple[int, int]:

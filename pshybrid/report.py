@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from .tboard import TensorBoard
+
 PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server_apply", "wait",
           "eval")  # server_apply: on workers only with --placement colocated
 # --progress auto: a rank whose parent is one of these proxies (or a launcher itself) prints a
@@ -88,6 +90,8 @@ class Reporter:
         self.progress = progress
         self.bar = progress == "bar"  # a bar line may be open: end it before other output
         self.metrics = open(cfg.metrics, "w") if cfg.metrics else None  # noqa: SIM115
+        tb = getattr(cfg, "tensorboard", None)
+        self.tboard = TensorBoard(tb) if tb else None  # --tensorboard: the same scalars
 
     def step(self, rec: dict) -> None:
         total = self.total_steps
@@ -122,6 +126,8 @@ class Reporter:
         if self.metrics:
             self.metrics.write(json.dumps(rec) + "\n")
             self.metrics.flush()
+        if self.tboard:
+            self.tboard.add(rec)
 
     def close(self, summary: dict) -> None:
         if self.bar:
@@ -142,10 +148,13 @@ class Reporter:
         self.close_file()
 
     def close_file(self) -> None:
-        """Close the metrics file (also when training fails)."""
+        """Close the metrics file and the TensorBoard events (also when training fails)."""
         if self.metrics:
             self.metrics.close()
             self.metrics = None
+        if self.tboard:
+            self.tboard.close()
+            self.tboard = None
 
 
 def _base_rate_logloss(p: float) -> float:
