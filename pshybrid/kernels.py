@@ -17,6 +17,8 @@ bit (float32 and float64), whatever the hash layout. ``gather`` stays
 
 from __future__ import annotations
 
+import glob
+import os
 import threading
 
 import numpy as np
@@ -171,6 +173,17 @@ _NUMBA_LOCK = threading.Lock()
 _JITTED = ("_ftz", "_nb_hash_dedup", "_nb_radix_argsort", "_nb_sorted_dedup", "_nb_unique_inverse",
            "_nb_segment_sum", "_nb_uniform_rows", "_nb_sgd_rows", "_nb_adagrad_rows",
            "_nb_adam_rows", "_nb_scatter_add")
+
+
+def numba_cache_cold() -> bool:
+    """True when this process will compile the CPU kernels: numba serves them and none of
+    this package's compiled kernels is cached on disk yet (a first run in this environment,
+    a few seconds longer). False where numba is missing or ``NUMBA_CACHE_DIR`` moves the
+    cache (not looked for there)."""
+    if os.environ.get("NUMBA_CACHE_DIR") or not numba_active():
+        return False
+    cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
+    return not glob.glob(os.path.join(cache, "kernels.*.nbi"))
 
 
 def numba_active() -> bool:

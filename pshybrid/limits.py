@@ -115,6 +115,12 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
     return {"worker": worker, "server": server}
 
 
+def model_size(cfg, schema) -> tuple[int, int]:
+    """(dense parameter count, floats per fused-table row) of the model ``cfg`` asks for."""
+    P, _, E = _model_shapes(cfg, schema)
+    return P, E
+
+
 def _activation_widths(cfg, schema, shapes) -> int:
     """Floats per batch row of every layer's input and output (forward values; the caller
     doubles for gradients)."""

@@ -11,6 +11,8 @@ import time
 
 import numpy as np
 
+from . import kernels, limits
+from .optim import SLOTS
 from .tboard import TensorBoard
 
 PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server_apply", "wait",
@@ -89,14 +91,18 @@ class Reporter:
             progress = "bar" if interactive(out) else "lines"
         self.progress = progress
         self.bar = progress == "bar"  # a bar line may be open: end it before other output
+        self.t0 = time.perf_counter()  # the progress line's elapsed time counts from here
         self.metrics = open(cfg.metrics, "w") if cfg.metrics else None  # noqa: SIM115
         tb = getattr(cfg, "tensorboard", None)
         self.tboard = TensorBoard(tb) if tb else None  # --tensorboard: the same scalars
 
     def step(self, rec: dict) -> None:
         total = self.total_steps
+        per_s = rec["samples_per_s"] / (self.W * self.cfg.batch_size)  # steps per second
+        eta = (total - rec["step"]) / per_s if per_s > 0 else float("inf")
         msg = (f"step {rec['step']}/{total}  loss {rec['loss']:.4f}  "
-               f"{rec['samples_per_s']:,.0f} samples/s")
+               f"{rec['samples_per_s']:,.0f} samples/s  elapsed "
+               f"{clock(time.perf_counter() - self.t0)}  ETA {clock(eta)}")
         if self.bar:
             done = int(30 * rec["step"] / max(total, 1))
             self.out.write(f"\r[{'#' * done}{'.' * (30 - done)}] {msg}   ")
@@ -142,7 +148,7 @@ class Reporter:
         self.out.write(
             f"done: {summary['mode']} {summary['model']}  {summary['steps']} steps  "
             f"{summary['samples_per_s']:,.0f} samples/s  final loss {summary['final_loss']:.4f} "
-            f"(base rate {summary['base_rate_logloss']:.4f})  workers {self.W} servers "
+            f"(base-rate logloss {summary['base_rate_logloss']:.4f})  workers {self.W} servers "
             f"{summary['servers']}  |  {split}\n")
         self.out.flush()
         self.close_file()
@@ -155,6 +161,64 @@ class Reporter:
         if self.tboard:
             self.tboard.close()
             self.tboard = None
+
+
+def clock(seconds: float) -> str:
+    """``h:mm:ss`` (``--:--:--`` when not finite)."""
+    if not math.isfinite(seconds):
+        return "--:--:--"
+    s = int(round(max(seconds, 0.0)))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def span(ranks: list[int]) -> str:
+    """World ranks as text: ``0-3``, ``0,2,5``."""
+    if len(ranks) > 1 and ranks == list(range(ranks[0], ranks[-1] + 1)):
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
+
+
+def _n(count: int, noun: str) -> str:
+    """``1 worker``, ``2 workers``."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def banner(cfg, topo, schema, steps: int, n_rows: int | None = None) -> str:
+    """What the run is about to do, printed by worker 0 before the tables are built: who is
+    a worker and who serves, the global batch, the tables' rows and bytes (per server),
+    the dense parameters, a checkpoint's size; a warning when the tables have more rows
+    than the data has ids (most would never train), and a note when numba compiles."""
+    W, S, s = topo.n_workers, topo.n_servers, np.dtype(cfg.dtype).itemsize
+    P, E = limits.model_size(cfg, schema)
+    rows, F = int(sum(schema.cardinalities)), len(schema.cardinalities)
+    slots, dslots = len(SLOTS[cfg.sparse_optimizer]), len(SLOTS[cfg.dense_optimizer])
+    table = rows * E * s * (1 + slots)
+    ranks = lambda rs: f"rank{'s' if len(rs) > 1 else ''} {span(rs)}"  # noqa: E731
+    if topo.colocated:
+        who, where = f"{_n(W, 'worker')}, each owning a shard", f"{limits.gib(-(-table // S))} per rank"
+    elif S:
+        who = (f"{_n(W, 'worker')} ({ranks(topo.worker_ranks)}), {_n(S, 'server')} "
+               f"({ranks(topo.server_ranks)})")
+        where = f"{limits.gib(-(-table // S))} per server"
+    else:
+        who, where = f"{_n(W, 'worker')}, no server", "all of it on every worker"
+    lines = [f"plan: {cfg.mode} {cfg.model} on {_n(topo.size, 'rank')}, "
+             f"{_n(topo.n_nodes, 'node')}: {who}",
+             f"  global batch {W * cfg.batch_size:,} = {_n(W, 'worker')} x --batch-size "
+             f"{cfg.batch_size}; {_n(steps, 'step')}",
+             f"  tables: {_n(F, 'field')}, {_n(rows, 'row')} x {E} {cfg.dtype} + "
+             f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
+             f"  dense: {_n(P, 'parameter')}; a checkpoint holds about "
+             f"{limits.gib(table + P * s * (1 + dslots))}"]
+    if n_rows is not None and rows > n_rows * F:
+        lines.append(f"  warning: the tables have {_n(rows, 'row')}, the data "
+                     f"{_n(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids: most rows can "
+                     "never train (prep sizes them: criteo|csv --buckets or --min-count K, "
+                     "synthetic --max-cardinality)")
+    if kernels.numba_cache_cold():
+        lines.append("  first run in this environment: numba compiles the CPU kernels "
+                     "(some seconds; cached for later runs)")
+    return "\n".join(lines) + "\n"
 
 
 def _base_rate_logloss(p: float) -> float:

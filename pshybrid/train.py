@@ -35,8 +35,8 @@ from .modes import MODES, build_mode
 from .modes.hot import hottest_rows
 from .optim import Optimizer, Schedule
 from .preempt import CAUGHT, Preemption, notice
-from .preflight import preflight
-from .report import Reporter, summarize
+from .preflight import preflight, total_steps
+from .report import Reporter, banner, summarize
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .synthetic import SyntheticCTR
 from .threads import rank_cores
@@ -93,6 +93,11 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
             idle = preflight(cfg, topo, data, evdata, out, collect)  # resumed, nothing to do
             if idle and evdata is None:
                 return TrainResult(topo.role)
+            if topo.rank == topo.worker_ranks[0] and not idle:
+                n_rows = getattr(data, "n_rows", None)
+                out.write(banner(cfg, topo, data.schema, total_steps(cfg, n_rows, topo.n_workers),
+                               n_rows))
+                out.flush()
             job = setup(cfg, topo, data, evdata, out)
             job.auto = planned
             if idle:  # --eval-data: evaluate the resumed model
@@ -180,6 +185,8 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
         else 0
     if topo.is_worker:
         mode.ready()
+    if reporter and start:
+        reporter.out.write(f"resumed from {cfg.resume} at step {start}\n")
     job = Job(cfg, topo, data, evdata, model, layout, ps, mode, plan, steps, start, reporter,
               t_begin, TrainResult(topo.role))
     # The steady state makes little cyclic garbage; exclude the tens of thousands of

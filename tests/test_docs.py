@@ -749,8 +749,12 @@ def test_zero_steps_write_no_checkpoint_and_sgd_exports_no_optimizer(tmp_path):
 @pytest.mark.parametrize("progress,newlines", [("bar", 2), ("lines", 4), ("none", 1),
                                                ("auto", 4)])  # a StringIO is no terminal
 def test_progress_modes(tmp_path, progress, newlines):
-    """docs/training.md, "Progress": bar, lines, none; the summary line in every case."""
+    """docs/training.md, "Progress": bar, lines, none; the summary line in every case; the
+    plan first, in every case (its indented lines: a warning and a note may follow)."""
     _, out = one_process(tmp_path, progress=progress)
+    assert out.startswith("plan: allreduce wdl on 1 rank, 1 node: 1 worker, no server\n"), out
+    out = "".join(ln for ln in out.splitlines(keepends=True)
+                  if not ln.startswith(("plan: ", "  ")))
     assert ("\r[" in out) == (progress == "bar"), out
     assert ("step 2/3  loss" in out) == (progress != "none"), out
     assert out.count("\n") == newlines and out.splitlines()[-1].startswith("done: "), out

@@ -1,0 +1,65 @@
+"""What worker 0 prints before and during a run (pshybrid.report): the plan's roles, global
+batch and bytes, hand-computed; the clock and rank-span texts; the progress line's ETA."""
+
+import io
+from dataclasses import replace
+from types import SimpleNamespace
+
+from pshybrid.config import TrainConfig
+from pshybrid.limits import model_size
+from pshybrid.report import Reporter, banner, clock, span
+from pshybrid.schema import Schema
+
+SCHEMA = Schema(n_dense=2, cardinalities=(2**20, 2**20))  # 2 Mi rows
+
+
+def topo(W, S, colocated=False):
+    workers = list(range(W))
+    servers = workers if colocated else list(range(W, W + S))
+    return SimpleNamespace(n_workers=W, n_servers=S, colocated=colocated, worker_ranks=workers,
+                           server_ranks=servers, size=W if colocated else W + S, n_nodes=1)
+
+
+def test_banner_names_the_roles_the_global_batch_and_the_bytes():
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,), batch_size=64, sparse_optimizer="adagrad")
+    P, E = model_size(cfg, SCHEMA)
+    assert E == 5  # dim + the wide weight
+    # 2 Mi rows x 5 floats x 4 bytes x (weights + 1 adagrad slot) = 80 MiB; 40 per server
+    text = banner(cfg, topo(3, 2), SCHEMA, 500)
+    assert text.splitlines() == [
+        "plan: hybrid wdl on 5 ranks, 1 node: 3 workers (ranks 0-2), 2 servers (ranks 3-4)",
+        "  global batch 192 = 3 workers x --batch-size 64; 500 steps",
+        "  tables: 2 fields, 2,097,152 rows x 5 float32 + 1 adagrad state: 80.0 MiB, "
+        "40.0 MiB per server",
+        f"  dense: {P:,} parameters; a checkpoint holds about "
+        f"{(80 * 2**20 + P * 4 * 3) / 2**20:,.1f} MiB"]  # + adam's 2 slots per parameter
+
+
+def test_banner_placements_and_the_small_data_warning():
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,), sparse_optimizer="sgd", mode="allreduce")
+    text = banner(cfg, topo(1, 0), SCHEMA, 10, n_rows=1000)
+    assert text.startswith("plan: allreduce wdl on 1 rank, 1 node: 1 worker, no server\n")
+    assert "40.0 MiB, all of it on every worker" in text  # sgd: no state
+    assert ("warning: the tables have 2,097,152 rows, the data 1,000 rows x 2 fields = "
+            "2,000 ids: most rows can never train") in text
+    cfg = replace(cfg, mode="hybrid", placement="colocated")
+    text = banner(cfg, topo(4, 4, colocated=True), SCHEMA, 10, n_rows=2**20)
+    assert "4 workers, each owning a shard" in text and "10.0 MiB per rank" in text
+    assert "warning" not in text  # 2 Mi ids: as many as rows
+
+
+def test_clock_and_span():
+    assert [clock(s) for s in (0, 59.4, 3725, float("inf"))] == [
+        "0:00:00", "0:00:59", "1:02:05", "--:--:--"]
+    assert [span(r) for r in ([2], [0, 1, 2], [0, 2, 5])] == ["2", "0-2", "0,2,5"]
+
+
+def test_progress_line_shows_elapsed_and_the_eta_at_this_rate():
+    cfg = TrainConfig(batch_size=10, progress="lines")
+    out = io.StringIO()
+    rep = Reporter(cfg, out, 2, 1000)
+    rep.t0 -= 65  # started 65 s ago
+    rep.step({"step": 400, "loss": 0.5, "samples_per_s": 200.0, "seconds": {}})
+    # 200 samples/s over 2 workers x 10 = 10 steps/s; 600 steps left: 60 s
+    assert out.getvalue() == ("step 400/1000  loss 0.5000  200 samples/s  elapsed 0:01:05  "
+                              "ETA 0:01:00\n")
