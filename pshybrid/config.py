@@ -198,15 +198,25 @@ def _read_toml(path: str) -> dict:
         raise _error(f"--config {path}: invalid TOML: {exc}") from None
 
 
-def resolve(cls, ns: argparse.Namespace):
-    """The ``cls`` instance of defaults < ``--config`` TOML file < command-line options."""
-    values, where = {}, {}
+def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: str = ""):
+    """The ``cls`` instance of defaults < ``base`` (e.g. a resumed checkpoint's options, read
+    from ``base_source``) < ``--config`` TOML file < command-line options. A class may
+    define ``layer(values, given)`` to settle options that replace each other (``given``:
+    the names set by the TOML file or the command line)."""
+    values, where = _keyed(cls, base, base_source) if base else ({}, {})
+    given: set[str] = set()
     if getattr(ns, "config", None) is not None:
-        values, where = _keyed(cls, _read_toml(ns.config), ns.config)
-    for f, base, optional in _fields(cls):
+        toml, at = _keyed(cls, _read_toml(ns.config), ns.config)
+        values.update(toml)
+        where.update(at)
+        given.update(toml)
+    for f, kind, optional in _fields(cls):
         if hasattr(ns, f.name):
             where[f.name] = _flag(f.name)
-            values[f.name] = _from_text(getattr(ns, f.name), base, optional, where[f.name])
+            values[f.name] = _from_text(getattr(ns, f.name), kind, optional, where[f.name])
+            given.add(f.name)
+    if hasattr(cls, "layer"):
+        cls.layer(values, given)
     return _build(cls, values, where)
 
 
@@ -373,6 +383,17 @@ class TrainConfig:
                                    "alternatives this many timed steps each (after 3 warm-up "
                                    "steps) and pick the fastest measured (0: the model alone)",
                                    check=_at_least(0))
+
+    @staticmethod
+    def layer(values: dict, given: set) -> None:
+        """``--steps`` and ``--epochs`` replace each other: both given is refused; one given
+        drops the other taken from a lower layer (a resumed checkpoint's options). (The
+        values are still as given: ``none`` is text here.)"""
+        if {"steps", "epochs"} <= given and values["epochs"] not in (None, "none"):
+            raise _error(f"--steps {values['steps']} and --epochs {values['epochs']}: give "
+                         "one (--epochs counts passes over --data, --steps the steps)")
+        if "steps" in given:
+            values["epochs"] = None
 
     def validate(self) -> None:
         """Cross-field rules."""
