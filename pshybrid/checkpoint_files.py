@@ -39,7 +39,7 @@ FORMAT_VERSION = 1
 MATCH_KEYS = ("model", "embedding_dim", "mlp", "cross_layers", "dtype", "sparse_optimizer",
               "dense_optimizer")
 _CHUNK = 1 << 18
-STEP_RE = re.compile(r"step-([0-9]+)")
+STEP_RE = safeio.STEP_RE
 SHARD_RE = re.compile(r"shard-[0-9]{5,}\.h5")
 TEMP_RE = re.compile(r"\.step-[0-9]+\.(?:[A-Za-z0-9_]+\.)?tmp")  # ours, and the old fixed name
 
@@ -342,21 +342,45 @@ def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None):
     return flat, state, params
 
 
-def export(path: str, out: str) -> dict:
-    """One HDF5 file: /dense/<param>, /embeddings/<field> (cardinality x D),
-    /linear/<field> (cardinality,) for models with a per-id linear weight,
-    /optimizer/dense/<slot>/<param>, /optimizer/embeddings/<field>/<slot>; attrs config
-    (JSON), step and field_names. Every input is checked first (an ``InputError`` naming
-    the file and key); the output goes through a fresh temporary beside ``out``, renamed
-    on success and removed on any error, so a refused export leaves no file behind."""
-    from .limits import available_memory, gib
-
+def _check_out(path: str, out: str, overwrite: bool) -> None:
+    """``out`` may be written by an export of checkpoint ``path`` (``safeio.check_output``)."""
     if os.path.isdir(out):
         raise PshybridError(f"export: {out} is a directory; give the output file's name")
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise PshybridError(f"export: directory {os.path.dirname(out) or parent} of {out} "
                             "does not exist")
+    problem = safeio.check_output(out, "export:", [], [path],
+                                  safeio.replaceable("export", overwrite))
+    if problem:
+        raise PshybridError(problem)
+
+
+def _check_space(out: str, need: int, gib) -> None:
+    """Refuse, before writing, an export whose ``need`` bytes the disk of ``out`` lacks
+    (HDF5 writing into a full disk can crash the process instead of raising)."""
+    try:
+        st = os.statvfs(os.path.dirname(os.path.abspath(out)))
+    except OSError:
+        return
+    free = st.f_bavail * st.f_frsize
+    if need > free:
+        raise PshybridError(f"export: {out} needs about {gib(need)}, the disk holding it has "
+                            f"{gib(free)} free: free some space or write elsewhere")
+
+
+def export(path: str, out: str, overwrite: bool = False) -> dict:
+    """One HDF5 file: /dense/<param>, /embeddings/<field> (cardinality x D),
+    /linear/<field> (cardinality,) for models with a per-id linear weight,
+    /optimizer/dense/<slot>/<param>, /optimizer/embeddings/<field>/<slot>; attrs config
+    (JSON), step and field_names. Every input is checked first (an ``InputError`` naming
+    the file and key); the output goes through a fresh temporary beside ``out``, renamed
+    on success and removed on any error, so a refused export leaves no file behind. ``out``
+    passes ``safeio.check_output``: an existing file is replaced only with ``overwrite`` and
+    only when an earlier export wrote it."""
+    from .limits import available_memory, gib
+
+    _check_out(path, out, overwrite)
     step_dir = resolve(path)
     meta = read_meta(step_dir)
     cfg = from_dict(TrainConfig, meta["config"], os.path.join(step_dir, "meta.json"))
@@ -371,6 +395,8 @@ def export(path: str, out: str) -> dict:
         raise PshybridError(f"export of {step_dir}: the table ({rows_total:,} rows x {E}, "
                             f"{1 + len(slots)} slots) needs {gib(need)} in memory, "
                             f"{gib(mem)} is available")
+    dense = os.path.join(step_dir, "dense.h5")
+    _check_space(out, need + (os.path.getsize(dense) if os.path.isfile(dense) else 0), gib)
     arrays = {k: np.zeros((rows_total, E), cfg.dtype) for k in ("w", *slots)}
 
     def take(ids, vals):
@@ -397,7 +423,8 @@ def export(path: str, out: str) -> dict:
             o.attrs["config"] = json.dumps(meta["config"])
             o.attrs["step"] = meta["step"]
             o.attrs["field_names"] = json.dumps(meta["schema"]["dense_names"] + names)
-    except (OSError, ValueError, TypeError) as e:
+            o.attrs[safeio.OUTPUT_ATTR] = "export"
+    except (OSError, ValueError, TypeError, RuntimeError) as e:  # RuntimeError: h5py, a full disk
         raise PshybridError(f"export: writing {out}: {e}") from None
     return {"step": meta["step"], "tables": len(names), "dense_params": len(params)}
 

@@ -37,7 +37,7 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
         if not isinstance(rec, dict):
             raise InputError(f"{path}:{i}: not a JSON object (a --metrics file of "
                              "pshybrid train?)")
-        if rec.get("summary"):
+        if rec.get("summary") or "config" in rec:  # the summary, a run's config record
             continue
         keys = ("step", "auc", "logloss") if rec.get("eval") else ("step", "loss",
                                                                     "samples_per_s")
@@ -50,9 +50,30 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
     return steps, evals
 
 
-def plot(path: str, out: str) -> tuple[int, int]:
-    """Draw ``path``'s curves into ``out`` (its format from the extension). Returns the
-    number of (step, evaluation) records drawn."""
+IMAGE_MAGIC = (b"\x89PNG", b"%PDF", b"<?xml", b"<svg", b"%!PS", b"\xff\xd8\xff")
+
+
+def _image(path: str) -> str | None:
+    """Why the existing ``path`` may not be replaced with --overwrite: not an image."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as e:
+        return f"{path}: cannot read: {e.strerror or e}"
+    if head.startswith(IMAGE_MAGIC):
+        return None
+    return (f"{path} exists and is not an image (PNG, PDF, SVG, PostScript, JPEG): not "
+            "replaced, even with --overwrite; remove it yourself or choose another name")
+
+
+def plot(path: str, out: str, overwrite: bool = False) -> tuple[int, int]:
+    """Draw ``path``'s curves into ``out`` (its format from the extension): a new file, or,
+    with ``overwrite``, an existing image replaced. Returns the number of (step,
+    evaluation) records drawn."""
+    problem = safeio.check_output(out, "", [("RUN", path)], existing=lambda p: (
+        _image(p) if overwrite else f"{p} exists; pass --overwrite to replace an image"))
+    if problem:
+        raise InputError(problem)
     steps, evals = read_metrics(path)
     try:
         from matplotlib.figure import Figure

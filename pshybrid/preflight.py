@@ -7,7 +7,9 @@ after its steps ran, or being killed for memory:
   (model, sizes, optimizers, data fields);
 - ``--checkpoint-dir``: no checkpoints this run could lose track of
   (``checkpoint_files.check_run_dir``), and writable on every rank (each one writes there);
-- ``--metrics``: writable on the reporting rank (worker 0, the only one writing it);
+- ``--metrics``: writable on the reporting rank (worker 0, the only one writing it), and
+  not a file the run reads, a checkpoint's file or a non-regular file; an existing file
+  only if it is a ``--metrics`` file of pshybrid (the run appends to it);
 - memory: what this node's ranks need (``limits.check_sizes``) fits its available memory.
 
 ``preflight`` returns True when a resumed run has nothing to do (its checkpoint is already
@@ -21,6 +23,8 @@ import os
 from . import checkpoint_files, limits, safeio
 from .batches import BatchPlan
 from .errors import ConfigError, InputError, PshybridError
+from .files import dataset_paths
+from .report import metrics_problem
 from .transport import agree
 
 
@@ -31,18 +35,38 @@ def total_steps(cfg, n_rows: int | None, n_workers: int) -> int:
     return cfg.steps if per_epoch is None else cfg.epochs * per_epoch
 
 
+def run_inputs(cfg) -> list[tuple[str, str]]:
+    """``(option, path)`` of every file a run reads: the files of ``--data`` and
+    ``--eval-data`` (comma lists, directories' ``*.h5``); the checkpoint's own files are
+    guarded as a checkpoint directory (``safeio.checkpoint_holding``)."""
+    named = []
+    for option, spec in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+        if spec:
+            try:
+                named += [(option, p) for p in dataset_paths(spec)]
+            except PshybridError:
+                named.append((option, spec))
+    return named
+
+
 def check_outputs(cfg, topo) -> None:
     """This rank's outputs can be written: ``--checkpoint-dir`` (every rank writes there;
-    created later if missing) and ``--metrics`` (worker 0 writes it). Raises ConfigError
-    naming the option; nothing is created or changed."""
+    created later if missing) and ``--metrics`` (worker 0 writes it: never an input, a file
+    in a checkpoint directory or a non-regular file; an existing file only when it is a
+    ``--metrics`` file of pshybrid, appended to). Raises ConfigError naming the option;
+    nothing is created or changed."""
     if cfg.checkpoint_dir:
         problem = safeio.check_writable_dir(cfg.checkpoint_dir)
         if problem:
             raise ConfigError(f"--checkpoint-dir: {problem}")
     if cfg.metrics and topo.rank == topo.worker_ranks[0]:
-        problem = safeio.check_writable_file(cfg.metrics)
+        ckdirs = [d for d in (cfg.checkpoint_dir, cfg.resume) if d]
+        problem = (safeio.check_output(cfg.metrics, "--metrics", run_inputs(cfg), ckdirs,
+                                       existing=metrics_problem)
+                   or safeio.check_writable_file(cfg.metrics))
         if problem:
-            raise ConfigError(f"--metrics: {problem}")
+            raise ConfigError(problem if problem.startswith("--metrics") else
+                              f"--metrics: {problem}")
 
 
 def _ranks_here(topo) -> tuple[int, int]:

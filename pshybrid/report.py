@@ -1,15 +1,26 @@
 """What a training run prints and writes: progress lines, evaluations, ``--metrics`` JSON
-lines and the final summary (built from every rank's timers and traffic counters)."""
+lines and the final summary (built from every rank's timers and traffic counters).
+
+A ``--metrics`` file starts with a config record (``config_record``); a run given an
+existing ``--metrics`` file of pshybrid (a resume, a requeue) appends to it, starting with
+its own config record, so one file holds the whole history across stops and resumes.
+A write that fails (a full disk) is reported once; training goes on without metrics and
+the run's exit status is 1 (``Reporter.failed``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import sys
 import time
 
 import numpy as np
+
+from . import __version__
 
 PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server_apply", "wait",
           "eval")  # server_apply: on workers only with --placement colocated
@@ -73,6 +84,40 @@ def interactive(out, environ=None, root: str = "/proc") -> bool:
     return False
 
 
+def config_record(cfg, command: str, start: int, workers: int, servers: int) -> dict:
+    """The first record of a --metrics file, and of each run appending to it."""
+    from .config import to_dict
+
+    return {"config": to_dict(cfg), "pshybrid": __version__, "command": command,
+            "start_step": start, "workers": workers, "servers": servers}
+
+
+def metrics_problem(path: str) -> str | None:
+    """Why the existing file ``path`` is not a --metrics file a run may append to (None: it
+    is one, or it is empty): its first line must be a config record of pshybrid."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(1 << 20)
+    except OSError as e:
+        return f"--metrics {path}: cannot read: {e.strerror or e}"
+    if not first.strip():
+        return None
+    try:
+        rec = json.loads(first)
+    except ValueError:
+        rec = None
+    if isinstance(rec, dict) and "pshybrid" in rec and isinstance(rec.get("config"), dict):
+        return None
+    return (f"--metrics {path} exists and is not a --metrics file of pshybrid (its first line "
+            "is not a config record): not appended to, not replaced; choose another name")
+
+
+def open_metrics(path: str):
+    """``path`` opened for appending (created if missing), never through a link."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    return os.fdopen(fd, "a")
+
+
 class Reporter:
     """The rank that prints progress and writes --metrics (worker 0). ``cfg.progress``:
     ``bar`` (one line redrawn with ``\\r``), ``lines`` (one per log), ``none``; ``auto``:
@@ -87,8 +132,8 @@ class Reporter:
             progress = "bar" if interactive(out) else "lines"
         self.progress = progress
         self.bar = progress == "bar"  # a bar line may be open: end it before other output
-        self.metrics = open(cfg.metrics, "w") if cfg.metrics else None  # noqa: SIM115
-
+        self.metrics = open_metrics(cfg.metrics) if cfg.metrics else None
+        self.failed: str | None = None  # why --metrics stopped being written
     def step(self, rec: dict) -> None:
         total = self.total_steps
         msg = (f"step {rec['step']}/{total}  loss {rec['loss']:.4f}  "
@@ -117,11 +162,28 @@ class Reporter:
         rec["epoch"] = step / self.steps_per_epoch if self.steps_per_epoch else None
         rec["lr"] = self.lr_at(step) if self.lr_at is not None else None
 
+    def header(self, command: str, start: int, workers: int, servers: int) -> None:
+        """Write the run's config record (the first line of the run in --metrics)."""
+        rec = config_record(self.cfg, command, start, workers, servers)
+        rec["time"] = time.time()
+        self._line(rec)
+
     def _write(self, rec: dict) -> None:
         self.stamp(rec, rec["steps"] if rec.get("summary") else rec["step"])
-        if self.metrics:
+        self._line(rec)
+
+    def _line(self, rec: dict) -> None:
+        if not self.metrics:
+            return
+        try:
             self.metrics.write(json.dumps(rec) + "\n")
             self.metrics.flush()
+        except OSError as e:  # a full disk: say so once, train on without metrics
+            self.failed = f"--metrics {self.cfg.metrics}: {e.strerror or e}"
+            sys.stderr.write(f"pshybrid: warning: {self.failed}: no more metrics are written; "
+                             "training goes on (exit status 1 at the end)\n")
+            sys.stderr.flush()
+            self.close_file()
 
     def close(self, summary: dict) -> None:
         if self.bar:
@@ -144,8 +206,12 @@ class Reporter:
     def close_file(self) -> None:
         """Close the metrics file (also when training fails)."""
         if self.metrics:
-            self.metrics.close()
-            self.metrics = None
+            f, self.metrics = self.metrics, None
+            try:
+                f.close()
+            except OSError:  # the buffered line of a failed write: dropped with the file
+                with contextlib.suppress(OSError, ValueError):
+                    os.close(f.fileno())
 
 
 def _base_rate_logloss(p: float) -> float:

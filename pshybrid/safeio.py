@@ -13,17 +13,25 @@ Pure Python (no MPI). The rules every writer in pshybrid follows:
 - ``check_writable`` probes a directory (or the nearest existing ancestor of one that does
   not exist yet) by writing a nameless temporary file there, so a missing, read-only or
   full directory is found before any work is done, without leaving anything behind.
+- ``check_output`` is the one guard of every command's output file: never a file the
+  command reads (same device and inode, or the same resolved name), never a file inside a
+  checkpoint directory, never a non-regular file (a device such as ``/dev/null``, a FIFO,
+  a directory); an existing file is replaced only when asked (``--overwrite``) and only
+  when it is an earlier output of the same command (``output_kind``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import stat
 import tempfile
 
 _PROBE_BYTES = 4096
+STEP_RE = re.compile(r"step-([0-9]+)")  # a checkpoint's step directory (``checkpoint_files``)
+OUTPUT_ATTR = "pshybrid_output"  # HDF5 attribute on every output: the command that wrote it
 
 
 def _umask() -> int:
@@ -200,3 +208,109 @@ def check_writable_file(path: str) -> str | None:
             return f"{path} is not writable ({e.strerror or e})"
     problem = check_writable_dir(d)
     return None if problem is None else f"{path}: {problem}"
+
+
+# -- the output guard --------------------------------------------------------------------------
+
+def same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: the same device and inode (also through
+    links and hard links), or, for names not created yet, the same resolved path."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _is_checkpoint_dir(d: str) -> bool:
+    """A directory pshybrid wrote checkpoints in (a ``latest`` holding ``step-N``, or a
+    ``step-N`` directory with a ``meta.json``), or one such ``step-N`` directory."""
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return False
+    if STEP_RE.fullmatch(os.path.basename(d)) and "meta.json" in names:
+        return True
+    if "latest" in names:
+        with contextlib.suppress(OSError, ValueError):
+            if STEP_RE.fullmatch(read_small_text(os.path.join(d, "latest"), 256).strip()):
+                return True
+    return any(STEP_RE.fullmatch(n) and os.path.isfile(os.path.join(d, n, "meta.json"))
+               for n in names)
+
+
+def checkpoint_holding(path: str, also=()) -> str | None:
+    """The checkpoint directory ``path`` lies in (its own directory or any above it, once
+    links are resolved), or the directory of ``also`` (a run's ``--checkpoint-dir``, which may
+    be empty yet) that holds it; None if neither."""
+    p = os.path.realpath(path)
+    for d in also:
+        root = os.path.realpath(d)
+        if p == root or p.startswith(root.rstrip(os.sep) + os.sep):
+            return d
+    d = os.path.dirname(p)
+    while True:
+        if _is_checkpoint_dir(d):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+def output_kind(path: str) -> str | None:
+    """The command that wrote the HDF5 file ``path`` (its ``OUTPUT_ATTR``), or None."""
+    try:
+        import h5py
+
+        with open(path, "rb") as fh:
+            if fh.read(8) != b"\x89HDF\r\n\x1a\n":
+                return None
+        with h5py.File(path, "r") as f:
+            kind = f.attrs.get(OUTPUT_ATTR)
+    except (OSError, ValueError, ImportError):
+        return None
+    return kind.decode() if isinstance(kind, bytes) else kind
+
+
+def check_output(path: str, option: str, inputs=(), checkpoint_dirs=(),
+                 existing=None) -> str | None:
+    """Why the command may not write its output ``path`` (named ``option`` in the message),
+    or None. Refused: an existing name that is not a regular file; the same file as one of
+    ``inputs`` ``(name, path)``; a path inside a checkpoint directory (``checkpoint_holding``,
+    ``checkpoint_dirs``: the run's own). ``existing(path)``, called for an existing regular
+    file, says why it may not be replaced (None: it may)."""
+    name = f"{option} {path}" if option else path
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        return f"{name}: {e.strerror or e}"
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        return (f"{name} is {what}: an output is a regular file or a new name (a device, FIFO "
+                "or directory is never replaced)")
+    for what, other in inputs:
+        if other and same_file(path, other):
+            return f"{name} is the same file as {what} {other}: an input is never written over"
+    ck = checkpoint_holding(path, checkpoint_dirs)
+    if ck is not None:
+        return (f"{name} lies inside the checkpoint directory {ck}: write outputs elsewhere "
+                "(a checkpoint's files are never written over)")
+    return existing(path) if st is not None and existing is not None else None
+
+
+def replaceable(command: str, overwrite: bool):
+    """``existing`` for ``check_output``: an existing output is refused without ``overwrite``,
+    and with it unless ``output_kind`` is ``command`` (an earlier output of that command)."""
+    def why(path: str) -> str | None:
+        if not overwrite:
+            return f"{path} exists; pass --overwrite to replace an earlier output of {command}"
+        if output_kind(path) != command:
+            return (f"{path} exists and is not an output of pshybrid {command} (no "
+                    f"{OUTPUT_ATTR} = {command!r} attribute): not replaced, even with "
+                    "--overwrite; remove it yourself or choose another name")
+        return None
+    return why

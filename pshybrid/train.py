@@ -52,6 +52,7 @@ class TrainResult:
     step_seconds: list = field(default_factory=list)  # reporter only: wall time of each step
     summary: dict = field(default_factory=dict)  # reporter only
     preempted: int | None = None                 # the step a signal stopped the run at
+    metrics_failed: str | None = None            # reporter: why --metrics stopped (a full disk)
     dense: np.ndarray | None = None              # workers, when collect=True
     table: np.ndarray | None = None              # workers, when collect=True
 
@@ -107,6 +108,7 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
                 d.close()
             if job is not None and job.reporter:
                 job.reporter.close_file()
+                job.result.metrics_failed = job.reporter.failed
             topo.free()
 
 
@@ -168,6 +170,8 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
                 if topo.rank == topo.worker_ranks[0] else None)
     start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema, score) if cfg.resume \
         else 0
+    if reporter:
+        reporter.header("eval" if score else "train", start, topo.n_workers, topo.n_servers)
     if topo.is_worker:
         mode.ready()
     job = Job(cfg, topo, data, evdata, model, layout, ps, mode, plan, steps, start, reporter,

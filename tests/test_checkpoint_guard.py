@@ -156,13 +156,19 @@ def test_export_never_writes_through_links(ck, tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     out = tmp_path / "out.h5"
-    for name in ("out.h5", "out.h5.tmp", "out.tmp", ".out.h5.tmp"):
+    for name in ("out.h5.tmp", "out.tmp", ".out.h5.tmp"):
         os.symlink(victim, tmp_path / name)
     checkpoint_files.export(ck, str(out))
     assert victim.read_text() == "precious\n"
     assert not out.is_symlink()
     with h5py.File(out, "r") as f:
         assert f.attrs["step"] == 4
+    linked = tmp_path / "linked.h5"  # a link at OUT names an existing file: not an export's
+    os.symlink(victim, linked)
+    with pytest.raises(PshybridError, match="not an output of pshybrid export"):
+        checkpoint_files.export(ck, str(linked), overwrite=True)
+    assert victim.read_text() == "precious\n" and linked.is_symlink()
+    checkpoint_files.export(ck, str(out), overwrite=True)  # an earlier export: replaced
 
 
 # -- corrupt checkpoints ---------------------------------------------------------------------
@@ -310,3 +316,33 @@ def test_empty_eval_file_is_refused(tmp_path):
     with pytest.raises(InputError) as e:
         run(eval_data=path)
     assert path in str(e.value) and "no rows" in str(e.value)
+
+
+def _records(path):
+    import json
+
+    return [json.loads(line) for line in open(path)]
+
+
+def test_metrics_are_appended_across_a_stop_and_a_resume(tmp_path):
+    """Oracle: one unbroken record of steps 1..6 in one file, each run starting with its
+    config record (the start step it resumed from), after a run of 4 steps and a resume."""
+    ck, m = str(tmp_path / "ck"), str(tmp_path / "m.jsonl")
+    run(steps=4, checkpoint_dir=ck, metrics=m)
+    run(steps=6, resume=ck, checkpoint_dir=ck, metrics=m)
+    recs = _records(m)
+    assert [(r["command"], r["start_step"]) for r in recs if "config" in r] == [
+        ("train", 0), ("train", 4)]
+    assert "config" in recs[0] and recs[0]["config"]["steps"] == 4
+    assert [r["step"] for r in recs if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert [r["steps"] for r in recs if r.get("summary")] == [4, 6]
+
+
+def test_metrics_file_of_another_kind_is_refused_not_truncated(tmp_path):
+    other = tmp_path / "notes.jsonl"
+    other.write_text('{"step": 1}\n')
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        run(metrics=str(other))
+    assert "not a --metrics file of pshybrid" in str(e.value) and str(other) in str(e.value)
+    assert snapshot(tmp_path) == before

@@ -1,5 +1,6 @@
 """Fuzz matrix: bad inputs to ``train``, ``export``, ``--resume``, ``eval``, ``predict`` and
-``plot``, each one whole command
+``plot`` (and outputs that would write over an input, a checkpoint or a device), each one
+whole command
 in a subprocess with a timeout. Every one must end with exit status 2, exactly one
 ``pshybrid: error`` line per rank naming the problem, no ``Traceback``, and nothing that
 existed before changed, removed or added (no partial output). Most run on one rank
@@ -242,6 +243,50 @@ CASES.update({
                                       '\n'), ["plot", "m.jsonl", "x.png"], "m.jsonl:1: key 'loss'"),
     "mpi_eval_other_schema": (2, _other_schema, ["eval", "ck", "o.h5"], "other fields"),
     "mpi_predict_exists": (2, None, ["predict", "ck", "d.h5", "victim.txt"], "--overwrite"),
+})
+
+
+def _null(w):
+    """w/null: a character device like /dev/null (root only; skipped elsewhere)."""
+    try:
+        os.mknod(w / "null", 0o20666, os.makedev(1, 3))
+    except OSError:
+        pytest.skip("cannot make a device node here")
+
+
+# Outputs that would destroy an input, a checkpoint or a device: every command refuses them
+# with one line naming the path (issue 27, items 2-4).
+CASES.update({
+    "metrics_is_data": (1, None, ["train", *ONE, *MODEL, "--data", "d.h5", "--metrics", "d.h5"],
+                        "--metrics d.h5 is the same file as --data d.h5"),
+    "metrics_is_config": (1, write("c.toml", "steps = 3\n"), ["train", *ONE, *MODEL, "--config",
+                                                             "c.toml", "--metrics", "c.toml"],
+                          "same file as --config"),
+    "metrics_in_checkpoint": (1, None, ["train", *ONE, *MODEL, "--metrics", "ck/latest"],
+                              "inside the checkpoint directory"),
+    "metrics_not_ours": (1, None, ["train", *ONE, *MODEL, "--metrics", "victim.txt"],
+                         "not a --metrics file of pshybrid"),
+    "metrics_device": (1, _null, ["train", *ONE, *MODEL, "--metrics", "null"],
+                       "not a regular file"),
+    "eval_metrics_is_data": (1, None, ["eval", "ck", "d.h5", "--metrics", "d.h5"],
+                             "same file as --data d.h5"),
+    "export_over_latest": (1, None, ["export", "ck", "ck/latest"], "inside the checkpoint"),
+    "export_over_data": (1, None, ["export", "ck/step-4", "d.h5"], "--overwrite"),
+    "export_over_data_overwrite": (1, None, ["export", "ck/step-4", "d.h5", "--overwrite"],
+                                   "not an output of pshybrid export"),
+    "export_device": (1, _null, ["export", "ck", "null", "--overwrite"], "not a regular file"),
+    "predict_over_checkpoint": (1, None, ["predict", "ck", "d.h5", "ck/step-2/dense.h5",
+                                          "--overwrite"], "inside the checkpoint directory"),
+    "predict_over_data": (1, None, ["predict", "ck", "d.h5", "d.h5", "--overwrite"],
+                          "same file as DATA"),
+    "predict_device": (1, _null, ["predict", "ck", "d.h5", "null", "--overwrite"],
+                       "not a regular file"),
+    "plot_over_run": (1, write("m.jsonl", '{"step": 1, "loss": 1, "samples_per_s": 2}\n'),
+                      ["plot", "m.jsonl", "m.jsonl", "--overwrite"], "same file as RUN"),
+    "prep_into_checkpoint": (1, None, ["prep", "synthetic", "ck/step-4/x.h5", "--rows", "100"],
+                             "inside the checkpoint directory"),
+    "mpi_metrics_is_data": (2, None, ["train", *TWO, *MODEL, "--data", "d.h5", "--metrics",
+                                      "d.h5"], "same file as --data"),
 })
 
 
