@@ -7,6 +7,7 @@ after its steps ran, or being killed for memory:
   (model, sizes, optimizers, data fields);
 - ``--checkpoint-dir``: no checkpoints this run could lose track of
   (``checkpoint_files.check_run_dir``), and writable on every rank (each one writes there);
+  then held by this job alone for the whole run (``lock_checkpoint_dir``);
 - ``--metrics``: writable on the reporting rank (worker 0, the only one writing it), and
   not a file the run reads, a checkpoint's file or a non-regular file; an existing file
   only if it is a ``--metrics`` file of pshybrid (the run appends to it);
@@ -67,6 +68,26 @@ def check_outputs(cfg, topo) -> None:
         if problem:
             raise ConfigError(problem if problem.startswith("--metrics") else
                               f"--metrics: {problem}")
+
+
+def lock_checkpoint_dir(cfg, topo, out, held: list) -> None:
+    """Hold ``--checkpoint-dir`` for this job (``safeio.DirLock``, appended to ``held``, whose
+    ``close`` releases it): the checkpoint writer (worker 0) takes it, every rank learns the
+    verdict. A stale lock taken over is named in one line on ``out``."""
+    err, notice = None, None
+    if topo.rank == topo.worker_ranks[0]:
+        lock = safeio.DirLock(cfg.checkpoint_dir)
+        try:
+            notice = lock.acquire()
+            held.append(lock)
+        except OSError as e:
+            err = ConfigError(f"--checkpoint-dir: {e}" if isinstance(e, FileExistsError) else
+                              f"--checkpoint-dir {cfg.checkpoint_dir}: cannot lock: "
+                              f"{e.strerror or e}")
+        if notice and out is not None:
+            out.write(notice + "\n")
+            out.flush()
+    agree(topo.world, err)  # Wire: verdict allgather; nobody trains unless worker 0 holds it
 
 
 def _ranks_here(topo) -> tuple[int, int]:

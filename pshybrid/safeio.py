@@ -18,6 +18,9 @@ Pure Python (no MPI). The rules every writer in pshybrid follows:
   checkpoint directory, never a non-regular file (a device such as ``/dev/null``, a FIFO,
   a directory); an existing file is replaced only when asked (``--overwrite``) and only
   when it is an earlier output of the same command (``output_kind``).
+- ``DirLock`` holds a directory for one job: a lock file created with ``O_CREAT|O_EXCL``
+  naming host, pid and the process's start time; a stale one (same host, that process
+  gone) is taken over, one from another host is never judged.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import contextlib
 import os
 import re
 import shutil
+import socket
 import stat
 import tempfile
 
@@ -314,3 +318,114 @@ def replaceable(command: str, overwrite: bool):
                     "--overwrite; remove it yourself or choose another name")
         return None
     return why
+
+
+# -- one job per directory ---------------------------------------------------------------------
+
+LOCK_NAME = ".pshybrid-lock"
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, /proc), None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: someone else's process
+        pass
+    return True
+
+
+class DirLock:
+    """An exclusive hold on directory ``root`` for one job: ``acquire()`` creates
+    ``root/.pshybrid-lock`` with ``O_CREAT|O_EXCL`` (the directory too, if missing) holding
+    ``host pid start-time``; ``release()`` removes it (only if it is still this process's)
+    and the directory if acquire made it and it is empty."""
+
+    def __init__(self, root: str):
+        self.root, self.path = root, os.path.join(root, LOCK_NAME)
+        self.mine = f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid())}\n"
+        self.held = self.made = False
+
+    def acquire(self) -> str | None:
+        """Take the lock; returns a one-line notice when a stale lock was taken over. Raises
+        FileExistsError with the reason when another job holds it, OSError otherwise."""
+        if not os.path.isdir(self.root):
+            os.makedirs(self.root)
+            self.made = True
+        notice = None
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                             0o644)
+            except FileExistsError:
+                notice = self._take_over() or notice
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(self.mine)
+                f.flush()
+                os.fsync(f.fileno())
+            self.held = True
+            return notice
+        raise FileExistsError(f"{self.path}: another job took it at the same moment")
+
+    def _take_over(self) -> str | None:
+        """Move a stale lock away (raising FileExistsError naming a live holder)."""
+        try:
+            text = read_small_text(self.path, 512)
+        except (OSError, ValueError):
+            text = ""
+        why = self._stale(text)
+        aside = f"{self.path}.{os.getpid()}.stale"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:  # another job moved it first: try to create it again
+            return None
+        if read_small_text(aside, 512) != text:  # another job's fresh lock: put it back
+            with contextlib.suppress(OSError):
+                os.link(aside, self.path)
+            os.unlink(aside)
+            raise FileExistsError(f"{self.root} is in use by another job ({self.path})")
+        os.unlink(aside)
+        return f"pshybrid: note: {self.path}: stale lock of {why}: taken over"
+
+    def _stale(self, text: str) -> str:
+        """Why the lock holding ``text`` is stale; FileExistsError if it may be held."""
+        try:
+            host, pid, start = text.split()
+            pid_n = int(pid)
+        except ValueError:
+            raise FileExistsError(f"{self.root} is locked ({self.path} names no holder): if no "
+                                  f"job uses it, remove {self.path}") from None
+        if host != socket.gethostname():
+            raise FileExistsError(f"{self.root} is in use by pid {pid} on host {host} "
+                                  f"({self.path}); it is not judged from here: if no job runs "
+                                  f"there, remove {self.path}")
+        if not _alive(pid_n):
+            return f"pid {pid} on {host}, which is gone"
+        if start != str(_start_time(pid_n)):
+            return f"pid {pid} on {host}, now another process (another start time)"
+        raise FileExistsError(f"{self.root} is in use by another job: pid {pid} on host {host} "
+                              f"holds {self.path}; choose another --checkpoint-dir or wait "
+                              "for it to end")
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            with contextlib.suppress(OSError, ValueError):
+                if read_small_text(self.path, 512) == self.mine:
+                    os.unlink(self.path)
+        if self.made:
+            self.made = False
+            with contextlib.suppress(OSError):
+                os.rmdir(self.root)  # only if empty: no checkpoint was written
+
+    close = release

@@ -35,7 +35,7 @@ from .modes import MODES, build_mode
 from .modes.hot import hottest_rows
 from .optim import Optimizer, Schedule
 from .preempt import Preemption, notice
-from .preflight import preflight
+from .preflight import lock_checkpoint_dir, preflight
 from .report import Reporter, summarize
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .synthetic import SyntheticCTR
@@ -85,6 +85,8 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
             idle = preflight(cfg, topo, data, evdata, out, collect)  # resumed, nothing to do
             if idle and evdata is None:
                 return TrainResult(topo.role)
+            if cfg.checkpoint_dir and not idle:  # released by ``opened``'s close below
+                lock_checkpoint_dir(cfg, topo, out, opened)
             job = setup(cfg, topo, data, evdata, out)
             job.auto = planned
             if idle:  # --eval-data: evaluate the resumed model

@@ -346,3 +346,45 @@ def test_metrics_file_of_another_kind_is_refused_not_truncated(tmp_path):
         run(metrics=str(other))
     assert "not a --metrics file of pshybrid" in str(e.value) and str(other) in str(e.value)
     assert snapshot(tmp_path) == before
+
+
+# -- one job per checkpoint directory --------------------------------------------------------
+
+def _plant_lock(root, pid, start=None):
+    import socket
+
+    from pshybrid import safeio
+
+    os.makedirs(root, exist_ok=True)
+    text = f"{socket.gethostname()} {pid} {start or safeio._start_time(pid)}\n"
+    with open(os.path.join(root, safeio.LOCK_NAME), "w") as f:
+        f.write(text)
+    return text
+
+
+def test_a_checkpoint_dir_held_by_a_live_job_is_refused_before_step_1(tmp_path):
+    ck = str(tmp_path / "ck")
+    _plant_lock(ck, os.getppid())  # a live process on this host: another job
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        run(checkpoint_dir=ck)
+    assert "in use by another job" in str(e.value) and f"pid {os.getppid()}" in str(e.value)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_stale_lock_is_named_and_taken_over_and_every_run_releases_its_lock(tmp_path):
+    from pshybrid import safeio
+
+    ck = str(tmp_path / "ck")
+    _plant_lock(ck, os.getppid(), start="1")  # that pid now runs another process
+    res, out = run(checkpoint_dir=ck)
+    assert "stale lock" in out and "now another process" in out, out
+    assert not os.path.exists(os.path.join(ck, safeio.LOCK_NAME))
+
+    def fail(done):  # an error after step 5, on every rank: the lock is released
+        if done == 5:
+            raise PshybridError("stop here", collective=True)
+    with pytest.raises(PshybridError, match="stop here"):
+        train(replace(BASE, steps=6, resume=ck, checkpoint_dir=ck), MPI.COMM_SELF,
+              dataset=DATA, out=io.StringIO(), on_step=fail)
+    assert sorted(os.listdir(ck)) == ["latest", "step-4"]

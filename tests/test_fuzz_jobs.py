@@ -356,3 +356,35 @@ def test_report():
     print("\n" + line)
     bad = {k: v for k, v in RESULTS.items() if v != "clear error"}
     assert not bad, bad
+
+
+def test_two_jobs_sharing_one_checkpoint_dir(tmp_path):
+    """Issue 27, item 5: a second job started beside a running one into the same
+    --checkpoint-dir is refused naming the holder (host and pid) and changes nothing; the
+    first, stopped by SIGTERM, checkpoints, exits 75 and releases the directory."""
+    import signal
+    import time
+
+    from pshybrid.safeio import LOCK_NAME
+
+    argv = pshybrid("train", *ONE, *MODEL, "--steps", "100000", "--checkpoint-dir", "ck2",
+                    "--checkpoint-every", "1", "--keep-last", "1", "--progress", "none")
+    first = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, stdin=subprocess.DEVNULL)
+    try:
+        lock = tmp_path / "ck2" / LOCK_NAME
+        deadline = time.time() + TIMEOUT
+        while not lock.exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        held = lock.read_text()
+        assert str(first.pid) in held, held
+        rc, text = run(1, argv[3:], tmp_path)  # the same command again
+        assert rc == 2 and f"pid {first.pid} on host" in text and "in use by another job" in text
+        assert lock.read_text() == held
+        while not (tmp_path / "ck2" / "latest").exists() and time.time() < deadline:
+            time.sleep(0.05)  # the first job is in its loop: SIGTERM stops it at a step
+    finally:
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=TIMEOUT)
+    assert first.returncode == 75, (out, err)
+    assert not lock.exists() and (tmp_path / "ck2" / "latest").exists()

@@ -139,3 +139,45 @@ def test_overwrite_replaces_only_an_earlier_output_of_the_same_command(tmp_path)
             str(path), "", existing=export)
     assert "--overwrite" in safeio.check_output(
         str(mine), "", existing=safeio.replaceable("export", overwrite=False))
+
+
+def _lock_text(pid, start=None, host=None):
+    import socket
+
+    return f"{host or socket.gethostname()} {pid} {start or safeio._start_time(pid)}\n"
+
+
+def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path):
+    """Oracle: a live holder on this host (this test's own parent process) and a holder on
+    another host are refused, naming them; a holder whose pid is gone or was reused (another
+    start time) is stale: taken over with a notice naming it."""
+    import subprocess
+    import sys
+
+    root = tmp_path / "ck"
+    lock = safeio.DirLock(str(root))
+    assert lock.acquire() is None and root.is_dir()
+    with pytest.raises(FileExistsError, match=f"pid {os.getpid()} on host"):
+        safeio.DirLock(str(root)).acquire()
+    lock.release()
+    assert not root.exists()  # it made the directory and nothing else was written there
+    root.mkdir()
+    path = root / safeio.LOCK_NAME
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    refused = {_lock_text(os.getppid()): "in use by another job",
+               _lock_text(1, host="elsewhere"): "on host elsewhere"}
+    stale = {_lock_text(gone, start="1"): "which is gone",
+             _lock_text(os.getppid(), start="1"): "now another process"}
+    for text, why in refused.items():
+        path.write_text(text)
+        with pytest.raises(FileExistsError, match=why) as e:
+            safeio.DirLock(str(root)).acquire()
+        assert str(path) in str(e.value) and path.read_text() == text
+    for text, why in stale.items():
+        path.write_text(text)
+        lock = safeio.DirLock(str(root))
+        notice = lock.acquire()
+        assert why in notice and str(path) in notice and path.read_text() == lock.mine
+        lock.release()
+        assert os.listdir(root) == []
