@@ -25,7 +25,9 @@ import numpy as np
 
 from . import safeio
 from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, _read_dense, _read_shards,
-                               check_compatible, list_steps, read_latest, read_meta, resolve)
+                               check_compatible, has_checksums, list_steps, read_latest,
+                               read_meta, resolve)
+from .checksums import CRC_ATTR, crc32
 from .config import TrainConfig, to_dict
 from .errors import InputError, PshybridError
 from .optim import SLOTS
@@ -71,23 +73,23 @@ def _write_files(tmp: str, step: int, cfg, topo, ps, schema, ids, sparse, dense)
     if ids is not None:
         shard = os.path.join(tmp, f"shard-{max(topo.server_index, 0):05d}.h5")
         with h5py.File(shard, "x") as f:  # exclusive: never over anything
-            f["ids"] = ids
-            for k, a in sparse.items():
+            for k, a in (("ids", ids), *sparse.items()):
                 f[k] = a
+                f[k].attrs[CRC_ATTR] = crc32(a)
         safeio.fsync_file(shard)
     if dense is None:
         return
     flat, state = dense
     dpath = os.path.join(tmp, "dense.h5")
     with h5py.File(dpath, "x") as f:
-        f["flat"] = flat
-        for k, a in state.items():
-            f[f"state/{k}"] = a
+        for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items())):
+            f[k] = a
+            f[k].attrs[CRC_ATTR] = crc32(a)
         f.attrs["params"] = json.dumps([(n, ps.offset(n), list(ps.shape(n))) for n in ps.names])
     safeio.fsync_file(dpath)
     meta = {"format_version": FORMAT_VERSION, "step": step, "mode": cfg.mode,
             "servers": topo.n_servers, "seed": cfg.seed, "config": to_dict(cfg),
-            "schema": schema.to_dict(),
+            "schema": schema.to_dict(), "checksums": CRC_ATTR,
             "shards": [f"shard-{s:05d}.h5" for s in range(max(topo.n_servers, 1))]}
     with open(os.path.join(tmp, "meta.json"), "x") as f:
         f.write(json.dumps(meta, indent=1))
@@ -157,10 +159,15 @@ def load(path: str, cfg: TrainConfig, topo, mode, ps, schema, weights_only: bool
         meta = read_meta(step_dir)
         check_compatible(meta, cfg, schema, os.path.join(step_dir, "meta.json"))
         step = int(meta["step"])
-        if topo.is_server or topo.n_servers == 0:  # holders of sparse rows under this run
+        first = topo.rank == topo.worker_ranks[0]
+        sums = has_checksums(step_dir, meta, warn=first)
+        holders = topo.server_ranks if topo.n_servers else topo.worker_ranks
+        if topo.rank in holders:  # holders of sparse rows under this run
+            me, n = holders.index(topo.rank), len(holders)  # each checks 1/n of the shards
             _read_shards(step_dir, meta, mode.layout.table.dim, SLOTS[cfg.sparse_optimizer],
-                         mode.owns, mode.set_sparse_rows, weights_only)
-        flat, state, _ = _read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size)
+                         mode.owns, mode.set_sparse_rows, weights_only, lambda i: i % n == me)
+        flat, state, _ = _read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size,
+                                     checksums=sums and first)
         mode.set_dense_state(flat, {} if weights_only else state)
     except PshybridError as e:
         err = e

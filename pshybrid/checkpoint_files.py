@@ -25,11 +25,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 import h5py
 import numpy as np
 
 from . import safeio
+from .checksums import CRC_ATTR, Sums
 from .config import TrainConfig, from_dict
 from .errors import InputError, PshybridError
 from .optim import SLOTS
@@ -42,8 +44,6 @@ _CHUNK = 1 << 18
 STEP_RE = safeio.STEP_RE
 SHARD_RE = re.compile(r"shard-[0-9]{5,}\.h5")
 TEMP_RE = re.compile(r"\.step-[0-9]+\.(?:[A-Za-z0-9_]+\.)?tmp")  # ours, and the old fixed name
-
-
 def list_steps(root: str) -> dict[int, str]:
     """{N: path} of every entry ``step-N`` in ``root`` (of any kind); {} if there is none."""
     try:
@@ -260,39 +260,76 @@ def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
 
 
 def _read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take,
-                 weights_only: bool = False):
+                 weights_only: bool = False, verify=lambda i: True):
     """Read every shard of ``step_dir`` in chunks, checking it; ``take(ids, {slot: rows})``
     gets the rows ``owns(ids)`` selects, after their values were checked finite (with
-    ``weights_only``, ``{"w": rows}``: the slots' layout is checked, their values not read)."""
-    rows = _Rows(int(sum(meta["schema"]["cardinalities"])))
-    for name in meta["shards"]:
+    ``weights_only``, ``{"w": rows}``: the slots' layout is checked, their values not read
+    unless for the checksum). ``verify(i)``: whether this reader checks the checksums of
+    shard ``i`` (every dataset read whole; ``load`` spreads the shards over its readers)."""
+    rows, checks = _Rows(int(sum(meta["schema"]["cardinalities"]))), []
+    for i, name in enumerate(meta["shards"]):
         fpath = os.path.join(step_dir, name)
+        sums = Sums(fpath, meta.get("checksums") == CRC_ATTR and verify(i))
         with _h5(fpath) as f:
             try:
                 n = _shard_layout(fpath, f, width, slots)
                 for a in range(0, n, _CHUNK):
-                    ids = f["ids"][a:a + _CHUNK].astype(np.int64)
+                    raw = f["ids"][a:a + _CHUNK]
+                    sums.add("ids", raw)
+                    ids = raw.astype(np.int64)
                     rows.add(fpath, ids, a)
-                    mine = owns(ids)
-                    if not mine.any():
-                        continue
-                    sel = np.flatnonzero(mine)
+                    sel = np.flatnonzero(owns(ids))
                     vals = {}
-                    for k in ("w",) if weights_only else ("w", *slots):
-                        v = f[k][a:a + _CHUNK][sel]
-                        if not np.isfinite(v).all():
-                            raise _bad(fpath, f"/{k}", f"has a non-finite value near row {a}")
-                        vals[k] = v
-                    take(ids[sel], vals)
+                    for k in ("w", *slots):
+                        keep = sel.size and (k == "w" or not weights_only)
+                        if not (keep or sums.want):
+                            continue
+                        v = f[k][a:a + _CHUNK]
+                        sums.add(k, v)
+                        if keep:
+                            vals[k] = v[sel]
+                            if not np.isfinite(vals[k]).all():
+                                raise _bad(fpath, f"/{k}", f"has a non-finite value near row {a}")
+                    if sel.size:
+                        take(ids[sel], vals)
+                sums.read(f)
             except (KeyError, OSError, ValueError, IndexError, TypeError) as e:
                 raise InputError(f"{fpath}: corrupt or truncated shard ({e})") from None
+        checks.append(sums)
     rows.check_complete(step_dir)
+    for sums in checks:  # after the checks that name what is wrong, the checksums
+        sums.check()
 
 
-def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None):
+def has_checksums(step_dir: str, meta: dict, warn: bool = True) -> bool:
+    """Whether the checkpoint has checksums (``meta["checksums"]``); one written before
+    them is loaded unverified, with one line on stderr (``warn``)."""
+    if meta.get("checksums") == CRC_ATTR:
+        return True
+    if warn:
+        sys.stderr.write(f"pshybrid: warning: {step_dir}: no checksums (written by an older "
+                         "pshybrid): loaded without verifying them\n")
+        sys.stderr.flush()
+    return False
+
+
+def _dense_sums(fpath: str, flat, state: dict) -> None:
+    """Check /flat and /state/<slot> of ``fpath`` against their checksums."""
+    sums = Sums(fpath, True)
+    sums.add("flat", flat)
+    for k, v in state.items():
+        sums.add(f"state/{k}", v)
+    with _h5(fpath) as f:
+        sums.read(f)
+    sums.check()
+
+
+def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
+                checksums: bool = False):
     """(flat, {slot: (P,)}, params) of ``dense.h5``, checked: /flat 1-D floats (``size``
     of them if given), finite; attrs params a JSON list of [name, offset, shape] inside
-    /flat; /state/<slot> exactly the dense optimizer's slots, each like /flat."""
+    /flat; /state/<slot> exactly the dense optimizer's slots, each like /flat; with
+    ``checksums``, every array against its checksum."""
     fpath = os.path.join(step_dir, "dense.h5")
     with _h5(fpath) as f:
         try:
@@ -339,6 +376,8 @@ def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None):
                     raise _bad(fpath, f"/state/{k}", "has a non-finite value")
         except (KeyError, OSError, ValueError, TypeError) as e:
             raise InputError(f"{fpath}: corrupt or truncated ({e})") from None
+    if checksums:
+        _dense_sums(fpath, flat, state)
     return flat, state, params
 
 
@@ -404,7 +443,8 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
             arrays[k][ids] = v
 
     _read_shards(step_dir, meta, E, slots, lambda ids: np.ones(ids.shape, bool), take)
-    flat, states, params = _read_dense(step_dir, SLOTS[cfg.dense_optimizer])
+    flat, states, params = _read_dense(step_dir, SLOTS[cfg.dense_optimizer],
+                                       checksums=has_checksums(step_dir, meta))
     table = arrays.pop("w")
     try:
         with safeio.atomic_output(out) as tmp, h5py.File(tmp, "w") as o:

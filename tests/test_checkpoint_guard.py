@@ -388,3 +388,51 @@ def test_a_stale_lock_is_named_and_taken_over_and_every_run_releases_its_lock(tm
         train(replace(BASE, steps=6, resume=ck, checkpoint_dir=ck), MPI.COMM_SELF,
               dataset=DATA, out=io.StringIO(), on_step=fail)
     assert sorted(os.listdir(ck)) == ["latest", "step-4"]
+
+
+# -- checksums -------------------------------------------------------------------------------
+
+def test_every_array_carries_its_checksum_and_a_change_is_named(ck, tmp_path):
+    """Oracle: zlib.crc32 of each dataset's bytes, recomputed here; one changed value in
+    any array fails resume and export naming the file, the key and both checksums."""
+    import json
+    import zlib
+
+    step = os.path.join(ck, "step-4")
+    assert json.load(open(os.path.join(step, "meta.json")))["checksums"] == "crc32"
+    for name in ("dense.h5", "shard-00000.h5"):
+        with h5py.File(os.path.join(step, name), "r") as f:
+            keys = []
+            f.visit(lambda k: keys.append(k) if isinstance(f[k], h5py.Dataset) else None)
+            assert keys
+            for k in keys:
+                assert f[k].attrs["crc32"] == zlib.crc32(np.ascontiguousarray(f[k][...])), k
+    with h5py.File(os.path.join(step, "shard-00000.h5"), "a") as f:
+        f["acc"][2, 1] += 1.0
+        want = int(f["acc"].attrs["crc32"])
+    for load in (lambda: checkpoint_files.export(ck, str(tmp_path / "x.h5")),
+                 lambda: run(steps=6, resume=ck)):
+        with pytest.raises(InputError) as e:
+            load()
+        assert "shard-00000.h5: /acc fails its checksum" in str(e.value)
+        assert f"stored {want:#010x}" in str(e.value), e.value
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_a_checkpoint_without_checksums_loads_with_one_warning(ck, tmp_path, capfd):
+    """Checkpoints written before the checksums: no meta.json 'checksums', no attributes."""
+    import json
+
+    step = os.path.join(ck, "step-4")
+    meta = json.load(open(os.path.join(step, "meta.json")))
+    del meta["checksums"]
+    with open(os.path.join(step, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    for name in ("dense.h5", "shard-00000.h5"):
+        with h5py.File(os.path.join(step, name), "a") as f:
+            f.visititems(lambda k, d: d.attrs.__delitem__("crc32")
+                         if isinstance(d, h5py.Dataset) else None)
+    res, _ = run(steps=6, resume=ck)
+    checkpoint_files.export(ck, str(tmp_path / "x.h5"))
+    err = capfd.readouterr().err
+    assert res.summary["steps"] == 6 and err.count("no checksums") == 2, err

@@ -290,6 +290,29 @@ CASES.update({
 })
 
 
+
+def bump(key, idx):
+    """Change one value of dataset ``key`` in place (its attributes, the checksum, stay)."""
+    def edit(f):
+        f[key][idx] = f[key][idx] + 1.0
+    return edit
+
+
+# A changed weight is found by its checksum, whichever command loads it (issue 27, item 11).
+CASES.update({
+    "resume_w_changed": (1, h5edit(SHARD, bump("w", (3, 1))), ["train", *ONE, *MODEL, "--data",
+                         "d.h5", "--resume", "ck", "--steps", "6"], "/w fails its checksum"),
+    "export_flat_changed": (1, h5edit(DENSE, bump("flat", 5)), ["export", "ck", "x.h5"],
+                            "dense.h5: /flat fails its checksum"),
+    "eval_slot_changed": (1, h5edit(SHARD, bump("acc", (0, 0))), ["eval", "ck", "d.h5"],
+                          "shard-00000.h5: /acc fails its checksum"),
+    "predict_state_changed": (1, h5edit(DENSE, bump("state/m", 0)), ["predict", "ck", "d.h5",
+                                                                      "p.h5"], "/state/m fails"),
+    "mpi_resume_w_changed": (2, h5edit(SHARD, bump("w", (3, 1))), ["train", *TWO, *MODEL,
+                             "--data", "d.h5", "--resume", "ck", "--steps", "6"], "checksum"),
+})
+
+
 def run(ranks, argv, cwd):
     """(returncode or None on a hang, stderr)."""
     if ranks == 1:
