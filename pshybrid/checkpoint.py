@@ -110,8 +110,33 @@ def _make_temp(root: str, step: int, topo, writer_rank: int) -> str:
     return topo.world.bcast(tmp, root=writer_rank)  # Wire: its fresh name, from worker 0
 
 
+def _failed(root: str, step: int, why: str) -> PshybridError:
+    """The one line of a checkpoint that could not be written."""
+    try:
+        kept = read_latest(root)
+    except InputError:
+        kept = None
+    return PshybridError(f"checkpoint step-{step} not written in {root}: {why}; "
+                         + (f"{root}/latest still names {kept}" if kept else
+                            "no earlier checkpoint there"))
+
+
+def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridError | None:
+    """Whether the disk of ``tmp`` has room for every rank's files of this checkpoint (and
+    no file exceeds ``ulimit -f``), found before HDF5 writes anything."""
+    files = [0 if ids is None else ids.nbytes + sum(a.nbytes for a in sparse.values())]
+    if dense is not None:
+        files.append(dense[0].nbytes * (1 + len(dense[1])))
+    mine = sum(files) + (1 << 16) * len(files)  # + HDF5 metadata, meta.json
+    total = topo.world.allreduce(mine)  # Wire: allreduce of one int (bytes); all ranks wait
+    problem = safeio.room_problem(tmp, total, max(files) + (1 << 16))
+    return _failed(root, step, problem) if problem else None
+
+
 def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
-    """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``)."""
+    """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``). A write
+    that fails (a full disk) removes the temporary directory and raises one
+    ``PshybridError`` on every rank; ``latest`` keeps naming the previous checkpoint."""
     writer_rank = topo.worker_ranks[0]
     writer = topo.rank == writer_rank
     final = os.path.join(root, f"step-{step}")
@@ -121,11 +146,13 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
     dense = mode.dense_state_full() if writer else None
     try:
         agree(topo.world, _check_finite(step, sparse, dense))  # Wire: verdict allgather
+        # Wire: verdict allgather; no rank starts an HDF5 write the disk has no room for
+        agree(topo.world, _room(tmp, root, step, topo, ids, sparse, dense))
         err = None
         try:
             _write_files(tmp, step, cfg, topo, ps, schema, ids, sparse, dense)
-        except OSError as e:
-            err = PshybridError(f"writing checkpoint {tmp}: {e}")
+        except (OSError, RuntimeError) as e:  # RuntimeError: h5py's, on a full disk
+            err = _failed(root, step, str(getattr(e, "strerror", None) or e))
         agree(topo.world, err)  # Wire: every file is on disk before the rename
         err = None
         if writer:
@@ -134,7 +161,7 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
                 safeio.fsync_dir(root)
                 safeio.atomic_write_text(os.path.join(root, "latest"), f"step-{step}\n")
             except OSError as e:
-                err = PshybridError(f"publishing checkpoint {final}: {e}")
+                err = _failed(root, step, f"publishing {final}: {e.strerror or e}")
         agree(topo.world, err)  # Wire: verdict allgather; every rank learns a failed rename
     except PshybridError:
         if writer:

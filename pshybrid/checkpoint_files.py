@@ -395,17 +395,21 @@ def _check_out(path: str, out: str, overwrite: bool) -> None:
         raise PshybridError(problem)
 
 
-def _check_space(out: str, need: int, gib) -> None:
-    """Refuse, before writing, an export whose ``need`` bytes the disk of ``out`` lacks
-    (HDF5 writing into a full disk can crash the process instead of raising)."""
-    try:
-        st = os.statvfs(os.path.dirname(os.path.abspath(out)))
-    except OSError:
-        return
-    free = st.f_bavail * st.f_frsize
-    if need > free:
-        raise PshybridError(f"export: {out} needs about {gib(need)}, the disk holding it has "
-                            f"{gib(free)} free: free some space or write elsewhere")
+def _check_sizes(step_dir: str, out: str, table: int, slots: int) -> None:
+    """Refuse, before allocating and writing, an export of a ``table`` of bytes with
+    ``slots`` slots that does not fit in memory, or on the disk of ``out``."""
+    from .limits import available_memory, gib
+
+    need = table * (1 + slots) + table // 8
+    mem = available_memory()
+    if mem is not None and need > mem:
+        raise PshybridError(f"export of {step_dir}: the table ({gib(table)}, {1 + slots} "
+                            f"slots) needs {gib(need)} in memory, {gib(mem)} is available")
+    dense = os.path.join(step_dir, "dense.h5")
+    need += os.path.getsize(dense) if os.path.isfile(dense) else 0
+    problem = safeio.room_problem(os.path.dirname(os.path.abspath(out)), need, need)
+    if problem:
+        raise PshybridError(f"export: {out}: {problem}; nothing written")
 
 
 def export(path: str, out: str, overwrite: bool = False) -> dict:
@@ -417,8 +421,6 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
     on success and removed on any error, so a refused export leaves no file behind. ``out``
     passes ``safeio.check_output``: an existing file is replaced only with ``overwrite`` and
     only when an earlier export wrote it."""
-    from .limits import available_memory, gib
-
     _check_out(path, out, overwrite)
     step_dir = resolve(path)
     meta = read_meta(step_dir)
@@ -428,14 +430,7 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
     offsets = field_offsets(cards)
     rows_total, D, E = int(sum(cards)), cfg.embedding_dim, row_width(cfg)
     slots = SLOTS[cfg.sparse_optimizer]
-    need = rows_total * E * np.dtype(cfg.dtype).itemsize * (1 + len(slots)) + rows_total // 8
-    mem = available_memory()
-    if mem is not None and need > mem:
-        raise PshybridError(f"export of {step_dir}: the table ({rows_total:,} rows x {E}, "
-                            f"{1 + len(slots)} slots) needs {gib(need)} in memory, "
-                            f"{gib(mem)} is available")
-    dense = os.path.join(step_dir, "dense.h5")
-    _check_space(out, need + (os.path.getsize(dense) if os.path.isfile(dense) else 0), gib)
+    _check_sizes(step_dir, out, rows_total * E * np.dtype(cfg.dtype).itemsize, len(slots))
     arrays = {k: np.zeros((rows_total, E), cfg.dtype) for k in ("w", *slots)}
 
     def take(ids, vals):

@@ -214,6 +214,35 @@ def check_writable_file(path: str) -> str | None:
     return None if problem is None else f"{path}: {problem}"
 
 
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n / 2**10:,.1f} KiB"
+
+
+def room_problem(directory: str, total: int, biggest: int) -> str | None:
+    """Why ``total`` bytes, the largest file ``biggest``, cannot be written in
+    ``directory``: less free space on its disk (``statvfs``), or a file size limit
+    (``ulimit -f``); None if neither. Checked before HDF5 writes: h5py writing into a full
+    disk can crash the process instead of raising."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and biggest > limit:
+        return (f"a file of about {_size(biggest)} exceeds the file size limit (ulimit -f) "
+                f"of {_size(limit)} (File too large)")
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if total > free:
+        return (f"about {_size(total)} is needed, its disk has {_size(free)} free "
+                "(No space left on device)")
+    return None
+
+
 # -- the output guard --------------------------------------------------------------------------
 
 def same_file(a: str, b: str) -> bool:

@@ -436,3 +436,82 @@ def test_a_checkpoint_without_checksums_loads_with_one_warning(ck, tmp_path, cap
     checkpoint_files.export(ck, str(tmp_path / "x.h5"))
     err = capfd.readouterr().err
     assert res.summary["steps"] == 6 and err.count("no checksums") == 2, err
+
+
+# -- a full disk -----------------------------------------------------------------------------
+
+@pytest.fixture
+def file_limit():
+    """``limit(n)``: a file size limit of n bytes (``ulimit -f``: writes past it fail with
+    EFBIG, Python ignores SIGXFSZ), restored after the test."""
+    import resource
+
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    yield lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (n, old[1]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, old)
+
+
+def _resume_failing_at_6(ck, at5):
+    def hook(done):
+        if done == 5:
+            at5()
+    with pytest.raises(PshybridError) as e:
+        train(replace(BASE, steps=6, resume=ck, checkpoint_dir=ck), MPI.COMM_SELF,
+              dataset=DATA, out=io.StringIO(), on_step=hook)
+    return str(e.value)
+
+
+def test_a_checkpoint_the_disk_cannot_hold_keeps_the_last_one(ck, file_limit, monkeypatch):
+    """A file size limit, a full disk (statvfs), an OSError while writing: each is one
+    message naming the directory and the error, the temporary directory is gone and
+    ``latest`` still names the previous checkpoint (and the lock is released)."""
+    import errno
+
+    def no_room(path):
+        return os.statvfs_result((4096, 4096, 100, 1, 1, 100, 1, 1, 0, 255))
+
+    def enospc(tmp, *a):
+        open(os.path.join(tmp, "dense.h5"), "w").write("partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    cases = {"File too large": lambda: file_limit(16384),
+             "No space left on device": lambda: monkeypatch.setattr(os, "statvfs", no_room),
+             os.strerror(errno.ENOSPC): lambda: monkeypatch.setattr(checkpoint, "_write_files",
+                                                                    enospc)}
+    for why, at5 in cases.items():
+        msg = _resume_failing_at_6(ck, at5)
+        monkeypatch.undo()
+        file_limit(2**62)
+        assert f"checkpoint step-6 not written in {ck}" in msg and why in msg, msg
+        assert f"{ck}/latest still names step-4" in msg and "\n" not in msg, msg
+        assert sorted(os.listdir(ck)) == ["latest", "step-2", "step-4"], os.listdir(ck)
+        assert assert_latest_complete(ck) == "step-4"
+
+
+def test_export_to_a_full_disk_is_refused_before_writing(ck, tmp_path, file_limit, monkeypatch):
+    out = tmp_path / "x.h5"
+    file_limit(4096)
+    with pytest.raises(PshybridError, match="file size limit") as e:
+        checkpoint_files.export(ck, str(out))
+    file_limit(2**62)
+    monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result((4096,) * 2 + (9, 1, 1) +
+                                                                    (9, 1, 1, 0, 255)))
+    with pytest.raises(PshybridError, match="No space left on device"):
+        checkpoint_files.export(ck, str(out))
+    assert str(out) in str(e.value) and os.listdir(tmp_path) == ["ck"]
+
+
+def test_a_metrics_disk_that_fills_warns_once_and_training_goes_on(tmp_path, file_limit,
+                                                                   capfd):
+    m = tmp_path / "m.jsonl"
+
+    def fill(done):
+        if done == 2:
+            file_limit(m.stat().st_size)  # the next line no longer fits
+    res = train(replace(BASE, steps=5, metrics=str(m)), MPI.COMM_SELF, dataset=DATA,
+                out=io.StringIO(), on_step=fill)
+    file_limit(2**62)
+    err = capfd.readouterr().err
+    assert err.count("pshybrid: warning: --metrics") == 1 and "File too large" in err, err
+    assert res.metrics_failed and res.summary["steps"] == 5  # trained to the end
+    assert [r["step"] for r in _records(m) if "loss" in r] == [1, 2]
