@@ -113,8 +113,12 @@ def metrics_problem(path: str) -> str | None:
 
 
 def open_metrics(path: str):
-    """``path`` opened for appending (created if missing), never through a link."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    """``path`` opened for appending (created if missing), never through a link; a last
+    line cut short (a job killed while writing it) is ended first, so it stays alone."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        os.write(fd, b"\n")
     return os.fdopen(fd, "a")
 
 

@@ -515,3 +515,13 @@ def test_a_metrics_disk_that_fills_warns_once_and_training_goes_on(tmp_path, fil
     assert err.count("pshybrid: warning: --metrics") == 1 and "File too large" in err, err
     assert res.metrics_failed and res.summary["steps"] == 5  # trained to the end
     assert [r["step"] for r in _records(m) if "loss" in r] == [1, 2]
+
+
+def test_a_metrics_line_cut_short_by_a_killed_job_stays_alone(tmp_path):
+    m = tmp_path / "m.jsonl"
+    run(steps=2, metrics=str(m))
+    m.write_text(m.read_text() + '{"step": 3, "lo')  # killed while writing step 3's line
+    run(steps=2, metrics=str(m))
+    lines = m.read_text().splitlines()
+    cut = lines.index('{"step": 3, "lo')  # alone on its line, the next run's config after it
+    assert '"config"' in lines[cut + 1] and '"summary"' in lines[-1], lines
