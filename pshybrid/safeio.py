@@ -352,6 +352,8 @@ def replaceable(command: str, overwrite: bool):
 # -- one job per directory ---------------------------------------------------------------------
 
 LOCK_NAME = ".pshybrid-lock"
+# A batch job's id, kept by a requeue: a lock of the same job id is its own earlier run.
+BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
 
 
 def _start_time(pid: int) -> str | None:
@@ -376,12 +378,16 @@ def _alive(pid: int) -> bool:
 class DirLock:
     """An exclusive hold on directory ``root`` for one job: ``acquire()`` creates
     ``root/.pshybrid-lock`` with ``O_CREAT|O_EXCL`` (the directory too, if missing) holding
-    ``host pid start-time``; ``release()`` removes it (only if it is still this process's)
-    and the directory if acquire made it and it is empty."""
+    ``host pid start-time batch-job-id``; ``release()`` removes it (only if it is still this
+    process's) and the directory if acquire made it and it is empty. Stale: a holder on this
+    host that is gone (or whose pid now runs another process), or the same batch job's
+    earlier run (a requeue, on any host)."""
 
     def __init__(self, root: str):
         self.root, self.path = root, os.path.join(root, LOCK_NAME)
-        self.mine = f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid())}\n"
+        job = next((os.environ[v] for v in BATCH_JOB_VARS if os.environ.get(v)), "-")
+        self.job = "_".join(job.split()) or "-"
+        self.mine = f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid())} {self.job}\n"
         self.held = self.made = False
 
     def acquire(self) -> str | None:
@@ -429,11 +435,13 @@ class DirLock:
     def _stale(self, text: str) -> str:
         """Why the lock holding ``text`` is stale; FileExistsError if it may be held."""
         try:
-            host, pid, start = text.split()
+            host, pid, start, *job = text.split()
             pid_n = int(pid)
         except ValueError:
             raise FileExistsError(f"{self.root} is locked ({self.path} names no holder): if no "
                                   f"job uses it, remove {self.path}") from None
+        if job and job[0] != "-" and job[0] == self.job:
+            return f"pid {pid} on {host}, an earlier run of batch job {job[0]} (requeued)"
         if host != socket.gethostname():
             raise FileExistsError(f"{self.root} is in use by pid {pid} on host {host} "
                                   f"({self.path}); it is not judged from here: if no job runs "

@@ -147,13 +147,16 @@ def _lock_text(pid, start=None, host=None):
     return f"{host or socket.gethostname()} {pid} {start or safeio._start_time(pid)}\n"
 
 
-def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path):
+def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path, monkeypatch):
     """Oracle: a live holder on this host (this test's own parent process) and a holder on
     another host are refused, naming them; a holder whose pid is gone or was reused (another
-    start time) is stale: taken over with a notice naming it."""
+    start time), or the same batch job's earlier run (a requeue, on another node), is
+    stale: taken over with a notice naming it."""
     import subprocess
     import sys
 
+    for var in safeio.BATCH_JOB_VARS:
+        monkeypatch.delenv(var, raising=False)
     root = tmp_path / "ck"
     lock = safeio.DirLock(str(root))
     assert lock.acquire() is None and root.is_dir()
@@ -166,7 +169,8 @@ def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     refused = {_lock_text(os.getppid()): "in use by another job",
-               _lock_text(1, host="elsewhere"): "on host elsewhere"}
+               _lock_text(1, host="elsewhere"): "on host elsewhere",
+               _lock_text(1, host="elsewhere").strip() + " 41\n": "on host elsewhere"}
     stale = {_lock_text(gone, start="1"): "which is gone",
              _lock_text(os.getppid(), start="1"): "now another process"}
     for text, why in refused.items():
@@ -174,6 +178,8 @@ def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path):
         with pytest.raises(FileExistsError, match=why) as e:
             safeio.DirLock(str(root)).acquire()
         assert str(path) in str(e.value) and path.read_text() == text
+    stale[_lock_text(1, host="elsewhere").strip() + " 42\n"] = "earlier run of batch job 42"
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # a requeued job keeps its id, on any node
     for text, why in stale.items():
         path.write_text(text)
         lock = safeio.DirLock(str(root))
