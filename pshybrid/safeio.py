@@ -352,7 +352,8 @@ def replaceable(command: str, overwrite: bool):
 # -- one job per directory ---------------------------------------------------------------------
 
 LOCK_NAME = ".pshybrid-lock"
-# A batch job's id, kept by a requeue: a lock of the same job id is its own earlier run.
+# A batch job's id, kept by a requeue: a lock of the same id and fewer restarts
+# (SLURM_RESTART_COUNT) is the job's own earlier run.
 BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
 
 
@@ -375,18 +376,27 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _earlier_run(theirs: str, mine: str) -> bool:
+    """Whether lock job token ``theirs`` (``id#restarts``) is an earlier run of this batch
+    job: the same id, restarted fewer times (Slurm's SLURM_RESTART_COUNT after a requeue)."""
+    (tid, _, tn), (mid, _, mn) = theirs.partition("#"), mine.partition("#")
+    return mid != "-" and tid == mid and tn.isdigit() and int(tn) < int(mn)
+
+
 class DirLock:
     """An exclusive hold on directory ``root`` for one job: ``acquire()`` creates
     ``root/.pshybrid-lock`` with ``O_CREAT|O_EXCL`` (the directory too, if missing) holding
     ``host pid start-time batch-job-id``; ``release()`` removes it (only if it is still this
     process's) and the directory if acquire made it and it is empty. Stale: a holder on this
     host that is gone (or whose pid now runs another process), or the same batch job's
-    earlier run (a requeue, on any host)."""
+    earlier run (restarted fewer times: a requeue, on any host)."""
 
     def __init__(self, root: str):
         self.root, self.path = root, os.path.join(root, LOCK_NAME)
-        job = next((os.environ[v] for v in BATCH_JOB_VARS if os.environ.get(v)), "-")
-        self.job = "_".join(job.split()) or "-"
+        job = "_".join(next((os.environ[v] for v in BATCH_JOB_VARS if os.environ.get(v)),
+                            "-").split()).replace("#", "_") or "-"
+        restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+        self.job = f"{job}#{restarts if restarts.isdigit() else 0}"
         self.mine = f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid())} {self.job}\n"
         self.held = self.made = False
 
@@ -440,8 +450,9 @@ class DirLock:
         except ValueError:
             raise FileExistsError(f"{self.root} is locked ({self.path} names no holder): if no "
                                   f"job uses it, remove {self.path}") from None
-        if job and job[0] != "-" and job[0] == self.job:
-            return f"pid {pid} on {host}, an earlier run of batch job {job[0]} (requeued)"
+        if job and _earlier_run(job[0], self.job):
+            return (f"pid {pid} on {host}, an earlier run of batch job "
+                    f"{job[0].split('#')[0]} (requeued)")
         if host != socket.gethostname():
             raise FileExistsError(f"{self.root} is in use by pid {pid} on host {host} "
                                   f"({self.path}); it is not judged from here: if no job runs "

@@ -155,7 +155,7 @@ def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    for var in safeio.BATCH_JOB_VARS:
+    for var in (*safeio.BATCH_JOB_VARS, "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(var, raising=False)
     root = tmp_path / "ck"
     lock = safeio.DirLock(str(root))
@@ -170,16 +170,18 @@ def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path, monkeypatch):
                           capture_output=True, text=True, check=True).stdout.strip()
     refused = {_lock_text(os.getppid()): "in use by another job",
                _lock_text(1, host="elsewhere"): "on host elsewhere",
-               _lock_text(1, host="elsewhere").strip() + " 41\n": "on host elsewhere"}
+               _lock_text(1, host="elsewhere").strip() + " 41#0\n": "on host elsewhere",
+               _lock_text(1, host="elsewhere").strip() + " 42#1\n": "on host elsewhere"}
     stale = {_lock_text(gone, start="1"): "which is gone",
              _lock_text(os.getppid(), start="1"): "now another process"}
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # this run: batch job 42, requeued once (its
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # id stays; another run: other id or count)
     for text, why in refused.items():
         path.write_text(text)
         with pytest.raises(FileExistsError, match=why) as e:
             safeio.DirLock(str(root)).acquire()
         assert str(path) in str(e.value) and path.read_text() == text
-    stale[_lock_text(1, host="elsewhere").strip() + " 42\n"] = "earlier run of batch job 42"
-    monkeypatch.setenv("SLURM_JOB_ID", "42")  # a requeued job keeps its id, on any node
+    stale[_lock_text(1, host="elsewhere").strip() + " 42#0\n"] = "earlier run of batch job 42"
     for text, why in stale.items():
         path.write_text(text)
         lock = safeio.DirLock(str(root))
