@@ -25,7 +25,9 @@ import numpy as np
 
 from . import safeio
 from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, _read_dense, _read_shards,
-                               check_compatible, list_steps, read_latest, read_meta, resolve)
+                               check_compatible, has_checksums, list_steps, read_latest,
+                               read_meta, resolve)
+from .checksums import CRC_ATTR, crc32
 from .config import TrainConfig, to_dict
 from .errors import InputError, PshybridError
 from .optim import SLOTS
@@ -71,23 +73,23 @@ def _write_files(tmp: str, step: int, cfg, topo, ps, schema, ids, sparse, dense)
     if ids is not None:
         shard = os.path.join(tmp, f"shard-{max(topo.server_index, 0):05d}.h5")
         with h5py.File(shard, "x") as f:  # exclusive: never over anything
-            f["ids"] = ids
-            for k, a in sparse.items():
+            for k, a in (("ids", ids), *sparse.items()):
                 f[k] = a
+                f[k].attrs[CRC_ATTR] = crc32(a)
         safeio.fsync_file(shard)
     if dense is None:
         return
     flat, state = dense
     dpath = os.path.join(tmp, "dense.h5")
     with h5py.File(dpath, "x") as f:
-        f["flat"] = flat
-        for k, a in state.items():
-            f[f"state/{k}"] = a
+        for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items())):
+            f[k] = a
+            f[k].attrs[CRC_ATTR] = crc32(a)
         f.attrs["params"] = json.dumps([(n, ps.offset(n), list(ps.shape(n))) for n in ps.names])
     safeio.fsync_file(dpath)
     meta = {"format_version": FORMAT_VERSION, "step": step, "mode": cfg.mode,
             "servers": topo.n_servers, "seed": cfg.seed, "config": to_dict(cfg),
-            "schema": schema.to_dict(),
+            "schema": schema.to_dict(), "checksums": CRC_ATTR,
             "shards": [f"shard-{s:05d}.h5" for s in range(max(topo.n_servers, 1))]}
     with open(os.path.join(tmp, "meta.json"), "x") as f:
         f.write(json.dumps(meta, indent=1))
@@ -108,8 +110,33 @@ def _make_temp(root: str, step: int, topo, writer_rank: int) -> str:
     return topo.world.bcast(tmp, root=writer_rank)  # Wire: its fresh name, from worker 0
 
 
+def _failed(root: str, step: int, why: str) -> PshybridError:
+    """The one line of a checkpoint that could not be written."""
+    try:
+        kept = read_latest(root)
+    except InputError:
+        kept = None
+    return PshybridError(f"checkpoint step-{step} not written in {root}: {why}; "
+                         + (f"{root}/latest still names {kept}" if kept else
+                            "no earlier checkpoint there"))
+
+
+def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridError | None:
+    """Whether the disk of ``tmp`` has room for every rank's files of this checkpoint (and
+    no file exceeds ``ulimit -f``), found before HDF5 writes anything."""
+    files = [0 if ids is None else ids.nbytes + sum(a.nbytes for a in sparse.values())]
+    if dense is not None:
+        files.append(dense[0].nbytes * (1 + len(dense[1])))
+    mine = sum(files) + (1 << 16) * len(files)  # + HDF5 metadata, meta.json
+    total = topo.world.allreduce(mine)  # Wire: allreduce of one int (bytes); all ranks wait
+    problem = safeio.room_problem(tmp, total, max(files) + (1 << 16))
+    return _failed(root, step, problem) if problem else None
+
+
 def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
-    """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``)."""
+    """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``). A write
+    that fails (a full disk) removes the temporary directory and raises one
+    ``PshybridError`` on every rank; ``latest`` keeps naming the previous checkpoint."""
     writer_rank = topo.worker_ranks[0]
     writer = topo.rank == writer_rank
     final = os.path.join(root, f"step-{step}")
@@ -119,11 +146,13 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
     dense = mode.dense_state_full() if writer else None
     try:
         agree(topo.world, _check_finite(step, sparse, dense))  # Wire: verdict allgather
+        # Wire: verdict allgather; no rank starts an HDF5 write the disk has no room for
+        agree(topo.world, _room(tmp, root, step, topo, ids, sparse, dense))
         err = None
         try:
             _write_files(tmp, step, cfg, topo, ps, schema, ids, sparse, dense)
-        except OSError as e:
-            err = PshybridError(f"writing checkpoint {tmp}: {e}")
+        except (OSError, RuntimeError) as e:  # RuntimeError: h5py's, on a full disk
+            err = _failed(root, step, str(getattr(e, "strerror", None) or e))
         agree(topo.world, err)  # Wire: every file is on disk before the rename
         err = None
         if writer:
@@ -132,7 +161,7 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
                 safeio.fsync_dir(root)
                 safeio.atomic_write_text(os.path.join(root, "latest"), f"step-{step}\n")
             except OSError as e:
-                err = PshybridError(f"publishing checkpoint {final}: {e}")
+                err = _failed(root, step, f"publishing {final}: {e.strerror or e}")
         agree(topo.world, err)  # Wire: verdict allgather; every rank learns a failed rename
     except PshybridError:
         if writer:
@@ -157,10 +186,15 @@ def load(path: str, cfg: TrainConfig, topo, mode, ps, schema, weights_only: bool
         meta = read_meta(step_dir)
         check_compatible(meta, cfg, schema, os.path.join(step_dir, "meta.json"))
         step = int(meta["step"])
-        if topo.is_server or topo.n_servers == 0:  # holders of sparse rows under this run
+        first = topo.rank == topo.worker_ranks[0]
+        sums = has_checksums(step_dir, meta, warn=first)
+        holders = topo.server_ranks if topo.n_servers else topo.worker_ranks
+        if topo.rank in holders:  # holders of sparse rows under this run
+            me, n = holders.index(topo.rank), len(holders)  # each checks 1/n of the shards
             _read_shards(step_dir, meta, mode.layout.table.dim, SLOTS[cfg.sparse_optimizer],
-                         mode.owns, mode.set_sparse_rows, weights_only)
-        flat, state, _ = _read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size)
+                         mode.owns, mode.set_sparse_rows, weights_only, lambda i: i % n == me)
+        flat, state, _ = _read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size,
+                                     checksums=sums and first)
         mode.set_dense_state(flat, {} if weights_only else state)
     except PshybridError as e:
         err = e

@@ -25,11 +25,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 
 import h5py
 import numpy as np
 
 from . import safeio
+from .checksums import CRC_ATTR, Sums
 from .config import TrainConfig, from_dict
 from .errors import InputError, PshybridError
 from .optim import SLOTS
@@ -39,11 +41,9 @@ FORMAT_VERSION = 1
 MATCH_KEYS = ("model", "embedding_dim", "mlp", "cross_layers", "dtype", "sparse_optimizer",
               "dense_optimizer")
 _CHUNK = 1 << 18
-STEP_RE = re.compile(r"step-([0-9]+)")
+STEP_RE = safeio.STEP_RE
 SHARD_RE = re.compile(r"shard-[0-9]{5,}\.h5")
 TEMP_RE = re.compile(r"\.step-[0-9]+\.(?:[A-Za-z0-9_]+\.)?tmp")  # ours, and the old fixed name
-
-
 def list_steps(root: str) -> dict[int, str]:
     """{N: path} of every entry ``step-N`` in ``root`` (of any kind); {} if there is none."""
     try:
@@ -260,39 +260,76 @@ def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
 
 
 def _read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take,
-                 weights_only: bool = False):
+                 weights_only: bool = False, verify=lambda i: True):
     """Read every shard of ``step_dir`` in chunks, checking it; ``take(ids, {slot: rows})``
     gets the rows ``owns(ids)`` selects, after their values were checked finite (with
-    ``weights_only``, ``{"w": rows}``: the slots' layout is checked, their values not read)."""
-    rows = _Rows(int(sum(meta["schema"]["cardinalities"])))
-    for name in meta["shards"]:
+    ``weights_only``, ``{"w": rows}``: the slots' layout is checked, their values not read
+    unless for the checksum). ``verify(i)``: whether this reader checks the checksums of
+    shard ``i`` (every dataset read whole; ``load`` spreads the shards over its readers)."""
+    rows, checks = _Rows(int(sum(meta["schema"]["cardinalities"]))), []
+    for i, name in enumerate(meta["shards"]):
         fpath = os.path.join(step_dir, name)
+        sums = Sums(fpath, meta.get("checksums") == CRC_ATTR and verify(i))
         with _h5(fpath) as f:
             try:
                 n = _shard_layout(fpath, f, width, slots)
                 for a in range(0, n, _CHUNK):
-                    ids = f["ids"][a:a + _CHUNK].astype(np.int64)
+                    raw = f["ids"][a:a + _CHUNK]
+                    sums.add("ids", raw)
+                    ids = raw.astype(np.int64)
                     rows.add(fpath, ids, a)
-                    mine = owns(ids)
-                    if not mine.any():
-                        continue
-                    sel = np.flatnonzero(mine)
+                    sel = np.flatnonzero(owns(ids))
                     vals = {}
-                    for k in ("w",) if weights_only else ("w", *slots):
-                        v = f[k][a:a + _CHUNK][sel]
-                        if not np.isfinite(v).all():
-                            raise _bad(fpath, f"/{k}", f"has a non-finite value near row {a}")
-                        vals[k] = v
-                    take(ids[sel], vals)
+                    for k in ("w", *slots):
+                        keep = sel.size and (k == "w" or not weights_only)
+                        if not (keep or sums.want):
+                            continue
+                        v = f[k][a:a + _CHUNK]
+                        sums.add(k, v)
+                        if keep:
+                            vals[k] = v[sel]
+                            if not np.isfinite(vals[k]).all():
+                                raise _bad(fpath, f"/{k}", f"has a non-finite value near row {a}")
+                    if sel.size:
+                        take(ids[sel], vals)
+                sums.read(f)
             except (KeyError, OSError, ValueError, IndexError, TypeError) as e:
                 raise InputError(f"{fpath}: corrupt or truncated shard ({e})") from None
+        checks.append(sums)
     rows.check_complete(step_dir)
+    for sums in checks:  # after the checks that name what is wrong, the checksums
+        sums.check()
 
 
-def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None):
+def has_checksums(step_dir: str, meta: dict, warn: bool = True) -> bool:
+    """Whether the checkpoint has checksums (``meta["checksums"]``); one written before
+    them is loaded unverified, with one line on stderr (``warn``)."""
+    if meta.get("checksums") == CRC_ATTR:
+        return True
+    if warn:
+        sys.stderr.write(f"pshybrid: warning: {step_dir}: no checksums (written by an older "
+                         "pshybrid): loaded without verifying them\n")
+        sys.stderr.flush()
+    return False
+
+
+def _dense_sums(fpath: str, flat, state: dict) -> None:
+    """Check /flat and /state/<slot> of ``fpath`` against their checksums."""
+    sums = Sums(fpath, True)
+    sums.add("flat", flat)
+    for k, v in state.items():
+        sums.add(f"state/{k}", v)
+    with _h5(fpath) as f:
+        sums.read(f)
+    sums.check()
+
+
+def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
+                checksums: bool = False):
     """(flat, {slot: (P,)}, params) of ``dense.h5``, checked: /flat 1-D floats (``size``
     of them if given), finite; attrs params a JSON list of [name, offset, shape] inside
-    /flat; /state/<slot> exactly the dense optimizer's slots, each like /flat."""
+    /flat; /state/<slot> exactly the dense optimizer's slots, each like /flat; with
+    ``checksums``, every array against its checksum."""
     fpath = os.path.join(step_dir, "dense.h5")
     with _h5(fpath) as f:
         try:
@@ -339,24 +376,52 @@ def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None):
                     raise _bad(fpath, f"/state/{k}", "has a non-finite value")
         except (KeyError, OSError, ValueError, TypeError) as e:
             raise InputError(f"{fpath}: corrupt or truncated ({e})") from None
+    if checksums:
+        _dense_sums(fpath, flat, state)
     return flat, state, params
 
 
-def export(path: str, out: str) -> dict:
-    """One HDF5 file: /dense/<param>, /embeddings/<field> (cardinality x D),
-    /linear/<field> (cardinality,) for models with a per-id linear weight,
-    /optimizer/dense/<slot>/<param>, /optimizer/embeddings/<field>/<slot>; attrs config
-    (JSON), step and field_names. Every input is checked first (an ``InputError`` naming
-    the file and key); the output goes through a fresh temporary beside ``out``, renamed
-    on success and removed on any error, so a refused export leaves no file behind."""
-    from .limits import available_memory, gib
-
+def _check_out(path: str, out: str, overwrite: bool) -> None:
+    """``out`` may be written by an export of checkpoint ``path`` (``safeio.check_output``)."""
     if os.path.isdir(out):
         raise PshybridError(f"export: {out} is a directory; give the output file's name")
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent):
         raise PshybridError(f"export: directory {os.path.dirname(out) or parent} of {out} "
                             "does not exist")
+    problem = safeio.check_output(out, "export:", [], [path],
+                                  safeio.replaceable("export", overwrite))
+    if problem:
+        raise PshybridError(problem)
+
+
+def _check_sizes(step_dir: str, out: str, table: int, slots: int) -> None:
+    """Refuse, before allocating and writing, an export of a ``table`` of bytes with
+    ``slots`` slots that does not fit in memory, or on the disk of ``out``."""
+    from .limits import available_memory, gib
+
+    need = table * (1 + slots) + table // 8
+    mem = available_memory()
+    if mem is not None and need > mem:
+        raise PshybridError(f"export of {step_dir}: the table ({gib(table)}, {1 + slots} "
+                            f"slots) needs {gib(need)} in memory, {gib(mem)} is available")
+    dense = os.path.join(step_dir, "dense.h5")
+    need += os.path.getsize(dense) if os.path.isfile(dense) else 0
+    problem = safeio.room_problem(os.path.dirname(os.path.abspath(out)), need, need)
+    if problem:
+        raise PshybridError(f"export: {out}: {problem}; nothing written")
+
+
+def export(path: str, out: str, overwrite: bool = False) -> dict:
+    """One HDF5 file: /dense/<param>, /embeddings/<field> (cardinality x D),
+    /linear/<field> (cardinality,) for models with a per-id linear weight,
+    /optimizer/dense/<slot>/<param>, /optimizer/embeddings/<field>/<slot>; attrs config
+    (JSON), step and field_names. Every input is checked first (an ``InputError`` naming
+    the file and key); the output goes through a fresh temporary beside ``out``, renamed
+    on success and removed on any error, so a refused export leaves no file behind. ``out``
+    passes ``safeio.check_output``: an existing file is replaced only with ``overwrite`` and
+    only when an earlier export wrote it."""
+    _check_out(path, out, overwrite)
     step_dir = resolve(path)
     meta = read_meta(step_dir)
     cfg = from_dict(TrainConfig, meta["config"], os.path.join(step_dir, "meta.json"))
@@ -365,12 +430,7 @@ def export(path: str, out: str) -> dict:
     offsets = field_offsets(cards)
     rows_total, D, E = int(sum(cards)), cfg.embedding_dim, row_width(cfg)
     slots = SLOTS[cfg.sparse_optimizer]
-    need = rows_total * E * np.dtype(cfg.dtype).itemsize * (1 + len(slots)) + rows_total // 8
-    mem = available_memory()
-    if mem is not None and need > mem:
-        raise PshybridError(f"export of {step_dir}: the table ({rows_total:,} rows x {E}, "
-                            f"{1 + len(slots)} slots) needs {gib(need)} in memory, "
-                            f"{gib(mem)} is available")
+    _check_sizes(step_dir, out, rows_total * E * np.dtype(cfg.dtype).itemsize, len(slots))
     arrays = {k: np.zeros((rows_total, E), cfg.dtype) for k in ("w", *slots)}
 
     def take(ids, vals):
@@ -378,7 +438,8 @@ def export(path: str, out: str) -> dict:
             arrays[k][ids] = v
 
     _read_shards(step_dir, meta, E, slots, lambda ids: np.ones(ids.shape, bool), take)
-    flat, states, params = _read_dense(step_dir, SLOTS[cfg.dense_optimizer])
+    flat, states, params = _read_dense(step_dir, SLOTS[cfg.dense_optimizer],
+                                       checksums=has_checksums(step_dir, meta))
     table = arrays.pop("w")
     try:
         with safeio.atomic_output(out) as tmp, h5py.File(tmp, "w") as o:
@@ -397,7 +458,8 @@ def export(path: str, out: str) -> dict:
             o.attrs["config"] = json.dumps(meta["config"])
             o.attrs["step"] = meta["step"]
             o.attrs["field_names"] = json.dumps(meta["schema"]["dense_names"] + names)
-    except (OSError, ValueError, TypeError) as e:
+            o.attrs[safeio.OUTPUT_ATTR] = "export"
+    except (OSError, ValueError, TypeError, RuntimeError) as e:  # RuntimeError: h5py, a full disk
         raise PshybridError(f"export: writing {out}: {e}") from None
     return {"step": meta["step"], "tables": len(names), "dense_params": len(params)}
 

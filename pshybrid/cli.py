@@ -7,7 +7,7 @@ import os
 import sys
 
 from . import __version__
-from .commands import add_scoring_commands
+from .commands import add_out, add_scoring_commands
 from .config import ArgumentParser, TrainConfig, add_arguments, resolve, to_toml
 from .prep import add_prep_commands
 from .registry import MODES
@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="write a checkpoint as one plain HDF5 file "
                             "(/dense/<param>, /embeddings/<field>, optimizer state)")
     export.add_argument("ckpt", help="checkpoint directory (its 'latest') or a step-N directory")
-    export.add_argument("out", help="output .h5 file (written atomically)")
+    add_out(export)
     export.set_defaults(func=cmd_export)
     add_scoring_commands(sub)
     info = sub.add_parser("info", help="topology, MPI library, CUDA-awareness, devices, "
@@ -98,9 +98,15 @@ def cmd_info(args) -> int:
 def cmd_train(args) -> int:
     from mpi4py import MPI
 
+    from .errors import ConfigError
     from .preempt import CAUGHT, exit_status
+    from .safeio import same_file
 
     cfg = resolve(TrainConfig, args)
+    conf = getattr(args, "config", None)
+    if conf and cfg.metrics and same_file(conf, cfg.metrics):  # the same on every rank
+        raise ConfigError(f"--metrics {cfg.metrics} is the same file as --config {conf}: an "
+                          "input is never written over", collective=True)
     if args.print_config:
         if MPI.COMM_WORLD.rank == 0:
             sys.stdout.write(to_toml(cfg))
@@ -112,15 +118,15 @@ def cmd_train(args) -> int:
         result = train(cfg, MPI.COMM_WORLD)
     finally:
         CAUGHT.uninstall()
-    if result.preempted is None:
-        return 0
-    return exit_status(result.signal, bool(cfg.checkpoint_dir))
+    if result.preempted is not None:
+        return exit_status(result.signal, bool(cfg.checkpoint_dir))
+    return 1 if result.metrics_failed else 0
 
 
 def cmd_export(args) -> int:
     from .checkpoint_files import export
 
-    info = export(args.ckpt, args.out)
+    info = export(args.ckpt, args.out, args.overwrite)
     print(f"exported step {info['step']}: {info['dense_params']} dense parameters, "
           f"{info['tables']} embedding tables -> {args.out}")
     return 0

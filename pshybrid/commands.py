@@ -16,15 +16,15 @@ def add_scoring_commands(sub) -> None:
                          "evaluation. Runs on one process or under mpiexec -n N (every rank "
                          "scores 1/N of the rows).")
     ev.add_argument("--metrics", metavar="FILE", default=None,
-                    help="also write the evaluation as one JSON line to FILE")
+                    help="also write the evaluation as one JSON line to FILE (after a "
+                    "config record; an existing --metrics file is appended to)")
     ev.set_defaults(func=cmd_eval)
     pr = _scoring_parser(sub, "predict", "one score per row of a dataset file from a "
                          "checkpoint, to HDF5 (/score, /logit)", "Score every row of a "
                          "dataset file with a checkpoint's model; OUT.h5 gets /score (the "
                          "predicted click probability) and /logit, float64, one per row in "
                          "row order. Written atomically.")
-    pr.add_argument("out", help="output .h5 file (refused if it exists, unless --overwrite)")
-    pr.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    add_out(pr)
     pr.set_defaults(func=cmd_predict)
     pl = sub.add_parser("plot", help="loss, samples/s and AUC curves of --metrics files "
                         "(needs matplotlib)",
@@ -34,8 +34,18 @@ def add_scoring_commands(sub) -> None:
                         "'pshybrid[plot]').")
     pl.add_argument("runs", nargs="+", metavar="RUN.jsonl",
                     help="--metrics JSON-lines file(s) of training runs")
-    pl.add_argument("out", help="image file (.png, .svg, .pdf; written atomically)")
+    pl.add_argument("out", help="image file (.png, .svg, .pdf; written atomically; refused "
+                    "if it exists, unless --overwrite)")
+    pl.add_argument("--overwrite", action="store_true", help="replace an existing image OUT "
+                    "(never another kind of file)")
     pl.set_defaults(func=cmd_plot)
+
+
+def add_out(p) -> None:
+    """OUT and --overwrite of ``predict`` and ``export``."""
+    p.add_argument("out", help="output .h5 file (refused if it exists, unless --overwrite)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing OUT written "
+                   "by the same command (never another file)")
 
 
 def _scoring_parser(sub, name: str, help: str, description: str):
@@ -50,8 +60,8 @@ def cmd_eval(args) -> int:
 
     from .scoring import score
 
-    score(args.ckpt, args.data, MPI.COMM_WORLD, metrics=args.metrics, stdout=sys.stdout)
-    return 0
+    res = score(args.ckpt, args.data, MPI.COMM_WORLD, metrics=args.metrics, stdout=sys.stdout)
+    return 1 if res.metrics_failed else 0
 
 
 def cmd_predict(args) -> int:
@@ -69,7 +79,7 @@ def cmd_predict(args) -> int:
 def cmd_plot(args) -> int:
     from .plot import plot
 
-    n, e = plot(args.runs, args.out)
+    n, e = plot(args.runs, args.out, args.overwrite)
     runs = f" of {len(args.runs)} runs" if len(args.runs) > 1 else ""
     print(f"plotted {n} step and {e} evaluation records{runs} -> {args.out}")
     return 0

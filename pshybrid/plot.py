@@ -38,7 +38,7 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
         if not isinstance(rec, dict):
             raise InputError(f"{path}:{i}: not a JSON object (a --metrics file of "
                              "pshybrid train?)")
-        if rec.get("summary"):
+        if rec.get("summary") or "config" in rec:  # the summary, a run's config record
             continue
         keys = ("step", "auc", "logloss") if rec.get("eval") else ("step", "loss",
                                                                     "samples_per_s")
@@ -51,17 +51,38 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
     return steps, evals
 
 
+IMAGE_MAGIC = (b"\x89PNG", b"%PDF", b"<?xml", b"<svg", b"%!PS", b"\xff\xd8\xff")
+
+
+def _image(path: str) -> str | None:
+    """Why the existing ``path`` may not be replaced with --overwrite: not an image."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(8)
+    except OSError as e:
+        return f"{path}: cannot read: {e.strerror or e}"
+    if head.startswith(IMAGE_MAGIC):
+        return None
+    return (f"{path} exists and is not an image (PNG, PDF, SVG, PostScript, JPEG): not "
+            "replaced, even with --overwrite; remove it yourself or choose another name")
+
+
 def labels(paths: list[str]) -> list[str]:
     """Each run's label: its file name, or its path where two runs share a file name."""
     names = [os.path.basename(p) for p in paths]
     return [p if names.count(n) > 1 else n for p, n in zip(paths, names)]
 
 
-def plot(paths, out: str) -> tuple[int, int]:
+def plot(paths, out: str, overwrite: bool = False) -> tuple[int, int]:
     """Draw the curves of the ``--metrics`` file(s) ``paths`` (one path or a list) into
-    ``out`` (its format from the extension). Returns the number of (step, evaluation)
-    records drawn, over all runs."""
+    ``out`` (its format from the extension): a new file, or, with ``overwrite``, an
+    existing image replaced. Returns the number of (step, evaluation) records drawn, over
+    all runs."""
     paths = [paths] if isinstance(paths, str) else list(paths)
+    problem = safeio.check_output(out, "", [("RUN", p) for p in paths], existing=lambda p: (
+        _image(p) if overwrite else f"{p} exists; pass --overwrite to replace an image"))
+    if problem:
+        raise InputError(problem)
     runs = [read_metrics(p) for p in paths]  # all checked before anything is drawn
     fig = figure(paths, runs)
     fmt = os.path.splitext(out)[1][1:].lower() or "png"

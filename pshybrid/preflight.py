@@ -7,8 +7,11 @@ after its steps ran, or being killed for memory:
   (model, sizes, optimizers, data fields);
 - ``--checkpoint-dir``: no checkpoints this run could lose track of
   (``checkpoint_files.check_run_dir``), and writable on every rank (each one writes there);
-- ``--metrics``, ``--tensorboard``: writable on the reporting rank (worker 0, the only one
-  writing them; tensorboardX importable);
+  then held by this job alone for the whole run (``lock_checkpoint_dir``);
+- ``--metrics``: writable on the reporting rank (worker 0, the only one writing it), and
+  not a file the run reads, a checkpoint's file or a non-regular file; an existing file
+  only if it is a ``--metrics`` file of pshybrid (the run appends to it);
+- ``--tensorboard``: tensorboardX importable, the directory writable (worker 0);
 - memory: what this node's ranks need (``limits.check_sizes``) fits its available memory.
 
 ``preflight`` returns True when a resumed run has nothing to do (its checkpoint is already
@@ -22,6 +25,8 @@ import os
 from . import checkpoint_files, limits, safeio, tboard
 from .batches import BatchPlan
 from .errors import ConfigError, InputError, PshybridError
+from .files import dataset_paths
+from .report import metrics_problem
 from .transport import agree
 
 
@@ -32,23 +37,63 @@ def total_steps(cfg, n_rows: int | None, n_workers: int) -> int:
     return cfg.steps if per_epoch is None else cfg.epochs * per_epoch
 
 
+def run_inputs(cfg) -> list[tuple[str, str]]:
+    """``(option, path)`` of every file a run reads: the files of ``--data`` and
+    ``--eval-data`` (comma lists, directories' ``*.h5``); the checkpoint's own files are
+    guarded as a checkpoint directory (``safeio.checkpoint_holding``)."""
+    named = []
+    for option, spec in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+        if spec:
+            try:
+                named += [(option, p) for p in dataset_paths(spec)]
+            except PshybridError:
+                named.append((option, spec))
+    return named
+
+
 def check_outputs(cfg, topo) -> None:
     """This rank's outputs can be written: ``--checkpoint-dir`` (every rank writes there;
-    created later if missing) and ``--metrics`` (worker 0 writes it). Raises ConfigError
-    naming the option; nothing is created or changed."""
+    created later if missing) and ``--metrics`` (worker 0 writes it: never an input, a file
+    in a checkpoint directory or a non-regular file; an existing file only when it is a
+    ``--metrics`` file of pshybrid, appended to). Raises ConfigError naming the option;
+    nothing is created or changed."""
     if cfg.checkpoint_dir:
         problem = safeio.check_writable_dir(cfg.checkpoint_dir)
         if problem:
             raise ConfigError(f"--checkpoint-dir: {problem}")
     if cfg.metrics and topo.rank == topo.worker_ranks[0]:
-        problem = safeio.check_writable_file(cfg.metrics)
+        ckdirs = [d for d in (cfg.checkpoint_dir, cfg.resume) if d]
+        problem = (safeio.check_output(cfg.metrics, "--metrics", run_inputs(cfg), ckdirs,
+                                       existing=metrics_problem)
+                   or safeio.check_writable_file(cfg.metrics))
         if problem:
-            raise ConfigError(f"--metrics: {problem}")
+            raise ConfigError(problem if problem.startswith("--metrics") else
+                              f"--metrics: {problem}")
     if cfg.tensorboard and topo.rank == topo.worker_ranks[0]:
         tboard.check()
         problem = safeio.check_writable_dir(cfg.tensorboard)
         if problem:
             raise ConfigError(f"--tensorboard: {problem}")
+
+
+def lock_checkpoint_dir(cfg, topo, out, held: list) -> None:
+    """Hold ``--checkpoint-dir`` for this job (``safeio.DirLock``, appended to ``held``, whose
+    ``close`` releases it): the checkpoint writer (worker 0) takes it, every rank learns the
+    verdict. A stale lock taken over is named in one line on ``out``."""
+    err, notice = None, None
+    if topo.rank == topo.worker_ranks[0]:
+        lock = safeio.DirLock(cfg.checkpoint_dir)
+        try:
+            notice = lock.acquire()
+            held.append(lock)
+        except OSError as e:
+            err = ConfigError(f"--checkpoint-dir: {e}" if isinstance(e, FileExistsError) else
+                              f"--checkpoint-dir {cfg.checkpoint_dir}: cannot lock: "
+                              f"{e.strerror or e}")
+        if notice and out is not None:
+            out.write(notice + "\n")
+            out.flush()
+    agree(topo.world, err)  # Wire: verdict allgather; nobody trains unless worker 0 holds it
 
 
 def _ranks_here(topo) -> tuple[int, int]:

@@ -1,17 +1,26 @@
 """What a training run prints and writes: progress lines, evaluations, ``--metrics`` JSON
-lines and the final summary (built from every rank's timers and traffic counters)."""
+lines and the final summary (built from every rank's timers and traffic counters).
+
+A ``--metrics`` file starts with a config record (``config_record``); a run given an
+existing ``--metrics`` file of pshybrid (a resume, a requeue) appends to it, starting with
+its own config record, so one file holds the whole history across stops and resumes.
+A write that fails (a full disk) is reported once; training goes on without metrics and
+the run's exit status is 1 (``Reporter.failed``).
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import re
+import sys
 import time
 
 import numpy as np
 
-from . import kernels, limits
+from . import __version__, kernels, limits
 from .optim import SLOTS
 from .tboard import TensorBoard
 
@@ -77,6 +86,44 @@ def interactive(out, environ=None, root: str = "/proc") -> bool:
     return False
 
 
+def config_record(cfg, command: str, start: int, workers: int, servers: int) -> dict:
+    """The first record of a --metrics file, and of each run appending to it."""
+    from .config import to_dict
+
+    return {"config": to_dict(cfg), "pshybrid": __version__, "command": command,
+            "start_step": start, "workers": workers, "servers": servers}
+
+
+def metrics_problem(path: str) -> str | None:
+    """Why the existing file ``path`` is not a --metrics file a run may append to (None: it
+    is one, or it is empty): its first line must be a config record of pshybrid."""
+    try:
+        with open(path, "rb") as fh:
+            first = fh.readline(1 << 20)
+    except OSError as e:
+        return f"--metrics {path}: cannot read: {e.strerror or e}"
+    if not first.strip():
+        return None
+    try:
+        rec = json.loads(first)
+    except ValueError:
+        rec = None
+    if isinstance(rec, dict) and "pshybrid" in rec and isinstance(rec.get("config"), dict):
+        return None
+    return (f"--metrics {path} exists and is not a --metrics file of pshybrid (its first line "
+            "is not a config record): not appended to, not replaced; choose another name")
+
+
+def open_metrics(path: str):
+    """``path`` opened for appending (created if missing), never through a link; a last
+    line cut short (a job killed while writing it) is ended first, so it stays alone."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    size = os.fstat(fd).st_size
+    if size and os.pread(fd, 1, size - 1) != b"\n":
+        os.write(fd, b"\n")
+    return os.fdopen(fd, "a")
+
+
 class Reporter:
     """The rank that prints progress and writes --metrics (worker 0). ``cfg.progress``:
     ``bar`` (one line redrawn with ``\\r``), ``lines`` (one per log), ``none``; ``auto``:
@@ -92,7 +139,8 @@ class Reporter:
         self.progress = progress
         self.bar = progress == "bar"  # a bar line may be open: end it before other output
         self.t0 = time.perf_counter()  # the progress line's elapsed time counts from here
-        self.metrics = open(cfg.metrics, "w") if cfg.metrics else None  # noqa: SIM115
+        self.metrics = open_metrics(cfg.metrics) if cfg.metrics else None
+        self.failed: str | None = None  # why --metrics stopped being written
         tb = getattr(cfg, "tensorboard", None)
         self.tboard = TensorBoard(tb) if tb else None  # --tensorboard: the same scalars
 
@@ -127,13 +175,30 @@ class Reporter:
         rec["epoch"] = step / self.steps_per_epoch if self.steps_per_epoch else None
         rec["lr"] = self.lr_at(step) if self.lr_at is not None else None
 
+    def header(self, command: str, start: int, workers: int, servers: int) -> None:
+        """Write the run's config record (the first line of the run in --metrics)."""
+        rec = config_record(self.cfg, command, start, workers, servers)
+        rec["time"] = time.time()
+        self._line(rec)
+
     def _write(self, rec: dict) -> None:
         self.stamp(rec, rec["steps"] if rec.get("summary") else rec["step"])
-        if self.metrics:
+        self._line(rec)
+
+    def _line(self, rec: dict) -> None:
+        if self.tboard and "config" not in rec:
+            self.tboard.add(rec)
+        if not self.metrics:
+            return
+        try:
             self.metrics.write(json.dumps(rec) + "\n")
             self.metrics.flush()
-        if self.tboard:
-            self.tboard.add(rec)
+        except OSError as e:  # a full disk: say so once, train on without metrics
+            self.failed = f"--metrics {self.cfg.metrics}: {e.strerror or e}"
+            sys.stderr.write(f"pshybrid: warning: {self.failed}: no more metrics are written; "
+                             "training goes on (exit status 1 at the end)\n")
+            sys.stderr.flush()
+            self._close_metrics()
 
     def close(self, summary: dict) -> None:
         if self.bar:
@@ -155,12 +220,19 @@ class Reporter:
 
     def close_file(self) -> None:
         """Close the metrics file and the TensorBoard events (also when training fails)."""
-        if self.metrics:
-            self.metrics.close()
-            self.metrics = None
+        self._close_metrics()
         if self.tboard:
             self.tboard.close()
             self.tboard = None
+
+    def _close_metrics(self) -> None:
+        if self.metrics:
+            f, self.metrics = self.metrics, None
+            try:
+                f.close()
+            except OSError:  # the buffered line of a failed write: dropped with the file
+                with contextlib.suppress(OSError, ValueError):
+                    os.close(f.fileno())
 
 
 def clock(seconds: float) -> str:

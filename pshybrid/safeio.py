@@ -13,17 +13,29 @@ Pure Python (no MPI). The rules every writer in pshybrid follows:
 - ``check_writable`` probes a directory (or the nearest existing ancestor of one that does
   not exist yet) by writing a nameless temporary file there, so a missing, read-only or
   full directory is found before any work is done, without leaving anything behind.
+- ``check_output`` is the one guard of every command's output file: never a file the
+  command reads (same device and inode, or the same resolved name), never a file inside a
+  checkpoint directory, never a non-regular file (a device such as ``/dev/null``, a FIFO,
+  a directory); an existing file is replaced only when asked (``--overwrite``) and only
+  when it is an earlier output of the same command (``output_kind``).
+- ``DirLock`` holds a directory for one job: a lock file created with ``O_CREAT|O_EXCL``
+  naming host, pid and the process's start time; a stale one (same host, that process
+  gone) is taken over, one from another host is never judged.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import socket
 import stat
 import tempfile
 
 _PROBE_BYTES = 4096
+STEP_RE = re.compile(r"step-([0-9]+)")  # a checkpoint's step directory (``checkpoint_files``)
+OUTPUT_ATTR = "pshybrid_output"  # HDF5 attribute on every output: the command that wrote it
 
 
 def _umask() -> int:
@@ -200,3 +212,268 @@ def check_writable_file(path: str) -> str | None:
             return f"{path} is not writable ({e.strerror or e})"
     problem = check_writable_dir(d)
     return None if problem is None else f"{path}: {problem}"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if n >= scale:
+            return f"{n / scale:,.1f} {unit}"
+    return f"{n / 2**10:,.1f} KiB"
+
+
+def room_problem(directory: str, total: int, biggest: int) -> str | None:
+    """Why ``total`` bytes, the largest file ``biggest``, cannot be written in
+    ``directory``: less free space on its disk (``statvfs``), or a file size limit
+    (``ulimit -f``); None if neither. Checked before HDF5 writes: h5py writing into a full
+    disk can crash the process instead of raising."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY and biggest > limit:
+        return (f"a file of about {_size(biggest)} exceeds the file size limit (ulimit -f) "
+                f"of {_size(limit)} (File too large)")
+    try:
+        st = os.statvfs(directory)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if total > free:
+        return (f"about {_size(total)} is needed, its disk has {_size(free)} free "
+                "(No space left on device)")
+    return None
+
+
+# -- the output guard --------------------------------------------------------------------------
+
+def same_file(a: str, b: str) -> bool:
+    """Whether paths ``a`` and ``b`` name one file: the same device and inode (also through
+    links and hard links), or, for names not created yet, the same resolved path."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _is_checkpoint_dir(d: str) -> bool:
+    """A directory pshybrid wrote checkpoints in (a ``latest`` holding ``step-N``, or a
+    ``step-N`` directory with a ``meta.json``), or one such ``step-N`` directory."""
+    try:
+        names = os.listdir(d)
+    except OSError:
+        return False
+    if STEP_RE.fullmatch(os.path.basename(d)) and "meta.json" in names:
+        return True
+    if "latest" in names:
+        with contextlib.suppress(OSError, ValueError):
+            if STEP_RE.fullmatch(read_small_text(os.path.join(d, "latest"), 256).strip()):
+                return True
+    return any(STEP_RE.fullmatch(n) and os.path.isfile(os.path.join(d, n, "meta.json"))
+               for n in names)
+
+
+def checkpoint_holding(path: str, also=()) -> str | None:
+    """The checkpoint directory ``path`` lies in (its own directory or any above it, once
+    links are resolved), or the directory of ``also`` (a run's ``--checkpoint-dir``, which may
+    be empty yet) that holds it; None if neither."""
+    p = os.path.realpath(path)
+    for d in also:
+        root = os.path.realpath(d)
+        if p == root or p.startswith(root.rstrip(os.sep) + os.sep):
+            return d
+    d = os.path.dirname(p)
+    while True:
+        if _is_checkpoint_dir(d):
+            return d
+        parent = os.path.dirname(d)
+        if parent == d:
+            return None
+        d = parent
+
+
+def output_kind(path: str) -> str | None:
+    """The command that wrote the HDF5 file ``path`` (its ``OUTPUT_ATTR``), or None."""
+    try:
+        import h5py
+
+        with open(path, "rb") as fh:
+            if fh.read(8) != b"\x89HDF\r\n\x1a\n":
+                return None
+        with h5py.File(path, "r") as f:
+            kind = f.attrs.get(OUTPUT_ATTR)
+    except (OSError, ValueError, ImportError):
+        return None
+    return kind.decode() if isinstance(kind, bytes) else kind
+
+
+def check_output(path: str, option: str, inputs=(), checkpoint_dirs=(),
+                 existing=None) -> str | None:
+    """Why the command may not write its output ``path`` (named ``option`` in the message),
+    or None. Refused: an existing name that is not a regular file; the same file as one of
+    ``inputs`` ``(name, path)``; a path inside a checkpoint directory (``checkpoint_holding``,
+    ``checkpoint_dirs``: the run's own). ``existing(path)``, called for an existing regular
+    file, says why it may not be replaced (None: it may)."""
+    name = f"{option} {path}" if option else path
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        return f"{name}: {e.strerror or e}"
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = "a directory" if stat.S_ISDIR(st.st_mode) else "not a regular file"
+        return (f"{name} is {what}: an output is a regular file or a new name (a device, FIFO "
+                "or directory is never replaced)")
+    for what, other in inputs:
+        if other and same_file(path, other):
+            return f"{name} is the same file as {what} {other}: an input is never written over"
+    ck = checkpoint_holding(path, checkpoint_dirs)
+    if ck is not None:
+        return (f"{name} lies inside the checkpoint directory {ck}: write outputs elsewhere "
+                "(a checkpoint's files are never written over)")
+    return existing(path) if st is not None and existing is not None else None
+
+
+def replaceable(command: str, overwrite: bool):
+    """``existing`` for ``check_output``: an existing output is refused without ``overwrite``,
+    and with it unless ``output_kind`` is ``command`` (an earlier output of that command)."""
+    def why(path: str) -> str | None:
+        if not overwrite:
+            return f"{path} exists; pass --overwrite to replace an earlier output of {command}"
+        if output_kind(path) != command:
+            return (f"{path} exists and is not an output of pshybrid {command} (no "
+                    f"{OUTPUT_ATTR} = {command!r} attribute): not replaced, even with "
+                    "--overwrite; remove it yourself or choose another name")
+        return None
+    return why
+
+
+# -- one job per directory ---------------------------------------------------------------------
+
+LOCK_NAME = ".pshybrid-lock"
+# A batch job's id, kept by a requeue: a lock of the same id and fewer restarts
+# (SLURM_RESTART_COUNT) is the job's own earlier run.
+BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot, /proc), None if unknown."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: someone else's process
+        pass
+    return True
+
+
+def _earlier_run(theirs: str, mine: str) -> bool:
+    """Whether lock job token ``theirs`` (``id#restarts``) is an earlier run of this batch
+    job: the same id, restarted fewer times (Slurm's SLURM_RESTART_COUNT after a requeue)."""
+    (tid, _, tn), (mid, _, mn) = theirs.partition("#"), mine.partition("#")
+    return mid != "-" and tid == mid and tn.isdigit() and int(tn) < int(mn)
+
+
+class DirLock:
+    """An exclusive hold on directory ``root`` for one job: ``acquire()`` creates
+    ``root/.pshybrid-lock`` with ``O_CREAT|O_EXCL`` (the directory too, if missing) holding
+    ``host pid start-time batch-job-id``; ``release()`` removes it (only if it is still this
+    process's) and the directory if acquire made it and it is empty. Stale: a holder on this
+    host that is gone (or whose pid now runs another process), or the same batch job's
+    earlier run (restarted fewer times: a requeue, on any host)."""
+
+    def __init__(self, root: str):
+        self.root, self.path = root, os.path.join(root, LOCK_NAME)
+        job = "_".join(next((os.environ[v] for v in BATCH_JOB_VARS if os.environ.get(v)),
+                            "-").split()).replace("#", "_") or "-"
+        restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
+        self.job = f"{job}#{restarts if restarts.isdigit() else 0}"
+        self.mine = f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid())} {self.job}\n"
+        self.held = self.made = False
+
+    def acquire(self) -> str | None:
+        """Take the lock; returns a one-line notice when a stale lock was taken over. Raises
+        FileExistsError with the reason when another job holds it, OSError otherwise."""
+        if not os.path.isdir(self.root):
+            os.makedirs(self.root)
+            self.made = True
+        notice = None
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                             0o644)
+            except FileExistsError:
+                notice = self._take_over() or notice
+                continue
+            with os.fdopen(fd, "w") as f:
+                f.write(self.mine)
+                f.flush()
+                os.fsync(f.fileno())
+            self.held = True
+            return notice
+        raise FileExistsError(f"{self.path}: another job took it at the same moment")
+
+    def _take_over(self) -> str | None:
+        """Move a stale lock away (raising FileExistsError naming a live holder)."""
+        try:
+            text = read_small_text(self.path, 512)
+        except (OSError, ValueError):
+            text = ""
+        why = self._stale(text)
+        aside = f"{self.path}.{os.getpid()}.stale"
+        try:
+            os.rename(self.path, aside)
+        except FileNotFoundError:  # another job moved it first: try to create it again
+            return None
+        if read_small_text(aside, 512) != text:  # another job's fresh lock: put it back
+            with contextlib.suppress(OSError):
+                os.link(aside, self.path)
+            os.unlink(aside)
+            raise FileExistsError(f"{self.root} is in use by another job ({self.path})")
+        os.unlink(aside)
+        return f"pshybrid: note: {self.path}: stale lock of {why}: taken over"
+
+    def _stale(self, text: str) -> str:
+        """Why the lock holding ``text`` is stale; FileExistsError if it may be held."""
+        try:
+            host, pid, start, *job = text.split()
+            pid_n = int(pid)
+        except ValueError:
+            raise FileExistsError(f"{self.root} is locked ({self.path} names no holder): if no "
+                                  f"job uses it, remove {self.path}") from None
+        if job and _earlier_run(job[0], self.job):
+            return (f"pid {pid} on {host}, an earlier run of batch job "
+                    f"{job[0].split('#')[0]} (requeued)")
+        if host != socket.gethostname():
+            raise FileExistsError(f"{self.root} is in use by pid {pid} on host {host} "
+                                  f"({self.path}); it is not judged from here: if no job runs "
+                                  f"there, remove {self.path}")
+        if not _alive(pid_n):
+            return f"pid {pid} on {host}, which is gone"
+        if start != str(_start_time(pid_n)):
+            return f"pid {pid} on {host}, now another process (another start time)"
+        raise FileExistsError(f"{self.root} is in use by another job: pid {pid} on host {host} "
+                              f"holds {self.path}; choose another --checkpoint-dir or wait "
+                              "for it to end")
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            with contextlib.suppress(OSError, ValueError):
+                if read_small_text(self.path, 512) == self.mine:
+                    os.unlink(self.path)
+        if self.made:
+            self.made = False
+            with contextlib.suppress(OSError):
+                os.rmdir(self.root)  # only if empty: no checkpoint was written
+
+    close = release

@@ -43,7 +43,7 @@ def _config(ckpt: str, data: str, metrics: str | None) -> TrainConfig:
                    device="cpu", prefetch=0)
 
 
-def _open(path: str, topo, out: str | None, overwrite: bool):
+def _open(path: str, topo, out: str | None, overwrite: bool, ckpt: str):
     """Open and validate ``path`` (each worker scans its share of the rows) and check that
     ``out`` may be written, with one shared verdict."""
     err, data = None, None
@@ -54,11 +54,11 @@ def _open(path: str, topo, out: str | None, overwrite: bool):
         n, W, w = data.n_rows, topo.n_workers, topo.worker_index
         data.validate(n * w // W, n * (w + 1) // W)
         if out is not None and topo.rank == 0:
-            if os.path.lexists(out) and not overwrite:
-                raise InputError(f"{out}: exists; pass --overwrite to replace it")
-            problem = safeio.check_writable_file(out)
+            problem = (safeio.check_output(out, "", [("DATA", path)], [ckpt],
+                                           safeio.replaceable("predict", overwrite))
+                       or safeio.check_writable_file(out))
             if problem:
-                raise InputError(f"{out}: {problem}")
+                raise InputError(problem if problem.startswith(out) else f"{out}: {problem}")
     except PshybridError as e:
         err = e
     try:
@@ -83,7 +83,7 @@ def score(ckpt: str, data: str, comm, out: str | None = None, overwrite: bool = 
         agree(comm, err)  # Wire: allgather of each rank's verdict; everyone raises the same
         topo = Topology.create(comm, None, need_servers=True, colocated=True)
         try:
-            ds = _open(data, topo, out, overwrite)
+            ds = _open(data, topo, out, overwrite, cfg.resume)
             try:
                 preflight(cfg, topo, ds, ds, score=True)  # the checkpoint matches the data; memory
                 job = setup(cfg, topo, ds, ds, stdout or io.StringIO(), score=True)
@@ -95,6 +95,7 @@ def score(ckpt: str, data: str, comm, out: str | None = None, overwrite: bool = 
                 finally:
                     if job.reporter:
                         job.reporter.close_file()
+                        job.result.metrics_failed = job.reporter.failed
             finally:
                 ds.close()
         finally:
@@ -114,6 +115,7 @@ def _write(job, out: str, step_dir: str) -> None:
                 f.attrs["checkpoint"] = os.path.abspath(step_dir)
                 f.attrs["step"] = job.start
                 f.attrs["data"] = os.path.abspath(job.data.path)
+                f.attrs[safeio.OUTPUT_ATTR] = "predict"
             job.result.summary = {"rows": int(z.size), "step": job.start}
         except OSError as e:
             err = PshybridError(f"{out}: cannot write: {e}")

@@ -35,7 +35,7 @@ from .modes import MODES, build_mode
 from .modes.hot import hottest_rows
 from .optim import Optimizer, Schedule
 from .preempt import CAUGHT, Preemption, notice
-from .preflight import preflight, total_steps
+from .preflight import lock_checkpoint_dir, preflight, total_steps
 from .report import Reporter, banner, summarize
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .synthetic import SyntheticCTR
@@ -53,6 +53,7 @@ class TrainResult:
     summary: dict = field(default_factory=dict)  # reporter only
     preempted: int | None = None                 # the step a signal stopped the run at
     signal: int = 0                              # ... and that signal's number
+    metrics_failed: str | None = None            # reporter: why --metrics stopped (a full disk)
     dense: np.ndarray | None = None              # workers, when collect=True
     table: np.ndarray | None = None              # workers, when collect=True
 
@@ -93,11 +94,10 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
             idle = preflight(cfg, topo, data, evdata, out, collect)  # resumed, nothing to do
             if idle and evdata is None:
                 return TrainResult(topo.role)
+            if cfg.checkpoint_dir and not idle:  # released by ``opened``'s close below
+                lock_checkpoint_dir(cfg, topo, out, opened)
             if topo.rank == topo.worker_ranks[0] and not idle:
-                n_rows = getattr(data, "n_rows", None)
-                out.write(banner(cfg, topo, data.schema, total_steps(cfg, n_rows, topo.n_workers),
-                               n_rows))
-                out.flush()
+                _announce(cfg, topo, data, out)
             job = setup(cfg, topo, data, evdata, out)
             job.auto = planned
             if idle:  # --eval-data: evaluate the resumed model
@@ -116,12 +116,13 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
             return result
         finally:
             if job is not None and job.stop is not None:
-                job.stop.close(complete=False)  # an error: restore the signal handlers
+                job.stop.close(complete=False)  # an error: drop the agreement in flight
             gc.unfreeze()  # a later run in this process (tests, benchmarks) may collect them
             for d in opened:
                 d.close()
             if job is not None and job.reporter:
                 job.reporter.close_file()
+                job.result.metrics_failed = job.reporter.failed
             topo.free()
 
 
@@ -183,6 +184,8 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
                 if topo.rank == topo.worker_ranks[0] else None)
     start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema, score) if cfg.resume \
         else 0
+    if reporter:
+        reporter.header("eval" if score else "train", start, topo.n_workers, topo.n_servers)
     if topo.is_worker:
         mode.ready()
     if reporter and start:
@@ -195,6 +198,13 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     gc.freeze()
     job.t_start = time.perf_counter()
     return job
+
+
+def _announce(cfg, topo, data, out) -> None:
+    """Worker 0, before the tables are built: the run's plan (``report.banner``)."""
+    n_rows = getattr(data, "n_rows", None)
+    out.write(banner(cfg, topo, data.schema, total_steps(cfg, n_rows, topo.n_workers), n_rows))
+    out.flush()
 
 
 def _open_data(cfg, topo, dataset, opened):

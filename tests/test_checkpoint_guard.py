@@ -156,13 +156,19 @@ def test_export_never_writes_through_links(ck, tmp_path):
     victim = tmp_path / "victim.txt"
     victim.write_text("precious\n")
     out = tmp_path / "out.h5"
-    for name in ("out.h5", "out.h5.tmp", "out.tmp", ".out.h5.tmp"):
+    for name in ("out.h5.tmp", "out.tmp", ".out.h5.tmp"):
         os.symlink(victim, tmp_path / name)
     checkpoint_files.export(ck, str(out))
     assert victim.read_text() == "precious\n"
     assert not out.is_symlink()
     with h5py.File(out, "r") as f:
         assert f.attrs["step"] == 4
+    linked = tmp_path / "linked.h5"  # a link at OUT names an existing file: not an export's
+    os.symlink(victim, linked)
+    with pytest.raises(PshybridError, match="not an output of pshybrid export"):
+        checkpoint_files.export(ck, str(linked), overwrite=True)
+    assert victim.read_text() == "precious\n" and linked.is_symlink()
+    checkpoint_files.export(ck, str(out), overwrite=True)  # an earlier export: replaced
 
 
 # -- corrupt checkpoints ---------------------------------------------------------------------
@@ -310,3 +316,212 @@ def test_empty_eval_file_is_refused(tmp_path):
     with pytest.raises(InputError) as e:
         run(eval_data=path)
     assert path in str(e.value) and "no rows" in str(e.value)
+
+
+def _records(path):
+    import json
+
+    return [json.loads(line) for line in open(path)]
+
+
+def test_metrics_are_appended_across_a_stop_and_a_resume(tmp_path):
+    """Oracle: one unbroken record of steps 1..6 in one file, each run starting with its
+    config record (the start step it resumed from), after a run of 4 steps and a resume."""
+    ck, m = str(tmp_path / "ck"), str(tmp_path / "m.jsonl")
+    run(steps=4, checkpoint_dir=ck, metrics=m)
+    run(steps=6, resume=ck, checkpoint_dir=ck, metrics=m)
+    recs = _records(m)
+    assert [(r["command"], r["start_step"]) for r in recs if "config" in r] == [
+        ("train", 0), ("train", 4)]
+    assert "config" in recs[0] and recs[0]["config"]["steps"] == 4
+    assert [r["step"] for r in recs if "loss" in r] == [1, 2, 3, 4, 5, 6]
+    assert [r["steps"] for r in recs if r.get("summary")] == [4, 6]
+
+
+def test_metrics_file_of_another_kind_is_refused_not_truncated(tmp_path):
+    other = tmp_path / "notes.jsonl"
+    other.write_text('{"step": 1}\n')
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        run(metrics=str(other))
+    assert "not a --metrics file of pshybrid" in str(e.value) and str(other) in str(e.value)
+    assert snapshot(tmp_path) == before
+
+
+# -- one job per checkpoint directory --------------------------------------------------------
+
+def _plant_lock(root, pid, start=None):
+    import socket
+
+    from pshybrid import safeio
+
+    os.makedirs(root, exist_ok=True)
+    text = f"{socket.gethostname()} {pid} {start or safeio._start_time(pid)}\n"
+    with open(os.path.join(root, safeio.LOCK_NAME), "w") as f:
+        f.write(text)
+    return text
+
+
+def test_a_checkpoint_dir_held_by_a_live_job_is_refused_before_step_1(tmp_path):
+    ck = str(tmp_path / "ck")
+    _plant_lock(ck, os.getppid())  # a live process on this host: another job
+    before = snapshot(tmp_path)
+    with pytest.raises(ConfigError) as e:
+        run(checkpoint_dir=ck)
+    assert "in use by another job" in str(e.value) and f"pid {os.getppid()}" in str(e.value)
+    assert snapshot(tmp_path) == before
+
+
+def test_a_stale_lock_is_named_and_taken_over_and_every_run_releases_its_lock(tmp_path):
+    from pshybrid import safeio
+
+    ck = str(tmp_path / "ck")
+    _plant_lock(ck, os.getppid(), start="1")  # that pid now runs another process
+    res, out = run(checkpoint_dir=ck)
+    assert "stale lock" in out and "now another process" in out, out
+    assert not os.path.exists(os.path.join(ck, safeio.LOCK_NAME))
+
+    def fail(done):  # an error after step 5, on every rank: the lock is released
+        if done == 5:
+            raise PshybridError("stop here", collective=True)
+    with pytest.raises(PshybridError, match="stop here"):
+        train(replace(BASE, steps=6, resume=ck, checkpoint_dir=ck), MPI.COMM_SELF,
+              dataset=DATA, out=io.StringIO(), on_step=fail)
+    assert sorted(os.listdir(ck)) == ["latest", "step-4"]
+
+
+# -- checksums -------------------------------------------------------------------------------
+
+def test_every_array_carries_its_checksum_and_a_change_is_named(ck, tmp_path):
+    """Oracle: zlib.crc32 of each dataset's bytes, recomputed here; one changed value in
+    any array fails resume and export naming the file, the key and both checksums."""
+    import json
+    import zlib
+
+    step = os.path.join(ck, "step-4")
+    assert json.load(open(os.path.join(step, "meta.json")))["checksums"] == "crc32"
+    for name in ("dense.h5", "shard-00000.h5"):
+        with h5py.File(os.path.join(step, name), "r") as f:
+            keys = []
+            f.visit(lambda k: keys.append(k) if isinstance(f[k], h5py.Dataset) else None)
+            assert keys
+            for k in keys:
+                assert f[k].attrs["crc32"] == zlib.crc32(np.ascontiguousarray(f[k][...])), k
+    with h5py.File(os.path.join(step, "shard-00000.h5"), "a") as f:
+        f["acc"][2, 1] += 1.0
+        want = int(f["acc"].attrs["crc32"])
+    for load in (lambda: checkpoint_files.export(ck, str(tmp_path / "x.h5")),
+                 lambda: run(steps=6, resume=ck)):
+        with pytest.raises(InputError) as e:
+            load()
+        assert "shard-00000.h5: /acc fails its checksum" in str(e.value)
+        assert f"stored {want:#010x}" in str(e.value), e.value
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_a_checkpoint_without_checksums_loads_with_one_warning(ck, tmp_path, capfd):
+    """Checkpoints written before the checksums: no meta.json 'checksums', no attributes."""
+    import json
+
+    step = os.path.join(ck, "step-4")
+    meta = json.load(open(os.path.join(step, "meta.json")))
+    del meta["checksums"]
+    with open(os.path.join(step, "meta.json"), "w") as f:
+        json.dump(meta, f)
+    for name in ("dense.h5", "shard-00000.h5"):
+        with h5py.File(os.path.join(step, name), "a") as f:
+            f.visititems(lambda k, d: d.attrs.__delitem__("crc32")
+                         if isinstance(d, h5py.Dataset) else None)
+    res, _ = run(steps=6, resume=ck)
+    checkpoint_files.export(ck, str(tmp_path / "x.h5"))
+    err = capfd.readouterr().err
+    assert res.summary["steps"] == 6 and err.count("no checksums") == 2, err
+
+
+# -- a full disk -----------------------------------------------------------------------------
+
+@pytest.fixture
+def file_limit():
+    """``limit(n)``: a file size limit of n bytes (``ulimit -f``: writes past it fail with
+    EFBIG, Python ignores SIGXFSZ), restored after the test."""
+    import resource
+
+    old = resource.getrlimit(resource.RLIMIT_FSIZE)
+    yield lambda n: resource.setrlimit(resource.RLIMIT_FSIZE, (n, old[1]))
+    resource.setrlimit(resource.RLIMIT_FSIZE, old)
+
+
+def _resume_failing_at_6(ck, at5):
+    def hook(done):
+        if done == 5:
+            at5()
+    with pytest.raises(PshybridError) as e:
+        train(replace(BASE, steps=6, resume=ck, checkpoint_dir=ck), MPI.COMM_SELF,
+              dataset=DATA, out=io.StringIO(), on_step=hook)
+    return str(e.value)
+
+
+def test_a_checkpoint_the_disk_cannot_hold_keeps_the_last_one(ck, file_limit, monkeypatch):
+    """A file size limit, a full disk (statvfs), an OSError while writing: each is one
+    message naming the directory and the error, the temporary directory is gone and
+    ``latest`` still names the previous checkpoint (and the lock is released)."""
+    import errno
+
+    def no_room(path):
+        return os.statvfs_result((4096, 4096, 100, 1, 1, 100, 1, 1, 0, 255))
+
+    def enospc(tmp, *a):
+        open(os.path.join(tmp, "dense.h5"), "w").write("partial")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    cases = {"File too large": lambda: file_limit(16384),
+             "No space left on device": lambda: monkeypatch.setattr(os, "statvfs", no_room),
+             os.strerror(errno.ENOSPC): lambda: monkeypatch.setattr(checkpoint, "_write_files",
+                                                                    enospc)}
+    for why, at5 in cases.items():
+        msg = _resume_failing_at_6(ck, at5)
+        monkeypatch.undo()
+        file_limit(2**62)
+        assert f"checkpoint step-6 not written in {ck}" in msg and why in msg, msg
+        assert f"{ck}/latest still names step-4" in msg and "\n" not in msg, msg
+        assert sorted(os.listdir(ck)) == ["latest", "step-2", "step-4"], os.listdir(ck)
+        assert assert_latest_complete(ck) == "step-4"
+
+
+def test_export_to_a_full_disk_is_refused_before_writing(ck, tmp_path, file_limit, monkeypatch):
+    out = tmp_path / "x.h5"
+    file_limit(4096)
+    with pytest.raises(PshybridError, match="file size limit") as e:
+        checkpoint_files.export(ck, str(out))
+    file_limit(2**62)
+    monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result((4096,) * 2 + (9, 1, 1) +
+                                                                    (9, 1, 1, 0, 255)))
+    with pytest.raises(PshybridError, match="No space left on device"):
+        checkpoint_files.export(ck, str(out))
+    assert str(out) in str(e.value) and os.listdir(tmp_path) == ["ck"]
+
+
+def test_a_metrics_disk_that_fills_warns_once_and_training_goes_on(tmp_path, file_limit,
+                                                                   capfd):
+    m = tmp_path / "m.jsonl"
+
+    def fill(done):
+        if done == 2:
+            file_limit(m.stat().st_size)  # the next line no longer fits
+    res = train(replace(BASE, steps=5, metrics=str(m)), MPI.COMM_SELF, dataset=DATA,
+                out=io.StringIO(), on_step=fill)
+    file_limit(2**62)
+    err = capfd.readouterr().err
+    assert err.count("pshybrid: warning: --metrics") == 1 and "File too large" in err, err
+    assert res.metrics_failed and res.summary["steps"] == 5  # trained to the end
+    assert [r["step"] for r in _records(m) if "loss" in r] == [1, 2]
+
+
+def test_a_metrics_line_cut_short_by_a_killed_job_stays_alone(tmp_path):
+    m = tmp_path / "m.jsonl"
+    run(steps=2, metrics=str(m))
+    m.write_text(m.read_text() + '{"step": 3, "lo')  # killed while writing step 3's line
+    run(steps=2, metrics=str(m))
+    lines = m.read_text().splitlines()
+    cut = lines.index('{"step": 3, "lo')  # alone on its line, the next run's config after it
+    assert '"config"' in lines[cut + 1] and '"summary"' in lines[-1], lines

@@ -166,3 +166,42 @@ def test_corrupt_or_mismatched_checkpoint_is_refused(comm, mpi_tmp_path):
         run(replace(cfg, checkpoint_dir=None, resume=ckpt), comm)
     checks.append("shard-00000.h5" in str(e.value))
     assert_all(comm, all(checks), f"messages: {checks}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_write_failing_on_one_rank_fails_every_rank_and_keeps_latest(comm, mpi_tmp_path,
+                                                                       monkeypatch):
+    """A server's disk is full while the checkpoint of step 4 is written: every rank raises
+    the same one-line error, the temporary directory is gone, latest names step-2; then a
+    value changed in the shard is found by the checksum on every rank at resume."""
+    import errno
+
+    from pshybrid import checkpoint
+
+    ckpt = str(mpi_tmp_path / "ck-full")
+    cfg = replace(BASE, servers=1, steps=2, checkpoint_dir=ckpt)
+    run(cfg, comm)
+    write = checkpoint._write_files
+
+    def full_on_servers(tmp, step, cfg, topo, *rest):
+        if topo.is_server:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        write(tmp, step, cfg, topo, *rest)
+    monkeypatch.setattr(checkpoint, "_write_files", full_on_servers)
+    with pytest.raises(PshybridError) as e:
+        run(replace(cfg, steps=4, resume=ckpt), comm)
+    monkeypatch.undo()
+    msg = str(e.value)
+    checks = ["step-4 not written" in msg and "No space left on device" in msg and
+              "latest still names step-2" in msg and "\n" not in msg]
+    comm.Barrier()
+    checks.append(sorted(os.listdir(ckpt)) == ["latest", "step-2"])
+    comm.Barrier()
+    if comm.rank == 0:
+        with h5py.File(os.path.join(ckpt, "step-2", "shard-00000.h5"), "a") as f:
+            f["w"][1, 0] += 1.0
+    comm.Barrier()
+    with pytest.raises(PshybridError) as e:
+        run(replace(cfg, steps=4, checkpoint_dir=None, resume=ckpt), comm)
+    checks.append("shard-00000.h5: /w fails its checksum" in str(e.value))
+    assert_all(comm, all(checks), f"{checks}: {msg} / {e.value}")

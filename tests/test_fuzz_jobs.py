@@ -1,5 +1,6 @@
 """Fuzz matrix: bad inputs to ``train``, ``export``, ``--resume``, ``eval``, ``predict`` and
-``plot``, each one whole command
+``plot`` (and outputs that would write over an input, a checkpoint or a device), each one
+whole command
 in a subprocess with a timeout. Every one must end with exit status 2, exactly one
 ``pshybrid: error`` line per rank naming the problem, no ``Traceback``, and nothing that
 existed before changed, removed or added (no partial output). Most run on one rank
@@ -245,6 +246,73 @@ CASES.update({
 })
 
 
+def _null(w):
+    """w/null: a character device like /dev/null (root only; skipped elsewhere)."""
+    try:
+        os.mknod(w / "null", 0o20666, os.makedev(1, 3))
+    except OSError:
+        pytest.skip("cannot make a device node here")
+
+
+# Outputs that would destroy an input, a checkpoint or a device: every command refuses them
+# with one line naming the path (issue 27, items 2-4).
+CASES.update({
+    "metrics_is_data": (1, None, ["train", *ONE, *MODEL, "--data", "d.h5", "--metrics", "d.h5"],
+                        "--metrics d.h5 is the same file as --data d.h5"),
+    "metrics_is_config": (1, write("c.toml", "steps = 3\n"), ["train", *ONE, *MODEL, "--config",
+                                                             "c.toml", "--metrics", "c.toml"],
+                          "same file as --config"),
+    "metrics_in_checkpoint": (1, None, ["train", *ONE, *MODEL, "--metrics", "ck/latest"],
+                              "inside the checkpoint directory"),
+    "metrics_not_ours": (1, None, ["train", *ONE, *MODEL, "--metrics", "victim.txt"],
+                         "not a --metrics file of pshybrid"),
+    "metrics_device": (1, _null, ["train", *ONE, *MODEL, "--metrics", "null"],
+                       "not a regular file"),
+    "eval_metrics_is_data": (1, None, ["eval", "ck", "d.h5", "--metrics", "d.h5"],
+                             "same file as --data d.h5"),
+    "export_over_latest": (1, None, ["export", "ck", "ck/latest"], "inside the checkpoint"),
+    "export_over_data": (1, None, ["export", "ck/step-4", "d.h5"], "--overwrite"),
+    "export_over_data_overwrite": (1, None, ["export", "ck/step-4", "d.h5", "--overwrite"],
+                                   "not an output of pshybrid export"),
+    "export_device": (1, _null, ["export", "ck", "null", "--overwrite"], "not a regular file"),
+    "predict_over_checkpoint": (1, None, ["predict", "ck", "d.h5", "ck/step-2/dense.h5",
+                                          "--overwrite"], "inside the checkpoint directory"),
+    "predict_over_data": (1, None, ["predict", "ck", "d.h5", "d.h5", "--overwrite"],
+                          "same file as DATA"),
+    "predict_device": (1, _null, ["predict", "ck", "d.h5", "null", "--overwrite"],
+                       "not a regular file"),
+    "plot_over_run": (1, write("m.jsonl", '{"step": 1, "loss": 1, "samples_per_s": 2}\n'),
+                      ["plot", "m.jsonl", "m.jsonl", "--overwrite"], "same file as RUN"),
+    "prep_into_checkpoint": (1, None, ["prep", "synthetic", "ck/step-4/x.h5", "--rows", "100"],
+                             "inside the checkpoint directory"),
+    "mpi_metrics_is_data": (2, None, ["train", *TWO, *MODEL, "--data", "d.h5", "--metrics",
+                                      "d.h5"], "same file as --data"),
+})
+
+
+
+def bump(key, idx):
+    """Change one value of dataset ``key`` in place (its attributes, the checksum, stay)."""
+    def edit(f):
+        f[key][idx] = f[key][idx] + 1.0
+    return edit
+
+
+# A changed weight is found by its checksum, whichever command loads it (issue 27, item 11).
+CASES.update({
+    "resume_w_changed": (1, h5edit(SHARD, bump("w", (3, 1))), ["train", *ONE, *MODEL, "--data",
+                         "d.h5", "--resume", "ck", "--steps", "6"], "/w fails its checksum"),
+    "export_flat_changed": (1, h5edit(DENSE, bump("flat", 5)), ["export", "ck", "x.h5"],
+                            "dense.h5: /flat fails its checksum"),
+    "eval_slot_changed": (1, h5edit(SHARD, bump("acc", (0, 0))), ["eval", "ck", "d.h5"],
+                          "shard-00000.h5: /acc fails its checksum"),
+    "predict_state_changed": (1, h5edit(DENSE, bump("state/m", 0)), ["predict", "ck", "d.h5",
+                                                                      "p.h5"], "/state/m fails"),
+    "mpi_resume_w_changed": (2, h5edit(SHARD, bump("w", (3, 1))), ["train", *TWO, *MODEL,
+                             "--data", "d.h5", "--resume", "ck", "--steps", "6"], "checksum"),
+})
+
+
 def run(ranks, argv, cwd):
     """(returncode or None on a hang, stderr)."""
     if ranks == 1:
@@ -311,3 +379,35 @@ def test_report():
     print("\n" + line)
     bad = {k: v for k, v in RESULTS.items() if v != "clear error"}
     assert not bad, bad
+
+
+def test_two_jobs_sharing_one_checkpoint_dir(tmp_path):
+    """Issue 27, item 5: a second job started beside a running one into the same
+    --checkpoint-dir is refused naming the holder (host and pid) and changes nothing; the
+    first, stopped by SIGTERM, checkpoints, exits 75 and releases the directory."""
+    import signal
+    import time
+
+    from pshybrid.safeio import LOCK_NAME
+
+    argv = pshybrid("train", *ONE, *MODEL, "--steps", "100000", "--checkpoint-dir", "ck2",
+                    "--checkpoint-every", "1", "--keep-last", "1", "--progress", "none")
+    first = subprocess.Popen(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, stdin=subprocess.DEVNULL)
+    try:
+        lock = tmp_path / "ck2" / LOCK_NAME
+        deadline = time.time() + TIMEOUT
+        while not lock.exists() and first.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        held = lock.read_text()
+        assert str(first.pid) in held, held
+        rc, text = run(1, argv[3:], tmp_path)  # the same command again
+        assert rc == 2 and f"pid {first.pid} on host" in text and "in use by another job" in text
+        assert lock.read_text() == held
+        while not (tmp_path / "ck2" / "latest").exists() and time.time() < deadline:
+            time.sleep(0.05)  # the first job is in its loop: SIGTERM stops it at a step
+    finally:
+        first.send_signal(signal.SIGTERM)
+        out, err = first.communicate(timeout=TIMEOUT)
+    assert first.returncode == 75, (out, err)
+    assert not lock.exists() and (tmp_path / "ck2" / "latest").exists()

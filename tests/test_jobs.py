@@ -94,7 +94,7 @@ def test_train_config_file_and_metrics(tmp_path):
     p = run_job(3, pshybrid("train", "--config", str(cfg), "--steps", "20",
                             "--metrics", str(metrics)), timeout=120)
     assert p.returncode == 0, p.stderr
-    recs = [json.loads(line) for line in metrics.read_text().splitlines()]
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()][1:]  # after config
     assert [r["step"] for r in recs[:-1]] == [10, 20]  # --steps 20 beat the file's 50
     for r in recs[:-1]:
         assert r["loss"] > 0 and r["samples_per_s"] > 0 and set(r["seconds"]) >= {"pull", "push"}
@@ -132,7 +132,7 @@ def test_default_command_learns(tmp_path):
     p = run_job(4, pshybrid("train", "--metrics", str(metrics)), timeout=400)
     assert p.returncode == 0, p.stderr
     recs = [json.loads(line) for line in metrics.read_text().splitlines()]
-    summary, logs = recs[-1], recs[:-1]
+    summary, logs = recs[-1], recs[1:-1]  # recs[0]: the config record
     assert summary["steps"] == 2000 and summary["mode"] == "hybrid" and summary["model"] == "wdl"
     tail = [r["loss"] for r in logs if r["step"] > 1800]  # each: mean over its 100 steps
     assert len(tail) == 2

@@ -135,8 +135,10 @@ def test_local_job_signalled_mid_run_resumes_to_the_uninterrupted_result(tmp_pat
     assert read_latest(ck) == f"step-{m.group(1)}"
     rc, out, err = _finish(_local(args))  # the same command again
     assert rc == 0 and read_latest(ck) == f"step-{steps}", (out, err)
-    first = json.loads(metrics.read_text().splitlines()[0])  # the rerun's own metrics
-    assert first["step"] == int(m.group(1)) + 1, first  # it went on, it did not start over
+    recs = [json.loads(line) for line in metrics.read_text().splitlines()]  # both runs: appended
+    starts = [r["start_step"] for r in recs if "config" in r]
+    assert starts == [0, int(m.group(1))], starts  # the rerun went on, it did not start over
+    assert [r["step"] for r in recs if "loss" in r] == list(range(1, steps + 1))  # unbroken
     cfg = resolve(TrainConfig, build_parser().parse_args(
         ["train", *common, "--mode", "allreduce", "--servers", "0", "--checkpoint-dir", ref_ck]))
     train(cfg, MPI.COMM_SELF, out=open(os.devnull, "w"))  # noqa: SIM115

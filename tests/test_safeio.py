@@ -84,3 +84,108 @@ def test_writable_checks_name_the_problem_and_create_nothing(tmp_path):
     assert "is a directory" in safeio.check_writable_file(str(tmp_path))
     assert safeio.check_writable_file(str(v)) is None and v.read_text() == "precious\n"
     assert sorted(os.listdir(tmp_path)) == before
+
+
+def _checkpoint(tmp_path):
+    """ck/ as pshybrid lays it out: latest -> step-2 (meta.json, dense.h5)."""
+    ck = tmp_path / "ck"
+    (ck / "step-2").mkdir(parents=True)
+    (ck / "step-2" / "meta.json").write_text("{}")
+    (ck / "step-2" / "dense.h5").write_bytes(b"x")
+    (ck / "latest").write_text("step-2\n")
+    return ck
+
+
+def test_check_output_refuses_inputs_checkpoints_and_special_files(tmp_path):
+    """Oracle: each output below would destroy something (an input by another name, a
+    checkpoint's file, a device node or FIFO); a new name beside them is allowed."""
+    data = victim(tmp_path)
+    os.link(data, tmp_path / "hard.txt")
+    os.symlink(data, tmp_path / "soft.txt")
+    os.mkfifo(tmp_path / "fifo")
+    ck = _checkpoint(tmp_path)
+    inputs = [("--data", str(data))]
+    refused = {str(tmp_path / "hard.txt"): "same file as --data",
+               str(tmp_path / "soft.txt"): "same file as --data",
+               str(tmp_path / "sub" / ".." / "victim.txt"): "same file as --data",
+               str(ck / "latest"): "inside the checkpoint directory",
+               str(ck / "step-2" / "dense.h5"): "inside the checkpoint directory",
+               str(ck / "step-2" / "new.h5"): "inside the checkpoint directory",
+               str(tmp_path / "fifo"): "not a regular file",
+               os.devnull: "not a regular file",
+               str(tmp_path): "is a directory"}
+    (tmp_path / "sub").mkdir()
+    for out, why in refused.items():
+        problem = safeio.check_output(out, "--out", inputs)
+        assert problem and why in problem and out in problem, (out, problem)
+    fresh = tmp_path / "run" / "m.jsonl"  # inside the run's own --checkpoint-dir, not made yet
+    assert "inside the checkpoint directory" in safeio.check_output(
+        str(fresh), "--metrics", checkpoint_dirs=[str(tmp_path / "run")])
+    assert safeio.check_output(str(tmp_path / "new.h5"), "--out", inputs) is None
+    assert open(data).read() == "precious\n" and os.path.isfile(ck / "latest")
+
+
+def test_overwrite_replaces_only_an_earlier_output_of_the_same_command(tmp_path):
+    import h5py
+
+    mine, other, text = tmp_path / "mine.h5", tmp_path / "other.h5", victim(tmp_path)
+    for path, kind in ((mine, "export"), (other, "predict")):
+        with h5py.File(path, "w") as f:
+            f.attrs[safeio.OUTPUT_ATTR] = kind
+    export = safeio.replaceable("export", overwrite=True)
+    assert safeio.check_output(str(mine), "", existing=export) is None
+    for path in (other, text):
+        assert "not an output of pshybrid export" in safeio.check_output(
+            str(path), "", existing=export)
+    assert "--overwrite" in safeio.check_output(
+        str(mine), "", existing=safeio.replaceable("export", overwrite=False))
+
+
+def _lock_text(pid, start=None, host=None):
+    import socket
+
+    return f"{host or socket.gethostname()} {pid} {start or safeio._start_time(pid)}\n"
+
+
+def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path, monkeypatch):
+    """Oracle: a live holder on this host (this test's own parent process) and a holder on
+    another host are refused, naming them; a holder whose pid is gone or was reused (another
+    start time), or the same batch job's earlier run (a requeue, on another node), is
+    stale: taken over with a notice naming it."""
+    import subprocess
+    import sys
+
+    for var in (*safeio.BATCH_JOB_VARS, "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+    root = tmp_path / "ck"
+    lock = safeio.DirLock(str(root))
+    assert lock.acquire() is None and root.is_dir()
+    with pytest.raises(FileExistsError, match=f"pid {os.getpid()} on host"):
+        safeio.DirLock(str(root)).acquire()
+    lock.release()
+    assert not root.exists()  # it made the directory and nothing else was written there
+    root.mkdir()
+    path = root / safeio.LOCK_NAME
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    refused = {_lock_text(os.getppid()): "in use by another job",
+               _lock_text(1, host="elsewhere"): "on host elsewhere",
+               _lock_text(1, host="elsewhere").strip() + " 41#0\n": "on host elsewhere",
+               _lock_text(1, host="elsewhere").strip() + " 42#1\n": "on host elsewhere"}
+    stale = {_lock_text(gone, start="1"): "which is gone",
+             _lock_text(os.getppid(), start="1"): "now another process"}
+    monkeypatch.setenv("SLURM_JOB_ID", "42")  # this run: batch job 42, requeued once (its
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # id stays; another run: other id or count)
+    for text, why in refused.items():
+        path.write_text(text)
+        with pytest.raises(FileExistsError, match=why) as e:
+            safeio.DirLock(str(root)).acquire()
+        assert str(path) in str(e.value) and path.read_text() == text
+    stale[_lock_text(1, host="elsewhere").strip() + " 42#0\n"] = "earlier run of batch job 42"
+    for text, why in stale.items():
+        path.write_text(text)
+        lock = safeio.DirLock(str(root))
+        notice = lock.acquire()
+        assert why in notice and str(path) in notice and path.read_text() == lock.mine
+        lock.release()
+        assert os.listdir(root) == []

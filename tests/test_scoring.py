@@ -108,7 +108,7 @@ def test_metrics_lines_carry_time_epoch_and_lr(comm, trained):
     cfg = trained[0]
     ok, msg = True, ""
     if comm.rank == 0:
-        recs = [json.loads(ln) for ln in Path(cfg.metrics).read_text().splitlines()]
+        recs = [json.loads(ln) for ln in Path(cfg.metrics).read_text().splitlines()][1:]
         W = comm.size - 1
         per_epoch = 900 // (W * cfg.batch_size)
         sched = Schedule("cosine", 2, 6)
@@ -129,6 +129,7 @@ def test_plot_draws_the_curves(tmp_path):
 
     m = tmp_path / "m.jsonl"
     m.write_text("".join(json.dumps(r) + "\n" for r in [
+        {"config": {"model": "wdl"}, "pshybrid": "0.1.0", "command": "train", "start_step": 0},
         {"step": 1, "loss": 0.7, "samples_per_s": 100.0},
         {"step": 2, "loss": 0.6, "samples_per_s": 120.0},
         {"eval": True, "step": 2, "auc": 0.7, "logloss": 0.5, "rows": 10},
@@ -183,3 +184,21 @@ def test_plot_without_matplotlib_is_one_clear_error(tmp_path, monkeypatch):
     with pytest.raises(ConfigError) as e:
         plot(str(m), str(tmp_path / "o.png"))
     assert str(e.value) == NEEDS and not (tmp_path / "o.png").exists()
+
+
+def test_plot_replaces_only_an_image_and_only_with_overwrite(tmp_path):
+    """Checked before matplotlib is needed: an existing OUT is refused without --overwrite,
+    and with it unless it is an image; the run file itself is never OUT."""
+    from pshybrid.errors import InputError
+    from pshybrid.plot import plot
+
+    m = tmp_path / "m.jsonl"
+    m.write_text('{"step": 1, "loss": 0.7, "samples_per_s": 100.0}\n')
+    (tmp_path / "old.png").write_bytes(b"\x89PNG\r\n\x1a\n...")
+    (tmp_path / "data.h5").write_bytes(b"\x89HDF\r\n\x1a\n...")
+    for out, overwrite, why in (("old.png", False, "pass --overwrite"),
+                                ("data.h5", True, "is not an image"),
+                                ("m.jsonl", True, "same file as RUN")):
+        with pytest.raises(InputError, match=why):
+            plot(str(m), str(tmp_path / out), overwrite)
+    assert (tmp_path / "data.h5").read_bytes().startswith(b"\x89HDF")

@@ -7,6 +7,7 @@ import stat
 
 import numpy as np
 
+from .. import safeio
 from ..data import DatasetWriter
 from ..errors import ConfigError, InputError
 from .options import SplitOptions
@@ -57,19 +58,10 @@ class SplitWriter:
                 w.abort()
 
 
-def same_file(a: str, b: str) -> bool:
-    """Whether paths ``a`` and ``b`` name one file (also through links), existing or not."""
-    if os.path.realpath(a) == os.path.realpath(b):
-        return True
-    try:
-        return os.path.samefile(a, b)
-    except OSError:
-        return False
-
-
 def check_out(path: str, option: str, inputs=()) -> None:
     """An output file ``path`` (given as ``option``) can be made: its directory exists and
-    is writable, it is not a directory, and not one of the ``inputs`` ``(option, path)``."""
+    is writable, and ``safeio.check_output`` allows it (not one of the ``inputs`` ``(option,
+    path)``, not inside a checkpoint directory, a regular file or a new name)."""
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         why = "is not a directory" if os.path.exists(d) else "does not exist"
@@ -83,9 +75,9 @@ def check_out(path: str, option: str, inputs=()) -> None:
         raise InputError(f"{option} {path}: {exc.strerror or exc}") from None
     if not os.access(d, os.W_OK | os.X_OK):
         raise InputError(f"{option} {path}: cannot write in directory {d} (permission denied)")
-    for name, other in inputs:
-        if same_file(path, other):
-            raise ConfigError(f"{option} {path}: the same file as {name}", collective=True)
+    problem = safeio.check_output(path, option, inputs)
+    if problem:
+        raise ConfigError(problem, collective=True)
 
 
 def valid_path(out: str, o: SplitOptions, inputs=()) -> str | None:
