@@ -179,6 +179,21 @@ def read_meta(step_dir: str) -> dict:
     return meta
 
 
+def resumed_options(path: str) -> tuple[dict | None, str]:
+    """``(options, source)``: the training options stored in the checkpoint ``path`` names
+    (its root's ``latest``, or a step directory), without ``resume``, for ``--resume`` to
+    start from; ``(None, reason)`` when it has none that train can read (preflight then
+    says what is wrong with the checkpoint, on every rank)."""
+    try:
+        step_dir = resolve(path)
+        meta = read_meta(step_dir)
+        options = {k: v for k, v in meta["config"].items() if k != "resume"}
+        from_dict(TrainConfig, options, "")  # a torch run's options, a foreign key: no base
+    except PshybridError as e:
+        return None, str(e)
+    return options, os.path.join(step_dir, "meta.json")
+
+
 def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
     """Refuse a checkpoint whose model does not match the requested one, naming the key."""
     saved = from_dict(TrainConfig, meta["config"], where)

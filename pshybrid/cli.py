@@ -102,7 +102,7 @@ def cmd_train(args) -> int:
     from .preempt import CAUGHT, exit_status
     from .safeio import same_file
 
-    cfg = resolve(TrainConfig, args)
+    cfg = _with_resumed_options(resolve(TrainConfig, args), args, MPI.COMM_WORLD.rank == 0)
     conf = getattr(args, "config", None)
     if conf and cfg.metrics and same_file(conf, cfg.metrics):  # the same on every rank
         raise ConfigError(f"--metrics {cfg.metrics} is the same file as --config {conf}: an "
@@ -121,6 +121,26 @@ def cmd_train(args) -> int:
     if result.preempted is not None:
         return exit_status(result.signal, bool(cfg.checkpoint_dir))
     return 1 if result.metrics_failed else 0
+
+
+def _with_resumed_options(cfg, args, say: bool):
+    """``--resume DIR``: the options stored in the checkpoint, overlaid by ``--config`` and
+    the command line (which win); ``say``: print which options this command changed."""
+    from .checkpoint_files import resumed_options
+    from .config import from_dict, option_flag, shown
+
+    if not cfg.resume:
+        return cfg
+    base, source = resumed_options(cfg.resume)
+    if base is None:
+        return cfg  # preflight names what is wrong with the checkpoint, on every rank
+    new, old = resolve(TrainConfig, args, base, source), from_dict(TrainConfig, base, source)
+    changed = [f"{option_flag(k)} {shown(v)} (was {shown(getattr(old, k))})"
+               for k, v in vars(new).items() if k != "resume" and v != getattr(old, k)]
+    if say:
+        print(f"resume: the options of {source}" + (f", changed: {', '.join(changed)}"
+                                                     if changed else ", unchanged"))
+    return new
 
 
 def cmd_export(args) -> int:

@@ -83,11 +83,11 @@ def _fields(cls) -> list[tuple[dataclasses.Field, type, bool]]:
     return [(f, *_kind(hints[f.name])) for f in dataclasses.fields(cls)]
 
 
-def _flag(name: str) -> str:
+def option_flag(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def _show(value) -> str:
+def shown(value) -> str:
     """A value as it is written on the command line."""
     if value is None:
         return "none"
@@ -106,7 +106,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
                         help="TOML file with any of these options, as keys (the command "
                              "line wins)")
     for f, base, optional in _fields(cls):
-        text = f"{f.metadata.get('help', '')} (default: {_show(f.default)})".replace("%", "%%")
+        text = f"{f.metadata.get('help', '')} (default: {shown(f.default)})".replace("%", "%%")
         kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
         if base is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
@@ -114,8 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
             kwargs["action"] = _Join
         elif f.metadata.get("choices"):
             none = ["none"] if optional else []
-            kwargs["choices"] = [*map(_show, f.metadata["choices"]), *none]
-        parser.add_argument(_flag(f.name), **kwargs)
+            kwargs["choices"] = [*map(shown, f.metadata["choices"]), *none]
+        parser.add_argument(option_flag(f.name), **kwargs)
 
 
 def _from_text(text, base: type, optional: bool, where: str):
@@ -177,7 +177,7 @@ def _build(cls, values: dict, where: dict):
         value = _typed(value, base, optional, label)
         choices, check = f.metadata.get("choices"), f.metadata.get("check")
         if value is not None and choices and value not in choices:
-            raise _error(f"{label}: must be one of {', '.join(map(_show, choices))}, "
+            raise _error(f"{label}: must be one of {', '.join(map(shown, choices))}, "
                          f"got {value!r}")
         if value is not None and check and (problem := check(value)):
             raise _error(f"{label}: {problem}, got {value!r}")
@@ -212,7 +212,7 @@ def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: 
         given.update(toml)
     for f, kind, optional in _fields(cls):
         if hasattr(ns, f.name):
-            where[f.name] = _flag(f.name)
+            where[f.name] = option_flag(f.name)
             values[f.name] = _from_text(getattr(ns, f.name), kind, optional, where[f.name])
             given.add(f.name)
     if hasattr(cls, "layer"):
@@ -386,14 +386,21 @@ class TrainConfig:
 
     @staticmethod
     def layer(values: dict, given: set) -> None:
-        """``--steps`` and ``--epochs`` replace each other: both given is refused; one given
-        drops the other taken from a lower layer (a resumed checkpoint's options). (The
-        values are still as given: ``none`` is text here.)"""
+        """Options given on top of a lower layer (a resumed checkpoint's): ``--steps`` and
+        ``--epochs`` replace each other (both given is refused; one given drops the other);
+        ``--checkpoint-dir none`` / ``--eval-data none`` / ``--data none`` given drop the
+        options that need them, unless those are given too. (Values are still as given:
+        ``none`` is text here.)"""
         if {"steps", "epochs"} <= given and values["epochs"] not in (None, "none"):
             raise _error(f"--steps {values['steps']} and --epochs {values['epochs']}: give "
                          "one (--epochs counts passes over --data, --steps the steps)")
-        if "steps" in given:
+        if "steps" in given and "epochs" not in given:
             values["epochs"] = None
+        needs = {"data": ("epochs", None), "checkpoint_dir": ("checkpoint_every", 0),
+                 "eval_data": ("eval_every", 0)}
+        for key, (other, off) in needs.items():
+            if key in given and values[key] in (None, "none") and other not in given:
+                values[other] = off
 
     def validate(self) -> None:
         """Cross-field rules."""

@@ -525,3 +525,38 @@ def test_a_metrics_line_cut_short_by_a_killed_job_stays_alone(tmp_path):
     lines = m.read_text().splitlines()
     cut = lines.index('{"step": 3, "lo')  # alone on its line, the next run's config after it
     assert '"config"' in lines[cut + 1] and '"summary"' in lines[-1], lines
+
+
+def test_resume_takes_the_checkpoints_options_and_names_the_changed_ones(tmp_path, capsys):
+    """``train --resume DIR --steps 8`` alone trains on the first run's --data with its
+    options (what the command line changes is named) == the resume with every option
+    restated, bit for bit; without the stored options it would fall back to the synthetic
+    stream and be refused as other fields."""
+    from pshybrid.cli import main
+
+    path = str(tmp_path / "d.h5")
+    s = DATA.schema
+    with DatasetWriter(path, s.dense_names, s.sparse_names) as w:
+        w.append(*DATA.rows(0, 512))
+        w.close(s.cardinalities)
+    first = ["--mode", "allreduce", "--servers", "0", "--data", path, "--embedding-dim", "4",
+             "--mlp", "8", "--batch-size", "4", "--seed", "3", "--dtype", "float64",
+             "--progress", "none"]
+    for ck in ("short", "long"):
+        assert main(["train", *first, "--steps", "4", "--checkpoint-dir",
+                     str(tmp_path / ck)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "short"), "--steps", "8"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"resume: the options of {tmp_path}/short/step-4/meta.json, "
+                           "changed: --steps 8 (was 4)\n"), said
+    assert f"resumed from {tmp_path}/short at step 4" in said
+    assert main(["train", *first, "--steps", "8", "--checkpoint-dir", str(tmp_path / "long"),
+                 "--resume", str(tmp_path / "long")]) == 0
+    got = checkpoint_files.export(str(tmp_path / "short"), str(tmp_path / "a.h5"))
+    want = checkpoint_files.export(str(tmp_path / "long"), str(tmp_path / "b.h5"))
+    assert got["step"] == want["step"] == 8
+    with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b:
+        names = []
+        b.visit(lambda n: names.append(n) if isinstance(b[n], h5py.Dataset) else None)
+        assert names and all(np.array_equal(a[n][()], b[n][()]) for n in names)

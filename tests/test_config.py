@@ -192,3 +192,26 @@ def test_print_config_prints_the_effective_options_and_trains_nothing(tmp_path, 
     assert main(["train", "--config", str(tmp_path / "printed.toml"), "--print-config"]) == 0
     assert capsys.readouterr().out == printed
     assert not list(tmp_path.glob("*.jsonl"))  # nothing ran
+
+
+@pytest.mark.parametrize("base,argv,want", [
+    ({"epochs": 2, "data": "d.h5"}, ["--steps", "5"], {"steps": 5, "epochs": None}),
+    ({"steps": 9}, ["--epochs", "2", "--data", "d.h5"], {"steps": 9, "epochs": 2}),
+    ({"checkpoint_dir": "ck", "checkpoint_every": 3, "keep_last": 2},
+     ["--checkpoint-dir", "none"], {"checkpoint_dir": None, "checkpoint_every": 0}),
+    ({"eval_data": "v.h5", "eval_every": 4}, ["--eval-data", "none"], {"eval_every": 0}),
+    ({"data": "d.h5", "epochs": 1}, ["--data", "none"], {"data": None, "epochs": None}),
+    ({"lr": 0.5, "mlp": [4, 2]}, ["--lr", "0.25"], {"lr": 0.25, "mlp": (4, 2)}),
+])
+def test_a_lower_layer_yields_to_what_the_command_line_gives(base, argv, want):
+    """``resolve(..., base)`` (a resumed checkpoint's options): the command line wins, and
+    an option it sets drops the stored options that only make sense with the old value."""
+    parser = ArgumentParser(prog="prog")
+    add_arguments(parser, TrainConfig)
+    cfg = resolve(TrainConfig, parser.parse_args(argv), base, "ck/meta.json")
+    assert {k: getattr(cfg, k) for k in want} == want
+
+
+def test_steps_and_epochs_given_together_are_refused():
+    with pytest.raises(ConfigError, match="--steps 5 and --epochs 2: give one"):
+        parse(TrainConfig, "--data", "d.h5", "--steps", "5", "--epochs", "2")

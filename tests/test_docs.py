@@ -317,29 +317,34 @@ def checkpoints_written(out, cwd):
 
 
 def resumed_to_8(out, cwd):
+    assert out.startswith("resume: the options of ck/step-6/meta.json, changed: --steps 8 "
+                          "(was 6)\n"), out
     assert "done: hybrid wdl  8 steps" in summary_of(out)
     assert "step 7/8" in out and "step 6/8" not in out  # continued from step 6
-    assert (cwd / "ck" / "latest").read_text().strip() == "step-6"  # no --checkpoint-dir
+    assert (cwd / "ck" / "latest").read_text().strip() == "step-8"  # the stored --checkpoint-dir
 
 
-def resumed_and_saved(out, cwd):
-    assert (cwd / "ck" / "latest").read_text().strip() == "step-10"
+def resumed_not_saved(out, cwd):
+    assert "--checkpoint-dir none (was ck)" in out.splitlines()[0], out
+    assert "done: hybrid wdl  10 steps" in summary_of(out)
+    assert (cwd / "ck" / "latest").read_text().strip() == "step-8"
 
 
 def resharded(out, cwd):
     assert "done: hybrid wdl  6 steps" in summary_of(out) and "workers 3 servers 3" in out
     assert "step 5/6" in out and "step 4/6" not in out
+    assert (cwd / "ck64" / "latest").read_text().strip() == "step-6"
 
 
 def exported(out, cwd):
-    assert "exported step 10" in out
+    assert "exported step 8" in out
     with h5py.File(cwd / "run.h5") as f:
         assert set(f) == {"dense", "embeddings", "linear", "optimizer"}
         assert set(f["optimizer"]) == {"dense", "embeddings"}
         field0 = sorted(f["embeddings"])[0]
         assert set(f["optimizer/embeddings"][field0]) == {"acc"}  # adagrad
         assert set(f["optimizer/dense"]) == {"m", "v"}  # adam
-        assert f["embeddings"][field0].shape[1] == 4 and f.attrs["step"] == 10
+        assert f["embeddings"][field0].shape[1] == 4 and f.attrs["step"] == 8
 
 
 def scaled(out, cwd):
@@ -408,9 +413,10 @@ COMMANDS = {
                          expect=checkpoints_written),
     "mpiexec -n 4 python -m pshybrid train --resume ck --steps 4000": Run(
         "ckpt", SMALL + ("--steps", "8"), expect=resumed_to_8),
-    "mpiexec -n 4 python -m pshybrid train --resume ck --checkpoint-dir ck --steps 8000": Run(
-        "ckpt", SMALL + ("--steps", "10"), expect=resumed_and_saved),
-    "mpiexec -n 6 python -m pshybrid train --resume ck/step-2000 --servers 3 --batch-size 64":
+    "mpiexec -n 4 python -m pshybrid train --resume ck --steps 8000 --checkpoint-dir none": Run(
+        "ckpt", SMALL + ("--steps", "10"), expect=resumed_not_saved),
+    "mpiexec -n 6 python -m pshybrid train --resume ck/step-2000 --checkpoint-dir ck64 "
+    "--servers 3 --batch-size 64":
         Run("ckpt", SMALL_BUT_BATCH + ("--steps", "6"), {"ck/step-2000": "ck/step-4"},
             expect=resharded),
     "python -m pshybrid export ck run.h5": Run("ckpt", expect=exported),
