@@ -116,7 +116,7 @@ def test_local_job_signalled_mid_run_resumes_to_the_uninterrupted_result(tmp_pat
 
     from pshybrid.train import train
 
-    steps = 30
+    steps = 200  # many: the stop must come before the end even on a loaded machine
     common = ["--steps", str(steps), "--batch-size", "16", "--mlp", "16,8", "--embedding-dim",
               "4", "--dtype", "float64", "--log-every", "1", "--progress", "none"]
     ref_ck, ck = str(tmp_path / "ref"), str(tmp_path / "ck")
