@@ -21,8 +21,16 @@ from mpi4py import MPI
 from .errors import ConfigError
 
 
-def check_servers(n_servers: int, world_size: int, need_servers: bool = True) -> None:
-    """Validate a server count before any collective (same verdict on every rank)."""
+def check_servers(n_servers: int, world_size: int, need_servers: bool = True,
+                  given: bool = True) -> None:
+    """Validate a server count before any collective (same verdict on every rank).
+    ``given``: the user named it (else it is the default, one per node)."""
+    if need_servers and n_servers == 0 and not given:
+        raise ConfigError(
+            f"this mode keeps the embedding tables on server ranks: it needs a server and a "
+            f"worker, and this job has {world_size} rank(s); run it under mpiexec -n N with "
+            "N >= 2, or use --mode allreduce (one process trains alone) or --placement "
+            "colocated", collective=True)
     if n_servers < 0:
         raise ConfigError(f"--servers must be >= 0, got {n_servers}", collective=True)
     if n_servers >= world_size:
@@ -96,7 +104,7 @@ class Topology:
         node_names = [info[lead][1] for lead in leaders]
         if n_servers is None:
             n_servers = default_servers(len(leaders), world.size)
-            check_servers(n_servers, world.size, need_servers)
+            check_servers(n_servers, world.size, need_servers, given=False)
         server_ranks = place_servers(node_of_rank, n_servers)
         worker_ranks = ([r for r in range(world.size) if r not in server_ranks]
                         if not colocated else list(range(world.size)))

@@ -93,3 +93,14 @@ def test_default_servers():
     assert default_servers(4, 16) == 4
     assert default_servers(4, 3) == 2
     assert default_servers(1, 1) == 0
+
+
+def test_the_default_server_count_of_one_process_is_explained_not_blamed_on_the_user():
+    """One process, no --servers: the message says what to do, not '--servers 0'."""
+    with pytest.raises(ConfigError) as e:
+        check_servers(default_servers(1, 1), 1, need_servers=True, given=False)
+    msg = str(e.value)
+    assert "--servers 0" not in msg and "mpiexec -n N with N >= 2" in msg
+    assert "--mode allreduce" in msg and e.value.collective
+    with pytest.raises(ConfigError, match="^--servers 0: this mode"):
+        check_servers(0, 1, need_servers=True)  # named by the user: named back
