@@ -28,7 +28,7 @@ from .config import TrainConfig, from_dict, to_dict
 from .batches import BatchPlan, prefetch, worker_batches
 from .files import open_dataset
 from .devices import cuda_aware_mpi, pick_device
-from .errors import InputError, PshybridError
+from .errors import ConfigError, InputError, PshybridError
 from .layers import ParamSpace, bce_with_logits
 from .models import build_model
 from .modes import MODES, build_mode
@@ -68,6 +68,10 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
     files, ids) raises the same ``PshybridError`` on every rank; any other failure on any
     rank prints the rank and the error and ends the whole job (``MPI_Abort``), never a hang.
     """
+    if not isinstance(cfg, TrainConfig):  # the same on every rank: no rank is left waiting
+        raise ConfigError(f"train: cfg must be a pshybrid.config.TrainConfig, got "
+                          f"{type(cfg).__name__} (TrainConfig(**d), or config.from_dict(TrainConfig, "
+                          "d, 'where') for a checked dict of options)", collective=True)
     with abort_on_error(comm):
         cfg = from_dict(TrainConfig, to_dict(cfg), "TrainConfig")
         planned = None

@@ -165,3 +165,15 @@ def test_generic_errors():
         "flag (in src): expected true or false, got 1"
     assert fails(from_dict, Toy, {"zzz": 1}, "ckpt/config.json") == \
         "unknown key 'zzz' in ckpt/config.json; known: flag, rate, count, name, sizes"
+
+
+def test_train_refuses_what_is_not_a_train_config():
+    """A dict of options used to fail deep inside with a TypeError."""
+    from mpi4py import MPI
+
+    from pshybrid.train import train
+
+    msg = fails(train, {"steps": 1}, MPI.COMM_SELF)
+    assert msg == ("train: cfg must be a pshybrid.config.TrainConfig, got dict "
+                   "(TrainConfig(**d), or config.from_dict(TrainConfig, d, 'where') for a "
+                   "checked dict of options)")
