@@ -8,7 +8,7 @@ import bisect
 
 import numpy as np
 
-from .data import SHUFFLE_BLOCK, H5Dataset, check_rows
+from .data import SHUFFLE_BLOCK, H5Dataset, check_bag_rows, check_rows
 from .errors import InputError
 from .files import H5Files
 
@@ -93,13 +93,22 @@ def checked(dataset, ranges, label, dense, ids, lo=0):
     1, its dense values finite and each field's ids in ``[0, cardinality)``; else
     ``InputError`` naming the dataset, the field and the dataset row (``data.check_rows``,
     vectorised, once per batch). Files were checked when opened; other datasets are here."""
+    check_rows(_name(dataset), dataset.schema, label, dense, ids, _row_of(ranges), lo)
+    return label, dense, ids
+
+
+def _row_of(ranges):
+    """The dataset row of position ``i`` of a batch read from ``ranges``: ``row_of(i)``."""
     starts = np.cumsum([0] + [b - a for a, b in ranges])
 
     def row_of(i):
         k = int(np.searchsorted(starts, i, side="right")) - 1
         return ranges[k][0] + i - int(starts[k])
-    check_rows(_name(dataset), dataset.schema, label, dense, ids, row_of, lo)
-    return label, dense, ids
+    return row_of
+
+
+def _is_file(dataset) -> bool:
+    return isinstance(dataset, (H5Dataset, H5Files))
 
 
 def read_ids(dataset, ranges, offsets):
@@ -109,7 +118,7 @@ def read_ids(dataset, ranges, offsets):
     every row (row 0's first), field 1's, ...; ``lengths`` (n, K) int64 the ids of each row
     and multi-hot field (>= 1)."""
     label, dense, sparse = read_ranges(dataset, ranges)
-    if not isinstance(dataset, (H5Dataset, H5Files)):  # (files: checked when opened)
+    if not _is_file(dataset):  # (files: checked when opened)
         checked(dataset, ranges, label, dense, sparse)
     single = np.add(sparse, offsets[:sparse.shape[1]], dtype=np.int64)
     if not getattr(dataset.schema, "multi_hot", 0):
@@ -122,6 +131,8 @@ def _bagged(dataset, ranges, single, offsets):
     multi-hot fields' ids of the rows in ``ranges``."""
     parts = [dataset.bags(a, b) for a, b in ranges]
     bags = [tuple(np.concatenate(x) for x in zip(*field)) for field in zip(*parts)]
+    if not _is_file(dataset):
+        check_bag_rows(_name(dataset), dataset.schema, bags, _row_of(ranges))
     f1 = single.shape[1]
     ids = np.concatenate([single.ravel()] + [np.add(v, offsets[f1 + k], dtype=np.int64)
                                              for k, (v, _) in enumerate(bags)])
@@ -164,7 +175,7 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     offsets = np.zeros(dataset.schema.n_sparse, np.int64) if layout is None else \
         np.asarray(layout.offsets, np.int64)
     steps = range(start_step, start_step + max(n_steps, 0))
-    if getattr(dataset.schema, "multi_hot", 0) and isinstance(dataset, (H5Dataset, H5Files)):
+    if getattr(dataset.schema, "multi_hot", 0) and _is_file(dataset):
         # the single-hot part through the windowed reads, the multi-hot ids per step
         f1 = dataset.schema.n_single
         for step, (label, dense, ids) in zip(steps, _h5_batches(
@@ -174,7 +185,7 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     elif getattr(dataset.schema, "multi_hot", 0):
         for step in steps:
             yield read_ids(dataset, plan.ranges(step, offset, count), offsets)
-    elif isinstance(dataset, (H5Dataset, H5Files)):
+    elif _is_file(dataset):
         yield from _h5_batches(dataset, plan, steps, offset, count, offsets, depth)
     elif fills(dataset):
         yield from _generated_batches(dataset, plan, steps, offset, count, offsets, depth)

@@ -300,14 +300,14 @@ class H5Dataset:
         self.path = os.fspath(path)
         try:
             st = os.stat(self.path)
-        except FileNotFoundError:
-            raise InputError(f"{self.path}: no such dataset file") from None
         except OSError as e:
-            raise InputError(f"{self.path}: cannot read: {e.strerror or e}") from None
+            why = "no such dataset file" if isinstance(e, FileNotFoundError) else \
+                f"cannot read: {e.strerror or e}"
+            raise InputError(f"{self.path}: {why}") from None
         if not stat.S_ISREG(st.st_mode):  # h5py would block forever on a FIFO
-            what = "a directory" if stat.S_ISDIR(st.st_mode) else \
-                "not a regular file (a FIFO, device or socket)"
-            raise InputError(f"{self.path}: cannot read a dataset: {what}")
+            raise InputError(f"{self.path}: cannot read a dataset: " + (
+                "a directory" if stat.S_ISDIR(st.st_mode) else
+                "not a regular file (a FIFO, device or socket)"))
         try:
             self.f = h5py.File(self.path, "r")
         except OSError as e:
@@ -320,17 +320,15 @@ class H5Dataset:
             raise
 
     def check_unchanged(self, error: Exception | None = None) -> None:
-        """Raise ``InputError`` naming the file if it changed since it was opened (its size
-        or modification time, or another file now at its path: truncated, rewritten or
-        replaced), or if ``error`` (a failed read) is given. One ``fstat`` and one ``stat``:
-        cheap enough for every read."""
+        """``InputError`` naming the file if it changed since it was opened (size, mtime, or
+        another file at its path), or for ``error`` (a failed read). Cheap: fstat + stat."""
         try:
             now = _stamp(os.fstat(self.f.id.get_vfd_handle()))
         except (OSError, ValueError) as e:  # (a closed file)
             now, error = self.stamp, error or e
         try:
             here = _stamp(os.stat(self.path))[:2]
-        except OSError:
+        except OSError:  # (removed)
             here = None
         how = ("removed" if here is None else "replaced by another file"
                if here != self.stamp[:2] else f"now {now[2]} bytes, was {self.stamp[2]}"
@@ -430,23 +428,8 @@ class H5Dataset:
         for a in range(start, stop, _SCAN_ROWS):
             label, dense, sparse = self.rows(a, min(stop, a + _SCAN_ROWS))  # InputError
             check_rows(self.path, self.schema, label, dense, sparse, lambda r: a + r)
-            self._validate_bags(a, min(stop, a + _SCAN_ROWS))
-
-    def _validate_bags(self, a: int, b: int) -> None:
-        """Multi-hot rows ``[a, b)``: at least one id each, ids in ``[0, cardinality)``."""
-        sch = self.schema
-        for k, (values, lengths) in enumerate(self.bags(a, b)):
-            name, card = sch.sparse_names[sch.n_single + k], sch.cardinalities[sch.n_single + k]
-            where = f"{self.path}: /multi_hot/{name}"
-            if (lengths < 1).any():
-                r = a + int(np.flatnonzero(lengths < 1)[0])
-                raise InputError(f"{where}/offsets row {r} has no id (every row needs one)")
-            bad = (values < 0) | (values >= card)
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                r = a + int(np.searchsorted(np.cumsum(lengths), i, side="right"))
-                raise InputError(f"{where}/values row {r} has an id outside [0, cardinality): "
-                                 f"{values[i]}, cardinality {card}")
+            check_bag_rows(self.path, self.schema, self.bags(a, min(stop, a + _SCAN_ROWS)),
+                           lambda r: a + r)
 
     def close(self) -> None:
         self.f.close()
@@ -472,6 +455,27 @@ def check_rows(where: str, schema: Schema, label, dense, sparse, row_of, lo=0) -
                           f"{sparse[r, f] - np.broadcast_to(lo, cards.shape)[f]}, "
                           f"cardinality {cards[f]}")
             raise InputError(f"{where}: /{key} row {row_of(r)} has {what}{detail}")
+
+
+def check_bag_rows(where: str, schema: Schema, bags, row_of) -> None:
+    """Multi-hot rows as read (``bags``: per multi-hot field ``(values (m,), lengths (n,))``):
+    at least one id each, ids in ``[0, cardinality)``, else ``InputError`` naming ``where``,
+    the field and the dataset row (``row_of(i)`` of position ``i``)."""
+    for k, (values, lengths) in enumerate(bags):
+        name, card = (x[schema.n_single + k] for x in (schema.sparse_names, schema.cardinalities))
+        at = f"{where}: /multi_hot/{name}"
+        if np.shape(values) != (int(np.sum(lengths)),) or np.ndim(lengths) != 1:
+            raise InputError(f"{at}: values of shape {np.shape(values)} for lengths summing "
+                             f"to {int(np.sum(lengths))}")
+        if (lengths < 1).any():
+            r = row_of(int(np.flatnonzero(lengths < 1)[0]))
+            raise InputError(f"{at}/offsets row {r} has no id (every row needs one)")
+        bad = (values < 0) | (values >= card)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            r = row_of(int(np.searchsorted(np.cumsum(lengths), i, side="right")))
+            raise InputError(f"{at}/values row {r} has an id outside [0, cardinality): "
+                             f"{values[i]}, cardinality {card}")
 
 
 def _stamp(st: os.stat_result) -> tuple:

@@ -451,3 +451,49 @@ def test_a_synthetic_subclass_that_overrides_rows_is_read_through_them():
     for t, (label, dense, ids) in enumerate(got):
         np.testing.assert_array_equal(label, 1 - syn.rows(32 * t, 32 * t + 32)[0])
         np.testing.assert_array_equal(ids, syn.rows(32 * t, 32 * t + 32)[2])
+
+
+class BagsOnly(RowsOnly):
+    """A user dataset with a multi-hot field: ``rows`` and ``bags`` of a file, ``edit(values,
+    lengths, start)`` applied to what ``bags`` returns."""
+
+    def __init__(self, inner, edit):
+        super().__init__(inner)
+        self.edit = edit
+
+    def bags(self, start, stop):
+        return [self.edit(v.copy(), n.copy(), start) for v, n in self.inner.bags(start, stop)]
+
+
+def _bag_at(row, fn):
+    def edit(values, lengths, start):
+        if start <= row < start + len(lengths):
+            fn(values, lengths, row - start)
+        return values, lengths
+    return edit
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (_bag_at(70, lambda v, n, i: v.__setitem__(int(n[:i].sum()), 11)),
+     "/multi_hot/tags/values row 70 has an id outside [0, cardinality): 11, cardinality 11"),
+    (_bag_at(70, lambda v, n, i: n.__setitem__(i, 0)), "values of shape"),
+])
+def test_a_custom_datasets_bad_multi_hot_batch_is_refused(tmp_path, edit, needle):
+    """Oracle: the bag planted bad (row 70: step 1 of worker 0) is named; the batch before
+    it equals the file's (a custom dataset's multi-hot ids were never checked)."""
+    rng = np.random.default_rng(0)
+    n, lengths = 256, rng.integers(1, 4, 256)
+    with DatasetWriter(tmp_path / "m.h5", ["I0"], ["C0"], ["tags"]) as w:
+        w.append(rng.integers(0, 2, n).astype(np.float32), rng.random((n, 1), np.float32),
+                 rng.integers(0, 5, (n, 1)), [(rng.integers(0, 11, lengths.sum()), lengths)])
+        w.close([5, 11])
+    h5 = H5Dataset(tmp_path / "m.h5")
+    plan = BatchPlan(n, 64, False, 0)
+    it = worker_batches(BagsOnly(h5, edit), plan, 0, 3, 0, 32)
+    for g, e in zip(next(it), next(worker_batches(h5, plan, 0, 1, 0, 32))):
+        np.testing.assert_array_equal(g, e)
+    with pytest.raises(InputError) as e:
+        next(it)
+    assert str(e.value).startswith("dataset BagsOnly: /multi_hot/tags") and needle in str(
+        e.value), e.value
+    h5.close()
