@@ -76,7 +76,7 @@ def _shaped(dataset, a: int, b: int, got):
     sparse (n, F_s)) with n = b - a; else ``InputError`` naming the dataset and the rows."""
     sch = dataset.schema
     want = ((b - a,), (b - a, sch.n_dense), (b - a, sch.n_single))
-    shapes = tuple(np.shape(x) for x in got) if isinstance(got, tuple) else None
+    shapes = tuple(np.shape(x) for x in got) if isinstance(got, (tuple, list)) else None
     if shapes != want:
         raise InputError(f"{_name(dataset)}: rows({a}, {b}) returned arrays of shapes "
                          f"{shapes}, not (label, dense, sparse) of shapes {want}")

@@ -126,3 +126,14 @@ def test_a_table_beyond_the_nodes_memory_is_refused_before_allocation():
         pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, tables=tables)
     pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, tables=tables[:1])  # nothing left
     pt.shutdown()
+
+
+@pytest.mark.parametrize("seed", [2**32, -1, 1.5])
+def test_a_seed_beyond_the_tables_32_bits_is_refused(seed):
+    """Seed 2**32 initialised the very tables of seed 0 (the key takes 32 bits)."""
+    from pshybrid.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^pt.init: seed {seed!r}: must be an integer from "
+                       r"0 to 2\*\*32 - 1$"):
+        pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, seed=seed,
+                tables=[pt.Table("a", rows=4, dim=2)])

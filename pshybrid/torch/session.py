@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from pshybrid import checkpoint
 from pshybrid.checkpoint_files import _read_shards, read_meta, resolve
-from pshybrid.config import TrainConfig
+from pshybrid.config import SEED_RANGE, TrainConfig, seed_check
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.modes import build_mode
 from pshybrid.optim import SLOTS, Optimizer
@@ -172,6 +172,8 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
             raise ConfigError("pt.init was already called in this process", collective=True)
         tables = list(tables)
         _check_tables(tables, mode, servers)
+        if not isinstance(seed, int) or seed_check(seed):  # the tables' key takes 32 bits
+            raise ConfigError(f"pt.init: seed {seed!r}: {SEED_RANGE}", collective=True)
         if not any(v in os.environ for v in THREAD_VARS):  # one pool of this rank's cores
             torch.set_num_threads(max(1, int(rank_cores())))
         S = servers if MODES[mode].needs_servers else 0
