@@ -497,3 +497,23 @@ def test_a_custom_datasets_bad_multi_hot_batch_is_refused(tmp_path, edit, needle
     assert str(e.value).startswith("dataset BagsOnly: /multi_hot/tags") and needle in str(
         e.value), e.value
     h5.close()
+
+
+def test_a_synthetic_subclass_with_its_own_fill_is_checked():
+    """Oracle: the label its fill plants at row 40 (step 1 of worker 0 at b = 32) is named;
+    the library's own generator is trusted, a subclass's fill is not."""
+    from pshybrid.synthetic import SyntheticCTR
+
+    class TwoLabels(SyntheticCTR):
+        def fill(self, start, label, dense, ids, fused=False):
+            p = super().fill(start, label, dense, ids, fused)
+            if start <= 40 < start + len(label):
+                label[40 - start] = 2.0
+            return p
+
+    it = worker_batches(TwoLabels(seed=3, n_dense=2, cardinalities=(4, 9)),
+                        BatchPlan(None, 32, False, 0), 0, 3, 0, 32)
+    next(it)
+    with pytest.raises(InputError, match=r"^dataset TwoLabels: /label row 40 has a label "
+                       r"outside \{0, 1\}: 2.0$"):
+        next(it)
