@@ -71,9 +71,10 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         except ValueError as e:
             raise ConfigError(f"--mode auto: {e}", collective=True) from None
         probe_s, trial_s = time.perf_counter() - t0, None
-        if trial is not None and cfg.auto_trial_steps:
+        steps = trials.trial_steps(cfg, getattr(data, "n_rows", None), pc.size)
+        if trial is not None and steps:
             key, trial_s = trials.settle(rows, lambda r: chosen_config(cfg, _alt(r)), trial,
-                                         comm, data, cfg.auto_trial_steps, cfg.batch_size)
+                                         comm, data, steps, cfg.batch_size)
             row = next(r for r in rows if r["key"] == key)
             alt = _alt(row)
     finally:

@@ -8,7 +8,8 @@ import bisect
 
 import numpy as np
 
-from .data import SHUFFLE_BLOCK, H5Dataset
+from .data import SHUFFLE_BLOCK, H5Dataset, check_bag_rows, check_rows
+from .errors import InputError
 from .files import H5Files
 
 
@@ -62,11 +63,52 @@ class BatchPlan:
 
 
 def read_ranges(dataset, ranges):
-    """Concatenate ``dataset.rows`` over physical ranges: (label, dense, sparse)."""
-    parts = [dataset.rows(a, b) for a, b in ranges]
+    """Concatenate ``dataset.rows`` over physical ranges: (label, dense, sparse), each
+    part's shapes checked (a dataset of the Python API may return fewer rows or fields)."""
+    parts = [_shaped(dataset, a, b, dataset.rows(a, b)) for a, b in ranges]
     if len(parts) == 1:
         return parts[0]
     return tuple(np.concatenate(p) for p in zip(*parts))
+
+
+def _shaped(dataset, a: int, b: int, got):
+    """``got``, what ``dataset.rows(a, b)`` returned, if it is (label (n,), dense (n, F_d),
+    sparse (n, F_s)) with n = b - a; else ``InputError`` naming the dataset and the rows."""
+    sch = dataset.schema
+    want = ((b - a,), (b - a, sch.n_dense), (b - a, sch.n_single))
+    shapes = tuple(np.shape(x) for x in got) if isinstance(got, (tuple, list)) else None
+    if shapes != want:
+        raise InputError(f"{_name(dataset)}: rows({a}, {b}) returned arrays of shapes "
+                         f"{shapes}, not (label, dense, sparse) of shapes {want}")
+    return got
+
+
+def _name(dataset) -> str:
+    """How errors name a dataset: its path, else its class."""
+    return getattr(dataset, "path", None) or f"dataset {type(dataset).__name__}"
+
+
+def checked(dataset, ranges, label, dense, ids, lo=0):
+    """The batch of ``ranges``, ``ids`` (n, F_s) with ``lo`` added, if its labels are 0 or
+    1, its dense values finite and each field's ids in ``[0, cardinality)``; else
+    ``InputError`` naming the dataset, the field and the dataset row (``data.check_rows``,
+    vectorised, once per batch). Files were checked when opened; other datasets are here."""
+    check_rows(_name(dataset), dataset.schema, label, dense, ids, _row_of(ranges), lo)
+    return label, dense, ids
+
+
+def _row_of(ranges):
+    """The dataset row of position ``i`` of a batch read from ``ranges``: ``row_of(i)``."""
+    starts = np.cumsum([0] + [b - a for a, b in ranges])
+
+    def row_of(i):
+        k = int(np.searchsorted(starts, i, side="right")) - 1
+        return ranges[k][0] + i - int(starts[k])
+    return row_of
+
+
+def _is_file(dataset) -> bool:
+    return isinstance(dataset, (H5Dataset, H5Files))
 
 
 def read_ids(dataset, ranges, offsets):
@@ -76,6 +118,8 @@ def read_ids(dataset, ranges, offsets):
     every row (row 0's first), field 1's, ...; ``lengths`` (n, K) int64 the ids of each row
     and multi-hot field (>= 1)."""
     label, dense, sparse = read_ranges(dataset, ranges)
+    if not _is_file(dataset):  # (files: checked when opened)
+        checked(dataset, ranges, label, dense, sparse)
     single = np.add(sparse, offsets[:sparse.shape[1]], dtype=np.int64)
     if not getattr(dataset.schema, "multi_hot", 0):
         return label, dense, single
@@ -87,6 +131,8 @@ def _bagged(dataset, ranges, single, offsets):
     multi-hot fields' ids of the rows in ``ranges``."""
     parts = [dataset.bags(a, b) for a, b in ranges]
     bags = [tuple(np.concatenate(x) for x in zip(*field)) for field in zip(*parts)]
+    if not _is_file(dataset):
+        check_bag_rows(_name(dataset), dataset.schema, bags, _row_of(ranges))
     f1 = single.shape[1]
     ids = np.concatenate([single.ravel()] + [np.add(v, offsets[f1 + k], dtype=np.int64)
                                              for k, (v, _) in enumerate(bags)])
@@ -110,10 +156,13 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     (n, F_s)); optional ``n_rows`` (absent: an endless stream) and ``validate(start, stop)``.
     Such a dataset takes the generic path: one ``rows`` call per physical range, label and
     dense as it returns them, new arrays every step. Fast paths, label and dense float32:
-    ``SyntheticCTR`` (and anything with its ``fill``) generates only these rows, straight
-    into the output with the offsets fused in; ``H5Dataset`` reads this worker's ranges of
-    many steps at once (``WINDOW_ROWS``, one h5py call per dataset and span of nearby
-    ranges) and copies each step out, adding the offsets on the way.
+    ``SyntheticCTR`` (and anything with its ``fill``, unless it overrides ``rows``: see
+    ``fills``) generates only these rows, straight into the output with the offsets fused
+    in. Every batch but a file's (checked when opened) or ``SyntheticCTR.fill``'s is
+    checked (``checked``: shapes, labels, dense values, each field's id range).
+    ``H5Dataset`` reads this worker's ranges of many steps at once (``WINDOW_ROWS``, one
+    h5py call per dataset and span of nearby ranges) and copies each step out, adding the
+    offsets on the way.
 
     A dataset with multi-hot fields (``schema.multi_hot``) yields ``(label, dense, ids,
     lengths)`` as ``read_ids`` makes them (flat ids; new arrays every step).
@@ -127,7 +176,7 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     offsets = np.zeros(dataset.schema.n_sparse, np.int64) if layout is None else \
         np.asarray(layout.offsets, np.int64)
     steps = range(start_step, start_step + max(n_steps, 0))
-    if getattr(dataset.schema, "multi_hot", 0) and isinstance(dataset, (H5Dataset, H5Files)):
+    if getattr(dataset.schema, "multi_hot", 0) and _is_file(dataset):
         # the single-hot part through the windowed reads, the multi-hot ids per step
         f1 = dataset.schema.n_single
         for step, (label, dense, ids) in zip(steps, _h5_batches(
@@ -137,14 +186,25 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     elif getattr(dataset.schema, "multi_hot", 0):
         for step in steps:
             yield read_ids(dataset, plan.ranges(step, offset, count), offsets)
-    elif hasattr(dataset, "fill"):
-        yield from _generated_batches(dataset, plan, steps, offset, count, offsets, depth)
-    elif isinstance(dataset, (H5Dataset, H5Files)):
+    elif _is_file(dataset):
         yield from _h5_batches(dataset, plan, steps, offset, count, offsets, depth)
+    elif fills(dataset):
+        yield from _generated_batches(dataset, plan, steps, offset, count, offsets, depth)
     else:
         for step in steps:
-            label, dense, sparse = read_ranges(dataset, plan.ranges(step, offset, count))
+            ranges = plan.ranges(step, offset, count)
+            label, dense, sparse = checked(dataset, ranges, *read_ranges(dataset, ranges))
             yield label, dense, np.add(sparse, offsets, dtype=np.int64)
+
+
+def fills(dataset) -> bool:
+    """Whether ``dataset.fill`` makes its batches: its class has one, and the ``rows`` it
+    would bypass is not overridden below the class that defines ``fill`` (a ``SyntheticCTR``
+    subclass with its own ``rows`` is read through that ``rows``)."""
+    mro = type(dataset).__mro__
+    at = [next((i for i, c in enumerate(mro) if name in vars(c)), len(mro))
+          for name in ("fill", "rows")]
+    return at[0] < len(mro) and at[1] >= at[0] and "rows" not in getattr(dataset, "__dict__", {})
 
 
 class _Ring:
@@ -164,10 +224,14 @@ class _Ring:
 
 def _generated_batches(dataset, plan, steps, offset, count, offsets, depth):
     from .schema import field_offsets
+    from .synthetic import SyntheticCTR
 
     sch = dataset.schema
     ring = _Ring(depth + 3, count, sch.n_dense, sch.n_sparse)
     fused = bool(np.array_equal(offsets, field_offsets(sch.cardinalities)))
+    # the library's own generator makes valid rows by construction (tests/test_synthetic.py):
+    # unchecked (~40 us of CPU per 256-row batch); another fill is checked like any dataset
+    own = type(dataset).fill is SyntheticCTR.fill
     for i, step in enumerate(steps):
         label, dense, ids = ring.get(i)
         k = 0
@@ -176,7 +240,8 @@ def _generated_batches(dataset, plan, steps, offset, count, offsets, depth):
             k += b - a
         if not fused:
             ids += offsets
-        yield label, dense, ids
+        yield (label, dense, ids) if own else \
+            checked(dataset, plan.ranges(step, offset, count), label, dense, ids, offsets)
 
 
 def _h5_handles(ds) -> list:
@@ -201,19 +266,23 @@ def _h5_handles(ds) -> list:
     return handles
 
 
-def _read_span(handles, bufs, span, base: int = 0) -> None:
-    """One read per dataset of rows ``span[0]:span[1]`` (of the file whose first row is row
-    ``base`` of the dataset), straight into ``bufs`` at row ``span[2]``."""
+def _read_span(part, handles, bufs, span, base: int = 0) -> None:
+    """One read per dataset of rows ``span[0]:span[1]`` of file ``part`` (an ``H5Dataset``
+    whose first row is row ``base`` of the dataset), straight into ``bufs`` at row
+    ``span[2]``; a failed read or a file changed since it was opened raises ``InputError``
+    naming it (``H5Dataset.check_unchanged``)."""
     from h5py import h5s
 
-    for (dsid, fspace, mspaces), buf in zip(handles, bufs):
-        dest = buf[span[2]:span[2] + span[1] - span[0]]
-        if dest.size:  # (a file without dense or sparse columns: nothing)
-            fspace.select_hyperslab((span[0] - base,) + (0,) * (buf.ndim - 1), dest.shape)
-            mspace = mspaces.get(dest.shape)
-            if mspace is None:
-                mspace = mspaces[dest.shape] = h5s.create_simple(dest.shape)
-            dsid.read(mspace, fspace, dest)
+    def read():
+        for (dsid, fspace, mspaces), buf in zip(handles, bufs):
+            dest = buf[span[2]:span[2] + span[1] - span[0]]
+            if dest.size:  # (a file without dense or sparse columns: nothing)
+                fspace.select_hyperslab((span[0] - base,) + (0,) * (buf.ndim - 1), dest.shape)
+                mspace = mspaces.get(dest.shape)
+                if mspace is None:
+                    mspace = mspaces[dest.shape] = h5s.create_simple(dest.shape)
+                dsid.read(mspace, fspace, dest)
+    part._read(read)
     span[3] = True
 
 
@@ -222,7 +291,8 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
     ring = _Ring(depth + 3, count, sch.n_dense, len(offsets))
     # Several files (H5Files): ranges split at the files' bounds, spans within one file.
     bounds = getattr(ds, "bounds", [0, ds.n_rows])
-    handles = [_h5_handles(d) for d in getattr(ds, "parts", [ds])]
+    parts = getattr(ds, "parts", [ds])
+    handles = [_h5_handles(d) for d in parts]
     bufs = [np.empty((0,) + d.shape[1:], d.dtype) for d, _, _ in handles[0]]
     per_window = max(1, WINDOW_ROWS // max(count, 1))
     w = 0
@@ -256,7 +326,8 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
             for a, b in rs:
                 span, p = where[(a, b)]
                 if not span[3]:
-                    _read_span(handles[span[4]], bufs, span, bounds[span[4]])
+                    _read_span(parts[span[4]], handles[span[4]], bufs, span,
+                               bounds[span[4]])
                 m = b - a
                 label[k:k + m] = lb[p:p + m]
                 dense[k:k + m] = db[p:p + m]

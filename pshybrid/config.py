@@ -254,6 +254,15 @@ def _at_least(lo):
     return lambda v: None if v >= lo else f"must be >= {lo}"
 
 
+SEED_RANGE = "must be an integer from 0 to 2**32 - 1"  # the tables' key takes 32 bits
+
+
+def seed_check(v):
+    """A seed: the initialisation and the synthetic stream use its low 32 bits
+    (``initializers.table_key``), so a larger one would repeat a smaller one's tables."""
+    return None if 0 <= v < 2**32 else SEED_RANGE
+
+
 def _positive(v):
     return None if v > 0 else "must be > 0"
 
@@ -333,7 +342,7 @@ class TrainConfig:
     mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated",
                                   check=_layer_sizes)
     cross_layers: int = option(2, "number of cross layers (dcn only)", check=_at_least(0))
-    seed: int = option(0, "random seed", check=_at_least(0))
+    seed: int = option(0, "random seed, 0 to 2**32 - 1", check=seed_check)
     consistency: str = option("bsp", "consistency of embedding reads: bsp (every read sees "
                               "every update of the earlier steps), ssp:K (a read at step t "
                               "sees every update of the steps before t-K; the next step's "

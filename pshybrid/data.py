@@ -20,6 +20,7 @@ import errno
 import io
 import os
 import secrets
+import stat
 
 import h5py
 import numpy as np
@@ -297,17 +298,55 @@ class H5Dataset:
 
     def __init__(self, path: str):
         self.path = os.fspath(path)
-        if not os.path.exists(self.path):
-            raise InputError(f"{self.path}: no such dataset file")
+        try:
+            st = os.stat(self.path)
+        except OSError as e:
+            why = "no such dataset file" if isinstance(e, FileNotFoundError) else \
+                f"cannot read: {e.strerror or e}"
+            raise InputError(f"{self.path}: {why}") from None
+        if not stat.S_ISREG(st.st_mode):  # h5py would block forever on a FIFO
+            raise InputError(f"{self.path}: cannot read a dataset: " + (
+                "a directory" if stat.S_ISDIR(st.st_mode) else
+                "not a regular file (a FIFO, device or socket)"))
         try:
             self.f = h5py.File(self.path, "r")
         except OSError as e:
             raise InputError(f"{self.path}: not a readable HDF5 file ({e})") from None
         try:
+            self.stamp = _stamp(os.fstat(self.f.id.get_vfd_handle()))
             self._check()
         except BaseException:
             self.f.close()  # a refused file is not left open
             raise
+
+    def check_unchanged(self, error: Exception | None = None) -> None:
+        """``InputError`` naming the file if it changed since it was opened (size, mtime, or
+        another file at its path), or for ``error`` (a failed read). Cheap: fstat + stat."""
+        try:
+            now = _stamp(os.fstat(self.f.id.get_vfd_handle()))
+        except (OSError, ValueError) as e:  # (a closed file)
+            now, error = self.stamp, error or e
+        try:
+            here = _stamp(os.stat(self.path))[:2]
+        except OSError:  # (removed)
+            here = None
+        how = ("removed" if here is None else "replaced by another file"
+               if here != self.stamp[:2] else f"now {now[2]} bytes, was {self.stamp[2]}"
+               if now[2] != self.stamp[2] else "rewritten" if now != self.stamp else None)
+        if how is not None:
+            raise InputError(f"{self.path}: the dataset changed while it was read ({how})")
+        if error is not None:
+            raise InputError(f"{self.path}: cannot read ({error})") from None
+
+    def _read(self, read):
+        """``read()`` (h5py reads), checked: a failed read or a changed file raises
+        ``InputError`` naming the file (HDF5 reads past a truncated file's end as zeros)."""
+        try:
+            out = read()
+        except (OSError, ValueError, RuntimeError) as e:
+            self.check_unchanged(e)
+        self.check_unchanged()
+        return out
 
     def _check(self) -> None:
         """The structure, keys, dtypes, row counts and attributes; sets n_rows and schema."""
@@ -369,63 +408,79 @@ class H5Dataset:
     def bags(self, start: int, stop: int) -> list[tuple[np.ndarray, np.ndarray]]:
         """Rows ``[start, stop)`` of each multi-hot field: ``(values (m,) int64, lengths (n,)
         int64)``, the ids of row ``start`` first."""
-        out = []
-        for values, offsets in self.bag_sets:
-            o = offsets[start:stop + 1]
-            out.append((values[o[0]:o[-1]], np.diff(o)))
-        return out
+        def read():
+            out = []
+            for values, offsets in self.bag_sets:
+                o = offsets[start:stop + 1]
+                out.append((values[o[0]:o[-1]], np.diff(o)))
+            return out
+        return self._read(read)
 
     def rows(self, start: int, stop: int):
         """Rows ``[start, stop)``: label (n,) float32, dense (n, F_d) float32, sparse (n, F_s) int64."""
-        return (self.f["label"][start:stop], self.f["dense"][start:stop],
-                self.f["sparse"][start:stop])
+        return self._read(lambda: (self.f["label"][start:stop], self.f["dense"][start:stop],
+                                   self.f["sparse"][start:stop]))
 
     def validate(self, start: int, stop: int) -> None:
         """Scan rows ``[start, stop)`` in chunks; raise ``InputError`` naming the file, the
         key and the first bad row: labels outside {0, 1}, NaN/inf dense values, sparse ids
         < 0 or >= the field's cardinality, multi-hot rows without an id."""
-        cards = np.asarray(self.schema.cardinalities[:self.schema.n_single], np.int64)
         for a in range(start, stop, _SCAN_ROWS):
-            try:
-                label, dense, sparse = self.rows(a, min(stop, a + _SCAN_ROWS))
-            except (OSError, ValueError) as e:
-                raise InputError(f"{self.path}: rows {a}..{min(stop, a + _SCAN_ROWS)} are "
-                                 f"unreadable ({e})") from None
-            checks = (("label", (label != 0) & (label != 1), "a label outside {0, 1}"),
-                      ("dense", ~np.isfinite(dense).all(axis=1), "a NaN or infinite value"),
-                      ("sparse", ((sparse < 0) | (sparse >= cards)).any(axis=1),
-                       "an id outside [0, cardinality)"))
-            for key, bad, what in checks:
-                if bad.any():
-                    r = int(np.flatnonzero(bad)[0])
-                    detail = ""
-                    if key == "sparse":
-                        f = int(np.flatnonzero((sparse[r] < 0) | (sparse[r] >= cards))[0])
-                        detail = (f": field {self.schema.sparse_names[f]} id {sparse[r, f]}, "
-                                  f"cardinality {cards[f]}")
-                    elif key == "label":
-                        detail = f": {label[r]}"
-                    raise InputError(f"{self.path}: /{key} row {a + r} has {what}{detail}")
-            self._validate_bags(a, min(stop, a + _SCAN_ROWS))
-
-    def _validate_bags(self, a: int, b: int) -> None:
-        """Multi-hot rows ``[a, b)``: at least one id each, ids in ``[0, cardinality)``."""
-        sch = self.schema
-        for k, (values, lengths) in enumerate(self.bags(a, b)):
-            name, card = sch.sparse_names[sch.n_single + k], sch.cardinalities[sch.n_single + k]
-            where = f"{self.path}: /multi_hot/{name}"
-            if (lengths < 1).any():
-                r = a + int(np.flatnonzero(lengths < 1)[0])
-                raise InputError(f"{where}/offsets row {r} has no id (every row needs one)")
-            bad = (values < 0) | (values >= card)
-            if bad.any():
-                i = int(np.flatnonzero(bad)[0])
-                r = a + int(np.searchsorted(np.cumsum(lengths), i, side="right"))
-                raise InputError(f"{where}/values row {r} has an id outside [0, cardinality): "
-                                 f"{values[i]}, cardinality {card}")
+            label, dense, sparse = self.rows(a, min(stop, a + _SCAN_ROWS))  # InputError
+            check_rows(self.path, self.schema, label, dense, sparse, lambda r: a + r)
+            check_bag_rows(self.path, self.schema, self.bags(a, min(stop, a + _SCAN_ROWS)),
+                           lambda r: a + r)
 
     def close(self) -> None:
         self.f.close()
+
+
+def check_rows(where: str, schema: Schema, label, dense, sparse, row_of, lo=0) -> None:
+    """Rows as read: raise ``InputError`` naming ``where``, the key, the field and the first
+    bad row (``row_of(i)``: the dataset row of position ``i``) for a label outside {0, 1},
+    a NaN or infinite dense value, a single-hot id outside ``[0, cardinality)``. ``lo``:
+    (F_s,) the fused-table offsets already added to ``sparse``. Vectorised: one pass."""
+    cards = np.asarray(schema.cardinalities[:schema.n_single], np.int64)
+    out = (sparse < lo) | (sparse >= lo + cards)
+    checks = (("label", (label != 0) & (label != 1), "a label outside {0, 1}"),
+              ("dense", ~np.isfinite(dense).all(axis=1), "a NaN or infinite value"),
+              ("sparse", out.any(axis=1), "an id outside [0, cardinality)"))
+    for key, bad, what in checks:
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            detail = f": {label[r]}" if key == "label" else ""
+            if key == "sparse":
+                f = int(np.flatnonzero(out[r])[0])
+                detail = (f": field {schema.sparse_names[f]} id "
+                          f"{sparse[r, f] - np.broadcast_to(lo, cards.shape)[f]}, "
+                          f"cardinality {cards[f]}")
+            raise InputError(f"{where}: /{key} row {row_of(r)} has {what}{detail}")
+
+
+def check_bag_rows(where: str, schema: Schema, bags, row_of) -> None:
+    """Multi-hot rows as read (``bags``: per multi-hot field ``(values (m,), lengths (n,))``):
+    at least one id each, ids in ``[0, cardinality)``, else ``InputError`` naming ``where``,
+    the field and the dataset row (``row_of(i)`` of position ``i``)."""
+    for k, (values, lengths) in enumerate(bags):
+        name, card = (x[schema.n_single + k] for x in (schema.sparse_names, schema.cardinalities))
+        at = f"{where}: /multi_hot/{name}"
+        if np.shape(values) != (int(np.sum(lengths)),) or np.ndim(lengths) != 1:
+            raise InputError(f"{at}: values of shape {np.shape(values)} for lengths summing "
+                             f"to {int(np.sum(lengths))}")
+        if (lengths < 1).any():
+            r = row_of(int(np.flatnonzero(lengths < 1)[0]))
+            raise InputError(f"{at}/offsets row {r} has no id (every row needs one)")
+        bad = (values < 0) | (values >= card)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            r = row_of(int(np.searchsorted(np.cumsum(lengths), i, side="right")))
+            raise InputError(f"{at}/values row {r} has an id outside [0, cardinality): "
+                             f"{values[i]}, cardinality {card}")
+
+
+def _stamp(st: os.stat_result) -> tuple:
+    """A file's identity and state: (device, inode, size, modification time in ns)."""
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 def check_bags(f, path: str, name: str, n_rows: int):

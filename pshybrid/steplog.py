@@ -22,16 +22,28 @@ from .report import PHASES
 
 
 class TrainingDiverged(PshybridError):
-    """The loss became NaN or infinite."""
+    """The loss became NaN or infinite, or its mean per sample passed ``DIVERGED``."""
 
 
-def check_loss(job, loss_sum: float, when: str) -> None:
-    if not math.isfinite(loss_sum):
-        ck = job.cfg.checkpoint_dir
-        where = f"{ck}/latest names the last good checkpoint" if ck else \
-            "no checkpoint directory was given"
-        raise TrainingDiverged(f"loss is {loss_sum} {when} on worker "
-                               f"{job.topo.worker_index}: training stopped; {where}")
+# A diverged run's mean loss per sample: 10^6 times an untrained model's (log 2, the loss
+# of logit 0). Binary cross-entropy of logit z is at most |z| + log 2: a trained model's
+# logits are never near 10^6, a run with --lr 1e30 reached 2e30 and exited 0.
+DIVERGED = 1e6 * math.log(2)
+
+
+def check_loss(job, loss_sum: float, rows: int, when: str) -> None:
+    """Stop the run if the loss summed over ``rows`` samples is NaN or infinite, or its
+    mean per sample is above ``DIVERGED``."""
+    mean = loss_sum / max(rows, 1)
+    if math.isfinite(mean) and mean <= DIVERGED:
+        return
+    what = f"{mean:.3g} per sample (above 1e6 x log 2 = {DIVERGED:.3g}: diverging)" \
+        if math.isfinite(mean) else f"{loss_sum}"
+    ck = job.cfg.checkpoint_dir
+    where = f"{ck}/latest names the last good checkpoint" if ck else \
+        "no checkpoint directory was given"
+    raise TrainingDiverged(f"loss is {what} {when} on worker {job.topo.worker_index}: "
+                           f"training stopped; {where}")
 
 
 class StepLog:
@@ -43,6 +55,7 @@ class StepLog:
         self.job = job
         self.acc = np.zeros(3)  # loss sum, samples, label sum since the last log
         self.dev = None         # GPU: (loss sum, label sum) on the device since the last read
+        self.dev_rows = 0       # GPU: the samples of those sums
         self.t_log = self.t_step = time.perf_counter()
 
     def add(self, done: int, loss_sum, label) -> None:
@@ -56,6 +69,7 @@ class StepLog:
         else:  # kernels queued on the stream: no wait
             sums = xp.stack((loss_sum, label.sum())).astype(np.float64)
             self.dev = sums if self.dev is None else self.dev + sums
+            self.dev_rows += job.cfg.batch_size
             self.acc[1] += job.cfg.batch_size
         every = job.cfg.checkpoint_every if job.cfg.checkpoint_dir else 0
         if every and done % every == 0:
@@ -83,7 +97,8 @@ class StepLog:
             loss_sum, label_sum = (float(v) for v in to_host(self.dev))
             self.dev = None
             self.job.mode.kernel_timers.fold()  # the copy waited: the phases' device times
-            check_loss(self.job, loss_sum, f"in the steps up to {done}")
+            check_loss(self.job, loss_sum, self.dev_rows, f"in the steps up to {done}")
+            self.dev_rows = 0
             self.acc += (loss_sum, 0.0, label_sum)
 
     def pause(self, work) -> None:

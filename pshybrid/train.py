@@ -28,7 +28,7 @@ from .config import TrainConfig, from_dict, to_dict
 from .batches import BatchPlan, prefetch, worker_batches
 from .files import open_dataset
 from .devices import cuda_aware_mpi, pick_device
-from .errors import InputError, PshybridError
+from .errors import ConfigError, InputError, PshybridError
 from .layers import ParamSpace, bce_with_logits
 from .models import build_model
 from .modes import MODES, build_mode
@@ -70,6 +70,10 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
     files, ids) raises the same ``PshybridError`` on every rank; any other failure on any
     rank prints the rank and the error and ends the whole job (``MPI_Abort``), never a hang.
     """
+    if not isinstance(cfg, TrainConfig):  # the same on every rank: no rank is left waiting
+        raise ConfigError(f"train: cfg must be a pshybrid.config.TrainConfig, got "
+                          f"{type(cfg).__name__} (TrainConfig(**d), or config.from_dict(TrainConfig, "
+                          "d, 'where') for a checked dict of options)", collective=True)
     CAUGHT.install()  # from now on a signal is a request to stop (``preempt``)
     try:
         return _train(cfg, comm, dataset, collect, out, on_step)
@@ -356,7 +360,7 @@ def _step(job: Job, step: int, label, dense, batch, bags=()):
     loss_sum = losses.sum()  # GPU: stays on the device (no host sync per step)
     if job.mode.xp is np:
         loss_sum = float(loss_sum)
-        check_loss(job, loss_sum, f"at step {step + 1}")
+        check_loss(job, loss_sum, len(label), f"at step {step + 1}")
     mode.update(batch, demb, step + 1)
     batch.release()
     return loss_sum

@@ -52,7 +52,7 @@ def pshybrid(*args: str) -> list[str]:
 
 
 def snapshot(root) -> dict:
-    """Every entry under ``root``: a link's target, a file's hash, or 'dir'."""
+    """Every entry under ``root``: a link's target, a file's hash, 'dir' or 'special'."""
     snap = {}
     for dirpath, dirs, files in os.walk(root):
         for n in dirs + files:
@@ -62,6 +62,8 @@ def snapshot(root) -> dict:
                 snap[rel] = "-> " + os.readlink(p)
             elif os.path.isdir(p):
                 snap[rel] = "dir"
+            elif not os.path.isfile(p):  # a FIFO, socket or device: never opened (it may block)
+                snap[rel] = "special"
             else:
                 snap[rel] = hashlib.sha1(open(p, "rb").read()).hexdigest()
     return snap

@@ -120,6 +120,34 @@ def test_auto_picks_the_same_on_every_rank(comm):
     assert_all(comm, ok, f"{mine} vs rank 0 {every[0]}")
 
 
+@pytest.mark.parametrize("extra,n_rows,ranks,timed", [
+    (dict(steps=5, auto_trial_steps=10**6), None, 1, 5),
+    (dict(steps=5000, auto_trial_steps=20), None, 4, 20),
+    (dict(steps=0, auto_trial_steps=20), None, 1, 0),
+    (dict(epochs=2, data="d.h5", batch_size=10, auto_trial_steps=10**6), 1000, 4, 2 * 25),
+])
+def test_trial_steps_are_bounded_by_the_runs_steps(extra, n_rows, ranks, timed):
+    assert trials.trial_steps(replace(BASE, **extra), n_rows, ranks) == timed
+
+
+def test_auto_trains_no_trial_longer_than_the_run():
+    """Oracle: the configs ``resolve`` hands its trial (a stand-in for ``train``, which
+    records them): 3 warm-up + 5 timed steps for ``--steps 5``, whatever
+    ``--auto-trial-steps`` says (10**6 trial steps before a 5-step run used to run)."""
+    from types import SimpleNamespace
+
+    from mpi4py import MPI
+
+    seen = []
+
+    def fake_train(cfg, comm, dataset=None, out=None):
+        seen.append(cfg.steps)
+        return SimpleNamespace(step_seconds=[1e-3] * min(cfg.steps, 100))
+    cfg = replace(BASE, mode="auto", steps=5, auto_trial_steps=10**6)
+    auto.resolve(cfg, MPI.COMM_SELF, DATA, io.StringIO(), trial=fake_train)
+    assert seen and set(seen) == {trials.WARM + 5}, seen
+
+
 @pytest.mark.mpi(min_size=2)
 def test_auto_trains_as_the_fixed_choice(comm, mpi_tmp_path):
     """Training under auto == training with the options it picked (BSP, float64), both

@@ -54,6 +54,10 @@ def test_cli_overrides_toml_overrides_defaults(tmp_path):
     assert type(cfg.lr) is float
 
 
+def test_the_largest_seed_is_accepted():
+    assert parse(TrainConfig, "--seed", str(2**32 - 1)).seed == 2**32 - 1
+
+
 def test_cli_values():
     cfg = parse(TrainConfig, "--mlp", "64,32", "--servers", "none", "--dense-lr", "0.1",
                 "--shared-memory", "off", "--data", "train.h5", "--epochs", "2")
@@ -109,6 +113,9 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
     (["--model", "bogus"], "prog: argument --model: invalid choice: 'bogus' "
                            "(choose from 'wdl', 'deepfm', 'dcn', 'dlrm')"),
     (["--epochs", "2"], "--epochs needs --data; the synthetic stream is endless: use --steps"),
+    # the tables take the seed's low 32 bits: 2**32 would silently be seed 0
+    (["--seed", str(2**32)], "--seed: must be an integer from 0 to 2**32 - 1, got 4294967296"),
+    (["--seed", "-1"], "--seed: must be an integer from 0 to 2**32 - 1, got -1"),
 ])
 def test_cli_errors(argv, message):
     assert fails(parse, TrainConfig, *argv) == message
@@ -215,3 +222,15 @@ def test_a_lower_layer_yields_to_what_the_command_line_gives(base, argv, want):
 def test_steps_and_epochs_given_together_are_refused():
     with pytest.raises(ConfigError, match="--steps 5 and --epochs 2: give one"):
         parse(TrainConfig, "--data", "d.h5", "--steps", "5", "--epochs", "2")
+
+
+def test_train_refuses_what_is_not_a_train_config():
+    """A dict of options used to fail deep inside with a TypeError."""
+    from mpi4py import MPI
+
+    from pshybrid.train import train
+
+    msg = fails(train, {"steps": 1}, MPI.COMM_SELF)
+    assert msg == ("train: cfg must be a pshybrid.config.TrainConfig, got dict "
+                   "(TrainConfig(**d), or config.from_dict(TrainConfig, d, 'where') for a "
+                   "checked dict of options)")

@@ -146,6 +146,71 @@ def test_missing_and_non_hdf5(tmp_path):
         H5Dataset(tmp_path / "x.h5")
 
 
+def _opens_within(path, seconds=30):
+    """The InputError message ``H5Dataset(path)`` raises, in a subprocess with a timeout: a
+    hang (h5py opening a FIFO waits for a writer forever, holding the GIL) fails the test
+    instead of blocking it."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom pshybrid.data import H5Dataset\nfrom pshybrid.errors import "
+            "InputError\ntry:\n    H5Dataset(sys.argv[1]).close()\nexcept InputError as e:\n"
+            "    print(e)")
+    try:
+        p = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True,
+                           text=True, timeout=seconds, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"H5Dataset({path}) blocked for {seconds} s") from None
+    assert p.returncode == 0, p.stderr
+    return p.stdout.strip()
+
+
+def test_non_regular_files_are_refused_before_hdf5_opens_them(tmp_path):
+    """Oracle: a FIFO, a device and a directory are not dataset files; each is refused at
+    once, naming the path (a FIFO used to block h5py forever)."""
+    os.mkfifo(tmp_path / "fifo.h5")
+    assert _opens_within(tmp_path / "fifo.h5") == (
+        f"{tmp_path / 'fifo.h5'}: cannot read a dataset: not a regular file (a FIFO, device "
+        "or socket)")
+    assert "not a regular file" in _opens_within("/dev/null")
+    assert _opens_within(tmp_path).endswith("cannot read a dataset: a directory")
+
+
+def _truncate(path, fraction):
+    with open(path, "r+b") as fh:
+        fh.truncate(int(os.path.getsize(path) * fraction))
+
+
+@pytest.mark.parametrize("change", ["truncate", "rewrite", "replace"])
+def test_a_file_changed_while_it_is_read_stops_the_reads(tmp_path, monkeypatch, change):
+    """Oracle: the file's rows before the change, then InputError naming the file at the
+    next read: a truncated file read as zeros (HDF5 fills past the end) trained silently."""
+    import pshybrid.batches as batches
+
+    monkeypatch.setattr(batches, "WINDOW_ROWS", 256)  # one read per window of 2 steps
+    p = tmp_path / "d.h5"
+    arrays = write(p, n=4000)
+    ds = H5Dataset(p)
+    plan = BatchPlan(ds.n_rows, 128, False, seed=0)
+    it = batches.worker_batches(ds, plan, 0, 20, 0, 128)
+    label, _, ids = next(it)
+    np.testing.assert_array_equal(ids, arrays["sparse"][:128])
+    if change == "truncate":
+        _truncate(p, 0.25)
+    elif change == "rewrite":  # the same size, other bytes, a later mtime
+        os.utime(p, ns=(0, os.stat(p).st_mtime_ns + 10**9))
+    else:
+        write(tmp_path / "other.h5", n=4000)
+        os.replace(tmp_path / "other.h5", p)
+    why = {"truncate": "(now", "rewrite": "(rewritten)", "replace": "(replaced by another"}
+    for read in (lambda: [next(it) for _ in range(3)], lambda: ds.rows(0, 10)):
+        with pytest.raises(InputError) as e:
+            read()
+        assert str(e.value).startswith(f"{p}: the dataset changed while it was read "
+                                       f"{why[change]}"), e.value
+    ds.close()
+
+
 def covered(plan, step, W, b):
     rows = []
     for w in range(W):
@@ -310,3 +375,145 @@ def test_reused_buffers_hold_through_the_next_step(tmp_path, depth, source):
         for b, c in held:
             for x, y in zip(b, c):
                 np.testing.assert_array_equal(x, y)
+
+
+class Custom(RowsOnly):
+    """A user dataset whose rows are another's with one value changed: ``edit(label, dense,
+    sparse, start)`` after each ``rows`` call (no ``validate``)."""
+
+    def __init__(self, inner, edit):
+        super().__init__(inner)
+        self.edit = edit
+
+    def rows(self, start, stop):
+        label, dense, sparse = (a.copy() for a in self.inner.rows(start, stop))
+        return self.edit(label, dense, sparse, start)
+
+
+def _at(row, fn):
+    def edit(label, dense, sparse, start):
+        if start <= row < start + len(label):
+            fn(label, dense, sparse, row - start)
+        return label, dense, sparse
+    return edit
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (_at(70, lambda lab, d, s, i: s.__setitem__((i, 1), 9)),
+     "/sparse row 70 has an id outside [0, cardinality): field C2 id 9, cardinality 9"),
+    (_at(70, lambda lab, d, s, i: s.__setitem__((i, 0), -1)),
+     "/sparse row 70 has an id outside [0, cardinality): field C1 id -1, cardinality 4"),
+    (_at(70, lambda lab, d, s, i: lab.__setitem__(i, 2.0)),
+     "/label row 70 has a label outside {0, 1}: 2.0"),
+    (_at(70, lambda lab, d, s, i: d.__setitem__((i, 0), np.nan)),
+     "/dense row 70 has a NaN or infinite value"),
+    (lambda lab, d, s, a: (lab[:-1], d[:-1], s[:-1]) if a >= 64 else (lab, d, s),
+     "returned arrays of shapes ((31,), (31, 2), (31, 3)), not (label, dense, sparse) of "
+     "shapes ((32,), (32, 2), (32, 3))"),
+    (lambda lab, d, s, a: (lab, d, s[:, :2] if a >= 64 else s), "returned arrays of shapes"),
+])
+@pytest.mark.parametrize("layout", [False, True])
+def test_a_custom_datasets_bad_batch_is_refused(edit, needle, layout):
+    """Oracle: the row planted bad (row 70 is in step 1 of worker 0 at b = 32, G = 64) is
+    named; the batches before it are the inner dataset's (a dataset without validate
+    used to train on an id >= its field's cardinality: the next field's rows)."""
+    from pshybrid.schema import FusedTable
+    from pshybrid.synthetic import SyntheticCTR
+
+    syn = SyntheticCTR(seed=1, n_dense=2, cardinalities=(4, 9, 30))
+    data = Custom(syn, edit)
+    lay = FusedTable(data.schema, 4, 1, "float64") if layout else None
+    it = worker_batches(data, BatchPlan(None, 64, False, 0), 0, 4, 0, 32, lay)
+    first = next(it)
+    np.testing.assert_array_equal(first[0], syn.rows(0, 32)[0])
+    with pytest.raises(InputError) as e:
+        next(it)
+    assert str(e.value).startswith("dataset Custom: ") and needle in str(e.value), e.value
+
+
+def test_a_synthetic_subclass_that_overrides_rows_is_read_through_them():
+    """Oracle: its own rows (labels flipped); training used to call the parent's fill and
+    bypass them. One that overrides nothing keeps the generator's fast path."""
+    from pshybrid.batches import fills
+    from pshybrid.synthetic import SyntheticCTR
+
+    class Flipped(SyntheticCTR):
+        def rows(self, start, stop):
+            label, dense, sparse = super().rows(start, stop)
+            return 1 - label, dense, sparse
+
+    class Same(SyntheticCTR):
+        pass
+
+    syn, flipped = (c(seed=3, n_dense=2, cardinalities=(4, 9)) for c in (SyntheticCTR, Flipped))
+    assert fills(syn) and fills(Same(seed=3)) and not fills(flipped)
+    got = list(worker_batches(flipped, BatchPlan(None, 32, False, 0), 0, 3, 0, 32))
+    for t, (label, dense, ids) in enumerate(got):
+        np.testing.assert_array_equal(label, 1 - syn.rows(32 * t, 32 * t + 32)[0])
+        np.testing.assert_array_equal(ids, syn.rows(32 * t, 32 * t + 32)[2])
+
+
+class BagsOnly(RowsOnly):
+    """A user dataset with a multi-hot field: ``rows`` and ``bags`` of a file, ``edit(values,
+    lengths, start)`` applied to what ``bags`` returns."""
+
+    def __init__(self, inner, edit):
+        super().__init__(inner)
+        self.edit = edit
+
+    def bags(self, start, stop):
+        return [self.edit(v.copy(), n.copy(), start) for v, n in self.inner.bags(start, stop)]
+
+
+def _bag_at(row, fn):
+    def edit(values, lengths, start):
+        if start <= row < start + len(lengths):
+            fn(values, lengths, row - start)
+        return values, lengths
+    return edit
+
+
+@pytest.mark.parametrize("edit,needle", [
+    (_bag_at(70, lambda v, n, i: v.__setitem__(int(n[:i].sum()), 11)),
+     "/multi_hot/tags/values row 70 has an id outside [0, cardinality): 11, cardinality 11"),
+    (_bag_at(70, lambda v, n, i: n.__setitem__(i, 0)), "values of shape"),
+])
+def test_a_custom_datasets_bad_multi_hot_batch_is_refused(tmp_path, edit, needle):
+    """Oracle: the bag planted bad (row 70: step 1 of worker 0) is named; the batch before
+    it equals the file's (a custom dataset's multi-hot ids were never checked)."""
+    rng = np.random.default_rng(0)
+    n, lengths = 256, rng.integers(1, 4, 256)
+    with DatasetWriter(tmp_path / "m.h5", ["I0"], ["C0"], ["tags"]) as w:
+        w.append(rng.integers(0, 2, n).astype(np.float32), rng.random((n, 1), np.float32),
+                 rng.integers(0, 5, (n, 1)), [(rng.integers(0, 11, lengths.sum()), lengths)])
+        w.close([5, 11])
+    h5 = H5Dataset(tmp_path / "m.h5")
+    plan = BatchPlan(n, 64, False, 0)
+    it = worker_batches(BagsOnly(h5, edit), plan, 0, 3, 0, 32)
+    for g, e in zip(next(it), next(worker_batches(h5, plan, 0, 1, 0, 32))):
+        np.testing.assert_array_equal(g, e)
+    with pytest.raises(InputError) as e:
+        next(it)
+    assert str(e.value).startswith("dataset BagsOnly: /multi_hot/tags") and needle in str(
+        e.value), e.value
+    h5.close()
+
+
+def test_a_synthetic_subclass_with_its_own_fill_is_checked():
+    """Oracle: the label its fill plants at row 40 (step 1 of worker 0 at b = 32) is named;
+    the library's own generator is trusted, a subclass's fill is not."""
+    from pshybrid.synthetic import SyntheticCTR
+
+    class TwoLabels(SyntheticCTR):
+        def fill(self, start, label, dense, ids, fused=False):
+            p = super().fill(start, label, dense, ids, fused)
+            if start <= 40 < start + len(label):
+                label[40 - start] = 2.0
+            return p
+
+    it = worker_batches(TwoLabels(seed=3, n_dense=2, cardinalities=(4, 9)),
+                        BatchPlan(None, 32, False, 0), 0, 3, 0, 32)
+    next(it)
+    with pytest.raises(InputError, match=r"^dataset TwoLabels: /label row 40 has a label "
+                       r"outside \{0, 1\}: 2.0$"):
+        next(it)

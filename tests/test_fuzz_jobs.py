@@ -221,6 +221,10 @@ def _other_schema(w):
         f.attrs["cardinalities"] = CARDS(f) * 2
 
 
+FIFO = lambda w: os.mkfifo(w / "f.h5")  # noqa: E731
+NOT_REGULAR = "f.h5: cannot read a dataset: not a regular file (a FIFO, device or socket)"
+
+
 # eval, predict, plot: a bad checkpoint, dataset or metrics file, or an output in the way
 CASES.update({
     "eval_missing_ckpt": (1, None, ["eval", "nope", "d.h5"], "not a checkpoint"),
@@ -241,6 +245,19 @@ CASES.update({
                       "no step records"),
     "plot_loss_not_number": (1, write("m.jsonl", '{"step": 1, "loss": "x", "samples_per_s": 2}'
                                       '\n'), ["plot", "m.jsonl", "x.png"], "m.jsonl:1: key 'loss'"),
+    # a FIFO as a dataset (h5py blocked on it forever)
+    "data_fifo": (1, FIFO, ["train", *ONE, *MODEL, "--data", "f.h5"], NOT_REGULAR),
+    "eval_data_fifo": (1, FIFO, ["train", *ONE, *MODEL, "--data", "d.h5", "--eval-data",
+                                 "f.h5"], NOT_REGULAR),
+    "eval_fifo": (1, FIFO, ["eval", "ck", "f.h5"], NOT_REGULAR),
+    "predict_fifo": (1, FIFO, ["predict", "ck", "f.h5", "p.h5"], NOT_REGULAR),
+    "mpi_data_fifo": (2, FIFO, ["train", *TWO, *MODEL, "--data", "f.h5"], NOT_REGULAR),
+    "mpi_eval_fifo": (2, FIFO, ["eval", "ck", "f.h5"], NOT_REGULAR),
+    # a diverging loss (2e30 with --lr 1e30 exited 0); a seed past the tables' 32 bits
+    "lr_1e30": (1, None, ["train", *ONE, *MODEL, "--lr", "1e30"], "per sample (above 1e6 x "
+                "log 2 = 6.93e+05: diverging)"),
+    "seed_2e64": (1, None, ["train", *ONE, *MODEL, "--seed", str(2**64)],
+                  "--seed: must be an integer from 0 to 2**32 - 1"),
     "mpi_eval_other_schema": (2, _other_schema, ["eval", "ck", "o.h5"], "other fields"),
     "mpi_predict_exists": (2, None, ["predict", "ck", "d.h5", "victim.txt"], "--overwrite"),
 })
@@ -367,6 +384,35 @@ def test_bad_input_is_refused_cleanly(base, tmp_path, case):
     assert needle in text, text
     for r in range(ranks if ranks > 1 else 0):
         assert f"(rank {r}/{ranks})" in text, text
+
+
+def test_data_truncated_mid_run_stops_the_run(base, tmp_path):
+    """``truncate -s 25% d.h5`` while a run trains on it (after its first log line): one
+    clear error naming the file, status 2, no traceback. HDF5 read past the new end as
+    zeros and the run trained on them and exited 0 (oracle: the file's size at open)."""
+    import time
+
+    w = tmp_path / "w"
+    shutil.copytree(base, w, symlinks=True)
+    proc = subprocess.Popen(pshybrid("train", *ONE, *MODEL, "--data", "d.h5", "--steps",
+                                     "1000000", "--log-every", "20", "--metrics", "m.jsonl",
+                                     "--progress", "none"),
+                            cwd=w, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not (w / "m.jsonl").exists() or not (w / "m.jsonl").read_text().strip():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.poll()
+            time.sleep(0.05)
+        with open(w / "d.h5", "r+b") as fh:
+            fh.truncate(os.path.getsize(w / "d.h5") // 4)
+        out, err = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert classify(proc.returncode, err + out, 1, set()) == "clear error", (proc.returncode, err)
+    assert "d.h5: the dataset changed while it was read (now " in err, err
 
 
 def test_report():

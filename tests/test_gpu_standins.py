@@ -183,3 +183,28 @@ def test_gpu_log_stops_a_diverged_run_by_the_next_log_or_checkpoint(monkeypatch,
         for done in range(3, 9):
             log.add(done, np.float32(0.5), y)
             assert done < want
+
+
+def test_a_loss_far_above_its_start_is_divergence_on_cpu_and_gpu(monkeypatch):
+    """Oracle: the rule stated in docs/checkpoints.md, exactly: a mean loss per sample above
+    1e6 * log(2) stops the run (CPU: each step; GPU: at the read-back, over the samples
+    since the last one); at the bound it does not. ``--lr 1e30`` reached 2e30 and exited 0."""
+    import math
+
+    from pshybrid import steplog
+
+    job = _fake_job(log_every=2, steps=4)
+    bound = 1e6 * math.log(2)
+    steplog.check_loss(job, 4 * bound, 4, "at step 1")  # a mean of exactly the bound
+    with pytest.raises(steplog.TrainingDiverged, match=r"loss is 6.93e\+05 per sample \(above "
+                       r"1e6 x log 2 = 6.93e\+05: diverging\) at step 1 on worker 0"):
+        steplog.check_loss(job, 4 * bound * (1 + 1e-9), 4, "at step 1")
+    monkeypatch.setattr(steplog, "to_host", np.asarray)
+    log = steplog.StepLog(job)
+    y = np.array([1.0, 0, 0, 0])
+    log.add(1, 2.5e6, y)  # 2.5e6 + 0.5 over 8 samples: 3.1e5 per sample, below the bound
+    log.add(2, 0.5, y)
+    log.add(3, 1e30, y)
+    with pytest.raises(steplog.TrainingDiverged, match="loss is 1.25e.29 per sample .* in "
+                       "the steps up to 4 "):
+        log.add(4, 0.0, y)

@@ -275,6 +275,22 @@ def test_csv_no_header_and_separator(tmp_path):
     check_ratings(tmp_path / "out.h5", ["c3", "c4", "c0", "c1", "c5", "c6"])
 
 
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
+@pytest.mark.parametrize("header", [False, True], ids=["no-header", "header"])
+def test_a_byte_order_mark_is_no_part_of_the_first_value(tmp_path, gz, header):
+    """Oracle: the file without the BOM (with --no-header the BOM became part of row 0's
+    first id, column 0 = "user")."""
+    body = RATINGS if header else RATINGS.split("\n", 1)[1]
+    opts = ["--label", "2", "--label-threshold", "4", "--dense", "3,4", "--sparse", "0,1,5,6",
+            "--buckets", "1000"] + ([] if header else ["--no-header"])
+    for name, text in (("plain.csv", body), ("bom.csv", "\ufeff" + body)):
+        run("csv", write(tmp_path / name, text, gz), tmp_path / f"{name}.h5", *opts)
+    got, want = read(tmp_path / "bom.csv.h5"), read(tmp_path / "plain.csv.h5")
+    for g, w in zip(got[:3], want[:3]):
+        np.testing.assert_array_equal(g, w)
+    assert got[3]["field_names"] == want[3]["field_names"]
+
+
 def test_csv_vocabulary_and_raw_dense(tmp_path):
     src = write(tmp_path / "ratings.csv.gz", RATINGS, gz=True)
     run("csv", src, tmp_path / "out.h5", "--label", "rating", "--label-threshold", "4",
@@ -415,6 +431,25 @@ def test_skip_counts_several_and_too_long_lines(tmp_path, monkeypatch, capsys):
     np.testing.assert_array_equal(sparse, expected_hashed([1000] * 26)[keep])
     summary = capsys.readouterr().out.splitlines()[-1]
     assert "17 rows -> " in summary and "; 3 bad lines skipped;" in summary
+
+
+@pytest.mark.parametrize("length", [150, 151, 180, 214, 215, 400])
+def test_a_line_is_too_long_exactly_past_the_limit_however_reads_cut_it(tmp_path, monkeypatch,
+                                                                        length):
+    """Oracle: line 5 of ``length`` bytes before its LF is refused iff ``length`` > the
+    limit (150 here; 8 MiB by default), wherever the 64-byte reads fall. A line that ended
+    within the read after the one that passed the limit went through (9.4 MB > 8 MiB)."""
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(prep_read, "MAX_LINE_BYTES", 150)
+    lines = CRITEO.splitlines()
+    lines[4] += "x" * (length - len(lines[4]))
+    src = write(tmp_path / "in.tsv", "\n".join(lines) + "\n")
+    if length > 150:
+        with pytest.raises(InputError, match=r"in\.tsv:5: line longer than 150 bytes"):
+            run("criteo", src, tmp_path / "out.h5")
+    else:
+        run("criteo", src, tmp_path / "out.h5", "--buckets", "1000")
+        assert read(tmp_path / "out.h5")[0].shape == (20,)
 
 
 def test_empty_and_all_bad_inputs(tmp_path):

@@ -128,6 +128,12 @@ CASES: dict[str, Case] = {
     "in-nul-vocabulary": Case(table_argv("--min-count", "1"),
                               {"in.tsv": replace_field(GOOD, 5, 14, b"\0")}),
     "in-utf16": Case(table_argv(), {"in.tsv": GOOD.decode().encode("utf-16")}),
+    "in-line-over-8-mib": Case(table_argv(), {"in.tsv": GOOD + b"1\t" + b"7" * 9_400_000 +
+                                              b"\n"}, needle="in.tsv:21: line longer than"),
+    "in-stdin-twice": Case(["criteo", "-", "-", "out.h5"],
+                           needle="standard input is given 2 times"),
+    "synthetic-seed-2**64": Case(["synthetic", "out.h5", "--rows", "10", "--seed", str(2**64)],
+                                 needle="--seed: must be an integer from 0 to 2**32 - 1"),
     "in-cr-line-ends": Case(table_argv(), {"in.tsv": GOOD.replace(b"\n", b"\r")}),
     "in-all-bad-skipped": Case(table_argv("--skip-bad-lines"), {"in.tsv": b"x\ny\n"}),
     "in-too-few-fields": Case(table_argv(), {"in.tsv": GOOD + b"1\t2\n"}),

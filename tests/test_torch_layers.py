@@ -83,3 +83,57 @@ def test_bad_input_names_the_table(job):
         pt.Embedding("a").forward  # noqa: B018 - the module exists
         from pshybrid.torch.embedding import lookup
         lookup("c", torch.tensor([0]))
+
+
+def test_misuse_is_one_error_naming_the_argument(job):
+    """NumPy ids and an unknown table used to surface as AttributeError / KeyError from
+    inside the lookup; a skipped ``opt.step()`` as an error about a layer applied twice."""
+    from pshybrid.errors import ConfigError
+
+    with pytest.raises(InputError, match=r"^pt.Embedding\('a'\): ids must be a torch tensor of "
+                       r"integers, got numpy.ndarray \(torch.from_numpy\(ids\) makes one\)$"):
+        pt.Embedding("a")(np.arange(3))
+    with pytest.raises(InputError, match=r"^pt.EmbeddingBag\('b'\): offsets must be a torch "
+                       "tensor of integers, got builtins.list$"):
+        pt.EmbeddingBag("b")(torch.tensor([1, 2]), [0])
+    for make in (pt.Embedding, pt.EmbeddingBag):
+        with pytest.raises(InputError, match=rf"^pt.{make.__name__}\('nope'\): no table "
+                           r"'nope'; pt.init made \['a', 'b'\]$"):
+            make("nope")
+    _, opt = job
+    model = opt.model
+    opt.zero_grad()
+    model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
+    with pytest.raises(ConfigError, match="a second backward pass reached parameter 'bias' "
+                       r"before opt.step\(\): call opt.step\(\) after each loss.backward\(\)"):
+        model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
+    opt.step()  # the first backward's step still runs
+
+
+def test_a_table_beyond_the_nodes_memory_is_refused_before_allocation():
+    """Oracle: ``limits.available_memory``; 10**12 rows of 16 float32 columns with
+    Adagrad's slot (128 TB) used to fail in the shared-memory allocation."""
+    from pshybrid.errors import ConfigError
+    from pshybrid.limits import available_memory
+
+    if available_memory() is None:
+        pytest.skip("the node's available memory is unknown here")
+    tables = [pt.Table("small", rows=10, dim=4), pt.Table("big", rows=10**12, dim=16)]
+    with pytest.raises(ConfigError, match=r"^pt.init: not enough memory: the tables' "
+                       r"1,000,000,000,010 rows x 16 columns x 2 slots \(adagrad\) need "
+                       r"119,209.3 GiB on this node \(1 worker\), .* the largest is pt.Table "
+                       r"'big' of 1,000,000,000,000 rows"):
+        pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, tables=tables)
+    pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, tables=tables[:1])  # nothing left
+    pt.shutdown()
+
+
+@pytest.mark.parametrize("seed", [2**32, -1, 1.5])
+def test_a_seed_beyond_the_tables_32_bits_is_refused(seed):
+    """Seed 2**32 initialised the very tables of seed 0 (the key takes 32 bits)."""
+    from pshybrid.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=rf"^pt.init: seed {seed!r}: must be an integer from "
+                       r"0 to 2\*\*32 - 1$"):
+        pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, seed=seed,
+                tables=[pt.Table("a", rows=4, dim=2)])

@@ -95,3 +95,29 @@ def test_checkpoint_then_resume_equals_the_uninterrupted_run(comm, workdir):
             bad = [k for k in ("flat", "table") if not np.array_equal(res[k], full[k])]
             ok, msg = not bad, f"{bad} differ after the resume"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_model_that_differs_between_workers_is_one_error_on_every_worker(comm):
+    """Worker 1's first layer is one unit wider: ``DistributedOptimizer`` names the first
+    parameter that differs on every worker (the Bcast of the parameters used to fail with
+    an MPI size mismatch on some ranks); the job then shuts down cleanly."""
+    import pshybrid.torch as pt
+    from pshybrid.errors import ConfigError
+
+    if pt.init(servers=0, mode="allreduce", comm=comm, exit_servers=False,
+               tables=[pt.Table("ids", rows=10, dim=2)]):
+        w = pt.worker_index()
+        f32 = dict(dtype=torch.float32)
+        model = torch.nn.Sequential(torch.nn.Linear(2, 3 + (w == 1), **f32),
+                                    torch.nn.Linear(3, 1, **f32))
+        msg = ""
+        try:
+            pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        except ConfigError as e:
+            msg = str(e)
+        want = ("DistributedOptimizer: the model differs between workers: parameter '0.weight' "
+                "is (3, 2) torch.float32 on worker 0, worker 1 has '0.weight' (4, 2) "
+                "torch.float32; build the same model on every worker")
+        pt.shutdown()
+        assert_all(comm, msg == want, msg)

@@ -19,26 +19,32 @@ from ..errors import InputError
 
 STDIN = "-"
 PARQUET_MAGIC = b"PAR1"
+BOM = b"\xef\xbb\xbf"     # UTF-8's byte order mark, dropped where an input starts with it
 PARQUET_BATCH = 65536      # rows converted at a time
 MAX_LINE_BYTES = 8 << 20   # a longer line is a bad line
 
 
 def as_inputs(paths: list[str]) -> list[str]:
     """The inputs, a name of standard input that is not a regular file (``/dev/stdin`` on a
-    pipe) taken as ``-`` (its bytes can be read once only)."""
+    pipe) taken as ``-`` (its bytes can be read once only); standard input given more than
+    once is refused (the second would read nothing)."""
     try:
         st0 = os.fstat(0)
     except OSError:
-        return list(paths)
+        st0 = None
     out = []
     for p in paths:
         try:
-            st = os.stat(p)
-            same = (st.st_dev, st.st_ino) == (st0.st_dev, st0.st_ino) and \
-                not stat.S_ISREG(st.st_mode)
+            st = os.stat(p) if st0 is not None and p != STDIN else None
+            same = st is not None and (st.st_dev, st.st_ino) == (st0.st_dev, st0.st_ino) \
+                and not stat.S_ISREG(st.st_mode)
         except OSError:
             same = False
         out.append(STDIN if same else p)
+    if out.count(STDIN) > 1:
+        twice = [p for p, q in zip(paths, out) if q == STDIN]
+        raise InputError(f"IN: standard input is given {len(twice)} times ({' '.join(twice)}): "
+                         "it can be read once; give it once")
     return out
 
 
@@ -139,11 +145,15 @@ def open_input(path: str, spools: dict | None = None):
         if head == PARQUET_MAGIC:
             f.seek(0)
             raw = io.BufferedReader(_ParquetText(f, name), 1 << 20)
+        else:  # a UTF-8 byte order mark is no part of the first value
+            raw = io.BufferedReader(_Prefixed(head[3:] if head[:3] == BOM else head, f),
+                                    1 << 20)
+        if head[:2] == b"\x1f\x8b":
+            with gzip.GzipFile(fileobj=raw, mode="rb") as g:
+                first = _read(name, g.read, 3)
+                yield g if first == BOM else io.BufferedReader(_Prefixed(first, g), 1 << 20)
         else:
-            raw = io.BufferedReader(_Prefixed(head, f), 1 << 20)
-        with gzip.GzipFile(fileobj=raw, mode="rb") if head[:2] == b"\x1f\x8b" else \
-                contextlib.nullcontext(raw) as g:
-            yield g
+            yield raw
     finally:
         if own:
             f.close()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config import option
+from ..config import option, seed_check
 from ..errors import ConfigError
 
 DEFAULT_BUCKETS = 1_000_000
@@ -102,7 +102,7 @@ class SyntheticOptions(SplitOptions):
 
     rows: int = option(1_000_000, "rows to generate (train + validation)",
                        check=_check(lambda v: 0 < v <= INT64_MAX, "must be > 0 and < 2**63"))
-    seed: int = option(0, "generator seed", check=_check(lambda v: v >= 0, "must be >= 0"))
+    seed: int = option(0, "generator seed, 0 to 2**32 - 1", check=seed_check)
     max_cardinality: int = option(100_000, "cap of each field's cardinality (Criteo Kaggle's, "
                                   "capped)", check=_check(lambda v: v >= 1, "must be >= 1"))
     zipf: float = option(1.1, "Zipf exponent of the ids",

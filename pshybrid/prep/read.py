@@ -164,6 +164,10 @@ def blocks(path: str, tally: Tally, spools: dict | None = None, quote: bool = Fa
                 k = buf.find(b"\n") + 1
                 buf, skipping, line = (buf[k:], False, line + 1) if k else (b"", True, line)
             cut = _cut(buf, quote) if chunk else len(buf)
+            k = buf.find(b"\n", 0, cut) + 1   # the first line, begun in an earlier read
+            if k > MAX_LINE_BYTES + 1:        # (a later one lies within this read: shorter)
+                tally.bad_line(line, f"line longer than {MAX_LINE_BYTES} bytes")
+                buf, cut, line = buf[k:], cut - k, line + 1
             if cut:
                 data = buf[:cut]
                 yield line, data.replace(b"\r\n", b"\n") if b"\r" in data else data

@@ -16,11 +16,29 @@ from pshybrid.errors import InputError
 from pshybrid.torch.session import session
 
 
+def _table(name: str, where: str):
+    """The ``pt.Table`` named ``name``, else ``InputError`` naming ``where`` and the tables."""
+    s = session()
+    if name not in s.tables:
+        raise InputError(f"{where}: no table {name!r}; pt.init made {sorted(s.tables)}")
+    return s.tables[name]
+
+
+def _tensor(x, what: str):
+    """``x`` if it is a torch tensor, else ``InputError`` naming ``what`` (a NumPy array
+    has no torch dtype: it failed deep inside the lookup)."""
+    if not isinstance(x, torch.Tensor):
+        kind = f"{type(x).__module__}.{type(x).__name__}"
+        raise InputError(f"{what} must be a torch tensor of integers, got {kind}"
+                         + (" (torch.from_numpy(ids) makes one)" if isinstance(x, np.ndarray)
+                            else ""))
+    return x
+
+
 def _global_ids(name: str, ids: torch.Tensor) -> np.ndarray:
     """ids of table ``name`` (any shape, integers) -> (n,) int64 fused-table rows, checked."""
     s = session()
-    if name not in s.tables:
-        raise InputError(f"pshybrid.torch: no table {name!r}; pt.init made {sorted(s.tables)}")
+    _table(name, "pshybrid.torch")
     if ids.dtype.is_floating_point or ids.dtype.is_complex or ids.dtype == torch.bool:
         raise InputError(f"table {name!r}: ids must be integers, got {ids.dtype}")
     flat = ids.detach().reshape(-1).to("cpu", torch.int64).numpy()
@@ -74,10 +92,10 @@ class Embedding(torch.nn.Module):
     def __init__(self, name: str):
         super().__init__()
         self.name = name
-        self.dim = session().tables[name].dim
+        self.dim = _table(name, f"pt.Embedding({name!r})").dim
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return lookup(self.name, ids)
+        return lookup(self.name, _tensor(ids, f"pt.Embedding({self.name!r}): ids"))
 
     def extra_repr(self) -> str:
         return f"{self.name!r}, dim={self.dim}"
@@ -94,9 +112,11 @@ class EmbeddingBag(torch.nn.Module):
             raise InputError(f"EmbeddingBag({name!r}): mode must be 'sum' or 'mean', got "
                              f"{mode!r}")
         self.name, self.mode = name, mode
-        self.dim = session().tables[name].dim
+        self.dim = _table(name, f"pt.EmbeddingBag({name!r})").dim
 
     def forward(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        for x, what in ((values, "values"), (offsets, "offsets")):
+            _tensor(x, f"pt.EmbeddingBag({self.name!r}): {what}")
         if values.dim() != 1 or offsets.dim() != 1:
             raise InputError(f"EmbeddingBag({self.name!r}): values and offsets must be 1-D, "
                              f"got {tuple(values.shape)} and {tuple(offsets.shape)}")

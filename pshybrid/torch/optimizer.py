@@ -17,6 +17,8 @@ scaled by 1/W, and W workers x batch b == 1 worker x batch W*b.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import torch
 
@@ -81,6 +83,7 @@ class DistributedOptimizer:
     # -- start: the same weights on every worker ------------------------------------------
     def _start(self) -> None:
         s = self.s
+        self._check_same_model()
         self.sync_params()
         # Wire: Bcast of the flat dense parameters from worker 0 over the workers
         s.topo.workers.Bcast(self.ps.flat, root=0)
@@ -92,6 +95,29 @@ class DistributedOptimizer:
             except PshybridError as e:
                 err = e
             agree(s.topo.workers, err)  # Wire: verdict allgather over the workers
+
+    def _check_same_model(self) -> None:
+        """Every worker's model has the same parameters (names, shapes, dtype), else one
+        ``ConfigError`` on every worker naming the first that differs (a model built
+        differently per worker made the Bcast below fail with an MPI size mismatch)."""
+        sig = [(n, tuple(p.shape), str(p.dtype)) for n, p in self.named]
+        workers = self.s.topo.workers
+        # Wire: allgather of 3 ints (parameters, elements, crc32 of the names and shapes)
+        # over the workers; all wait.
+        every = workers.allgather((len(sig), self.ps.size, zlib.crc32(repr(sig).encode())))
+        if len(set(every)) == 1:
+            return
+        # Wire: allgather of each worker's (name, shape, dtype) list, only when they differ
+        sigs = workers.allgather(sig)
+        w = next(i for i, x in enumerate(sigs) if x != sigs[0])
+        k = next((i for i, (a, b) in enumerate(zip(sigs[0], sigs[w])) if a != b),
+                 min(len(sigs[0]), len(sigs[w])))
+        first, other = (x[k] if k < len(x) else None for x in (sigs[0], sigs[w]))
+        what = (f"parameter {first[0]!r} is {first[1]} {first[2]} on worker 0, worker {w} "
+                f"has {other[0]!r} {other[1]} {other[2]}" if first and other else
+                f"worker 0 has {len(sigs[0])} parameters, worker {w} {len(sigs[w])}")
+        raise ConfigError(f"DistributedOptimizer: the model differs between workers: {what}; "
+                          "build the same model on every worker", collective=True)
 
     def sync_params(self) -> None:
         """ps.flat <- the parameters' current values."""
@@ -110,6 +136,11 @@ class DistributedOptimizer:
         view = view.reshape(self.ps.shape(name))
 
         def hook(p):
+            if name in self.buckets.done:  # its first gradient may be on the wire already
+                raise ConfigError(f"DistributedOptimizer: a second backward pass reached "
+                                  f"parameter {name!r} before opt.step(): call opt.step() "
+                                  "after each loss.backward() (gradients are reduced as "
+                                  "backward runs; a step skipped mixes two batches)")
             if self.on_cpu:
                 if p.grad.data_ptr() != view.data_ptr():
                     view.copy_(p.grad)

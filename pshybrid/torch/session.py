@@ -21,7 +21,7 @@ from mpi4py import MPI
 
 from pshybrid import checkpoint
 from pshybrid.checkpoint_files import _read_shards, read_meta, resolve
-from pshybrid.config import TrainConfig
+from pshybrid.config import SEED_RANGE, TrainConfig, seed_check
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.modes import build_mode
 from pshybrid.optim import SLOTS, Optimizer
@@ -123,6 +123,33 @@ def _check_tables(tables, mode: str, servers: int) -> None:
                           collective=True)
 
 
+def _check_memory(topo: Topology, tables: list[Table]) -> None:
+    """Collective: the fused table's share on this node (each server's ``ceil(rows / S)``
+    rows; with no servers, the whole table on every worker) with the optimizer's slots fits
+    its available memory (``limits.available_memory``), else one ``ConfigError`` on every
+    rank naming the largest table and the bytes (instead of a shared-memory error)."""
+    from pshybrid.limits import available_memory, gib
+
+    err = None
+    rows, width = sum(t.rows for t in tables), max(t.dim for t in tables)
+    t0, big = tables[0], max(tables, key=lambda t: t.rows)
+    row_bytes = width * t0.dtype.itemsize * (1 + len(SLOTS[t0.optimizer]))
+    node = topo.node_of_rank[topo.rank]
+    holders = topo.server_ranks if topo.n_servers else topo.worker_ranks
+    here = sum(1 for r in holders if topo.node_of_rank[r] == node)
+    need = here * -(-rows // max(topo.n_servers, 1)) * row_bytes
+    mem = available_memory()
+    if mem is not None and need > mem:
+        err = ConfigError(
+            f"pt.init: not enough memory: the tables' {rows:,} rows x {width} columns x "
+            f"{1 + len(SLOTS[t0.optimizer])} slots ({t0.optimizer}) need {gib(need)} on this "
+            f"node ({here} {'server' if topo.n_servers else 'worker'}{'s' * (here != 1)}), "
+            f"{gib(mem)} is "
+            f"available; the largest is pt.Table {big.name!r} of {big.rows:,} rows: give it "
+            "fewer rows (hash the ids) or more servers")
+    agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
+
+
 def _excepthook(comm):
     """An uncaught exception on any rank ends the whole job (as the command line does)."""
     def hook(kind, exc, tb):
@@ -145,10 +172,13 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
             raise ConfigError("pt.init was already called in this process", collective=True)
         tables = list(tables)
         _check_tables(tables, mode, servers)
+        if not isinstance(seed, int) or seed_check(seed):  # the tables' key takes 32 bits
+            raise ConfigError(f"pt.init: seed {seed!r}: {SEED_RANGE}", collective=True)
         if not any(v in os.environ for v in THREAD_VARS):  # one pool of this rank's cores
             torch.set_num_threads(max(1, int(rank_cores())))
         S = servers if MODES[mode].needs_servers else 0
         topo = Topology.create(comm, S, need_servers=MODES[mode].needs_servers)
+        _check_memory(topo, tables)
         s = _session = Session(topo, tables, mode, seed)
         s.prev_hook = prev_hook
         if resume is not None:
