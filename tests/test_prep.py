@@ -315,8 +315,14 @@ def test_csv_label_must_be_0_or_1_without_threshold(tmp_path):
                                                                 [hashed("b", 10)], [0]]
     np.testing.assert_array_equal(dense, [[log1p0(2.5)], [0], [0]])
     write(tmp_path / "clicks.csv", "clicked,x,cat\n1,2.5,a\n2,1,b\n")
-    with pytest.raises(InputError, match=r"clicks\.csv:3: label '2' is not 0 or 1"):
+    with pytest.raises(InputError) as e:  # a rating: the fix is --label-threshold
         run("csv", src, tmp_path / "out2.h5", "--label", "clicked", "--dense", "x")
+    assert str(e.value) == (f"{src}:3: label '2' is not 0 or 1: --label-threshold T makes a "
+                            "number 1 if >= T, else 0 (--skip-bad-lines skips such lines)")
+    write(tmp_path / "clicks.csv", "clicked,x,cat\n1,2.5,a\nyes,1,b\n")
+    with pytest.raises(InputError) as e:  # not a number: no threshold would help
+        run("csv", src, tmp_path / "out2.h5", "--label", "clicked", "--dense", "x")
+    assert str(e.value).endswith("label 'yes' is not 0 or 1 (--skip-bad-lines skips such lines)")
 
 
 @pytest.mark.parametrize("text, extra, line, why", [
@@ -596,3 +602,18 @@ def test_help_states_the_hash_and_cites_no_outside_file(command, capsys):
     with pytest.raises(SystemExit):
         main(["prep", "--help"])
     assert "§" not in text + capsys.readouterr().out
+
+
+def test_buckets_far_beyond_the_data_are_warned_about(tmp_path, capsys):
+    """The default 10**6 buckets per field on a 3-row file: tables of 2 x 10**6 rows for 6
+    ids is a trap (memory, checkpoints, start-up); prep says so once, with the fix. Buckets
+    the data can fill, or a vocabulary, get no warning."""
+    src = write(tmp_path / "t.csv", "y,a,b\n1,x,p\n0,y,q\n1,z,p\n")
+    run("csv", src, tmp_path / "big.h5", "--label", "y", "--sparse", "a,b")
+    err = capsys.readouterr().err
+    assert err == ("prep csv: warning: the tables get 2,000,000 rows (--buckets) for 6 ids in "
+                   "the data: most rows can never train; a smaller --buckets (e.g. the rows "
+                   "read) or a vocabulary (--min-count K) sizes them to the data\n"), err
+    run("csv", src, tmp_path / "fit.h5", "--label", "y", "--sparse", "a,b", "--buckets", "3")
+    run("csv", src, tmp_path / "voc.h5", "--label", "y", "--sparse", "a,b", "--min-count", "1")
+    assert capsys.readouterr().err == ""

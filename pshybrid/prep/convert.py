@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 
 import numpy as np
@@ -54,12 +55,23 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
         w.close(cards, source=", ".join(shown(shown_input(p)) for p in t.paths),
                 transform=transform_text(t, o))
     dt = time.perf_counter() - t0
+    _warn_oversized(command, sum(cards), sum(w.rows) * len(cards), o)
     cards = " ".join(f"{n}={c}" for n, c in zip(names, cards))
     split = f", {w.rows[1]:,} valid rows -> {shown(valid)}" if valid is not None else ""
     print(f"prep {command}: {w.rows[0]:,} rows -> {shown(out)}{split}; {tally.bad:,} bad lines "
           f"skipped; cardinalities {cards or '(none)'}; {dt:.2f} s, "
           f"{tally.rows / max(dt, 1e-9):,.0f} rows/s", flush=True)
     return 0
+
+
+def _warn_oversized(command: str, table_rows: int, ids: int, o: TableOptions) -> None:
+    """Hashing buckets far beyond what the data holds make tables that are mostly rows no
+    id reaches (memory, checkpoint size, start-up time): say so, with the fix."""
+    if o.min_count is None and table_rows > max(ids, 1):
+        print(f"prep {command}: warning: the tables get {table_rows:,} rows (--buckets) for "
+              f"{ids:,} ids in the data: most rows can never train; a smaller --buckets "
+              "(e.g. the rows read) or a vocabulary (--min-count K) sizes them to the data",
+              file=sys.stderr, flush=True)
 
 
 def _parts(t: Table, r):

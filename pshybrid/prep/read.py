@@ -82,6 +82,7 @@ def parse(t: Table, data: bytes):
     number = block.ints if t.integers else block.floats
     label, label_ok = number(s[:, t.label], L[:, t.label])
     label_ok &= L[:, t.label] > 0
+    label_number = label_ok.copy()  # a number, if maybe not 0 or 1
     if t.threshold is None:
         label_ok &= (label == 0) | (label == 1)
     else:
@@ -104,7 +105,9 @@ def parse(t: Table, data: bytes):
 
         if not label_ok[r]:
             need = "0 or 1" if t.threshold is None else "a number"
-            return f"label {text(t.label)!r} is not {need}"
+            fix = ("" if t.integers or t.threshold is not None or not label_number[r] else
+                   ": --label-threshold T makes a number 1 if >= T, else 0")  # csv: a rating
+            return f"label {text(t.label)!r} is not {need}{fix}"
         j = int(np.flatnonzero(~dense_ok[r])[0])
         need = "an integer" if t.integers else "a finite number" if t.log else "a float32"
         return f"{t.dense_names[j]} value {text(t.dense[j])!r} is not {need}"
