@@ -24,9 +24,9 @@ import h5py
 import numpy as np
 
 from . import safeio
-from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, _read_dense, _read_shards,
-                               check_compatible, has_checksums, list_steps, read_latest,
-                               read_meta, resolve)
+from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, check_compatible, has_checksums,
+                               list_steps, read_dense, read_latest, read_meta, read_shards,
+                               resolve)
 from .checksums import CRC_ATTR, crc32
 from .config import TrainConfig, to_dict
 from .errors import InputError, PshybridError
@@ -191,9 +191,9 @@ def load(path: str, cfg: TrainConfig, topo, mode, ps, schema, weights_only: bool
         holders = topo.server_ranks if topo.n_servers else topo.worker_ranks
         if topo.rank in holders:  # holders of sparse rows under this run
             me, n = holders.index(topo.rank), len(holders)  # each checks 1/n of the shards
-            _read_shards(step_dir, meta, mode.layout.table.dim, SLOTS[cfg.sparse_optimizer],
+            read_shards(step_dir, meta, mode.layout.table.dim, SLOTS[cfg.sparse_optimizer],
                          mode.owns, mode.set_sparse_rows, weights_only, lambda i: i % n == me)
-        flat, state, _ = _read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size,
+        flat, state, _ = read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size,
                                      checksums=sums and first)
         mode.set_dense_state(flat, {} if weights_only else state)
     except PshybridError as e:

@@ -259,7 +259,7 @@ def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
     return n
 
 
-def _read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take,
+def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take,
                  weights_only: bool = False, verify=lambda i: True):
     """Read every shard of ``step_dir`` in chunks, checking it; ``take(ids, {slot: rows})``
     gets the rows ``owns(ids)`` selects, after their values were checked finite (with
@@ -324,7 +324,7 @@ def _dense_sums(fpath: str, flat, state: dict) -> None:
     sums.check()
 
 
-def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
+def read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
                 checksums: bool = False):
     """(flat, {slot: (P,)}, params) of ``dense.h5``, checked: /flat 1-D floats (``size``
     of them if given), finite; attrs params a JSON list of [name, offset, shape] inside
@@ -437,8 +437,8 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
         for k, v in vals.items():
             arrays[k][ids] = v
 
-    _read_shards(step_dir, meta, E, slots, lambda ids: np.ones(ids.shape, bool), take)
-    flat, states, params = _read_dense(step_dir, SLOTS[cfg.dense_optimizer],
+    read_shards(step_dir, meta, E, slots, lambda ids: np.ones(ids.shape, bool), take)
+    flat, states, params = read_dense(step_dir, SLOTS[cfg.dense_optimizer],
                                        checksums=has_checksums(step_dir, meta))
     table = arrays.pop("w")
     try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from pshybrid.checkpoint_files import _read_dense
+from pshybrid.checkpoint_files import read_dense
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
 from pshybrid.modes.dense import AllreduceDense
@@ -215,7 +215,7 @@ class DistributedOptimizer:
 
     def _load(self, step_dir: str) -> None:
         _, keys = self._kind()
-        flat, state, params = _read_dense(step_dir, tuple(keys), None)
+        flat, state, params = read_dense(step_dir, tuple(keys), None)
         where = {n: (o, tuple(shape)) for n, o, shape in params}
         for n, p in self.named:
             if n not in where or where[n][1] != tuple(p.shape):

@@ -20,7 +20,7 @@ import torch
 from mpi4py import MPI
 
 from pshybrid import checkpoint
-from pshybrid.checkpoint_files import _read_shards, read_meta, resolve
+from pshybrid.checkpoint_files import read_meta, read_shards, resolve
 from pshybrid.config import TrainConfig
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.modes import build_mode
@@ -185,7 +185,7 @@ def _load_sparse(s: Session, path: str) -> int:
                              f"{s.sparse_opt.kind!r}")
         step = int(meta["step"])
         if s.topo.is_server or s.topo.n_servers == 0:
-            _read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
+            read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
                          s.mode.owns, s.mode.set_sparse_rows)
     except PshybridError as e:
         err = e
