@@ -23,29 +23,12 @@ import torch
 from pshybrid.checkpoint_files import read_dense
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
-from pshybrid.modes.dense import AllreduceDense
-from pshybrid.modes.step import Context
-from pshybrid.optim import Optimizer
 from pshybrid.torch.session import DTYPES, session
 from pshybrid.transport import abort_on_error, agree
 
 # torch optimizers whose state maps onto the checkpoint's dense slots: name, {slot: key}
 CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}),
                   torch.optim.Adam: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"})}
-
-
-class TorchDense(AllreduceDense):
-    """``AllreduceDense`` whose update is the torch optimizer's ``step``."""
-
-    def __init__(self, ctx, owner, bucket_bytes: int):
-        super().__init__(ctx, Optimizer("sgd", 0.0), bucket_bytes)
-        self.owner = owner
-
-    def apply(self, step: int) -> None:
-        self.owner.apply_dense()
-
-    def state_full(self):
-        return self.owner.dense_state()
 
 
 class DistributedOptimizer:
@@ -68,10 +51,7 @@ class DistributedOptimizer:
         ps.build(np, np.dtype(DTYPES[dtypes.pop()]) if dtypes else np.float32, 0)
         self.on_cpu = all(p.device.type == "cpu" for _, p in self.named)
         self.flat_grad = torch.from_numpy(ps.flat_grad)
-        ctx = Context(s.topo, ps, np, s.mode.timers, s.seed, False)
-        s.mode.dense.close()
-        s.mode.dense = TorchDense(ctx, self, int(bucket_mb * 2**20))
-        self.buckets = s.mode.dense._buckets
+        s.mode.dense.use(self, ps, int(bucket_mb * 2**20))  # the mode's TorchDense
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_done(n))
                       for n, p in self.named]
         with abort_on_error(s.topo.world):

@@ -23,7 +23,9 @@ from pshybrid import checkpoint
 from pshybrid.checkpoint_files import read_meta, read_shards, resolve
 from pshybrid.config import TrainConfig
 from pshybrid.errors import ConfigError, InputError, PshybridError
+from pshybrid.layers import ParamSpace
 from pshybrid.modes import build_mode
+from pshybrid.modes.dense import AllreduceDense
 from pshybrid.optim import SLOTS, Optimizer
 from pshybrid.registry import MODES
 from pshybrid.schema import FusedTable, Schema
@@ -32,6 +34,28 @@ from pshybrid.topology import Topology
 from pshybrid.transport import abort, abort_on_error, agree
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+class TorchDense(AllreduceDense):
+    """``AllreduceDense`` whose update is the torch optimizer's ``step``. ``build_mode`` makes
+    it with the mode, on an empty ParamSpace (the model does not exist yet);
+    ``DistributedOptimizer`` binds the model's (``use``)."""
+
+    def __init__(self, ctx, opt: Optimizer, bucket_bytes: int):
+        super().__init__(ctx, opt, bucket_bytes)
+        self.owner = None
+
+    def use(self, owner, ps, bucket_bytes: int) -> None:
+        """Reduce ``ps`` (the model's) and step ``owner`` (the DistributedOptimizer)."""
+        self.close()
+        self.bind(ps, bucket_bytes)
+        self.owner = owner
+
+    def apply(self, step: int) -> None:
+        self.owner.apply_dense()
+
+    def state_full(self):
+        return self.owner.dense_state()
 
 
 @dataclass(frozen=True)
@@ -61,11 +85,9 @@ class Session:
         self.offsets = {t.name: int(o) for t, o in zip(tables, self.layout.offsets)}
         t0 = tables[0]
         self.sparse_opt = Optimizer(t0.optimizer, t0.lr)
-        # the dense strategy is rebuilt by DistributedOptimizer once the model is known
-        from pshybrid.layers import ParamSpace
-
+        # the model's ParamSpace is bound to TorchDense by DistributedOptimizer, once made
         self.mode = build_mode(mode_name, topo, self.layout, ParamSpace(), self.sparse_opt,
-                               Optimizer("sgd", 0.0), seed)
+                               Optimizer("sgd", 0.0), seed, dense=TorchDense)
         self.mode_name = mode_name
         self.step = 0
         self.resume_dir: str | None = None
