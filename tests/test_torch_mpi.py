@@ -95,3 +95,40 @@ def test_checkpoint_then_resume_equals_the_uninterrupted_run(comm, workdir):
             bad = [k for k in ("flat", "table") if not np.array_equal(res[k], full[k])]
             ok, msg = not bad, f"{bad} differ after the resume"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_call_of_batches_is_a_whole_pass_on_every_worker(comm, workdir):
+    """``allreduce`` mode, every rank a worker (W = size), batch 4: three passes with a
+    training step per batch, then a validation pass; each gives every step, worker w's batch
+    t is rows [t*G + 4w, t*G + 4w + 4) of the file (G = 4W), as h5py reads them."""
+    import h5py
+
+    import pshybrid.torch as pt
+
+    torch.set_default_dtype(torch.float64)
+    path, b = workdir / "d.h5", 4
+    pt.init(servers=0, mode="allreduce", seed=3, comm=comm,
+            tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
+    W, w = pt.num_workers(), pt.worker_index()
+    G = W * b
+    with h5py.File(path) as f:
+        want = [f["sparse"][t * G + w * b:t * G + (w + 1) * b] for t in range(400 // G)]
+    model = torch.nn.Linear(3, 1)
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    passes = []
+    for train in (True, True, True, False):
+        got = []
+        for batch in pt.batches(path, b):
+            got.append(batch.sparse.numpy())
+            if train:
+                loss = model(batch.dense).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        passes.append(got)
+    pt.shutdown()
+    bad = [i for i, got in enumerate(passes) if len(got) != len(want)
+           or not all(np.array_equal(g, x) for g, x in zip(got, want))]
+    assert_all(comm, not bad, f"passes {bad} differ from the file's rows "
+               f"({[len(p) for p in passes]} steps, {len(want)} expected)")

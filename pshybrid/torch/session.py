@@ -257,6 +257,12 @@ def shutdown() -> None:
     sys.excepthook = s.prev_hook
 
 
+def steps_done() -> int:
+    """``opt.step()`` calls so far (after ``pt.init(resume=...)``, counted from the
+    checkpoint's step): ``pt.batches(..., start=pt.steps_done())`` continues a resumed run."""
+    return session().step
+
+
 def worker_index() -> int:
     return session().topo.worker_index
 

@@ -1,0 +1,71 @@
+"""pshybrid.torch's Python API in one process (``allreduce`` mode on COMM_SELF), against
+oracles outside it: ``pt.batches`` against the file read with h5py (every call a pass of
+its own); at several world sizes: ``tests/test_torch_mpi.py``."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mpi4py import MPI
+
+import pshybrid.torch as pt
+from pshybrid.synthetic import write_synthetic
+
+ROWS, B = 50, 8  # 6 global batches of 8 rows an epoch (2 rows dropped)
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "d.h5"
+    write_synthetic(str(path), ROWS, seed=5, n_dense=3, cardinalities=(7, 30, 200, 5))
+    return path
+
+
+@pytest.fixture
+def job():
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
+            tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
+    yield
+    pt.shutdown()
+
+
+def file_rows(path, lo, hi):
+    with h5py.File(path) as f:
+        return f["label"][lo:hi], f["dense"][lo:hi], f["sparse"][lo:hi]
+
+
+def same_rows(batch, rows) -> bool:
+    return all(np.array_equal(got.numpy(), want.astype(np.float64 if got.is_floating_point()
+                                                       else np.int64))
+               for got, want in zip((batch.label, batch.dense, batch.sparse), rows))
+
+
+def test_every_call_of_batches_is_a_whole_pass(job, data):
+    """An epoch loop, then a validation loop: each call yields the file's 6 global batches
+    in order (rows [8t, 8t+8)); ``start`` skips into a pass; ``epoch=1`` is the second
+    epoch of a 2-epoch call (shuffled: its own order)."""
+    torch.set_default_dtype(torch.float64)
+    model = torch.nn.Linear(3, 1)
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for epoch in range(3):
+        got = []
+        for batch in pt.batches(data, B):  # trains: the job's step advances
+            got.append(batch)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                model(batch.dense)[:, 0], batch.label)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert len(got) == ROWS // B, f"epoch {epoch}: {len(got)} steps"
+        assert all(same_rows(b, file_rows(data, B * t, B * (t + 1))) for t, b in enumerate(got))
+    assert [b.sparse.tolist() for b in pt.batches(data, B, start=4)] == \
+        [b.sparse.tolist() for b in got[4:]]
+    two = list(pt.batches(data, B, epochs=2, shuffle=True, seed=3))
+    second = list(pt.batches(data, B, epoch=1, shuffle=True, seed=3))
+    assert [b.sparse.tolist() for b in second] == [b.sparse.tolist() for b in two[6:]]
+    with pytest.raises(Exception, match="start must be >= 0"):
+        next(pt.batches(data, B, start=-1))
