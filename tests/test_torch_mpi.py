@@ -132,3 +132,19 @@ def test_every_call_of_batches_is_a_whole_pass_on_every_worker(comm, workdir):
            or not all(np.array_equal(g, x) for g, x in zip(got, want))]
     assert_all(comm, not bad, f"passes {bad} differ from the file's rows "
                f"({[len(p) for p in passes]} steps, {len(want)} expected)")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_steplr_on_distributed_optimizer_matches_native_pytorch(comm):
+    """``hybrid``, 1 server, W = size - 1 workers of batch 6: StepLR on
+    ``pt.DistributedOptimizer`` (the servers' Adagrad gets each new embedding rate) == plain
+    PyTorch with the global batch of 6W in one process, to 1e-9 (``tests/torch_steplr.py``)."""
+    import torch_steplr
+
+    ok, msg, res = torch_steplr.run(comm, "hybrid", 1)
+    # Wire: every rank's local losses to all (the workers' mean is the global batch's loss)
+    got = [r[0] for r in comm.allgather(res) if r is not None]
+    if ok and res is not None:
+        err = torch_steplr.rel(np.mean(got, axis=0), res[1])
+        ok, msg = err < 1e-9, f"losses: relative error {err} > 1e-9"
+    assert_all(comm, ok, msg)

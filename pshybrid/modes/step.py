@@ -163,6 +163,14 @@ class Mode:
         self.dense.stage(step)
         synchronize(demb)  # the step's one host wait (every queued kernel and copy is done)
 
+    def set_sparse_lr(self, lr: float) -> None:
+        """Workers, between steps: the sparse optimizer's learning rate from the next
+        ``update`` on, here and, where they run it, on the dedicated servers
+        (``pshybrid.torch``: a torch scheduler's rate)."""
+        self.sparse.set_lr(lr)
+        if self._dedicated and self.sparse.server_step:
+            self.link.set_lr(lr)  # Wire: see servers.ServerLink.set_lr
+
     def _send_step(self) -> None:
         with self.timers.time("push"):
             self.link.step(self.sparse.grads_for)  # Wire: see servers.ServerLink.step

@@ -31,13 +31,22 @@ CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}),
                   torch.optim.Adam: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"})}
 
 
-class DistributedOptimizer:
-    """Wraps ``torch_optimizer`` (over ``model``'s parameters) for the job ``pt.init``
-    started. Construction (collective over the workers) broadcasts worker 0's parameters
-    and, after ``pt.init(resume=...)``, loads the checkpoint's dense weights and state."""
+class DistributedOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` that steps ``torch_optimizer`` (over ``model``'s
+    parameters) and the job's tables as the native step does. Its ``param_groups`` are the
+    torch optimizer's (the same dicts) followed by one group of its own, ``"embeddings"``
+    (no torch parameters; ``lr`` the tables' ``pt.Table`` lr): an lr scheduler on it sets
+    the rates of both, and the servers' sparse optimizer steps with the embeddings group's
+    ``lr`` of the moment. Construction (collective over the workers) broadcasts worker 0's
+    parameters and, after ``pt.init(resume=...)``, loads the checkpoint's dense weights and
+    state."""
 
     def __init__(self, torch_optimizer, model: torch.nn.Module, bucket_mb: float = 1.0):
         s = session()
+        super().__init__(torch_optimizer.param_groups, torch_optimizer.defaults)
+        self.state = torch_optimizer.state  # shared: the torch optimizer's step fills it
+        self.sparse_lr = s.sparse_opt.lr
+        self.param_groups.append({"params": [], "lr": self.sparse_lr, "name": "embeddings"})
         self.s, self.opt, self.model = s, torch_optimizer, model
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         dtypes = {p.dtype for _, p in self.named}
@@ -115,15 +124,26 @@ class DistributedOptimizer:
         self.s.entries = keep
 
     # -- the step ----------------------------------------------------------------------------
-    def step(self) -> None:
+    def step(self, closure=None):
+        """One training step (collective over the workers); ``closure`` (optional) is
+        called first, with gradients on, and its loss returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         s = self.s
         with abort_on_error(s.topo.world):
+            lr = float(self.param_groups[-1]["lr"])
+            if lr != self.sparse_lr:  # a scheduler changed it: the servers' optimizer too
+                s.mode.set_sparse_lr(lr)
+                self.sparse_lr = lr
             batch, demb, used = self._sparse_batch()
             s.mode.update(batch, demb, s.step + 1)
             for b in used:
                 b.release()
             s.entries = []
             s.step += 1
+        return loss
 
     def _sparse_batch(self):
         """The step's lookups as one Batch and its (n, E) gradients (scaled by 1/W)."""
@@ -219,10 +239,17 @@ class DistributedOptimizer:
             h.remove()
         self.hooks = []
 
-    # -- what torch code expects of an optimizer ------------------------------------------
-    @property
-    def param_groups(self):
-        return self.opt.param_groups
-
+    # -- torch's optimizer state ------------------------------------------------------------
     def state_dict(self):
-        return self.opt.state_dict()
+        """The torch optimizer's, and ``"embeddings"``: the embeddings group's settings."""
+        out = self.opt.state_dict()
+        out["embeddings"] = {k: v for k, v in self.param_groups[-1].items() if k != "params"}
+        return out
+
+    def load_state_dict(self, state_dict) -> None:
+        state_dict = dict(state_dict)
+        emb = state_dict.pop("embeddings", {})
+        self.opt.load_state_dict(state_dict)  # (new group dicts: share them again)
+        self.param_groups[:-1] = self.opt.param_groups
+        self.state = self.opt.state
+        self.param_groups[-1].update(emb)
