@@ -38,6 +38,7 @@ from .optim import SLOTS
 from .schema import field_offsets
 
 FORMAT_VERSION = 1
+TORCH = "torch"  # meta.json's front_end of a pshybrid.torch checkpoint
 MATCH_KEYS = ("model", "embedding_dim", "mlp", "cross_layers", "dtype", "sparse_optimizer",
               "dense_optimizer")
 _CHUNK = 1 << 18
@@ -179,9 +180,20 @@ def read_meta(step_dir: str) -> dict:
     return meta
 
 
+def native_config(meta: dict, where: str) -> TrainConfig:
+    """The ``TrainConfig`` a ``train`` checkpoint was written with; a ``pshybrid.torch`` one
+    has none (its model is the user's code): one line says so."""
+    if meta.get("front_end") == TORCH:
+        raise InputError(f"{where}: written by pshybrid.torch: its model is your PyTorch code, "
+                         "so train, eval and predict cannot rebuild it; score or continue it "
+                         "with that code and pt.init(resume=...), or read it with "
+                         "pshybrid export")
+    return from_dict(TrainConfig, meta["config"], where)
+
+
 def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
     """Refuse a checkpoint whose model does not match the requested one, naming the key."""
-    saved = from_dict(TrainConfig, meta["config"], where)
+    saved = native_config(meta, where)
     for key in MATCH_KEYS:
         if getattr(saved, key) != getattr(cfg, key):
             raise InputError(f"{where}: checkpoint has {key} = {getattr(saved, key)!r} but this "
@@ -260,7 +272,7 @@ def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
 
 
 def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take,
-                 weights_only: bool = False, verify=lambda i: True):
+                weights_only: bool = False, verify=lambda i: True):
     """Read every shard of ``step_dir`` in chunks, checking it; ``take(ids, {slot: rows})``
     gets the rows ``owns(ids)`` selects, after their values were checked finite (with
     ``weights_only``, ``{"w": rows}``: the slots' layout is checked, their values not read
@@ -325,7 +337,7 @@ def _dense_sums(fpath: str, flat, state: dict) -> None:
 
 
 def read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
-                checksums: bool = False):
+               checksums: bool = False):
     """(flat, {slot: (P,)}, params) of ``dense.h5``, checked: /flat 1-D floats (``size``
     of them if given), finite; attrs params a JSON list of [name, offset, shape] inside
     /flat; /state/<slot> exactly the dense optimizer's slots, each like /flat; with
@@ -412,6 +424,32 @@ def _check_sizes(step_dir: str, out: str, table: int, slots: int) -> None:
         raise PshybridError(f"export: {out}: {problem}; nothing written")
 
 
+def _export_layout(meta: dict, where: str):
+    """([(field, its rows, its width D)], row width, column D the linear weight?, dtype,
+    sparse and dense optimizer): a native run's fields (``--embedding-dim`` wide, + the
+    linear column of a wide model), or a torch run's tables (each its own ``dim``)."""
+    cards, names = meta["schema"]["cardinalities"], meta["schema"]["sparse_names"]
+    spans = [slice(int(o), int(o) + c) for o, c in zip(field_offsets(cards), cards)]
+    if meta.get("front_end") != TORCH:
+        cfg = native_config(meta, where)
+        D, E = cfg.embedding_dim, row_width(cfg)
+        return ([(n, s, D) for n, s in zip(names, spans)], E, E > D, cfg.dtype,
+                cfg.sparse_optimizer, cfg.dense_optimizer)
+    c = meta["config"]
+    tables, E = c.get("tables"), c.get("width")
+    ok = (isinstance(tables, list) and _int(E) and all(isinstance(t, dict) for t in tables)
+          and [t.get("name") for t in tables] == names
+          and [t.get("rows") for t in tables] == cards
+          and all(_int(t.get("dim")) and 1 <= t["dim"] <= E for t in tables)
+          and c.get("dtype") in ("float32", "float64")
+          and c.get("sparse_optimizer") in SLOTS and c.get("dense_optimizer") in SLOTS)
+    if not ok:
+        raise _bad(where, "config", "of a torch checkpoint must list the schema's tables (name, "
+                   "rows, dim <= width), a float dtype and the two optimizers")
+    return ([(t["name"], s, t["dim"]) for t, s in zip(tables, spans)], E, False, c["dtype"],
+            c["sparse_optimizer"], c["dense_optimizer"])
+
+
 def export(path: str, out: str, overwrite: bool = False) -> dict:
     """One HDF5 file: /dense/<param>, /embeddings/<field> (cardinality x D),
     /linear/<field> (cardinality,) for models with a per-id linear weight,
@@ -424,22 +462,19 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
     _check_out(path, out, overwrite)
     step_dir = resolve(path)
     meta = read_meta(step_dir)
-    cfg = from_dict(TrainConfig, meta["config"], os.path.join(step_dir, "meta.json"))
-    cards = meta["schema"]["cardinalities"]
-    names = meta["schema"]["sparse_names"]
-    offsets = field_offsets(cards)
-    rows_total, D, E = int(sum(cards)), cfg.embedding_dim, row_width(cfg)
-    slots = SLOTS[cfg.sparse_optimizer]
-    _check_sizes(step_dir, out, rows_total * E * np.dtype(cfg.dtype).itemsize, len(slots))
-    arrays = {k: np.zeros((rows_total, E), cfg.dtype) for k in ("w", *slots)}
+    fields, E, linear, dtype, sparse_opt, dense_opt = _export_layout(
+        meta, os.path.join(step_dir, "meta.json"))
+    rows_total, slots = int(sum(meta["schema"]["cardinalities"])), SLOTS[sparse_opt]
+    _check_sizes(step_dir, out, rows_total * E * np.dtype(dtype).itemsize, len(slots))
+    arrays = {k: np.zeros((rows_total, E), dtype) for k in ("w", *slots)}
 
     def take(ids, vals):
         for k, v in vals.items():
             arrays[k][ids] = v
 
     read_shards(step_dir, meta, E, slots, lambda ids: np.ones(ids.shape, bool), take)
-    flat, states, params = read_dense(step_dir, SLOTS[cfg.dense_optimizer],
-                                       checksums=has_checksums(step_dir, meta))
+    flat, states, params = read_dense(step_dir, SLOTS[dense_opt],
+                                      checksums=has_checksums(step_dir, meta))
     table = arrays.pop("w")
     try:
         with safeio.atomic_output(out) as tmp, h5py.File(tmp, "w") as o:
@@ -448,18 +483,18 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
                 o[f"dense/{pname}"] = flat[off:off + n].reshape(shape)
                 for k, st in states.items():
                     o[f"optimizer/dense/{k}/{pname}"] = st[off:off + n].reshape(shape)
-            for f_i, fname in enumerate(names):
-                rows = slice(int(offsets[f_i]), int(offsets[f_i]) + cards[f_i])
+            for fname, rows, D in fields:
                 o[f"embeddings/{fname}"] = table[rows, :D]
-                if E > D:
+                if linear:
                     o[f"linear/{fname}"] = table[rows, D]
                 for k, st in arrays.items():
-                    o[f"optimizer/embeddings/{fname}/{k}"] = st[rows]
+                    o[f"optimizer/embeddings/{fname}/{k}"] = st[rows, :E if linear else D]
             o.attrs["config"] = json.dumps(meta["config"])
             o.attrs["step"] = meta["step"]
-            o.attrs["field_names"] = json.dumps(meta["schema"]["dense_names"] + names)
+            o.attrs["field_names"] = json.dumps(meta["schema"]["dense_names"]
+                                               + [f[0] for f in fields])
             o.attrs[safeio.OUTPUT_ATTR] = "export"
     except (OSError, ValueError, TypeError, RuntimeError) as e:  # RuntimeError: h5py, a full disk
         raise PshybridError(f"export: writing {out}: {e}") from None
-    return {"step": meta["step"], "tables": len(names), "dense_params": len(params)}
+    return {"step": meta["step"], "tables": len(fields), "dense_params": len(params)}
 

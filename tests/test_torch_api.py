@@ -96,3 +96,58 @@ def test_state_dict_round_trip_keeps_both_rates(job):
     opt.load_state_dict(saved)
     assert [g["lr"] for g in opt.param_groups] == [0.01, 0.05]  # pt.Table's default lr
     assert opt.param_groups[0] is inner.param_groups[0] and opt.state is inner.state
+
+
+def test_a_torch_checkpoint_describes_its_run_and_exports_each_table(data, tmp_path):
+    """meta.json: front_end "torch", the two tables as pt.Table made them, the mode, seed
+    and both optimizers, no native model fields. ``pshybrid export`` writes each table at
+    its own width (== the trained rows) and the dense parameters; ``eval`` and ``predict``
+    refuse it in one line that says the model is the user's code."""
+    import json
+    import subprocess
+
+    from mpi_util import pshybrid
+
+    from pshybrid.torch.session import session
+
+    torch.set_default_dtype(torch.float64)
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
+            tables=[pt.Table("a", rows=20, dim=3, lr=0.5, dtype=torch.float64),
+                    pt.Table("b", rows=9, dim=5, lr=0.5, dtype=torch.float64)])
+    try:
+        model = torch.nn.Linear(3 + 5, 1)
+        ea, eb = pt.Embedding("a"), pt.Embedding("b")
+        opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), model)
+        x = torch.cat([ea(torch.tensor([1, 4, 19])), eb(torch.tensor([0, 8, 8]))], 1)
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+        step_dir = pt.checkpoint(tmp_path / "ck")
+        table, weight = session().mode.full_table(), model.weight.detach().numpy().copy()
+    finally:
+        pt.shutdown()
+    meta = json.loads((tmp_path / "ck" / "step-1" / "meta.json").read_text())
+    assert meta["front_end"] == "torch" and (meta["mode"], meta["seed"]) == ("allreduce", 7)
+    cfg = meta["config"]
+    assert [(t["name"], t["rows"], t["dim"], t["optimizer"], t["lr"]) for t in cfg["tables"]] \
+        == [("a", 20, 3, "adagrad", 0.5), ("b", 9, 5, "adagrad", 0.5)]
+    assert (cfg["width"], cfg["dtype"], cfg["dense_optimizer"], cfg["dense_lr"]) == \
+        (5, "float64", "adam", 0.01)
+    assert not {"model", "mlp", "batch_size", "embedding_dim"} & set(cfg)
+
+    def cli(*args):
+        return subprocess.run(pshybrid(*args), capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path, stdin=subprocess.DEVNULL)
+
+    p = cli("export", step_dir, "out.h5")
+    assert p.returncode == 0, p.stderr
+    with h5py.File(tmp_path / "out.h5") as f:
+        np.testing.assert_array_equal(f["embeddings/a"][...], table[:20, :3])
+        np.testing.assert_array_equal(f["embeddings/b"][...], table[20:, :5])
+        np.testing.assert_array_equal(f["dense/weight"][...], weight)
+        assert "linear" not in f and f["optimizer/embeddings/a/acc"].shape == (20, 3)
+    for args in (("eval", step_dir, str(data)), ("predict", step_dir, str(data), "p.h5")):
+        p = cli(*args)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        assert "written by pshybrid.torch: its model is your PyTorch code" in lines[0], lines

@@ -14,14 +14,13 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from mpi4py import MPI
 
 from pshybrid import checkpoint
 from pshybrid.checkpoint_files import read_meta, read_shards, resolve
-from pshybrid.config import TrainConfig
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
 from pshybrid.modes import build_mode
@@ -72,6 +71,35 @@ class Table:
     init_scale: float = 0.05
 
 
+@dataclass(frozen=True)
+class TorchRun:
+    """What a torch checkpoint says of the run that wrote it: ``checkpoint.save`` reads
+    ``mode``, ``seed``, ``keep_last`` and ``meta()`` (meta.json's ``front_end`` and
+    ``config``: the tables, the fused width, the mode, the optimizers and their rates of the
+    moment; ``docs/checkpoints.md``)."""
+
+    mode: str
+    seed: int
+    servers: int
+    tables: tuple
+    width: int
+    lr: float               # the embeddings' rate now (a scheduler may have changed it)
+    dense_optimizer: str
+    dense_lr: float
+    keep_last: int = 0
+
+    def meta(self) -> dict:
+        t0 = self.tables[0]
+        tables = [{"name": t.name, "rows": t.rows, "dim": t.dim, "optimizer": t.optimizer,
+                   "lr": t.lr, "dtype": DTYPES[t.dtype], "init_scale": t.init_scale}
+                  for t in self.tables]
+        return {"front_end": "torch", "config": {
+            "tables": tables, "width": self.width, "dtype": DTYPES[t0.dtype],
+            "sparse_optimizer": t0.optimizer, "lr": self.lr,
+            "dense_optimizer": self.dense_optimizer, "dense_lr": self.dense_lr,
+            "mode": self.mode, "servers": self.servers, "seed": self.seed}}
+
+
 class Session:
     """What ``init`` built (one per process)."""
 
@@ -95,14 +123,13 @@ class Session:
         self.optimizer = None  # the DistributedOptimizer, once made
         self.closed = False
 
-    # -- the checkpoint's description of this job (export reads it) ---------------------
-    def config(self, dense_optimizer: str = "sgd", dense_lr: float = 0.001) -> TrainConfig:
-        t0 = next(iter(self.tables.values()))
-        return TrainConfig(model="dlrm", mode=self.mode_name,
-                           servers=self.topo.n_servers if self.topo.n_servers else None,
-                           embedding_dim=self.layout.table.dim, dtype=self.layout.table.dtype,
-                           sparse_optimizer=t0.optimizer, lr=t0.lr,
-                           dense_optimizer=dense_optimizer, dense_lr=dense_lr, seed=self.seed)
+    # -- the checkpoint's description of this job (meta.json; export reads it) -----------
+    def run(self, dense_optimizer: str = "sgd", dense_lr: float = 0.0) -> TorchRun:
+        opt = self.optimizer
+        return TorchRun(self.mode_name, self.seed, self.topo.n_servers,
+                        tuple(self.tables.values()), self.layout.table.dim,
+                        self.sparse_opt.lr if opt is None else opt.sparse_lr,
+                        dense_optimizer, dense_lr)
 
 
 _session: Session | None = None
@@ -208,7 +235,7 @@ def _load_sparse(s: Session, path: str) -> int:
         step = int(meta["step"])
         if s.topo.is_server or s.topo.n_servers == 0:
             read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
-                         s.mode.owns, s.mode.set_sparse_rows)
+                        s.mode.owns, s.mode.set_sparse_rows)
     except PshybridError as e:
         err = e
     agree(s.topo.world, err)  # Wire: verdict allgather; nobody pulls before all loaded
@@ -220,11 +247,10 @@ def _save(s: Session, root: str | None, step: int) -> str:
     topo = s.topo
     # Wire: worker 0 tells every rank the directory (servers learn it only here)
     root = topo.world.bcast(root, root=topo.worker_ranks[0])
-    opt = s.optimizer  # (None on servers)
-    cfg = s.config(*(opt.checkpoint_optimizer() if opt is not None else ("sgd", 0.001)))
-    cfg = replace(cfg, checkpoint_dir=root)
+    opt = s.optimizer  # (None on servers: worker 0 writes meta.json)
+    run = s.run(*opt.checkpoint_optimizer()) if opt is not None else s.run()
     ps = opt.ps if opt is not None else s.mode.dense.ps
-    return checkpoint.save(root, step, cfg, topo, s.mode, ps, s.schema)
+    return checkpoint.save(root, step, run, topo, s.mode, ps, s.schema)
 
 
 def checkpoint_to(root: str) -> str:
