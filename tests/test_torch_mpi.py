@@ -4,7 +4,9 @@ ranks return from ``pt.init(..., exit_servers=False)``.
 - W workers x batch b == 1 worker x batch W*b (the single process in ``allreduce`` mode on
   COMM_SELF): per-step losses and final dense and table parameters to 1e-9, for the sgd,
   adagrad and adam sparse optimizers, with every dense layer's Allreduce its own bucket;
-- checkpoint at step 2 -> resume -> step 5 == the uninterrupted run, bit for bit.
+- checkpoint at step 2 -> resume -> step 5 == the uninterrupted run, bit for bit;
+- every ``pt.batches`` call is a whole pass: worker w gets its slice of each global batch;
+- StepLR on ``pt.DistributedOptimizer`` == plain PyTorch with the global batch, to 1e-9.
 """
 
 from __future__ import annotations

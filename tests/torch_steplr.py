@@ -36,15 +36,15 @@ class Model(torch.nn.Module):
         return self.lin(torch.cat([dense, self.emb(ids).flatten(1)], 1))[:, 0]
 
 
-def train(model, opt, scheds, batches):
+def train(model, opts: list, scheds: list, batches) -> list[float]:
+    """Per-step losses; each step every optimizer steps, then every scheduler."""
     losses = []
     for dense, ids, label in batches:
         loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, ids), label)
-        opt_list = opt if isinstance(opt, list) else [opt]
-        for o in opt_list:
+        for o in opts:
             o.zero_grad()
         loss.backward()
-        for o in opt_list:
+        for o in opts:
             o.step()
         for s in scheds:
             s.step()
@@ -53,7 +53,8 @@ def train(model, opt, scheds, batches):
 
 
 def run(comm, mode: str, servers: int):
-    """Every rank: (ok, message); workers compare with the native run on the global batch."""
+    """Every rank: (ok, message, (its losses, the native run's) or None on a server); each
+    worker compares its final parameters with the native run on the global batch."""
     torch.set_default_dtype(torch.float64)
     if not pt.init(servers=servers, mode=mode, seed=4, comm=comm, exit_servers=False,
                    tables=[pt.Table("t", rows=ROWS, dim=D, optimizer="adagrad", lr=LR_EMB,
@@ -70,7 +71,7 @@ def run(comm, mode: str, servers: int):
         ref.emb.weight.copy_(torch.from_numpy(table0))
         ref.lin.load_state_dict(model.lin.state_dict())
     gb = global_batches(W * B)
-    losses = train(model, opt, [sched], [tuple(x[w * B:(w + 1) * B] for x in b) for b in gb])
+    losses = train(model, [opt], [sched], [tuple(x[w * B:(w + 1) * B] for x in b) for b in gb])
     table = session().mode.full_table()
     dense = [p.detach().clone() for p in model.lin.parameters()]
     lrs = [g["lr"] for g in opt.param_groups]
