@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 from . import checkpoint_files, safeio
-from .config import TrainConfig, from_dict
+from .config import TrainConfig
 from .data import H5Dataset
 from .errors import InputError, PshybridError
 from .preflight import preflight
