@@ -24,9 +24,9 @@ import h5py
 import numpy as np
 
 from . import safeio
-from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, _read_dense, _read_shards,
-                               check_compatible, has_checksums, list_steps, read_latest,
-                               read_meta, resolve)
+from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, check_compatible, has_checksums,
+                               list_steps, read_dense, read_latest, read_meta, read_shards,
+                               resolve)
 from .checksums import CRC_ATTR, crc32
 from .config import TrainConfig, to_dict
 from .errors import InputError, PshybridError
@@ -67,6 +67,13 @@ def _check_finite(step: int, sparse: dict, dense) -> PshybridError | None:
                          "written") if bad else None
 
 
+def _described(cfg) -> dict:
+    """meta.json's account of the run: a ``TrainConfig``'s resolved options (``config``), or
+    what a front end's run says of itself (``cfg.meta()``: ``pshybrid.torch``'s
+    ``front_end`` and ``config``)."""
+    return cfg.meta() if hasattr(cfg, "meta") else {"config": to_dict(cfg)}
+
+
 def _write_files(tmp: str, step: int, cfg, topo, ps, schema, ids, sparse, dense) -> None:
     """This rank's files of checkpoint ``step`` in ``tmp``: its shard (holders of sparse
     rows), dense.h5 and meta.json (worker 0, which has ``dense``). Each exclusive, fsync'ed."""
@@ -88,7 +95,7 @@ def _write_files(tmp: str, step: int, cfg, topo, ps, schema, ids, sparse, dense)
         f.attrs["params"] = json.dumps([(n, ps.offset(n), list(ps.shape(n))) for n in ps.names])
     safeio.fsync_file(dpath)
     meta = {"format_version": FORMAT_VERSION, "step": step, "mode": cfg.mode,
-            "servers": topo.n_servers, "seed": cfg.seed, "config": to_dict(cfg),
+            "servers": topo.n_servers, "seed": cfg.seed, **_described(cfg),
             "schema": schema.to_dict(), "checksums": CRC_ATTR,
             "shards": [f"shard-{s:05d}.h5" for s in range(max(topo.n_servers, 1))]}
     with open(os.path.join(tmp, "meta.json"), "x") as f:
@@ -134,7 +141,9 @@ def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridE
 
 
 def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
-    """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``). A write
+    """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``); ``cfg``:
+    the run's ``TrainConfig``, or a front end's run (``mode``, ``seed``, ``keep_last`` and
+    ``meta()``: ``pshybrid.torch.session.TorchRun``). A write
     that fails (a full disk) removes the temporary directory and raises one
     ``PshybridError`` on every rank; ``latest`` keeps naming the previous checkpoint."""
     writer_rank = topo.worker_ranks[0]
@@ -191,10 +200,10 @@ def load(path: str, cfg: TrainConfig, topo, mode, ps, schema, weights_only: bool
         holders = topo.server_ranks if topo.n_servers else topo.worker_ranks
         if topo.rank in holders:  # holders of sparse rows under this run
             me, n = holders.index(topo.rank), len(holders)  # each checks 1/n of the shards
-            _read_shards(step_dir, meta, mode.layout.table.dim, SLOTS[cfg.sparse_optimizer],
-                         mode.owns, mode.set_sparse_rows, weights_only, lambda i: i % n == me)
-        flat, state, _ = _read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size,
-                                     checksums=sums and first)
+            read_shards(step_dir, meta, mode.layout.table.dim, SLOTS[cfg.sparse_optimizer],
+                        mode.owns, mode.set_sparse_rows, weights_only, lambda i: i % n == me)
+        flat, state, _ = read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size,
+                                    checksums=sums and first)
         mode.set_dense_state(flat, {} if weights_only else state)
     except PshybridError as e:
         err = e

@@ -34,10 +34,9 @@ from . import safeio
 from .checksums import CRC_ATTR, Sums
 from .config import TrainConfig, from_dict
 from .errors import InputError, PshybridError
-from .optim import SLOTS
-from .schema import field_offsets
 
 FORMAT_VERSION = 1
+TORCH = "torch"  # meta.json's front_end of a pshybrid.torch checkpoint
 MATCH_KEYS = ("model", "embedding_dim", "mlp", "cross_layers", "dtype", "sparse_optimizer",
               "dense_optimizer")
 _CHUNK = 1 << 18
@@ -187,16 +186,27 @@ def resumed_options(path: str) -> tuple[dict | None, str]:
     try:
         step_dir = resolve(path)
         meta = read_meta(step_dir)
+        native_config(meta, step_dir)  # a torch run's checkpoint, a foreign key: no base
         options = {k: v for k, v in meta["config"].items() if k != "resume"}
-        from_dict(TrainConfig, options, "")  # a torch run's options, a foreign key: no base
     except PshybridError as e:
         return None, str(e)
     return options, os.path.join(step_dir, "meta.json")
 
 
+def native_config(meta: dict, where: str) -> TrainConfig:
+    """The ``TrainConfig`` a ``train`` checkpoint was written with; a ``pshybrid.torch`` one
+    has none (its model is the user's code): one line says so."""
+    if meta.get("front_end") == TORCH:
+        raise InputError(f"{where}: written by pshybrid.torch: its model is your PyTorch code, "
+                         "so train, eval and predict cannot rebuild it; score or continue it "
+                         "with that code and pt.init(resume=...), or read it with "
+                         "pshybrid export")
+    return from_dict(TrainConfig, meta["config"], where)
+
+
 def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
     """Refuse a checkpoint whose model does not match the requested one, naming the key."""
-    saved = from_dict(TrainConfig, meta["config"], where)
+    saved = native_config(meta, where)
     for key in MATCH_KEYS:
         if getattr(saved, key) != getattr(cfg, key):
             raise InputError(f"{where}: checkpoint has {key} = {getattr(saved, key)!r} but this "
@@ -274,8 +284,8 @@ def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
     return n
 
 
-def _read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take,
-                 weights_only: bool = False, verify=lambda i: True):
+def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take,
+                weights_only: bool = False, verify=lambda i: True):
     """Read every shard of ``step_dir`` in chunks, checking it; ``take(ids, {slot: rows})``
     gets the rows ``owns(ids)`` selects, after their values were checked finite (with
     ``weights_only``, ``{"w": rows}``: the slots' layout is checked, their values not read
@@ -339,8 +349,8 @@ def _dense_sums(fpath: str, flat, state: dict) -> None:
     sums.check()
 
 
-def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
-                checksums: bool = False):
+def read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
+               checksums: bool = False):
     """(flat, {slot: (P,)}, params) of ``dense.h5``, checked: /flat 1-D floats (``size``
     of them if given), finite; attrs params a JSON list of [name, offset, shape] inside
     /flat; /state/<slot> exactly the dense optimizer's slots, each like /flat; with
@@ -394,87 +404,3 @@ def _read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
     if checksums:
         _dense_sums(fpath, flat, state)
     return flat, state, params
-
-
-def _check_out(path: str, out: str, overwrite: bool) -> None:
-    """``out`` may be written by an export of checkpoint ``path`` (``safeio.check_output``)."""
-    if os.path.isdir(out):
-        raise PshybridError(f"export: {out} is a directory; give the output file's name")
-    parent = os.path.dirname(os.path.abspath(out))
-    if not os.path.isdir(parent):
-        raise PshybridError(f"export: directory {os.path.dirname(out) or parent} of {out} "
-                            "does not exist")
-    problem = safeio.check_output(out, "export:", [], [path],
-                                  safeio.replaceable("export", overwrite))
-    if problem:
-        raise PshybridError(problem)
-
-
-def _check_sizes(step_dir: str, out: str, table: int, slots: int) -> None:
-    """Refuse, before allocating and writing, an export of a ``table`` of bytes with
-    ``slots`` slots that does not fit in memory, or on the disk of ``out``."""
-    from .limits import available_memory, gib
-
-    need = table * (1 + slots) + table // 8
-    mem = available_memory()
-    if mem is not None and need > mem:
-        raise PshybridError(f"export of {step_dir}: the table ({gib(table)}, {1 + slots} "
-                            f"slots) needs {gib(need)} in memory, {gib(mem)} is available")
-    dense = os.path.join(step_dir, "dense.h5")
-    need += os.path.getsize(dense) if os.path.isfile(dense) else 0
-    problem = safeio.room_problem(os.path.dirname(os.path.abspath(out)), need, need)
-    if problem:
-        raise PshybridError(f"export: {out}: {problem}; nothing written")
-
-
-def export(path: str, out: str, overwrite: bool = False) -> dict:
-    """One HDF5 file: /dense/<param>, /embeddings/<field> (cardinality x D),
-    /linear/<field> (cardinality,) for models with a per-id linear weight,
-    /optimizer/dense/<slot>/<param>, /optimizer/embeddings/<field>/<slot>; attrs config
-    (JSON), step and field_names. Every input is checked first (an ``InputError`` naming
-    the file and key); the output goes through a fresh temporary beside ``out``, renamed
-    on success and removed on any error, so a refused export leaves no file behind. ``out``
-    passes ``safeio.check_output``: an existing file is replaced only with ``overwrite`` and
-    only when an earlier export wrote it."""
-    _check_out(path, out, overwrite)
-    step_dir = resolve(path)
-    meta = read_meta(step_dir)
-    cfg = from_dict(TrainConfig, meta["config"], os.path.join(step_dir, "meta.json"))
-    cards = meta["schema"]["cardinalities"]
-    names = meta["schema"]["sparse_names"]
-    offsets = field_offsets(cards)
-    rows_total, D, E = int(sum(cards)), cfg.embedding_dim, row_width(cfg)
-    slots = SLOTS[cfg.sparse_optimizer]
-    _check_sizes(step_dir, out, rows_total * E * np.dtype(cfg.dtype).itemsize, len(slots))
-    arrays = {k: np.zeros((rows_total, E), cfg.dtype) for k in ("w", *slots)}
-
-    def take(ids, vals):
-        for k, v in vals.items():
-            arrays[k][ids] = v
-
-    _read_shards(step_dir, meta, E, slots, lambda ids: np.ones(ids.shape, bool), take)
-    flat, states, params = _read_dense(step_dir, SLOTS[cfg.dense_optimizer],
-                                       checksums=has_checksums(step_dir, meta))
-    table = arrays.pop("w")
-    try:
-        with safeio.atomic_output(out) as tmp, h5py.File(tmp, "w") as o:
-            for pname, off, shape in params:
-                n = int(np.prod(shape))
-                o[f"dense/{pname}"] = flat[off:off + n].reshape(shape)
-                for k, st in states.items():
-                    o[f"optimizer/dense/{k}/{pname}"] = st[off:off + n].reshape(shape)
-            for f_i, fname in enumerate(names):
-                rows = slice(int(offsets[f_i]), int(offsets[f_i]) + cards[f_i])
-                o[f"embeddings/{fname}"] = table[rows, :D]
-                if E > D:
-                    o[f"linear/{fname}"] = table[rows, D]
-                for k, st in arrays.items():
-                    o[f"optimizer/embeddings/{fname}/{k}"] = st[rows]
-            o.attrs["config"] = json.dumps(meta["config"])
-            o.attrs["step"] = meta["step"]
-            o.attrs["field_names"] = json.dumps(meta["schema"]["dense_names"] + names)
-            o.attrs[safeio.OUTPUT_ATTR] = "export"
-    except (OSError, ValueError, TypeError, RuntimeError) as e:  # RuntimeError: h5py, a full disk
-        raise PshybridError(f"export: writing {out}: {e}") from None
-    return {"step": meta["step"], "tables": len(names), "dense_params": len(params)}
-

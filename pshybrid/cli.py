@@ -144,7 +144,7 @@ def _with_resumed_options(cfg, args, say: bool):
 
 
 def cmd_export(args) -> int:
-    from .checkpoint_files import export
+    from .export import export
 
     info = export(args.ckpt, args.out, args.overwrite)
     print(f"exported step {info['step']}: {info['dense_params']} dense parameters, "

@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 
 from . import checkpoint_files, safeio
-from .config import TrainConfig, from_dict
+from .config import TrainConfig
 from .data import H5Dataset
 from .errors import InputError, PshybridError
 from .preflight import preflight
@@ -35,7 +35,7 @@ def _config(ckpt: str, data: str, metrics: str | None) -> TrainConfig:
     """The checkpoint's own config, set to load it and score ``data`` on every rank."""
     step_dir = checkpoint_files.resolve(ckpt)
     meta = checkpoint_files.read_meta(step_dir)
-    saved = from_dict(TrainConfig, meta["config"], os.path.join(step_dir, "meta.json"))
+    saved = checkpoint_files.native_config(meta, os.path.join(step_dir, "meta.json"))
     return replace(saved, mode="hybrid", placement="colocated", servers=None, data=data,
                    eval_data=data, resume=step_dir, steps=int(meta["step"]), epochs=None,
                    batch_size=1, metrics=metrics, checkpoint_dir=None, checkpoint_every=0,

@@ -153,6 +153,35 @@ def test_the_checks_find_a_planted_violation(tmp_path):
     assert upward_imports(pkg, layers) == [] and find_cycle(pkg) is None
 
 
+def private_imports(pkg: pathlib.Path) -> list[str]:
+    """``from M import _name`` of a module of ``pkg`` (relative or absolute): another
+    module's private name (dunders such as ``__version__`` are public)."""
+    bad = []
+    for path in sorted(pkg.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            if not node.level and (node.module or "").split(".")[0] != pkg.name:
+                continue  # a third-party module's names are its own business
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    bad.append(f"{module_name(path, pkg)}: line {node.lineno} imports "
+                               f"{a.name} from {'.' * node.level}{node.module or ''}")
+    return bad
+
+
+def test_no_module_imports_another_modules_private_name(tmp_path):
+    bad = private_imports(PKG)
+    assert not bad, "import of a private name (make it public where it is the interface):\n" \
+        + "\n".join(bad)
+    pkg = tmp_path / "toy"  # the check finds a planted one, relative or absolute, lazy or not
+    pkg.mkdir()
+    (pkg / "a.py").write_text("def _f():\n    pass\n")
+    (pkg / "b.py").write_text("from . import __doc__\ndef g():\n    from .a import _f\n")
+    (pkg / "c.py").write_text("from toy.a import _f as f\nfrom os import _exit\n")
+    assert private_imports(pkg) == ["b: line 3 imports _f from .a", "c: line 1 imports _f from toy.a"]
+
+
 def test_size_limits():
     big = []
     for path in sorted(PKG.rglob("*.py")):

@@ -22,7 +22,7 @@ import pytest
 from mpi4py import MPI
 
 from mpi_util import snapshot
-from pshybrid import checkpoint, checkpoint_files
+from pshybrid import checkpoint, export
 from pshybrid.config import TrainConfig
 from pshybrid.data import DatasetWriter
 from pshybrid.errors import ConfigError, InputError, PshybridError
@@ -147,7 +147,7 @@ def test_a_planted_latest_link_is_refused_not_followed(ck, tmp_path):
             run(steps=6, **kw)
         assert "latest" in str(e.value), e.value
     with pytest.raises(InputError):
-        checkpoint_files.export(ck, str(tmp_path / "out.h5"))
+        export.export(ck, str(tmp_path / "out.h5"))
     assert victim.read_text() == "step-2\n" and snapshot(ck) == before
     assert not os.path.exists(tmp_path / "out.h5")
 
@@ -158,7 +158,7 @@ def test_export_never_writes_through_links(ck, tmp_path):
     out = tmp_path / "out.h5"
     for name in ("out.h5.tmp", "out.tmp", ".out.h5.tmp"):
         os.symlink(victim, tmp_path / name)
-    checkpoint_files.export(ck, str(out))
+    export.export(ck, str(out))
     assert victim.read_text() == "precious\n"
     assert not out.is_symlink()
     with h5py.File(out, "r") as f:
@@ -166,9 +166,9 @@ def test_export_never_writes_through_links(ck, tmp_path):
     linked = tmp_path / "linked.h5"  # a link at OUT names an existing file: not an export's
     os.symlink(victim, linked)
     with pytest.raises(PshybridError, match="not an output of pshybrid export"):
-        checkpoint_files.export(ck, str(linked), overwrite=True)
+        export.export(ck, str(linked), overwrite=True)
     assert victim.read_text() == "precious\n" and linked.is_symlink()
-    checkpoint_files.export(ck, str(out), overwrite=True)  # an earlier export: replaced
+    export.export(ck, str(out), overwrite=True)  # an earlier export: replaced
 
 
 # -- corrupt checkpoints ---------------------------------------------------------------------
@@ -242,7 +242,7 @@ def test_corrupt_checkpoint_is_refused_by_export_and_resume(ck, tmp_path, kind):
     outdir = tmp_path / "out"
     outdir.mkdir()
     with pytest.raises(InputError) as e:
-        checkpoint_files.export(ck, str(outdir / "x.h5"))
+        export.export(ck, str(outdir / "x.h5"))
     assert needle in str(e.value), e.value
     assert os.listdir(outdir) == []  # no partial output
     with pytest.raises(PshybridError) as e:
@@ -260,7 +260,7 @@ def test_refused_export_leaves_no_file(ck, tmp_path, case):
     if case == "no_flat":
         _dense_edit(lambda f: f.__delitem__("flat"))(ck)
     with pytest.raises(PshybridError) as e:
-        checkpoint_files.export(ck, str(out))
+        export.export(ck, str(out))
     assert str(outdir) in str(e.value) or "dense.h5: /flat" in str(e.value), e.value
     assert os.listdir(outdir) == [] and os.listdir(tmp_path) == ["ck", "out"]
 
@@ -410,7 +410,7 @@ def test_every_array_carries_its_checksum_and_a_change_is_named(ck, tmp_path):
     with h5py.File(os.path.join(step, "shard-00000.h5"), "a") as f:
         f["acc"][2, 1] += 1.0
         want = int(f["acc"].attrs["crc32"])
-    for load in (lambda: checkpoint_files.export(ck, str(tmp_path / "x.h5")),
+    for load in (lambda: export.export(ck, str(tmp_path / "x.h5")),
                  lambda: run(steps=6, resume=ck)):
         with pytest.raises(InputError) as e:
             load()
@@ -433,7 +433,7 @@ def test_a_checkpoint_without_checksums_loads_with_one_warning(ck, tmp_path, cap
             f.visititems(lambda k, d: d.attrs.__delitem__("crc32")
                          if isinstance(d, h5py.Dataset) else None)
     res, _ = run(steps=6, resume=ck)
-    checkpoint_files.export(ck, str(tmp_path / "x.h5"))
+    export.export(ck, str(tmp_path / "x.h5"))
     err = capfd.readouterr().err
     assert res.summary["steps"] == 6 and err.count("no checksums") == 2, err
 
@@ -492,12 +492,12 @@ def test_export_to_a_full_disk_is_refused_before_writing(ck, tmp_path, file_limi
     out = tmp_path / "x.h5"
     file_limit(4096)
     with pytest.raises(PshybridError, match="file size limit") as e:
-        checkpoint_files.export(ck, str(out))
+        export.export(ck, str(out))
     file_limit(2**62)
     monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result((4096,) * 2 + (9, 1, 1) +
                                                                     (9, 1, 1, 0, 255)))
     with pytest.raises(PshybridError, match="No space left on device"):
-        checkpoint_files.export(ck, str(out))
+        export.export(ck, str(out))
     assert str(out) in str(e.value) and os.listdir(tmp_path) == ["ck"]
 
 
@@ -553,8 +553,8 @@ def test_resume_takes_the_checkpoints_options_and_names_the_changed_ones(tmp_pat
     assert f"resumed from {tmp_path}/short at step 4" in said
     assert main(["train", *first, "--steps", "8", "--checkpoint-dir", str(tmp_path / "long"),
                  "--resume", str(tmp_path / "long")]) == 0
-    got = checkpoint_files.export(str(tmp_path / "short"), str(tmp_path / "a.h5"))
-    want = checkpoint_files.export(str(tmp_path / "long"), str(tmp_path / "b.h5"))
+    got = export.export(str(tmp_path / "short"), str(tmp_path / "a.h5"))
+    want = export.export(str(tmp_path / "long"), str(tmp_path / "b.h5"))
     assert got["step"] == want["step"] == 8
     with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b:
         names = []

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from mpi_util import assert_all
-from pshybrid.checkpoint_files import export
+from pshybrid.export import export
 from pshybrid.errors import PshybridError
 from test_train_mpi import BASE, DATA, rel_err, run
 

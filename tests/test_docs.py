@@ -744,7 +744,7 @@ def test_log_numbering_and_loss_as_documented(tmp_path):
 
 def test_zero_steps_write_no_checkpoint_and_sgd_exports_no_optimizer(tmp_path):
     """docs/checkpoints.md: --steps 0 writes none; an sgd/sgd export has no /optimizer."""
-    from pshybrid.checkpoint_files import export
+    from pshybrid.export import export
 
     one_process(tmp_path, steps=0, checkpoint_dir=str(tmp_path / "none"))
     assert not (tmp_path / "none").exists() or not any((tmp_path / "none").iterdir())

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from mpi_util import JOB_TIMEOUT
-from pshybrid.checkpoint_files import export, read_latest
+from pshybrid.checkpoint_files import read_latest
+from pshybrid.export import export
 from pshybrid.cli import build_parser
 from pshybrid.config import TrainConfig, resolve
 

@@ -66,7 +66,7 @@ def trained(comm, mpi_tmp_path):
 
 @pytest.mark.mpi(min_size=2)
 def test_eval_equals_training_eval_and_predict_equals_forward(comm, trained):
-    from pshybrid.checkpoint_files import export
+    from pshybrid.export import export
     from pshybrid.scoring import score
 
     cfg, res, tmp = trained

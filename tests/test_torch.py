@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")
 
 from mpi_util import pshybrid, run_job
 
-from pshybrid.checkpoint_files import export
+from pshybrid.export import export
 from pshybrid.metrics import auc
 from pshybrid.synthetic import write_synthetic
 

@@ -4,7 +4,9 @@ ranks return from ``pt.init(..., exit_servers=False)``.
 - W workers x batch b == 1 worker x batch W*b (the single process in ``allreduce`` mode on
   COMM_SELF): per-step losses and final dense and table parameters to 1e-9, for the sgd,
   adagrad and adam sparse optimizers, with every dense layer's Allreduce its own bucket;
-- checkpoint at step 2 -> resume -> step 5 == the uninterrupted run, bit for bit.
+- checkpoint at step 2 -> resume -> step 5 == the uninterrupted run, bit for bit;
+- every ``pt.batches`` call is a whole pass: worker w gets its slice of each global batch;
+- StepLR on ``pt.DistributedOptimizer`` == plain PyTorch with the global batch, to 1e-9.
 """
 
 from __future__ import annotations
@@ -121,3 +123,56 @@ def test_a_model_that_differs_between_workers_is_one_error_on_every_worker(comm)
                 "torch.float32; build the same model on every worker")
         pt.shutdown()
         assert_all(comm, msg == want, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_call_of_batches_is_a_whole_pass_on_every_worker(comm, workdir):
+    """``allreduce`` mode, every rank a worker (W = size), batch 4: three passes with a
+    training step per batch, then a validation pass; each gives every step, worker w's batch
+    t is rows [t*G + 4w, t*G + 4w + 4) of the file (G = 4W), as h5py reads them."""
+    import h5py
+
+    import pshybrid.torch as pt
+
+    torch.set_default_dtype(torch.float64)
+    path, b = workdir / "d.h5", 4
+    pt.init(servers=0, mode="allreduce", seed=3, comm=comm,
+            tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
+    W, w = pt.num_workers(), pt.worker_index()
+    G = W * b
+    with h5py.File(path) as f:
+        want = [f["sparse"][t * G + w * b:t * G + (w + 1) * b] for t in range(400 // G)]
+    model = torch.nn.Linear(3, 1)
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    passes = []
+    for train in (True, True, True, False):
+        got = []
+        for batch in pt.batches(path, b):
+            got.append(batch.sparse.numpy())
+            if train:
+                loss = model(batch.dense).square().mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        passes.append(got)
+    pt.shutdown()
+    bad = [i for i, got in enumerate(passes) if len(got) != len(want)
+           or not all(np.array_equal(g, x) for g, x in zip(got, want))]
+    assert_all(comm, not bad, f"passes {bad} differ from the file's rows "
+               f"({[len(p) for p in passes]} steps, {len(want)} expected)")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_steplr_on_distributed_optimizer_matches_native_pytorch(comm):
+    """``hybrid``, 1 server, W = size - 1 workers of batch 6: StepLR on
+    ``pt.DistributedOptimizer`` (the servers' Adagrad gets each new embedding rate) == plain
+    PyTorch with the global batch of 6W in one process, to 1e-9 (``tests/torch_steplr.py``)."""
+    import torch_steplr
+
+    ok, msg, res = torch_steplr.run(comm, "hybrid", 1)
+    # Wire: every rank's local losses to all (the workers' mean is the global batch's loss)
+    got = [r[0] for r in comm.allgather(res) if r is not None]
+    if ok and res is not None:
+        err = torch_steplr.rel(np.mean(got, axis=0), res[1])
+        ok, msg = err < 1e-9, f"losses: relative error {err} > 1e-9"
+    assert_all(comm, ok, msg)

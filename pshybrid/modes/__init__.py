@@ -21,5 +21,6 @@ __all__ = ["MODES", "Mode", "ModeSpec", "build_mode"]
 
 
 def build_mode(name: str, topo, layout, ps, sparse_opt, dense_opt, seed: int, **options) -> Mode:
-    """The mode ``name`` of the registry (collective over ``topo.world``)."""
+    """The mode ``name`` of the registry (collective over ``topo.world``); ``options``: those
+    of ``Mode`` (``dense=``: a front end's own dense strategy class)."""
     return Mode(MODES[name], topo, layout, ps, sparse_opt, dense_opt, seed, **options)

@@ -33,16 +33,23 @@ class AllreduceDense:
     live = server_step = False
 
     def __init__(self, ctx, opt: Optimizer, bucket_bytes: int = 0):
-        self.ctx, self.opt, self.ps = ctx, opt, ctx.ps
-        self.state = {k: ctx.xp.zeros_like(self.ps.flat) for k in opt.slots}
+        self.ctx, self.opt = ctx, opt
         self.bytes = 0
         self._reqs: list = []
-        self._buckets = None
         self._spans = None  # GPU workers: the step's (device span, pinned copy or None)
-        if bucket_bytes > 0 and ctx.topo.is_worker:
-            self._buckets = GradBuckets(self.ps, self._iallreduce, bucket_bytes,
-                                        deferred=ctx.staging is not None)
-            self.ps.on_grads_ready = self._buckets.ready
+        self.bind(ctx.ps, bucket_bytes)
+
+    def bind(self, ps, bucket_bytes: int) -> None:
+        """Reduce and update ``ps`` (its optimizer state zeroed), in buckets of at least
+        ``bucket_bytes`` started during backward when > 0. ``pshybrid.torch`` builds its mode
+        before the model exists and binds the model's ParamSpace here once it does."""
+        self.ps = ps
+        self.state = {k: self.ctx.xp.zeros_like(ps.flat) for k in self.opt.slots}
+        self._buckets = None
+        if bucket_bytes > 0 and self.ctx.topo.is_worker:
+            self._buckets = GradBuckets(ps, self._iallreduce, bucket_bytes,
+                                        deferred=self.ctx.staging is not None)
+            ps.on_grads_ready = self._buckets.ready
 
     def tables(self) -> list[TableSpec]:
         return []

@@ -6,12 +6,15 @@ table in ``ps`` mode) and a checkpoint. Each step that has a server-side optimiz
 but plain SGD in both strategies) every worker sends every server one message (two-sided,
 int64): TAG_STEP with the local rows whose gradients it sends (possibly none), followed by
 TAG_GRAD with their gradient sums (rows x E floats); and when it is time, TAG_CKPT with a
-step number, or TAG_STOP. A server handles rounds of one message from every worker:
+step number, TAG_LR with the sparse optimizer's new learning rate (a float64's bits; sent
+by ``pshybrid.torch`` when a scheduler changed it), or TAG_STOP. A server handles rounds of
+one message from every worker:
 
 - STEP: apply the step's optimizers (the sparse one to the union of the workers' rows, their
   sums added in worker order), then join an Ibarrier over the world, which the workers wait
   on: once it completes, every pull of the next step sees every update of this one;
 - CKPT: join ``checkpoint.save`` (collective with the workers);
+- LR: the sparse optimizer's learning rate from the next STEP on;
 - STOP: return.
 """
 
@@ -23,7 +26,7 @@ from mpi4py import MPI
 from ..threads import rank_cores
 from ..transport import Pacer, idle_barrier, mpi_type, poll_recv
 
-TAG_STEP, TAG_STOP, TAG_CKPT, TAG_GRAD = 101, 102, 103, 104
+TAG_STEP, TAG_STOP, TAG_CKPT, TAG_GRAD, TAG_LR = 101, 102, 103, 104, 105
 
 
 class ServerLink:
@@ -71,6 +74,11 @@ class ServerLink:
     def checkpoint(self, step: int) -> None:
         self.send(TAG_CKPT, [[step]] * self.topo.n_servers)
         self._complete()
+
+    def set_lr(self, lr: float) -> None:
+        """Every server's sparse optimizer steps with ``lr`` from the next step on (the
+        send completes with the step's ``wait``)."""
+        self.send(TAG_LR, [np.array([lr], np.float64).view(np.int64)] * self.topo.n_servers)
 
     def stop(self) -> None:
         self.send(TAG_STOP, [[]] * self.topo.n_servers)
@@ -133,6 +141,9 @@ def serve(topo, mode, start_step: int, on_checkpoint, on_wait=None) -> None:
             return
         if tag == TAG_CKPT:
             on_checkpoint(int(msgs[0][0][0]))
+            continue
+        if tag == TAG_LR:
+            mode.sparse.set_lr(float(msgs[0][0].view(np.float64)[0]))
             continue
         step += 1
         _apply(mode, msgs, step)

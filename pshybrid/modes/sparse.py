@@ -16,6 +16,8 @@ kernel) and queues the copy of the (U, E) sums device->host (``stage``, move 0 o
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 from mpi4py import MPI
 
@@ -75,9 +77,18 @@ def _stage_sums(ctx, batch: Batch, demb):
 
 class _StagedSums:
     """GPU workers: ``stage`` (move 0 of ``modes.step``) queues the copy of the step's
-    (U, E) gradient sums to pinned host memory; ``_staged`` is it (valid after the sync)."""
+    (U, E) gradient sums to pinned host memory; ``_staged`` is it (valid after the sync).
+    Both strategies: ``set_lr``."""
 
     _staged = None
+    hot = None
+
+    def set_lr(self, lr: float) -> None:
+        """The optimizer's learning rate from the next step on (``pshybrid.torch``: a torch
+        scheduler's; ``Mode.set_sparse_lr``)."""
+        self.opt = replace(self.opt, lr=lr)
+        if self.hot is not None:
+            self.hot.opt = self.opt
 
     def stage(self, batch: Batch, demb) -> None:
         """GPU workers, before the step's sync: the sums' device->host copy queued."""

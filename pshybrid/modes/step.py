@@ -75,13 +75,15 @@ class Mode:
     once the tables hold their start values), ``consistency`` (``bsp``, ``ssp:K``, ``asp``)
     and ``cache_rows`` (the worker's hot-row cache): with a consistency other than ``bsp``,
     or a cache, workers read the embeddings through ``stale.Pipeline`` (``self.stale``;
-    None otherwise: the bsp path, unchanged).
+    None otherwise: the bsp path, unchanged), ``dense`` (a dense strategy class called as
+    ``DENSE``'s are, ``(ctx, dense_opt, bucket_bytes)``, in place of the registry's:
+    ``pshybrid.torch``'s, whose update is the torch optimizer's).
     """
 
     def __init__(self, spec: ModeSpec, topo: Topology, layout, ps, sparse_opt: Optimizer,
                  dense_opt: Optimizer, seed: int, *, bucket_bytes: int = 0,
                  shared_memory: bool | None = None, cuda_aware: bool = False,
-                 hot_rows=None, consistency: str = "bsp", cache_rows: int = 0):
+                 hot_rows=None, consistency: str = "bsp", cache_rows: int = 0, dense=None):
         self.spec, self.topo, self.layout = spec, topo, layout
         self.timers = Timers()
         self.xp = array_module(ps.flat)
@@ -91,7 +93,7 @@ class Mode:
                       HostStaging() if gpu else None)
         hot = {} if hot_rows is None else {"hot_ids": hot_rows}  # --replicate-rows
         self.sparse = SPARSE[spec.sparse](ctx, layout, sparse_opt, **hot)
-        self.dense = DENSE[spec.dense](ctx, dense_opt, bucket_bytes)
+        self.dense = (dense or DENSE[spec.dense])(ctx, dense_opt, bucket_bytes)
         tables = self.sparse.tables() + self.dense.tables()
         self.store = (EmbeddingStore(topo, tables, seed=seed, shared_memory=shared_memory)
                       if tables else None)
@@ -160,6 +162,14 @@ class Mode:
         self.sparse.stage(batch, demb)
         self.dense.stage(step)
         synchronize(demb)  # the step's one host wait (every queued kernel and copy is done)
+
+    def set_sparse_lr(self, lr: float) -> None:
+        """Workers, between steps: the sparse optimizer's learning rate from the next
+        ``update`` on, here and, where they run it, on the dedicated servers
+        (``pshybrid.torch``: a torch scheduler's rate)."""
+        self.sparse.set_lr(lr)
+        if self._dedicated and self.sparse.server_step:
+            self.link.set_lr(lr)  # Wire: see servers.ServerLink.set_lr
 
     def _send_step(self) -> None:
         with self.timers.time("push"):

@@ -141,7 +141,7 @@ def open_input(path: str, spools: dict | None = None):
     else:
         f = _open_regular(path)
     try:
-        head = _read(name, f.read, 4)
+        head = read_checked(name, f.read, 4)
         if head == PARQUET_MAGIC:
             f.seek(0)
             raw = io.BufferedReader(_ParquetText(f, name), 1 << 20)
@@ -150,7 +150,7 @@ def open_input(path: str, spools: dict | None = None):
                                     1 << 20)
         if head[:2] == b"\x1f\x8b":
             with gzip.GzipFile(fileobj=raw, mode="rb") as g:
-                first = _read(name, g.read, 3)
+                first = read_checked(name, g.read, 3)
                 yield g if first == BOM else io.BufferedReader(_Prefixed(first, g), 1 << 20)
         else:
             yield raw
@@ -173,7 +173,7 @@ def _open_regular(path: str):
     return os.fdopen(fd, "rb")
 
 
-def _read(name: str, read, n: int) -> bytes:
+def read_checked(name: str, read, n: int) -> bytes:
     """``read(n)``, its failures (an I/O error, a corrupt or truncated gzip stream) as an
     InputError naming IN."""
     try:
@@ -186,7 +186,7 @@ def _read(name: str, read, n: int) -> bytes:
 def first_line(path: str, spools: dict | None = None) -> bytes:
     """IN's first line (at most MAX_LINE_BYTES + 1 bytes), with its line end."""
     with open_input(path, spools) as f:
-        return _read(shown_input(path), f.readline, MAX_LINE_BYTES + 1)
+        return read_checked(shown_input(path), f.readline, MAX_LINE_BYTES + 1)
 
 
 @contextlib.contextmanager

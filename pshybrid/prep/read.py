@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import InputError
 from .block import Block, split_lines
-from .inputs import MAX_LINE_BYTES, _read, open_input, shown_input
+from .inputs import MAX_LINE_BYTES, open_input, read_checked, shown_input
 
 BLOCK_BYTES = 2 << 20      # read size: a block holds ~9k Criteo lines
 QUOTE = ord('"')
@@ -161,7 +161,7 @@ def blocks(path: str, tally: Tally, spools: dict | None = None, quote: bool = Fa
     name = shown_input(path)
     with open_input(path, spools) as f:
         while True:
-            chunk = _read(name, f.read, BLOCK_BYTES)
+            chunk = read_checked(name, f.read, BLOCK_BYTES)
             buf = rem + (chunk or b"\n" * bool(rem))   # at the end, close an unfinished line
             if skipping:                                 # the rest of a too long line
                 k = buf.find(b"\n") + 1

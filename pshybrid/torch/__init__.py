@@ -25,6 +25,7 @@ from pshybrid.torch.session import (
     init,
     num_workers,
     shutdown,
+    steps_done,
     worker_index,
 )
 
@@ -37,4 +38,5 @@ def checkpoint(directory) -> str:
 
 
 __all__ = ["Batch", "DistributedOptimizer", "Embedding", "EmbeddingBag", "Table", "batches",
-           "checkpoint", "init", "num_workers", "schema", "shutdown", "worker_index"]
+           "checkpoint", "init", "num_workers", "schema", "shutdown", "steps_done",
+           "worker_index"]

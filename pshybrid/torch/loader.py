@@ -3,9 +3,10 @@
 ``batches(path, batch_size)`` yields this worker's rows of each global batch, exactly the
 rows the native trainer reads (``batches.BatchPlan``: global batch t is rows
 ``[t*G, (t+1)*G)`` of the epoch's order, G = workers x batch_size, worker w reads its
-w-th slice), so W workers x batch b read what 1 worker x batch W*b reads. It starts at the
-job's current step (after ``pt.init(resume=...)``, the checkpoint's), reading ahead on a
-data thread where the rank has a spare core.
+w-th slice), so W workers x batch b read what 1 worker x batch W*b reads. Each call is a
+pass of its own, from ``start`` (default 0), whatever earlier calls or the training step
+did: an epoch loop gets every epoch, a validation loop every batch; ``start=pt.steps_done()``
+continues a resumed run. It reads ahead on a data thread where the rank has a spare core.
 """
 
 from __future__ import annotations
@@ -55,28 +56,39 @@ def _open(path, G: int, s):
     return ds
 
 
+def _check(batch_size: int, epoch: int, start: int) -> None:
+    for name, value, least in (("batch_size", batch_size, 1), ("epoch", epoch, 0),
+                               ("start", start, 0)):
+        if value < least:
+            raise InputError(f"batches: {name} must be >= {least}, got {value}",
+                             collective=True)
+
+
 def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
-            shuffle: bool = False, seed: int | None = None):
-    """Collective over the workers. Yields ``Batch`` for the job's steps from the current
-    one up to ``steps`` (default: ``epochs`` passes over the file, the last partial global
-    batch of each dropped). ``shuffle``: the native block shuffle, by ``seed`` (default:
-    ``pt.init``'s). ``path`` may also be a dataset object (``synthetic.SyntheticCTR``, an
-    endless stream: give ``steps``)."""
+            shuffle: bool = False, seed: int | None = None, epoch: int = 0, start: int = 0):
+    """Collective over the workers. Yields ``Batch`` for global batches ``start .. n-1`` of
+    this call's pass, ``n`` = ``steps`` (default: ``epochs`` passes over the file, the last
+    partial global batch of each dropped); batch ``i`` of the pass is global batch
+    ``epoch * steps_per_epoch + i`` of the data's order, so it begins with epoch ``epoch``'s
+    order. Every call is its own pass: nothing depends on earlier calls or on the training
+    step. ``shuffle``: the native block shuffle, by ``seed`` (default: ``pt.init``'s) and the
+    epoch. ``path`` may also be a dataset object (``synthetic.SyntheticCTR``, an endless
+    stream: give ``steps``)."""
     s = session()
     W, w = s.topo.n_workers, s.topo.worker_index
     with abort_on_error(s.topo.world):
-        if batch_size < 1:
-            raise InputError(f"batches: batch_size must be >= 1, got {batch_size}",
-                             collective=True)
+        _check(batch_size, epoch, start)
         ds = _open(path, W * batch_size, s)
     plan = BatchPlan(getattr(ds, "n_rows", None), W * batch_size, shuffle,
                      s.seed if seed is None else seed)
-    if steps is None and plan.steps_per_epoch is None:
-        raise InputError("batches: an endless stream needs steps=", collective=True)
+    if plan.steps_per_epoch is None and (steps is None or epoch):
+        raise InputError("batches: an endless stream needs steps= (and has no epoch=)",
+                         collective=True)
     total = steps if steps is not None else epochs * plan.steps_per_epoch
-    n = max(total - s.step, 0)
+    n = max(total - start, 0)
+    first = epoch * (plan.steps_per_epoch or 0) + start
     depth = 2 if rank_cores() >= 2 else 0
-    rows = worker_batches(ds, plan, s.step, n, w * batch_size, batch_size, None, depth)
+    rows = worker_batches(ds, plan, first, n, w * batch_size, batch_size, None, depth)
     dtype = torch.get_default_dtype()
     try:
         for label, dense, sparse in prefetch(lambda i: next(rows), n, depth):

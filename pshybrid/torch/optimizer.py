@@ -22,12 +22,9 @@ import zlib
 import numpy as np
 import torch
 
-from pshybrid.checkpoint_files import _read_dense
+from pshybrid.checkpoint_files import read_dense
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
-from pshybrid.modes.dense import AllreduceDense
-from pshybrid.modes.step import Context
-from pshybrid.optim import Optimizer
 from pshybrid.torch.session import DTYPES, session
 from pshybrid.transport import abort_on_error, agree
 
@@ -36,27 +33,22 @@ CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}),
                   torch.optim.Adam: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"})}
 
 
-class TorchDense(AllreduceDense):
-    """``AllreduceDense`` whose update is the torch optimizer's ``step``."""
-
-    def __init__(self, ctx, owner, bucket_bytes: int):
-        super().__init__(ctx, Optimizer("sgd", 0.0), bucket_bytes)
-        self.owner = owner
-
-    def apply(self, step: int) -> None:
-        self.owner.apply_dense()
-
-    def state_full(self):
-        return self.owner.dense_state()
-
-
-class DistributedOptimizer:
-    """Wraps ``torch_optimizer`` (over ``model``'s parameters) for the job ``pt.init``
-    started. Construction (collective over the workers) broadcasts worker 0's parameters
-    and, after ``pt.init(resume=...)``, loads the checkpoint's dense weights and state."""
+class DistributedOptimizer(torch.optim.Optimizer):
+    """A ``torch.optim.Optimizer`` that steps ``torch_optimizer`` (over ``model``'s
+    parameters) and the job's tables as the native step does. Its ``param_groups`` are the
+    torch optimizer's (the same dicts) followed by one group of its own, ``"embeddings"``
+    (no torch parameters; ``lr`` the tables' ``pt.Table`` lr): an lr scheduler on it sets
+    the rates of both, and the servers' sparse optimizer steps with the embeddings group's
+    ``lr`` of the moment. Construction (collective over the workers) broadcasts worker 0's
+    parameters and, after ``pt.init(resume=...)``, loads the checkpoint's dense weights and
+    state."""
 
     def __init__(self, torch_optimizer, model: torch.nn.Module, bucket_mb: float = 1.0):
         s = session()
+        super().__init__(torch_optimizer.param_groups, torch_optimizer.defaults)
+        self.state = torch_optimizer.state  # shared: the torch optimizer's step fills it
+        self.sparse_lr = s.sparse_opt.lr
+        self.param_groups.append({"params": [], "lr": self.sparse_lr, "name": "embeddings"})
         self.s, self.opt, self.model = s, torch_optimizer, model
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         dtypes = {p.dtype for _, p in self.named}
@@ -70,10 +62,8 @@ class DistributedOptimizer:
         ps.build(np, np.dtype(DTYPES[dtypes.pop()]) if dtypes else np.float32, 0)
         self.on_cpu = all(p.device.type == "cpu" for _, p in self.named)
         self.flat_grad = torch.from_numpy(ps.flat_grad)
-        ctx = Context(s.topo, ps, np, s.mode.timers, s.seed, False)
-        s.mode.dense.close()
-        s.mode.dense = TorchDense(ctx, self, int(bucket_mb * 2**20))
-        self.buckets = s.mode.dense._buckets
+        self.reduced: set[str] = set()  # parameters whose gradient this step has (``step``)
+        s.mode.dense.use(self, ps, int(bucket_mb * 2**20))  # the mode's TorchDense
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_done(n))
                       for n, p in self.named]
         with abort_on_error(s.topo.world):
@@ -136,7 +126,7 @@ class DistributedOptimizer:
         view = view.reshape(self.ps.shape(name))
 
         def hook(p):
-            if name in self.buckets.done:  # its first gradient may be on the wire already
+            if name in self.reduced:  # its first gradient may be on the wire already
                 raise ConfigError(f"DistributedOptimizer: a second backward pass reached "
                                   f"parameter {name!r} before opt.step(): call opt.step() "
                                   "after each loss.backward() (gradients are reduced as "
@@ -147,6 +137,7 @@ class DistributedOptimizer:
                     p.grad = view  # later backward passes accumulate straight into it
             else:
                 view.copy_(p.grad)  # GPU: D2H of the finished gradient
+            self.reduced.add(name)
             self.ps.grads_ready(name)
         return hook
 
@@ -166,15 +157,27 @@ class DistributedOptimizer:
         self.s.entries = keep
 
     # -- the step ----------------------------------------------------------------------------
-    def step(self) -> None:
+    def step(self, closure=None):
+        """One training step (collective over the workers); ``closure`` (optional) is
+        called first, with gradients on, and its loss returned."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
         s = self.s
         with abort_on_error(s.topo.world):
+            lr = float(self.param_groups[-1]["lr"])
+            if lr != self.sparse_lr:  # a scheduler changed it: the servers' optimizer too
+                s.mode.set_sparse_lr(lr)
+                self.sparse_lr = lr
             batch, demb, used = self._sparse_batch()
             s.mode.update(batch, demb, s.step + 1)
             for b in used:
                 b.release()
             s.entries = []
+            self.reduced.clear()
             s.step += 1
+        return loss
 
     def _sparse_batch(self):
         """The step's lookups as one Batch and its (n, E) gradients (scaled by 1/W)."""
@@ -246,7 +249,7 @@ class DistributedOptimizer:
 
     def _load(self, step_dir: str) -> None:
         _, keys = self._kind()
-        flat, state, params = _read_dense(step_dir, tuple(keys), None)
+        flat, state, params = read_dense(step_dir, tuple(keys), None)
         where = {n: (o, tuple(shape)) for n, o, shape in params}
         for n, p in self.named:
             if n not in where or where[n][1] != tuple(p.shape):
@@ -270,10 +273,17 @@ class DistributedOptimizer:
             h.remove()
         self.hooks = []
 
-    # -- what torch code expects of an optimizer ------------------------------------------
-    @property
-    def param_groups(self):
-        return self.opt.param_groups
-
+    # -- torch's optimizer state ------------------------------------------------------------
     def state_dict(self):
-        return self.opt.state_dict()
+        """The torch optimizer's, and ``"embeddings"``: the embeddings group's settings."""
+        out = self.opt.state_dict()
+        out["embeddings"] = {k: v for k, v in self.param_groups[-1].items() if k != "params"}
+        return out
+
+    def load_state_dict(self, state_dict) -> None:
+        state_dict = dict(state_dict)
+        emb = state_dict.pop("embeddings", {})
+        self.opt.load_state_dict(state_dict)  # (new group dicts: share them again)
+        self.param_groups[:-1] = self.opt.param_groups
+        self.state = self.opt.state
+        self.param_groups[-1].update(emb)

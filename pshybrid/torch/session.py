@@ -14,16 +14,18 @@ from __future__ import annotations
 import atexit
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from mpi4py import MPI
 
 from pshybrid import checkpoint
-from pshybrid.checkpoint_files import _read_shards, read_meta, resolve
-from pshybrid.config import SEED_RANGE, TrainConfig, seed_check
+from pshybrid.checkpoint_files import read_meta, read_shards, resolve
+from pshybrid.config import SEED_RANGE, seed_check
 from pshybrid.errors import ConfigError, InputError, PshybridError
+from pshybrid.layers import ParamSpace
 from pshybrid.modes import build_mode
+from pshybrid.modes.dense import AllreduceDense
 from pshybrid.optim import SLOTS, Optimizer
 from pshybrid.registry import MODES
 from pshybrid.schema import FusedTable, Schema
@@ -32,6 +34,28 @@ from pshybrid.topology import Topology
 from pshybrid.transport import abort, abort_on_error, agree
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+class TorchDense(AllreduceDense):
+    """``AllreduceDense`` whose update is the torch optimizer's ``step``. ``build_mode`` makes
+    it with the mode, on an empty ParamSpace (the model does not exist yet);
+    ``DistributedOptimizer`` binds the model's (``use``)."""
+
+    def __init__(self, ctx, opt: Optimizer, bucket_bytes: int):
+        super().__init__(ctx, opt, bucket_bytes)
+        self.owner = None
+
+    def use(self, owner, ps, bucket_bytes: int) -> None:
+        """Reduce ``ps`` (the model's) and step ``owner`` (the DistributedOptimizer)."""
+        self.close()
+        self.bind(ps, bucket_bytes)
+        self.owner = owner
+
+    def apply(self, step: int) -> None:
+        self.owner.apply_dense()
+
+    def state_full(self):
+        return self.owner.dense_state()
 
 
 @dataclass(frozen=True)
@@ -48,6 +72,35 @@ class Table:
     init_scale: float = 0.05
 
 
+@dataclass(frozen=True)
+class TorchRun:
+    """What a torch checkpoint says of the run that wrote it: ``checkpoint.save`` reads
+    ``mode``, ``seed``, ``keep_last`` and ``meta()`` (meta.json's ``front_end`` and
+    ``config``: the tables, the fused width, the mode, the optimizers and their rates of the
+    moment; ``docs/checkpoints.md``)."""
+
+    mode: str
+    seed: int
+    servers: int
+    tables: tuple
+    width: int
+    lr: float               # the embeddings' rate now (a scheduler may have changed it)
+    dense_optimizer: str
+    dense_lr: float
+    keep_last: int = 0
+
+    def meta(self) -> dict:
+        t0 = self.tables[0]
+        tables = [{"name": t.name, "rows": t.rows, "dim": t.dim, "optimizer": t.optimizer,
+                   "lr": t.lr, "dtype": DTYPES[t.dtype], "init_scale": t.init_scale}
+                  for t in self.tables]
+        return {"front_end": "torch", "config": {
+            "tables": tables, "width": self.width, "dtype": DTYPES[t0.dtype],
+            "sparse_optimizer": t0.optimizer, "lr": self.lr,
+            "dense_optimizer": self.dense_optimizer, "dense_lr": self.dense_lr,
+            "mode": self.mode, "servers": self.servers, "seed": self.seed}}
+
+
 class Session:
     """What ``init`` built (one per process)."""
 
@@ -61,11 +114,9 @@ class Session:
         self.offsets = {t.name: int(o) for t, o in zip(tables, self.layout.offsets)}
         t0 = tables[0]
         self.sparse_opt = Optimizer(t0.optimizer, t0.lr)
-        # the dense strategy is rebuilt by DistributedOptimizer once the model is known
-        from pshybrid.layers import ParamSpace
-
+        # the model's ParamSpace is bound to TorchDense by DistributedOptimizer, once made
         self.mode = build_mode(mode_name, topo, self.layout, ParamSpace(), self.sparse_opt,
-                               Optimizer("sgd", 0.0), seed)
+                               Optimizer("sgd", 0.0), seed, dense=TorchDense)
         self.mode_name = mode_name
         self.step = 0
         self.resume_dir: str | None = None
@@ -73,14 +124,13 @@ class Session:
         self.optimizer = None  # the DistributedOptimizer, once made
         self.closed = False
 
-    # -- the checkpoint's description of this job (export reads it) ---------------------
-    def config(self, dense_optimizer: str = "sgd", dense_lr: float = 0.001) -> TrainConfig:
-        t0 = next(iter(self.tables.values()))
-        return TrainConfig(model="dlrm", mode=self.mode_name,
-                           servers=self.topo.n_servers if self.topo.n_servers else None,
-                           embedding_dim=self.layout.table.dim, dtype=self.layout.table.dtype,
-                           sparse_optimizer=t0.optimizer, lr=t0.lr,
-                           dense_optimizer=dense_optimizer, dense_lr=dense_lr, seed=self.seed)
+    # -- the checkpoint's description of this job (meta.json; export reads it) -----------
+    def run(self, dense_optimizer: str = "sgd", dense_lr: float = 0.0) -> TorchRun:
+        opt = self.optimizer
+        return TorchRun(self.mode_name, self.seed, self.topo.n_servers,
+                        tuple(self.tables.values()), self.layout.table.dim,
+                        self.sparse_opt.lr if opt is None else opt.sparse_lr,
+                        dense_optimizer, dense_lr)
 
 
 _session: Session | None = None
@@ -215,8 +265,8 @@ def _load_sparse(s: Session, path: str) -> int:
                              f"{s.sparse_opt.kind!r}")
         step = int(meta["step"])
         if s.topo.is_server or s.topo.n_servers == 0:
-            _read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
-                         s.mode.owns, s.mode.set_sparse_rows)
+            read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
+                        s.mode.owns, s.mode.set_sparse_rows)
     except PshybridError as e:
         err = e
     agree(s.topo.world, err)  # Wire: verdict allgather; nobody pulls before all loaded
@@ -228,11 +278,10 @@ def _save(s: Session, root: str | None, step: int) -> str:
     topo = s.topo
     # Wire: worker 0 tells every rank the directory (servers learn it only here)
     root = topo.world.bcast(root, root=topo.worker_ranks[0])
-    opt = s.optimizer  # (None on servers)
-    cfg = s.config(*(opt.checkpoint_optimizer() if opt is not None else ("sgd", 0.001)))
-    cfg = replace(cfg, checkpoint_dir=root)
+    opt = s.optimizer  # (None on servers: worker 0 writes meta.json)
+    run = s.run(*opt.checkpoint_optimizer()) if opt is not None else s.run()
     ps = opt.ps if opt is not None else s.mode.dense.ps
-    return checkpoint.save(root, step, cfg, topo, s.mode, ps, s.schema)
+    return checkpoint.save(root, step, run, topo, s.mode, ps, s.schema)
 
 
 def checkpoint_to(root: str) -> str:
@@ -263,6 +312,12 @@ def shutdown() -> None:
         s.mode.finish()
         s.topo.free()
     sys.excepthook = s.prev_hook
+
+
+def steps_done() -> int:
+    """``opt.step()`` calls so far (after ``pt.init(resume=...)``, counted from the
+    checkpoint's step): ``pt.batches(..., start=pt.steps_done())`` continues a resumed run."""
+    return session().step
 
 
 def worker_index() -> int:

@@ -107,7 +107,8 @@ def run(a, comm=None, exit_servers=True):
     start = (opt.ps.flat.copy(), s.mode.full_table())
     losses = []
     steps = a.steps if a.steps > 0 else None
-    for batch in pt.batches(a.data, a.batch, steps=steps, epochs=a.epochs):
+    for batch in pt.batches(a.data, a.batch, steps=steps, epochs=a.epochs,
+                            start=pt.steps_done()):  # a resumed run continues
         loss = torch.nn.functional.binary_cross_entropy_with_logits(
             model(batch.dense, batch.sparse), batch.label)
         opt.zero_grad()

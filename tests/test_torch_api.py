@@ -1,0 +1,155 @@
+"""pshybrid.torch's Python API in one process (``allreduce`` mode on COMM_SELF), against
+oracles outside it: ``pt.batches`` against the file read with h5py (every call a pass of
+its own); StepLR on ``pt.DistributedOptimizer`` against plain PyTorch; a torch checkpoint's
+meta.json against the tables made, its export against the trained rows. At several world
+sizes: ``tests/test_torch_mpi.py``."""
+
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mpi4py import MPI
+
+import pshybrid.torch as pt
+from pshybrid.synthetic import write_synthetic
+
+ROWS, B = 50, 8  # 6 global batches of 8 rows an epoch (2 rows dropped)
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = tmp_path / "d.h5"
+    write_synthetic(str(path), ROWS, seed=5, n_dense=3, cardinalities=(7, 30, 200, 5))
+    return path
+
+
+@pytest.fixture
+def job():
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
+            tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
+    yield
+    pt.shutdown()
+
+
+def file_rows(path, lo, hi):
+    with h5py.File(path) as f:
+        return f["label"][lo:hi], f["dense"][lo:hi], f["sparse"][lo:hi]
+
+
+def same_rows(batch, rows) -> bool:
+    return all(np.array_equal(got.numpy(), want.astype(np.float64 if got.is_floating_point()
+                                                       else np.int64))
+               for got, want in zip((batch.label, batch.dense, batch.sparse), rows))
+
+
+def test_every_call_of_batches_is_a_whole_pass(job, data):
+    """An epoch loop, then a validation loop: each call yields the file's 6 global batches
+    in order (rows [8t, 8t+8)); ``start`` skips into a pass; ``epoch=1`` is the second
+    epoch of a 2-epoch call (shuffled: its own order)."""
+    torch.set_default_dtype(torch.float64)
+    model = torch.nn.Linear(3, 1)
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for epoch in range(3):
+        got = []
+        for batch in pt.batches(data, B):  # trains: the job's step advances
+            got.append(batch)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                model(batch.dense)[:, 0], batch.label)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        assert len(got) == ROWS // B, f"epoch {epoch}: {len(got)} steps"
+        assert all(same_rows(b, file_rows(data, B * t, B * (t + 1))) for t, b in enumerate(got))
+    assert [b.sparse.tolist() for b in pt.batches(data, B, start=4)] == \
+        [b.sparse.tolist() for b in got[4:]]
+    two = list(pt.batches(data, B, epochs=2, shuffle=True, seed=3))
+    second = list(pt.batches(data, B, epoch=1, shuffle=True, seed=3))
+    assert [b.sparse.tolist() for b in second] == [b.sparse.tolist() for b in two[6:]]
+    with pytest.raises(Exception, match="start must be >= 0"):
+        next(pt.batches(data, B, start=-1))
+
+
+def test_steplr_on_distributed_optimizer_matches_native_pytorch():
+    """``pt.DistributedOptimizer`` is a ``torch.optim.Optimizer``; StepLR on it halves the
+    dense and the embedding learning rates every 2 steps, and 5 steps match plain PyTorch
+    (``nn.Embedding``, Adam + Adagrad, a StepLR each) to 1e-9 (``tests/torch_steplr.py``)."""
+    import torch_steplr
+
+    ok, msg, (losses, want) = torch_steplr.run(MPI.COMM_SELF, "allreduce", 0)
+    assert ok, msg
+    assert torch_steplr.rel(losses, want) < 1e-9, (losses, want)
+
+
+def test_state_dict_round_trip_keeps_both_rates(job):
+    """state_dict -> new rates -> load_state_dict: the saved dense and embedding rates are
+    back, and the dense groups are still the torch optimizer's own (a scheduler sets both)."""
+    model = torch.nn.Linear(3, 1).double()
+    inner = torch.optim.Adam(model.parameters(), lr=0.01)
+    opt = pt.DistributedOptimizer(inner, model)
+    assert isinstance(opt, torch.optim.Optimizer)
+    assert [g.get("name") for g in opt.param_groups] == [None, "embeddings"]
+    saved = opt.state_dict()
+    for g in opt.param_groups:
+        g["lr"] = 9.0
+    opt.load_state_dict(saved)
+    assert [g["lr"] for g in opt.param_groups] == [0.01, 0.05]  # pt.Table's default lr
+    assert opt.param_groups[0] is inner.param_groups[0] and opt.state is inner.state
+
+
+def test_a_torch_checkpoint_describes_its_run_and_exports_each_table(data, tmp_path):
+    """meta.json: front_end "torch", the two tables as pt.Table made them, the mode, seed
+    and both optimizers, no native model fields. ``pshybrid export`` writes each table at
+    its own width (== the trained rows) and the dense parameters; ``eval`` and ``predict``
+    refuse it in one line that says the model is the user's code."""
+    import json
+    import subprocess
+
+    from mpi_util import pshybrid
+
+    from pshybrid.torch.session import session
+
+    torch.set_default_dtype(torch.float64)
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
+            tables=[pt.Table("a", rows=20, dim=3, lr=0.5, dtype=torch.float64),
+                    pt.Table("b", rows=9, dim=5, lr=0.5, dtype=torch.float64)])
+    try:
+        model = torch.nn.Linear(3 + 5, 1)
+        ea, eb = pt.Embedding("a"), pt.Embedding("b")
+        opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), model)
+        x = torch.cat([ea(torch.tensor([1, 4, 19])), eb(torch.tensor([0, 8, 8]))], 1)
+        opt.zero_grad()
+        model(x).square().sum().backward()
+        opt.step()
+        step_dir = pt.checkpoint(tmp_path / "ck")
+        table, weight = session().mode.full_table(), model.weight.detach().numpy().copy()
+    finally:
+        pt.shutdown()
+    meta = json.loads((tmp_path / "ck" / "step-1" / "meta.json").read_text())
+    assert meta["front_end"] == "torch" and (meta["mode"], meta["seed"]) == ("allreduce", 7)
+    cfg = meta["config"]
+    assert [(t["name"], t["rows"], t["dim"], t["optimizer"], t["lr"]) for t in cfg["tables"]] \
+        == [("a", 20, 3, "adagrad", 0.5), ("b", 9, 5, "adagrad", 0.5)]
+    assert (cfg["width"], cfg["dtype"], cfg["dense_optimizer"], cfg["dense_lr"]) == \
+        (5, "float64", "adam", 0.01)
+    assert not {"model", "mlp", "batch_size", "embedding_dim"} & set(cfg)
+
+    def cli(*args):
+        return subprocess.run(pshybrid(*args), capture_output=True, text=True, timeout=120,
+                              cwd=tmp_path, stdin=subprocess.DEVNULL)
+
+    p = cli("export", step_dir, "out.h5")
+    assert p.returncode == 0, p.stderr
+    with h5py.File(tmp_path / "out.h5") as f:
+        np.testing.assert_array_equal(f["embeddings/a"][...], table[:20, :3])
+        np.testing.assert_array_equal(f["embeddings/b"][...], table[20:, :5])
+        np.testing.assert_array_equal(f["dense/weight"][...], weight)
+        assert "linear" not in f and f["optimizer/embeddings/a/acc"].shape == (20, 3)
+    for args in (("eval", step_dir, str(data)), ("predict", step_dir, str(data), "p.h5")):
+        p = cli(*args)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1, p.stderr
+        assert "written by pshybrid.torch: its model is your PyTorch code" in lines[0], lines
