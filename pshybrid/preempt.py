@@ -31,12 +31,12 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from .modes.servers import TAG_SIGNAL  # (one int32: the signal's number)
 from .transport import release_shared_memory
 
 PREEMPTED = 75  # exit status of a run stopped by a signal after writing its checkpoint
 SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 SAME_REQUEST_S = 2.0
-TAG_SIGNAL = 105  # server -> worker: "a signal reached me" (one int32: its number)
 
 
 class Signals:

@@ -27,6 +27,7 @@ from ..threads import rank_cores
 from ..transport import Pacer, idle_barrier, mpi_type, poll_recv
 
 TAG_STEP, TAG_STOP, TAG_CKPT, TAG_GRAD, TAG_LR = 101, 102, 103, 104, 105
+TAG_SIGNAL = 106  # the other way, server -> worker: a signal reached it (``preempt``)
 
 
 class ServerLink:
