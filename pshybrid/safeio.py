@@ -367,13 +367,19 @@ def _start_time(pid: int) -> str | None:
 
 
 def _alive(pid: int) -> bool:
+    """Whether process ``pid`` runs: it exists and is not a zombie (a killed job's rank
+    whose parent, killed too, has not been reaped yet holds no lock)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except OSError:  # EPERM: someone else's process
         pass
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return True
 
 
 def _earlier_run(theirs: str, mine: str) -> bool:

@@ -14,6 +14,7 @@ allreduce mode over COMM_SELF):
 import io
 import os
 import shutil
+import time
 from dataclasses import replace
 
 import h5py
@@ -388,6 +389,30 @@ def test_a_stale_lock_is_named_and_taken_over_and_every_run_releases_its_lock(tm
         train(replace(BASE, steps=6, resume=ck, checkpoint_dir=ck), MPI.COMM_SELF,
               dataset=DATA, out=io.StringIO(), on_step=fail)
     assert sorted(os.listdir(ck)) == ["latest", "step-4"]
+
+
+def test_a_lock_held_by_a_killed_but_unreaped_process_is_stale(tmp_path):
+    """A job killed with kill -9 whose ranks are zombies for a moment (their parents died
+    too) holds nothing: the next run into its directory takes the lock over."""
+    import subprocess
+    import sys
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.time() + 30
+    while time.time() < deadline and _state(child.pid) != "Z":  # exited, not reaped
+        time.sleep(0.01)
+    try:
+        ck = str(tmp_path / "ck")
+        _plant_lock(ck, child.pid)
+        _, out = run(checkpoint_dir=ck)
+        assert "stale lock" in out, out
+    finally:
+        child.wait()
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 # -- checksums -------------------------------------------------------------------------------
