@@ -5,12 +5,22 @@ import io
 from dataclasses import replace
 from types import SimpleNamespace
 
+import pytest
+
+from pshybrid import kernels
 from pshybrid.config import TrainConfig
 from pshybrid.limits import model_size
 from pshybrid.report import Reporter, banner, clock, span
 from pshybrid.schema import Schema
 
+COLD = kernels.numba_cache_cold  # the real one (the fixture below stands in for it)
 SCHEMA = Schema(n_dense=2, cardinalities=(2**20, 2**20))  # 2 Mi rows
+
+
+@pytest.fixture(autouse=True)
+def warm_numba(monkeypatch):
+    """As if numba's kernels were cached: the first-run note is tested on its own."""
+    monkeypatch.setattr(kernels, "numba_cache_cold", lambda: False)
 
 
 def topo(W, S, colocated=False):
@@ -63,3 +73,29 @@ def test_progress_line_shows_elapsed_and_the_eta_at_this_rate():
     # 200 samples/s over 2 workers x 10 = 10 steps/s; 600 steps left: 60 s
     assert out.getvalue() == ("step 400/1000  loss 0.5000  200 samples/s  elapsed 0:01:05  "
                               "ETA 0:01:00\n")
+
+
+def test_banner_notes_a_first_run_where_numba_compiles(monkeypatch):
+    monkeypatch.setattr(kernels, "numba_cache_cold", lambda: True)
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,), mode="allreduce")
+    assert banner(cfg, topo(1, 0), SCHEMA, 10).splitlines()[-1] == (
+        "  first run in this environment: numba compiles the CPU kernels (some seconds; "
+        "cached for later runs)")
+
+
+def test_numba_cache_cold_looks_for_the_package_kernels_cache(tmp_path, monkeypatch):
+    """Cold while no ``kernels.*.nbi`` index sits in the package's ``__pycache__``; never
+    cold where NUMBA_CACHE_DIR moves the cache elsewhere (not looked for)."""
+    import os
+
+    if not kernels.numba_active():
+        pytest.skip("numba is not installed")
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    monkeypatch.setattr(kernels, "__file__", str(tmp_path / "kernels.py"))
+    assert COLD()
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "kernels._nb_x-1.py311.nbi").write_bytes(b"")
+    assert not COLD()
+    monkeypatch.setitem(os.environ, "NUMBA_CACHE_DIR", str(tmp_path))
+    os.remove(tmp_path / "__pycache__" / "kernels._nb_x-1.py311.nbi")
+    assert not COLD()
