@@ -13,6 +13,12 @@ from .errors import InputError
 from .files import H5Files
 
 
+def global_batch(cfg, n_workers: int) -> int:
+    """``G = W*b``: the samples one step trains on over all ``n_workers`` workers, each
+    reading ``cfg.batch_size`` of them (the batch one process would need for the same step)."""
+    return n_workers * cfg.batch_size
+
+
 class BatchPlan:
     """Which rows each worker reads at each step.
 
