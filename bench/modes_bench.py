@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 # mpiexec -n 3 python bench/modes_bench.py [--workload paper|light --data FILE --eval-data FILE --shared-memory --steps 80 --warmup 20 --repeat 3 --bucket-mb 1 --consistency bsp,ssp:1 --cache-rows 0,N --wire-only --json bench_modes.json --png bench_modes.png]
-"""Mode benchmark (issue: the paper's claim): the same model, data, seed and workers trained
-in hybrid, ps and allreduce -- and a compute-only run (same workers, no communication at
-all) as the floor -- one after another in one invocation.
+"""Mode benchmark: the same model, data, seed and workers trained in hybrid, ps and
+allreduce -- and a compute-only run (same workers, no communication at all) as the floor --
+one after another in one invocation, for the claim of the reference hybrid-vs-parameter-server
+result (hybrid 48% faster than TensorFlow-PS at 16 nodes; docs/benchmarks.md).
 
-Workloads: ``paper`` (default) mirrors the paper's: WDL, 26 Criteo-like tables (Criteo Kaggle
+Workloads: ``paper`` (default) mirrors the reference result's workload: WDL, 26 Criteo-like tables (Criteo Kaggle
 cardinalities capped at 10**6: 5.6M rows), dim 16, MLP 1024-512-256, batch 256 per
 worker, Adagrad sparse / Adam dense; ``light`` is the same with MLP 64-32 (fwd_bwd ~1 ms:
 what a GPU worker sees, where input and communication dominate). ``--data FILE`` reads a

@@ -96,7 +96,9 @@ from pshybrid.planner import (
 
 ROW_WIDTH = 17  # modes_bench's fused row: embedding dim 16 + the wide (linear) weight
 BWD_FRACTION = 2 / 3  # --overlap: share of fwd_bwd that is backward (2 of 3 matmul passes)
-PAPER_HYBRID_OVER_PS_16 = 1.48  # the paper: Hybrid 48% faster than TF-PS at 16 nodes
+# the reference hybrid-vs-parameter-server result: hybrid 48% faster than TensorFlow-PS at 16
+# nodes (docs/benchmarks.md; printed as "paper: 1.48x")
+PAPER_HYBRID_OVER_PS_16 = 1.48
 NODES = (1, 2, 4, 8, 16, 32, 64, 128)
 MODES = ("hybrid", "ps", "allreduce", "compute")  # compute: no wire at all, the ideal line
 COMPUTE = ("fwd_bwd", "dense_apply")  # what a GPU worker replaces
