@@ -5,9 +5,9 @@ allreduce -- and a compute-only run (same workers, no communication at all) as t
 one after another in one invocation, for the claim of the reference hybrid-vs-parameter-server
 result (hybrid 48% faster than TensorFlow-PS at 16 nodes; docs/benchmarks.md).
 
-Workloads: ``paper`` (default) mirrors the reference result's workload: WDL, 26 Criteo-like tables (Criteo Kaggle
-cardinalities capped at 10**6: 5.6M rows), dim 16, MLP 1024-512-256, batch 256 per
-worker, Adagrad sparse / Adam dense; ``light`` is the same with MLP 64-32 (fwd_bwd ~1 ms:
+Workloads: ``paper`` (default) mirrors the reference result's workload: WDL, 26 Criteo-like
+tables (Criteo Kaggle cardinalities capped at 10**6: 5.6M rows), dim 16, MLP 1024-512-256,
+batch 256 per worker, Adagrad sparse / Adam dense; ``light`` is the same with MLP 64-32 (fwd_bwd ~1 ms:
 what a GPU worker sees, where input and communication dominate). ``--data FILE`` reads a
 dataset file instead of the synthetic stream. With N ranks: 1 server + N-1 workers in hybrid and
 ps; allreduce and compute-only run on the same N-1 worker ranks (the server rank idles).
