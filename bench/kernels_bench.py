@@ -95,7 +95,8 @@ def pad_report(kernels, a) -> None:
                           f"{tp * 1e6:>8.1f} {tp / td:>5.2f}")
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The flags (``--help``: the docstring's summary line)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[2])
     ap.add_argument("--batch", type=int, nargs="+", default=[4096, 26 * 256])
     ap.add_argument("--dim", type=int, nargs="+", default=[16, 64])
@@ -110,7 +111,69 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=5, help="--pad: alternating rounds")
     ap.add_argument("--cold", action="store_true",
                     help="compile into an empty numba cache, to see the cold compile time")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def checked_case(kernels, partition, keys, values, a):
+    """Correctness first: numba == np.add.at bit for bit, gbo new == old; (uniq, inverse,
+    the numba sums)."""
+    uniq, inverse = np.unique(keys, return_inverse=True)
+    u_nb, s_nb = kernels.segment_sum(keys, values)
+    ref = np.zeros((uniq.size, values.shape[1]), values.dtype)
+    np.add.at(ref, inverse, values)
+    assert np.array_equal(u_nb, uniq) and np.array_equal(s_nb.view(np.uint8),
+                                                         ref.view(np.uint8))
+    for g, w in zip(partition.group_by_owner(keys, a.rows, a.servers),
+                    partition.group_by_owner_ref(keys, a.rows, a.servers)):
+        assert np.array_equal(g, w)
+    return uniq, inverse, s_nb
+
+
+def case_lines(kernels, partition, a, rng, dtype, B: int, D: int, z: float) -> tuple[str, str]:
+    """One (B, D, dtype, a) case, checked then timed: its segment_sum line and its
+    group_by_owner / gather line."""
+    T = lambda fn: median_time(fn, a.warmup, a.repeat)  # noqa: E731
+    keys = ((rng.zipf(z, size=B) - 1) % a.rows).astype(np.int64)
+    values = rng.standard_normal((B, D)).astype(dtype)
+    uniq, inverse, s_nb = checked_case(kernels, partition, keys, values, a)
+    U, nbytes = uniq.size, values.nbytes
+    dst = np.empty_like(values)
+    t_copy = T(lambda: np.copyto(dst, values))
+
+    def add_at():
+        u, inv = np.unique(keys, return_inverse=True)
+        out = np.zeros((u.size, D), dtype)
+        np.add.at(out, inv, values)
+
+    def add_at_only():
+        out = np.zeros((U, D), dtype)
+        np.add.at(out, inverse, values)
+
+    t_at, t_only = T(add_at), T(add_at_only)
+    t_np = T(lambda: kernels.segment_sum_numpy(keys, values))
+    t_nb = T(lambda: kernels.segment_sum(keys, values))
+    t_old = T(lambda: partition.group_by_owner_ref(keys, a.rows, a.servers))
+    t_new = T(lambda: partition.group_by_owner(keys, a.rows, a.servers))
+    rows_u = np.ascontiguousarray(s_nb)
+    t_take = T(lambda: kernels.gather(rows_u, inverse))
+    t_fancy = T(lambda: kernels.gather_ref(rows_u, inverse))
+
+    us = lambda t: f"{t * 1e6:.0f}" if t >= 1e-4 else f"{t * 1e6:.1f}"  # noqa: E731
+    gbs = lambda n, t: f"{n / t / 1e9:.1f}"  # noqa: E731
+    case = f"{B:>5} {D:>3} {dtype.name:>7} {z:>4} {U:>5} |"
+    seg = (f"{case} {us(t_copy):>9} {gbs(nbytes, t_copy):>5} | {us(t_at):>7} "
+           f"{us(t_only):>7} {us(t_np):>7} {us(t_nb):>6} {gbs(nbytes, t_nb):>5} | "
+           f"{t_at / t_nb:>8.1f} {t_only / t_nb:>6.1f} {t_np / t_nb:>7.1f} "
+           f"{t_nb / t_copy:>8.1f}")
+    gbo = (f"{case} {us(t_old):>7} {us(t_new):>7} {t_old / t_new:>5.1f} "
+           f"{gbs(keys.nbytes, t_new):>5} | {us(t_take):>7} {gbs(nbytes, t_take):>5} "
+           f"{us(t_fancy):>7} {t_take / t_copy:>8.1f}")
+    return seg, gbo
+
+
+def main(argv=None) -> int:
+    """Parse, compile (cold with ``--cold``), then ``--pad``'s report or every case's lines."""
+    a = parser().parse_args(argv)
     if a.cold:  # numba is imported lazily (first kernel call), so this still takes effect
         cold_dir = tempfile.mkdtemp(prefix="pshybrid-numba-")
         atexit.register(shutil.rmtree, cold_dir, ignore_errors=True)
@@ -131,59 +194,13 @@ def main(argv=None) -> int:
             f"{'x':>5} {'GB/s':>5} | {'take us':>7} {'GB/s':>5} {'rows[i]':>7} {'x memcpy':>8}")
     seg_lines, gbo_lines = [hdr1, "-" * len(hdr1)], [hdr2, "-" * len(hdr2)]
     rng = np.random.default_rng(0)
-    T = lambda fn: median_time(fn, a.warmup, a.repeat)  # noqa: E731
     for dtype in map(np.dtype, a.dtype):
         for B in a.batch:
             for D in a.dim:
                 for z in a.zipf:
-                    keys = ((rng.zipf(z, size=B) - 1) % a.rows).astype(np.int64)
-                    values = rng.standard_normal((B, D)).astype(dtype)
-                    uniq, inverse = np.unique(keys, return_inverse=True)
-                    U, nbytes = uniq.size, values.nbytes
-
-                    # correctness first: numba == np.add.at bit for bit, gbo new == old
-                    u_nb, s_nb = kernels.segment_sum(keys, values)
-                    ref = np.zeros((U, D), dtype)
-                    np.add.at(ref, inverse, values)
-                    assert np.array_equal(u_nb, uniq) and np.array_equal(s_nb.view(np.uint8),
-                                                                         ref.view(np.uint8))
-                    for g, w in zip(partition.group_by_owner(keys, a.rows, a.servers),
-                                    partition.group_by_owner_ref(keys, a.rows, a.servers)):
-                        assert np.array_equal(g, w)
-
-                    dst = np.empty_like(values)
-                    t_copy = T(lambda: np.copyto(dst, values))
-
-                    def add_at():
-                        u, inv = np.unique(keys, return_inverse=True)
-                        out = np.zeros((u.size, D), dtype)
-                        np.add.at(out, inv, values)
-
-                    def add_at_only():
-                        out = np.zeros((U, D), dtype)
-                        np.add.at(out, inverse, values)
-
-                    t_at, t_only = T(add_at), T(add_at_only)
-                    t_np = T(lambda: kernels.segment_sum_numpy(keys, values))
-                    t_nb = T(lambda: kernels.segment_sum(keys, values))
-                    t_old = T(lambda: partition.group_by_owner_ref(keys, a.rows, a.servers))
-                    t_new = T(lambda: partition.group_by_owner(keys, a.rows, a.servers))
-                    rows_u = np.ascontiguousarray(s_nb)
-                    t_take = T(lambda: kernels.gather(rows_u, inverse))
-                    t_fancy = T(lambda: kernels.gather_ref(rows_u, inverse))
-
-                    us = lambda t: f"{t * 1e6:.0f}" if t >= 1e-4 else f"{t * 1e6:.1f}"  # noqa: E731
-                    gbs = lambda n, t: f"{n / t / 1e9:.1f}"  # noqa: E731
-                    case = f"{B:>5} {D:>3} {dtype.name:>7} {z:>4} {U:>5} |"
-                    seg_lines.append(
-                        f"{case} {us(t_copy):>9} {gbs(nbytes, t_copy):>5} | {us(t_at):>7} "
-                        f"{us(t_only):>7} {us(t_np):>7} {us(t_nb):>6} {gbs(nbytes, t_nb):>5} | "
-                        f"{t_at / t_nb:>8.1f} {t_only / t_nb:>6.1f} {t_np / t_nb:>7.1f} "
-                        f"{t_nb / t_copy:>8.1f}")
-                    gbo_lines.append(
-                        f"{case} {us(t_old):>7} {us(t_new):>7} {t_old / t_new:>5.1f} "
-                        f"{gbs(keys.nbytes, t_new):>5} | {us(t_take):>7} {gbs(nbytes, t_take):>5} "
-                        f"{us(t_fancy):>7} {t_take / t_copy:>8.1f}")
+                    seg, gbo = case_lines(kernels, partition, a, rng, dtype, B, D, z)
+                    seg_lines.append(seg)
+                    gbo_lines.append(gbo)
     print("segment_sum (dedup + scatter-add of gradient rows): times in us; x = speed-up of numba "
           "over that column; x memcpy = numba time / memcpy time")
     print("\n".join(seg_lines))
@@ -191,7 +208,6 @@ def main(argv=None) -> int:
           "x memcpy = take time / memcpy time")
     print("\n".join(gbo_lines))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

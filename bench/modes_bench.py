@@ -1,12 +1,13 @@
 #!/usr/bin/env python3
 # mpiexec -n 3 python bench/modes_bench.py [--workload paper|light --data FILE --eval-data FILE --shared-memory --steps 80 --warmup 20 --repeat 3 --bucket-mb 1 --consistency bsp,ssp:1 --cache-rows 0,N --wire-only --json bench_modes.json --png bench_modes.png]
-"""Mode benchmark (issue: the paper's claim): the same model, data, seed and workers trained
-in hybrid, ps and allreduce -- and a compute-only run (same workers, no communication at
-all) as the floor -- one after another in one invocation.
+"""Mode benchmark: the same model, data, seed and workers trained in hybrid, ps and
+allreduce -- and a compute-only run (same workers, no communication at all) as the floor --
+one after another in one invocation, for the claim of the reference hybrid-vs-parameter-server
+result (hybrid 48% faster than TensorFlow-PS at 16 nodes; docs/benchmarks.md).
 
-Workloads: ``paper`` (default) mirrors the paper's: WDL, 26 Criteo-like tables (Criteo Kaggle
-cardinalities capped at 10**6: 5.6M rows), dim 16, MLP 1024-512-256, batch 256 per
-worker, Adagrad sparse / Adam dense; ``light`` is the same with MLP 64-32 (fwd_bwd ~1 ms:
+Workloads: ``paper`` (default) mirrors the reference result's workload: WDL, 26 Criteo-like
+tables (Criteo Kaggle cardinalities capped at 10**6: 5.6M rows), dim 16, MLP 1024-512-256,
+batch 256 per worker, Adagrad sparse / Adam dense; ``light`` is the same with MLP 64-32 (fwd_bwd ~1 ms:
 what a GPU worker sees, where input and communication dominate). ``--data FILE`` reads a
 dataset file instead of the synthetic stream. With N ranks: 1 server + N-1 workers in hybrid and
 ps; allreduce and compute-only run on the same N-1 worker ranks (the server rank idles).
@@ -58,11 +59,9 @@ apply_thread_limits()  # before NumPy loads its BLAS, as `python -m pshybrid` do
 
 import argparse  # noqa: E402
 import io
-import json
-import math
 import statistics
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from mpi4py import MPI
@@ -78,9 +77,16 @@ from pshybrid.modes import step as mode_step
 from pshybrid.registry import DENSE_ROW, MODES, ModeSpec
 from pshybrid.schema import field_offsets
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
-from pshybrid.threads import rank_cores
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
+from modes_report import (
+    print_bytes,
+    print_ratios,
+    print_reads,
+    print_table,
+    print_wire_bytes,
+    write,
+)
 from timing import StepTimers, timed_stats
 from wire import WIRE, wire_only
 
@@ -165,55 +171,8 @@ def ideal_hit_rate(batches, bound: int | None) -> float:
     return hits / max(reads, 1)
 
 
-def _print_reads(results: dict, W: int, row_bytes: int) -> None:
-    """The consistency runs beside their mode's bsp run (same rounds, same samples): the
-    embedding rows a worker pulled for training (the library's read counters; bsp: the
-    distinct ids of its batches, what its pulls read), so the evaluation's pulls are not
-    in them."""
-    rows = [(k, r) for k, r in results.items() if r["reads"] or (k in ("hybrid", "ps") and any(
-        o["mode"] == k and o["reads"] for o in results.values()))]
-    if not rows:
-        return
-    print("consistency: vs the same mode's bsp run; embedding rows pulled for training per "
-          "step per worker; AUC after the same samples")
-    print(f"{'run':<22}{'samples/s':>11}{'x bsp':>7}{'rows':>9}{'bytes':>11}{'x bsp':>7}"
-          f"{'hit':>7}{'ideal':>7}{'stale mean/max':>16}{'AUC':>8}{'dAUC':>8}")
-
-    def pulled(r):
-        return (r["reads"]["pulled_rows_per_step"] / W if r["reads"] else
-                float(np.mean(r["unique_ids_per_worker_step"])))
-
-    for k, r in rows:
-        ref = results[r["mode"]]
-        reads = r["reads"] or {}
-        got, base = pulled(r), pulled(ref)
-        r["pulled_rows_per_worker_step"] = got
-        auc = f"{r['auc']:.4f}{r['auc'] - ref['auc']:>+8.4f}" if r["auc"] is not None else ""
-        stale = f"{reads.get('mean_staleness', 0):.2f}/{reads.get('max_staleness', 0)}"
-        print(f"{k:<22}{r['samples_per_s']:>11,.0f}"
-              f"{r['samples_per_s'] / ref['samples_per_s']:>7.2f}"
-              f"{got:>9,.0f}{got * row_bytes:>11,.0f}{got / max(base, 1e-9):>7.2f}"
-              f"{reads.get('cache_hit_rate', 0):>7.1%}"
-              f"{r.get('ideal_hit_rate', 0):>7.1%}{stale:>16}{auc:>16}")
-
-
-def _print_wire_bytes(results: dict) -> None:
-    """Each wire-only run's byte counters beside its real run's (same data, same steps:
-    they must agree; the wire-only run moves what the real one does)."""
-    pairs = [(k, results[k[:-len(WIRE)]]) for k in results
-             if k.endswith(WIRE) and k[:-len(WIRE)] in results]
-    if pairs:
-        print("wire-only runs: bytes per step per worker (library counters) vs the real run's")
-    for k, ref in pairs:
-        got = results[k]["bytes_per_step"]
-        for kind in sorted(set(got) | set(ref["bytes_per_step"])):
-            g, r = got.get(kind, 0.0), ref["bytes_per_step"].get(kind, 0.0)
-            if g or r:
-                print(f"  {k:<16}{kind:<18}{g:>14,.0f}{r:>14,.0f}   "
-                      f"{g / r - 1 if r else math.inf:+.2%}")
-
-
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The flags (``--help``: the first line of this file's docstring)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--warmup", type=int, default=20)
@@ -253,7 +212,28 @@ def main(argv=None) -> int:
                          "worker's CPU side sees; bench/scaling.py uses them)")
     ap.add_argument("--json", default="bench_modes.json")
     ap.add_argument("--png", default="bench_modes.png")
-    a = ap.parse_args(argv)
+    return ap
+
+
+@dataclass
+class Bench:
+    """What every step shares: the flags, the world, the W workers (and their own
+    communicator), the modes to run, the data and its cardinalities, the base config."""
+
+    a: argparse.Namespace
+    world: MPI.Comm
+    W: int
+    colocated: bool
+    modes: list
+    workers_only: MPI.Comm
+    data: object
+    cards: tuple
+    base: TrainConfig
+
+
+def setup(a) -> Bench:
+    """The workers, the data (its generator's tables built outside the timed runs) and
+    the config every run starts from."""
     a.mlp = a.mlp or WORKLOADS[a.workload]
     world = MPI.COMM_WORLD
     colocated = a.placement == "colocated"
@@ -273,90 +253,127 @@ def main(argv=None) -> int:
                        mlp=tuple(int(x) for x in a.mlp.split(",")), log_every=a.steps,
                        sparse_optimizer=a.sparse_optimizer, dense_optimizer="adam",
                        bucket_mb=a.bucket_mb, shared_memory="on" if a.shared_memory else "off")
-    results = {}
-    ps_model = ParamSpace()  # the dense parameter count, whatever modes run (ps has no Allreduce)
-    build_model("wdl", data.schema, base.embedding_dim, base.mlp, ps_model, base.dtype)
-    mode_step.Timers = StepTimers  # every Mode built from here on keeps its steps' phases
-    # Warm-up runs (not measured): numba compiles its kernels on first use in each process.
+    return Bench(a, world, W, colocated, modes, workers_only, data, cards, base)
+
+
+def dense_params(b: Bench) -> int:
+    """The model's dense parameter count, whatever modes run (ps has no Allreduce)."""
+    ps_model = ParamSpace()
+    build_model("wdl", b.data.schema, b.base.embedding_dim, b.base.mlp, ps_model, b.base.dtype)
+    return ps_model.size
+
+
+def warm_up(b: Bench) -> None:
+    """Runs not measured: numba compiles its kernels on first use in each process."""
+    world, colocated = b.world, b.colocated
     for mode in ("hybrid", "allreduce") if world.size > 1 or colocated else ("allreduce",):
-        comm = workers_only if mode == "allreduce" else world
+        comm = b.workers_only if mode == "allreduce" else world
         if comm != MPI.COMM_NULL:
             server = dict(servers=None, placement="colocated") if colocated else dict(servers=1)
-            train(replace(base, mode=mode, steps=3, **(server if mode == "hybrid" else
-                                                       dict(servers=0))),
-                  comm, dataset=data, out=io.StringIO())
+            train(replace(b.base, mode=mode, steps=3, **(server if mode == "hybrid" else
+                                                         dict(servers=0))),
+                  comm, dataset=b.data, out=io.StringIO())
         idle_barrier(world)
-    # Unique ids of each worker's timed batches (from the data): the same for every mode and run.
-    offsets = field_offsets(cards)
-    plan = BatchPlan(getattr(data, "n_rows", None), W * a.batch_size, base.shuffle, base.seed)
-    U = [float(np.mean([np.unique(read_ranges(data, plan.ranges(t, w * a.batch_size,
-                                                                a.batch_size))[2] + offsets).size
-                        for t in range(a.warmup, a.steps)]))
-         for w in range(W)] if world.rank == 0 else None
+
+
+def unique_ids(b: Bench, plan: BatchPlan, offsets) -> list | None:
+    """Unique ids of each worker's timed batches (from the data): the same for every mode
+    and run (rank 0; None elsewhere)."""
+    a = b.a
+    return [float(np.mean([np.unique(read_ranges(b.data, plan.ranges(t, w * a.batch_size,
+                                                                      a.batch_size))[2]
+                                     + offsets).size
+                           for t in range(a.warmup, a.steps)]))
+            for w in range(b.W)] if b.world.rank == 0 else None
+
+
+def run_config(b: Bench, mode: str, consistency: str, cache_rows: int, wire: bool):
+    """The config of one timed run."""
+    on_workers = not MODES[mode].needs_servers
+    return replace(b.base, mode=mode,
+                   servers=0 if on_workers else (None if b.colocated else 1),
+                   replicate_rows=b.a.replicate_rows if mode == "hybrid" else 0,
+                   placement="colocated" if b.colocated and not on_workers else "dedicated",
+                   shared_memory="auto" if on_workers else b.base.shared_memory,
+                   consistency=consistency, cache_rows=cache_rows,
+                   eval_data=None if wire else b.a.eval_data)
+
+
+def record(b: Bench, mode: str, wire: bool, res, wall: float, per_rank, tm, U) -> dict:
+    """Rank 0's record of one timed run."""
+    a, s = b.a, res.summary
+    step = statistics.median(res.step_seconds[a.warmup:])
+    return {
+        "mode": mode, "wire_only": wire, "reads": s.get("reads"), "auc": s.get("auc"),
+        "samples_per_s": b.W * a.batch_size / step, "step_seconds_median": step,
+        "wall_seconds": wall, "phase_seconds_per_step":
+            {k: v / a.steps for k, v in s["phase_seconds"].items()},
+        "phase_fraction": s["phase_fraction"],
+        "server_apply_seconds_per_step": s["server_apply_seconds"] / a.steps,
+        "bytes_per_step": s["traffic_per_step"], "unique_ids_per_worker_step": U,
+        "peak_rss_mb": s["peak_rss_mb"], "workers": b.W,
+        "servers": s["servers"], "placement": a.placement,
+        "final_loss": s["final_loss"],
+        **timed_stats([st for w, st, _ in per_rank if w], tm.steps[a.warmup:],
+                      res.step_seconds[a.warmup:],
+                      [ap for w, _, ap in per_rank if not w])}
+
+
+def timed_runs(b: Bench, U) -> dict:
+    """Every variant ``--repeat`` times in interleaved rounds; {name: [record per run]}
+    (rank 0; empty elsewhere)."""
+    a, world = b.a, b.world
     runs: dict[str, list] = {}
-    variants = _variants(modes, a.consistency, a.cache_rows, a.wire_only)
+    variants = _variants(b.modes, a.consistency, a.cache_rows, a.wire_only)
     for key in [k for _ in range(a.repeat) for k in variants]:
         mode, consistency, cache_rows, wire = variants[key]
-        on_workers = not MODES[mode].needs_servers
-        comm = workers_only if on_workers else world
+        comm = b.workers_only if not MODES[mode].needs_servers else world
         if comm == MPI.COMM_NULL:  # the idle server rank of a workers-only mode
             idle_barrier(world)  # Wire: polite zero-byte barrier: leaves the cores to workers
             continue
-        cfg = replace(base, mode=mode, servers=0 if on_workers else (None if colocated else 1),
-                      replicate_rows=a.replicate_rows if mode == "hybrid" else 0,
-                      placement="colocated" if colocated and not on_workers else "dedicated",
-                      shared_memory="auto" if on_workers else base.shared_memory,
-                      consistency=consistency, cache_rows=cache_rows,
-                      eval_data=None if wire else a.eval_data)
+        cfg = run_config(b, mode, consistency, cache_rows, wire)
         t0 = MPI.Wtime()
         with wire_only(wire):
-            res = train(cfg, comm, dataset=data, out=io.StringIO(),
+            res = train(cfg, comm, dataset=b.data, out=io.StringIO(),
                         on_step=lambda done: StepTimers.last.mark())
         wall = MPI.Wtime() - t0
         tm = StepTimers.last  # this rank's Mode timers of the run
         # Wire: gather of each rank's per-step phases and server applies to rank 0.
-        per_rank = comm.gather((MPI.COMM_WORLD.rank < W, tm.steps[a.warmup:],
+        per_rank = comm.gather((MPI.COMM_WORLD.rank < b.W, tm.steps[a.warmup:],
                                 tm.applies[a.warmup:]), root=0)
         idle_barrier(world)  # Wire: zero-byte barrier; the next mode starts on a quiet machine
         if world.rank == 0:
-            s = res.summary
-            step = statistics.median(res.step_seconds[a.warmup:])
-            runs.setdefault(key, []).append({
-                "mode": mode, "wire_only": wire, "reads": s.get("reads"), "auc": s.get("auc"),
-                "samples_per_s": W * a.batch_size / step, "step_seconds_median": step,
-                "wall_seconds": wall, "phase_seconds_per_step":
-                    {k: v / a.steps for k, v in s["phase_seconds"].items()},
-                "phase_fraction": s["phase_fraction"],
-                "server_apply_seconds_per_step": s["server_apply_seconds"] / a.steps,
-                "bytes_per_step": s["traffic_per_step"], "unique_ids_per_worker_step": U,
-                "peak_rss_mb": s["peak_rss_mb"], "workers": W,
-                "servers": s["servers"], "placement": a.placement,
-                "final_loss": s["final_loss"],
-                **timed_stats([st for w, st, _ in per_rank if w], tm.steps[a.warmup:],
-                              res.step_seconds[a.warmup:],
-                              [ap for w, _, ap in per_rank if not w])})
-    # The dense Allreduce alone, between the same workers with nothing beside it: the
-    # on-node cost of the dense bytes (bench/scaling.py scales it with P across workloads).
-    P = ps_model.size
+            runs.setdefault(key, []).append(record(b, mode, wire, res, wall, per_rank, tm, U))
+    return runs
+
+
+def dense_allreduce_alone(b: Bench, P: int) -> float | None:
+    """The dense Allreduce alone, between the same workers with nothing beside it: the
+    on-node cost of the dense bytes (bench/scaling.py scales it with P across workloads)."""
     dense_allreduce = None
-    if workers_only != MPI.COMM_NULL and P:
+    if b.workers_only != MPI.COMM_NULL and P:
         buf, times = np.ones(P, np.float32), []
         for _ in range(25):
-            workers_only.Barrier()  # Wire: zero-byte barrier over the workers
+            b.workers_only.Barrier()  # Wire: zero-byte barrier over the workers
             t0 = MPI.Wtime()
-            workers_only.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)  # Wire: P floats, all workers
+            b.workers_only.Allreduce(MPI.IN_PLACE, buf, op=MPI.SUM)  # Wire: P floats, all workers
             times.append(MPI.Wtime() - t0)
         dense_allreduce = statistics.median(times[5:])
-    idle_barrier(world)
-    if world.rank != 0:
-        return 0
+    idle_barrier(b.world)
+    return dense_allreduce
+
+
+def results_of(b: Bench, runs: dict, plan: BatchPlan, offsets, P: int) -> dict:
+    """The median run by step time per variant, with its ideal hit rate (cached runs), the
+    dense parameter count and the analytic bytes."""
+    a, results = b.a, {}
     for mode, rs in runs.items():  # the median run by step time represents the mode
         rs = sorted(rs, key=lambda r: r["step_seconds_median"])
         results[mode] = dict(rs[len(rs) // 2],
                              step_seconds_median_runs=[r["step_seconds_median"] for r in rs])
-    worker0 = [np.unique(read_ranges(data, plan.ranges(t, 0, a.batch_size))[2] + offsets)
+    worker0 = [np.unique(read_ranges(b.data, plan.ranges(t, 0, a.batch_size))[2] + offsets)
                for t in range(a.steps)]
-    for k, (_, consistency, cache_rows, _) in _variants(modes, a.consistency,
+    for k, (_, consistency, cache_rows, _) in _variants(b.modes, a.consistency,
                                                          a.cache_rows).items():
         if cache_rows and k in results:
             from pshybrid.modes.stale import staleness_bound
@@ -364,66 +381,32 @@ def main(argv=None) -> int:
             results[k]["ideal_hit_rate"] = ideal_hit_rate(worker0, staleness_bound(consistency))
     for m, r in results.items():
         r["dense_params"] = P
-        r["bytes_analytic"] = analytic_bytes(r["mode"], r["unique_ids_per_worker_step"], 17, P, W, 4,
-                                             a.sparse_optimizer != "sgd")
-    print(f"modes benchmark: WDL, 26 tables ({sum(cards) / 1e6:.1f}M rows, dim 16), MLP "
-          f"{a.mlp} ({P / 1e6:.2f}M dense params), batch {a.batch_size}/worker, {W} workers"
-          f" + {world.size - W} server(s) ({a.placement}), {a.steps} steps ({a.warmup} warm-up), {a.sparse_optimizer}/adam, "
-          f"median of {a.repeat} interleaved run(s) per mode")
-    print(f"{'mode':<16}{'samples/s':>11}{'step ms':>9}  {'phases (ms/step)':<62}"
-          f"{'RSS w/s MB':>12}")
-    for m, r in results.items():
-        ph = " ".join(f"{k}={v * 1e3:.1f}" for k, v in r["phase_seconds_per_step"].items()
-                      if v * 1e3 >= 0.05)
-        rss = r["peak_rss_mb"]
-        print(f"{m:<16}{r['samples_per_s']:>11,.0f}{r['step_seconds_median'] * 1e3:>9.1f}  "
-              f"{ph:<62}{rss['worker']:>6.0f}/{rss['server']:<5.0f}")
-    print("bytes per step per worker: measured (library counters) vs analytic (from the data)")
-    for m, r in results.items():
-        for k, v in r["bytes_analytic"].items():
-            if a.shared_memory and k == "rma_get_bytes":
-                continue  # pulls went through shared memory (shm_read_bytes)
-            got = r["bytes_per_step"].get(k, 0.0)
-            print(f"  {m:<16}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
-    _print_wire_bytes(results)
-    _print_reads(results, W, 17 * 4)
-    if dense_allreduce is not None:
-        print(f"dense Allreduce alone ({P * 4:,} bytes, {W} workers, median of 20): "
-              f"{dense_allreduce * 1e3:.3f} ms")
-    h = results.get("hybrid")
-    for other in ("ps", "allreduce", "compute"):
-        if h and other in results:
-            ratio = h["samples_per_s"] / results[other]["samples_per_s"]
-            label = "step time / compute-only step" if other == "compute" else f"Hybrid/{other}"
-            value = 1 / ratio if other == "compute" else ratio
-            print(f"{label:<32}= {value:.2f}x")
-    with open(a.json, "w") as f:
-        json.dump({"args": vars(a), "results": results, "ranks": world.size,
-                   "cores_per_rank": rank_cores(),
-                   "dense_allreduce_seconds": dense_allreduce}, f, indent=1)
-    try:
-        import matplotlib
+        r["bytes_analytic"] = analytic_bytes(r["mode"], r["unique_ids_per_worker_step"], 17, P,
+                                             b.W, 4, a.sparse_optimizer != "sgd")
+    return results
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(7, 4))
-        bottom = np.zeros(len(results))
-        phases = list(next(iter(results.values()))["phase_seconds_per_step"])
-        for ph in phases:
-            vals = np.array([r["phase_seconds_per_step"].get(ph, 0) * 1e3 for r in results.values()])
-            ax.bar(list(results), vals, bottom=bottom, label=ph)
-            bottom += vals
-        ax.set_ylabel("ms per step (workers' mean)")
-        ax.set_title("pshybrid modes: per-phase step time")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        fig.savefig(a.png, dpi=120)
-        print(f"wrote {a.json} and {a.png}")
-    except ImportError:
-        print(f"wrote {a.json} (no PNG: pip install 'pshybrid[bench]' for matplotlib)")
+def main(argv=None) -> int:
+    """Set up, warm up, time every variant, then rank 0 prints and writes."""
+    b = setup(parser().parse_args(argv))
+    P = dense_params(b)
+    mode_step.Timers = StepTimers  # every Mode built from here on keeps its steps' phases
+    warm_up(b)
+    offsets = field_offsets(b.cards)
+    plan = BatchPlan(getattr(b.data, "n_rows", None), b.W * b.a.batch_size, b.base.shuffle,
+                     b.base.seed)
+    runs = timed_runs(b, unique_ids(b, plan, offsets))
+    dense_allreduce = dense_allreduce_alone(b, P)
+    if b.world.rank != 0:
+        return 0
+    results = results_of(b, runs, plan, offsets, P)
+    print_table(b, results, P)
+    print_bytes(b, results)
+    print_wire_bytes(results)
+    print_reads(results, b.W, 17 * 4)
+    print_ratios(b, results, P, dense_allreduce)
+    write(b, results, dense_allreduce)
     return 0
-
 
 if __name__ == "__main__":
     from pshybrid.launch import run

@@ -78,20 +78,13 @@ first N whose doubling from N/2 raised total samples/s by < 10%.
 
 from __future__ import annotations
 
-import argparse
-import ast
-import json
 import math
 import statistics
 import sys
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-
-from pshybrid.optim import SLOTS
+from dataclasses import dataclass, field, replace
 
 # the wire terms --mode auto prices with (one copy): links, ring collectives, server NICs
 from pshybrid.planner import (
-    MEMORY_SHARE,
     PRESETS,
     Link,
     padded,
@@ -103,7 +96,9 @@ from pshybrid.planner import (
 
 ROW_WIDTH = 17  # modes_bench's fused row: embedding dim 16 + the wide (linear) weight
 BWD_FRACTION = 2 / 3  # --overlap: share of fwd_bwd that is backward (2 of 3 matmul passes)
-PAPER_HYBRID_OVER_PS_16 = 1.48  # the paper: Hybrid 48% faster than TF-PS at 16 nodes
+# the reference hybrid-vs-parameter-server result: hybrid 48% faster than TensorFlow-PS at 16
+# nodes (docs/benchmarks.md; printed as "paper: 1.48x")
+PAPER_HYBRID_OVER_PS_16 = 1.48
 NODES = (1, 2, 4, 8, 16, 32, 64, 128)
 MODES = ("hybrid", "ps", "allreduce", "compute")  # compute: no wire at all, the ideal line
 COMPUTE = ("fwd_bwd", "dense_apply")  # what a GPU worker replaces
@@ -437,431 +432,25 @@ def saturation(nodes, sps, efficiency: float = EFFICIENCY, gain: float = GAIN):
     return eff, plateau
 
 
-# -- checks against the measurement ----------------------------------------------------------
-
-COUNTERS = {"pull": ("rma_get_bytes", "shm_read_bytes"), "rma_acc": ("rma_acc_bytes",),
-            "p2p": ("p2p_bytes",), "allreduce": ("allreduce_bytes",),
-            "allgather": ("allgather_bytes",)}
-
-
-def model_bytes(c: Calib) -> dict:
-    """Bytes per worker per step the model moves at the measured configuration, by the
-    library's counter kinds (pull: RMA Get or the same-node shared-memory read; Allgather:
-    all W0 blocks, own included; its 8-byte counts are not counted by the library)."""
-    rows = c.U * c.E * 4
-    put = {"p2p": c.U * 8 + rows} if c.ids else {"rma_acc": rows}
-    if c.mode == "hybrid":
-        return {"pull": rows, **put, "allreduce": c.P * 4}
-    if c.mode == "ps":
-        dense = padded(c.P) * 4
-        return {"pull": rows + dense, "rma_acc": put.pop("rma_acc", 0.0) + dense, **put}
-    if c.mode == "allreduce":
-        return {"allgather": c.workers * c.U * (8 + c.E * 4), "allreduce": c.P * 4}
-    return {}
-
-
-def counted_bytes(bytes_per_step: dict) -> dict:
-    """The library's counters (bytes per step) grouped as ``model_bytes`` kinds; kinds the
-    model does not know under their own name."""
-    out, known = {}, set()
-    for kind, keys in COUNTERS.items():
-        known.update(keys)
-        v = sum(bytes_per_step.get(key, 0.0) for key in keys)
-        if v:
-            out[kind] = v
-    out.update({k: v for k, v in bytes_per_step.items() if k not in known and v})
-    return out
-
-
-def validate(runs: list[tuple[str, dict]], row_width: int = ROW_WIDTH) -> list[dict]:
-    """The model calibrated on the first run, at 1 node with each run's workers, vs that
-    run's measured median step. The first run itself: the residual of the phase
-    accounting (legacy runs, anchored on their median: the raw phase means instead)."""
-    out = []
-    (n0, r0) = runs[0]
-    for nj, rj in runs:
-        for m in MODES:
-            if m not in r0["results"] or m not in rj["results"]:
-                continue
-            c, t = calibrate(r0, m, row_width), rj["results"][m]
-            own = nj == n0 and rj is r0
-            pred = c.raw if own and c.stat.startswith("legacy") else \
-                predict(c, 1, t["workers"], PRESETS["eth25"])["step"]
-            meas = t["step_seconds_median"]
-            out.append(dict(calibration=n0, target=nj, mode=m, workers=t["workers"],
-                            measured_s=meas, predicted_s=pred, error=pred / meas - 1))
-    return out
-
-
-def validation_summary(val: list[dict]) -> dict:
-    """Per mode, over the validating runs (every run but the first, at the first's worker
-    count): the model vs the median of their measured steps, and the spread of the
-    per-run errors. {mode: dict(runs, measured_s, predicted_s, error, min_error,
-    max_error)}; modes with no validating run are left out."""
-    out = {}
-    for m in MODES:
-        vs = [v for v in val if v["mode"] == m and v["target"] != v["calibration"]]
-        if vs:
-            meas = statistics.median(v["measured_s"] for v in vs)
-            pred = vs[0]["predicted_s"]
-            out[m] = dict(runs=len(vs), measured_s=meas, predicted_s=pred,
-                          error=pred / meas - 1, min_error=min(v["error"] for v in vs),
-                          max_error=max(v["error"] for v in vs))
-    return out
-
-
-def compute_ratio(src: dict, dst: dict, row_width: int = ROW_WIDTH) -> float:
-    """Measured fwd_bwd of ``src`` / of ``dst``: the compute-only mode's (no server beside
-    the workers), else the median over the modes both runs have."""
-    both = [m for m in MODES if m in src["results"] and m in dst["results"]]
-    pick = ["compute"] if "compute" in both else both
-    return statistics.median(calibrate(src, m, row_width).local["fwd_bwd"]
-                             / calibrate(dst, m, row_width).local["fwd_bwd"] for m in pick)
-
-
-def cross_workload(src: dict, dst: dict, row_width: int = ROW_WIDTH) -> list[dict]:
-    """The compute replacement checked on measured workloads: calibrated on ``src`` (say
-    the paper workload), its fwd_bwd and dense_apply divided by the measured compute
-    ratio (``compute_ratio``) and its dense size set to ``dst``'s, at 1 node with dst's
-    workers: predicted vs dst's median step (also without the dense resize)."""
-    x = compute_ratio(src, dst, row_width)
-    out = []
-    for m in MODES:
-        if m not in src["results"] or m not in dst["results"]:
-            continue
-        t = dst["results"][m]
-        c = with_speedup(calibrate_gpu(src, m, row_width), x)
-        cp = with_dense_params(c, t["dense_params"])
-        pred = predict(cp, 1, t["workers"], PRESETS["eth25"])
-        same_p = predict(c, 1, t["workers"], PRESETS["eth25"])["step"]
-        meas = t["step_seconds_median"]
-        out.append(dict(mode=m, ratio=x, measured_s=meas, predicted_s=pred["step"],
-                        error=pred["step"] / meas - 1, predicted_same_dense_s=same_p,
-                        error_same_dense=same_p / meas - 1, terms=c.terms,
-                        diff=term_diff(cp, pred, calibrate(dst, m, row_width))))
-    return out
-
-
-def term_diff(c: Calib, pred: dict, d: Calib) -> dict:
-    """Predicted minus measured per term at 1 node (seconds per step): each local phase,
-    other, imbalance and wait of the prediction ``pred`` (``predict(c, 1, ...)``) vs the
-    target run's calibration ``d`` (the middle-half means), and ``residual``: the target's
-    middle-half mean step minus its median step (what no term carries); they add up to
-    predicted minus measured."""
-    out = {p: c.local.get(p, 0.0) - d.local.get(p, 0.0) for p in sorted(set(c.local) |
-                                                                          set(d.local))}
-    out.update(other=c.other - d.other, imbalance=c.imbalance - d.imbalance,
-               wait=pred["wait"] - d.wait, residual=d.modeled - d.step)
-    return out
-
-
-def auto_picks(proj: dict, worker_bytes: float, node_memory: float) -> dict:
-    """What --mode auto would pick at each projected node count: {preset: {k: [mode per
-    N]}}: the most samples/s among hybrid, ps and allreduce (the compute-only floor is no
-    alternative), allreduce only where a node's k workers' whole tables fit
-    ``MEMORY_SHARE`` of ``node_memory`` (the same rule as auto's). Colocated placements and
-    hot rows are not in this projection."""
-    out = {}
-    for p, byk in proj.items():
-        for k, res in byk.items():
-            ok = [m for m in ("hybrid", "ps", "allreduce") if m in res and (
-                m != "allreduce" or int(k) * worker_bytes <= MEMORY_SHARE * node_memory)]
-            n = len(next(iter(res.values()))["samples_per_s"])
-            out.setdefault(p, {})[k] = [max(ok, key=lambda m: res[m]["samples_per_s"][i])
-                                        for i in range(n)]
-    return out
-
-
-def table_rows(max_cardinality: int) -> int:
-    """Rows of modes_bench's fused table: its CRITEO_KAGGLE cardinalities, capped (read
-    from the source: importing modes_bench would start MPI)."""
-    src = Path(__file__).with_name("modes_bench.py").read_text()
-    node = next(n for n in ast.parse(src).body if isinstance(n, ast.Assign)
-                and getattr(n.targets[0], "id", "") == "CRITEO_KAGGLE")
-    return sum(min(c, max_cardinality) for c in ast.literal_eval(node.value))
-
-
-def _entries(calib: dict, hit_rate: float | None) -> list:
-    """(name, Calib, ssp options) per projected row: every mode, and with ``--hit-rate``
-    hybrid-ssp (hybrid with that hit rate and the pull ahead)."""
-    out = [(m, c, {}) for m, c in calib.items()]
-    if hit_rate is not None and "hybrid" in calib:
-        out.append(("hybrid-ssp", calib["hybrid"], {"hit_rate": hit_rate, "pull_ahead": True}))
-    return out
-
-
-def _print_sources(calib, name: str) -> None:
-    """Where the terms come from: the wire-only runs, or (without them) the run itself."""
-    for c in calib:
-        print(f"  terms of {term_sources(c)}")
-    if all(c.terms == BESIDE for c in calib):
-        print(f"  NOTE: {name} has no wire-only runs (modes_bench --wire-only): the CPU-side "
-              "terms are measured beside CPU compute (they overstate a GPU worker's)")
-
-
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", help="modes_bench JSON files; the first calibrates, "
-                    "the others validate (1 node)")
-    ap.add_argument("--json", help="write the projection here")
-    ap.add_argument("--png", help="write a log-log plot here (needs matplotlib)")
-    ap.add_argument("--preset", default="eth25,ib100", help=f"comma list of {list(PRESETS)}")
-    ap.add_argument("--latency", type=float, help="override the presets' latency (µs)")
-    ap.add_argument("--bandwidth", type=float, help="override the presets' bandwidth (GB/s)")
-    ap.add_argument("--workers-per-node", help="comma list (default: the first run's workers)")
-    ap.add_argument("--nodes", default=",".join(map(str, NODES)))
-    ap.add_argument("--overlap", action="store_true", help="dense Allreduce behind backward")
-    ap.add_argument("--ps-server-dense", choices=("shard", "received"), default="shard",
-                    help="ps servers' dense Adam: over their P/S shard, or per copy received")
-    ap.add_argument("--ps-local-dense", choices=("share", "full"), default="share",
-                    help="ps's measured one-node dense pull/push: the 1/N from the node's "
-                         "own server, or all of it, on top of the wire")
-    ap.add_argument("--intra-node", type=float, metavar="GB/s",
-                    help="the dense bytes that stay on a node at this speed (e.g. NVLink) "
-                         "instead of their measured one-node cost")
-    ap.add_argument("--row-width", type=int, default=ROW_WIDTH)
-    ap.add_argument("--hit-rate", type=float, default=None, metavar="H",
-                    help="add hybrid-ssp: hybrid with this share of rows served by the "
-                         "workers' caches (modes_bench's hit rate) and the Get pulled a step "
-                         "ahead, behind the compute (--consistency ssp:K)")
-    ap.add_argument("--node-memory", type=float, default=24.0, metavar="GB",
-                    help="memory per node for the auto pick's memory check (default 24)")
-    cg = ap.add_mutually_exclusive_group()
-    cg.add_argument("--compute-speedup", type=float, metavar="X",
-                    help="GPU-class workers: fwd_bwd and dense_apply divided by X (stated); "
-                         "the other worker and server terms from the run's wire-only runs "
-                         "(modes_bench --wire-only) where it has them")
-    cg.add_argument("--compute-from", metavar="FILE",
-                    help="GPU-class workers: fwd_bwd and dense_apply from a bench/gpu_check.py"
-                         " JSON (its 'compute' entry with the run's MLP and batch size)")
-    ap.add_argument("--servers-from", metavar="FILE",
-                    help="hybrid and ps: the servers' apply (per row, per dense shard) and "
-                         "the workers' wait beyond it from this modes_bench run of the same "
-                         "model, e.g. one with a core per rank where the calibration run is "
-                         "oversubscribed (its wire-only runs with a replaced compute)")
-    ap.add_argument("--cross", nargs="+", metavar="FILE", default=(),
-                    help="check the compute replacement: calibrated on the first run, "
-                         "predict these runs of another workload (1 node) from the measured "
-                         "compute ratio and the first run's wire-only terms; prints predicted "
-                         "minus measured per term")
-    a = ap.parse_args(argv)
-    runs = [(p, json.loads(Path(p).read_text())) for p in a.runs]
-    name0, run0 = runs[0]
-    modes = [m for m in MODES if m in run0["results"]]
-    calib = {m: calibrate(run0, m, a.row_width) for m in modes}
-    c0 = next(iter(calib.values()))
-    replaced = bool(a.compute_speedup or a.compute_from)
-    if replaced:  # a GPU worker's CPU side: the wire-only runs
-        calib = {m: calibrate_gpu(run0, m, a.row_width, name0) for m in modes}
-    if a.compute_speedup:
-        calib = {m: with_speedup(c, a.compute_speedup) for m, c in calib.items()}
-    elif a.compute_from:
-        fb, da, label = compute_from(json.loads(Path(a.compute_from).read_text()), run0["args"])
-        calib = {m: with_compute(c, fb, da, label) for m, c in calib.items()}
-    srv_notes = []
-    if a.servers_from:
-        srv_run = json.loads(Path(a.servers_from).read_text())
-        cal = calibrate_gpu if replaced else calibrate  # as the calibration run's terms
-        for m in [m for m in ("hybrid", "ps") if m in calib]:
-            if m not in srv_run["results"]:
-                raise SystemExit(f"--servers-from {a.servers_from}: no {m} run in it")
-            try:
-                new = with_servers(calib[m], cal(srv_run, m, a.row_width))
-            except ValueError as e:
-                raise SystemExit(f"--servers-from {a.servers_from}: {e}") from None
-            was = calib[m]
-            srv_notes.append(
-                f"  servers' terms of {m} from {a.servers_from}: apply "
-                f"{(new.server_sparse + new.server_dense) * 1e3:.2f} ms, wait beyond it "
-                f"{(new.wait - new.exposed) * 1e3:.2f} ms ({name0}'s: "
-                f"{(was.server_sparse + was.server_dense) * 1e3:.2f}, "
-                f"{(was.wait - was.exposed) * 1e3:.2f} ms)")
-            calib[m] = new
-    ks = [int(x) for x in a.workers_per_node.split(",")] if a.workers_per_node else [c0.workers]
-    nodes = [int(x) for x in a.nodes.split(",")]
-    links = {}
-    for p in a.preset.split(","):
-        lk = PRESETS[p]
-        if a.latency is not None:
-            lk = replace(lk, latency=a.latency * 1e-6, label=lk.label + " (latency set)")
-        if a.bandwidth is not None:
-            lk = replace(lk, bandwidth=a.bandwidth * 1e9, label=lk.label + " (bandwidth set)")
-        links[p] = lk
-    kw = dict(overlap=a.overlap, ps_server_dense=a.ps_server_dense,
-              ps_local_dense=a.ps_local_dense,
-              intra_node=a.intra_node * 1e9 if a.intra_node else None)
-
-    print(f"scaling model calibrated from {name0}: {', '.join(modes)}; measured {c0.workers} "
-          f"workers + {c0.servers} server on 1 node, batch {c0.batch}, U={c0.U:.0f} unique "
-          f"ids/worker/step, E={c0.E}, P={c0.P / 1e6:.2f}M; phases: {c0.stat}; projected with "
-          f"{'/'.join(map(str, ks))} workers + 1 server per node, "
-          f"{'overlap' if a.overlap else 'no overlap'}, ps server dense time ~ "
-          f"{a.ps_server_dense}, ps one-node dense pull/push: {a.ps_local_dense}, on-node "
-          f"dense bytes: {f'{a.intra_node:g} GB/s' if a.intra_node else 'as measured'}")
-    ch = next(iter(calib.values()))
-    if ch.compute != "measured":
-        print(f"ASSUMPTION: GPU-class workers: fwd_bwd and dense_apply = {ch.compute}: "
-              + ", ".join(f"{m} {c.local.get('fwd_bwd', 0) * 1e3:.3f} + "
-                          f"{c.local.get('dense_apply', 0) * 1e3:.3f} ms (measured "
-                          f"{c0_.local.get('fwd_bwd', 0) * 1e3:.2f} + "
-                          f"{c0_.local.get('dense_apply', 0) * 1e3:.2f})"
-                          for (m, c), c0_ in zip(calib.items(),
-                                                 (calibrate(run0, m, a.row_width)
-                                                  for m in modes)))
-              + "; every communication and server term stays as measured")
-        _print_sources(calib.values(), name0)
-    cpr = run0.get("cores_per_rank")
-    for line in srv_notes:
-        print(line)
-    if cpr is not None and cpr < 1:
-        print(f"  NOTE: {name0} ran {run0.get('ranks', '?')} ranks with {cpr:.2f} cores each: "
-              "they deschedule each other and its terms carry that (the waits for the "
-              "servers most); the model gives every rank its own cores, so calibrate on a "
-              "run with at least one core per rank (docs/benchmarks.md)")
-    if c0.workers == 1 and max(ks) > 1 and {"hybrid", "allreduce"} & set(modes):
-        print(f"  NOTE: {name0} has one worker: its dense Allreduce moved no bytes on the node,"
-              f" so the projections with {max(ks)} workers per node lack that on-node cost "
-              "(calibrate on a run with 2 or more workers)")
-    val = validate(runs, a.row_width)
-    print(f"validation at 1 node: the model calibrated on {name0} (its step: the phases "
-          "summed) vs each run's measured median step (the first: the residual of the phase "
-          "accounting)")
-    for v in val:
-        print(f"  {v['target']}  {v['mode']:<10} W={v['workers']:<3} measured "
-              f"{v['measured_s'] * 1e3:8.2f} ms  model {v['predicted_s'] * 1e3:8.2f} ms  "
-              f"error {v['error']:+6.1%}")
-    summary = validation_summary([v for v in val if v["workers"] == c0.workers])
-    for m, v in summary.items():
-        print(f"  {m:<10} the model vs the median of the {v['runs']} other runs' steps: "
-              f"{v['predicted_s'] * 1e3:.2f} vs {v['measured_s'] * 1e3:.2f} ms, error "
-              f"{v['error']:+.1%} (per run {v['min_error']:+.1%} to {v['max_error']:+.1%})")
-    cross = {}
-    for path in a.cross:
-        dst = json.loads(Path(path).read_text())
-        cross[path] = cw = cross_workload(run0, dst, a.row_width)
-        print(f"cross-workload: {name0} -> {path}: fwd_bwd and dense_apply / "
-              f"{cw[0]['ratio']:.1f} (measured compute ratio), dense params "
-              f"{c0.P:,} -> {dst['results'][cw[0]['mode']]['dense_params']:,}")
-        for v in cw:
-            print(f"  {v['mode']:<10} measured {v['measured_s'] * 1e3:7.2f} ms  model "
-                  f"{v['predicted_s'] * 1e3:7.2f} ms  error {v['error']:+6.1%}   (dense terms "
-                  f"not resized: {v['predicted_same_dense_s'] * 1e3:7.2f} ms "
-                  f"{v['error_same_dense']:+6.1%})")
-            print("    predicted - measured, ms: " + " ".join(
-                f"{k} {d * 1e3:+.2f}" for k, d in v["diff"].items() if abs(d) >= 5e-6)
-                  + f"   (terms: {v['terms']})")
-    print("bytes per worker per step, model vs the library's counters:")
-    for m, c in calib.items():
-        got = counted_bytes(run0["results"][m]["bytes_per_step"])
-        mb = model_bytes(c)
-        for kind in sorted(set(got) | set(mb)):
-            g, x = got.get(kind, 0.0), mb.get(kind, 0.0)
-            note = f"{x / g - 1:+.2%}" if g and x else "NOT IN THE MODEL" if g else "model only"
-            print(f"  {m:<10}{kind:<12}{x:>13,.0f}{g:>13,.0f}  {note}")
-
-    proj, ratios = {}, {}
-    for p, lk in links.items():
-        proj[p], ratios[p] = {}, {}
-        for k in ks:
-            print(f"\n{p}: {lk.label}, latency {lk.latency * 1e6:g} µs, bandwidth "
-                  f"{lk.bandwidth / 1e9:g} GB/s, {k} workers + 1 server per node -- "
-                  f"projected samples/s (all workers)")
-            print(f"{'mode':<10}" + "".join(f"{'N=' + str(n):>11}" for n in nodes)
-                  + f"{'eff@max':>9}{'sat.':>6}{'plat.':>6}")
-            res = proj[p][str(k)] = {}
-            for m, c, x in _entries(calib, a.hit_rate):
-                pr = [predict(c, n, k, lk, **kw, **x) for n in nodes]
-                sps = [x["samples_per_s"] for x in pr]
-                sat, plat = saturation(nodes, sps)
-                eff = [x / (n / nodes[0] * sps[0]) for n, x in zip(nodes, sps)]
-                res[m] = dict(nodes=nodes, samples_per_s=sps, efficiency=eff,
-                              step_s=[x["step"] for x in pr], components=pr,
-                              saturation_nodes=sat, plateau_nodes=plat)
-                print(f"{m:<10}" + "".join(f"{x:>11,.0f}" for x in sps) + f"{eff[-1]:>9.0%}"
-                      f"{sat or '-':>6}{plat or '-':>6}")
-            if "hybrid" in calib and "ps" in calib:
-                h, q = (predict(calib[m], 16, k, lk, **kw) for m in ("hybrid", "ps"))
-                ratios[p][str(k)] = q["step"] / h["step"]
-                terms = ("compute", "local", "imbalance", "wait", "exchange", "ps_dense",
-                         "allreduce")
-                print(f"Hybrid/PS at 16 nodes: {ratios[p][str(k)]:.2f}x   step ms (hybrid | "
-                      f"ps): " + "  ".join(f"{t} {h[t] * 1e3:.2f} | {q[t] * 1e3:.2f}"
-                                           for t in terms))
-                if a.hit_rate is not None:
-                    s = predict(calib["hybrid"], 16, k, lk, **kw, hit_rate=a.hit_rate,
-                                pull_ahead=True)
-                    print(f"Hybrid-ssp (hit rate {a.hit_rate:.0%}, pull ahead)/PS (bsp) at 16 "
-                          f"nodes: {q['step'] / s['step']:.2f}x   exchange ms {s['exchange'] * 1e3:.2f}"
-                          f" (hybrid bsp {h['exchange'] * 1e3:.2f})")
-    if ratios and any(ratios.values()):
-        print("\nHybrid/PS at 16 nodes: " + ", ".join(
-            f"{p} k={k} {r:.2f}x" for p, rs in ratios.items() for k, r in rs.items())
-            + f"   (paper: {PAPER_HYBRID_OVER_PS_16:.2f}x vs TF-PS; here at 1 node: "
-            f"{calib['ps'].step / calib['hybrid'].step:.2f}x measured)")
-    print(f"saturation: first N with parallel efficiency < {EFFICIENCY:.0%} ('sat.'); plateau:"
-          f" first N whose doubling gained < {GAIN:.0%} ('plat.'); '-': not within {nodes[-1]}")
-    args0 = run0["args"]
-    rows = table_rows(args0["max_cardinality"])
-    slots = len(SLOTS[args0["sparse_optimizer"]])
-    tb = rows * c0.E * 4
-    mem = dict(table_rows=rows, allreduce_worker_bytes=tb * (1 + slots),
-               server_bytes_times_nodes=tb * (1 + slots))
-    print(f"memory: allreduce keeps the whole table ({rows / 1e6:.1f}M rows x {c0.E}) on every "
-          f"worker: {mem['allreduce_worker_bytes'] / 1e9:.2f} GB with {args0['sparse_optimizer']}"
-          f" state, at any N; hybrid/ps: {mem['server_bytes_times_nodes'] / 1e9:.2f} GB / N "
-          f"per server")
-
-    picks = auto_picks(proj, mem["allreduce_worker_bytes"], a.node_memory * 1e9)
-    print(f"--mode auto would pick (the most samples/s among hybrid, ps and allreduce with "
-          f"dedicated servers; allreduce only where k whole tables fit "
-          f"{MEMORY_SHARE:.0%} of {a.node_memory:g} GB per node):")
-    for p, byk in picks.items():
-        for k, ms in byk.items():
-            print(f"  {p:<6} k={k:<3}" + "".join(f"{'N=' + str(n)}:{m:<10}"
-                                                for n, m in zip(nodes, ms)))
-
-    if a.json:
-        Path(a.json).write_text(json.dumps(dict(auto_picks=picks,
-            calibrated_from=name0, servers_from=a.servers_from,
-            calibration_cores_per_rank=cpr, workers_per_node=ks, servers_per_node=1, **kw,
-            compute=ch.compute, links={p: asdict(lk) for p, lk in links.items()},
-            calib={m: asdict(c) for m, c in calib.items()}, validation=val,
-            validation_summary=summary,
-            cross_workload=cross, projection=proj, hybrid_over_ps_16=ratios,
-            paper_hybrid_over_ps_16=PAPER_HYBRID_OVER_PS_16, memory=mem), indent=1))
-        print(f"wrote {a.json}")
-    if a.png:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("no PNG: matplotlib is not installed (pip install 'pshybrid[bench]')")
-            return 0
-        fig, axes = plt.subplots(1, len(proj), figsize=(6 * len(proj), 4.5), squeeze=False)
-        for ax, (p, byk) in zip(axes[0], proj.items()):
-            for ci, (k, res) in enumerate(byk.items()):
-                for m, r in res.items():
-                    if len(ks) > 1 and m not in ("hybrid", "ps"):
-                        continue  # several k: the paper's comparison only
-                    ls = {"hybrid": "-", "ps": "--", "allreduce": ":"}.get(m, "-.")
-                    color = f"C{ci}" if len(ks) > 1 else \
-                        f"C{MODES.index(m) if m in MODES else len(MODES)}"
-                    ax.loglog(nodes, r["samples_per_s"], ls, color=color, marker="o", ms=3,
-                              label=f"{m}, {k}/node" if len(ks) > 1 else m)
-            ax.set_xlabel("nodes")
-            ax.set_ylabel("samples/s (all workers)")
-            ax.set_title(f"{p}: {links[p].label}", fontsize=9)
-            ax.legend(fontsize=7, ncol=2)
-            ax.grid(True, which="both", alpha=0.3)
-        fig.suptitle(f"pshybrid scaling model, compute {ch.compute}, "
-                     f"{'/'.join(map(str, ks))} workers + 1 server per node", fontsize=9)
-        fig.tight_layout()
-        fig.savefig(a.png, dpi=120)
-        print(f"wrote {a.png}")
-    return 0
-
+# -- above the model: its checks and the command line (bench/scaling_checks.py,
+# bench/scaling_cli.py import it; run as a script, this file is imported once more as
+# ``scaling`` for them, and that module runs the command line)
 
 if __name__ == "__main__":
-    sys.exit(main())
+    import scaling
+
+    sys.exit(scaling.main())
+
+from scaling_checks import (  # noqa: E402
+    COUNTERS,
+    auto_picks,
+    compute_ratio,
+    counted_bytes,
+    cross_workload,
+    model_bytes,
+    table_rows,
+    term_diff,
+    validate,
+    validation_summary,
+)
+from scaling_cli import main  # noqa: E402

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # python bench/torch_bench.py [--ranks 3 --steps 60 --warmup 10 --repeat 3 --mlp 1024,512,256 --max-cardinality 1000000 --json bench_torch.json]
-"""pshybrid.torch beside the native trainer and plain PyTorch DDP, on the paper's workload.
+"""pshybrid.torch beside the native trainer and plain PyTorch DDP, on the paper workload.
 
 WDL, 26 Criteo-like tables (Criteo Kaggle cardinalities capped at ``--max-cardinality``),
 dim 16, MLP 1024-512-256, batch 256 per worker, Adagrad rows / Adam dense, float32, the

@@ -13,6 +13,12 @@ from .errors import InputError
 from .files import H5Files
 
 
+def global_batch(cfg, n_workers: int) -> int:
+    """``G = W*b``: the samples one step trains on over all ``n_workers`` workers, each
+    reading ``cfg.batch_size`` of them (the batch one process would need for the same step)."""
+    return n_workers * cfg.batch_size
+
+
 class BatchPlan:
     """Which rows each worker reads at each step.
 
@@ -230,7 +236,8 @@ def _generated_batches(dataset, plan, steps, offset, count, offsets, depth):
     ring = _Ring(depth + 3, count, sch.n_dense, sch.n_sparse)
     fused = bool(np.array_equal(offsets, field_offsets(sch.cardinalities)))
     # the library's own generator makes valid rows by construction (tests/test_synthetic.py):
-    # unchecked (~40 us of CPU per 256-row batch); another fill is checked like any dataset
+    # unchecked (a check would cost CPU every batch for nothing); another fill is checked
+    # like any dataset
     own = type(dataset).fill is SyntheticCTR.fill
     for i, step in enumerate(steps):
         label, dense, ids = ring.get(i)
@@ -255,7 +262,7 @@ def _h5_handles(ds) -> list:
         d = ds.f[key]
         if d.id.get_create_plist().get_nfilters() == 0:  # (that handle is closed again)
             # Uncompressed: no chunk cache, so a read copies just its rows. With the default
-            # 1 MiB cache, each new 16k-row chunk of /dense was read whole (~0.5 ms a call).
+            # 1 MiB cache, each new 16k-row chunk of /dense was read whole for a few rows.
             # HDF5 shares one cache among a dataset's open handles: opened first, this sets it.
             dapl.set_chunk_cache(0, 0, 1.0)
         elif d.chunks:

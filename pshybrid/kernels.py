@@ -64,8 +64,8 @@ def segment_sum_numpy(keys, values):
 
 
 def unique_inverse_numpy(keys, m: int = 1):
-    """``xp`` twin of ``unique_inverse``: one unstable argsort of the (cyclic) sort key (~2x
-    faster than ``np.unique(return_inverse=True)``), then a cumulative sum of run starts."""
+    """``xp`` twin of ``unique_inverse``: one unstable argsort of the (cyclic) sort key (faster
+    than ``np.unique(return_inverse=True)``), then a cumulative sum of run starts."""
     xp = array_module(keys)
     keys = keys.ravel()
     skey = keys
@@ -202,8 +202,8 @@ def numba_active() -> bool:
                 except Exception:  # not installed, or does not support this NumPy/Python
                     _NUMBA = False
                 else:
-                    # error_model="numpy": no per-division zero check (it blocked SIMD:
-                    # the fused Adam kernel ran 2x slower); no kernel divides by zero.
+                    # error_model="numpy": no per-division zero check (it kept the
+                    # optimizer loops from vectorising); no kernel divides by zero.
                     jit = numba.njit(cache=True, nogil=True, error_model="numpy")
                     g = globals()
                     for name in _JITTED:
@@ -296,7 +296,7 @@ def _nb_sorted_dedup(keys, m):
         kmin, kmax = ukeys.min(), ukeys.max()
         lo = kmin // m
         per = kmax // m - lo + 1
-        # |k| < 2^50: floor(k * (1/m)) is off by at most one, fixed below; ~5x cheaper than
+        # |k| < 2^50: floor(k * (1/m)) is off by at most one, fixed below; far cheaper than
         # a 64-bit integer division. Larger keys divide exactly.
         fast = -(1 << 50) < kmin and kmax < (1 << 50)
         inv = 1.0 / m

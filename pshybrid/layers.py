@@ -286,9 +286,9 @@ class BagPooling:
         self.lens = np.ascontiguousarray(lengths.T).ravel()        # field-major: (K*B,)
         self.starts = head + np.cumsum(self.lens) - self.lens
         # Each bag summed left to right, so a row's sum never depends on the other rows of
-        # the batch (W workers x b == 1 x W*b). CPU: one scatter-add in input order (10x
-        # the loop below at bags of 50); a device: one gather-add per position in a bag
-        # (its scatter kernel adds in no fixed order).
+        # the batch (W workers x b == 1 x W*b). CPU: one scatter-add in input order (one
+        # pass, where the loop below makes one per position of the longest bag); a device:
+        # one gather-add per position in a bag (its scatter kernel adds in no fixed order).
         if xp is np:
             pooled = scatter_add(np.repeat(np.arange(self.lens.size), self.lens), emb[head:],
                                  self.lens.size)

@@ -22,7 +22,7 @@ magnitude falls below ``sqrt(np.finfo(dtype).tiny)`` (1.1e-19 in float32) after 
 is set to 0 (flush to zero): L2 alone shrinks the weights no data gradient reaches (a dead
 ReLU unit's) geometrically toward 0, and in float32 they, Adam's moments and the
 products of the forward pass became subnormal numbers, which the CPU computes many times
-slower (one run slowed 8x over 6 epochs). Below that bound a value cannot matter beside any
+slower than normal ones (docs/benchmarks.md). Below that bound a value cannot matter beside any
 normal-sized term (float32 epsilon 1.2e-7), and a product of two values above it is normal.
 The learning rate of step ``s`` is ``lr * schedule.factor(s)``
 (``Schedule``; the same factor for dense and sparse updates, on workers and servers).

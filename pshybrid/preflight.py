@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 
 from . import checkpoint_files, limits, safeio, tboard
-from .batches import BatchPlan
+from .batches import BatchPlan, global_batch
 from .errors import ConfigError, InputError, PshybridError
 from .files import dataset_paths
 from .report import metrics_problem
@@ -32,7 +32,7 @@ from .transport import agree
 
 def total_steps(cfg, n_rows: int | None, n_workers: int) -> int:
     """The step training ends at: ``--steps``, or ``--epochs`` x steps per epoch."""
-    per_epoch = BatchPlan(n_rows, n_workers * cfg.batch_size, cfg.shuffle,
+    per_epoch = BatchPlan(n_rows, global_batch(cfg, n_workers), cfg.shuffle,
                           cfg.seed).steps_per_epoch if cfg.epochs else None
     return cfg.steps if per_epoch is None else cfg.epochs * per_epoch
 

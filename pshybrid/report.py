@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from . import __version__, kernels, limits
+from .batches import global_batch
 from .optim import SLOTS
 from .tboard import TensorBoard
 
@@ -146,7 +147,7 @@ class Reporter:
 
     def step(self, rec: dict) -> None:
         total = self.total_steps
-        per_s = rec["samples_per_s"] / (self.W * self.cfg.batch_size)  # steps per second
+        per_s = rec["samples_per_s"] / global_batch(self.cfg, self.W)  # steps per second
         eta = (total - rec["step"]) / per_s if per_s > 0 else float("inf")
         msg = (f"step {rec['step']}/{total}  loss {rec['loss']:.4f}  "
                f"{rec['samples_per_s']:,.0f} samples/s  elapsed "
@@ -276,7 +277,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None) -> str:
         who, where = f"{_n(W, 'worker')}, no server", "all of it on every worker"
     lines = [f"plan: {cfg.mode} {cfg.model} on {_n(topo.size, 'rank')}, "
              f"{_n(topo.n_nodes, 'node')}: {who}",
-             f"  global batch {W * cfg.batch_size:,} = {_n(W, 'worker')} x --batch-size "
+             f"  global batch {global_batch(cfg, W):,} = {_n(W, 'worker')} x --batch-size "
              f"{cfg.batch_size}; {_n(steps, 'step')}",
              f"  tables: {_n(F, 'field')}, {_n(rows, 'row')} x {E} {cfg.dtype} + "
              f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
@@ -312,7 +313,7 @@ def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
         "summary": True, "mode": cfg.mode, "model": cfg.model, "steps": steps,
         "workers": W, "servers": topo.n_servers, "batch_size": cfg.batch_size,
         "steps_run": steps_run,
-        "samples_per_s": steps_run * W * cfg.batch_size / max(elapsed - worker_t["eval"], 1e-9),
+        "samples_per_s": steps_run * global_batch(cfg, W) / max(elapsed - worker_t["eval"], 1e-9),
         "seconds": elapsed, "startup_seconds": startup,
         "final_loss": log[-1]["loss"] if log else float("nan"), "base_rate": base,
         "base_rate_logloss": _base_rate_logloss(base), "phase_seconds": worker_t,

@@ -1,8 +1,8 @@
 """Size each rank's BLAS/OpenMP thread pool to the cores it really has.
 
-Several ranks per node each starting one BLAS thread per core oversubscribe the node
-(measured here, 4 ranks on 2 cores, hybrid WDL: 2,500 samples/s with OpenBLAS's default
-threads vs 11,800 with one thread per rank). ``python -m pshybrid`` calls
+Several ranks per node each starting one BLAS thread per core oversubscribe the node: the
+ranks' threads deschedule each other and every step waits for the slowest
+(docs/benchmarks.md, Threads). ``python -m pshybrid`` calls
 ``apply_thread_limits()`` before NumPy is imported: unless the user already set
 ``OMP_NUM_THREADS``, ``OPENBLAS_NUM_THREADS`` or ``MKL_NUM_THREADS``, it sets all three to
 
@@ -16,9 +16,8 @@ with the ranks per node read from the launcher's environment (MPICH/Hydra
 
 ``rank_cores()`` (the same arithmetic, unrounded) also decides whether the training
 loop prepares batches on a background thread (``--prefetch``): not on a rank with fewer
-than 2 cores, where that thread only competes with the step (measured here, 3 ranks on 2
-cores, hybrid WDL: 64.5 ms per step with the thread, 58.0 ms without; its RMA Get + Flush
-took 3 ms instead of 0.5 ms).
+than 2 cores, where that thread has no core to itself: it only competes with the step,
+whose RMA waits then stretch (docs/benchmarks.md, Threads).
 """
 
 from __future__ import annotations

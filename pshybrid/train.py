@@ -25,7 +25,7 @@ from mpi4py import MPI
 from . import auto, checkpoint
 from .backend import to_device
 from .config import TrainConfig, from_dict, to_dict
-from .batches import BatchPlan, prefetch, worker_batches
+from .batches import BatchPlan, global_batch, prefetch, worker_batches
 from .files import open_dataset
 from .devices import cuda_aware_mpi, pick_device
 from .errors import ConfigError, InputError, PshybridError
@@ -169,7 +169,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     xp = _use_gpu(topo) if cfg.device == "cuda" else np
     ps.build(xp, np.dtype(cfg.dtype), cfg.seed)
     dense_lr = cfg.lr if cfg.dense_lr is None else cfg.dense_lr
-    plan = BatchPlan(getattr(data, "n_rows", None), topo.n_workers * cfg.batch_size,
+    plan = BatchPlan(getattr(data, "n_rows", None), global_batch(cfg, topo.n_workers),
                      cfg.shuffle, cfg.seed)
     hot = (hottest_rows(data, plan, layout, cfg.replicate_rows)
            if cfg.replicate_rows and topo.is_worker else None)
@@ -230,7 +230,7 @@ def _open_data(cfg, topo, dataset, opened):
             if evdata.schema != data.schema:
                 raise InputError(f"{cfg.eval_data}: fields or cardinalities differ from the "
                                  f"training data's ({evdata.schema} vs {data.schema})")
-        G = topo.n_workers * cfg.batch_size
+        G = global_batch(cfg, topo.n_workers)
         for d in (data, evdata):
             n = getattr(d, "n_rows", None)
             if n is None:
@@ -356,7 +356,7 @@ def _step(job: Job, step: int, label, dense, batch, bags=()):
         logits = model.forward(dense, emb, *bags)
         losses, dz = bce_with_logits(logits, label)
         ps.zero_grad()
-        demb = model.backward(dz * (1.0 / (job.topo.n_workers * job.cfg.batch_size)))
+        demb = model.backward(dz * (1.0 / global_batch(job.cfg, job.topo.n_workers)))
     loss_sum = losses.sum()  # GPU: stays on the device (no host sync per step)
     if job.mode.xp is np:
         loss_sum = float(loss_sum)

@@ -34,7 +34,7 @@ def rows_type(base: MPI.Datatype, dim: int, byte_disps: np.ndarray) -> MPI.Datat
     Displacements are 64-bit byte offsets (MPI_Aint), so tables past 2**31 elements
     work. The caller frees it after the operation that uses it has been flushed.
     """
-    # A list converts ~4x faster than an int64 array in mpi4py 4.x.
+    # A list, not the int64 array: mpi4py 4.x converts a list faster (docs/benchmarks.md).
     return base.Create_hindexed_block(dim, byte_disps.tolist()).Commit()
 
 
@@ -55,7 +55,7 @@ def poll_wait(req: MPI.Request, max_sleep: float = 1e-3) -> None:
 
 def precise_sleeps() -> None:
     """Linux: shrink this thread's timer slack from 50 us to 1 us, so the short sleeps of a
-    polling loop end on time (measured here: a 20 us sleep took 88 us, then 39 us)."""
+    polling loop end on time instead of late by up to the slack."""
     try:
         import ctypes
 
@@ -73,15 +73,13 @@ class Pacer:
     end) the checks back off to every ``idle`` seconds. The expected gap is the median of
     the last 8.
 
-    Measured on this project's 2-core virtual machine (light workload, step medians): a
-    sleeping rank wakes up to ~1.5 ms late now and then (p90 of a 100 us poll's latency:
-    1.5 ms; a spinning receiver: 0.05 ms), so a server with a core of its own checks
-    without sleeping (1 server + 1 worker: hybrid 2.3-3.0 ms a step, 3.1-4.2 ms sleeping
-    between checks). With fewer cores than ranks those checks take CPU from the workers:
-    1 server + 2 workers on 2 cores gave 6.6-7.1 ms spinning or yielding, 6.3-6.9 ms
-    checking every 20 us, 5.2-5.4 ms every 100-200 us, and 4.9-5.3 ms with the nap.
-    Workers themselves keep MPI's spinning waits: sleeping in a collective stalls its
-    partner (6.2-9.9 ms with 50-200 us sleeps)."""
+    Why: a sleeping rank now and then wakes up much later than it asked, and every step
+    waits for the server's answer, so a server with a core of its own checks without
+    sleeping. With fewer cores than ranks those checks would take the workers' CPU, so
+    there it naps through the part of the gap no message can arrive in and then checks
+    every ``fine`` seconds. Workers themselves keep MPI's spinning waits: a rank sleeping
+    in a collective stalls its partner. (The step times behind each choice:
+    docs/benchmarks.md, "Design measurements behind the code".)"""
 
     def __init__(self, fine: float = 100e-6, idle: float = 1e-3, nap: float = 0.5,
                  own_core: bool = False):

@@ -37,9 +37,9 @@ def candidates(rows: list[dict], leaders: int = LEADERS, family: float = FAMILY)
     """The rows to try, in the model's order: its ``leaders`` best that are not refused,
     and the best of each family, a mode and placement (hybrid dedicated, hybrid colocated,
     ps dedicated, ...; its --replicate-rows variants compete inside it), predicted within
-    ``family`` times the best's samples per second. (By mode alone, the paper workload's
-    best measured alternative, hybrid dedicated, predicted 1% behind hybrid colocated, was
-    never tried and auto reached 0.81x of it.)"""
+    ``family`` times the best's samples per second. (Why each family: the model can price a
+    family's best just behind another family's, within its error, and an alternative that
+    is never tried is never picked; docs/benchmarks.md.)"""
     ok = sorted((r for r in rows if r["refused"] is None), key=lambda r: -r["samples_per_s"])
     if not ok:
         return []

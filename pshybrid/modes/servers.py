@@ -151,5 +151,5 @@ def serve(topo, mode, start_step: int, on_checkpoint, on_wait=None) -> None:
         with timers.time("wait"):
             # Wire: the Ibarrier the workers wait on (ServerLink.wait). The workers are in it
             # or about to be: check often (a server that sleeps in it holds up their exit
-            # by its sleep: measured up to 1.3 ms a step with 1 ms back-off sleeps).
+            # by up to its sleep, every step).
             idle_barrier(topo.world, pacer.fine)
