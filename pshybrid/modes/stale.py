@@ -30,12 +30,11 @@ Enforcement (``Pipeline``):
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 from mpi4py import MPI
 
 from ..kernels import gather
+from ..registry import parse_consistency
 from ..store import Plan
 
 ASP_AGE = 32  # asp: a cached row is refreshed once it is this many steps old
@@ -43,11 +42,8 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 def staleness_bound(consistency: str) -> int | None:
-    """``bsp`` -> 0, ``ssp:K`` -> K, ``asp`` -> None (no bound)."""
-    if consistency == "asp":
-        return None
-    m = re.fullmatch(r"ssp:([0-9]+)", consistency)
-    return int(m.group(1)) if m else 0
+    """``bsp`` -> 0, ``ssp:K`` -> K, ``asp`` -> None (no bound); parsed by the catalogue."""
+    return parse_consistency(consistency).bound
 
 
 class RowCache:

@@ -36,7 +36,7 @@ import numpy as np
 
 from ..backend import HostStaging, array_module, host_waits, synchronize
 from ..optim import Optimizer
-from ..registry import ModeSpec
+from ..registry import ModeSpec, is_synchronous
 from ..store import EmbeddingStore
 from ..timers import EventTimers, Timers
 from ..topology import Topology
@@ -103,8 +103,8 @@ class Mode:
         self.live = self.sparse.live or self.dense.live
         self.link = ServerLink(topo) if spec.needs_servers else None
         self.stale = None
-        if (consistency != "bsp" or cache_rows) and topo.is_worker:
-            assert spec.sparse == "servers" and hot_rows is None, "refused by the config"
+        if (not is_synchronous(consistency) or cache_rows) and topo.is_worker:
+            assert spec.stale_reads and hot_rows is None, "refused by the config"
             self.stale = Pipeline(self.sparse, staleness_bound(consistency), cache_rows)
 
     # -- the step (workers) ----------------------------------------------------------------
