@@ -1,5 +1,5 @@
 """The catalogue (``pshybrid.registry``): the consistency grammar parsed once, the allowed
-combinations and the placement predicates. Oracles:
+combinations, the placement predicates, and the strategies' declared interfaces. Oracles:
 the grammar's definition (docs/consistency.md) and the refusal rules ``TrainConfig``
 enforced before they moved here (the same verdicts, the same messages)."""
 
@@ -72,3 +72,22 @@ def test_the_allowed_combinations_are_the_old_rules():
                                    (0, 16), ("cpu", "cuda")):
         old, new = _old_refusal(*combo), refusal(*combo)
         assert (old is None) == (new is None) and (old is None or old in new), (combo, new)
+
+
+def test_the_strategies_meet_their_declared_interfaces():
+    from pshybrid.modes import DenseStrategy, SparseStrategy
+    from pshybrid.modes.dense import DENSE
+    from pshybrid.modes.sparse import SPARSE
+
+    assert set(SPARSE) | set(DENSE) == {m.sparse for m in MODES.values() if not m.chosen} | {
+        m.dense for m in MODES.values() if not m.chosen}
+    for proto, classes in ((SparseStrategy, SPARSE.values()), (DenseStrategy, DENSE.values())):
+        methods = _methods(proto)
+        assert len(methods) > 10
+        for cls in classes:  # the flags are set per instance: Mode asserts those when built
+            assert [m for m in methods if not callable(getattr(cls, m, None))] == [], cls
+
+
+def _methods(proto) -> list[str]:
+    return sorted({n for base in proto.__mro__ if getattr(base, "_is_protocol", False)
+                   for n, v in vars(base).items() if callable(v) and not n.startswith("_")})

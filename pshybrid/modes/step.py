@@ -44,6 +44,7 @@ from .dense import DENSE
 from .servers import ServerLink, apply_step, serve
 from .sparse import SPARSE, Batch
 from .stale import Pipeline, staleness_bound
+from .strategy import DenseStrategy, SparseStrategy
 
 
 @dataclass
@@ -65,47 +66,71 @@ class Context:
             self.kernel_timers = self.timers
 
 
+@dataclass
+class ModeSetup:
+    """What a ``Mode`` is built from (``build_mode`` makes it from the registry's name):
+    ``spec`` (the catalogue entry), the topology, the fused table's layout, the model's
+    ParamSpace, the two optimizers and the seed; then the options: ``bucket_bytes`` (start
+    the dense Allreduce in buckets of at least that many bytes during backward; 0: one
+    Allreduce after it), ``shared_memory`` (the store's same-node path: None = on when the
+    job is on one node), ``cuda_aware``, ``hot_rows`` (sorted fused-table rows replicated on
+    every worker, ``modes.hot``; call ``ready()`` once the tables hold their start values),
+    ``consistency`` (``bsp``, ``ssp:K``, ``asp``) and ``cache_rows`` (the worker's hot-row
+    cache): with a consistency other than ``bsp``, or a cache, workers read the embeddings
+    through ``stale.Pipeline`` (``Mode.stale``; None otherwise: the bsp path, unchanged),
+    ``dense`` (a dense strategy class called as ``DENSE``'s are, ``(ctx, dense_opt,
+    bucket_bytes)``, in place of the registry's: ``pshybrid.torch``'s, whose update is the
+    torch optimizer's)."""
+
+    spec: ModeSpec
+    topo: Topology
+    layout: object
+    ps: object
+    sparse_opt: Optimizer
+    dense_opt: Optimizer
+    seed: int
+    bucket_bytes: int = 0
+    shared_memory: bool | None = None
+    cuda_aware: bool = False
+    hot_rows: object = None
+    consistency: str = "bsp"
+    cache_rows: int = 0
+    dense: type | None = None
+
+
 class Mode:
-    """``spec``'s strategies for one job (collective construction over ``topo.world``).
+    """``setup.spec``'s strategies for one job (collective construction over
+    ``topo.world``; ``ModeSetup`` says what each option does)."""
 
-    Options: ``bucket_bytes`` (start the dense Allreduce in buckets of at least that many
-    bytes during backward; 0: one Allreduce after it), ``shared_memory`` (the store's
-    same-node path: None = on when the job is on one node), ``cuda_aware``, ``hot_rows``
-    (sorted fused-table rows replicated on every worker, ``modes.hot``; call ``ready()``
-    once the tables hold their start values), ``consistency`` (``bsp``, ``ssp:K``, ``asp``)
-    and ``cache_rows`` (the worker's hot-row cache): with a consistency other than ``bsp``,
-    or a cache, workers read the embeddings through ``stale.Pipeline`` (``self.stale``;
-    None otherwise: the bsp path, unchanged), ``dense`` (a dense strategy class called as
-    ``DENSE``'s are, ``(ctx, dense_opt, bucket_bytes)``, in place of the registry's:
-    ``pshybrid.torch``'s, whose update is the torch optimizer's).
-    """
+    sparse: SparseStrategy
+    dense: DenseStrategy
 
-    def __init__(self, spec: ModeSpec, topo: Topology, layout, ps, sparse_opt: Optimizer,
-                 dense_opt: Optimizer, seed: int, *, bucket_bytes: int = 0,
-                 shared_memory: bool | None = None, cuda_aware: bool = False,
-                 hot_rows=None, consistency: str = "bsp", cache_rows: int = 0, dense=None):
-        self.spec, self.topo, self.layout = spec, topo, layout
+    def __init__(self, setup: ModeSetup):
+        spec, topo, ps = setup.spec, setup.topo, setup.ps
+        self.spec, self.topo, self.layout = spec, topo, setup.layout
         self.timers = Timers()
         self.xp = array_module(ps.flat)
         gpu = self.xp is not np
         self.kernel_timers = EventTimers(self.timers, self.xp.cuda) if gpu else self.timers
-        ctx = Context(topo, ps, self.xp, self.timers, seed, cuda_aware, self.kernel_timers,
-                      HostStaging() if gpu else None)
-        hot = {} if hot_rows is None else {"hot_ids": hot_rows}  # --replicate-rows
-        self.sparse = SPARSE[spec.sparse](ctx, layout, sparse_opt, **hot)
-        self.dense = (dense or DENSE[spec.dense])(ctx, dense_opt, bucket_bytes)
+        ctx = Context(topo, ps, self.xp, self.timers, setup.seed, setup.cuda_aware,
+                      self.kernel_timers, HostStaging() if gpu else None)
+        hot = {} if setup.hot_rows is None else {"hot_ids": setup.hot_rows}  # --replicate-rows
+        self.sparse = SPARSE[spec.sparse](ctx, setup.layout, setup.sparse_opt, **hot)
+        self.dense = (setup.dense or DENSE[spec.dense])(ctx, setup.dense_opt, setup.bucket_bytes)
+        assert isinstance(self.sparse, SparseStrategy) and isinstance(self.dense, DenseStrategy)
         tables = self.sparse.tables() + self.dense.tables()
-        self.store = (EmbeddingStore(topo, tables, seed=seed, shared_memory=shared_memory)
-                      if tables else None)
+        self.store = (EmbeddingStore(topo, tables, seed=setup.seed,
+                                     shared_memory=setup.shared_memory) if tables else None)
         self.sparse.attach(self.store)
         self.dense.attach(self.store)
         self.server_step = self.sparse.server_step or self.dense.server_step
         self.live = self.sparse.live or self.dense.live
         self.link = ServerLink(topo) if spec.needs_servers else None
         self.stale = None
-        if (not is_synchronous(consistency) or cache_rows) and topo.is_worker:
-            assert spec.stale_reads and hot_rows is None, "refused by the config"
-            self.stale = Pipeline(self.sparse, staleness_bound(consistency), cache_rows)
+        if (not is_synchronous(setup.consistency) or setup.cache_rows) and topo.is_worker:
+            assert spec.stale_reads and setup.hot_rows is None, "refused by the config"
+            self.stale = Pipeline(self.sparse, staleness_bound(setup.consistency),
+                                  setup.cache_rows)
 
     # -- the step (workers) ----------------------------------------------------------------
     @property
