@@ -27,7 +27,8 @@ import typing
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .optim import SCHEDULES
+from .models import MODELS
+from .optim import SCHEDULES, SLOTS
 from .registry import MODES, PLACEMENTS, consistency_error, refusal
 
 
@@ -279,7 +280,7 @@ class TrainConfig:
     """Options of ``python -m pshybrid train``."""
 
     model: str = option("wdl", "model architecture",
-                        choices=("wdl", "deepfm", "dcn", "dlrm"))
+                        choices=tuple(MODELS))
     mode: str = option("hybrid", "communication: " + "; ".join(
                        f"{m.name}: {m.help}" for m in MODES.values()), choices=MODES)
     servers: int | None = option(None, "number of server ranks (none: one per node)",
@@ -308,7 +309,7 @@ class TrainConfig:
     dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
                                   choices=("sgd", "adam"))
     sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows",
-                                   choices=("sgd", "adagrad", "adam"))
+                                   choices=tuple(SLOTS))
     dense_lr: float | None = option(0.001, "learning rate of the dense parameters (none: --lr)",
                                     check=_learning_rate)
     bucket_mb: float = option(1.0, "Allreduce the dense gradients in buckets of at least this "
