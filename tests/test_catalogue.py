@@ -91,3 +91,16 @@ def test_the_strategies_meet_their_declared_interfaces():
 def _methods(proto) -> list[str]:
     return sorted({n for base in proto.__mro__ if getattr(base, "_is_protocol", False)
                    for n, v in vars(base).items() if callable(v) and not n.startswith("_")})
+
+
+def test_the_staleness_wrapper_is_a_sparse_strategy():
+    from pshybrid.modes import SparseStrategy
+    from pshybrid.modes.sparse import ServerSparse
+    from pshybrid.modes.stale import StaleReads
+
+    inner = ServerSparse.__new__(ServerSparse)  # its flags, as its __init__ sets them
+    inner.live, inner.server_step = False, True
+    wrapped = StaleReads(inner, None, None)
+    assert isinstance(wrapped, SparseStrategy)
+    assert (wrapped.live, wrapped.server_step, wrapped.prepare_uses_mpi) == (False, True, True)
+    assert wrapped.grads_for.__func__ is ServerSparse.grads_for  # the rest: the inner's

@@ -43,7 +43,7 @@ from ..topology import Topology
 from .dense import DENSE
 from .servers import ServerLink, apply_step, serve
 from .sparse import SPARSE, Batch
-from .stale import Pipeline, staleness_bound
+from .stale import Pipeline, StaleReads, staleness_bound
 from .strategy import DenseStrategy, SparseStrategy
 
 
@@ -77,7 +77,8 @@ class ModeSetup:
     every worker, ``modes.hot``; call ``ready()`` once the tables hold their start values),
     ``consistency`` (``bsp``, ``ssp:K``, ``asp``) and ``cache_rows`` (the worker's hot-row
     cache): with a consistency other than ``bsp``, or a cache, workers read the embeddings
-    through ``stale.Pipeline`` (``Mode.stale``; None otherwise: the bsp path, unchanged),
+    through ``stale.Pipeline`` (``Mode.stale``; the sparse strategy wrapped in
+    ``stale.StaleReads``; None otherwise: the bsp path, unchanged),
     ``dense`` (a dense strategy class called as ``DENSE``'s are, ``(ctx, dense_opt,
     bucket_bytes)``, in place of the registry's: ``pshybrid.torch``'s, whose update is the
     torch optimizer's)."""
@@ -126,11 +127,12 @@ class Mode:
         self.server_step = self.sparse.server_step or self.dense.server_step
         self.live = self.sparse.live or self.dense.live
         self.link = ServerLink(topo) if spec.needs_servers else None
-        self.stale = None
+        self.stale = None  # the pipeline of StaleReads, which wraps the sparse strategy
         if (not is_synchronous(setup.consistency) or setup.cache_rows) and topo.is_worker:
             assert spec.stale_reads and setup.hot_rows is None, "refused by the config"
             self.stale = Pipeline(self.sparse, staleness_bound(setup.consistency),
                                   setup.cache_rows)
+            self.sparse = StaleReads(self.sparse, self.stale, self.timers)
 
     # -- the step (workers) ----------------------------------------------------------------
     @property
@@ -145,14 +147,10 @@ class Mode:
     def begin(self, step: int) -> None:
         """Before the forward pass (``ps``: pull the dense weights)."""
         self.dense.begin(step)
-        if self.stale is not None:
-            self.stale.begin(step)
+        self.sparse.begin(step)
 
     def lookup(self, batch: Batch):
         """-> emb: batch.ids.shape + (E,) in ``self.xp``."""
-        if self.stale is not None and batch is self.stale.current:  # a training step's
-            with self.timers.time("pull"):
-                return self.stale.lookup(batch)
         return self.sparse.lookup(batch)
 
     def update(self, batch: Batch, demb, step: int) -> None:
@@ -227,16 +225,12 @@ class Mode:
     def request_checkpoint(self, step: int) -> None:
         """Workers, before ``checkpoint.save`` for ``step``: replicated rows written back to
         their owners; dedicated servers told to join."""
-        self.sparse.before_checkpoint()
-        if self.stale is not None:
-            self.stale.drain()  # no read in flight, no cached row: a BSP point
+        self.sparse.before_checkpoint()  # (StaleReads: and drained: a BSP point)
         if self._dedicated:
             self.link.checkpoint(step)
 
     def finish(self) -> None:
         """Collective: stop the servers, free plans and the store's window."""
-        if self.stale is not None:
-            self.stale.drain()
         self.sparse.close()
         self.dense.close()
         if self._dedicated and self.topo.is_worker:
@@ -278,6 +272,4 @@ class Mode:
                        rma_acc_bytes=t.acc_bytes)
         if self.link is not None:
             out["p2p_bytes"] = self.link.bytes
-        if self.stale is not None:
-            out.update(self.stale.traffic())
         return out

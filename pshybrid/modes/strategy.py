@@ -35,6 +35,7 @@ class SparseStrategy(Strategy, Protocol):
     prepare_uses_mpi: bool
 
     def ready(self) -> None: ...
+    def begin(self, step: int) -> None: ...                     # before forward
     def prepare(self, ids): ...                                 # (B, F) int64 -> Batch
     def lookup(self, batch): ...                                # -> (B, F, E)
     def stage(self, batch, demb) -> None: ...                   # GPU: queue D2H copies
