@@ -103,4 +103,5 @@ def test_the_staleness_wrapper_is_a_sparse_strategy():
     wrapped = StaleReads(inner, None, None)
     assert isinstance(wrapped, SparseStrategy)
     assert (wrapped.live, wrapped.server_step, wrapped.prepare_uses_mpi) == (False, True, True)
-    assert wrapped.grads_for.__func__ is ServerSparse.grads_for  # the rest: the inner's
+    assert wrapped.grads_for.__func__ is ServerSparse.grads_for  # the inner's
+    assert wrapped.state.__func__ is ServerSparse.state

@@ -52,8 +52,10 @@ class StaleReads:
         self.inner, self.pipeline, self.timers = inner, pipeline, timers
         self.live, self.server_step = inner.live, inner.server_step
         self.prepare_uses_mpi = inner.prepare_uses_mpi
+        for name in ("prepare", "stage", "start", "finish", "grads_for"):  # the step's calls:
+            setattr(self, name, getattr(inner, name))  # bound once, no lookup per step
 
-    def __getattr__(self, name):
+    def __getattr__(self, name):  # the rest: the wrapped strategy's
         return getattr(self.inner, name)
 
     def begin(self, step: int) -> None:
