@@ -83,6 +83,8 @@ import statistics
 import sys
 from dataclasses import dataclass, field, replace
 
+from pshybrid.registry import MODES as CATALOGUE, ModeSpec
+
 # the wire terms --mode auto prices with (one copy): links, ring collectives, server NICs
 from pshybrid.planner import (
     PRESETS,
@@ -194,6 +196,12 @@ class Calib:
         return predict(self, 1, self.workers, Link(0.0, math.inf))["step"]
 
 
+def facts(mode: str) -> ModeSpec:
+    """The catalogue's entry of a measured mode; modes_bench's ``compute`` floor (and any
+    other benchmark-only mode) as two local strategies: no server, no collective."""
+    return CATALOGUE.get(mode) or ModeSpec(mode, "local", "local", "benchmark only")
+
+
 def _terms(r: dict, mode: str) -> dict:
     """series_means of one mode's result; legacy runs (no per-step series): the phase
     means over all steps put on the median step."""
@@ -220,7 +228,8 @@ def calibrate(run: dict, mode: str, row_width: int = ROW_WIDTH) -> Calib:
     U = statistics.fmean(r["unique_ids_per_worker_step"])
     W0, S0 = r["workers"], r["servers"]
     hyb = _terms(res["hybrid"], "hybrid") if "hybrid" in res else None
-    sparse = srv if mode != "ps" else min(srv, hyb["server_apply"] if hyb else 0.0)
+    spec = facts(mode)
+    sparse = min(srv, hyb["server_apply"] if hyb else 0.0) if spec.dense_on_servers else srv
     row_apply = 0.0
     if "compute" in res and U:
         row_apply = _terms(res["compute"], "compute")["phases"]["push"] / U
@@ -228,17 +237,17 @@ def calibrate(run: dict, mode: str, row_width: int = ROW_WIDTH) -> Calib:
         row_apply = hyb["server_apply"] / (res["hybrid"]["workers"] * U /
                                            res["hybrid"]["servers"])
     dense_local = {}
-    if mode in ("hybrid", "allreduce") and W0 == 1:
+    if spec.dense_allreduce and W0 == 1:
         pass  # one worker's Allreduce moves no bytes: what its phases hold is a fixed cost
-    elif mode == "hybrid":  # the least worker's wait for the dense Allreduce: all dense bytes
+    elif spec.dense_allreduce and spec.sparse_on_servers:  # the least worker's wait for the dense Allreduce: all dense bytes
         dense_local = {"allreduce": ph.get("allreduce", 0.0)}
-    elif mode == "allreduce":  # push = the rows' Allgather and optimizer + the Iallreduce
+    elif spec.replicated:  # push = the rows' Allgather and optimizer + the Iallreduce
         #   the Allgather progresses; the rows' part: the optimizer on all W0 workers' rows
         rows_part = row_apply * U * W0 if "compute" in res else \
             ph.get("push", 0.0) - min(hyb["phases"].get("allreduce", 0.0) if hyb else 0.0,
                                       ph.get("push", 0.0))
         dense_local = {"push": max(0.0, ph.get("push", 0.0) - rows_part)}
-    elif mode == "ps" and hyb:
+    elif spec.dense_on_servers and hyb:
         dense_local = {p: max(0.0, ph.get(p, 0.0) - hyb["phases"].get(p, 0.0))
                        for p in ("pull", "push")}
     local = {p: v for p, v in ph.items() if p != "wait"}
@@ -256,7 +265,8 @@ def hidden(mode: str, local: dict, allreduce_wire: float = 0.0) -> float:
     """What the workers do between sending the servers the step message and waiting for
     the servers' step, hiding the servers' apply: hybrid, the dense Allreduce's completion
     (on the node, plus its wire time) and the dense optimizer; ps: nothing."""
-    if mode != "hybrid":
+    spec = facts(mode)
+    if not (spec.sparse_on_servers and spec.dense_allreduce):
         return 0.0
     return local.get("allreduce", 0.0) + allreduce_wire + local.get("dense_apply", 0.0)
 
@@ -269,7 +279,7 @@ def with_compute(c: Calib, fwd_bwd: float, dense_apply: float, label: str) -> Ca
     every other term stays measured. ps keeps dense_apply 0: its dense optimizer runs on
     the (CPU) servers, a server term."""
     local = dict(c.local, fwd_bwd=fwd_bwd)
-    if c.mode != "ps":
+    if not facts(c.mode).dense_on_servers:
         local["dense_apply"] = dense_apply
     before = sum(c.local.get(p, 0.0) for p in COMPUTE)
     after = sum(local.get(p, 0.0) for p in COMPUTE)
@@ -380,7 +390,8 @@ def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
     rows = c.U * c.E * 4
     loc = dict(c.local)  # the measured phases at this configuration
     dense = sum(c.dense_local.values())
-    if c.mode in ("hybrid", "allreduce"):  # the dense Allreduce's on-node part
+    spec = facts(c.mode)
+    if spec.dense_allreduce:  # the dense Allreduce's on-node part
         f = ring_on_node(nodes, k, c.workers)
         to = dense * f if intra_node is None else \
             f * 2 * (c.workers - 1) / c.workers * c.P * 4 / intra_node
@@ -392,26 +403,26 @@ def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
         to = share * (dense if intra_node is None else 2 * padded(c.P) * 4 / intra_node)
     for p, v in c.dense_local.items():  # the measured on-node cost, by phase -> ``to``
         loc[p] += (v / dense * to if dense else to / len(c.dense_local)) - v
-    if c.mode == "allreduce":
+    if spec.replicated:
         loc["push"] = loc.get("push", 0.0) + c.row_apply * c.U * (W - c.workers)
     comp = sum(loc.get(p, 0.0) for p in COMPUTE)
     out = dict(compute=comp, local=sum(loc.values()) - comp + c.other,
                imbalance=c.imbalance, wait=c.wait, exchange=0.0, ps_dense=0.0, allgather=0.0,
                allreduce=0.0)
-    if c.mode in ("hybrid", "ps"):
+    if spec.sparse_on_servers:
         put, get = rows + c.U * 8 * c.ids, rows * (1 - hit_rate)
         out["exchange"] = server_exchange(get, put, nodes, k, link,
                                           server_messages(c.mode, c.ids))
         if pull_ahead:  # the Get's wire time, behind the compute
             out["exchange"] -= min(server_exchange(get, 0.0, nodes, k, link, 1), comp)
-        if c.mode == "ps":
+        if spec.dense_on_servers:
             out["ps_dense"] = 2 * server_nic_bytes(padded(c.P) * 4, nodes, k) / link.bandwidth
-    if c.mode == "allreduce" and nodes > 1:
+    if spec.replicated and nodes > 1:
         out["allgather"] = sum(ring_allgather(x, W, link) for x in (8, c.U * 8, rows))
-    if c.mode in ("hybrid", "allreduce") and nodes > 1:
+    if spec.dense_allreduce and nodes > 1:
         ar = ring_allreduce(c.P * 4, W, link)
         out["allreduce"] = max(0.0, ar - BWD_FRACTION * c.local["fwd_bwd"]) if overlap else ar
-    if c.mode in ("hybrid", "ps"):
+    if spec.sparse_on_servers:
         g = (W / S) / (c.workers / c.servers)
         h = g if ps_server_dense == "received" else c.servers / S
         server = c.server_sparse * g + c.server_dense * h

@@ -18,6 +18,7 @@ from scaling import (
     Calib,
     calibrate,
     calibrate_gpu,
+    facts,
     predict,
     with_dense_params,
     with_speedup,
@@ -34,12 +35,13 @@ def model_bytes(c: Calib) -> dict:
     all W0 blocks, own included; its 8-byte counts are not counted by the library)."""
     rows = c.U * c.E * 4
     put = {"p2p": c.U * 8 + rows} if c.ids else {"rma_acc": rows}
-    if c.mode == "hybrid":
+    spec = facts(c.mode)
+    if spec.sparse_on_servers and spec.dense_allreduce:
         return {"pull": rows, **put, "allreduce": c.P * 4}
-    if c.mode == "ps":
+    if spec.dense_on_servers:
         dense = padded(c.P) * 4
         return {"pull": rows + dense, "rma_acc": put.pop("rma_acc", 0.0) + dense, **put}
-    if c.mode == "allreduce":
+    if spec.replicated:
         return {"allgather": c.workers * c.U * (8 + c.E * 4), "allreduce": c.P * 4}
     return {}
 

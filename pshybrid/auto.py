@@ -31,6 +31,7 @@ from .errors import ConfigError, PshybridError
 from .files import open_dataset
 from .layers import ParamSpace, bce_with_logits
 from .limits import available_memory, check_sizes
+from .registry import MODES, is_colocated, placement_name
 from .models import build_model
 from .optim import Optimizer
 from .partition import group_by_owner
@@ -100,10 +101,10 @@ def _alt(row: dict) -> planner.Alternative:
 
 def chosen_config(cfg, alt):
     """``cfg`` resolved to ``alt`` (validated)."""
-    colocated = alt.placement == "colocated"
+    colocated = is_colocated(alt.placement)
     c = replace(cfg, mode=alt.mode, replicate_rows=alt.replicate_rows,
-                placement="colocated" if colocated else "dedicated",
-                servers=alt.servers if alt.mode != "allreduce" and not colocated else None)
+                placement=placement_name(colocated),
+                servers=alt.servers if MODES[alt.mode].needs_servers and not colocated else None)
     c.validate()
     return c
 
@@ -337,8 +338,8 @@ def refusals(cfg, schema, alts, nodes: int, ranks: int, memory) -> dict:
     here = -(-ranks // nodes)
     for a in alts:
         c = replace(cfg, mode=a.mode, replicate_rows=a.replicate_rows, servers=a.servers,
-                    placement="colocated" if a.placement == "colocated" else "dedicated")
-        colocated = a.placement == "colocated"
+                    placement=placement_name(is_colocated(a.placement)))
+        colocated = is_colocated(a.placement)
         w_here = here if colocated else min(here, -(-a.workers // nodes))
         s_here = here if colocated else min(here, -(-a.servers // nodes))
         try:

@@ -10,7 +10,7 @@ from . import __version__
 from .commands import add_out, add_scoring_commands
 from .config import ArgumentParser, TrainConfig, add_arguments, resolve, to_toml
 from .prep import add_prep_commands
-from .registry import MODES
+from .registry import DEDICATED, MODES, PLACEMENTS, is_colocated
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -41,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--mode", choices=tuple(m for m in MODES if not MODES[m].chosen),
                       default="hybrid",
                       help="communication mode, decides whether servers are needed")
-    info.add_argument("--placement", choices=("dedicated", "colocated"), default="dedicated",
+    info.add_argument("--placement", choices=tuple(PLACEMENTS), default=DEDICATED,
                       help="as train's --placement: server ranks, or a shard on every rank")
     info.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     info.add_argument("--cuda-aware", choices=("auto", "on", "off"), default="auto",
@@ -58,10 +58,10 @@ def cmd_info(args) -> int:
 
     # One process and no --servers: describe it (no server) instead of refusing the mode.
     alone = (MPI.COMM_WORLD.size == 1 and args.servers is None and MODES[args.mode].needs_servers
-             and args.placement == "dedicated")
+             and not is_colocated(args.placement))
     topo = Topology.create(MPI.COMM_WORLD, 0 if alone else args.servers,
                            need_servers=MODES[args.mode].needs_servers and not alone,
-                           colocated=args.placement == "colocated")
+                           colocated=is_colocated(args.placement))
     device = pick_device(args.device, topo.local_rank) if topo.is_worker else "cpu"
     role = "worker+shard" if topo.colocated else topo.role
     row = (topo.rank, role, topo.worker_index if topo.is_worker else topo.server_index,

@@ -21,15 +21,15 @@ import dataclasses
 import difflib
 import json
 import math
-import re
 import tomllib
 import types
 import typing
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .optim import SCHEDULES
-from .registry import MODES
+from .models import MODELS
+from .optim import SCHEDULES, SLOTS
+from .registry import MODES, PLACEMENTS, consistency_error, refusal
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -275,30 +275,12 @@ def _layer_sizes(v):
     return None if v and all(n > 0 for n in v) else "must be a non-empty list of sizes > 0"
 
 
-def _consistency(v):
-    return None if re.fullmatch(r"bsp|asp|ssp:[0-9]+", v) else \
-        "must be bsp, ssp:K (K >= 0 steps) or asp"
-
-
-def _check_stale(cfg) -> None:
-    """--consistency ssp:K/asp and --cache-rows: embeddings on dedicated servers, CPU workers."""
-    bad = [why for cond, why in (
-        (cfg.mode not in ("hybrid", "ps"), f"--mode {cfg.mode}"),
-        (cfg.placement != "dedicated", f"--placement {cfg.placement}"),
-        (cfg.replicate_rows > 0, f"--replicate-rows {cfg.replicate_rows}"),
-        (cfg.device != "cpu", f"--device {cfg.device}")) if cond]
-    if bad:
-        raise _error(f"--consistency {cfg.consistency} --cache-rows {cfg.cache_rows}: only with "
-                     f"--mode hybrid or ps, --placement dedicated, no --replicate-rows, "
-                     f"--device cpu; not with {', '.join(bad)}")
-
-
 @dataclass
 class TrainConfig:
     """Options of ``python -m pshybrid train``."""
 
     model: str = option("wdl", "model architecture",
-                        choices=("wdl", "deepfm", "dcn", "dlrm"))
+                        choices=tuple(MODELS))
     mode: str = option("hybrid", "communication: " + "; ".join(
                        f"{m.name}: {m.help}" for m in MODES.values()), choices=MODES)
     servers: int | None = option(None, "number of server ranks (none: one per node)",
@@ -309,7 +291,7 @@ class TrainConfig:
     placement: str = option("dedicated", "where the table shards live: on server ranks that "
                             "only serve (dedicated), or on every rank, each of which also "
                             "trains (colocated; --servers does not apply)",
-                            choices=("dedicated", "colocated"))
+                            choices=tuple(PLACEMENTS))
     data: str | None = option(None, "training dataset: a file, several (comma-separated or "
                               "repeated: read as their concatenation, in the order given) or "
                               "a directory (its *.h5 files by name); none: built-in synthetic "
@@ -327,7 +309,7 @@ class TrainConfig:
     dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
                                   choices=("sgd", "adam"))
     sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows",
-                                   choices=("sgd", "adagrad", "adam"))
+                                   choices=tuple(SLOTS))
     dense_lr: float | None = option(0.001, "learning rate of the dense parameters (none: --lr)",
                                     check=_learning_rate)
     bucket_mb: float = option(1.0, "Allreduce the dense gradients in buckets of at least this "
@@ -347,7 +329,7 @@ class TrainConfig:
                               "every update of the earlier steps), ssp:K (a read at step t "
                               "sees every update of the steps before t-K; the next step's "
                               "rows are pulled while this one runs), asp (no bound); dense "
-                              "weights stay synchronous", check=_consistency)
+                              "weights stay synchronous", check=consistency_error)
     cache_rows: int = option(0, "rows of the worker's hot-row cache, served without a pull "
                              "while they meet the --consistency bound (never under bsp); 0: "
                              "none", check=_at_least(0))
@@ -419,23 +401,10 @@ class TrainConfig:
             raise _error("--checkpoint-every needs --checkpoint-dir")
         if self.eval_every and self.eval_data is None:
             raise _error("--eval-every needs --eval-data")
-        if MODES[self.mode].chosen and (self.replicate_rows or self.placement != "dedicated"):
-            raise _error(f"--mode {self.mode} chooses --placement and --replicate-rows: drop "
-                         "them (or pick a mode)")
-        if self.replicate_rows and (self.mode != "hybrid" or self.device != "cpu"):
-            raise _error(f"--replicate-rows {self.replicate_rows}: hot rows join the workers' "
-                         "dense Allreduce: only with --mode hybrid on --device cpu")
-        if self.consistency != "bsp" or self.cache_rows:
-            _check_stale(self)
-        if self.placement == "colocated" and not MODES[self.mode].needs_servers:
-            raise _error(f"--placement colocated: --mode {self.mode} has no table shards to "
-                         "place (every worker holds every table)")
-        if self.placement == "colocated" and self.servers is not None:
-            raise _error(f"--placement colocated puts a shard on every rank: drop --servers "
-                         f"{self.servers}")
-        if self.servers and not MODES[self.mode].needs_servers and not MODES[self.mode].chosen:
-            raise _error(f"--mode {self.mode} keeps every table on every worker and uses no "
-                         f"server: drop --servers {self.servers} (or use --servers 0)")
+        why = refusal(self.mode, self.placement, self.servers, self.replicate_rows,
+                      self.consistency, self.cache_rows, self.device)
+        if why is not None:
+            raise _error(why)
 
     def stateless(self) -> TrainConfig:
         """This config with optimizers that keep no state (plain SGD, no L2): what scoring

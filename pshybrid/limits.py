@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from .errors import ConfigError
 from .data import EVAL_BATCH
 from .optim import SLOTS
-from .registry import DENSE_ROW
+from .registry import DENSE_ROW, MODES
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ def _table_parts(cfg, schema, worker: list, W: int, S: int, E: int, s: int, P: i
         grads = E * s if cfg.sparse_optimizer != "sgd" else 0
         server.append(Part("rows and gradients of a step", 2 * W * B * F * (8 + grads),
                            f"--batch-size {B} x {W} workers", "lower --batch-size"))
-        if cfg.mode == "ps":
+        if MODES[cfg.mode].dense_on_servers:
             dense_rows = math.ceil(P / DENSE_ROW)
             dslots = (1 + dense_slots) if cfg.dense_optimizer != "sgd" else 0
             server.append(Part("shard of the dense table",

@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .registry import DENSE_ROW
+from .registry import (COLOCATED, DEDICATED, DENSE_ROW, MODES, NO_PLACEMENT, is_colocated,
+                       is_dedicated)
 
 MEMORY_SHARE = 0.8  # an alternative may use at most this share of the available memory
 HOT_ROWS = (0, 1024, 16384, 131072)  # --replicate-rows candidates (capped by the table)
@@ -69,7 +70,7 @@ def server_messages(mode: str, ids: bool) -> int:
     """Messages a worker sends each server per step (each costs one latency): the rows'
     Get; with a server-side optimizer the step message (row ids, then gradient sums), else
     one Accumulate (direct SGD); ps adds the dense table's Get and Accumulate."""
-    return (1 + (2 if ids else 1)) + (2 if mode == "ps" else 0)
+    return (1 + (2 if ids else 1)) + (2 if MODES[mode].dense_on_servers else 0)
 
 
 # -- what the probe measures, and the job's shape -------------------------------------------
@@ -132,34 +133,36 @@ def alternatives(shape: Shape, hot_candidates=HOT_ROWS) -> list[Alternative]:
     N, S = shape.ranks, shape.servers
     hots = sorted({n for n in hot_candidates if n in shape.hot_share} | {0})
     out = []
-    for mode in ("hybrid", "ps"):
-        for placement, W, s in (("dedicated", N - S, S), ("colocated", N, N)):
+    for spec in (m for m in MODES.values() if m.needs_servers and not m.chosen):
+        for placement, W, s in ((DEDICATED, N - S, S), (COLOCATED, N, N)):
             if W < 1 or s < 1:
                 continue
-            for n in (hots if mode == "hybrid" and not shape.cuda else (0,)):
-                out.append(Alternative(mode, placement, n, W, s))
-    out.append(Alternative("allreduce", "-", 0, N, 0))
+            for n in (hots if spec.hot_rows and not shape.cuda else (0,)):
+                out.append(Alternative(spec.name, placement, n, W, s))
+    out.extend(Alternative(m.name, NO_PLACEMENT, 0, N, 0) for m in MODES.values()
+               if not m.needs_servers and not m.chosen)
     return out
 
 
 def price(alt: Alternative, r: Rates, s: Shape) -> dict:
     """Seconds per step by term, ``step`` and ``samples_per_s``."""
     W, S, N = alt.workers, alt.servers, alt.replicate_rows
+    spec = MODES[alt.mode]
     row = s.E * s.itemsize
     cold = s.U * (1 - s.hot_share.get(N, 0.0)) if N else s.U
     union = s.union.get(W, s.U * W)
     cpu = dilation(alt, r, s)
     t = dict(batch=r.batch * cpu,
-             compute=(r.fwd_bwd + (r.dense_apply if alt.mode != "ps" else 0.0)) * cpu,
+             compute=(r.fwd_bwd + (0.0 if spec.dense_on_servers else r.dense_apply)) * cpu,
              pull=0.0, push=0.0, allreduce=0.0, allgather=0.0, hot_apply=0.0, server=0.0)
-    if alt.mode in ("hybrid", "ps"):
+    if spec.sparse_on_servers:
         t["pull"] = r.get.time(cold * row, S)
         per_id = 8 + row if s.server_opt else row
         t["push"] = r.acc.time(cold * per_id, S * (2 if s.server_opt else 1))
         acc_in = 0.0 if s.server_opt else cold * row  # bytes Accumulated per worker
         sparse = (union * (1 - s.hot_share.get(N, 0.0)) / S * r.row_apply
                   if s.server_opt else 0.0)
-        if alt.mode == "ps":  # the dense table: one Get and one Accumulate per server
+        if spec.dense_on_servers:  # the dense table: one Get and one Accumulate per server
             dense = padded(s.P) * s.itemsize
             t["pull"] += (r.get_dense or r.get).time(dense, S)
             t["push"] += (r.acc_dense or r.acc).time(dense, S)
@@ -172,25 +175,25 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
     # collectives over the workers: each is a sync point where a busy node's ranks wait for
     # the slowest (a measured Barrier each): the dense Allreduce, the hot rows' one, the
     # allreduce mode's three Allgathers (counts, ids, rows)
-    waits = (1 if alt.mode != "ps" else 0) + (1 if N else 0) + (3 if alt.mode == "allreduce"
-                                                                 else 0)
+    waits = (1 if spec.dense_allreduce else 0) + (1 if N else 0) + (3 if spec.replicated
+                                                                     else 0)
     t["sync"] = r.barrier * waits if W > 1 else 0.0
-    if alt.mode in ("hybrid", "allreduce"):
+    if spec.dense_allreduce:
         t["allreduce"] = ring_allreduce(s.P * s.itemsize, W, r.allreduce)
         hidden = t["allreduce"] + r.dense_apply
     if N:
         t["allreduce"] += ring_allreduce(N * (s.E + 1) * s.itemsize, W, r.allreduce)
         t["hot_apply"] = s.hot_touched.get((W, N), N) * r.row_apply
-    if alt.mode == "allreduce":
+    if spec.replicated:
         t["allgather"] = (ring_allgather(s.U * (8 + row), W, r.allreduce) if W > 1 else 0.0)
         t["hot_apply"] = union * r.row_apply  # every worker updates every gathered row
-    if alt.mode in ("hybrid", "ps"):
-        colocated = alt.placement == "colocated"
+    if spec.sparse_on_servers:
+        colocated = is_colocated(alt.placement)
         t["server"] = sparse if colocated else max(0.0, sparse - hidden)
         # a step of the owners (a server-side sparse optimizer, ps's dense one) is a sync
         # point: the end-of-step barrier; colocated, also receiving every rank's message.
         # hybrid with plain SGD Accumulates straight into the weights: no owners' step
-        if s.server_opt or alt.mode == "ps":
+        if s.server_opt or spec.dense_on_servers:
             t["sync"] += r.barrier * (2 if colocated else 1)
     step = sum(t.values())
     return dict(t, step=step, samples_per_s=W * s.batch / step if step > 0 else math.inf)
@@ -204,7 +207,7 @@ def dilation(alt: Alternative, r: Rates, s: Shape) -> float:
     if not r.cores:
         return 1.0
     per_node = -(-s.ranks // s.nodes)
-    busy = -(-alt.workers // s.nodes) if alt.placement == "dedicated" else per_node
+    busy = -(-alt.workers // s.nodes) if is_dedicated(alt.placement) else per_node
     return max(1.0, busy / r.cores) / max(1.0, per_node / r.cores)
 
 

@@ -1,13 +1,19 @@
-"""The communication modes by name: what each one composes. Pure data, no MPI.
+"""The catalogue of strategies: each mode, placement and consistency by name, with its
+facts. Pure data and pure functions, no MPI.
 
 A mode is a pair of strategies (``pshybrid.modes``): where the embedding rows live and how
-their gradients move (``sparse``), and the same for the dense weights (``dense``). This
-table is the one list of modes: the command line's choices, config validation, ``info``,
-``pshybrid.modes`` and the docs' mode table (checked by a test) all read it.
+their gradients move (``sparse``), and the same for the dense weights (``dense``). A
+placement says where the table shards live; a consistency how fresh an embedding read is.
+This module is the one list of each: the command line's choices, config validation (the
+allowed combinations, ``refusal``), ``info``, ``pshybrid.modes``, the cost model
+(``planner``), the memory check (``limits``), ``--mode auto`` and the docs' mode table
+(checked by a test) all read it. Code elsewhere asks its predicates (``ModeSpec``'s
+properties, ``is_colocated``, ``parse_consistency``) instead of comparing names.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 DENSE_ROW = 256  # width of a row of the dense table when the dense weights live on servers
@@ -27,10 +33,15 @@ DENSE_STRATEGIES = {
 
 @dataclass(frozen=True)
 class ModeSpec:
+    """One mode: its strategies and what they allow. ``hot_rows``: ``--replicate-rows``
+    (the hot rows join the dense Allreduce); ``front_end``: ``pshybrid.torch`` trains with it."""
+
     name: str
     sparse: str  # a key of SPARSE_STRATEGIES
     dense: str   # a key of DENSE_STRATEGIES
     help: str
+    hot_rows: bool = False
+    front_end: bool = False
 
     @property
     def needs_servers(self) -> bool:
@@ -41,15 +52,142 @@ class ModeSpec:
         """``auto``: resolved to another mode (and placement) before anything is built."""
         return self.sparse == "chosen"
 
+    @property
+    def sparse_on_servers(self) -> bool:
+        """The embedding rows live on the servers (RMA pulls, pushes to owners)."""
+        return self.sparse == "servers"
+
+    @property
+    def dense_on_servers(self) -> bool:
+        """The dense weights live on the servers too (pulled and pushed each step)."""
+        return self.dense == "servers"
+
+    @property
+    def dense_allreduce(self) -> bool:
+        """The dense weights are replicated and their gradients Allreduced."""
+        return self.dense == "allreduce"
+
+    @property
+    def replicated(self) -> bool:
+        """Every worker holds the whole table (gradient rows Allgathered)."""
+        return self.sparse == "replicated"
+
+    @property
+    def stale_reads(self) -> bool:
+        """``--consistency ssp:K|asp`` and ``--cache-rows`` apply (reads from the servers)."""
+        return self.sparse_on_servers
+
 
 MODES: dict[str, ModeSpec] = {m.name: m for m in (
     ModeSpec("hybrid", "servers", "allreduce",
-             "embeddings on the servers (RMA), dense weights replicated (Allreduce)"),
+             "embeddings on the servers (RMA), dense weights replicated (Allreduce)",
+             hot_rows=True, front_end=True),
     ModeSpec("ps", "servers", "servers",
              "embeddings and dense weights on the servers: a parameter server"),
     ModeSpec("allreduce", "replicated", "allreduce",
-             "every table on every worker: sparse gradients Allgathered, dense Allreduced"),
+             "every table on every worker: sparse gradients Allgathered, dense Allreduced",
+             front_end=True),
     ModeSpec("auto", "chosen", "chosen",
              "mode, placement and --replicate-rows picked at start-up by a cost model "
              "calibrated on this job (a probe of a few seconds at start-up)"),
 )}
+
+# -- placements --------------------------------------------------------------------------
+
+DEDICATED, COLOCATED = "dedicated", "colocated"
+PLACEMENTS = {DEDICATED: "table shards on server ranks that only serve",
+              COLOCATED: "a shard on every rank, each of which also trains"}
+NO_PLACEMENT = "-"  # a planner alternative without shards (allreduce)
+
+
+def is_colocated(placement: str) -> bool:
+    """Every rank trains and owns a shard (``Topology.colocated``)."""
+    return placement == COLOCATED
+
+
+def is_dedicated(placement: str) -> bool:
+    """Server ranks that only serve hold the shards (a planner alternative without shards,
+    ``NO_PLACEMENT``, is neither)."""
+    return placement == DEDICATED
+
+
+def placement_name(colocated: bool) -> str:
+    return COLOCATED if colocated else DEDICATED
+
+
+# -- consistency: bsp | ssp:K | asp, parsed here only -----------------------------------
+
+CONSISTENCY_HELP = "must be bsp, ssp:K (K >= 0 steps) or asp"
+
+
+@dataclass(frozen=True)
+class Consistency:
+    """A parsed ``--consistency``: ``bound`` is the staleness promised (bsp: 0, ssp:K: K,
+    asp: None, no bound)."""
+
+    text: str
+    bound: int | None
+
+    @property
+    def synchronous(self) -> bool:
+        """``bsp``: every read sees every update of the earlier steps (no pipeline)."""
+        return is_synchronous(self.text)
+
+
+def is_synchronous(text: str) -> bool:
+    """``--consistency bsp``: the reads need no pipeline (``ssp:0`` keeps one: its numbers
+    are bsp's, its reads go through the pipeline)."""
+    return text == "bsp"
+
+
+def parse_consistency(text: str) -> Consistency:
+    """``bsp`` | ``ssp:K`` | ``asp`` -> ``Consistency``; anything else: ValueError."""
+    if text in ("bsp", "asp"):
+        return Consistency(text, 0 if text == "bsp" else None)
+    m = re.fullmatch(r"ssp:([0-9]+)", text)
+    if m is None:
+        raise ValueError(CONSISTENCY_HELP)
+    return Consistency(text, int(m.group(1)))
+
+
+def consistency_error(text: str) -> str | None:
+    """The config's check of ``--consistency``: None, or why not."""
+    try:
+        parse_consistency(text)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+# -- the allowed combinations -------------------------------------------------------------
+
+def refusal(mode: str, placement: str, servers, replicate_rows: int, consistency: str,
+            cache_rows: int, device: str) -> str | None:
+    """Why this combination of options is not allowed (the message names the options and
+    what to do), or None."""
+    spec = MODES[mode]
+    if spec.chosen and (replicate_rows or placement != DEDICATED):
+        return (f"--mode {mode} chooses --placement and --replicate-rows: drop them (or pick "
+                "a mode)")
+    if replicate_rows and not (spec.hot_rows and device == "cpu"):
+        return (f"--replicate-rows {replicate_rows}: hot rows join the workers' dense "
+                "Allreduce: only with --mode hybrid on --device cpu")
+    if not is_synchronous(consistency) or cache_rows:
+        bad = [why for cond, why in (
+            (not spec.stale_reads, f"--mode {mode}"),
+            (is_colocated(placement), f"--placement {placement}"),
+            (replicate_rows > 0, f"--replicate-rows {replicate_rows}"),
+            (device != "cpu", f"--device {device}")) if cond]
+        if bad:
+            return (f"--consistency {consistency} --cache-rows {cache_rows}: only with --mode "
+                    f"hybrid or ps, --placement dedicated, no --replicate-rows, --device cpu; "
+                    f"not with {', '.join(bad)}")
+    if is_colocated(placement) and not spec.needs_servers:
+        return (f"--placement colocated: --mode {mode} has no table shards to place (every "
+                "worker holds every table)")
+    if is_colocated(placement) and servers is not None:
+        return f"--placement colocated puts a shard on every rank: drop --servers {servers}"
+    if servers and not spec.needs_servers and not spec.chosen:
+        return (f"--mode {mode} keeps every table on every worker and uses no server: drop "
+                f"--servers {servers} (or use --servers 0)")
+    return None

@@ -36,6 +36,7 @@ from .modes.hot import hottest_rows
 from .optim import Optimizer, Schedule
 from .preempt import CAUGHT, Preemption, notice
 from .preflight import lock_checkpoint_dir, preflight, total_steps
+from .registry import is_colocated
 from .report import Reporter, banner, summarize
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .synthetic import SyntheticCTR
@@ -91,7 +92,7 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
         spec = MODES[cfg.mode]
         topo = Topology.create(comm, cfg.servers if spec.needs_servers else 0,
                                need_servers=spec.needs_servers,
-                               colocated=cfg.placement == "colocated")
+                               colocated=is_colocated(cfg.placement))
         job, opened, out = None, [], out or sys.stdout
         try:
             data, evdata = _open_data(cfg, topo, dataset, opened)

@@ -1,7 +1,8 @@
 """The package's shape, checked against its documentation: the layer table of
 docs/architecture.md (no import goes up a layer, no circle of imports), the mode registry
-== the modes the docs list, size limits that keep modules readable (the package's and
-bench/'s), and a product that cites nothing outside the repository."""
+== the modes the docs list, no comparison with a mode, placement or consistency name outside
+the catalogue (``pshybrid.registry``), size limits that keep modules readable (the package's
+and bench/'s), and a product that cites nothing outside the repository."""
 
 from __future__ import annotations
 
@@ -180,6 +181,51 @@ def test_no_module_imports_another_modules_private_name(tmp_path):
     (pkg / "b.py").write_text("from . import __doc__\ndef g():\n    from .a import _f\n")
     (pkg / "c.py").write_text("from toy.a import _f as f\nfrom os import _exit\n")
     assert private_imports(pkg) == ["b: line 3 imports _f from .a", "c: line 1 imports _f from toy.a"]
+
+
+# The catalogue's names: modes (not ``auto``, which is also --progress's, --shared-memory's
+# and --cuda-aware's value), their strategies, placements and consistencies.
+CATALOGUE_NAMES = {"hybrid", "ps", "allreduce", "servers", "replicated", "chosen", "dedicated",
+                   "colocated", "bsp", "asp"}
+CATALOGUE = "registry"  # the one module that may compare them (the catalogue itself)
+
+
+def _names_in(node) -> list[str]:
+    items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return [n.value for n in items if isinstance(n, ast.Constant) and isinstance(n.value, str)
+            and (n.value in CATALOGUE_NAMES or n.value.startswith("ssp"))]
+
+
+def name_comparisons(pkg: pathlib.Path, allowed=(CATALOGUE,)) -> list[str]:
+    """Comparisons (``==``, ``!=``, ``in``, ``not in``) with a mode, strategy, placement or
+    consistency name outside the catalogue: they go through its predicates instead. The
+    options' definitions (``choices=``, defaults) are not comparisons and stay where they are."""
+    bad = []
+    for path in sorted(pkg.rglob("*.py")):
+        mod = module_name(path, pkg)
+        if mod in allowed:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                names = [n for x in (node.left, *node.comparators) for n in _names_in(x)]
+                if names:
+                    bad.append(f"{mod}: line {node.lineno} compares with {', '.join(names)}")
+    return bad
+
+
+def test_no_comparison_with_a_catalogue_name_outside_the_catalogue(tmp_path):
+    bad = name_comparisons(PKG)
+    assert not bad, "ask pshybrid.registry's predicates instead:\n" + "\n".join(bad)
+    pkg = tmp_path / "toy"  # the check finds planted ones, in any position
+    pkg.mkdir()
+    (pkg / "registry.py").write_text("def f(m):\n    return m == 'ps'\n")
+    (pkg / "a.py").write_text("def f(cfg):\n    return cfg.placement != 'colocated'\n"
+                              "x = lambda m: m in ('hybrid', 'ps') or 'bsp' == m\n"
+                              "y = lambda c: c not in {'ssp:1'} and c == 'auto'\n")
+    assert name_comparisons(pkg) == ["a: line 2 compares with colocated",
+                                     "a: line 3 compares with hybrid, ps",
+                                     "a: line 3 compares with bsp",
+                                     "a: line 4 compares with ssp:1"]
 
 
 def oversized(root: pathlib.Path) -> list[str]:

@@ -15,12 +15,14 @@ Workers: ``batch = mode.prepare(ids)`` (on the data thread where it can), ``mode
 from __future__ import annotations
 
 from ..registry import MODES, ModeSpec
-from .step import Mode
+from .step import Mode, ModeSetup
+from .strategy import DenseStrategy, SparseStrategy
 
-__all__ = ["MODES", "Mode", "ModeSpec", "build_mode"]
+__all__ = ["MODES", "DenseStrategy", "Mode", "ModeSetup", "ModeSpec", "SparseStrategy",
+           "build_mode"]
 
 
 def build_mode(name: str, topo, layout, ps, sparse_opt, dense_opt, seed: int, **options) -> Mode:
     """The mode ``name`` of the registry (collective over ``topo.world``); ``options``: those
-    of ``Mode`` (``dense=``: a front end's own dense strategy class)."""
-    return Mode(MODES[name], topo, layout, ps, sparse_opt, dense_opt, seed, **options)
+    of ``ModeSetup`` (``dense=``: a front end's own dense strategy class)."""
+    return Mode(ModeSetup(MODES[name], topo, layout, ps, sparse_opt, dense_opt, seed, **options))

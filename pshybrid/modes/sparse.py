@@ -83,6 +83,9 @@ class _StagedSums:
     _staged = None
     hot = None
 
+    def begin(self, step: int) -> None:
+        """Before the forward pass: nothing (``stale.StaleReads`` counts the steps here)."""
+
     def set_lr(self, lr: float) -> None:
         """The optimizer's learning rate from the next step on (``pshybrid.torch``: a torch
         scheduler's; ``Mode.set_sparse_lr``)."""

@@ -30,24 +30,58 @@ Enforcement (``Pipeline``):
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 from mpi4py import MPI
 
 from ..kernels import gather
+from ..registry import parse_consistency
 from ..store import Plan
 
 ASP_AGE = 32  # asp: a cached row is refreshed once it is this many steps old
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
+class StaleReads:
+    """The sparse strategy of a worker under ``--consistency ssp:K|asp`` or ``--cache-rows``:
+    ``ServerSparse`` wrapped so that the loop's training reads (the batch the pipeline
+    announced) go through ``pipeline`` (pull-ahead, cache); a checkpoint and the end drain it
+    (no read in flight, no cached row: a BSP point); its read counters join ``traffic``.
+    Every other member is the wrapped strategy's."""
+
+    def __init__(self, inner, pipeline: Pipeline, timers):
+        self.inner, self.pipeline, self.timers = inner, pipeline, timers
+        self.live, self.server_step = inner.live, inner.server_step
+        self.prepare_uses_mpi = inner.prepare_uses_mpi
+        for name in ("prepare", "stage", "start", "finish", "grads_for"):  # the step's calls:
+            setattr(self, name, getattr(inner, name))  # bound once, no lookup per step
+
+    def __getattr__(self, name):  # the rest: the wrapped strategy's
+        return getattr(self.inner, name)
+
+    def begin(self, step: int) -> None:
+        self.pipeline.begin(step)
+
+    def lookup(self, batch):
+        if batch is self.pipeline.current:  # a training step's read
+            with self.timers.time("pull"):
+                return self.pipeline.lookup(batch)
+        return self.inner.lookup(batch)
+
+    def before_checkpoint(self) -> None:
+        self.inner.before_checkpoint()
+        self.pipeline.drain()
+
+    def close(self) -> None:
+        self.pipeline.drain()
+        self.inner.close()
+
+    def traffic(self) -> dict:
+        return {**self.inner.traffic(), **self.pipeline.traffic()}
+
+
 def staleness_bound(consistency: str) -> int | None:
-    """``bsp`` -> 0, ``ssp:K`` -> K, ``asp`` -> None (no bound)."""
-    if consistency == "asp":
-        return None
-    m = re.fullmatch(r"ssp:([0-9]+)", consistency)
-    return int(m.group(1)) if m else 0
+    """``bsp`` -> 0, ``ssp:K`` -> K, ``asp`` -> None (no bound); parsed by the catalogue."""
+    return parse_consistency(consistency).bound
 
 
 class RowCache:

@@ -36,14 +36,15 @@ import numpy as np
 
 from ..backend import HostStaging, array_module, host_waits, synchronize
 from ..optim import Optimizer
-from ..registry import ModeSpec
+from ..registry import ModeSpec, is_synchronous
 from ..store import EmbeddingStore
 from ..timers import EventTimers, Timers
 from ..topology import Topology
 from .dense import DENSE
 from .servers import ServerLink, apply_step, serve
 from .sparse import SPARSE, Batch
-from .stale import Pipeline, staleness_bound
+from .stale import Pipeline, StaleReads, staleness_bound
+from .strategy import DenseStrategy, SparseStrategy
 
 
 @dataclass
@@ -65,47 +66,73 @@ class Context:
             self.kernel_timers = self.timers
 
 
+@dataclass
+class ModeSetup:
+    """What a ``Mode`` is built from (``build_mode`` makes it from the registry's name):
+    ``spec`` (the catalogue entry), the topology, the fused table's layout, the model's
+    ParamSpace, the two optimizers and the seed; then the options: ``bucket_bytes`` (start
+    the dense Allreduce in buckets of at least that many bytes during backward; 0: one
+    Allreduce after it), ``shared_memory`` (the store's same-node path: None = on when the
+    job is on one node), ``cuda_aware``, ``hot_rows`` (sorted fused-table rows replicated on
+    every worker, ``modes.hot``; call ``ready()`` once the tables hold their start values),
+    ``consistency`` (``bsp``, ``ssp:K``, ``asp``) and ``cache_rows`` (the worker's hot-row
+    cache): with a consistency other than ``bsp``, or a cache, workers read the embeddings
+    through ``stale.Pipeline`` (``Mode.stale``; the sparse strategy wrapped in
+    ``stale.StaleReads``; None otherwise: the bsp path, unchanged),
+    ``dense`` (a dense strategy class called as ``DENSE``'s are, ``(ctx, dense_opt,
+    bucket_bytes)``, in place of the registry's: ``pshybrid.torch``'s, whose update is the
+    torch optimizer's)."""
+
+    spec: ModeSpec
+    topo: Topology
+    layout: object
+    ps: object
+    sparse_opt: Optimizer
+    dense_opt: Optimizer
+    seed: int
+    bucket_bytes: int = 0
+    shared_memory: bool | None = None
+    cuda_aware: bool = False
+    hot_rows: object = None
+    consistency: str = "bsp"
+    cache_rows: int = 0
+    dense: type | None = None
+
+
 class Mode:
-    """``spec``'s strategies for one job (collective construction over ``topo.world``).
+    """``setup.spec``'s strategies for one job (collective construction over
+    ``topo.world``; ``ModeSetup`` says what each option does)."""
 
-    Options: ``bucket_bytes`` (start the dense Allreduce in buckets of at least that many
-    bytes during backward; 0: one Allreduce after it), ``shared_memory`` (the store's
-    same-node path: None = on when the job is on one node), ``cuda_aware``, ``hot_rows``
-    (sorted fused-table rows replicated on every worker, ``modes.hot``; call ``ready()``
-    once the tables hold their start values), ``consistency`` (``bsp``, ``ssp:K``, ``asp``)
-    and ``cache_rows`` (the worker's hot-row cache): with a consistency other than ``bsp``,
-    or a cache, workers read the embeddings through ``stale.Pipeline`` (``self.stale``;
-    None otherwise: the bsp path, unchanged), ``dense`` (a dense strategy class called as
-    ``DENSE``'s are, ``(ctx, dense_opt, bucket_bytes)``, in place of the registry's:
-    ``pshybrid.torch``'s, whose update is the torch optimizer's).
-    """
+    sparse: SparseStrategy
+    dense: DenseStrategy
 
-    def __init__(self, spec: ModeSpec, topo: Topology, layout, ps, sparse_opt: Optimizer,
-                 dense_opt: Optimizer, seed: int, *, bucket_bytes: int = 0,
-                 shared_memory: bool | None = None, cuda_aware: bool = False,
-                 hot_rows=None, consistency: str = "bsp", cache_rows: int = 0, dense=None):
-        self.spec, self.topo, self.layout = spec, topo, layout
+    def __init__(self, setup: ModeSetup):
+        spec, topo, ps = setup.spec, setup.topo, setup.ps
+        self.spec, self.topo, self.layout = spec, topo, setup.layout
         self.timers = Timers()
         self.xp = array_module(ps.flat)
         gpu = self.xp is not np
         self.kernel_timers = EventTimers(self.timers, self.xp.cuda) if gpu else self.timers
-        ctx = Context(topo, ps, self.xp, self.timers, seed, cuda_aware, self.kernel_timers,
-                      HostStaging() if gpu else None)
-        hot = {} if hot_rows is None else {"hot_ids": hot_rows}  # --replicate-rows
-        self.sparse = SPARSE[spec.sparse](ctx, layout, sparse_opt, **hot)
-        self.dense = (dense or DENSE[spec.dense])(ctx, dense_opt, bucket_bytes)
+        ctx = Context(topo, ps, self.xp, self.timers, setup.seed, setup.cuda_aware,
+                      self.kernel_timers, HostStaging() if gpu else None)
+        hot = {} if setup.hot_rows is None else {"hot_ids": setup.hot_rows}  # --replicate-rows
+        self.sparse = SPARSE[spec.sparse](ctx, setup.layout, setup.sparse_opt, **hot)
+        self.dense = (setup.dense or DENSE[spec.dense])(ctx, setup.dense_opt, setup.bucket_bytes)
+        assert isinstance(self.sparse, SparseStrategy) and isinstance(self.dense, DenseStrategy)
         tables = self.sparse.tables() + self.dense.tables()
-        self.store = (EmbeddingStore(topo, tables, seed=seed, shared_memory=shared_memory)
-                      if tables else None)
+        self.store = (EmbeddingStore(topo, tables, seed=setup.seed,
+                                     shared_memory=setup.shared_memory) if tables else None)
         self.sparse.attach(self.store)
         self.dense.attach(self.store)
         self.server_step = self.sparse.server_step or self.dense.server_step
         self.live = self.sparse.live or self.dense.live
         self.link = ServerLink(topo) if spec.needs_servers else None
-        self.stale = None
-        if (consistency != "bsp" or cache_rows) and topo.is_worker:
-            assert spec.sparse == "servers" and hot_rows is None, "refused by the config"
-            self.stale = Pipeline(self.sparse, staleness_bound(consistency), cache_rows)
+        self.stale = None  # the pipeline of StaleReads, which wraps the sparse strategy
+        if (not is_synchronous(setup.consistency) or setup.cache_rows) and topo.is_worker:
+            assert spec.stale_reads and setup.hot_rows is None, "refused by the config"
+            self.stale = Pipeline(self.sparse, staleness_bound(setup.consistency),
+                                  setup.cache_rows)
+            self.sparse = StaleReads(self.sparse, self.stale, self.timers)
 
     # -- the step (workers) ----------------------------------------------------------------
     @property
@@ -120,14 +147,10 @@ class Mode:
     def begin(self, step: int) -> None:
         """Before the forward pass (``ps``: pull the dense weights)."""
         self.dense.begin(step)
-        if self.stale is not None:
-            self.stale.begin(step)
+        self.sparse.begin(step)
 
     def lookup(self, batch: Batch):
         """-> emb: batch.ids.shape + (E,) in ``self.xp``."""
-        if self.stale is not None and batch is self.stale.current:  # a training step's
-            with self.timers.time("pull"):
-                return self.stale.lookup(batch)
         return self.sparse.lookup(batch)
 
     def update(self, batch: Batch, demb, step: int) -> None:
@@ -202,16 +225,12 @@ class Mode:
     def request_checkpoint(self, step: int) -> None:
         """Workers, before ``checkpoint.save`` for ``step``: replicated rows written back to
         their owners; dedicated servers told to join."""
-        self.sparse.before_checkpoint()
-        if self.stale is not None:
-            self.stale.drain()  # no read in flight, no cached row: a BSP point
+        self.sparse.before_checkpoint()  # (StaleReads: and drained: a BSP point)
         if self._dedicated:
             self.link.checkpoint(step)
 
     def finish(self) -> None:
         """Collective: stop the servers, free plans and the store's window."""
-        if self.stale is not None:
-            self.stale.drain()
         self.sparse.close()
         self.dense.close()
         if self._dedicated and self.topo.is_worker:
@@ -253,6 +272,4 @@ class Mode:
                        rma_acc_bytes=t.acc_bytes)
         if self.link is not None:
             out["p2p_bytes"] = self.link.bytes
-        if self.stale is not None:
-            out.update(self.stale.traffic())
         return out

@@ -143,7 +143,7 @@ def session() -> Session:
 
 
 def _check_tables(tables, mode: str, servers: int) -> None:
-    if mode not in ("hybrid", "allreduce"):
+    if mode not in MODES or not MODES[mode].front_end:
         raise ConfigError(f"pt.init: mode {mode!r}: pshybrid.torch trains with 'hybrid' "
                           "(tables on the servers) or 'allreduce' (a copy per worker)",
                           collective=True)
@@ -168,8 +168,8 @@ def _check_tables(tables, mode: str, servers: int) -> None:
             raise ConfigError(f"pt.Table {t.name!r}: optimizer, lr, dtype and init_scale must "
                               f"equal table {t0.name!r}'s (one fused table, one optimizer)",
                               collective=True)
-    if mode == "allreduce" and servers:
-        raise ConfigError(f"pt.init: mode 'allreduce' uses no server: servers={servers}",
+    if not MODES[mode].needs_servers and servers:
+        raise ConfigError(f"pt.init: mode {mode!r} uses no server: servers={servers}",
                           collective=True)
 
 
