@@ -284,28 +284,28 @@ def time_compute(xp, mlp: str, batch_size: int = 256, dim: int = 16, repeat: int
     from pshybrid.schema import Schema
     from pshybrid.synthetic import CRITEO_LIKE
 
-    ps = ParamSpace()
+    params = ParamSpace()
     model, layout = build_model("wdl", Schema(13, CRITEO_LIKE), dim,
-                                tuple(int(x) for x in mlp.split(",")), ps, "float32")
-    ps.build(xp, np.dtype("float32"), seed)
+                                tuple(int(x) for x in mlp.split(",")), params, "float32")
+    params.build(xp, np.dtype("float32"), seed)
     rng = np.random.default_rng(seed)
     dense = xp.asarray(rng.standard_normal((batch_size, 13)).astype(np.float32))
     emb = xp.asarray((rng.standard_normal((batch_size, 26, layout.table.dim)) * 0.01)
                      .astype(np.float32))
     label = xp.asarray((rng.random(batch_size) < 0.25).astype(np.float32))
     opt = Optimizer("adam", 1e-3)
-    state = {k: xp.zeros_like(ps.flat) for k in opt.slots}
+    state = {k: xp.zeros_like(params.flat) for k in opt.slots}
     step = [0]
 
     def fwd_bwd():
         _, dz = bce_with_logits(model.forward(dense, emb), label)
-        ps.zero_grad()
+        params.zero_grad()
         synchronize(model.backward(dz * (1.0 / batch_size)))
 
     def dense_apply():
         step[0] += 1
-        opt.update(ps.flat, ps.flat_grad, state, step[0])
-        synchronize(ps.flat)
+        opt.update(params.flat, params.flat_grad, state, step[0])
+        synchronize(params.flat)
 
     def median_time(fn):
         for _ in range(warmup):
@@ -318,7 +318,7 @@ def time_compute(xp, mlp: str, batch_size: int = 256, dim: int = 16, repeat: int
         return st.median(times)
 
     return {"mlp": mlp, "batch_size": batch_size, "embedding_dim": dim, "dtype": "float32",
-            "dense_params": int(ps.size), "fwd_bwd_seconds": median_time(fwd_bwd),
+            "dense_params": int(params.size), "fwd_bwd_seconds": median_time(fwd_bwd),
             "dense_apply_seconds": median_time(dense_apply), "repeat": repeat}
 
 

@@ -23,8 +23,8 @@ class WireOnly:
     real shape (B, F, E). The dense gradients are zeroed once and stay zero (a GPU worker
     zeroes them on its GPU: no per-step memset of P floats on the CPU)."""
 
-    def __init__(self, model, ps):
-        self.model, self.ps, self.order, self.demb = model, ps, None, {}
+    def __init__(self, model, params):
+        self.model, self.params, self.order, self.demb = model, params, None, {}
 
     def forward(self, dense, emb, *bags):
         if self.order is None:
@@ -33,20 +33,20 @@ class WireOnly:
         return np.zeros(dense.shape[0], dense.dtype)
 
     def backward(self, dlogits):
-        ps = self.ps
+        params = self.params
         if self.order is None:
-            self.order, report = [], ps.grads_ready
-            ps.grads_ready = lambda *names: (self.order.append(names), report(*names))
+            self.order, report = [], params.grads_ready
+            params.grads_ready = lambda *names: (self.order.append(names), report(*names))
             try:
                 demb = self.model.backward(dlogits)
             finally:
-                del ps.grads_ready  # the class's method again
+                del params.grads_ready  # the class's method again
             return demb
-        if "zero_grad" not in vars(ps):  # the first stand-in step: zero, then never again
-            ps.flat_grad[...] = 0
-            ps.zero_grad = lambda: None
+        if "zero_grad" not in vars(params):  # the first stand-in step: zero, then never again
+            params.flat_grad[...] = 0
+            params.zero_grad = lambda: None
         for names in self.order:
-            ps.grads_ready(*names)
+            params.grads_ready(*names)
         return self.demb.setdefault(self.shape, np.zeros(self.shape, dlogits.dtype))
 
 
@@ -71,9 +71,9 @@ def wire_only(on: bool):
     Allreduce strategies a ``DeviceOptimizer`` (bench-only; restored on exit)."""
     build_model, build_mode = train_module.build_model, train_module.build_mode
 
-    def wire_model(name, schema, dim, mlp, ps, *args, **kw):
-        model, layout = build_model(name, schema, dim, mlp, ps, *args, **kw)
-        return WireOnly(model, ps), layout
+    def wire_model(name, schema, dim, mlp, params, *args, **kw):
+        model, layout = build_model(name, schema, dim, mlp, params, *args, **kw)
+        return WireOnly(model, params), layout
 
     def wire_mode(*args, **kw):
         mode = build_mode(*args, **kw)

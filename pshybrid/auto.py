@@ -57,14 +57,14 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
     opened = []
     try:
         data = _open(cfg, pc, dataset, opened)
-        ps = ParamSpace()
-        model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, ps,
+        params = ParamSpace()
+        model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,
                                     cfg.dtype, cfg.cross_layers)
-        ps.build(np, np.dtype(cfg.dtype), cfg.seed)
+        params.build(np, np.dtype(cfg.dtype), cfg.seed)
         nodes = pc.allreduce(int(_local_rank(pc) == 0))
         S = cfg.servers if cfg.servers is not None else default_servers(nodes, pc.size)
-        shape, read = id_stats(cfg, data, layout, pc.size, S, nodes, ps.size)
-        rates, memory = measure(pc, cfg, model, ps, layout, shape, read)
+        shape, read = id_stats(cfg, data, layout, pc.size, S, nodes, params.size)
+        rates, memory = measure(pc, cfg, model, params, layout, shape, read)
         alts = planner.alternatives(shape)
         refused = refusals(cfg, data.schema, alts, nodes, pc.size, memory)
         try:
@@ -220,7 +220,7 @@ def _typical(fn, repeats: int = REPEATS, sync=None) -> float:
     return float(np.median(times))
 
 
-def measure(comm, cfg, model, ps, layout, shape, read):
+def measure(comm, cfg, model, params, layout, shape, read):
     """(planner.Rates, available memory or None): every figure the slowest rank's."""
     dt = np.dtype(cfg.dtype)
     label, dense, ids, *bags = read()  # bags: the multi-hot fields' lengths, if any
@@ -231,14 +231,14 @@ def measure(comm, cfg, model, ps, layout, shape, read):
     def fwd_bwd():
         z = model.forward(dense, emb, *bags)
         _, dz = bce_with_logits(z, label)
-        ps.zero_grad()
+        params.zero_grad()
         model.backward(dz * (1.0 / dz.size))
 
     dense_opt = Optimizer(cfg.dense_optimizer, cfg.lr)
-    state = {k: np.zeros_like(ps.flat) for k in dense_opt.slots}
+    state = {k: np.zeros_like(params.flat) for k in dense_opt.slots}
     comm.Barrier()  # every rank computes at once, as in training
     compute = _typical(fwd_bwd)
-    dense_apply = _typical(lambda: dense_opt.update(ps.flat, ps.flat_grad, state, 1))
+    dense_apply = _typical(lambda: dense_opt.update(params.flat, params.flat_grad, state, 1))
     n = max(1, int(max(shape.union.values(), default=shape.U)))
     R = min(max(4 * n, 1024), layout.table.rows)
     rows = np.sort(rng.choice(R, size=min(n, R), replace=False)).astype(np.int64)

@@ -74,7 +74,7 @@ def _described(cfg) -> dict:
     return cfg.meta() if hasattr(cfg, "meta") else {"config": to_dict(cfg)}
 
 
-def _write_files(tmp: str, step: int, cfg, topo, ps, schema, ids, sparse, dense) -> None:
+def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, dense) -> None:
     """This rank's files of checkpoint ``step`` in ``tmp``: its shard (holders of sparse
     rows), dense.h5 and meta.json (worker 0, which has ``dense``). Each exclusive, fsync'ed."""
     if ids is not None:
@@ -92,7 +92,7 @@ def _write_files(tmp: str, step: int, cfg, topo, ps, schema, ids, sparse, dense)
         for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items())):
             f[k] = a
             f[k].attrs[CRC_ATTR] = crc32(a)
-        f.attrs["params"] = json.dumps([(n, ps.offset(n), list(ps.shape(n))) for n in ps.names])
+        f.attrs["params"] = json.dumps([(n, params.offset(n), list(params.shape(n))) for n in params.names])
     safeio.fsync_file(dpath)
     meta = {"format_version": FORMAT_VERSION, "step": step, "mode": cfg.mode,
             "servers": topo.n_servers, "seed": cfg.seed, **_described(cfg),
@@ -140,7 +140,7 @@ def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridE
     return _failed(root, step, problem) if problem else None
 
 
-def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
+def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema) -> str:
     """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``); ``cfg``:
     the run's ``TrainConfig``, or a front end's run (``mode``, ``seed``, ``keep_last`` and
     ``meta()``: ``pshybrid.torch.session.TorchRun``). A write
@@ -159,7 +159,7 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
         agree(topo.world, _room(tmp, root, step, topo, ids, sparse, dense))
         err = None
         try:
-            _write_files(tmp, step, cfg, topo, ps, schema, ids, sparse, dense)
+            _write_files(tmp, step, cfg, topo, params, schema, ids, sparse, dense)
         except (OSError, RuntimeError) as e:  # RuntimeError: h5py's, on a full disk
             err = _failed(root, step, str(getattr(e, "strerror", None) or e))
         agree(topo.world, err)  # Wire: every file is on disk before the rename
@@ -185,7 +185,7 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, ps, schema) -> str:
 
 # -- loading -------------------------------------------------------------------------------
 
-def load(path: str, cfg: TrainConfig, topo, mode, ps, schema, weights_only: bool = False) -> int:
+def load(path: str, cfg: TrainConfig, topo, mode, params, schema, weights_only: bool = False) -> int:
     """Load a checkpoint into a freshly built ``mode`` (collective); returns its step. With
     ``weights_only`` (scoring: a mode built without optimizer state) the optimizer state is
     checked but not loaded."""
@@ -202,7 +202,7 @@ def load(path: str, cfg: TrainConfig, topo, mode, ps, schema, weights_only: bool
             me, n = holders.index(topo.rank), len(holders)  # each checks 1/n of the shards
             read_shards(step_dir, meta, mode.layout.table.dim, SLOTS[cfg.sparse_optimizer],
                         mode.owns, mode.set_sparse_rows, weights_only, lambda i: i % n == me)
-        flat, state, _ = read_dense(step_dir, SLOTS[cfg.dense_optimizer], ps.size,
+        flat, state, _ = read_dense(step_dir, SLOTS[cfg.dense_optimizer], params.size,
                                     checksums=sums and first)
         mode.set_dense_state(flat, {} if weights_only else state)
     except PshybridError as e:

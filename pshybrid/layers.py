@@ -2,8 +2,8 @@
 
 ``ParamSpace`` holds every dense parameter of a model in one flat buffer ``flat`` (P,)
 and every gradient in one flat buffer ``flat_grad`` (P,), in registration order, each
-parameter contiguous; layers hold only names and look up views (``ps.param(name)``,
-``ps.grad(name)``), so a fused Allreduce of ``flat_grad`` copies nothing.
+parameter contiguous; layers hold only names and look up views (``params.param(name)``,
+``params.grad(name)``), so a fused Allreduce of ``flat_grad`` copies nothing.
 
 Initialisation of parameter ``name`` under ``seed`` depends on those values alone:
 
@@ -18,7 +18,7 @@ drawn in float64, then cast to the buffer's dtype.
 
 Layers cache in ``forward`` what ``backward`` needs; ``backward(dy)`` returns the input
 gradient and accumulates (+=) into the parameter gradients (the trainer zeroes them), then
-calls ``ps.grads_ready(names)`` for the parameters it has finished (a layer runs once per
+calls ``params.grads_ready(names)`` for the parameters it has finished (a layer runs once per
 backward pass), so the dense Allreduce can start on them during the rest of backward.
 """
 
@@ -125,23 +125,23 @@ class ParamSpace:
 class Linear:
     """y = x @ W + b; x: (B, d_in), W: (d_in, d_out), b: (d_out,) -> y: (B, d_out)."""
 
-    def __init__(self, ps: ParamSpace, name: str, d_in: int, d_out: int):
-        self.ps, self.w, self.b = ps, f"{name}.weight", f"{name}.bias"
-        ps.add(self.w, (d_in, d_out), "xavier_uniform")
-        ps.add(self.b, (d_out,), "zeros")
+    def __init__(self, params: ParamSpace, name: str, d_in: int, d_out: int):
+        self.params, self.w, self.b = params, f"{name}.weight", f"{name}.bias"
+        params.add(self.w, (d_in, d_out), "xavier_uniform")
+        params.add(self.b, (d_out,), "zeros")
 
     def forward(self, x):
         """x: (B, d_in) -> (B, d_out)."""
         self.x = x
-        return x @ self.ps.param(self.w) + self.ps.param(self.b)
+        return x @ self.params.param(self.w) + self.params.param(self.b)
 
     def backward(self, dy):
         """dy: (B, d_out) -> dx: (B, d_in); dW += x^T dy, db += sum_B dy."""
-        gw, gb = self.ps.grad(self.w), self.ps.grad(self.b)
+        gw, gb = self.params.grad(self.w), self.params.grad(self.b)
         gw += self.x.T @ dy
         gb += dy.sum(axis=0)
-        self.ps.grads_ready(self.w, self.b)
-        return dy @ self.ps.param(self.w).T
+        self.params.grads_ready(self.w, self.b)
+        return dy @ self.params.param(self.w).T
 
 
 class ReLU:
@@ -161,13 +161,13 @@ class MLP:
     """Linear layers ``{name}.{i}`` over consecutive ``sizes``, ReLU after each (but the
     last when ``final_activation`` is False); x: (B, sizes[0]) -> (B, sizes[-1])."""
 
-    def __init__(self, ps: ParamSpace, name: str, sizes: list[int],
+    def __init__(self, params: ParamSpace, name: str, sizes: list[int],
                  final_activation: bool = True):
         assert len(sizes) >= 2, sizes
         self.out_dim = sizes[-1]
         self.layers = []
         for i, (d_in, d_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-            self.layers.append(Linear(ps, f"{name}.{i}", d_in, d_out))
+            self.layers.append(Linear(params, f"{name}.{i}", d_in, d_out))
             if final_activation or i < len(sizes) - 2:
                 self.layers.append(ReLU())
 
@@ -215,34 +215,34 @@ class FMInteraction:
 class CrossNet:
     """DCN cross layers x_{l+1} = x_0 * (x_l @ w_l)[:, None] + b_l + x_l; x0: (B, d) -> (B, d)."""
 
-    def __init__(self, ps: ParamSpace, name: str, d: int, n_layers: int):
-        self.ps = ps
-        self.params = [(f"{name}.{l}.weight", f"{name}.{l}.bias") for l in range(n_layers)]
-        for w, b in self.params:
-            ps.add(w, (d,), "xavier_uniform")
-            ps.add(b, (d,), "zeros")
+    def __init__(self, params: ParamSpace, name: str, d: int, n_layers: int):
+        self.params = params
+        self.names = [(f"{name}.{l}.weight", f"{name}.{l}.bias") for l in range(n_layers)]
+        for w, b in self.names:
+            params.add(w, (d,), "xavier_uniform")
+            params.add(b, (d,), "zeros")
 
     def forward(self, x0):
         """x0: (B, d) -> x_L: (B, d)."""
         self.xs, self.us = [x0], []
-        for w, b in self.params:
+        for w, b in self.names:
             x = self.xs[-1]
-            u = x @ self.ps.param(w)
+            u = x @ self.params.param(w)
             self.us.append(u)
-            self.xs.append(x0 * u[:, None] + self.ps.param(b) + x)
+            self.xs.append(x0 * u[:, None] + self.params.param(b) + x)
         return self.xs[-1]
 
     def backward(self, dy):
         """dy: (B, d) -> dx0: (B, d), summed over the x_0 term of every layer and the x_l chain."""
         x0, dx0 = self.xs[0], 0
-        for (w, b), x, u in reversed(list(zip(self.params, self.xs, self.us))):
-            gw, gb = self.ps.grad(w), self.ps.grad(b)
+        for (w, b), x, u in reversed(list(zip(self.names, self.xs, self.us))):
+            gw, gb = self.params.grad(w), self.params.grad(b)
             du = (dy * x0).sum(axis=1)
             gb += dy.sum(axis=0)
             gw += x.T @ du
             dx0 = dx0 + dy * u[:, None]
-            dy = dy + du[:, None] * self.ps.param(w)
-            self.ps.grads_ready(w, b)
+            dy = dy + du[:, None] * self.params.param(w)
+            self.params.grads_ready(w, b)
         return dx0 + dy
 
 

@@ -54,12 +54,12 @@ def _model_shapes(cfg, schema) -> tuple[int, list[tuple[int, ...]], int]:
     from .layers import ParamSpace
     from .models import MODELS, build_model
 
-    ps = ParamSpace()
+    params = ParamSpace()
     dcn = cfg.model == "dcn"
-    build_model(cfg.model, schema, cfg.embedding_dim, cfg.mlp, ps, cfg.dtype,
+    build_model(cfg.model, schema, cfg.embedding_dim, cfg.mlp, params, cfg.dtype,
                 0 if dcn else cfg.cross_layers)
-    shapes = [ps.shape(n) for n in ps.names]
-    P = ps.size
+    shapes = [params.shape(n) for n in params.names]
+    P = params.size
     if dcn:
         d = schema.n_dense + schema.n_sparse * cfg.embedding_dim
         P += 2 * d * cfg.cross_layers

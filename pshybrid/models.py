@@ -22,8 +22,8 @@ class CTRModel:
 
     wide = 0
 
-    def __init__(self, schema: Schema, dim: int, mlp: tuple[int, ...], ps: ParamSpace):
-        self.schema, self.dim, self.mlp, self.ps = schema, dim, tuple(mlp), ps
+    def __init__(self, schema: Schema, dim: int, mlp: tuple[int, ...], params: ParamSpace):
+        self.schema, self.dim, self.mlp, self.params = schema, dim, tuple(mlp), params
         self.F, self.Fd = len(schema.cardinalities), schema.n_dense
 
     def forward(self, dense, emb):  # pragma: no cover - interface
@@ -52,10 +52,10 @@ class WDL(CTRModel):
     wide = 1
     linear_name = "wide.dense"
 
-    def __init__(self, schema, dim, mlp, ps):
-        super().__init__(schema, dim, mlp, ps)
-        self.linear = Linear(ps, self.linear_name, self.Fd, 1)
-        self.deep = MLP(ps, "over", [self.Fd + self.F * dim, *mlp, 1], final_activation=False)
+    def __init__(self, schema, dim, mlp, params):
+        super().__init__(schema, dim, mlp, params)
+        self.linear = Linear(params, self.linear_name, self.Fd, 1)
+        self.deep = MLP(params, "over", [self.Fd + self.F * dim, *mlp, 1], final_activation=False)
 
     def forward(self, dense, emb):
         self._shape = emb.shape
@@ -74,8 +74,8 @@ class DeepFM(WDL):
 
     linear_name = "fm.dense"
 
-    def __init__(self, schema, dim, mlp, ps):
-        super().__init__(schema, dim, mlp, ps)
+    def __init__(self, schema, dim, mlp, params):
+        super().__init__(schema, dim, mlp, params)
         self.fm = FMInteraction()
 
     def forward(self, dense, emb):
@@ -90,12 +90,12 @@ class DeepFM(WDL):
 class DCN(CTRModel):
     """Deep & Cross: x0 = concat(dense, emb); logit = out(concat(cross(x0), deep(x0)))."""
 
-    def __init__(self, schema, dim, mlp, ps, cross_layers: int = 2):
-        super().__init__(schema, dim, mlp, ps)
+    def __init__(self, schema, dim, mlp, params, cross_layers: int = 2):
+        super().__init__(schema, dim, mlp, params)
         d = self.Fd + self.F * dim
-        self.cross = CrossNet(ps, "cross", d, cross_layers)
-        self.deep = MLP(ps, "deep", [d, *mlp], final_activation=True)
-        self.out = Linear(ps, "over", d + mlp[-1], 1)
+        self.cross = CrossNet(params, "cross", d, cross_layers)
+        self.deep = MLP(params, "deep", [d, *mlp], final_activation=True)
+        self.out = Linear(params, "over", d + mlp[-1], 1)
 
     def forward(self, dense, emb):
         xp = array_module(dense)
@@ -115,12 +115,12 @@ class DLRM(CTRModel):
     """DLRM: z = bottom(dense) (B, D); pairwise dots of [z, emb_1..emb_F];
     logit = top(concat(z, dots))."""
 
-    def __init__(self, schema, dim, mlp, ps, bottom: tuple[int, ...] = (64,)):
-        super().__init__(schema, dim, mlp, ps)
-        self.bottom = MLP(ps, "bottom", [self.Fd, *bottom, dim], final_activation=True)
+    def __init__(self, schema, dim, mlp, params, bottom: tuple[int, ...] = (64,)):
+        super().__init__(schema, dim, mlp, params)
+        self.bottom = MLP(params, "bottom", [self.Fd, *bottom, dim], final_activation=True)
         self.dot = DotInteraction()
         n = self.F + 1
-        self.top = MLP(ps, "over", [dim + n * (n - 1) // 2, *mlp, 1], final_activation=False)
+        self.top = MLP(params, "over", [dim + n * (n - 1) // 2, *mlp, 1], final_activation=False)
 
     def forward(self, dense, emb):
         xp = array_module(dense)
@@ -154,15 +154,15 @@ class Pooled:
 MODELS = {"wdl": WDL, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM}
 
 
-def build_model(name: str, schema: Schema, dim: int, mlp, ps: ParamSpace, dtype: str,
+def build_model(name: str, schema: Schema, dim: int, mlp, params: ParamSpace, dtype: str,
                 cross_layers: int = 2, pooling: str = "sum"):
     """Model ``name`` and its fused sparse table (``FusedTable``); registers the dense
-    parameters in ``ps``. With multi-hot fields in ``schema``, the model pools them first
+    parameters in ``params``. With multi-hot fields in ``schema``, the model pools them first
     (``Pooled``, by ``pooling``: sum or mean)."""
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}: choose from {sorted(MODELS)}", collective=True)
     kw = {"cross_layers": cross_layers} if name == "dcn" else {}
-    model = MODELS[name](schema, dim, tuple(mlp), ps, **kw)
+    model = MODELS[name](schema, dim, tuple(mlp), params, **kw)
     if schema.multi_hot:
         model = Pooled(model, pooling)
     return model, FusedTable(schema, dim, model.wide, dtype)

@@ -141,7 +141,7 @@ class Job:
     evdata: object
     model: object
     layout: object    # schema.FusedTable
-    ps: ParamSpace
+    params: ParamSpace
     mode: object      # modes.Mode
     plan: BatchPlan
     steps: int        # the step count to reach
@@ -157,18 +157,18 @@ class Job:
     def save(self, step: int) -> str:
         """Collective: write checkpoint ``step`` (servers join through their loop)."""
         return checkpoint.save(self.cfg.checkpoint_dir, step, self.cfg, self.topo, self.mode,
-                               self.ps, self.data.schema)
+                               self.params, self.data.schema)
 
 
 def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = False) -> Job:
     """Model, parameters, mode (its tables on the servers), resume; collective. ``score``:
     for scoring only, the optimizers keep no state (plain SGD) and none is loaded."""
     t_begin = time.perf_counter()
-    ps = ParamSpace()
-    model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, ps,
+    params = ParamSpace()
+    model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,
                                 cfg.dtype, cfg.cross_layers, cfg.pooling)
     xp = _use_gpu(topo) if cfg.device == "cuda" else np
-    ps.build(xp, np.dtype(cfg.dtype), cfg.seed)
+    params.build(xp, np.dtype(cfg.dtype), cfg.seed)
     dense_lr = cfg.lr if cfg.dense_lr is None else cfg.dense_lr
     plan = BatchPlan(getattr(data, "n_rows", None), global_batch(cfg, topo.n_workers),
                      cfg.shuffle, cfg.seed)
@@ -177,7 +177,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
     sched = Schedule(cfg.lr_schedule, cfg.warmup_steps, steps)  # servers: the same factors
     opt = cfg.stateless() if score else cfg
-    mode = build_mode(cfg.mode, topo, layout, ps,
+    mode = build_mode(cfg.mode, topo, layout, params,
                       Optimizer(opt.sparse_optimizer, cfg.lr, l2=opt.l2, schedule=sched),
                       Optimizer(opt.dense_optimizer, dense_lr, l2=opt.l2, schedule=sched), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
@@ -187,7 +187,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     reporter = (Reporter(cfg, out, topo.n_workers, steps, mode.sparse.opt.lr_at,
                          plan.steps_per_epoch)
                 if topo.rank == topo.worker_ranks[0] else None)
-    start = checkpoint.load(cfg.resume, cfg, topo, mode, ps, data.schema, score) if cfg.resume \
+    start = checkpoint.load(cfg.resume, cfg, topo, mode, params, data.schema, score) if cfg.resume \
         else 0
     if reporter:
         reporter.header("eval" if score else "train", start, topo.n_workers, topo.n_servers)
@@ -195,7 +195,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
         mode.ready()
     if reporter and start:
         reporter.out.write(f"resumed from {cfg.resume} at step {start}\n")
-    job = Job(cfg, topo, data, evdata, model, layout, ps, mode, plan, steps, start, reporter,
+    job = Job(cfg, topo, data, evdata, model, layout, params, mode, plan, steps, start, reporter,
               t_begin, TrainResult(topo.role))
     # The steady state makes little cyclic garbage; exclude the tens of thousands of
     # start-up objects (numba, h5py, the model) from every later GC pass.
@@ -350,13 +350,13 @@ def _step(job: Job, step: int, label, dense, batch, bags=()):
     worker's loss sum: a float, checked, on CPU; on a GPU a device scalar that
     ``steplog.StepLog`` reads back (and checks) once per log interval and before a
     checkpoint."""
-    mode, model, ps = job.mode, job.model, job.ps
+    mode, model, params = job.mode, job.model, job.params
     mode.begin(step)
     emb = mode.lookup(batch)
     with mode.kernel_timers.time("fwd_bwd"):  # GPU: CUDA events (device time, no wait)
         logits = model.forward(dense, emb, *bags)
         losses, dz = bce_with_logits(logits, label)
-        ps.zero_grad()
+        params.zero_grad()
         demb = model.backward(dz * (1.0 / global_batch(job.cfg, job.topo.n_workers)))
     loss_sum = losses.sum()  # GPU: stays on the device (no host sync per step)
     if job.mode.xp is np:

@@ -401,18 +401,18 @@ def test_model_forward_backward_cupy_equals_numpy(cp, model_name):
 
     B, res = 16, {}
     for xp in (np, cp):
-        ps = ParamSpace()
-        model, sparse = build_model(model_name, DATA.schema, 4, (8, 6), ps, "float64", 2)
-        ps.build(xp, np.dtype("float64"), seed=7)
+        params = ParamSpace()
+        model, sparse = build_model(model_name, DATA.schema, 4, (8, 6), params, "float64", 2)
+        params.build(xp, np.dtype("float64"), seed=7)
         r = np.random.default_rng(1)
         dense = xp.asarray(r.standard_normal((B, DATA.schema.n_dense)))
         emb = xp.asarray(r.standard_normal((B, len(DATA.schema.cardinalities), sparse.table.dim)))
         label = xp.asarray((r.random(B) < 0.3).astype(np.float64))
         logits = model.forward(dense, emb)
         loss, dz = bce_with_logits(logits, label)
-        ps.zero_grad()
+        params.zero_grad()
         demb = model.backward(dz / B)
-        res[xp.__name__] = [a if xp is np else a.get() for a in (logits, loss, demb, ps.flat_grad)]
+        res[xp.__name__] = [a if xp is np else a.get() for a in (logits, loss, demb, params.flat_grad)]
     for a, b in zip(res["cupy"], res["numpy"]):
         assert a.shape == b.shape
         assert rel_err(a, b) < 1e-12

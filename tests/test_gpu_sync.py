@@ -198,35 +198,35 @@ def test_allreduce_dense_on_a_gpu_starts_its_buckets_after_the_sync(monkeypatch,
     from pshybrid.optim import Optimizer
 
     fake, log = _fake(monkeypatch), []
-    ps = ParamSpace()
+    params = ParamSpace()
     for name, shape in (("a", (40,)), ("b", (8, 8)), ("c", (30,)), ("d", (5,))):
-        ps.add(name, shape, "uniform", 0.1)
-    ps.build(np, np.dtype("float64"), 0)
-    w0 = ps.flat.copy()
-    ps.flat, ps.flat_grad = fake.asarray(ps.flat), fake.asarray(ps.flat_grad)
+        params.add(name, shape, "uniform", 0.1)
+    params.build(np, np.dtype("float64"), 0)
+    w0 = params.flat.copy()
+    params.flat, params.flat_grad = fake.asarray(params.flat), fake.asarray(params.flat_grad)
     timers = Timers()
-    ctx = NS(ps=ps, xp=fake, timers=timers, cuda_aware=cuda_aware,
+    ctx = NS(params=params, xp=fake, timers=timers, cuda_aware=cuda_aware,
              topo=NS(is_worker=True, workers=_TwoWorkers(fake, log)),
              kernel_timers=EventTimers(timers, fake.cuda), staging=backend.HostStaging())
     dense = AllreduceDense(ctx, Optimizer("adam", 0.01), bucket_bytes=200)
-    g = np.random.default_rng(0).standard_normal(ps.size)
+    g = np.random.default_rng(0).standard_normal(params.size)
     for names in (["d"], ["c"], ["b"], ["a"]):  # backward: the last layer first
         for n in names:
-            span = slice(ps.offset(n), ps.offset(n) + int(np.prod(ps.shape(n))))
-            ps.flat_grad[span] = fake.asarray(g[span])  # a kernel writes it
-        ps.grads_ready(*names)                    # at kernel launch time on a GPU
+            span = slice(params.offset(n), params.offset(n) + int(np.prod(params.shape(n))))
+            params.flat_grad[span] = fake.asarray(g[span])  # a kernel writes it
+        params.grads_ready(*names)                    # at kernel launch time on a GPU
     assert log == []                              # no MPI inside backward
     dense.stage(1)                                # Mode.update's move 0 ...
     _sync(fake)                                   # ... and its one sync
     dense.start(1)
     assert dense.sync(1) is True
     _sync(fake)                                   # the end of the run (a read back)
-    assert len(log) >= 3 and sum(n for _, n in log) == ps.size  # several buckets, all
+    assert len(log) >= 3 and sum(n for _, n in log) == params.size  # several buckets, all
     ref_w, ref_g = w0.copy(), 2 * g
     Optimizer("adam", 0.01).update(ref_w, ref_g, {"m": np.zeros_like(g), "v": np.zeros_like(g)},
                                    1)
-    np.testing.assert_array_equal(np.asarray(ps.flat_grad), ref_g)  # the sum came back
-    np.testing.assert_allclose(np.asarray(ps.flat), ref_w, rtol=1e-13)
+    np.testing.assert_array_equal(np.asarray(params.flat_grad), ref_g)  # the sum came back
+    np.testing.assert_allclose(np.asarray(params.flat), ref_w, rtol=1e-13)
     assert fake.state.log.count("stream sync") == 2 and "blocking get" not in fake.state.log
 
 

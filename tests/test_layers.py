@@ -28,13 +28,13 @@ def numeric_grad(loss, a):
     return out.reshape(a.shape)
 
 
-def check_backward(layer, x, ps=None):
+def check_backward(layer, x, params=None):
     """backward(g) == d/dx and (accumulated) d/dparams of L = sum(forward(x) * g), by FD."""
     rng = np.random.default_rng(1)
-    if ps is not None:
-        ps.flat[:] = rng.standard_normal(ps.size)  # non-zero biases too
-        before = rng.standard_normal(ps.size)
-        ps.flat_grad[:] = before  # backward must add to it, not overwrite
+    if params is not None:
+        params.flat[:] = rng.standard_normal(params.size)  # non-zero biases too
+        before = rng.standard_normal(params.size)
+        params.flat_grad[:] = before  # backward must add to it, not overwrite
     g = rng.standard_normal(layer.forward(x).shape)
 
     def loss():
@@ -43,49 +43,49 @@ def check_backward(layer, x, ps=None):
     layer.forward(x)
     dx = layer.backward(g)
     np.testing.assert_allclose(dx, numeric_grad(loss, x), rtol=1e-6, atol=1e-8)
-    if ps is not None:
-        np.testing.assert_allclose(ps.flat_grad - before, numeric_grad(loss, ps.flat),
+    if params is not None:
+        np.testing.assert_allclose(params.flat_grad - before, numeric_grad(loss, params.flat),
                                    rtol=1e-6, atol=1e-8)
 
 
 def built(make, seed=0):
-    ps = ParamSpace()
-    layer = make(ps)
-    ps.build(np, np.float64, seed)
-    return ps, layer
+    params = ParamSpace()
+    layer = make(params)
+    params.build(np, np.float64, seed)
+    return params, layer
 
 
 # ---------------------------------------------------------------- ParamSpace
 
 def test_layout_is_contiguous_in_order_and_views_alias():
-    ps = ParamSpace()
-    ps.add("a", (2, 3), "uniform", 0.5)
-    ps.add("b", (4,), "zeros")
-    ps.add("c", (1, 5), "ones")
-    ps.build(np, np.float64, 0)
-    assert ps.names == ["a", "b", "c"] and ps.size == 15
-    assert [ps.offset(n) for n in ps.names] == [0, 6, 10]
-    assert [ps.shape(n) for n in ps.names] == [(2, 3), (4,), (1, 5)]
-    assert ps.flat.shape == ps.flat_grad.shape == (15,)
-    np.testing.assert_array_equal(ps.flat[6:15], [0] * 4 + [1] * 5)
-    ps.param("b")[...] = 7.0
-    ps.grad("c")[0, 2] = 3.0
-    np.testing.assert_array_equal(ps.flat[6:10], 7.0)
-    assert ps.flat_grad[12] == 3.0 and ps.flat_grad.sum() == 3.0
-    ps.flat[0] = -9.0
-    assert ps.param("a")[0, 0] == -9.0
-    held = ps.flat_grad  # e.g. registered with the allreduce: must be zeroed in place
-    ps.zero_grad()
-    assert ps.flat_grad is held and not held.any()
+    params = ParamSpace()
+    params.add("a", (2, 3), "uniform", 0.5)
+    params.add("b", (4,), "zeros")
+    params.add("c", (1, 5), "ones")
+    params.build(np, np.float64, 0)
+    assert params.names == ["a", "b", "c"] and params.size == 15
+    assert [params.offset(n) for n in params.names] == [0, 6, 10]
+    assert [params.shape(n) for n in params.names] == [(2, 3), (4,), (1, 5)]
+    assert params.flat.shape == params.flat_grad.shape == (15,)
+    np.testing.assert_array_equal(params.flat[6:15], [0] * 4 + [1] * 5)
+    params.param("b")[...] = 7.0
+    params.grad("c")[0, 2] = 3.0
+    np.testing.assert_array_equal(params.flat[6:10], 7.0)
+    assert params.flat_grad[12] == 3.0 and params.flat_grad.sum() == 3.0
+    params.flat[0] = -9.0
+    assert params.param("a")[0, 0] == -9.0
+    held = params.flat_grad  # e.g. registered with the allreduce: must be zeroed in place
+    params.zero_grad()
+    assert params.flat_grad is held and not held.any()
 
 
 def test_init_matches_documented_formula_and_dtype_cast():
-    ps = ParamSpace()
-    ps.add("w", (7, 3), "xavier_uniform")
-    ps.add("v", (5,), "xavier_uniform")
-    ps.add("u", (4,), "uniform", 0.3)
-    ps.add("n", (2, 2), "normal", 0.1)
-    ps.build(np, np.float32, 11)
+    params = ParamSpace()
+    params.add("w", (7, 3), "xavier_uniform")
+    params.add("v", (5,), "xavier_uniform")
+    params.add("u", (4,), "uniform", 0.3)
+    params.add("n", (2, 2), "normal", 0.1)
+    params.build(np, np.float32, 11)
 
     def rng(name):
         return np.random.default_rng([11, zlib.crc32(name.encode())])
@@ -94,29 +94,29 @@ def test_init_matches_documented_formula_and_dtype_cast():
               "v": rng("v").uniform(-math.sqrt(6 / 6), math.sqrt(6 / 6), size=(5,)),
               "u": rng("u").uniform(-0.3, 0.3, size=(4,)),
               "n": rng("n").standard_normal((2, 2)) * 0.1}
-    assert ps.flat.dtype == ps.flat_grad.dtype == np.float32
+    assert params.flat.dtype == params.flat_grad.dtype == np.float32
     for name, values in expect.items():
-        np.testing.assert_array_equal(ps.param(name), values.astype(np.float32))
+        np.testing.assert_array_equal(params.param(name), values.astype(np.float32))
 
 
 def test_xavier_bounds():
-    ps = ParamSpace()
-    ps.add("w", (30, 20), "xavier_uniform")
-    ps.add("v", (200,), "xavier_uniform")
-    ps.build(np, np.float64, 0)
+    params = ParamSpace()
+    params.add("w", (30, 20), "xavier_uniform")
+    params.add("v", (200,), "xavier_uniform")
+    params.build(np, np.float64, 0)
     for name, a in [("w", math.sqrt(6 / 50)), ("v", math.sqrt(6 / 201))]:
-        m = np.abs(ps.param(name)).max()
+        m = np.abs(params.param(name)).max()
         assert 0.9 * a < m <= a, (name, m, a)
 
 
 def test_init_is_deterministic_and_independent_of_other_params():
     def values(seed, before=()):
-        ps = ParamSpace()
+        params = ParamSpace()
         for name in before:
-            ps.add(name, (3, 3), "normal", 1.0)
-        ps.add("w", (4, 5), "xavier_uniform")
-        ps.build(np, np.float64, seed)
-        return ps.param("w").copy()
+            params.add(name, (3, 3), "normal", 1.0)
+        params.add("w", (4, 5), "xavier_uniform")
+        params.build(np, np.float64, seed)
+        return params.param("w").copy()
 
     np.testing.assert_array_equal(values(5), values(5))
     np.testing.assert_array_equal(values(5), values(5, before=["x", "y"]))
@@ -124,24 +124,24 @@ def test_init_is_deterministic_and_independent_of_other_params():
 
 
 def test_duplicate_name_and_unknown_init_raise():
-    ps = ParamSpace()
-    ps.add("w", (2,), "zeros")
+    params = ParamSpace()
+    params.add("w", (2,), "zeros")
     with pytest.raises(ValueError, match="'w'"):
-        ps.add("w", (3,), "ones")
+        params.add("w", (3,), "ones")
     with pytest.raises(ValueError, match="glorot"):
-        ps.add("v", (3,), "glorot")
+        params.add("v", (3,), "glorot")
 
 
 # ---------------------------------------------------------------- gradients by FD
 
 def test_linear_grads():
-    ps, layer = built(lambda ps: Linear(ps, "fc", 4, 3))
-    assert ps.names == ["fc.weight", "fc.bias"] and ps.shape("fc.weight") == (4, 3)
-    assert not ps.param("fc.bias").any()
+    params, layer = built(lambda params: Linear(params, "fc", 4, 3))
+    assert params.names == ["fc.weight", "fc.bias"] and params.shape("fc.weight") == (4, 3)
+    assert not params.param("fc.bias").any()
     x = np.random.default_rng(2).standard_normal((5, 4))
     y = layer.forward(x)
-    np.testing.assert_allclose(y, x @ ps.param("fc.weight") + ps.param("fc.bias"))
-    check_backward(layer, x, ps)
+    np.testing.assert_allclose(y, x @ params.param("fc.weight") + params.param("fc.bias"))
+    check_backward(layer, x, params)
 
 
 def test_relu_grads():
@@ -153,15 +153,15 @@ def test_relu_grads():
 
 @pytest.mark.parametrize("final_activation", [True, False])
 def test_mlp_grads(final_activation):
-    ps, mlp = built(lambda ps: MLP(ps, "dense", [4, 6, 3], final_activation))
-    assert ps.names == ["dense.0.weight", "dense.0.bias", "dense.1.weight", "dense.1.bias"]
+    params, mlp = built(lambda params: MLP(params, "dense", [4, 6, 3], final_activation))
+    assert params.names == ["dense.0.weight", "dense.0.bias", "dense.1.weight", "dense.1.bias"]
     assert mlp.out_dim == 3
     x = np.random.default_rng(4).standard_normal((5, 4))
-    ps.flat[:] = np.random.default_rng(1).standard_normal(ps.size)
-    w0, b0, w1, b1 = (ps.param(n) for n in ps.names)
+    params.flat[:] = np.random.default_rng(1).standard_normal(params.size)
+    w0, b0, w1, b1 = (params.param(n) for n in params.names)
     out = np.maximum(x @ w0 + b0, 0) @ w1 + b1
     np.testing.assert_allclose(mlp.forward(x), np.maximum(out, 0) if final_activation else out)
-    check_backward(mlp, x, ps)
+    check_backward(mlp, x, params)
 
 
 def test_fm_equals_pairwise_sum_and_grads():
@@ -172,15 +172,15 @@ def test_fm_equals_pairwise_sum_and_grads():
 
 
 def test_crossnet_grads():
-    ps, net = built(lambda ps: CrossNet(ps, "cross", 4, 2))
-    assert ps.names == ["cross.0.weight", "cross.0.bias", "cross.1.weight", "cross.1.bias"]
+    params, net = built(lambda params: CrossNet(params, "cross", 4, 2))
+    assert params.names == ["cross.0.weight", "cross.0.bias", "cross.1.weight", "cross.1.bias"]
     x0 = np.random.default_rng(6).standard_normal((3, 4))
-    ps.flat[:] = np.random.default_rng(1).standard_normal(ps.size)
+    params.flat[:] = np.random.default_rng(1).standard_normal(params.size)
     x = x0
     for l in range(2):
-        x = x0 * (x @ ps.param(f"cross.{l}.weight"))[:, None] + ps.param(f"cross.{l}.bias") + x
+        x = x0 * (x @ params.param(f"cross.{l}.weight"))[:, None] + params.param(f"cross.{l}.bias") + x
     np.testing.assert_allclose(net.forward(x0), x)
-    check_backward(net, x0, ps)
+    check_backward(net, x0, params)
 
 
 def test_dot_interaction_equals_loop_and_grads():

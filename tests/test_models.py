@@ -23,19 +23,19 @@ def doc_example():
 
 
 def build(name):
-    ps = ParamSpace()
-    model, sparse = models.build_model(name, SCHEMA, 2, (4, 3), ps, "float64", cross_layers=2)
-    ps.build(np, np.float64, seed=1)
+    params = ParamSpace()
+    model, sparse = models.build_model(name, SCHEMA, 2, (4, 3), params, "float64", cross_layers=2)
+    params.build(np, np.float64, seed=1)
     rng = np.random.default_rng(0)
-    ps.flat[...] = rng.uniform(-0.8, 0.8, ps.size)  # nonzero biases too
-    return model, sparse, ps
+    params.flat[...] = rng.uniform(-0.8, 0.8, params.size)  # nonzero biases too
+    return model, sparse, params
 
 
 @pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm", "sumpool"])
 def test_model_backward_matches_finite_differences(name):
     if name == "sumpool":
         doc_example()
-    model, sparse, ps = build(name)
+    model, sparse, params = build(name)
     rng = np.random.default_rng(2)
     B, F, E = 3, 3, sparse.table.dim
     dense = rng.uniform(0.1, 2, (B, 2))
@@ -46,9 +46,9 @@ def test_model_backward_matches_finite_differences(name):
         return float(np.sum(model.forward(dense, emb) * g))
 
     loss()
-    ps.zero_grad()
+    params.zero_grad()
     demb = model.backward(g)
-    dflat = ps.flat_grad.copy()
+    dflat = params.flat_grad.copy()
     h = 1e-6
     num_emb = np.zeros_like(emb)
     for idx in np.ndindex(emb.shape):
@@ -58,14 +58,14 @@ def test_model_backward_matches_finite_differences(name):
         emb[idx] = old - h
         num_emb[idx] = (up - loss()) / (2 * h)
         emb[idx] = old
-    num_flat = np.zeros_like(ps.flat)
-    for i in range(ps.size):
-        old = ps.flat[i]
-        ps.flat[i] = old + h
+    num_flat = np.zeros_like(params.flat)
+    for i in range(params.size):
+        old = params.flat[i]
+        params.flat[i] = old + h
         up = loss()
-        ps.flat[i] = old - h
+        params.flat[i] = old - h
         num_flat[i] = (up - loss()) / (2 * h)
-        ps.flat[i] = old
+        params.flat[i] = old
     np.testing.assert_allclose(demb, num_emb, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(dflat, num_flat, rtol=1e-5, atol=1e-7)
     assert np.abs(dflat).max() > 0 and np.abs(demb).max() > 0
@@ -96,8 +96,8 @@ def test_grad_buckets_start_only_final_gradients(name):
 
     if name == "sumpool":
         doc_example()
-    model, sparse, ps = build(name)
-    base = ps.flat_grad.__array_interface__["data"][0]
+    model, sparse, params = build(name)
+    base = params.flat_grad.__array_interface__["data"][0]
     started = []
 
     def start(buf):
@@ -107,19 +107,19 @@ def test_grad_buckets_start_only_final_gradients(name):
 
     rng = np.random.default_rng(3)
     dense, emb = rng.uniform(0.1, 2, (3, 2)), rng.uniform(-1, 1, (3, 3, sparse.table.dim))
-    buckets = GradBuckets(ps, start, min_bytes=1)
-    ps.on_grads_ready = buckets.ready
+    buckets = GradBuckets(params, start, min_bytes=1)
+    params.on_grads_ready = buckets.ready
     for step in range(2):  # the same buckets re-arm after finish()
         started.clear()
         model.forward(dense, emb)
-        ps.zero_grad()
+        params.zero_grad()
         model.backward(rng.standard_normal(3))
         assert len(buckets.finish()) == len(started)
         spans = sorted((lo, hi) for lo, hi, _ in started)
-        assert spans[0][0] == 0 and spans[-1][1] == ps.size
+        assert spans[0][0] == 0 and spans[-1][1] == params.size
         assert all(a[1] == b[0] for a, b in zip(spans, spans[1:])), spans
         for lo, hi, snap in started:
-            np.testing.assert_array_equal(snap, ps.flat_grad[lo:hi])
+            np.testing.assert_array_equal(snap, params.flat_grad[lo:hi])
         if name in ("wdl", "dcn", "dlrm"):
             assert len(started) >= 3, started  # really overlapped, not one bucket at the end
 
@@ -129,10 +129,10 @@ def test_grad_buckets_refuse_a_parameter_finished_twice():
     from pshybrid.layers import Linear
     from pshybrid.modes.buckets import GradBuckets
 
-    ps = ParamSpace()
-    lin = Linear(ps, "tied", 2, 2)
-    ps.build(np, np.float64, seed=0)
-    ps.on_grads_ready = GradBuckets(ps, lambda buf: None, min_bytes=1 << 20).ready
+    params = ParamSpace()
+    lin = Linear(params, "tied", 2, 2)
+    params.build(np, np.float64, seed=0)
+    params.on_grads_ready = GradBuckets(params, lambda buf: None, min_bytes=1 << 20).ready
     x = np.ones((1, 2))
     lin.forward(x)
     lin.backward(x)

@@ -25,39 +25,39 @@ DATA = SyntheticCTR(seed=5, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
 
 
 def model_and_batch(seed=0):
-    ps = ParamSpace()
-    model, _ = build_model("wdl", DATA.schema, 4, (8, 4), ps, "float32")
-    ps.build(np, np.dtype("float32"), seed)
+    params = ParamSpace()
+    model, _ = build_model("wdl", DATA.schema, 4, (8, 4), params, "float32")
+    params.build(np, np.dtype("float32"), seed)
     rng = np.random.default_rng(seed)
     dense = rng.standard_normal((6, 3)).astype(np.float32)
     emb = rng.standard_normal((6, 4, 5)).astype(np.float32)
-    return model, ps, dense, emb
+    return model, params, dense, emb
 
 
 def test_stand_in_replays_the_real_backwards_readiness_reports():
-    model, ps, dense, emb = model_and_batch()
+    model, params, dense, emb = model_and_batch()
     real = []
-    ps.on_grads_ready = real.append
+    params.on_grads_ready = real.append
     model.forward(dense, emb)
     demb_real = model.backward(np.ones(6, np.float32))
     assert len(real) >= 3  # the MLP's layers and the wide part, one report each
 
-    model, ps, dense, emb = model_and_batch()
+    model, params, dense, emb = model_and_batch()
     got = []
-    ps.on_grads_ready = got.append
-    w = wire.WireOnly(model, ps)
+    params.on_grads_ready = got.append
+    w = wire.WireOnly(model, params)
     w.forward(dense, emb)
     first = w.backward(np.ones(6, np.float32))  # the real one, recorded
-    assert np.allclose(first, demb_real) and got == real and ps.flat_grad.any()
+    assert np.allclose(first, demb_real) and got == real and params.flat_grad.any()
     for _ in range(2):
         got.clear()
-        ps.zero_grad()
+        params.zero_grad()
         assert not w.forward(dense, emb).any()
         demb = w.backward(np.ones(6, np.float32))
         assert got == real  # the same buckets become final in the same order
         assert demb.shape == demb_real.shape and demb.dtype == demb_real.dtype
-        assert not demb.any() and not ps.flat_grad.any()
-    assert "zero_grad" in vars(ps)  # zeroed once, no per-step memset after that
+        assert not demb.any() and not params.flat_grad.any()
+    assert "zero_grad" in vars(params)  # zeroed once, no per-step memset after that
 
 
 def test_device_optimizer_skips_the_workers_update_only():

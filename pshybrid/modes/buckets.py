@@ -26,17 +26,17 @@ class GradBuckets:
     them after the step's one stream synchronisation (``modes.step``).
     """
 
-    def __init__(self, ps: ParamSpace, start, min_bytes: int, deferred: bool = False):
-        self.ps, self.start, self.min_bytes = ps, start, min_bytes
+    def __init__(self, params: ParamSpace, start, min_bytes: int, deferred: bool = False):
+        self.params, self.start, self.min_bytes = params, start, min_bytes
         self.deferred = deferred
-        self.spans = sorted((ps.offset(n), n) for n in ps.names)  # (first element, name)
-        self.itemsize = ps.flat_grad.dtype.itemsize
+        self.spans = sorted((params.offset(n), n) for n in params.names)  # (first element, name)
+        self.itemsize = params.flat_grad.dtype.itemsize
         self._reset()
 
     def _reset(self) -> None:
         self.done: set[str] = set()
         self.k = len(self.spans)     # spans[k:] are final
-        self.sent = self.ps.size     # flat_grad[sent:] has been started
+        self.sent = self.params.size     # flat_grad[sent:] has been started
         self.reqs = []
 
     def ready(self, names) -> None:
@@ -48,7 +48,7 @@ class GradBuckets:
         self.done.update(names)
         while self.k > 0 and self.spans[self.k - 1][1] in self.done:
             self.k -= 1
-        lo = self.spans[self.k][0] if self.k < len(self.spans) else self.ps.size
+        lo = self.spans[self.k][0] if self.k < len(self.spans) else self.params.size
         if (self.sent - lo) * self.itemsize >= self.min_bytes:
             self._send(lo)
         if self.reqs and not self.deferred:  # drive the started buckets (MPI progresses)
@@ -58,7 +58,7 @@ class GradBuckets:
         # Wire: Iallreduce(SUM) of flat_grad[lo:sent] over the workers, in place (deferred:
         # none here; the span is started after the step's stream sync).
         self.reqs.append(slice(lo, self.sent) if self.deferred
-                         else self.start(self.ps.flat_grad[lo:self.sent]))
+                         else self.start(self.params.flat_grad[lo:self.sent]))
         self.sent = lo
 
     def finish(self) -> list:

@@ -37,19 +37,19 @@ class AllreduceDense:
         self.bytes = 0
         self._reqs: list = []
         self._spans = None  # GPU workers: the step's (device span, pinned copy or None)
-        self.bind(ctx.ps, bucket_bytes)
+        self.bind(ctx.params, bucket_bytes)
 
-    def bind(self, ps, bucket_bytes: int) -> None:
-        """Reduce and update ``ps`` (its optimizer state zeroed), in buckets of at least
+    def bind(self, params, bucket_bytes: int) -> None:
+        """Reduce and update ``params`` (its optimizer state zeroed), in buckets of at least
         ``bucket_bytes`` started during backward when > 0. ``pshybrid.torch`` builds its mode
         before the model exists and binds the model's ParamSpace here once it does."""
-        self.ps = ps
-        self.state = {k: self.ctx.xp.zeros_like(ps.flat) for k in self.opt.slots}
+        self.params = params
+        self.state = {k: self.ctx.xp.zeros_like(params.flat) for k in self.opt.slots}
         self._buckets = None
         if bucket_bytes > 0 and self.ctx.topo.is_worker:
-            self._buckets = GradBuckets(ps, self._iallreduce, bucket_bytes,
+            self._buckets = GradBuckets(params, self._iallreduce, bucket_bytes,
                                         deferred=self.ctx.staging is not None)
-            ps.on_grads_ready = self._buckets.ready
+            params.on_grads_ready = self._buckets.ready
 
     def tables(self) -> list[TableSpec]:
         return []
@@ -70,7 +70,7 @@ class AllreduceDense:
         and, staged, the gradient's copy to pinned host memory queued. That copy is read by
         the Iallreduces (Waited in ``sync``), then by the copies of the sums back to the
         device, queued on the stream before the next step's copy into it."""
-        flat = self.ps.flat_grad
+        flat = self.params.flat_grad
         spans = self._buckets.finish() if self._buckets is not None else [slice(0, flat.size)]
         host = None
         if not self.ctx.cuda_aware:
@@ -81,7 +81,7 @@ class AllreduceDense:
     def start(self, step: int) -> None:
         """Start (the rest of) the Allreduce; ``sync`` completes it, so the sparse exchange
         in between overlaps it."""
-        self.bytes += self.ps.flat_grad.nbytes
+        self.bytes += self.params.flat_grad.nbytes
         if self._spans is not None:  # GPU, after the step's sync: no further wait
             # Wire: per bucket, Iallreduce(SUM) of its pinned copy (or a blocking Allreduce
             # of its device span, CUDA-aware) over the workers; ``sync`` waits
@@ -89,7 +89,7 @@ class AllreduceDense:
             self._spans = None
             return
         self._reqs = (self._buckets.finish() if self._buckets is not None
-                      else [self._iallreduce(self.ps.flat_grad)])
+                      else [self._iallreduce(self.params.flat_grad)])
 
     def sync(self, step: int) -> bool:
         timers = self.ctx.timers
@@ -104,7 +104,7 @@ class AllreduceDense:
     def apply(self, step: int) -> None:
         """The dense optimizer's step on the summed gradients (``pshybrid.torch``: the torch
         optimizer's)."""
-        self.opt.update(self.ps.flat, self.ps.flat_grad, self.state, step)
+        self.opt.update(self.params.flat, self.params.flat_grad, self.state, step)
 
     def finish(self, step: int) -> None:
         pass
@@ -114,22 +114,22 @@ class AllreduceDense:
 
     def close(self) -> None:
         """Drop the ParamSpace <-> GradBuckets cycle (the GC is frozen while training)."""
-        self.ps.on_grads_ready = None
+        self.params.on_grads_ready = None
         self._buckets = None
 
     # -- checkpoints, tests, export (workers) ------------------------------------------------
     def weights(self) -> np.ndarray:
-        return to_host(self.ps.flat).copy()
+        return to_host(self.params.flat).copy()
 
     def state_full(self):
         """(flat (P,), {slot: (P,)}) host arrays (on a GPU worker, copies)."""
-        return to_host(self.ps.flat), {k: to_host(a) for k, a in self.state.items()}
+        return to_host(self.params.flat), {k: to_host(a) for k, a in self.state.items()}
 
     def load(self, flat, state: dict) -> None:
         if not self.ctx.topo.is_worker:
             return
         xp = self.ctx.xp
-        self.ps.flat[...] = xp.asarray(flat)
+        self.params.flat[...] = xp.asarray(flat)
         for k, arr in self.state.items():
             arr[...] = xp.asarray(state[k])
 
@@ -144,8 +144,8 @@ class ServerDense:
     slot), plain SGD (no ``--l2``) is a direct ``-lr * g`` push onto the weights."""
 
     def __init__(self, ctx, opt: Optimizer, bucket_bytes: int = 0):
-        self.ctx, self.opt, self.ps = ctx, opt, ctx.ps
-        self.rows = -(-self.ps.size // DENSE_ROW)
+        self.ctx, self.opt, self.params = ctx, opt, ctx.params
+        self.rows = -(-self.params.size // DENSE_ROW)
         self.server_step = opt.needs_weights
         self.live = not self.server_step
         self.store = None
@@ -154,7 +154,7 @@ class ServerDense:
 
     def tables(self) -> list[TableSpec]:
         slots = (("g",) + self.opt.slots) if self.server_step else ()
-        return [TableSpec("dense", self.rows, DENSE_ROW, str(self.ps.flat.dtype), "zeros", 0.0,
+        return [TableSpec("dense", self.rows, DENSE_ROW, str(self.params.flat.dtype), "zeros", 0.0,
                           slots)]
 
     def attach(self, store) -> None:
@@ -162,7 +162,7 @@ class ServerDense:
         self.store = store
         topo = self.ctx.topo
         if topo.rank == topo.worker_ranks[0]:
-            self.store.push("dense", self._all(), self._padded(self.ps.flat))
+            self.store.push("dense", self._all(), self._padded(self.params.flat))
             self.store.reset_traffic()  # count training steps only
         # Wire: zero-byte barrier over world: nobody pulls before the initial weights landed.
         idle_barrier(topo.world)
@@ -183,10 +183,10 @@ class ServerDense:
         with self.ctx.timers.time("pull"):
             rows = self.store.pull("dense", self._all())
             if self.ctx.staging is None:
-                self.ps.flat[...] = rows.ravel()[:self.ps.size]
+                self.params.flat[...] = rows.ravel()[:self.params.size]
             else:  # GPU: async H2D through a pinned slot (backend.to_device), no wait
-                to_device(self.ctx.xp, rows.ravel()[:self.ps.size], self.ps.flat.dtype,
-                          out=self.ps.flat)
+                to_device(self.ctx.xp, rows.ravel()[:self.params.size], self.params.flat.dtype,
+                          out=self.params.flat)
 
     def stage(self, step: int) -> None:
         """GPU workers, before the step's sync: the gradient's copy into a pinned padded
@@ -194,13 +194,13 @@ class ServerDense:
         before the next step's copy overwrites it."""
         with self.ctx.kernel_timers.time("push"):
             self._staged = self.ctx.staging.stage(
-                self.ctx.xp, "dense_grad", self.ps.flat_grad,
+                self.ctx.xp, "dense_grad", self.params.flat_grad,
                 total=self.rows * DENSE_ROW).reshape(self.rows, DENSE_ROW)
 
     def _grads(self):
         """(rows, DENSE_ROW) host gradient: a padded copy, or (GPU) the staged one."""
         # Wire: read by the push's Accumulate, flushed before it returns (then the next copy)
-        return self._padded(self.ps.flat_grad) if self._staged is None else self._staged
+        return self._padded(self.params.flat_grad) if self._staged is None else self._staged
 
     def start(self, step: int) -> None:
         if self.server_step:
@@ -229,10 +229,10 @@ class ServerDense:
     # -- checkpoints, tests, export --------------------------------------------------------
     def weights(self) -> np.ndarray:
         """Workers: the current weights, pulled."""
-        return self.store.pull("dense", self._all()).ravel()[:self.ps.size].copy()
+        return self.store.pull("dense", self._all()).ravel()[:self.params.size].copy()
 
     def state_full(self):
-        P, ids = self.ps.size, self._all()
+        P, ids = self.params.size, self._all()
         slots = self.opt.slots if self.server_step else ()
         return (self.weights(),
                 {k: self.store.pull("dense", ids, slot=k).ravel()[:P] for k in slots})
@@ -242,7 +242,7 @@ class ServerDense:
         local copy (a colocated rank both); the caller's collective barrier orders it before
         any pull."""
         if self.ctx.topo.is_worker:
-            self.ps.flat[...] = self.ctx.xp.asarray(flat)
+            self.params.flat[...] = self.ctx.xp.asarray(flat)
         if not self.ctx.topo.is_server:
             return
         mine = self.store.shard_ids("dense")

@@ -52,7 +52,7 @@ class Context:
     """What the two strategies of a mode share."""
 
     topo: Topology
-    ps: object           # the model's ParamSpace
+    params: object           # the model's ParamSpace
     xp: object           # numpy, or cupy on GPU workers
     timers: Timers
     seed: int
@@ -86,7 +86,7 @@ class ModeSetup:
     spec: ModeSpec
     topo: Topology
     layout: object
-    ps: object
+    params: object
     sparse_opt: Optimizer
     dense_opt: Optimizer
     seed: int
@@ -107,13 +107,13 @@ class Mode:
     dense: DenseStrategy
 
     def __init__(self, setup: ModeSetup):
-        spec, topo, ps = setup.spec, setup.topo, setup.ps
+        spec, topo, params = setup.spec, setup.topo, setup.params
         self.spec, self.topo, self.layout = spec, topo, setup.layout
         self.timers = Timers()
-        self.xp = array_module(ps.flat)
+        self.xp = array_module(params.flat)
         gpu = self.xp is not np
         self.kernel_timers = EventTimers(self.timers, self.xp.cuda) if gpu else self.timers
-        ctx = Context(topo, ps, self.xp, self.timers, setup.seed, setup.cuda_aware,
+        ctx = Context(topo, params, self.xp, self.timers, setup.seed, setup.cuda_aware,
                       self.kernel_timers, HostStaging() if gpu else None)
         hot = {} if setup.hot_rows is None else {"hot_ids": setup.hot_rows}  # --replicate-rows
         self.sparse = SPARSE[spec.sparse](ctx, setup.layout, setup.sparse_opt, **hot)

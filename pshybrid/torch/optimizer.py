@@ -56,14 +56,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ConfigError(f"DistributedOptimizer: the model's parameters must share one "
                               f"dtype, float32 or float64; found {sorted(map(str, dtypes))}",
                               collective=True)
-        ps = self.ps = ParamSpace()
+        params = self.params = ParamSpace()
         for n, p in self.named:
-            ps.add(n, tuple(p.shape), "zeros")
-        ps.build(np, np.dtype(DTYPES[dtypes.pop()]) if dtypes else np.float32, 0)
+            params.add(n, tuple(p.shape), "zeros")
+        params.build(np, np.dtype(DTYPES[dtypes.pop()]) if dtypes else np.float32, 0)
         self.on_cpu = all(p.device.type == "cpu" for _, p in self.named)
-        self.flat_grad = torch.from_numpy(ps.flat_grad)
+        self.flat_grad = torch.from_numpy(params.flat_grad)
         self.reduced: set[str] = set()  # parameters whose gradient this step has (``step``)
-        s.mode.dense.use(self, ps, int(bucket_mb * 2**20))  # the mode's TorchDense
+        s.mode.dense.use(self, params, int(bucket_mb * 2**20))  # the mode's TorchDense
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_done(n))
                       for n, p in self.named]
         with abort_on_error(s.topo.world):
@@ -76,8 +76,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._check_same_model()
         self.sync_params()
         # Wire: Bcast of the flat dense parameters from worker 0 over the workers
-        s.topo.workers.Bcast(self.ps.flat, root=0)
-        self._to_params(self.ps.flat)
+        s.topo.workers.Bcast(self.params.flat, root=0)
+        self._to_params(self.params.flat)
         if s.resume_dir is not None:
             err = None
             try:
@@ -94,7 +94,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         workers = self.s.topo.workers
         # Wire: allgather of 3 ints (parameters, elements, crc32 of the names and shapes)
         # over the workers; all wait.
-        every = workers.allgather((len(sig), self.ps.size, zlib.crc32(repr(sig).encode())))
+        every = workers.allgather((len(sig), self.params.size, zlib.crc32(repr(sig).encode())))
         if len(set(every)) == 1:
             return
         # Wire: allgather of each worker's (name, shape, dtype) list, only when they differ
@@ -110,20 +110,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
                           "build the same model on every worker", collective=True)
 
     def sync_params(self) -> None:
-        """ps.flat <- the parameters' current values."""
+        """params.flat <- the parameters' current values."""
         for n, p in self.named:
-            self.ps.param(n)[...] = p.detach().cpu().numpy()
+            self.params.param(n)[...] = p.detach().cpu().numpy()
 
     def _to_params(self, flat) -> None:
         with torch.no_grad():
             for n, p in self.named:
-                o, k = self.ps.offset(n), p.numel()
+                o, k = self.params.offset(n), p.numel()
                 p.copy_(torch.from_numpy(flat[o:o + k]).reshape(p.shape))
 
     # -- backward: gradients into the flat buffer, buckets on the wire -------------------
     def _grad_done(self, name: str):
-        view = self.flat_grad[self.ps.offset(name):][:int(np.prod(self.ps.shape(name)))]
-        view = view.reshape(self.ps.shape(name))
+        view = self.flat_grad[self.params.offset(name):][:int(np.prod(self.params.shape(name)))]
+        view = view.reshape(self.params.shape(name))
 
         def hook(p):
             if name in self.reduced:  # its first gradient may be on the wire already
@@ -138,14 +138,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             else:
                 view.copy_(p.grad)  # GPU: D2H of the finished gradient
             self.reduced.add(name)
-            self.ps.grads_ready(name)
+            self.params.grads_ready(name)
         return hook
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Zero the dense gradients (in place: they are the Allreduce's buffer) and drop
         the embedding gradients of lookups whose backward already ran (a forward pass made
         before ``zero_grad`` keeps its lookups for the coming backward)."""
-        self.ps.zero_grad()
+        self.params.zero_grad()
         if not self.on_cpu:
             self.opt.zero_grad(set_to_none=False)
         keep = []
@@ -208,10 +208,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.flat_grad.mul_(1.0 / W)
         if not self.on_cpu:
             for n, p in self.named:
-                p.grad = torch.from_numpy(self.ps.grad(n)).to(p.device)  # H2D
+                p.grad = torch.from_numpy(self.params.grad(n)).to(p.device)  # H2D
         for n, p in self.named:
             if p.grad is None:  # unused this step: a zero gradient, as native
-                p.grad = torch.from_numpy(self.ps.grad(n)).to(p.device)
+                p.grad = torch.from_numpy(self.params.grad(n)).to(p.device)
         self.opt.step()
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -238,19 +238,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.sync_params()
         state = {}
         for slot, key in keys.items():
-            arr = np.zeros_like(self.ps.flat)
+            arr = np.zeros_like(self.params.flat)
             for n, p in self.named:
                 st = self.opt.state.get(p, {})
                 if key in st:
-                    o = self.ps.offset(n)
+                    o = self.params.offset(n)
                     arr[o:o + p.numel()] = st[key].detach().cpu().reshape(-1).numpy()
             state[slot] = arr
-        return self.ps.flat.copy(), state
+        return self.params.flat.copy(), state
 
     def _load(self, step_dir: str) -> None:
         _, keys = self._kind()
-        flat, state, params = read_dense(step_dir, tuple(keys), None)
-        where = {n: (o, tuple(shape)) for n, o, shape in params}
+        flat, state, entries = read_dense(step_dir, tuple(keys), None)
+        where = {n: (o, tuple(shape)) for n, o, shape in entries}
         for n, p in self.named:
             if n not in where or where[n][1] != tuple(p.shape):
                 got = where[n][1] if n in where else "missing"
@@ -259,14 +259,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         with torch.no_grad():
             for n, p in self.named:
                 o, k = where[n][0], p.numel()
-                p.copy_(torch.from_numpy(flat[o:o + k].astype(self.ps.flat.dtype))
+                p.copy_(torch.from_numpy(flat[o:o + k].astype(self.params.flat.dtype))
                         .reshape(p.shape))
                 if keys:
                     st = self.opt.state[p]
                     st["step"] = torch.tensor(float(self.s.step))
                     for slot, key in keys.items():
                         st[key] = torch.from_numpy(state[slot][o:o + k].astype(
-                            self.ps.flat.dtype)).reshape(p.shape).to(p.device)
+                            self.params.flat.dtype)).reshape(p.shape).to(p.device)
 
     def close(self) -> None:
         for h in self.hooks:

@@ -45,10 +45,10 @@ class TorchDense(AllreduceDense):
         super().__init__(ctx, opt, bucket_bytes)
         self.owner = None
 
-    def use(self, owner, ps, bucket_bytes: int) -> None:
-        """Reduce ``ps`` (the model's) and step ``owner`` (the DistributedOptimizer)."""
+    def use(self, owner, params, bucket_bytes: int) -> None:
+        """Reduce ``params`` (the model's) and step ``owner`` (the DistributedOptimizer)."""
         self.close()
-        self.bind(ps, bucket_bytes)
+        self.bind(params, bucket_bytes)
         self.owner = owner
 
     def apply(self, step: int) -> None:
@@ -280,8 +280,8 @@ def _save(s: Session, root: str | None, step: int) -> str:
     root = topo.world.bcast(root, root=topo.worker_ranks[0])
     opt = s.optimizer  # (None on servers: worker 0 writes meta.json)
     run = s.run(*opt.checkpoint_optimizer()) if opt is not None else s.run()
-    ps = opt.ps if opt is not None else s.mode.dense.ps
-    return checkpoint.save(root, step, run, topo, s.mode, ps, s.schema)
+    params = opt.params if opt is not None else s.mode.dense.params
+    return checkpoint.save(root, step, run, topo, s.mode, params, s.schema)
 
 
 def checkpoint_to(root: str) -> str:

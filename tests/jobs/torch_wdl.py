@@ -104,7 +104,7 @@ def run(a, comm=None, exit_servers=True):
     opt = pt.DistributedOptimizer(make(model.parameters(), lr=a.dense_lr), model,
                                   bucket_mb=1e-6)
     s = session()
-    start = (opt.ps.flat.copy(), s.mode.full_table())
+    start = (opt.params.flat.copy(), s.mode.full_table())
     losses = []
     steps = a.steps if a.steps > 0 else None
     for batch in pt.batches(a.data, a.batch, steps=steps, epochs=a.epochs,
@@ -121,7 +121,7 @@ def run(a, comm=None, exit_servers=True):
     if a.valid and pt.worker_index() == 0:
         evaluate(model, a.valid, f"{a.out}-valid.npz")
     out = {"losses": np.array(losses), "flat0": start[0], "table0": start[1],
-           "flat": opt.ps.flat.copy(), "table": s.mode.full_table(), "worker": pt.worker_index()}
+           "flat": opt.params.flat.copy(), "table": s.mode.full_table(), "worker": pt.worker_index()}
     pt.shutdown()
     return out
 
