@@ -102,7 +102,7 @@ def cmd_train(args) -> int:
     from .preempt import CAUGHT, exit_status
     from .safeio import same_file
 
-    cfg = _with_resumed_options(resolve(TrainConfig, args), args, MPI.COMM_WORLD.rank == 0)
+    cfg = _resolve_train(args, MPI.COMM_WORLD.rank == 0)
     conf = getattr(args, "config", None)
     if conf and cfg.metrics and same_file(conf, cfg.metrics):  # the same on every rank
         raise ConfigError(f"--metrics {cfg.metrics} is the same file as --config {conf}: an "
@@ -123,17 +123,19 @@ def cmd_train(args) -> int:
     return 1 if result.metrics_failed else 0
 
 
-def _with_resumed_options(cfg, args, say: bool):
-    """``--resume DIR``: the options stored in the checkpoint, overlaid by ``--config`` and
-    the command line (which win); ``say``: print which options this command changed."""
+def _resolve_train(args, say: bool):
+    """train's options; with ``--resume DIR``, those stored in the checkpoint overlaid by
+    ``--config`` and the command line (which win; checked only together, so an option
+    that needs a stored one is not refused alone); ``say``: print what this command
+    changed."""
     from .checkpoint_files import resumed_options
-    from .config import from_dict, option_flag, shown
+    from .config import from_dict, given, option_flag, shown
 
-    if not cfg.resume:
-        return cfg
-    base, source = resumed_options(cfg.resume)
-    if base is None:
-        return cfg  # preflight names what is wrong with the checkpoint, on every rank
+    resume = given(TrainConfig, args, "resume")
+    base, source = (resumed_options(resume) if isinstance(resume, str) and resume != "none"
+                    else (None, ""))
+    if base is None:  # no resume; or preflight names what is wrong with the checkpoint
+        return resolve(TrainConfig, args)
     new, old = resolve(TrainConfig, args, base, source), from_dict(TrainConfig, base, source)
     changed = [f"{option_flag(k)} {shown(v)} (was {shown(getattr(old, k))})"
                for k, v in vars(new).items() if k != "resume" and v != getattr(old, k)]

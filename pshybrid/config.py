@@ -198,6 +198,17 @@ def _read_toml(path: str) -> dict:
         raise _error(f"--config {path}: invalid TOML: {exc}") from None
 
 
+def given(cls, ns: argparse.Namespace, name: str):
+    """The value of option ``name`` as the command line, else the ``--config`` file, gives
+    it (unchecked: text from the command line), or None; for what must be known before the
+    options are resolved (``--resume``'s stored options are a layer below them)."""
+    if hasattr(ns, name):
+        return getattr(ns, name)
+    if getattr(ns, "config", None) is not None:
+        return _keyed(cls, _read_toml(ns.config), ns.config)[0].get(name)
+    return None
+
+
 def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: str = ""):
     """The ``cls`` instance of defaults < ``base`` (e.g. a resumed checkpoint's options, read
     from ``base_source``) < ``--config`` TOML file < command-line options. A class may

@@ -585,3 +585,21 @@ def test_resume_takes_the_checkpoints_options_and_names_the_changed_ones(tmp_pat
         names = []
         b.visit(lambda n: names.append(n) if isinstance(b[n], h5py.Dataset) else None)
         assert names and all(np.array_equal(a[n][()], b[n][()]) for n in names)
+
+
+def test_resume_options_are_checked_together_with_the_stored_ones(tmp_path, capsys):
+    """``--resume ck --epochs 2``: --epochs needs --data, which only the checkpoint gives;
+    checked alone (before the stored options are under it) it used to be refused."""
+    from pshybrid.cli import main
+
+    path, s = str(tmp_path / "d.h5"), DATA.schema
+    with DatasetWriter(path, s.dense_names, s.sparse_names) as w:
+        w.append(*DATA.rows(0, 256))
+        w.close(s.cardinalities)
+    first = ["--mode", "allreduce", "--servers", "0", "--data", path, "--embedding-dim", "4",
+             "--mlp", "8", "--batch-size", "64", "--progress", "none", "--checkpoint-dir",
+             str(tmp_path / "ck")]
+    assert main(["train", *first, "--epochs", "1"]) == 0  # 4 steps an epoch
+    assert main(["train", "--resume", str(tmp_path / "ck"), "--epochs", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "changed: --epochs 2 (was 1)" in out and "done: allreduce wdl  8 steps" in out, out

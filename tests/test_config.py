@@ -234,3 +234,18 @@ def test_train_refuses_what_is_not_a_train_config():
     assert msg == ("train: cfg must be a pshybrid.config.TrainConfig, got dict "
                    "(TrainConfig(**d), or config.from_dict(TrainConfig, d, 'where') for a "
                    "checked dict of options)")
+
+
+def test_given_reads_an_option_before_the_options_are_resolved(tmp_path):
+    """What --resume names must be known before resolving (its stored options are a layer
+    under the rest): the command line's text, else the --config file's value, else None;
+    nothing is checked (an --epochs without --data is no error here)."""
+    from pshybrid.config import given
+
+    parser = ArgumentParser(prog="prog")
+    add_arguments(parser, TrainConfig)
+    (tmp_path / "c.toml").write_text('resume = "from-toml"\nepochs = 2\n')
+    toml = ["--config", str(tmp_path / "c.toml")]
+    assert given(TrainConfig, parser.parse_args(toml), "resume") == "from-toml"
+    assert given(TrainConfig, parser.parse_args([*toml, "--resume", "cli"]), "resume") == "cli"
+    assert given(TrainConfig, parser.parse_args(["--epochs", "2"]), "resume") is None
