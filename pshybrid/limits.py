@@ -55,15 +55,12 @@ def _model_shapes(cfg, schema) -> tuple[int, list[tuple[int, ...]], int]:
     from .models import MODELS, build_model
 
     params = ParamSpace()
-    dcn = cfg.model == "dcn"
+    model = MODELS.get(cfg.model)  # an unknown name: build_model's error
     build_model(cfg.model, schema, cfg.embedding_dim, cfg.mlp, params, cfg.dtype,
-                0 if dcn else cfg.cross_layers)
+                0 if model and model.cross_layers else cfg.cross_layers)
     shapes = [params.shape(n) for n in params.names]
-    P = params.size
-    if dcn:
-        d = schema.n_dense + schema.n_sparse * cfg.embedding_dim
-        P += 2 * d * cfg.cross_layers
-    return P, shapes, cfg.embedding_dim + MODELS[cfg.model].wide
+    P = params.size + model.counted_params(schema, cfg.embedding_dim, cfg.cross_layers)
+    return P, shapes, cfg.embedding_dim + model.wide
 
 
 def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) -> dict:
@@ -78,7 +75,8 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
     mlp = ",".join(map(str, cfg.mlp))
     cards = f"the dataset's cardinalities ({rows:,} ids in {F} fields)"
     net = f"--mlp {mlp} on an input of {Fd} + {F} x --embedding-dim {D}"
-    if cfg.model == "dcn":
+    cross = _model(cfg).cross_layers
+    if cross:
         net += f", --cross-layers {cfg.cross_layers}"
 
     widths = _activation_widths(cfg, schema, shapes)
@@ -93,10 +91,10 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
              "lower --batch-size or --embedding-dim"),
         Part("activations", b_act * widths * s * 2, f"--batch-size {B} x the layer widths ({net})",
              "lower --batch-size, --mlp or --embedding-dim"
-             + (" or --cross-layers" if cfg.model == "dcn" else "")),
+             + (" or --cross-layers" if cross else "")),
         Part("dense parameters and optimizer state", P * s * (2 + dense_slots),
              f"{P:,} parameters: {net}", "lower --mlp or --embedding-dim"
-             + (" or --cross-layers" if cfg.model == "dcn" else "")),
+             + (" or --cross-layers" if cross else "")),
     ]
     if eval_rows:
         worker.append(Part("evaluation logits and labels", eval_rows * 16,
@@ -128,12 +126,14 @@ def _activation_widths(cfg, schema, shapes) -> int:
     widths = sum(sh[0] + sh[1] for sh in shapes if len(sh) == 2)
     d_in = Fd + F * D
     widths += d_in * 2
-    if cfg.model == "dcn":
-        widths += d_in * 3 * (cfg.cross_layers + 1)
-    if cfg.model == "dlrm":
-        n = F + 1
-        widths += n * D * 2 + n * (n - 1)
-    return widths
+    return widths + _model(cfg).extra_widths(schema, D, cfg.cross_layers)
+
+
+def _model(cfg):
+    """The model class ``cfg`` asks for (its widths and parts, ``models.CTRModel``)."""
+    from .models import MODELS
+
+    return MODELS[cfg.model]
 
 
 def _table_parts(cfg, schema, worker: list, W: int, S: int, E: int, s: int, P: int,
