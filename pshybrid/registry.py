@@ -151,6 +151,20 @@ class ModeSpec:
         """Messages a worker sends each server per step (each costs one latency)."""
         return sum(f.to_servers for f in self.flows(0, 0, 1, ids))
 
+    def table_parts(self, servers: int) -> tuple[tuple[str, str], ...]:
+        """The tables' memory parts of a job of this mode on ``servers`` table shards, as
+        (role, part) in ``limits``' names: none, every worker holds the whole table and
+        every worker's exchanged rows; else the servers hold the rows' shards and take in
+        each step's rows and gradients, and with the dense weights on the servers their
+        shards of the dense table too, which every worker pulls whole."""
+        if not servers:
+            return (("worker", "embedding table"), ("worker", "exchanged gradient rows"))
+        out = (("server", "shard of the embedding table"),
+               ("server", "rows and gradients of a step"))
+        if self.dense_on_servers:
+            out += (("server", "shard of the dense table"), ("worker", "pulled dense table"))
+        return out
+
     @property
     def worker_syncs(self) -> int:
         """Collectives over the workers in a step, each a sync point: the dense Allreduce,
