@@ -412,8 +412,8 @@ def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
     flows = spec.flows(c.E, c.P, 4, c.ids)  # the catalogue's bytes of a worker's step
     if spec.sparse_on_servers:
         rows_to = [f for f in flows if f.to_servers and f.per_id]
-        get = sum(f.step_bytes(c.U, W) for f in rows_to if f.pulls) * (1 - hit_rate)
-        put = sum(f.step_bytes(c.U, W) for f in rows_to if not f.pulls)
+        get = sum(f.step_bytes(c.U, W * c.U) for f in rows_to if f.pulls) * (1 - hit_rate)
+        put = sum(f.step_bytes(c.U, W * c.U) for f in rows_to if not f.pulls)
         out["exchange"] = server_exchange(get, put, nodes, k, link,
                                           server_messages(c.mode, c.ids))
         if pull_ahead:  # the Get's wire time, behind the compute

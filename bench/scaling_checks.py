@@ -36,7 +36,7 @@ def model_bytes(c: Calib) -> dict:
     its 8-byte counts are not counted by the library)."""
     out = {}
     for f in facts(c.mode).flows(c.E, c.P, 4, c.ids):
-        out[f.kind] = out.get(f.kind, 0) + f.step_bytes(c.U, c.workers)
+        out[f.kind] = out.get(f.kind, 0) + f.step_bytes(c.U, c.workers * c.U)
     return out
 
 

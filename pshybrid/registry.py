@@ -72,12 +72,13 @@ class Flow:
     def gathered(self) -> bool:
         return self.kind == "allgather"
 
-    def step_bytes(self, U: float, W: int) -> float:
+    def step_bytes(self, U: float, gathered: float) -> float:
         """Bytes per worker per step as the library counts them at U distinct ids a worker
-        batch over W workers (an Allgather's counter holds all W blocks, own included)."""
+        batch and ``gathered`` ids over all workers' batches (an Allgather's counter holds
+        every worker's block, its own included)."""
         if not self.per_id:
             return self.nbytes
-        return (W * U if self.gathered else U) * self.nbytes
+        return (gathered if self.gathered else U) * self.nbytes
 
 
 @dataclass(frozen=True)
