@@ -36,6 +36,7 @@ from dataclasses import replace
 from mpi4py import MPI
 
 from pshybrid.config import TrainConfig
+from pshybrid.registry import MODES, is_colocated, placement_name
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
 from pshybrid.train import train
 
@@ -57,10 +58,11 @@ def big_cardinalities(total: int = BIG_ROWS) -> tuple[int, ...]:
 
 def fixed_config(cfg: TrainConfig, alt: dict) -> TrainConfig:
     """The options of one row of auto's table."""
-    colocated = alt["placement"] == "colocated"
+    colocated = is_colocated(alt["placement"])
     return replace(cfg, mode=alt["mode"], replicate_rows=alt["replicate_rows"],
-                   placement="colocated" if colocated else "dedicated",
-                   servers=None if colocated or alt["mode"] == "allreduce" else alt["servers"])
+                   placement=placement_name(colocated),
+                   servers=None if colocated or not MODES[alt["mode"]].needs_servers
+                   else alt["servers"])
 
 
 def timed(cfg, comm, data, warmup: int):

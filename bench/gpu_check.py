@@ -148,6 +148,8 @@ def bench_kernels(cp, quick: bool) -> list[str]:
 
 
 def bench_training(quick: bool, mpi: dict) -> bool:
+    from pshybrid.registry import MODES
+
     steps = 60 if quick else 300
     logs = 3
     print(f"\ntraining step, 1 GPU worker (+ 1 CPU server in hybrid and ps: mpiexec -n 2), "
@@ -158,8 +160,9 @@ def bench_training(quick: bool, mpi: dict) -> bool:
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("hybrid", "ps", "allreduce"):
             metrics = os.path.join(tmp, f"{mode}.jsonl")
-            ranks = ["-n", "1"] if mode == "allreduce" else ["-n", "2"]
-            servers = [] if mode == "allreduce" else ["--servers", "1"]
+            on_servers = MODES[mode].needs_servers  # one CPU server beside the GPU worker
+            ranks = ["-n", "2"] if on_servers else ["-n", "1"]
+            servers = ["--servers", "1"] if on_servers else []
             cmd = [mpi["mpiexec"], *ranks, sys.executable, "-m", "pshybrid", "train",
                    "--device", "cuda", "--mode", mode, *servers, "--model", "dlrm",
                    "--batch-size", "4096", "--steps", str(steps), "--log-every",

@@ -74,7 +74,7 @@ from pshybrid.models import build_model
 from pshybrid.modes.dense import DENSE, AllreduceDense
 from pshybrid.modes.sparse import SPARSE, ReplicatedSparse
 from pshybrid.modes import step as mode_step
-from pshybrid.registry import DENSE_ROW, MODES, ModeSpec
+from pshybrid.registry import MODES, ModeSpec
 from pshybrid.schema import field_offsets
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
 from pshybrid.train import train
@@ -120,30 +120,28 @@ MODES["compute"] = ModeSpec("compute", "local", "local", "no communication (benc
 WORKLOADS = {"paper": "1024,512,256", "light": "64,32"}
 
 
+COUNTER = {"pull": "rma_get_bytes", "rma_acc": "rma_acc_bytes", "p2p": "p2p_bytes",
+           "allreduce": "allreduce_bytes", "allgather": "allgather_bytes"}  # by Flow.kind
+
+
 def analytic_bytes(mode, U, E, P, W, itemsize, server_optimizer=True):
     """Bytes per step per worker predicted from the data: U = unique ids of a worker's
-    batch (list over workers), E = row width, P = dense parameters. Embedding gradients go
-    two-sided with the step message (rows + sums) to a server-side optimizer, else as an
-    RMA Accumulate (direct SGD); ps's dense table (Adam here) is pulled and accumulated."""
-    u = U[0]
-    rows = u * E * itemsize
-    push = {"p2p_bytes": u * 8 + rows} if server_optimizer else {"rma_acc_bytes": rows}
-    dense = -(-P // DENSE_ROW) * DENSE_ROW * itemsize
-    if mode == "hybrid":
-        return {"rma_get_bytes": rows, **push, "allreduce_bytes": P * itemsize}
-    if mode == "ps":
-        return {"rma_get_bytes": rows + dense, "rma_acc_bytes": push.pop("rma_acc_bytes", 0)
-                + dense, **push}
-    if mode == "allreduce":
-        return {"allgather_bytes": sum(U) * (8 + E * itemsize), "allreduce_bytes": P * itemsize}
-    return {}
+    batch (list over workers), E = row width, P = dense parameters; what the catalogue says
+    the mode moves (``ModeSpec.flows``). Embedding gradients go two-sided with the step
+    message (rows + sums) to a server-side optimizer, else as an RMA Accumulate (direct
+    SGD); ps's dense table (Adam here) is pulled and accumulated."""
+    spec, out = MODES.get(mode), {}
+    for f in spec.flows(E, P, itemsize, server_optimizer) if spec else ():
+        k = COUNTER[f.kind]
+        out[k] = out.get(k, 0) + f.step_bytes(U[0], sum(U))
+    return out
 
 
 def _variants(modes, consistency: str, cache_rows: str, wire: bool = False) -> dict:
     """name -> (mode, --consistency, --cache-rows, wire only): every mode at bsp, hybrid and
     ps with each other consistency and cache size, and with ``wire`` every mode wire-only."""
     out = {m: (m, "bsp", 0, False) for m in modes}
-    for m in (m for m in modes if m in ("hybrid", "ps")):
+    for m in (m for m in modes if MODES[m].stale_reads):
         for c in (c for c in consistency.split(",") if c != "bsp"):
             for n in (int(x) for x in cache_rows.split(",")):
                 out[f"{m} {c} c={n}"] = (m, c, n, False)
@@ -267,10 +265,11 @@ def warm_up(b: Bench) -> None:
     """Runs not measured: numba compiles its kernels on first use in each process."""
     world, colocated = b.world, b.colocated
     for mode in ("hybrid", "allreduce") if world.size > 1 or colocated else ("allreduce",):
-        comm = b.workers_only if mode == "allreduce" else world
+        servers = MODES[mode].needs_servers
+        comm = world if servers else b.workers_only
         if comm != MPI.COMM_NULL:
             server = dict(servers=None, placement="colocated") if colocated else dict(servers=1)
-            train(replace(b.base, mode=mode, steps=3, **(server if mode == "hybrid" else
+            train(replace(b.base, mode=mode, steps=3, **(server if servers else
                                                          dict(servers=0))),
                   comm, dataset=b.data, out=io.StringIO())
         idle_barrier(world)
@@ -292,7 +291,7 @@ def run_config(b: Bench, mode: str, consistency: str, cache_rows: int, wire: boo
     on_workers = not MODES[mode].needs_servers
     return replace(b.base, mode=mode,
                    servers=0 if on_workers else (None if b.colocated else 1),
-                   replicate_rows=b.a.replicate_rows if mode == "hybrid" else 0,
+                   replicate_rows=b.a.replicate_rows if MODES[mode].hot_rows else 0,
                    placement="colocated" if b.colocated and not on_workers else "dedicated",
                    shared_memory="auto" if on_workers else b.base.shared_memory,
                    consistency=consistency, cache_rows=cache_rows,

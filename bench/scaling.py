@@ -409,18 +409,21 @@ def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
     out = dict(compute=comp, local=sum(loc.values()) - comp + c.other,
                imbalance=c.imbalance, wait=c.wait, exchange=0.0, ps_dense=0.0, allgather=0.0,
                allreduce=0.0)
+    flows = spec.flows(c.E, c.P, 4, c.ids)  # the catalogue's bytes of a worker's step
     if spec.sparse_on_servers:
-        put, get = rows + c.U * 8 * c.ids, rows * (1 - hit_rate)
+        rows_to = [f for f in flows if f.to_servers and f.per_id]
+        get = sum(f.step_bytes(c.U, W * c.U) for f in rows_to if f.pulls) * (1 - hit_rate)
+        put = sum(f.step_bytes(c.U, W * c.U) for f in rows_to if not f.pulls)
         out["exchange"] = server_exchange(get, put, nodes, k, link,
                                           server_messages(c.mode, c.ids))
         if pull_ahead:  # the Get's wire time, behind the compute
             out["exchange"] -= min(server_exchange(get, 0.0, nodes, k, link, 1), comp)
-        if spec.dense_on_servers:
-            out["ps_dense"] = 2 * server_nic_bytes(padded(c.P) * 4, nodes, k) / link.bandwidth
-    if spec.replicated and nodes > 1:
+        out["ps_dense"] = sum(server_nic_bytes(f.nbytes, nodes, k) for f in flows
+                              if f.to_servers and not f.per_id) / link.bandwidth
+    if spec.replicated and nodes > 1:  # three Allgathers: counts, ids, rows
         out["allgather"] = sum(ring_allgather(x, W, link) for x in (8, c.U * 8, rows))
-    if spec.dense_allreduce and nodes > 1:
-        ar = ring_allreduce(c.P * 4, W, link)
+    for f in (f for f in flows if f.allreduced and nodes > 1):
+        ar = ring_allreduce(f.nbytes, W, link)
         out["allreduce"] = max(0.0, ar - BWD_FRACTION * c.local["fwd_bwd"]) if overlap else ar
     if spec.sparse_on_servers:
         g = (W / S) / (c.workers / c.servers)

@@ -10,7 +10,7 @@ import ast
 import statistics
 from pathlib import Path
 
-from pshybrid.planner import MEMORY_SHARE, PRESETS, padded
+from pshybrid.planner import MEMORY_SHARE, PRESETS
 
 from scaling import (
     MODES,
@@ -31,19 +31,13 @@ COUNTERS = {"pull": ("rma_get_bytes", "shm_read_bytes"), "rma_acc": ("rma_acc_by
 
 def model_bytes(c: Calib) -> dict:
     """Bytes per worker per step the model moves at the measured configuration, by the
-    library's counter kinds (pull: RMA Get or the same-node shared-memory read; Allgather:
-    all W0 blocks, own included; its 8-byte counts are not counted by the library)."""
-    rows = c.U * c.E * 4
-    put = {"p2p": c.U * 8 + rows} if c.ids else {"rma_acc": rows}
-    spec = facts(c.mode)
-    if spec.sparse_on_servers and spec.dense_allreduce:
-        return {"pull": rows, **put, "allreduce": c.P * 4}
-    if spec.dense_on_servers:
-        dense = padded(c.P) * 4
-        return {"pull": rows + dense, "rma_acc": put.pop("rma_acc", 0.0) + dense, **put}
-    if spec.replicated:
-        return {"allgather": c.workers * c.U * (8 + c.E * 4), "allreduce": c.P * 4}
-    return {}
+    library's counter kinds: the catalogue's flows of the mode (``ModeSpec.flows``; pull:
+    RMA Get or the same-node shared-memory read; Allgather: all W0 blocks, own included;
+    its 8-byte counts are not counted by the library)."""
+    out = {}
+    for f in facts(c.mode).flows(c.E, c.P, 4, c.ids):
+        out[f.kind] = out.get(f.kind, 0) + f.step_bytes(c.U, c.workers * c.U)
+    return out
 
 
 def counted_bytes(bytes_per_step: dict) -> dict:

@@ -55,15 +55,12 @@ def _model_shapes(cfg, schema) -> tuple[int, list[tuple[int, ...]], int]:
     from .models import MODELS, build_model
 
     params = ParamSpace()
-    dcn = cfg.model == "dcn"
+    model = MODELS.get(cfg.model)  # an unknown name: build_model's error
     build_model(cfg.model, schema, cfg.embedding_dim, cfg.mlp, params, cfg.dtype,
-                0 if dcn else cfg.cross_layers)
+                0 if model and model.cross_layers else cfg.cross_layers)
     shapes = [params.shape(n) for n in params.names]
-    P = params.size
-    if dcn:
-        d = schema.n_dense + schema.n_sparse * cfg.embedding_dim
-        P += 2 * d * cfg.cross_layers
-    return P, shapes, cfg.embedding_dim + MODELS[cfg.model].wide
+    P = params.size + model.counted_params(schema, cfg.embedding_dim, cfg.cross_layers)
+    return P, shapes, cfg.embedding_dim + model.wide
 
 
 def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) -> dict:
@@ -78,7 +75,8 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
     mlp = ",".join(map(str, cfg.mlp))
     cards = f"the dataset's cardinalities ({rows:,} ids in {F} fields)"
     net = f"--mlp {mlp} on an input of {Fd} + {F} x --embedding-dim {D}"
-    if cfg.model == "dcn":
+    cross = _model(cfg).cross_layers
+    if cross:
         net += f", --cross-layers {cfg.cross_layers}"
 
     widths = _activation_widths(cfg, schema, shapes)
@@ -93,10 +91,10 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
              "lower --batch-size or --embedding-dim"),
         Part("activations", b_act * widths * s * 2, f"--batch-size {B} x the layer widths ({net})",
              "lower --batch-size, --mlp or --embedding-dim"
-             + (" or --cross-layers" if cfg.model == "dcn" else "")),
+             + (" or --cross-layers" if cross else "")),
         Part("dense parameters and optimizer state", P * s * (2 + dense_slots),
              f"{P:,} parameters: {net}", "lower --mlp or --embedding-dim"
-             + (" or --cross-layers" if cfg.model == "dcn" else "")),
+             + (" or --cross-layers" if cross else "")),
     ]
     if eval_rows:
         worker.append(Part("evaluation logits and labels", eval_rows * 16,
@@ -128,48 +126,93 @@ def _activation_widths(cfg, schema, shapes) -> int:
     widths = sum(sh[0] + sh[1] for sh in shapes if len(sh) == 2)
     d_in = Fd + F * D
     widths += d_in * 2
-    if cfg.model == "dcn":
-        widths += d_in * 3 * (cfg.cross_layers + 1)
-    if cfg.model == "dlrm":
-        n = F + 1
-        widths += n * D * 2 + n * (n - 1)
-    return widths
+    return widths + _model(cfg).extra_widths(schema, D, cfg.cross_layers)
+
+
+def _model(cfg):
+    """The model class ``cfg`` asks for (its widths and parts, ``models.CTRModel``)."""
+    from .models import MODELS
+
+    return MODELS[cfg.model]
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What sizes the tables' parts: the options, W workers, S servers, E floats a row,
+    s bytes a float, P dense parameters, and the words naming them."""
+
+    cfg: object
+    rows: int
+    F: int
+    W: int
+    S: int
+    E: int
+    s: int
+    P: int
+    cards: str
+    net: str
 
 
 def _table_parts(cfg, schema, worker: list, W: int, S: int, E: int, s: int, P: int,
                  cards: str, net: str) -> list:
-    """The tables' parts: the servers' (returned), or with no server the whole table on
-    every worker (appended to ``worker``), and ps's dense table."""
-    B, F, D = cfg.batch_size, schema.n_sparse, cfg.embedding_dim
-    rows = int(sum(schema.cardinalities))
-    sparse_slots, dense_slots = len(SLOTS[cfg.sparse_optimizer]), len(SLOTS[cfg.dense_optimizer])
+    """The tables' parts the mode's catalogue entry names (``ModeSpec.table_parts``): the
+    servers' (returned) and the workers' (appended to ``worker``)."""
+    j = _Job(cfg, int(sum(schema.cardinalities)), schema.n_sparse, W, S, E, s, P, cards, net)
     server = []
-    if S == 0:  # allreduce: the whole table on every worker, every worker's rows exchanged
-        worker.append(Part("embedding table", rows * E * s * (1 + sparse_slots),
-                           f"{cards} x --embedding-dim {D}, all of it on every worker in "
-                           "--mode allreduce", "lower --embedding-dim, or shard the table "
-                           "over servers (--mode hybrid --servers S)"))
-        worker.append(Part("exchanged gradient rows", W * B * F * (E * s + 8),
-                           f"--batch-size {B} x {W} workers", "lower --batch-size"))
-    else:
-        server.append(Part("shard of the embedding table",
-                           math.ceil(rows / S) * E * s * (1 + sparse_slots),
-                           f"{cards} x --embedding-dim {D} over --servers {S}",
-                           "use more --servers (on more nodes) or lower --embedding-dim"))
-        # a server-side optimizer receives every worker's rows and gradient sums each step
-        grads = E * s if cfg.sparse_optimizer != "sgd" else 0
-        server.append(Part("rows and gradients of a step", 2 * W * B * F * (8 + grads),
-                           f"--batch-size {B} x {W} workers", "lower --batch-size"))
-        if MODES[cfg.mode].dense_on_servers:
-            dense_rows = math.ceil(P / DENSE_ROW)
-            dslots = (1 + dense_slots) if cfg.dense_optimizer != "sgd" else 0
-            server.append(Part("shard of the dense table",
-                               math.ceil(dense_rows / S) * DENSE_ROW * s * (1 + dslots),
-                               f"{P:,} parameters ({net}) over --servers {S}",
-                               "lower --mlp or --embedding-dim, or use more --servers"))
-            worker.append(Part("pulled dense table", dense_rows * DENSE_ROW * s,
-                               f"{P:,} parameters: {net}", "lower --mlp or --embedding-dim"))
+    for role, what in MODES[cfg.mode].table_parts(S):
+        (worker if role == "worker" else server).append(TABLE_PARTS[what](j))
     return server
+
+
+def _whole_table(j: _Job) -> Part:
+    slots = len(SLOTS[j.cfg.sparse_optimizer])
+    return Part("embedding table", j.rows * j.E * j.s * (1 + slots),
+                f"{j.cards} x --embedding-dim {j.cfg.embedding_dim}, all of it on every worker "
+                "in --mode allreduce", "lower --embedding-dim, or shard the table over "
+                "servers (--mode hybrid --servers S)")
+
+
+def _exchanged_rows(j: _Job) -> Part:
+    B = j.cfg.batch_size
+    return Part("exchanged gradient rows", j.W * B * j.F * (j.E * j.s + 8),
+                f"--batch-size {B} x {j.W} workers", "lower --batch-size")
+
+
+def _table_shard(j: _Job) -> Part:
+    slots = len(SLOTS[j.cfg.sparse_optimizer])
+    return Part("shard of the embedding table",
+                math.ceil(j.rows / j.S) * j.E * j.s * (1 + slots),
+                f"{j.cards} x --embedding-dim {j.cfg.embedding_dim} over --servers {j.S}",
+                "use more --servers (on more nodes) or lower --embedding-dim")
+
+
+def _step_rows(j: _Job) -> Part:
+    """A server-side optimizer receives every worker's rows and gradient sums each step."""
+    B = j.cfg.batch_size
+    grads = j.E * j.s if j.cfg.sparse_optimizer != "sgd" else 0
+    return Part("rows and gradients of a step", 2 * j.W * B * j.F * (8 + grads),
+                f"--batch-size {B} x {j.W} workers", "lower --batch-size")
+
+
+def _dense_shard(j: _Job) -> Part:
+    dense_rows = math.ceil(j.P / DENSE_ROW)
+    dense_slots = len(SLOTS[j.cfg.dense_optimizer])
+    dslots = (1 + dense_slots) if j.cfg.dense_optimizer != "sgd" else 0
+    return Part("shard of the dense table",
+                math.ceil(dense_rows / j.S) * DENSE_ROW * j.s * (1 + dslots),
+                f"{j.P:,} parameters ({j.net}) over --servers {j.S}",
+                "lower --mlp or --embedding-dim, or use more --servers")
+
+
+def _pulled_dense(j: _Job) -> Part:
+    return Part("pulled dense table", math.ceil(j.P / DENSE_ROW) * DENSE_ROW * j.s,
+                f"{j.P:,} parameters: {j.net}", "lower --mlp or --embedding-dim")
+
+
+TABLE_PARTS = {"embedding table": _whole_table, "exchanged gradient rows": _exchanged_rows,
+               "shard of the embedding table": _table_shard,
+               "rows and gradients of a step": _step_rows,
+               "shard of the dense table": _dense_shard, "pulled dense table": _pulled_dense}
 
 
 def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int | None,

@@ -21,6 +21,19 @@ class CTRModel:
     """Base: subclasses register parameters in ``__init__`` and define forward/backward."""
 
     wide = 0
+    cross_layers = False  # --cross-layers sizes it (DCN)
+
+    @classmethod
+    def counted_params(cls, schema: Schema, dim: int, cross_layers: int) -> int:
+        """Dense parameters the memory check counts instead of registering (an absurd
+        ``--cross-layers`` must not loop there): built with 0 cross layers, these added."""
+        return 0
+
+    @classmethod
+    def extra_widths(cls, schema: Schema, dim: int, cross_layers: int) -> int:
+        """Floats per batch row of the activations beyond its layers' inputs and outputs
+        and the deep input's (forward values; the memory check doubles for gradients)."""
+        return 0
 
     def __init__(self, schema: Schema, dim: int, mlp: tuple[int, ...], params: ParamSpace):
         self.schema, self.dim, self.mlp, self.params = schema, dim, tuple(mlp), params
@@ -90,6 +103,18 @@ class DeepFM(WDL):
 class DCN(CTRModel):
     """Deep & Cross: x0 = concat(dense, emb); logit = out(concat(cross(x0), deep(x0)))."""
 
+    cross_layers = True
+
+    @classmethod
+    def counted_params(cls, schema, dim, cross_layers):
+        """A cross layer's weight and bias, each as wide as the deep input."""
+        return 2 * (schema.n_dense + schema.n_sparse * dim) * cross_layers
+
+    @classmethod
+    def extra_widths(cls, schema, dim, cross_layers):
+        """The cross net's x0, x_l and x_l.w terms, at every layer and its input."""
+        return (schema.n_dense + schema.n_sparse * dim) * 3 * (cross_layers + 1)
+
     def __init__(self, schema, dim, mlp, params, cross_layers: int = 2):
         super().__init__(schema, dim, mlp, params)
         d = self.Fd + self.F * dim
@@ -114,6 +139,12 @@ class DCN(CTRModel):
 class DLRM(CTRModel):
     """DLRM: z = bottom(dense) (B, D); pairwise dots of [z, emb_1..emb_F];
     logit = top(concat(z, dots))."""
+
+    @classmethod
+    def extra_widths(cls, schema, dim, cross_layers):
+        """The stacked [z, emb] rows twice and the pairwise dots."""
+        n = schema.n_sparse + 1
+        return n * dim * 2 + n * (n - 1)
 
     def __init__(self, schema, dim, mlp, params, bottom: tuple[int, ...] = (64,)):
         super().__init__(schema, dim, mlp, params)
@@ -161,7 +192,7 @@ def build_model(name: str, schema: Schema, dim: int, mlp, params: ParamSpace, dt
     (``Pooled``, by ``pooling``: sum or mean)."""
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}: choose from {sorted(MODELS)}", collective=True)
-    kw = {"cross_layers": cross_layers} if name == "dcn" else {}
+    kw = {"cross_layers": cross_layers} if MODELS[name].cross_layers else {}
     model = MODELS[name](schema, dim, tuple(mlp), params, **kw)
     if schema.multi_hot:
         model = Pooled(model, pooling)

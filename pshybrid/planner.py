@@ -21,8 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .registry import (COLOCATED, DEDICATED, DENSE_ROW, MODES, NO_PLACEMENT, is_colocated,
-                       is_dedicated)
+from .registry import (COLOCATED, DEDICATED, MODES, NO_PLACEMENT, is_colocated, is_dedicated,
+                       padded)  # padded: the planner's users' (auto, bench) too
 
 MEMORY_SHARE = 0.8  # an alternative may use at most this share of the available memory
 HOT_ROWS = (0, 1024, 16384, 131072)  # --replicate-rows candidates (capped by the table)
@@ -44,11 +44,6 @@ PRESETS = {"eth25": Link(10e-6, 3.1e9, "25 Gb/s Ethernet"),
            "ib100": Link(1.5e-6, 12.5e9, "100 Gb/s InfiniBand")}
 
 
-def padded(P: int) -> int:
-    """Dense parameters rounded up to whole rows of the ps dense table."""
-    return -(-P // DENSE_ROW) * DENSE_ROW
-
-
 def ring_allreduce(nbytes: float, W: int, link: Link) -> float:
     """Ring Allreduce of ``nbytes`` over W ranks: 2(W-1) steps of nbytes/W each."""
     return 2 * (W - 1) / W * nbytes / link.bandwidth + 2 * (W - 1) * link.latency if W > 1 else 0.0
@@ -67,10 +62,11 @@ def server_nic_bytes(per_worker: float, nodes: int, k: int) -> float:
 
 
 def server_messages(mode: str, ids: bool) -> int:
-    """Messages a worker sends each server per step (each costs one latency): the rows'
-    Get; with a server-side optimizer the step message (row ids, then gradient sums), else
-    one Accumulate (direct SGD); ps adds the dense table's Get and Accumulate."""
-    return (1 + (2 if ids else 1)) + (2 if MODES[mode].dense_on_servers else 0)
+    """Messages a worker sends each server per step (each costs one latency): one per
+    flow to the servers (``ModeSpec.flows``): the rows' Get; with a server-side optimizer
+    the step message (row ids, then gradient sums), else one Accumulate (direct SGD); ps
+    adds the dense table's Get and Accumulate."""
+    return MODES[mode].server_messages(ids)
 
 
 # -- what the probe measures, and the job's shape -------------------------------------------
@@ -145,48 +141,40 @@ def alternatives(shape: Shape, hot_candidates=HOT_ROWS) -> list[Alternative]:
 
 
 def price(alt: Alternative, r: Rates, s: Shape) -> dict:
-    """Seconds per step by term, ``step`` and ``samples_per_s``."""
+    """Seconds per step by term, ``step`` and ``samples_per_s``: the mode's flows
+    (``ModeSpec.flows``) priced at the measured rates, and the updates and sync points."""
     W, S, N = alt.workers, alt.servers, alt.replicate_rows
     spec = MODES[alt.mode]
-    row = s.E * s.itemsize
+    flows = spec.flows(s.E, s.P, s.itemsize, s.server_opt)
     cold = s.U * (1 - s.hot_share.get(N, 0.0)) if N else s.U
     union = s.union.get(W, s.U * W)
     cpu = dilation(alt, r, s)
     t = dict(batch=r.batch * cpu,
              compute=(r.fwd_bwd + (0.0 if spec.dense_on_servers else r.dense_apply)) * cpu,
              pull=0.0, push=0.0, allreduce=0.0, allgather=0.0, hot_apply=0.0, server=0.0)
+    sparse = hidden = 0.0
     if spec.sparse_on_servers:
-        t["pull"] = r.get.time(cold * row, S)
-        per_id = 8 + row if s.server_opt else row
-        t["push"] = r.acc.time(cold * per_id, S * (2 if s.server_opt else 1))
-        acc_in = 0.0 if s.server_opt else cold * row  # bytes Accumulated per worker
+        t["pull"], t["push"], acc_in = _server_flows(flows, cold, S, r)
         sparse = (union * (1 - s.hot_share.get(N, 0.0)) / S * r.row_apply
                   if s.server_opt else 0.0)
-        if spec.dense_on_servers:  # the dense table: one Get and one Accumulate per server
-            dense = padded(s.P) * s.itemsize
-            t["pull"] += (r.get_dense or r.get).time(dense, S)
-            t["push"] += (r.acc_dense or r.acc).time(dense, S)
-            acc_in += dense
         if r.acc_owner and acc_in:  # every worker Accumulates into every owner at once: an
             #   owner takes in W/S workers' shares, at its measured crowded rate
             t["push"] = max(t["push"], W * acc_in / S / r.acc_owner)
             sparse += r.dense_apply / S
-        hidden = 0.0
     # collectives over the workers: each is a sync point where a busy node's ranks wait for
-    # the slowest (a measured Barrier each): the dense Allreduce, the hot rows' one, the
-    # allreduce mode's three Allgathers (counts, ids, rows)
-    waits = (1 if spec.dense_allreduce else 0) + (1 if N else 0) + (3 if spec.replicated
-                                                                     else 0)
+    # the slowest (a measured Barrier each): the mode's (``worker_syncs``), the hot rows'
+    waits = spec.worker_syncs + (1 if N else 0)
     t["sync"] = r.barrier * waits if W > 1 else 0.0
-    if spec.dense_allreduce:
-        t["allreduce"] = ring_allreduce(s.P * s.itemsize, W, r.allreduce)
-        hidden = t["allreduce"] + r.dense_apply
+    for f in flows:
+        if f.allreduced:
+            t["allreduce"] = ring_allreduce(f.nbytes, W, r.allreduce)
+            hidden = t["allreduce"] + r.dense_apply
+        elif f.gathered:
+            t["allgather"] = ring_allgather(s.U * f.nbytes, W, r.allreduce) if W > 1 else 0.0
+            t["hot_apply"] = union * r.row_apply  # every worker updates every gathered row
     if N:
         t["allreduce"] += ring_allreduce(N * (s.E + 1) * s.itemsize, W, r.allreduce)
         t["hot_apply"] = s.hot_touched.get((W, N), N) * r.row_apply
-    if spec.replicated:
-        t["allgather"] = (ring_allgather(s.U * (8 + row), W, r.allreduce) if W > 1 else 0.0)
-        t["hot_apply"] = union * r.row_apply  # every worker updates every gathered row
     if spec.sparse_on_servers:
         colocated = is_colocated(alt.placement)
         t["server"] = sparse if colocated else max(0.0, sparse - hidden)
@@ -197,6 +185,24 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
             t["sync"] += r.barrier * (2 if colocated else 1)
     step = sum(t.values())
     return dict(t, step=step, samples_per_s=W * s.batch / step if step > 0 else math.inf)
+
+
+def _server_flows(flows, cold: float, S: int, r: Rates) -> tuple[float, float, float]:
+    """(pull, push, bytes Accumulated) of a worker's flows to the S servers at ``cold``
+    distinct ids pulled: the rows' pushes go in one time (one message each per server),
+    the dense table's at its own measured rates (None: the rows')."""
+    rows = [f for f in flows if f.to_servers and f.per_id]
+    push = [f for f in rows if not f.pulls]
+    pull_t = r.get.time(cold * sum(f.nbytes for f in rows if f.pulls), S)
+    push_t = r.acc.time(cold * sum(f.nbytes for f in push), S * len(push))
+    acc_in = cold * sum(f.nbytes for f in push if f.accumulates)
+    for f in (f for f in flows if f.to_servers and not f.per_id):  # ps's dense table
+        if f.pulls:
+            pull_t += (r.get_dense or r.get).time(f.nbytes, S)
+        else:
+            push_t += (r.acc_dense or r.acc).time(f.nbytes, S)
+            acc_in += f.nbytes
+    return pull_t, push_t, acc_in
 
 
 def dilation(alt: Alternative, r: Rates, s: Shape) -> float:

@@ -31,6 +31,56 @@ DENSE_STRATEGIES = {
 }
 
 
+def padded(P: int) -> int:
+    """Dense parameters rounded up to whole rows of the servers' dense table."""
+    return -(-P // DENSE_ROW) * DENSE_ROW
+
+
+@dataclass(frozen=True)
+class Flow:
+    """What one worker moves in one step by one kind of transfer. ``kind``: the library's
+    counter kind (pull: RMA Get or the same-node read; rma_acc: Accumulate; p2p: two-sided
+    to the owners; allreduce; allgather); ``part``: "rows", ``nbytes`` per distinct id of
+    the worker's batch, or "dense", ``nbytes`` per step. A flow to the servers is one
+    message to each server (one latency)."""
+
+    kind: str
+    part: str
+    nbytes: int
+
+    @property
+    def to_servers(self) -> bool:
+        return self.kind in ("pull", "rma_acc", "p2p")
+
+    @property
+    def per_id(self) -> bool:
+        return self.part == "rows"
+
+    @property
+    def pulls(self) -> bool:
+        return self.kind == "pull"
+
+    @property
+    def accumulates(self) -> bool:
+        return self.kind == "rma_acc"
+
+    @property
+    def allreduced(self) -> bool:
+        return self.kind == "allreduce"
+
+    @property
+    def gathered(self) -> bool:
+        return self.kind == "allgather"
+
+    def step_bytes(self, U: float, gathered: float) -> float:
+        """Bytes per worker per step as the library counts them at U distinct ids a worker
+        batch and ``gathered`` ids over all workers' batches (an Allgather's counter holds
+        every worker's block, its own included)."""
+        if not self.per_id:
+            return self.nbytes
+        return (gathered if self.gathered else U) * self.nbytes
+
+
 @dataclass(frozen=True)
 class ModeSpec:
     """One mode: its strategies and what they allow. ``hot_rows``: ``--replicate-rows``
@@ -76,6 +126,51 @@ class ModeSpec:
     def stale_reads(self) -> bool:
         """``--consistency ssp:K|asp`` and ``--cache-rows`` apply (reads from the servers)."""
         return self.sparse_on_servers
+
+    def flows(self, E: int, P: int, itemsize: int, ids: bool) -> tuple[Flow, ...]:
+        """What a worker moves in one step (``Flow``s, in this order: the rows' pull and
+        push, the rows' Allgather, the dense table's pull and push, the dense Allreduce)
+        for rows of E floats, P dense parameters and a server-side sparse optimizer
+        (``ids``: row ids and gradient sums go two-sided, one message each) or not (one
+        Accumulate of the rows, direct SGD). The planner, bench/scaling and its byte
+        check price these; an Allgather sends each row with its 8-byte id."""
+        row, out = E * itemsize, []
+        if self.sparse_on_servers:
+            out.append(Flow("pull", "rows", row))
+            out += ([Flow("p2p", "rows", 8), Flow("p2p", "rows", row)] if ids
+                    else [Flow("rma_acc", "rows", row)])
+        if self.replicated:
+            out.append(Flow("allgather", "rows", 8 + row))
+        if self.dense_on_servers:
+            dense = padded(P) * itemsize
+            out += [Flow("pull", "dense", dense), Flow("rma_acc", "dense", dense)]
+        if self.dense_allreduce:
+            out.append(Flow("allreduce", "dense", P * itemsize))
+        return tuple(out)
+
+    def server_messages(self, ids: bool) -> int:
+        """Messages a worker sends each server per step (each costs one latency)."""
+        return sum(f.to_servers for f in self.flows(0, 0, 1, ids))
+
+    def table_parts(self, servers: int) -> tuple[tuple[str, str], ...]:
+        """The tables' memory parts of a job of this mode on ``servers`` table shards, as
+        (role, part) in ``limits``' names: none, every worker holds the whole table and
+        every worker's exchanged rows; else the servers hold the rows' shards and take in
+        each step's rows and gradients, and with the dense weights on the servers their
+        shards of the dense table too, which every worker pulls whole."""
+        if not servers:
+            return (("worker", "embedding table"), ("worker", "exchanged gradient rows"))
+        out = (("server", "shard of the embedding table"),
+               ("server", "rows and gradients of a step"))
+        if self.dense_on_servers:
+            out += (("server", "shard of the dense table"), ("worker", "pulled dense table"))
+        return out
+
+    @property
+    def worker_syncs(self) -> int:
+        """Collectives over the workers in a step, each a sync point: the dense Allreduce,
+        the allreduce mode's three Allgathers (counts, ids, rows)."""
+        return (1 if self.dense_allreduce else 0) + (3 if self.replicated else 0)
 
 
 MODES: dict[str, ModeSpec] = {m.name: m for m in (
