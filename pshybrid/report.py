@@ -184,11 +184,11 @@ class Reporter:
 
     def _write(self, rec: dict) -> None:
         self.stamp(rec, rec["steps"] if rec.get("summary") else rec["step"])
+        if self.tboard:  # the records' scalars (the config record above has none)
+            self.tboard.add(rec)
         self._line(rec)
 
     def _line(self, rec: dict) -> None:
-        if self.tboard and "config" not in rec:
-            self.tboard.add(rec)
         if not self.metrics:
             return
         try:
@@ -268,7 +268,8 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None) -> str:
     table = rows * E * s * (1 + slots)
     ranks = lambda rs: f"rank{'s' if len(rs) > 1 else ''} {span(rs)}"  # noqa: E731
     if topo.colocated:
-        who, where = f"{_n(W, 'worker')}, each owning a shard", f"{limits.gib(-(-table // S))} per rank"
+        who = f"{_n(W, 'worker')}, each owning a shard"
+        where = f"{limits.gib(-(-table // S))} per rank"
     elif S:
         who = (f"{_n(W, 'worker')} ({ranks(topo.worker_ranks)}), {_n(S, 'server')} "
                f"({ranks(topo.server_ranks)})")

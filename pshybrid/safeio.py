@@ -357,13 +357,19 @@ LOCK_NAME = ".pshybrid-lock"
 BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
 
 
-def _start_time(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot, /proc), None if unknown."""
+def _stat_field(pid: int, i: int) -> str | None:
+    """Field ``i`` after the command name of ``/proc/PID/stat`` (0: state, 19: start
+    time), None if unknown."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
+            return f.read().rsplit(")", 1)[1].split()[i]
     except (OSError, IndexError):
         return None
+
+
+def _start_time(pid: int) -> str | None:
+    """When process ``pid`` started (clock ticks since boot), None if unknown."""
+    return _stat_field(pid, 19)
 
 
 def _alive(pid: int) -> bool:
@@ -375,11 +381,7 @@ def _alive(pid: int) -> bool:
         return False
     except OSError:  # EPERM: someone else's process
         pass
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return True
+    return _stat_field(pid, 0) not in ("Z", "X")
 
 
 def _earlier_run(theirs: str, mine: str) -> bool:
