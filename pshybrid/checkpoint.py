@@ -92,7 +92,8 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
         for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items())):
             f[k] = a
             f[k].attrs[CRC_ATTR] = crc32(a)
-        f.attrs["params"] = json.dumps([(n, params.offset(n), list(params.shape(n))) for n in params.names])
+        f.attrs["params"] = json.dumps([(n, params.offset(n), list(params.shape(n)))
+                                        for n in params.names])
     safeio.fsync_file(dpath)
     meta = {"format_version": FORMAT_VERSION, "step": step, "mode": cfg.mode,
             "servers": topo.n_servers, "seed": cfg.seed, **_described(cfg),
@@ -185,7 +186,8 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema) -> 
 
 # -- loading -------------------------------------------------------------------------------
 
-def load(path: str, cfg: TrainConfig, topo, mode, params, schema, weights_only: bool = False) -> int:
+def load(path: str, cfg: TrainConfig, topo, mode, params, schema,
+         weights_only: bool = False) -> int:
     """Load a checkpoint into a freshly built ``mode`` (collective); returns its step. With
     ``weights_only`` (scoring: a mode built without optimizer state) the optimizer state is
     checked but not loaded."""

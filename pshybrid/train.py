@@ -73,8 +73,9 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
     """
     if not isinstance(cfg, TrainConfig):  # the same on every rank: no rank is left waiting
         raise ConfigError(f"train: cfg must be a pshybrid.config.TrainConfig, got "
-                          f"{type(cfg).__name__} (TrainConfig(**d), or config.from_dict(TrainConfig, "
-                          "d, 'where') for a checked dict of options)", collective=True)
+                          f"{type(cfg).__name__} (TrainConfig(**d), or "
+                          "config.from_dict(TrainConfig, d, 'where') for a checked dict of "
+                          "options)", collective=True)
     CAUGHT.install()  # from now on a signal is a request to stop (``preempt``)
     try:
         return _train(cfg, comm, dataset, collect, out, on_step)

@@ -351,8 +351,8 @@ def test_compute_speedup_replaces_compute_and_keeps_the_wire():
             assert b["compute"] == pytest.approx(a["compute"] / 50)
     h = sc.calibrate(run, "hybrid")
     assert h.imbalance == pytest.approx(1e-3) and h.local["allreduce"] == pytest.approx(3e-3)
-    params = sc.with_compute(sc.calibrate(run, "ps"), 1e-3, 5e-5, "gpu")
-    assert params.local["dense_apply"] == 0.0 and params.local["fwd_bwd"] == 1e-3  # Adam on the servers
+    psc = sc.with_compute(sc.calibrate(run, "ps"), 1e-3, 5e-5, "gpu")
+    assert psc.local["dense_apply"] == 0.0 and psc.local["fwd_bwd"] == 1e-3  # Adam on the servers
 
 
 def test_compute_from_reads_the_entry_of_the_runs_model():
@@ -385,20 +385,20 @@ def test_dense_size_scales_the_dense_terms_only():
     """ps: the dense shares of pull and push (ps minus hybrid), the servers' dense Adam
     (ps server minus hybrid server) and with it the wait; hybrid: its Allreduce phase."""
     run = hybrid_ps_run(imbalance=False)
-    params = sc.calibrate(run, "ps")
-    assert params.dense_local == pytest.approx({"pull": 3e-3, "push": 3e-3})
-    assert (params.server_sparse, params.server_dense) == pytest.approx((1e-3, 4e-3))
-    q = sc.with_dense_params(params, 250_000)
+    psc = sc.calibrate(run, "ps")
+    assert psc.dense_local == pytest.approx({"pull": 3e-3, "push": 3e-3})
+    assert (psc.server_sparse, psc.server_dense) == pytest.approx((1e-3, 4e-3))
+    q = sc.with_dense_params(psc, 250_000)
     assert q.local["pull"] == pytest.approx(2e-3 + 0.75e-3)
     assert q.local["push"] == pytest.approx(1e-3 + 0.75e-3)
     assert q.server_dense == pytest.approx(1e-3)
     assert sc.predict(q, 1, 2, sc.PRESETS["eth25"])["wait"] == pytest.approx(8e-3 - 3e-3)
-    assert q.local["fwd_bwd"] == params.local["fwd_bwd"] and q.P == 250_000
+    assert q.local["fwd_bwd"] == psc.local["fwd_bwd"] and q.P == 250_000
     h = sc.with_dense_params(sc.calibrate(run, "hybrid"), 250_000)
     assert h.local["allreduce"] == pytest.approx(0.75e-3)
     # the server's 1 ms apply is no longer hidden by 3 + 2 ms, only by 0.75 + 2 ms: still
     assert sc.predict(h, 1, 2, sc.PRESETS["eth25"])["wait"] == pytest.approx(1e-3)
-    assert sc.with_dense_params(params, params.P) == params
+    assert sc.with_dense_params(psc, psc.P) == psc
 
 
 def test_cross_workload_of_a_run_the_model_describes_is_exact():
@@ -572,9 +572,9 @@ def test_servers_from_another_run():
         c = sc.with_servers(sc.calibrate(two, mode), sc.calibrate(one, mode))
         assert c.wait == pytest.approx(wait)
         assert sc.predict(c, 1, 2, lk)["wait"] == pytest.approx(wait)
-    params = sc.with_servers(sc.calibrate(two, "ps"), sc.calibrate(one, "ps"))
-    assert (params.server_sparse, params.server_dense) == pytest.approx((0.5e-3, 0.8e-3))
-    assert sc.predict(params, 4, 4, lk)["wait"] == pytest.approx(  # sparse x 2, dense / 4
+    psc = sc.with_servers(sc.calibrate(two, "ps"), sc.calibrate(one, "ps"))
+    assert (psc.server_sparse, psc.server_dense) == pytest.approx((0.5e-3, 0.8e-3))
+    assert sc.predict(psc, 4, 4, lk)["wait"] == pytest.approx(  # sparse x 2, dense / 4
         0.05e-3 + 0.5e-3 * 2 + 0.8e-3 / 4)
     one["results"]["ps"]["dense_params"] = 7
     with pytest.raises(ValueError, match="same mode and model"):

@@ -22,7 +22,9 @@ __all__ = ["MODES", "DenseStrategy", "Mode", "ModeSetup", "ModeSpec", "SparseStr
            "build_mode"]
 
 
-def build_mode(name: str, topo, layout, params, sparse_opt, dense_opt, seed: int, **options) -> Mode:
+def build_mode(name: str, topo, layout, params, sparse_opt, dense_opt, seed: int,
+               **options) -> Mode:
     """The mode ``name`` of the registry (collective over ``topo.world``); ``options``: those
     of ``ModeSetup`` (``dense=``: a front end's own dense strategy class)."""
-    return Mode(ModeSetup(MODES[name], topo, layout, params, sparse_opt, dense_opt, seed, **options))
+    return Mode(ModeSetup(MODES[name], topo, layout, params, sparse_opt, dense_opt, seed,
+                          **options))

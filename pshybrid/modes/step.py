@@ -52,7 +52,7 @@ class Context:
     """What the two strategies of a mode share."""
 
     topo: Topology
-    params: object           # the model's ParamSpace
+    params: object       # the model's ParamSpace
     xp: object           # numpy, or cupy on GPU workers
     timers: Timers
     seed: int
