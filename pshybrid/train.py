@@ -284,13 +284,12 @@ def loop(job: Job, on_step=None) -> None:
     stop = job.stop
     if mode.stale is not None:  # --consistency ssp:K/asp, --cache-rows: one batch ahead
         batches = mode.stale.ahead(batches, mode.prepare)
+    upcoming = _Upcoming(batches, mode)
     for step in range(job.start, job.steps):
-        with timers.time("data"):
-            label, dense, ids, bags, batch = next(batches)
-        if batch is None:  # not made ahead on the data thread
-            with timers.time("pull"):
-                batch = mode.prepare(ids)
-        loss_sum = _step(job, step, label, dense, batch, bags)
+        label, dense, ids, bags, batch = upcoming.take()
+        # the next batch is made while the servers apply this step (stale: made already)
+        idle = upcoming.make if step + 1 < job.steps and mode.stale is None else None
+        loss_sum = _step(job, step, label, dense, batch, bags, idle)
         done = step + 1
         log.add(done, loss_sum, label)
         if on_step is not None:
@@ -303,6 +302,7 @@ def loop(job: Job, on_step=None) -> None:
             mode.request_checkpoint(done)
             job.save(done)
         if done < job.steps and stop.stop():  # collective: every worker stops here
+            upcoming.drop()
             _preempted(job, done, log)
             break
     if job.start >= job.steps and job.evdata is not None:  # resumed at the end (collect=True)
@@ -346,7 +346,39 @@ def _batches(job: Job):
         yield to_device(xp, label, dtype), to_device(xp, dense, dtype), ids, bags, batch
 
 
-def _step(job: Job, step: int, label, dense, batch, bags=()):
+class _Upcoming:
+    """The loop's next batch ``(label, dense, ids, bags, Batch)``: ``make()`` reads it and
+    prepares its ``Batch`` (dedup, owners, datatypes) unless that is done; ``take()`` hands
+    it over, made now if nothing made it earlier. ``Mode.update`` calls ``make`` while
+    the servers apply a step, so input and planning overlap that wait on any rank."""
+
+    def __init__(self, batches, mode):
+        self.batches, self.mode, self.item = batches, mode, None
+
+    def make(self) -> None:
+        if self.item is not None:
+            return
+        timers = self.mode.timers
+        with timers.time("data"):
+            label, dense, ids, bags, batch = next(self.batches)
+        if batch is None:  # not made ahead on the data thread
+            with timers.time("pull"):
+                batch = self.mode.prepare(ids)
+        self.item = (label, dense, ids, bags, batch)
+
+    def take(self):
+        self.make()
+        item, self.item = self.item, None
+        return item
+
+    def drop(self) -> None:
+        """The loop ends early: free a batch made for a step that will not run."""
+        if self.item is not None:
+            self.item[-1].release()
+            self.item = None
+
+
+def _step(job: Job, step: int, label, dense, batch, bags=(), idle=None):
     """One training step (0-based ``step``): pull, forward, backward, update. Returns the
     worker's loss sum: a float, checked, on CPU; on a GPU a device scalar that
     ``steplog.StepLog`` reads back (and checks) once per log interval and before a
@@ -363,7 +395,7 @@ def _step(job: Job, step: int, label, dense, batch, bags=()):
     if job.mode.xp is np:
         loss_sum = float(loss_sum)
         check_loss(job, loss_sum, len(label), f"at step {step + 1}")
-    mode.update(batch, demb, step + 1)
+    mode.update(batch, demb, step + 1, idle)
     batch.release()
     return loss_sum
 

@@ -11,8 +11,9 @@ by ``pshybrid.torch`` when a scheduler changed it), or TAG_STOP. A server handle
 one message from every worker:
 
 - STEP: apply the step's optimizers (the sparse one to the union of the workers' rows, their
-  sums added in worker order), then join an Ibarrier over the world, which the workers wait
-  on: once it completes, every pull of the next step sees every update of this one;
+  sums added in worker order), then send every worker a zero-byte TAG_ACK, which it waits
+  for: once it has every server's, every pull of its next step sees every update of this
+  one (one message server -> worker: the acknowledgement is the end-of-step barrier);
 - CKPT: join ``checkpoint.save`` (collective with the workers);
 - LR: the sparse optimizer's learning rate from the next STEP on;
 - STOP: return.
@@ -20,14 +21,18 @@ one message from every worker:
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 from mpi4py import MPI
 
 from ..threads import rank_cores
-from ..transport import Pacer, idle_barrier, mpi_type, poll_recv
+from ..transport import Pacer, mpi_type, poll_recv
 
 TAG_STEP, TAG_STOP, TAG_CKPT, TAG_GRAD, TAG_LR = 101, 102, 103, 104, 105
 TAG_SIGNAL = 106  # the other way, server -> worker: a signal reached it (``preempt``)
+TAG_ACK = 107     # server -> worker: the step is applied (zero bytes)
+_NOTHING = np.empty(0, np.uint8)  # an acknowledgement's (empty) buffer
 
 
 class ServerLink:
@@ -66,11 +71,25 @@ class ServerLink:
         parts = [grads_for(s) for s in range(self.topo.n_servers)]
         self.send(TAG_STEP, [p[0] for p in parts], [p[1] for p in parts])
 
-    def wait(self) -> None:
-        """Wire: the step's sends complete, then a zero-byte Ibarrier over world that the
-        servers join after applying the step."""
-        self._complete()
-        self.topo.world.Ibarrier().Wait()
+    def wait(self, idle=None, timers=None) -> None:
+        """Wire: the step's sends complete (large messages need this rank in MPI while the
+        server posts its receive), then the servers' zero-byte acknowledgements (TAG_ACK,
+        one from each, sent after its apply) or, colocated, a zero-byte Ibarrier over world
+        that every rank joins after applying its shard. ``idle()`` runs while they are
+        outstanding (the next step's batch is made then); ``timers`` gets the rest as
+        "wait"."""
+        world = self.topo.world
+        with _timed(timers, "wait"):
+            self._complete()
+            if self.topo.colocated:
+                reqs = [world.Ibarrier()]
+            else:
+                reqs = [world.Irecv([_NOTHING, MPI.BYTE], r, TAG_ACK)
+                        for r in self.topo.server_ranks]
+        if idle is not None:
+            idle()
+        with _timed(timers, "wait"):
+            MPI.Request.Waitall(reqs)
 
     def checkpoint(self, step: int) -> None:
         self.send(TAG_CKPT, [[step]] * self.topo.n_servers)
@@ -84,6 +103,11 @@ class ServerLink:
     def stop(self) -> None:
         self.send(TAG_STOP, [[]] * self.topo.n_servers)
         self._complete()
+
+
+def _timed(timers, phase: str):
+    """``timers.time(phase)``, or no timing (None)."""
+    return contextlib.nullcontext() if timers is None else timers.time(phase)
 
 
 def _receive(topo, width: int, dtype, pacer: Pacer | None, on_wait=None):
@@ -148,8 +172,6 @@ def serve(topo, mode, start_step: int, on_checkpoint, on_wait=None) -> None:
             continue
         step += 1
         _apply(mode, msgs, step)
-        with timers.time("wait"):
-            # Wire: the Ibarrier the workers wait on (ServerLink.wait). The workers are in it
-            # or about to be: check often (a server that sleeps in it holds up their exit
-            # by up to its sleep, every step).
-            idle_barrier(topo.world, pacer.fine)
+        # Wire: a zero-byte TAG_ACK to every worker (ServerLink.wait); eager: completes here
+        MPI.Request.Waitall([topo.world.Isend([_NOTHING, MPI.BYTE], r, TAG_ACK)
+                             for r in topo.worker_ranks])

@@ -11,12 +11,14 @@ reaches weights a worker may still be reading for step t. ``update`` keeps it in
 3. the sync point: after it every worker has finished its pulls of step t (the dense
    Allreduce's completion, or else, when a live push follows, a workers' barrier);
 4. ``finish``: the live pushes (direct SGD onto the weights);
-5. the servers' step is waited for (an Ibarrier they join after applying), or, with live
-   pushes and no server step, a workers' barrier: every push is complete. With
-   ``--placement colocated`` every rank is a worker owning a shard: it receives every
-   worker's step message for its shard and applies the optimizer itself, then joins the
-   same Ibarrier (the messages were sent after each worker's pulls, so all pulls of step t
-   are done when the last one arrives).
+5. the servers' step is waited for (each server's zero-byte acknowledgement, sent after
+   applying), or, with live pushes and no server step, a workers' barrier: every push is
+   complete. With ``--placement colocated`` every rank is a worker owning a shard: it
+   receives every worker's step message for its shard and applies the optimizer itself,
+   then joins an Ibarrier over the world (the messages were sent after each worker's pulls,
+   so all pulls of step t are done when the last one arrives). While the servers apply,
+   the worker makes its next step's batch (``update``'s ``idle``: reading and planning,
+   which need no weights), so a rank with one core still overlaps input with the wait.
 
 On a GPU worker a move 0 comes first (``stage``): every device->host copy the step's MPI
 calls read (the sparse gradient sums; the dense gradient when it is staged or pushed to
@@ -153,9 +155,11 @@ class Mode:
         """-> emb: batch.ids.shape + (E,) in ``self.xp``."""
         return self.sparse.lookup(batch)
 
-    def update(self, batch: Batch, demb, step: int) -> None:
+    def update(self, batch: Batch, demb, step: int, idle=None) -> None:
         """Apply step ``step``'s gradients (demb: (B, F, E) in ``self.xp``; the dense ones in
-        the ParamSpace); on return every worker's next lookup sees them (BSP)."""
+        the ParamSpace); on return every worker's next lookup sees them (BSP). ``idle()``
+        (local work: no communication) runs while the servers apply
+        this step, if they have one: the loop makes the next batch then."""
         sparse, dense = self.sparse, self.dense
         if self.xp is not np:                              # 0. GPU: queue every D2H, then
             self.stage(batch, demb, step)                  #    the step's one host wait
@@ -170,12 +174,12 @@ class Mode:
         dense.finish(step)
         if self.server_step and self.live:
             self._send_step()
-        if self.server_step and self.topo.colocated:
-            apply_step(self.topo, self, step)              # 5. this rank's shard, then
-        with self.timers.time("wait"):                     #    the step is complete
-            if self.server_step:
-                self.link.wait()
-            elif self.live:
+        if self.server_step:
+            if self.topo.colocated:
+                apply_step(self.topo, self, step)          # 5. this rank's shard, then
+            self.link.wait(idle, self.timers)              #    the step is complete
+        elif self.live:
+            with self.timers.time("wait"):
                 self.topo.workers.Barrier()  # Wire: zero-byte barrier: every push completed
 
     def stage(self, batch: Batch, demb, step: int) -> None:
