@@ -10,7 +10,8 @@ its references, measured in the same run on the same data:
   numpy        the sort-based NumPy twin (stable argsort + add.reduceat, the old path);
   numba        kernels.segment_sum (hash dedup + radix sort + input-order sums);
   gbo old/new  partition.group_by_owner before (argsort of sort_key) and now;
-  gather       kernels.gather (np.take) of the B rows from U unique rows, and rows[index].
+  gather       kernels.gather (numba, prefetching rows) of the B rows from U unique rows, and
+               np.take of the same rows.
 GB/s is bytes of the (B, D) rows (gather: rows written; group_by_owner: the B int64 ids)
 per second. Warm-up first (numba compile time is printed once, not timed), then the
 median of ``--repeat`` runs of time.perf_counter.
@@ -156,7 +157,7 @@ def case_lines(kernels, partition, a, rng, dtype, B: int, D: int, z: float) -> t
     t_new = T(lambda: partition.group_by_owner(keys, a.rows, a.servers))
     rows_u = np.ascontiguousarray(s_nb)
     t_take = T(lambda: kernels.gather(rows_u, inverse))
-    t_fancy = T(lambda: kernels.gather_ref(rows_u, inverse))
+    t_fancy = T(lambda: np.take(rows_u, inverse, axis=0))
 
     us = lambda t: f"{t * 1e6:.0f}" if t >= 1e-4 else f"{t * 1e6:.1f}"  # noqa: E731
     gbs = lambda n, t: f"{n / t / 1e9:.1f}"  # noqa: E731
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
             f"{'add.at':>7} {'only':>7} {'numpy':>7} {'numba':>6} {'GB/s':>5} | "
             f"{'x add.at':>8} {'x only':>6} {'x numpy':>7} {'x memcpy':>8}")
     hdr2 = (f"{'B':>5} {'D':>3} {'dtype':>7} {'a':>4} {'U':>5} | {'gbo old':>7} {'gbo new':>7} "
-            f"{'x':>5} {'GB/s':>5} | {'take us':>7} {'GB/s':>5} {'rows[i]':>7} {'x memcpy':>8}")
+            f"{'x':>5} {'GB/s':>5} | {'gather':>7} {'GB/s':>5} {'np.take':>7} {'x memcpy':>8}")
     seg_lines, gbo_lines = [hdr1, "-" * len(hdr1)], [hdr2, "-" * len(hdr2)]
     rng = np.random.default_rng(0)
     for dtype in map(np.dtype, a.dtype):
@@ -204,8 +205,8 @@ def main(argv=None) -> int:
     print("segment_sum (dedup + scatter-add of gradient rows): times in us; x = speed-up of numba "
           "over that column; x memcpy = numba time / memcpy time")
     print("\n".join(seg_lines))
-    print("\ngroup_by_owner (dedup + inverse + owner bounds) and gather (np.take vs rows[index]); "
-          "x memcpy = take time / memcpy time")
+    print("\ngroup_by_owner (dedup + inverse + owner bounds) and gather (kernels.gather vs "
+          "np.take, us); x memcpy = gather time / memcpy time")
     print("\n".join(gbo_lines))
     return 0
 

@@ -11,8 +11,9 @@ fill the cores). numba is imported and the kernels are compiled lazily, on the f
 that needs them, so importing ``pshybrid`` does not pay for numba. Dedup is a hash map
 (key -> slot in first-occurrence order) plus an LSD radix argsort of the U distinct keys;
 rows are summed into their slot **in input order**, so results equal ``np.add.at`` bit for
-bit (float32 and float64), whatever the hash layout. ``gather`` stays
-``np.take``: it already runs near memcpy speed (bench/kernels_bench.py).
+bit (float32 and float64), whatever the hash layout. ``gather`` and the row optimizers
+(``optim``) prefetch each row a few rows before they touch it (``prefetch``): their rows
+are scattered over large tables, and the misses then overlap.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ import threading
 
 import numpy as np
 
+from . import prefetch
 from .backend import array_module
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _NB_MAX_ROWS = 2**31 - 1  # the numba hash table numbers slots in int32
+_FAR_TABLE = 1 << 22      # gather: tables of at least this many bytes miss the caches
 
 
 # -- references (oracles) ------------------------------------------------------------------
@@ -89,12 +92,25 @@ def unique_inverse_numpy(keys, m: int = 1):
 def gather(rows, index):
     """rows: (N, D); index: any shape int64 -> index.shape + (D,). Same result as ``gather_ref``.
 
-    ``np.take`` on CPU: it copies whole rows and runs near memcpy speed (bench/kernels_bench.py);
-    the ``kernels/embedding.cu`` kernel (``pshybrid.cuda``) for float32/float64 CuPy arrays.
+    CPU: from a float32/float64 table of ``_FAR_TABLE`` bytes or more, the numba kernel,
+    which prefetches the rows it will copy a few rows ahead (index checked: ``IndexError``
+    out of range, as ``np.take``); else ``np.take`` (near memcpy speed from cached rows). The ``kernels/embedding.cu`` kernel (``pshybrid.cuda``) for
+    float32/float64 CuPy arrays.
     """
     xp = array_module(rows)
     if xp is np:
-        return np.take(rows, index, axis=0)
+        if not (rows.ndim == 2 and rows.nbytes >= _FAR_TABLE and rows.dtype in _FLOATS
+                and rows.flags.c_contiguous and np.asarray(index).size and numba_active()):
+            return np.take(rows, index, axis=0)
+        flat, n = np.ascontiguousarray(index, dtype=np.int64).ravel(), rows.shape[0]
+        lo, hi = flat.min(), flat.max()
+        if lo < -n or hi >= n:
+            raise IndexError(f"gather: index in [{lo}, {hi}] for {n} rows")
+        if lo < 0:  # negative ids count from the end, as in np.take
+            flat = np.where(flat < 0, flat + n, flat)
+        out = np.empty(np.shape(index) + rows.shape[1:], rows.dtype)
+        _nb_gather(rows, flat, out.reshape(flat.size, rows.shape[1]))
+        return out
     if rows.dtype in _FLOATS:
         from . import cuda
 
@@ -170,8 +186,8 @@ def unique_inverse(keys, m: int = 1):
 # -- numba plumbing: import + jit on first use, NumPy twins when numba is unavailable --------
 _NUMBA: bool | None = None  # None: not tried yet
 _NUMBA_LOCK = threading.Lock()
-_JITTED = ("_ftz", "_nb_hash_dedup", "_nb_radix_argsort", "_nb_sorted_dedup", "_nb_unique_inverse",
-           "_nb_segment_sum", "_nb_uniform_rows", "_nb_sgd_rows", "_nb_adagrad_rows",
+_JITTED = ("_ftz", "_nb_gather", "_nb_hash_dedup", "_nb_radix_argsort", "_nb_sorted_dedup",
+           "_nb_unique_inverse", "_nb_segment_sum", "_nb_uniform_rows", "_nb_sgd_rows", "_nb_adagrad_rows",
            "_nb_adam_rows", "_nb_scatter_add")
 
 
@@ -206,6 +222,7 @@ def numba_active() -> bool:
                     # optimizer loops from vectorising); no kernel divides by zero.
                     jit = numba.njit(cache=True, nogil=True, error_model="numpy")
                     g = globals()
+                    g["_prefetch_row"] = prefetch.build(numba)  # before the kernels compile
                     for name in _JITTED:
                         g[name] = jit(g[name])
                     _NUMBA = True
@@ -213,6 +230,25 @@ def numba_active() -> bool:
 
 
 # -- numba kernels (plain Python until ``numba_active()`` jits them) -----------------------
+_AHEAD = prefetch.AHEAD
+
+
+def _prefetch_row(a, i):
+    """A cache hint (``prefetch.prefetch_row`` once numba is active): no effect on values."""
+
+
+def _nb_gather(rows, index, out):
+    """out[i] = rows[index[i]] (rows (N, D), out (n, D) C-contiguous), each row prefetched
+    ``_AHEAD`` rows early: a gather from a large table overlaps its misses."""
+    n = index.size
+    for i in range(n):
+        if i + _AHEAD < n:
+            _prefetch_row(rows, index[i + _AHEAD])
+        r = index[i]
+        for j in range(rows.shape[1]):
+            out[i, j] = rows[r, j]
+
+
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier, 2^64 / golden ratio
 _RADIX_BITS = 11                          # 2048-bucket histograms (16 KiB) stay in L1
 _RADIX_MASK = np.uint64((1 << _RADIX_BITS) - 1)
@@ -405,7 +441,12 @@ def _ftz(x, tiny):
 
 def _nb_sgd_rows(w, rows, g, consume, lr, l2, tiny):
     # l2 != 0: the gradient is g + l2 * w (w before the step), as in optim's NumPy form
-    for i in range(rows.size):
+    n = rows.size
+    for i in range(n):
+        if i + _AHEAD < n:  # the row _AHEAD on: its misses overlap this row's work
+            _prefetch_row(w, rows[i + _AHEAD])
+            if consume:
+                _prefetch_row(g, rows[i + _AHEAD])
         r = rows[i]
         k = r if consume else i
         for j in range(w.shape[1]):
@@ -416,7 +457,13 @@ def _nb_sgd_rows(w, rows, g, consume, lr, l2, tiny):
 
 
 def _nb_adagrad_rows(w, acc, rows, g, consume, lr, eps, l2, tiny):
-    for i in range(rows.size):
+    n = rows.size
+    for i in range(n):
+        if i + _AHEAD < n:  # the row _AHEAD on: its misses overlap this row's work
+            _prefetch_row(w, rows[i + _AHEAD])
+            _prefetch_row(acc, rows[i + _AHEAD])
+            if consume:
+                _prefetch_row(g, rows[i + _AHEAD])
         r = rows[i]
         k = r if consume else i
         for j in range(w.shape[1]):
@@ -433,7 +480,14 @@ def _nb_adagrad_rows(w, acc, rows, g, consume, lr, eps, l2, tiny):
 
 def _nb_adam_rows(w, m, v, rows, g, consume, b1, one_b1, b2, one_b2, inv_sqrt_c2, eps, lr_c1,
                   l2, tiny):
-    for i in range(rows.size):
+    n = rows.size
+    for i in range(n):
+        if i + _AHEAD < n:  # the row _AHEAD on: its misses overlap this row's work
+            _prefetch_row(w, rows[i + _AHEAD])
+            _prefetch_row(m, rows[i + _AHEAD])
+            _prefetch_row(v, rows[i + _AHEAD])
+            if consume:
+                _prefetch_row(g, rows[i + _AHEAD])
         r = rows[i]
         k = r if consume else i
         for j in range(w.shape[1]):

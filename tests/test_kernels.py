@@ -221,3 +221,43 @@ def test_scatter_add_refuses_an_index_out_of_range():
         kernels.scatter_add(np.array([0, 3]), np.ones((2, 2)), 3)
     with pytest.raises(IndexError):
         kernels.scatter_add(np.array([0, -1]), np.ones((2, 2)), 3)
+
+
+# -- the prefetching gather and the prefetch hint --------------------------------------------
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n", [1, kernels._AHEAD, kernels._AHEAD + 1, 5000])
+def test_prefetching_gather_equals_take(monkeypatch, dtype, n):
+    monkeypatch.setattr(kernels, "_FAR_TABLE", 0)  # the numba path for any table
+    rng = np.random.default_rng(n)
+    rows = rng.standard_normal((7000, 17)).astype(dtype)
+    index = rng.integers(-7000, 7000, size=(n, 3))
+    assert kernels.numba_active()
+    assert np.array_equal(kernels.gather(rows, index), np.take(rows, index, axis=0))
+    with pytest.raises(IndexError, match="7000 rows"):
+        kernels.gather(rows, np.array([0, 7000]))
+
+
+def test_the_prefetch_hint_is_emitted_or_falls_back_to_a_no_op(monkeypatch):
+    """A compiled kernel carries the CPU's prefetch instruction; where the intrinsic cannot
+    be built, a no-op takes its place and the kernels give the same values."""
+    import numba
+
+    from pshybrid import prefetch
+
+    hint = prefetch.build(numba)
+
+    @numba.njit
+    def visit(a, rows):
+        s = 0.0
+        for r in rows:
+            hint(a, r)
+            s += a[r, 0]
+        return s
+
+    a = np.arange(12.0).reshape(4, 3)
+    assert visit(a, np.array([3, 1])) == 12.0
+    asm = "\n".join(visit.inspect_asm().values())
+    assert "prefetch" in asm.lower()
+    monkeypatch.setattr(prefetch, "_declare", lambda numba: 1 / 0)
+    noop = prefetch.build(numba)
+    assert noop is not hint and noop(a, 1) is None

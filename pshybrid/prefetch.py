@@ -1,0 +1,67 @@
+"""A cache prefetch hint for the numba kernels.
+
+``prefetch_row(a, i)`` asks the CPU to start loading row ``i`` of the 2-D C-contiguous
+array ``a`` (its first and its last cache line) and returns at once: a hint, it changes no
+value. Kernels that visit rows of a large table in an order the hardware prefetcher cannot
+guess (a server's optimizer over the step's rows, a gather from a shard) issue it ``AHEAD``
+rows before they need a row, so the cache misses of many rows overlap instead of each one
+stalling the loop in turn (the gain: docs/benchmarks.md, "Prefetching rows").
+
+``build()`` makes it once numba is imported (``kernels.numba_active``): LLVM's
+``llvm.prefetch`` (read intent, into L1), or, where this numba or LLVM
+refuses that intrinsic, a jitted no-op (same results, only slower).
+"""
+
+from __future__ import annotations
+
+AHEAD = 32  # rows ahead: enough misses in flight to cover a DRAM latency, few enough for L1
+
+
+def _declare(numba):
+    """The intrinsic ``prefetch_row(a, i)`` (numba's extension API)."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch_row(typingctx, arr, idx):
+        sig = types.void(arr, idx)
+
+        def codegen(context, builder, signature, args):
+            aty = signature.args[0]
+            ary = context.make_array(aty)(context, builder, args[0])
+            zero, last = (context.get_constant(types.intp, k) for k in (0, -1))
+            first = cgutils.get_item_pointer(context, builder, aty, ary, [args[1], zero])
+            ncol = builder.extract_value(ary.shape, 1)
+            end = cgutils.get_item_pointer(context, builder, aty, ary,
+                                           [args[1], builder.add(ncol, last)])
+            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+            fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
+            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+            for ptr in (first, end):  # read intent (a shard another rank owns stays shared),
+                builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])  # L1, data
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return prefetch_row
+
+
+def build(numba):
+    """-> ``prefetch_row`` for the numba kernels: the intrinsic if this numba compiles and
+    runs it, else a jitted no-op."""
+    import numpy as np
+
+    try:
+        hint = _declare(numba)
+
+        @numba.njit
+        def probe(a):
+            for i in range(a.shape[0]):
+                hint(a, i)
+            return a.sum()
+
+        probe(np.ones((2, 3)))
+        return hint
+    except Exception:  # an LLVM or numba that refuses the intrinsic: hints are optional
+        return numba.njit(lambda a, i: None)
