@@ -231,15 +231,11 @@ def numba_active() -> bool:
 
 # -- numba kernels (plain Python until ``numba_active()`` jits them) -----------------------
 _AHEAD = prefetch.AHEAD
-
-
-def _prefetch_row(a, i):
-    """A cache hint (``prefetch.prefetch_row`` once numba is active): no effect on values."""
+_prefetch_row = None  # the cache hint ``prefetch.build`` makes (numba_active sets it)
 
 
 def _nb_gather(rows, index, out):
-    """out[i] = rows[index[i]] (rows (N, D), out (n, D) C-contiguous), each row prefetched
-    ``_AHEAD`` rows early: a gather from a large table overlaps its misses."""
+    """out[i] = rows[index[i]], each row prefetched ``_AHEAD`` rows early (misses overlap)."""
     n = index.size
     for i in range(n):
         if i + _AHEAD < n:
