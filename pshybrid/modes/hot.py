@@ -4,6 +4,9 @@ workers beside the dense one, and every worker applies the sparse optimizer to t
 worker touched, exactly as their owner would have (the same formulas, lazily; sums in another
 order: float rounding). Every other row stays sharded. The owners' copies of the hot rows are
 brought up to date before a checkpoint reads them (``write_back``).
+
+``HotReplicated`` wraps a worker's ``ServerSparse``: a batch's hot ids go to ``HotRows``,
+the others (the batch's plan) to the wrapped strategy, which never sees a hot id.
 """
 
 from __future__ import annotations
@@ -87,3 +90,71 @@ class HotRows:
         with self.ctx.timers.time("push"):
             self.opt.update_rows(self.w, touched, np.ascontiguousarray(self.grads[touched, :dim]),
                                  self.state, step)
+
+
+class HotReplicated:
+    """A worker's sparse strategy with ``hot`` (``HotRows``) replicated: ``prepare`` splits
+    the ids (the wrapped ``ServerSparse`` plans the cold ones; ``Batch.hot`` = (mask of the
+    hot ids, their slots)), ``lookup`` merges both reads, ``start``/``finish`` hand each
+    part its gradient rows (the hot sums go on the wire beside the dense Allreduce and are
+    applied in ``finish``). Every other member is the wrapped strategy's."""
+
+    def __init__(self, inner, hot: HotRows):
+        self.inner, self.hot = inner, hot
+        self.live, self.server_step = inner.live, inner.server_step
+        self.prepare_uses_mpi = inner.prepare_uses_mpi
+        self._cold = None  # the step's cold gradient rows, from ``start`` to ``finish``
+
+    def __getattr__(self, name):  # the rest: the wrapped strategy's
+        return getattr(self.inner, name)
+
+    def ready(self) -> None:
+        """After start-up and any resume: the hot rows from their owners."""
+        self.inner.ready()
+        self.hot.load(self.inner.store)
+
+    def set_lr(self, lr: float) -> None:
+        self.inner.set_lr(lr)
+        self.hot.opt = self.inner.opt
+
+    def prepare(self, ids):
+        mask, slots = self.hot.split(ids)
+        batch = self.inner.prepare(ids[~mask])  # the plan covers the other ids: (n_cold,)
+        batch.hot = (mask, slots)
+        return batch
+
+    def lookup(self, batch):
+        mask, slots = batch.hot
+        spec = self.inner.layout.table
+        emb = np.empty(mask.shape + (spec.dim,), spec.dtype)
+        emb[~mask] = self.inner.lookup(batch)
+        with self.inner.ctx.timers.time("pull"):
+            emb[mask] = self.hot.lookup(slots)
+        return emb
+
+    def start(self, batch, demb, step: int) -> None:
+        mask, slots = batch.hot
+        with self.inner.ctx.timers.time("push"):  # the hot sums: on the wire now
+            self.hot.start(slots, demb[mask])
+        self._cold = demb[~mask]
+        self.inner.start(batch, self._cold, step)
+
+    def finish(self, batch, demb, step: int) -> None:
+        self.inner.finish(batch, self._cold, step)
+        self._cold = None
+        self.hot.finish(step)
+
+    def before_checkpoint(self) -> None:
+        """Worker 0: the owners' copies of the hot rows brought up to date."""
+        topo = self.inner.ctx.topo
+        if topo.rank == topo.worker_ranks[0]:
+            self.hot.write_back(self.inner.store)
+        self.inner.before_checkpoint()
+
+    def full_table(self) -> np.ndarray:
+        out = self.inner.full_table()
+        out[self.hot.ids] = self.hot.w
+        return out
+
+    def traffic(self) -> dict:
+        return {**self.inner.traffic(), "hot_allreduce_bytes": self.hot.allreduce_bytes}

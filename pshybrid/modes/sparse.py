@@ -28,7 +28,6 @@ from ..kernels import gather, scatter_add, segment_sum, unique_inverse
 from ..optim import Optimizer
 from ..schema import FusedTable, TableSpec
 from ..transport import mpi_type
-from .hot import HotRows
 
 
 class Batch:
@@ -81,7 +80,6 @@ class _StagedSums:
     Both strategies: ``set_lr``."""
 
     _staged = None
-    hot = None
 
     def begin(self, step: int) -> None:
         """Before the forward pass: nothing (``stale.StaleReads`` counts the steps here)."""
@@ -90,8 +88,6 @@ class _StagedSums:
         """The optimizer's learning rate from the next step on (``pshybrid.torch``: a torch
         scheduler's; ``Mode.set_sparse_lr``)."""
         self.opt = replace(self.opt, lr=lr)
-        if self.hot is not None:
-            self.hot.opt = self.opt
 
     def stage(self, batch: Batch, demb) -> None:
         """GPU workers, before the step's sync: the sums' device->host copy queued."""
@@ -110,7 +106,7 @@ class ServerSparse(_StagedSums):
 
     prepare_uses_mpi = True  # the plan may commit MPI datatypes
 
-    def __init__(self, ctx, layout: FusedTable, opt: Optimizer, hot_ids=None):
+    def __init__(self, ctx, layout: FusedTable, opt: Optimizer):
         self.ctx, self.layout, self.opt = ctx, layout, opt
         self.name = layout.table.name
         self.server_step = opt.needs_weights
@@ -119,9 +115,6 @@ class ServerSparse(_StagedSums):
         self.store = None
         self.pull_types = True  # the plan's datatypes serve pulls (not when a cache splits them)
         self._sent = None  # (plan, (U, E) host sums) of the step, for grads_for
-        # --replicate-rows: the hot rows on every worker (modes.hot)
-        self.hot = (HotRows(ctx, self.name, hot_ids, layout.table.dim, layout.table.dtype, opt)
-                    if hot_ids is not None and hot_ids.size and ctx.topo.is_worker else None)
 
     def tables(self) -> list[TableSpec]:
         spec = self.layout.table
@@ -133,28 +126,16 @@ class ServerSparse(_StagedSums):
         self.store = store
 
     def ready(self) -> None:
-        """After start-up and any resume: the replicated hot rows from their owners."""
-        if self.hot is not None:
-            self.hot.load(self.store)
+        """After start-up and any resume (``hot.HotReplicated``: its rows from the owners)."""
 
     def prepare(self, ids) -> Batch:
         # row datatypes only where an RMA operation uses them: Gets without shared memory,
         # and the direct-SGD Accumulate
         types = self.live or (not self.store.shared and self.pull_types)
-        hot = None
-        if self.hot is not None:
-            hot = self.hot.split(ids)
-            ids = ids[~hot[0]]  # the plan covers the other ids: (n_cold,)
-        return Batch(ids, plan=self.store.plan(self.name, ids, types=types), hot=hot)
+        return Batch(ids, plan=self.store.plan(self.name, ids, types=types))
 
     def lookup(self, batch: Batch):
         with self.ctx.timers.time("pull"):
-            if batch.hot is not None:  # CPU workers (--replicate-rows)
-                mask, slots = batch.hot
-                emb = np.empty(mask.shape + (self.layout.table.dim,), self.layout.table.dtype)
-                emb[~mask] = self.store.pull(self.name, batch.plan)
-                emb[mask] = self.hot.lookup(slots)
-                return emb
             if self.ctx.xp is np:
                 return self.store.pull(self.name, batch.plan)
             return _device_rows(self.ctx, batch, self.store.pull(self.name, batch.plan,
@@ -162,8 +143,6 @@ class ServerSparse(_StagedSums):
 
     def _sums(self, batch: Batch, demb):
         """(U, E) host gradient sums of ``batch.plan.unique``."""
-        if batch.hot is not None:
-            return batch.plan.sum_rows(demb[~batch.hot[0]])
         if self.ctx.xp is np:
             return batch.plan.sum_rows(demb)
         # Wire: the staged pinned sums go out in the step message's Isend (completed in the
@@ -171,11 +150,8 @@ class ServerSparse(_StagedSums):
         return self._staged
 
     def start(self, batch: Batch, demb, step: int) -> None:
-        with self.ctx.timers.time("push"):
-            if batch.hot is not None:  # their sums go on the wire with the dense Allreduce
-                mask, slots = batch.hot
-                self.hot.start(slots, demb[mask])
-            if self.server_step:
+        if self.server_step:
+            with self.ctx.timers.time("push"):
                 self._sent = (batch.plan, self._sums(batch, demb))
 
     def finish(self, batch: Batch, demb, step: int) -> None:
@@ -183,14 +159,9 @@ class ServerSparse(_StagedSums):
             with self.ctx.timers.time("push"):
                 self.store.push(self.name, batch.plan, self._sums(batch, demb),
                                 scale=-self.opt.lr_at(step), unique=True)
-        if batch.hot is not None:
-            self.hot.finish(step)
 
     def before_checkpoint(self) -> None:
-        """Worker 0: the owners' copies of the hot rows brought up to date."""
-        topo = self.ctx.topo
-        if self.hot is not None and topo.rank == topo.worker_ranks[0]:
-            self.hot.write_back(self.store)
+        """Before a checkpoint reads the shards (``hot.HotReplicated``: its rows written)."""
 
     def grads_for(self, server: int):
         """(local rows (n,) int64, their gradient sums (n, E)) of ``server`` from the step's
@@ -241,12 +212,10 @@ class ServerSparse(_StagedSums):
         for a in range(0, spec.rows, 1 << 16):
             b = min(spec.rows, a + (1 << 16))
             out[a:b] = self.store.pull(spec.name, np.arange(a, b, dtype=np.int64))
-        if self.hot is not None:
-            out[self.hot.ids] = self.hot.w
         return out
 
     def traffic(self) -> dict:
-        return {"hot_allreduce_bytes": self.hot.allreduce_bytes} if self.hot is not None else {}
+        return {}
 
 
 class ReplicatedSparse(_StagedSums):

@@ -43,6 +43,7 @@ from ..store import EmbeddingStore
 from ..timers import EventTimers, Timers
 from ..topology import Topology
 from .dense import DENSE
+from .hot import HotReplicated, HotRows
 from .servers import ServerLink, apply_step, serve
 from .sparse import SPARSE, Batch
 from .stale import Pipeline, StaleReads, staleness_bound
@@ -117,8 +118,12 @@ class Mode:
         self.kernel_timers = EventTimers(self.timers, self.xp.cuda) if gpu else self.timers
         ctx = Context(topo, params, self.xp, self.timers, setup.seed, setup.cuda_aware,
                       self.kernel_timers, HostStaging() if gpu else None)
-        hot = {} if setup.hot_rows is None else {"hot_ids": setup.hot_rows}  # --replicate-rows
-        self.sparse = SPARSE[spec.sparse](ctx, setup.layout, setup.sparse_opt, **hot)
+        self.sparse = SPARSE[spec.sparse](ctx, setup.layout, setup.sparse_opt)
+        hot = setup.hot_rows  # --replicate-rows: the hot rows on every worker (modes.hot)
+        if hot is not None and hot.size and topo.is_worker:
+            table = setup.layout.table
+            self.sparse = HotReplicated(self.sparse, HotRows(
+                ctx, table.name, hot, table.dim, table.dtype, setup.sparse_opt))
         self.dense = (setup.dense or DENSE[spec.dense])(ctx, setup.dense_opt, setup.bucket_bytes)
         assert isinstance(self.sparse, SparseStrategy) and isinstance(self.dense, DenseStrategy)
         tables = self.sparse.tables() + self.dense.tables()
