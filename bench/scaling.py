@@ -37,9 +37,10 @@ node, so W = N*k workers, S = N servers, batch b per worker fixed. Per mode and 
             fixed cost, and projections with k > 1 lack the on-node part (a NOTE says so).
   wait(N)   max(0, wait0 + exposed(N) - exposed0): workers wait for the servers'
             optimizer, exposed = max(0, server - hidden): server(N) = sparse0 * g +
-            dense0 * h, less what the workers do meanwhile: hidden = hybrid's dense
-            Allreduce phase (+ its wire time at N > 1) and dense_apply, 0 in ps (the rest of
-            wait0: completing the sends, the Ibarrier, stays). g = (W/S) /
+            dense0 * h, less what the workers do meanwhile: hidden = the next batch's
+            data phase (read and planned while the servers apply), in hybrid also the dense
+            Allreduce phase (+ its wire time at N > 1) and dense_apply (the rest of
+            wait0: completing the sends, the acknowledgements, stays). g = (W/S) /
             (W0/S0): rows each server receives relative to the run; h = S0/S
             (``--ps-server-dense shard``, default: ps's dense Adam runs over the server's
             P/S shard, the Accumulates into its gradient slot are the workers' push) or g
@@ -105,7 +106,7 @@ NODES = (1, 2, 4, 8, 16, 32, 64, 128)
 MODES = ("hybrid", "ps", "allreduce", "compute")  # compute: no wire at all, the ideal line
 COMPUTE = ("fwd_bwd", "dense_apply")  # what a GPU worker replaces
 # phases in which workers wait for each other (the step's sync point): the Allreduce's
-# completion, the servers' step (Ibarrier), the allreduce mode's Allgather (in push)
+# completion, the servers' step (acknowledgements), the allreduce mode's Allgather (in push)
 SYNC = {"hybrid": ("allreduce", "wait"), "ps": ("wait",), "allreduce": ("push", "allreduce"),
         "compute": ()}
 BESIDE = "the run (measured beside CPU compute)"  # the CPU-side terms without wire runs
@@ -263,12 +264,16 @@ def calibrate(run: dict, mode: str, row_width: int = ROW_WIDTH) -> Calib:
 
 def hidden(mode: str, local: dict, allreduce_wire: float = 0.0) -> float:
     """What the workers do between sending the servers the step message and waiting for
-    the servers' step, hiding the servers' apply: hybrid, the dense Allreduce's completion
-    (on the node, plus its wire time) and the dense optimizer; ps: nothing."""
+    the servers' step, hiding the servers' apply: the next batch's reading and planning
+    (``data``), and in hybrid the dense Allreduce's completion (on the node, plus its wire
+    time) and the dense optimizer."""
     spec = facts(mode)
-    if not (spec.sparse_on_servers and spec.dense_allreduce):
+    if not spec.sparse_on_servers:
         return 0.0
-    return local.get("allreduce", 0.0) + allreduce_wire + local.get("dense_apply", 0.0)
+    out = local.get("data", 0.0)
+    if spec.dense_allreduce:
+        out += local.get("allreduce", 0.0) + allreduce_wire + local.get("dense_apply", 0.0)
+    return out
 
 
 # -- the compute a GPU worker replaces, and a different dense size ---------------------------
@@ -362,7 +367,7 @@ def with_servers(c: Calib, o: Calib) -> Calib:
     being descheduled): the sparse apply per row received (x the rows a server of ``c``'s
     run receives, W0/S0 relative to ``o``'s), the dense Adam per shard (x S0 of ``o`` / S0 of
     ``c``), and the workers' wait beyond the exposed apply (``o.wait - o.exposed``: message
-    latency and the Ibarrier); the exposure is recomputed against ``c``'s own hidden work."""
+    latency and the acknowledgement); the exposure is recomputed against ``c``'s own hidden work."""
     if o.mode != c.mode or o.P != c.P:
         raise ValueError(f"--servers-from needs the same mode and model: {o.mode} with "
                          f"{o.P:,} dense params vs {c.mode} with {c.P:,}")

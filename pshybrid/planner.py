@@ -10,8 +10,9 @@ term is, what measures it and when each alternative wins):
 and, except in ``ps``, the dense optimizer) are measured on this job's model and batch;
 the communication terms are a message latency times the messages plus the bytes over the
 measured bandwidth of the operation that moves them (``Link``); ``server`` is the owners'
-sparse (and ``ps``'s dense) optimizer, hidden behind the workers' Allreduce on dedicated
-servers, inside every rank's step when colocated; ``sync`` the step's sync points (the
+sparse (and ``ps``'s dense) optimizer, hidden on dedicated servers behind what the workers
+do meanwhile (the Allreduce, the dense optimizer, the next batch), inside every rank's step
+when colocated; ``sync`` the step's sync points (the
 workers' collectives, the owners' step), a measured Barrier each. The alternatives are ranked by seconds
 per sample (step / (W * b)): placements change the number of workers W.
 """
@@ -177,6 +178,8 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
         t["hot_apply"] = s.hot_touched.get((W, N), N) * r.row_apply
     if spec.sparse_on_servers:
         colocated = is_colocated(alt.placement)
+        if s.server_opt or spec.dense_on_servers:  # the workers make their next batch
+            hidden += t["batch"]                   # while the owners apply (modes.step)
         t["server"] = sparse if colocated else max(0.0, sparse - hidden)
         # a step of the owners (a server-side sparse optimizer, ps's dense one) is a sync
         # point: the end-of-step barrier; colocated, also receiving every rank's message.

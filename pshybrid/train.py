@@ -358,11 +358,9 @@ class _Upcoming:
     def make(self) -> None:
         if self.item is not None:
             return
-        timers = self.mode.timers
-        with timers.time("data"):
+        with self.mode.timers.time("data"):  # (its planning too, as on the data thread)
             label, dense, ids, bags, batch = next(self.batches)
-        if batch is None:  # not made ahead on the data thread
-            with timers.time("pull"):
+            if batch is None:  # not made ahead on the data thread
                 batch = self.mode.prepare(ids)
         self.item = (label, dense, ids, bags, batch)
 
