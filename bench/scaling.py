@@ -380,6 +380,24 @@ def with_servers(c: Calib, o: Calib) -> Calib:
 
 # -- the model -------------------------------------------------------------------------------
 
+def dense_on_node(c: Calib, flows, nodes: int, k: int, intra_node: float | None,
+                  ps_local_dense: str) -> float:
+    """The on-node cost of the dense flows (``c``'s measured ``dense_local``, or bytes at
+    ``intra_node``) at ``nodes`` x k workers: the Allreduce's on-node ring share; the dense
+    table's pull and push to the servers (ps), half the measured cost each, the share from
+    the node's own server (``full``: all of it, on top of the wire time)."""
+    dense, to = sum(c.dense_local.values()), 0.0
+    for f in (f for f in flows if not f.per_id):
+        if f.allreduced:
+            r = ring_on_node(nodes, k, c.workers)
+            to += dense * r if intra_node is None else \
+                r * 2 * (c.workers - 1) / c.workers * f.nbytes / intra_node
+        elif f.to_servers:
+            share = 1 / nodes if ps_local_dense == "share" else 1.0
+            to += share * (dense / 2 if intra_node is None else f.nbytes / intra_node)
+    return to
+
+
 def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
             ps_server_dense: str = "shard", ps_local_dense: str = "share",
             intra_node: float | None = None, hit_rate: float = 0.0,
@@ -392,29 +410,19 @@ def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
     latency) travels while the previous step computes, hidden up to the compute time. The
     measured on-node pull phase stays as measured."""
     W, S = nodes * k, nodes
-    rows = c.U * c.E * 4
     loc = dict(c.local)  # the measured phases at this configuration
-    dense = sum(c.dense_local.values())
     spec = facts(c.mode)
-    if spec.dense_allreduce:  # the dense Allreduce's on-node part
-        f = ring_on_node(nodes, k, c.workers)
-        to = dense * f if intra_node is None else \
-            f * 2 * (c.workers - 1) / c.workers * c.P * 4 / intra_node
-    else:
-        # ps: the dense table's pull and push as measured on one node: the share from the
-        # node's own server stays, the rest is what ps_dense moves over the wire
-        # (``full``: all of it stays, on top of the wire time)
-        share = 1 / nodes if ps_local_dense == "share" else 1.0
-        to = share * (dense if intra_node is None else 2 * padded(c.P) * 4 / intra_node)
+    flows = spec.flows(c.E, c.P, 4, c.ids)  # the catalogue's bytes of a worker's step
+    dense = sum(c.dense_local.values())
+    to = dense_on_node(c, flows, nodes, k, intra_node, ps_local_dense)
     for p, v in c.dense_local.items():  # the measured on-node cost, by phase -> ``to``
         loc[p] += (v / dense * to if dense else to / len(c.dense_local)) - v
-    if spec.replicated:
+    for f in (f for f in flows if f.gathered):  # every worker applies every gathered row
         loc["push"] = loc.get("push", 0.0) + c.row_apply * c.U * (W - c.workers)
     comp = sum(loc.get(p, 0.0) for p in COMPUTE)
     out = dict(compute=comp, local=sum(loc.values()) - comp + c.other,
                imbalance=c.imbalance, wait=c.wait, exchange=0.0, ps_dense=0.0, allgather=0.0,
                allreduce=0.0)
-    flows = spec.flows(c.E, c.P, 4, c.ids)  # the catalogue's bytes of a worker's step
     if spec.sparse_on_servers:
         rows_to = [f for f in flows if f.to_servers and f.per_id]
         get = sum(f.step_bytes(c.U, W * c.U) for f in rows_to if f.pulls) * (1 - hit_rate)
@@ -425,8 +433,9 @@ def predict(c: Calib, nodes: int, k: int, link: Link, overlap: bool = False,
             out["exchange"] -= min(server_exchange(get, 0.0, nodes, k, link, 1), comp)
         out["ps_dense"] = sum(server_nic_bytes(f.nbytes, nodes, k) for f in flows
                               if f.to_servers and not f.per_id) / link.bandwidth
-    if spec.replicated and nodes > 1:  # three Allgathers: counts, ids, rows
-        out["allgather"] = sum(ring_allgather(x, W, link) for x in (8, c.U * 8, rows))
+    if nodes > 1:  # the catalogue's Allgathers (the allreduce mode: counts, ids, rows)
+        out["allgather"] = sum(ring_allgather(x, W, link) for f in flows if f.gathered
+                               for x in f.blocks(c.U))
     for f in (f for f in flows if f.allreduced and nodes > 1):
         ar = ring_allreduce(f.nbytes, W, link)
         out["allreduce"] = max(0.0, ar - BWD_FRACTION * c.local["fwd_bwd"]) if overlap else ar

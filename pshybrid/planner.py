@@ -171,7 +171,8 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
             t["allreduce"] = ring_allreduce(f.nbytes, W, r.allreduce)
             hidden = t["allreduce"] + r.dense_apply
         elif f.gathered:
-            t["allgather"] = ring_allgather(s.U * f.nbytes, W, r.allreduce) if W > 1 else 0.0
+            t["allgather"] = (sum(ring_allgather(x, W, r.allreduce) for x in f.blocks(s.U))
+                              if W > 1 else 0.0)
             t["hot_apply"] = union * r.row_apply  # every worker updates every gathered row
     if N:
         t["allreduce"] += ring_allreduce(N * (s.E + 1) * s.itemsize, W, r.allreduce)

@@ -72,6 +72,13 @@ class Flow:
     def gathered(self) -> bool:
         return self.kind == "allgather"
 
+    def blocks(self, U: float) -> tuple[float, ...]:
+        """An Allgather flow's collectives (``ReplicatedSparse.exchange``), as the bytes one
+        worker adds to each at U distinct ids: the count of its rows, their 8-byte ids, the
+        rows."""
+        assert self.gathered, self.kind
+        return (8.0, 8.0 * U, (self.nbytes - 8) * U)
+
     def step_bytes(self, U: float, gathered: float) -> float:
         """Bytes per worker per step as the library counts them at U distinct ids a worker
         batch and ``gathered`` ids over all workers' batches (an Allgather's counter holds

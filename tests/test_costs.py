@@ -50,3 +50,11 @@ def test_models_state_their_widths():
     assert DCN.extra_widths(sch, 16, 3) == 429 * 3 * 4
     assert DLRM.extra_widths(sch, 16, 3) == 27 * 16 * 2 + 27 * 26
     assert WDL.extra_widths(sch, 16, 3) == DeepFM.counted_params(sch, 16, 3) == 0
+
+
+def test_an_allgather_flow_is_three_collectives():
+    """ReplicatedSparse.exchange: the counts (8 B), the ids (8 B each), the rows; the
+    planner and bench/scaling price one ring Allgather per block (test_scaling's
+    test_allgather_receives_w_minus_1_blocks: three latencies)."""
+    f = MODES["allreduce"].flows(17, 1000, 4, True)[0]
+    assert f.gathered and f.blocks(100.0) == (8.0, 800.0, 100.0 * 68)
