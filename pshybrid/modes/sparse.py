@@ -75,6 +75,11 @@ def _stage_sums(ctx, batch: Batch, demb):
     return ctx.staging.stage(ctx.xp, "sparse_sums", sums)  # D2H queued: U rows, no wait
 
 
+def _increasing(rows) -> bool:
+    """rows (n,): strictly increasing (so distinct)."""
+    return bool(np.all(rows[1:] > rows[:-1]))
+
+
 class _StagedSums:
     """GPU workers: ``stage`` (move 0 of ``modes.step``) queues the copy of the step's
     (U, E) gradient sums to pinned host memory; ``_staged`` is it (valid after the sync).
@@ -204,13 +209,21 @@ class ServerSparse(_StagedSums):
     def server_apply(self, parts, step: int) -> None:
         """Servers: ``parts`` = every worker's (local rows, sums), in worker order; the
         optimizer runs once on the union of the rows with the summed gradients (summed in
-        worker order: the same bits every run)."""
+        worker order: the same bits every run), on ``ctx.apply_threads`` threads (chunks of
+        the distinct rows). One part (one worker) whose rows are strictly increasing (as
+        ``grads_for`` sends them: a plan's distinct ids of one owner, in local-row order) is
+        already that union: the segment sum would return the same rows and a copy of the
+        sums, so it is skipped."""
         if self.server_step:
-            rows, g = segment_sum(np.concatenate([r for r, _ in parts]),
-                                  np.concatenate([s for _, s in parts]))
+            if len(parts) == 1 and _increasing(parts[0][0]):
+                rows, g = parts[0]
+            else:
+                rows, g = segment_sum(np.concatenate([r for r, _ in parts]),
+                                      np.concatenate([s for _, s in parts]))
             shard = self.store.shard
             state = {k: shard(self.name, k) for k in self.opt.slots}
-            self.opt.update_rows(shard(self.name), rows, g, state, step)
+            self.opt.update_rows(shard(self.name), rows, g, state, step,
+                                 threads=self.ctx.apply_threads)
 
     def close(self) -> None:
         self._sent = self._staged = None
