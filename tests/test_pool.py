@@ -137,3 +137,46 @@ def test_error_in_a_pool_thread_is_raised():
 
     with pytest.raises(ValueError, match="chunk 5"):
         pool.run(fn, [(0, 5), (5, 10)])
+
+
+def _parts(rng, n_parts, rows, dtype, increasing=True):
+    """Workers' parts on a shard of N rows: each its own distinct rows (sorted unless not
+    ``increasing``), overlapping the others'."""
+    out = []
+    for _ in range(n_parts):
+        r = np.sort(rng.choice(N, rows, replace=False)).astype(np.int64)
+        if not increasing:
+            rng.shuffle(r)
+        out.append((r, rng.standard_normal((rows, D)).astype(dtype)))
+    return out
+
+
+@pytest.mark.parametrize("name", ["sgd+l2", "adagrad", "adam+l2"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("n_parts", [1, 2, 3])
+@pytest.mark.parametrize("rows", [1, 3, 4, 9, 40])
+@pytest.mark.parametrize("increasing", [True, False])
+def test_server_apply_of_parts_equals_serial(name, dtype, n_parts, rows, increasing,
+                                             small_chunks):
+    """``ServerSparse``'s apply of the workers' parts (one part: no segment sum; several:
+    each thread sums and updates its own range of rows) == one thread (one segment sum of
+    the concatenated parts, then the update), bit for bit; and one thread == the segment
+    sum and ``update_rows`` written out."""
+    from pshybrid.kernels import segment_sum
+    from pshybrid.modes.sparse import apply_parts
+
+    opt = OPTS[name]
+    out = {}
+    for threads in ("oracle", 1, 2, 3):
+        w, state = _shard(dtype, opt, 0)
+        rng = np.random.default_rng(4)
+        for step in (1, 2, 3):
+            parts = _parts(rng, n_parts, rows, dtype, increasing)
+            if threads == "oracle":
+                u, g = segment_sum(np.concatenate([r for r, _ in parts]),
+                                   np.concatenate([s for _, s in parts]))
+                opt.update_rows(w, u, g, state, step)
+            else:
+                apply_parts(opt, w, state, parts, step, threads)
+        out[threads] = [w.tobytes()] + [state[k].tobytes() for k in opt.slots]
+    assert out[1] == out["oracle"] and out[2] == out[1] and out[3] == out[1]
