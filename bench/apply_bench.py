@@ -8,7 +8,8 @@ touched rows per second of the step, printed beside its reference, measured in t
   memcpy   np.copyto of the step's (touched, dim) gradient rows: the same rows' bytes, once;
   parts 0  the optimizer step alone (``Optimizer.update_rows``);
   parts P  ``ServerSparse.server_apply`` itself on P workers' parts (disjoint, sorted; their
-           union is the touched rows): P = 1 skips the segment sum, P >= 2 runs it (serial).
+           union is the touched rows): P = 1 needs no segment sum, with P >= 2 each thread
+           sums and updates its own range of rows (``modes.sparse.apply_parts``).
 Every figure is the median over ``--rounds`` rounds of each round's median of ``--repeat``
 steps (after a warm-up step), the thread counts and memcpy interleaved in every round, so
 the machine's drift hits them alike. ``--sweep``: rows/s of the optimizer step with 1 and

@@ -11,7 +11,7 @@ call needs more threads. ``threads.server_threads`` decides how many a rank uses
 
 A thread pays only above some work per thread: handing a chunk to a pool thread and
 waiting for it costs tens of microseconds, the time Adagrad takes on about a thousand
-dim-17 rows (bench/apply_bench.py measures the threshold; docs/benchmarks.md).
+dim-17 rows (the thresholds below; bench/apply_bench.py measures them).
 """
 
 from __future__ import annotations
@@ -19,14 +19,18 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-# Fewest rows a thread is given in a row update (``optim.Optimizer.update_rows``): below
-# 2 x this many rows one thread does all of them. Measured on 2 cores (bench/apply_bench.py
-# --sweep): Adagrad on dim-17 float32 rows broke even with 2 threads near 1,000 rows each
-# and gained 1.4x at 2,000, 1.7x at 8,000.
+# Fewest rows a thread is given in a row update (``optim.Optimizer.update_rows``,
+# ``modes.sparse.apply_parts``): below 2 x this many rows one thread does all of them.
+# Measured on 2 shared cores (bench/apply_bench.py --sweep, dim-17 float32 rows): a second
+# thread costs ~50-110 us a step (the hand-over, the wake-ups, the GIL around the kernel
+# calls); Adagrad broke even near 1,500 rows a thread (Adam 1,000), gained 1.1-1.3x at
+# 2,000 a thread, 1.3-1.5x at 4,000, 1.6-1.7x at 8,000, 1.8x at 32,000.
 MIN_ROWS_PER_THREAD = 2048
 # Fewest values a thread is given in a whole contiguous buffer (``apply_slot`` of the ps
-# dense table): a streaming pass is ~10x faster per value than a random row's.
-MIN_VALUES_PER_THREAD = 1 << 16
+# dense table): a streaming pass is faster per value than a random row's and soon bound by
+# memory bandwidth; Adam on float32, 1 vs 2 threads: 0.95-1.04x from 128k to 512k values,
+# 1.2x at 1M, 1.5x at 2M.
+MIN_VALUES_PER_THREAD = 1 << 19
 
 _LOCK = threading.Lock()
 _POOL: ThreadPoolExecutor | None = None
