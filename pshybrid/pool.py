@@ -4,8 +4,9 @@ A server's optimizer step touches distinct rows (the union of the workers' rows,
 row), so contiguous chunks of them can be updated by different threads with no two writing
 the same row, and each row's arithmetic is that of the serial kernel: the result is the
 same bit for bit. ``spans(n, threads, min_items)`` cuts ``range(n)`` into such chunks (pure);
-``run(fn, spans)`` calls ``fn(a, b)`` for each, the calling thread taking the first chunk
-and the pool's threads the rest, and returns when all are done (re-raising the first
+``run(fn, chunks)`` calls ``fn(a, b)`` for each ``(a, b)`` (index ranges from ``spans``, or
+ranges of row values: ``modes.sparse.apply_parts``), the calling thread taking the first
+and the pool's threads the others, and returns when all are done (re-raising the first
 error). The pool is created on the first call that needs it and reused; it grows when a
 call needs more threads. ``threads.server_threads`` decides how many a rank uses.
 

@@ -37,8 +37,8 @@ import numpy as np
 from ..backend import HostStaging, array_module, host_waits, synchronize
 from ..optim import Optimizer
 from ..registry import ModeSpec, is_synchronous
-from ..threads import rank_server_threads
 from ..store import EmbeddingStore
+from ..threads import rank_server_threads
 from ..timers import EventTimers, Timers
 from ..topology import Topology
 from .dense import DENSE
