@@ -22,6 +22,7 @@ the machine's drift hits them alike. ``--sweep``: rows/s of the optimizer step w
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -108,6 +109,28 @@ def memcpy_rows_per_s(touched: int = 65536, dim: int = 17, dtype="float32",
     return touched / statistics.median(times[1:])
 
 
+def cpu_seconds() -> tuple[float, float] | None:
+    """(busy seconds of the whole machine, of this process) so far; None without
+    /proc/stat. Their growth during a run, minus this process's, is the load from elsewhere."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(x) for x in f.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = ticks[3] + ticks[4]  # idle + iowait
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK"), time.process_time()
+
+
+def load_elsewhere(before, seconds: float) -> str:
+    """The cores other processes kept busy since ``before`` (``cpu_seconds``)."""
+    after = cpu_seconds()
+    if before is None or after is None:
+        return "load from other processes: unknown"
+    other = (after[0] - before[0]) - (after[1] - before[1])
+    return (f"cores busy with other processes during the run: {max(0.0, other) / seconds:.2f} "
+            f"of {os.cpu_count()} (above ~0.1 the threads' figures are not this code's)")
+
+
 def report(a) -> None:
     """The table: per optimizer and parts, rows/s per thread count beside memcpy. Every
     round runs every (optimizer, parts, threads) once and memcpy once: a burst of load
@@ -116,6 +139,7 @@ def report(a) -> None:
           f"M rows/s, median of {a.rounds} rounds x {a.repeat} steps; "
           f"pool.MIN_ROWS_PER_THREAD = {pool.MIN_ROWS_PER_THREAD}")
     shards = {kind: make_shard(kind, a.rows, a.dim, a.dtype) for kind in a.kinds}
+    before, t0 = cpu_seconds(), time.perf_counter()
     cases = [(kind, parts, t) for kind in a.kinds for parts in a.parts for t in a.threads]
     got = {c: [] for c in cases}
     ref = []
@@ -133,7 +157,8 @@ def report(a) -> None:
             cells = " ".join(f"{m:>8.2f}" for m in med)
             print(f"{kind:<9} {parts:>5} | {cells} | {med[-1] / med[0]:>6.2f}")
     print(f"{'memcpy':<9} {'':>5} | {statistics.median(ref) / 1e6:>8.1f}  (the same rows' "
-          "bytes, one copy)", flush=True)
+          "bytes, one copy)")
+    print(load_elsewhere(before, time.perf_counter() - t0), flush=True)
 
 
 def sweep(a) -> None:
@@ -142,6 +167,7 @@ def sweep(a) -> None:
     print(f"sweep: the optimizer step, 2 chunks at every count (MIN_ROWS_PER_THREAD = 1); "
           f"M rows/s, median of {a.rounds} rounds")
     print(f"{'optimizer':<9} {'rows':>6} | {'1 thr':>8} {'2 thr':>8} | {'x 2':>5}")
+    before, t0 = cpu_seconds(), time.perf_counter()
     for kind in a.kinds:
         shard = make_shard(kind, a.rows, a.dim, a.dtype)
         for n in counts:
@@ -154,6 +180,7 @@ def sweep(a) -> None:
             m1, m2 = (statistics.median(got[t]) / 1e6 for t in (1, 2))
             print(f"{kind:<9} {n:>6} | {m1:>8.2f} {m2:>8.2f} | {m2 / m1:>5.2f}", flush=True)
         del shard
+    print(load_elsewhere(before, time.perf_counter() - t0), flush=True)
 
 
 def parser() -> argparse.ArgumentParser:
