@@ -128,7 +128,7 @@ def load_elsewhere(before, seconds: float) -> str:
         return "load from other processes: unknown"
     other = (after[0] - before[0]) - (after[1] - before[1])
     return (f"cores busy with other processes during the run: {max(0.0, other) / seconds:.2f} "
-            f"of {os.cpu_count()} (above ~0.1 the threads' figures are not this code's)")
+            f"of {os.cpu_count()} (what they take, the threads lack)")
 
 
 def report(a) -> None:
