@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     info.add_argument("--cuda-aware", choices=("auto", "on", "off"), default="auto",
                       help="as train's --cuda-aware: report what it would decide")
+    info.add_argument("--server-threads", type=int, default=None,
+                      help="as train's --server-threads: report what it would decide")
     info.set_defaults(func=cmd_info)
     return p
 
@@ -54,7 +56,12 @@ def cmd_info(args) -> int:
     from mpi4py import MPI
 
     from .devices import cuda_aware_mpi, pick_device
+    from .errors import ConfigError
+    from .threads import rank_blas_threads, rank_server_threads
     from .topology import Topology
+
+    if args.server_threads is not None and args.server_threads < 1:
+        raise ConfigError("--server-threads must be > 0", collective=True)
 
     # One process and no --servers: describe it (no server) instead of refusing the mode.
     alone = (MPI.COMM_WORLD.size == 1 and args.servers is None and MODES[args.mode].needs_servers
@@ -66,7 +73,9 @@ def cmd_info(args) -> int:
     role = "worker+shard" if topo.colocated else topo.role
     row = (topo.rank, role, topo.worker_index if topo.is_worker else topo.server_index,
            topo.node_of_rank[topo.rank], topo.node_names[topo.node_of_rank[topo.rank]],
-           topo.local_rank, device, os.getpid())
+           topo.local_rank, device, os.getpid(),
+           *_thread_cells(rank_blas_threads(), rank_server_threads(args.server_threads),
+                          applies=topo.is_server or topo.colocated))
     # Wire: gather of one small tuple per rank to rank 0; rank 0 waits for all.
     rows = topo.world.gather(row, root=0)
     if topo.rank == 0:
@@ -86,13 +95,25 @@ def cmd_info(args) -> int:
             print(f"note            : --mode {args.mode} needs a server and a worker: "
                   "run it under mpiexec -n N with N >= 2 (or --placement colocated)")
         print(f"{'rank':>4}  {'role':<12} {'index':>5}  {'node':>4}  {'host':<20} "
-              f"{'local':>5}  {'device':<8} {'pid':>8}")
+              f"{'local':>5}  {'device':<8} {'pid':>8}  {'blas':>4} {'apply':>5}  "
+              "threads: the rule")
         for r in rows:
             print(f"{r[0]:>4}  {r[1]:<12} {r[2]:>5}  {r[3]:>4}  {r[4]:<20} {r[5]:>5}  "
-                  f"{r[6]:<8} {r[7]:>8}")
+                  f"{r[6]:<8} {r[7]:>8}  {r[8]:>4} {r[9]:>5}  {r[10]}")
         sys.stdout.flush()
     topo.free()
     return 0
+
+
+def _thread_cells(blas, apply, applies: bool) -> tuple[str, str, str]:
+    """info's (BLAS threads, optimizer-apply threads, the rules that sized them) of a rank
+    from ``threads.blas_threads`` / ``server_threads``; ``applies``: the rank applies an
+    optimizer to a shard (a server, or a colocated rank), else its apply column is "-"."""
+    (nb, rb), (na, ra) = blas, apply
+    if not applies:
+        return ("-" if nb is None else str(nb)), "-", f"blas: {rb}"
+    rule = f"both: {rb}" if rb == ra else f"blas: {rb}; apply: {ra}"
+    return ("-" if nb is None else str(nb)), str(na), rule
 
 
 def cmd_train(args) -> int:

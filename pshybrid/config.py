@@ -331,6 +331,11 @@ class TrainConfig:
     prefetch: int | None = option(None, "batches prepared ahead on a background thread "
                                   "(none: 2 on a rank with >= 2 cores, else 0)",
                                   check=_at_least(0))
+    server_threads: int | None = option(None, "threads of a rank's optimizer apply on its "
+                                        "table shard (a server's, or a colocated rank's); "
+                                        "none: one per core the rank has (its binding, else "
+                                        "the node's cores / ranks per node), at least 1",
+                                        check=_positive)
     embedding_dim: int = option(16, "embedding dimension", check=_positive)
     mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated",
                                   check=_layer_sizes)

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import kernels
+from . import kernels, pool
 from .backend import array_module
 from .errors import ConfigError
 
@@ -136,11 +136,12 @@ class Optimizer:
             for a in (w, *(state[k] for k in self.slots)):
                 a[xp.abs(a) < tiny] = 0
 
-    def update_rows(self, w, rows, g, state: dict, step: int) -> None:
+    def update_rows(self, w, rows, g, state: dict, step: int, threads: int = 1) -> None:
         """Lazy sparse update of ``w[rows]`` (w: (N, D), rows: (U,) unique, g: (U, D));
         ``state[slot]``: (N, D) arrays updated at the same rows. On NumPy arrays a fused
-        numba kernel does it in one pass (same operations in the same order)."""
-        if self._fused(w, rows, g, state, step, consume=False):
+        numba kernel does it in one pass (same operations in the same order), on up to
+        ``threads`` threads (chunks of ``rows``; the same bits as one thread)."""
+        if self._fused(w, rows, g, state, step, consume=False, threads=threads):
             return
         W = w[rows]
         S = {k: state[k][rows] for k in self.slots}
@@ -149,40 +150,59 @@ class Optimizer:
         for k in self.slots:
             state[k][rows] = S[k]
 
-    def apply_slot(self, w, g, state: dict, step: int, rows=None) -> None:
+    def apply_slot(self, w, g, state: dict, step: int, rows=None, threads: int = 1) -> None:
         """Servers: update ``w`` from a gradient-sum slot ``g`` (same shape as ``w``) and
         zero what was used: rows ``rows`` of (N, D) arrays lazily, or (``rows`` None)
-        everything. Fused into one pass on NumPy arrays."""
+        everything. Fused into one pass on NumPy arrays, on up to ``threads`` threads."""
         if rows is None:
-            if not self._fused(w, _ROW0, g, state, step, consume=True, whole=True):
+            if not self._fused(w, _ROW0, g, state, step, consume=True, whole=True,
+                               threads=threads):
                 self._update_xp(w, g, state, step)
                 g[...] = 0
-        elif not self._fused(w, rows, g, state, step, consume=True):
+        elif not self._fused(w, rows, g, state, step, consume=True, threads=threads):
             self.update_rows(w, rows, g[rows], state, step)
             g[rows] = 0
 
-    def _fused(self, w, rows, g, state, step, consume: bool, whole: bool = False) -> bool:
+    def _fused(self, w, rows, g, state, step, consume: bool, whole: bool = False,
+               threads: int = 1) -> bool:
         """Run the numba row kernel when every array is a contiguous NumPy array of one
-        dtype (``whole``: any shape, seen as one row (1, n)); False: not applicable."""
+        dtype (``whole``: any shape, seen as one row (1, n)); False: not applicable.
+        ``threads`` > 1: on contiguous chunks of ``rows`` (or of the whole buffer's values)
+        at once (``pool``); the rows are distinct, so the bits are those of one thread."""
         arrays = [w, g] + [state[k] for k in self.slots]
         if not (kernels.numba_active()
                 and all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
                 and len({a.dtype for a in arrays}) == 1 and (whole or w.ndim == g.ndim == 2)):
             return False
-        if whole:  # views, as the arrays are contiguous
-            w, g = w.reshape(1, -1), g.reshape(1, -1)
-            state = {k: a.reshape(1, -1) for k, a in state.items()}
+        kernel = self._kernel(w.dtype.type, step, consume)
+        if whole:  # flat views (the arrays are contiguous), cut into (1, b - a) pieces
+            flat = [a.reshape(-1) for a in [w, g] + [state[k] for k in self.slots]]
+            pool.run(lambda a, b: kernel(*(x[a:b].reshape(1, -1) for x in flat), _ROW0),
+                     pool.spans(flat[0].size, threads, pool.MIN_VALUES_PER_THREAD))
+            return True
         rows = np.ascontiguousarray(rows, dtype=np.int64)
-        f = w.dtype.type  # scalars in the arrays' dtype, as NumPy's weak Python scalars are
-        lr, l2, tiny = self.lr_at(step), f(self.l2), f(math.sqrt(np.finfo(w.dtype).tiny))
-        if self.kind == "sgd":
-            kernels._nb_sgd_rows(w, rows, g, consume, f(lr), l2, tiny)
-        elif self.kind == "adagrad":
-            kernels._nb_adagrad_rows(w, state["acc"], rows, g, consume, f(lr), f(self.eps), l2,
-                                     tiny)
+        S = [state[k] for k in self.slots]
+        if consume:  # g is shaped like w: every chunk reads its own rows of it
+            pool.run(lambda a, b: kernel(w, g, *S, rows[a:b]),
+                     pool.spans(rows.size, threads, pool.MIN_ROWS_PER_THREAD))
         else:
-            kernels._nb_adam_rows(w, state["m"], state["v"], rows, g, consume, f(self.beta1),
-                                  f(1 - self.beta1), f(self.beta2), f(1 - self.beta2),
-                                  f(1 / math.sqrt(1 - self.beta2 ** step)), f(self.eps),
-                                  f(lr / (1 - self.beta1 ** step)), l2, tiny)
+            pool.run(lambda a, b: kernel(w, g[a:b], *S, rows[a:b]),
+                     pool.spans(rows.size, threads, pool.MIN_ROWS_PER_THREAD))
         return True
+
+    def _kernel(self, f, step: int, consume: bool):
+        """``kernel(w, g, *state (in ``slots`` order), rows)``: the numba row kernel of this
+        optimizer with step ``step``'s scalars bound, in the arrays' dtype ``f`` (as NumPy's
+        weak Python scalars are)."""
+        lr, l2, tiny = self.lr_at(step), f(self.l2), f(math.sqrt(np.finfo(f).tiny))
+        if self.kind == "sgd":
+            return lambda w, g, rows: kernels._nb_sgd_rows(w, rows, g, consume, f(lr), l2, tiny)
+        if self.kind == "adagrad":
+            lr, eps = f(lr), f(self.eps)
+            return lambda w, g, acc, rows: kernels._nb_adagrad_rows(w, acc, rows, g, consume,
+                                                                    lr, eps, l2, tiny)
+        scalars = (f(self.beta1), f(1 - self.beta1), f(self.beta2), f(1 - self.beta2),
+                   f(1 / math.sqrt(1 - self.beta2 ** step)), f(self.eps),
+                   f(lr / (1 - self.beta1 ** step)), l2, tiny)
+        return lambda w, g, m, v, rows: kernels._nb_adam_rows(w, m, v, rows, g, consume,
+                                                              *scalars)

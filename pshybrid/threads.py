@@ -18,6 +18,11 @@ with the ranks per node read from the launcher's environment (MPICH/Hydra
 loop prepares batches on a background thread (``--prefetch``): not on a rank with fewer
 than 2 cores, where that thread has no core to itself: it only competes with the step,
 whose RMA waits then stretch (docs/benchmarks.md, Threads).
+
+``server_threads`` sizes, by the same rule (or ``--server-threads N``), the threads of a
+rank's optimizer apply on its shard (``pool``; a server's, or a colocated rank's inside its
+step). ``blas_threads`` and ``server_threads`` also name the rule that produced each figure
+(``pshybrid info``).
 """
 
 from __future__ import annotations
@@ -64,8 +69,53 @@ def rank_cores() -> float:
     return cores_per_rank(os.environ, *_cores())
 
 
+def sizing_rule(environ, usable_cores: int, node_cores: int) -> str:
+    """Which branch of ``cores_per_rank`` applies, in words."""
+    if usable_cores < node_cores:
+        return f"bound to {usable_cores} of the node's {node_cores} cores"
+    k = ranks_per_node(environ)
+    return f"{node_cores} cores / {k} rank{'s' if k > 1 else ''} on the node"
+
+
+def server_threads(environ, usable_cores: int, node_cores: int,
+                   override: int | None = None) -> tuple[int, str]:
+    """(threads of this rank's optimizer apply, the rule): ``override`` (``--server-threads``)
+    when given, else one per core the rank has, at least 1."""
+    if override is not None:
+        return int(override), "--server-threads"
+    n = max(1, int(cores_per_rank(environ, usable_cores, node_cores)))
+    return n, sizing_rule(environ, usable_cores, node_cores)
+
+
+def blas_threads(environ, usable_cores: int, node_cores: int,
+                 applied: dict[str, str]) -> tuple[int | None, str]:
+    """(BLAS/OpenMP threads of this rank, the rule); ``applied``: what
+    ``apply_thread_limits`` set. None: nobody sized them (the library's default)."""
+    for var in THREAD_VARS:
+        if var in environ and applied.get(var) != environ[var]:
+            m = re.match(r"\s*(\d+)", environ[var])
+            return (int(m.group(1)) if m else None), f"{var} set in the environment"
+    if applied:
+        return int(applied[THREAD_VARS[0]]), sizing_rule(environ, usable_cores, node_cores)
+    return None, "not sized (not started by python -m pshybrid): the library's default"
+
+
+APPLIED: dict[str, str] = {}  # what ``apply_thread_limits`` set in this process
+
+
+def rank_server_threads(override: int | None = None) -> tuple[int, str]:
+    """``server_threads`` of this process."""
+    return server_threads(os.environ, *_cores(), override)
+
+
+def rank_blas_threads() -> tuple[int | None, str]:
+    """``blas_threads`` of this process."""
+    return blas_threads(os.environ, *_cores(), APPLIED)
+
+
 def apply_thread_limits() -> dict[str, str]:
     """Set the limits in ``os.environ`` (call before importing NumPy); returns them."""
     limits = thread_limits(os.environ, *_cores())
     os.environ.update(limits)
+    APPLIED.update(limits)
     return limits

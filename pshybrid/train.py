@@ -184,7 +184,8 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
                       cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged
-                      hot_rows=hot, consistency=cfg.consistency, cache_rows=cfg.cache_rows)
+                      hot_rows=hot, consistency=cfg.consistency, cache_rows=cfg.cache_rows,
+                      apply_threads=cfg.server_threads)  # None: one per core of the rank
     reporter = (Reporter(cfg, out, topo.n_workers, steps, mode.sparse.opt.lr_at,
                          plan.steps_per_epoch)
                 if topo.rank == topo.worker_ranks[0] else None)

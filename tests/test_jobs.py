@@ -20,6 +20,24 @@ def test_info_prints_both_roles():
     assert [ln[1] for ln in lines] == ["worker", "server"], p.stdout
 
 
+def test_info_names_each_ranks_threads_and_their_rule():
+    """info's thread columns: BLAS threads on every rank, apply threads where a shard is
+    applied (a server; '-' on a worker), each with the rule that sized it."""
+    p = run_job(2, pshybrid("info"), timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = {ln.split()[1]: ln for ln in p.stdout.splitlines() if ln.split()[:1] in (["0"], ["1"])}
+    cores = os.cpu_count()
+    worker, server = rows["worker"].split(), rows["server"].split()
+    assert worker[9] == "-" and server[9].isdigit() and int(server[9]) >= 1, p.stdout
+    if f"{cores} cores / 2 ranks on the node" in rows["server"]:  # (not bound by the launcher)
+        assert server[9] == str(max(1, cores // 2)), p.stdout
+    else:
+        assert "bound to" in rows["server"], p.stdout
+    p = run_job(2, pshybrid("info", "--server-threads", "3"), timeout=60)
+    server = next(ln for ln in p.stdout.splitlines() if " server " in ln)
+    assert server.split()[9] == "3" and "apply: --server-threads" in server, p.stdout
+
+
 def test_info_allreduce_needs_no_server():
     p = run_job(1, pshybrid("info", "--mode", "allreduce"), timeout=60)
     assert p.returncode == 0, p.stderr

@@ -210,6 +210,51 @@ def test_replicated_hot_rows_equal_none(comm, placement, sparse_opt, l2):
     assert_all(comm, ok, msg)
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode,placement,sparse_opt,dense_opt,l2,dtype", [
+    ("hybrid", "dedicated", "adagrad", "adam", 0.0, "float64"),
+    ("hybrid", "dedicated", "sgd", "adam", 0.5, "float64"),  # --l2: sgd is a server step
+    ("hybrid", "colocated", "adam", "sgd", 0.0, "float64"),  # applied inside the step
+    ("ps", "dedicated", "adam", "adam", 0.0, "float64"),     # + the dense table's apply_slot
+    ("hybrid", "dedicated", "adam", "adam", 0.5, "float32")])
+def test_server_threads_train_exactly_like_one(comm, monkeypatch, mode, placement, sparse_opt,
+                                               dense_opt, l2, dtype):
+    """--server-threads 3 with chunks of 1 row (the threshold forced down, so these small
+    steps are cut) gives the bits of one thread: losses and final parameters equal, and
+    every rank that applies a shard did cut a step (1 worker: its one part, the segment
+    sum skipped; more: the summed union). One thread's run is the master oracle's.
+    ps with 3+ workers: their Accumulates into the dense gradient slot add up in any order,
+    so two runs differ in the last bits with any thread count: there to float64 rounding."""
+    from pshybrid import pool
+
+    cut = []
+    spans = pool.spans
+    monkeypatch.setattr(pool, "MIN_ROWS_PER_THREAD", 1)
+    monkeypatch.setattr(pool, "MIN_VALUES_PER_THREAD", 1)
+    monkeypatch.setattr(pool, "spans", lambda *a: cut.append(len(spans(*a))) or spans(*a))
+    where = ({"placement": "colocated", "servers": None} if placement == "colocated" else
+             {"servers": 1 if comm.size <= 3 else 2})
+    cfg = replace(BASE, mode=mode, sparse_optimizer=sparse_opt, dense_optimizer=dense_opt,
+                  l2=l2, dtype=dtype, log_every=1, steps=4, **where)
+    one = run(replace(cfg, server_threads=1), comm)
+    cut.clear()
+    three = run(replace(cfg, server_threads=3), comm)
+    ok, msg = True, ""
+    applies = three.role == "server" or placement == "colocated"
+    if applies and max(cut, default=0) < 2:
+        ok, msg = False, f"no step was cut into chunks: {cut[:10]}"
+    if three.role == "worker" and comm.rank == 0:
+        workers = comm.size if placement == "colocated" else comm.size - where["servers"]
+        tol = 1e-9 if mode == "ps" and workers > 2 else 0.0
+        errs = {"dense": rel_err(three.dense, one.dense),
+                "table": rel_err(three.table, one.table),
+                "loss": rel_err(np.array([r["loss"] for r in three.log]),
+                                np.array([r["loss"] for r in one.log]))}
+        if max(errs.values()) > tol or len(one.log) != cfg.steps:
+            ok, msg = False, f"3 threads vs 1: relative errors {errs} > {tol}"
+    assert_all(comm, ok, msg)
+
+
 def write_multi_hot(path, rows, seed):
     """A dataset file with 2 single-hot fields and 2 multi-hot fields of 1-4 ids a row."""
     from pshybrid.data import DatasetWriter

@@ -219,7 +219,8 @@ class ServerDense:
         if self.server_step:
             shard = self.store.shard
             state = {k: shard("dense", k) for k in self.opt.slots}
-            self.opt.apply_slot(shard("dense"), shard("dense", "g"), state, step)
+            self.opt.apply_slot(shard("dense"), shard("dense", "g"), state, step,
+                                threads=self.ctx.apply_threads)
 
     def close(self) -> None:
         if self._plan is not None:

@@ -21,10 +21,10 @@ from dataclasses import replace
 import numpy as np
 from mpi4py import MPI
 
-from .. import partition
+from .. import partition, pool
 from ..backend import to_device
 from ..initializers import uniform_rows
-from ..kernels import gather, scatter_add, segment_sum, unique_inverse
+from ..kernels import gather, numba_active, scatter_add, segment_sum, unique_inverse
 from ..optim import Optimizer
 from ..schema import FusedTable, TableSpec
 from ..transport import mpi_type
@@ -72,6 +72,45 @@ def _stage_sums(ctx, batch: Batch, demb):
     sums = scatter_add(batch.dev_inverse, demb.reshape(batch.dev_inverse.size, -1),
                        batch.unique.size)
     return ctx.staging.stage(ctx.xp, "sparse_sums", sums)  # D2H queued: U rows, no wait
+
+
+def _increasing(rows) -> bool:
+    """rows (n,): strictly increasing (so distinct)."""
+    return bool(np.all(rows[1:] > rows[:-1]))
+
+
+def apply_parts(opt: Optimizer, w, state: dict, parts, step: int, threads: int = 1) -> None:
+    """``opt`` on the rows of ``w`` (N, E) (and ``state``) that ``parts`` = [(rows (n,)
+    int64, sums (n, E))] touch, each row once with its sums added in part order: the bits
+    of ``segment_sum`` over the concatenated parts, then ``update_rows``, for any
+    ``threads``. As ``grads_for`` sends them, each part's rows are strictly increasing (a
+    plan's distinct ids of one owner, in local-row order); then one part is already the
+    union (no sum), and with several, thread i takes the rows in its own range of row
+    values: it sums its slice of every part (in part order) and updates them, no two
+    threads touching one row. Other parts (not increasing): one segment sum, then the
+    update on the threads (``pool``: chunks of the distinct rows)."""
+    n = sum(r.size for r, _ in parts)
+    chunks = pool.spans(n, threads, pool.MIN_ROWS_PER_THREAD)
+    increasing = all(_increasing(r) for r, _ in parts)
+    if len(parts) == 1 and increasing:
+        opt.update_rows(w, parts[0][0], parts[0][1], state, step, threads=threads)
+    elif len(chunks) > 1 and increasing and numba_active():
+        longest = max((r for r, _ in parts), key=len)
+        cuts = ([np.iinfo(np.int64).min]
+                + [int(longest[len(longest) * i // len(chunks)]) for i in range(1, len(chunks))]
+                + [np.iinfo(np.int64).max])  # thread i: rows cuts[i] <= r < cuts[i + 1]
+
+        def sum_and_update(lo: int, hi: int) -> None:  # the rows lo <= r < hi
+            mine = [(r[a:b], s[a:b]) for r, s in parts for a, b in [np.searchsorted(r, (lo, hi))]]
+            rows, g = segment_sum(np.concatenate([r for r, _ in mine]),
+                                  np.concatenate([s for _, s in mine]))
+            opt.update_rows(w, rows, g, state, step)
+
+        pool.run(sum_and_update, list(zip(cuts[:-1], cuts[1:])))
+    else:
+        rows, g = segment_sum(np.concatenate([r for r, _ in parts]),
+                              np.concatenate([s for _, s in parts]))
+        opt.update_rows(w, rows, g, state, step, threads=threads)
 
 
 class _StagedSums:
@@ -175,13 +214,12 @@ class ServerSparse(_StagedSums):
     def server_apply(self, parts, step: int) -> None:
         """Servers: ``parts`` = every worker's (local rows, sums), in worker order; the
         optimizer runs once on the union of the rows with the summed gradients (summed in
-        worker order: the same bits every run)."""
+        worker order: the same bits every run), on ``ctx.apply_threads`` threads
+        (``apply_parts``)."""
         if self.server_step:
-            rows, g = segment_sum(np.concatenate([r for r, _ in parts]),
-                                  np.concatenate([s for _, s in parts]))
             shard = self.store.shard
             state = {k: shard(self.name, k) for k in self.opt.slots}
-            self.opt.update_rows(shard(self.name), rows, g, state, step)
+            apply_parts(self.opt, shard(self.name), state, parts, step, self.ctx.apply_threads)
 
     def close(self) -> None:
         self._sent = self._staged = None

@@ -40,6 +40,7 @@ from ..backend import HostStaging, array_module, host_waits, synchronize
 from ..optim import Optimizer
 from ..registry import ModeSpec, is_synchronous
 from ..store import EmbeddingStore
+from ..threads import rank_server_threads
 from ..timers import EventTimers, Timers
 from ..topology import Topology
 from .dense import DENSE
@@ -63,6 +64,7 @@ class Context:
     kernel_timers: object = None  # phases that launch kernels: ``timers``, or on GPU
     #                               workers ``EventTimers`` (device time, no host wait)
     staging: HostStaging | None = None  # GPU workers: pinned buffers of the step's D2H
+    apply_threads: int = 1  # threads of the optimizer apply on this rank's shard (``pool``)
 
     def __post_init__(self):
         if self.kernel_timers is None:
@@ -84,7 +86,9 @@ class ModeSetup:
     ``stale.StaleReads``; None otherwise: the bsp path, unchanged),
     ``dense`` (a dense strategy class called as ``DENSE``'s are, ``(ctx, dense_opt,
     bucket_bytes)``, in place of the registry's: ``pshybrid.torch``'s, whose update is the
-    torch optimizer's)."""
+    torch optimizer's), ``apply_threads`` (threads of the optimizer apply on this rank's
+    shard, a server's or a colocated rank's; None: ``threads.rank_server_threads``, one
+    per core the rank has)."""
 
     spec: ModeSpec
     topo: Topology
@@ -100,6 +104,7 @@ class ModeSetup:
     consistency: str = "bsp"
     cache_rows: int = 0
     dense: type | None = None
+    apply_threads: int | None = None
 
 
 class Mode:
@@ -116,8 +121,9 @@ class Mode:
         self.xp = array_module(params.flat)
         gpu = self.xp is not np
         self.kernel_timers = EventTimers(self.timers, self.xp.cuda) if gpu else self.timers
+        threads = setup.apply_threads or rank_server_threads()[0]
         ctx = Context(topo, params, self.xp, self.timers, setup.seed, setup.cuda_aware,
-                      self.kernel_timers, HostStaging() if gpu else None)
+                      self.kernel_timers, HostStaging() if gpu else None, threads)
         self.sparse = SPARSE[spec.sparse](ctx, setup.layout, setup.sparse_opt)
         hot = setup.hot_rows  # --replicate-rows: the hot rows on every worker (modes.hot)
         if hot is not None and hot.size and topo.is_worker:
