@@ -159,14 +159,23 @@ def test_radix_argsort_is_stable_over_full_int64_range():
                                       np.argsort(keys, kind="stable"))
 
 
+@pytest.mark.parametrize("bitmap_span", [0, 128, 4096])
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 16])
-def test_unique_inverse_equals_numpy_twin(m):
+def test_unique_inverse_equals_numpy_twin(monkeypatch, m, bitmap_span):
+    """Both numba paths (hash map + radix sort; the bitmap of the sort keys, which
+    ``_BITMAP_SPAN`` bits per key allow: never, the default, more often)."""
+    monkeypatch.setattr(kernels, "_BITMAP_SPAN", bitmap_span)
     rng = np.random.default_rng(m)
     for keys in (np.zeros(0, np.int64), np.array([5]), rng.integers(0, 50, size=(40, 3)),
                  _zipf_keys(rng, 6656), 2**62 - rng.integers(0, 10**6, size=2000),
                  # negative keys, and both sides of 2^50 (float-reciprocal vs exact division)
                  rng.integers(-2**50, 2**50, size=3000), np.arange(-5 * m, 5 * m).repeat(2),
-                 np.array([2**50 - 1, 2**50, -2**50, 1 - 2**50, 0, -1, 2**61, -2**61])):
+                 np.array([2**50 - 1, 2**50, -2**50, 1 - 2**50, 0, -1, 2**61, -2**61]),
+                 # spans around a bitmap word, keys at both ends of the span
+                 np.array([-70, 63, 64, -7, 63, -70]), rng.integers(0, 64 * m + 1, 200),
+                 np.array([2**63 - 1] * 3 + [2**63 - 65 * m]),
+                 # the whole int64 range (m = 1 only: the sort key of m > 1 needs room)
+                 np.array([2**63 - 1, -2**63, 0] if m == 1 else [0])):
         got = kernels.unique_inverse(keys, m)
         for g, w in zip(got, kernels.unique_inverse_numpy(keys, m)):
             assert g.dtype == w.dtype == np.int64
@@ -176,7 +185,7 @@ def test_unique_inverse_equals_numpy_twin(m):
         assert bounds.shape == (m + 1,) and bounds[0] == 0 and bounds[-1] == uniq.size
         for r in range(m):
             grp = uniq[bounds[r]:bounds[r + 1]]
-            assert (grp % m == r).all() and (np.diff(grp) > 0).all()
+            assert (grp % m == r).all() and (grp[1:] > grp[:-1]).all()
 
 
 
