@@ -249,6 +249,23 @@ def test_row_datatype_takes_64bit_byte_displacements():
     dt.Free()
 
 
+def test_check_ids_names_the_first_bad_id():
+    """The plan's id check (two reductions when all are good) against the plain mask."""
+    from pshybrid.errors import InputError
+    from pshybrid.store import check_ids
+
+    ids = np.array([[0, 9], [3, 4]], np.int32)
+    got = check_ids("t", 10, ids)
+    assert got.dtype == np.int64 and (got == ids).all()
+    for bad, pos, n in (([0, 10, -1, 3], 1, 2), ([-5], 0, 1), ([2, 3, 2**40], 2, 1)):
+        with pytest.raises(InputError, match=rf"table 't': id {bad[pos]} at flat position "
+                                             rf"{pos} is out of range \[0, 10\) \({n} bad"):
+            check_ids("t", 10, np.array(bad))
+    with pytest.raises(InputError, match="must be integers"):
+        check_ids("t", 10, np.array([1.0]))
+    assert check_ids("t", 0, np.zeros((0, 3), np.int64)).shape == (0, 3)
+
+
 @pytest.mark.parametrize("c_call", [True, False])
 def test_row_datatype_is_mpi4pys_hindexed_block(monkeypatch, c_call):
     """rows_type builds, by one C call on the array (transport._c_hindexed_block) or through
