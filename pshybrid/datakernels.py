@@ -120,7 +120,8 @@ def synth_logit(dense, v, m, logit) -> None:
 
 
 # -- numba kernels (plain Python until ``_active()`` jits them) ----------------------------
-_JITTED = ("_nb_fmix", "_nb_alias", "_nb_synth_rows", "_nb_synth_logit")
+_JITTED = ("_nb_fmix", "_nb_field_draws", "_nb_weights", "_nb_synth_rows", "_nb_synth_logit")
+_INLINED = ("_nb_field_draws", "_nb_weights")
 _DONE: bool | None = None
 _LOCK = threading.Lock()
 
@@ -134,10 +135,11 @@ def _active() -> bool:
                 if kernels.numba_active():
                     import numba
 
-                    jit = numba.njit(cache=True, nogil=True, error_model="numpy")
+                    opts = dict(cache=True, nogil=True, error_model="numpy")
                     g = globals()
-                    for name in _JITTED:
-                        g[name] = jit(g[name])
+                    for name in _JITTED:  # (the per-block helpers inlined: ~5% faster)
+                        g[name] = numba.njit(**opts, inline="always" if name in _INLINED
+                                             else "never")(g[name])
                     _DONE = True
                 else:
                     _DONE = False
@@ -153,66 +155,107 @@ def _nb_fmix(x):
     return x
 
 
-def _nb_alias(tab, start, size, z):
-    C = np.uint64(size)
-    t = (z >> np.uint64(32)) * C + (((z & LOW32) * C) >> np.uint64(32))
-    k = np.int64(t >> np.uint64(32))
-    e = tab[start + k]
-    if (t & LOW32) < (e & LOW32):
-        return k
-    return np.int64(e >> np.uint64(32))
+_BLOCK = 128  # rows a block of _nb_synth_rows (its hashes: (nd + F + 1) * 128 * 8 bytes)
 
 
 def _nb_synth_rows(start, key, nd, kinds, cards, tab, start0, size0, start1, size1, p1, p2,
                    pkey, pscale, offsets, fused, bias, nu, ids, logit, ulab):
-    # In passes over the batch, each a simple loop (the hash loops vectorise); the tail-table
-    # loads are gathered into one loop of independent loads, so their cache misses overlap.
+    # Blocks of _BLOCK rows, each in passes over columns: hashes column by column, each
+    # field's draws over the block's rows (simple loops that vectorise, one table at a time),
+    # the tail draws' table indices, then their loads alone (independent: their cache
+    # misses overlap), then the planted weights field by field (the sum of each row in
+    # field order, as the twin).
     n, F = ids.shape
     K = nd + F + 1
-    z = np.empty(n * K, np.uint64)
-    x0 = np.uint64(start) * np.uint64(K) + np.uint64(1)
-    for c in range(n * K):  # z(r, c) at flat index (r - start) * K + c
-        z[c] = _nb_fmix((x0 + np.uint64(c)) * GOLDEN + key)
-    for i in range(n):
-        for j in range(nd):
-            nu[i, j] = -(float(z[i * K + j] >> np.uint64(11)) * 2.0 ** -53)
-        ulab[i] = float(z[i * K + K - 1] >> np.uint64(11)) * 2.0 ** -53
-    pend = np.empty(n * F, np.int64)  # flat (i, f) of draws that go on to a tail table
-    np_ = 0
-    for i in range(n):
+    R = _BLOCK
+    z = np.empty(K * R, np.uint64)  # z[c * R + r]: hash of column c of row i0 + r
+    idb = np.empty(F * R, np.int64)  # idb[f * R + r]: the block's ids, field by field
+    pend = np.empty(F * R, np.int64)  # flat f * R + r of draws that go on to a tail table
+    cell = np.empty(F * R, np.int64)
+    tt = np.empty(F * R, np.uint64)
+    s = np.empty(R, np.float64)
+    for i0 in range(0, n, R):
+        m = min(R, n - i0)
+        x0 = np.uint64(start + i0) * np.uint64(K) + np.uint64(1)
+        for c in range(K):  # z(r, c) = fmix((r * K + c + 1) * GOLDEN + key)
+            xc = x0 + np.uint64(c)
+            for r in range(m):
+                z[c * R + r] = _nb_fmix((xc + np.uint64(r) * np.uint64(K)) * GOLDEN + key)
+        for r in range(m):
+            for j in range(nd):
+                nu[i0 + r, j] = -(float(z[j * R + r] >> np.uint64(11)) * 2.0 ** -53)
+            ulab[i0 + r] = float(z[(K - 1) * R + r] >> np.uint64(11)) * 2.0 ** -53
+        np_ = 0
         for f in range(F):
-            zf = z[i * K + nd + f]
-            kind = kinds[f]
-            if kind <= 1:  # ALIAS, ALIAS_TAIL
-                idf = _nb_alias(tab, start0[f], size0[f], zf)
-                if kind == 1 and idf == size0[f] - 1:
-                    pend[np_] = i * F + f
+            np_ = _nb_field_draws(f, m, z[(nd + f) * R:(nd + f + 1) * R], kinds, cards, tab,
+                                  start0, size0, p1, p2, idb, pend, np_)
+        for t in range(np_):  # tail draws: the cell and threshold part of each...
+            f = pend[t] // R
+            zt = _nb_fmix(z[(nd + f) * R + pend[t] - f * R])
+            C = np.uint64(size1[f])
+            tt[t] = (zt >> np.uint64(32)) * C + (((zt & LOW32) * C) >> np.uint64(32))
+            cell[t] = start1[f] + np.int64(tt[t] >> np.uint64(32))
+        for t in range(np_):  # ...the loads alone: ``cell`` becomes the table entries...
+            cell[t] = np.int64(tab[cell[t]])
+        for t in range(np_):  # ...and the draws
+            f = pend[t] // R
+            e, k = np.uint64(cell[t]), np.int64(tt[t] >> np.uint64(32))
+            idb[pend[t]] += k if (tt[t] & LOW32) < (e & LOW32) else np.int64(e >> np.uint64(32))
+        _nb_weights(m, F, offsets, fused, bias, pkey, pscale, idb, s)
+        for r in range(m):
+            logit[i0 + r] = s[r]
+            for f in range(F):
+                ids[i0 + r, f] = idb[f * R + r]
+
+
+def _nb_field_draws(f, m, zf, kinds, cards, tab, start0, size0, p1, p2, idb, pend, np_):
+    """Field f's ids of a block's ``m`` rows by their hashes ``zf`` into ``idb[f * R:]``;
+    the draws of the tail entry listed in ``pend`` (returns their new count)."""
+    R = _BLOCK
+    kind = kinds[f]
+    if kind <= 1:  # ALIAS, ALIAS_TAIL
+        a0, C = start0[f], np.uint64(size0[f])
+        for r in range(m):
+            t = (zf[r] >> np.uint64(32)) * C + (((zf[r] & LOW32) * C) >> np.uint64(32))
+            k = np.int64(t >> np.uint64(32))
+            e = tab[a0 + k]
+            idb[f * R + r] = k if (t & LOW32) < (e & LOW32) else np.int64(e >> np.uint64(32))
+        if kind == 1:
+            last = size0[f] - 1
+            for r in range(m):
+                if idb[f * R + r] == last:
+                    pend[np_] = f * R + r
                     np_ += 1
-            else:
-                q = float(zf >> np.uint64(11)) * 2.0 ** -53
-                if kind == 2:  # POWER
-                    x = math.pow(1.0 - q * p1[f], p2[f])
-                else:
-                    x = math.pow(p1[f], q)
-                idf = np.int64(math.floor(x)) - 1
-                if idf < 0:
-                    idf = 0
-                elif idf > cards[f] - 1:
-                    idf = cards[f] - 1
-            ids[i, f] = idf
-    for t in range(np_):
-        i, f = divmod(pend[t], F)
-        ids[i, f] += _nb_alias(tab, start1[f], size1[f], _nb_fmix(z[i * K + nd + f]))
-    for i in range(n):
-        logit[i] = bias
-    for f in range(F):  # logit = bias + w_0 + w_1 + ..., row by row in field order
+        return np_
+    for r in range(m):
+        q = float(zf[r] >> np.uint64(11)) * 2.0 ** -53
+        if kind == 2:  # POWER
+            x = math.pow(1.0 - q * p1[f], p2[f])
+        else:
+            x = math.pow(p1[f], q)
+        idf = np.int64(math.floor(x)) - 1
+        if idf < 0:
+            idf = 0
+        elif idf > cards[f] - 1:
+            idf = cards[f] - 1
+        idb[f * R + r] = idf
+    return np_
+
+
+def _nb_weights(m, F, offsets, fused, bias, pkey, pscale, idb, s):
+    """``s[r] = bias + w[g_0] + w[g_1] + ...`` (in field order) of a block's rows; with
+    ``fused`` the ids in ``idb`` become the fused rows ``g = offset_f + id``."""
+    R = _BLOCK
+    for r in range(m):
+        s[r] = bias
+    for f in range(F):
         off = offsets[f]
-        for i in range(n):
-            g = ids[i, f] + off
+        for r in range(m):
+            g = idb[f * R + r] + off
             w = _nb_fmix((np.uint64(g) + np.uint64(1)) * GOLDEN + pkey)
-            logit[i] += pscale * (float(w >> np.uint64(11)) * 2.0 ** -52 - 1.0)
+            s[r] += pscale * (float(w >> np.uint64(11)) * 2.0 ** -52 - 1.0)
             if fused:
-                ids[i, f] = g
+                idb[f * R + r] = g
 
 
 def _nb_synth_logit(dense, v, m, logit):
