@@ -148,7 +148,16 @@ def segment_sum(keys, values):
     return segment_sum_numpy(keys, values)
 
 
-def unique_inverse(keys, m: int = 1):
+def min_max(keys) -> tuple[int, int]:
+    """(min, max) of a non-empty int64 array: one numba call (two vectorised loops), else
+    NumPy's two reductions."""
+    if array_module(keys) is np and numba_active():
+        lo, hi = _nb_min_max(np.ascontiguousarray(keys, dtype=np.int64).ravel())
+        return int(lo), int(hi)
+    return int(keys.min()), int(keys.max())
+
+
+def unique_inverse(keys, m: int = 1, extent: tuple[int, int] | None = None):
     """Distinct keys, the inverse index, and the groups of equal ``key % m``.
 
     keys: any-shape int64; m >= 1. Returns ``(uniq, inverse, bounds)``: uniq (U,) int64
@@ -157,13 +166,15 @@ def unique_inverse(keys, m: int = 1):
     ``uniq[inverse] == keys.ravel()``; bounds (m+1,) int64 so that the keys with
     ``key % m == r`` are ``uniq[bounds[r]:bounds[r+1]]``. Same result as ``unique_inverse_numpy``.
     With m > 1 the keys' span must leave room for the sort key: max - min + m < 2**63.
+    ``extent``: the keys' (min, max) where the caller has them (``min_max``): one pass less.
     """
     assert m >= 1, m
     if array_module(keys) is np and keys.size <= _NB_MAX_ROWS and numba_active():
         keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
         if keys.size == 0:
             return keys, np.empty(0, np.int64), np.zeros(m + 1, np.int64)
-        return _nb_unique_inverse(keys, int(m), _BITMAP_SPAN * keys.size)
+        lo, hi = _nb_min_max(keys) if extent is None else extent
+        return _nb_unique_inverse(keys, int(m), _BITMAP_SPAN * keys.size, lo, hi)
     return unique_inverse_numpy(keys, m)
 
 
@@ -397,11 +408,10 @@ def _nb_bitmap_unique(keys, m, lo, per, span, fast):
     return uniq, inverse, bounds
 
 
-def _nb_unique_inverse(keys, m, bitmap_span):
-    """keys (B,) int64, B >= 1 -> (uniq (U,), inverse (B,) int64, bounds (m+1,) int64); as
-    ``_nb_sorted_dedup``. A bitmap (``_nb_bitmap_unique``) where the sort keys span at
-    most ``bitmap_span``."""
-    kmin, kmax = _nb_min_max(keys)
+def _nb_unique_inverse(keys, m, bitmap_span, kmin, kmax):
+    """keys (B,) int64, B >= 1, of min ``kmin`` and max ``kmax`` -> (uniq (U,), inverse
+    (B,) int64, bounds (m+1,) int64); as ``_nb_sorted_dedup``. A bitmap
+    (``_nb_bitmap_unique``) where the sort keys span at most ``bitmap_span``."""
     limit = np.uint64(bitmap_span)
     if m == 1:
         lo = kmin

@@ -30,7 +30,7 @@ from mpi4py import MPI
 from . import partition
 from .errors import ConfigError, InputError, PshybridError
 from .initializers import uniform_rows
-from .kernels import gather, scatter_add
+from .kernels import gather, min_max, scatter_add
 from .schema import TableSpec
 from .topology import Topology
 from .transport import idle_barrier, mpi_type, rows_type
@@ -60,19 +60,26 @@ class Traffic:
 def check_ids(table: str, rows: int, ids) -> np.ndarray:
     """``ids`` (any shape, integers) as int64 if all are rows of ``table`` (``[0, rows)``),
     else ``InputError`` naming the first bad one (its flat position) and how many there
-    are. Two vectorised reductions (min, max) when all are good."""
+    are."""
+    return ids_in_range(table, rows, ids)[0]
+
+
+def ids_in_range(table: str, rows: int, ids) -> tuple[np.ndarray, tuple[int, int] | None]:
+    """``check_ids``, and the ids' (min, max) (None when there are none), which it checks
+    (``kernels.min_max``: one pass) and ``partition.group_by_owner`` takes."""
     ids = np.asarray(ids)
     if ids.dtype.kind not in "iu":
         raise InputError(f"table {table!r}: ids must be integers, got dtype {ids.dtype}")
     ids = ids.astype(np.int64, copy=False)
-    if ids.size and (ids.min() < 0 or ids.max() >= rows):
+    extent = min_max(ids) if ids.size else None
+    if extent is not None and (extent[0] < 0 or extent[1] >= rows):
         bad = (ids < 0) | (ids >= rows)
         pos = int(np.flatnonzero(bad.ravel())[0])
         raise InputError(
             f"table {table!r}: id {int(ids.ravel()[pos])} at flat position {pos} "
             f"is out of range [0, {rows}) ({int(bad.sum())} bad id(s)); "
             "nothing was read or written")
-    return ids
+    return ids, extent
 
 
 def owner_types(base: MPI.Datatype, dim: int, itemsize: int, unique, bounds,
@@ -238,8 +245,9 @@ class EmbeddingStore:
         per owner now; else the first RMA ``pull``/``push`` makes them. ``pull`` and ``push``
         of any slot take the plan instead of ids. ``free()`` it after use."""
         t = self.tables[table]
-        ids = self._check_ids(t, ids)
-        unique, inverse, bounds = partition.group_by_owner(ids, t.spec.rows, self.topo.n_servers)
+        ids, extent = ids_in_range(t.spec.name, t.spec.rows, ids)
+        unique, inverse, bounds = partition.group_by_owner(ids, t.spec.rows,
+                                                           self.topo.n_servers, extent)
         plan = Plan(self, table, ids, unique, inverse, bounds)
         if types:
             plan.targets  # noqa: B018 - commits the datatypes now (e.g. on the data thread)

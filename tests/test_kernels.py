@@ -177,9 +177,15 @@ def test_unique_inverse_equals_numpy_twin(monkeypatch, m, bitmap_span):
                  # the whole int64 range (m = 1 only: the sort key of m > 1 needs room)
                  np.array([2**63 - 1, -2**63, 0] if m == 1 else [0])):
         got = kernels.unique_inverse(keys, m)
-        for g, w in zip(got, kernels.unique_inverse_numpy(keys, m)):
+        want = kernels.unique_inverse_numpy(keys, m)
+        for g, w in zip(got, want):
             assert g.dtype == w.dtype == np.int64
             np.testing.assert_array_equal(g, w)
+        if keys.size:  # the caller's (min, max): the same result
+            extent = kernels.min_max(keys)
+            assert extent == (keys.min(), keys.max())
+            for g, w in zip(kernels.unique_inverse(keys, m, extent), want):
+                np.testing.assert_array_equal(g, w)
         uniq, inverse, bounds = got
         assert inverse.shape == (keys.size,) and (uniq[inverse] == keys.ravel()).all()
         assert bounds.shape == (m + 1,) and bounds[0] == 0 and bounds[-1] == uniq.size
