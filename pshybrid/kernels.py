@@ -386,7 +386,7 @@ def _nb_bitmap_unique(keys, m, lo, per, span, fast):
         v = keys[i] - lo if m == 1 else _nb_cyclic(keys[i], m, inv, fast, lo, per)[1]
         inverse[i] = v
         bm[v >> 6] |= one << np.uint64(v & 63)
-    before = np.empty(nw + 1, np.int64)  # set bits in the words before word w
+    before = np.empty(nw + 1, np.int32)  # set bits in the words before word w
     t = 0
     for w in range(nw):
         before[w] = t
