@@ -61,7 +61,7 @@ def synth_rows_numpy(start, key, nd, kinds, cards, tab, start0, size0, start1, s
     with np.errstate(over="ignore"):
         z = fmix_numpy((r[:, None] * np.uint64(K) + np.arange(1, K + 1, dtype=np.uint64))
                        * GOLDEN + key)
-    nu[:] = -((z[:, :nd] >> np.uint64(11)).astype(np.float64) * 2.0 ** -53)
+    nu[:] = -((z[:, :nd] >> np.uint64(11)).astype(np.float64) * 2.0 ** -53).T
     s = np.full(n, bias, np.float64)
     for f in range(F):
         zf = z[:, nd + f]
@@ -86,10 +86,25 @@ def synth_rows_numpy(start, key, nd, kinds, cards, tab, start0, size0, start1, s
     ulab[:] = (z[:, nd + F] >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
-def synth_logit_numpy(dense, v, m, logit):
-    """Twin of ``_nb_synth_logit``: ``logit += v_j * (dense_j - m_j)`` for j in order."""
-    for j in range(dense.shape[1]):
-        logit += v[j] * (dense[:, j] - m[j])
+def scale_rows_numpy(cols, s):
+    """Twin of ``_nb_scale_rows``: ``cols[j] *= s[j]``."""
+    cols *= s[:, None]
+
+
+def synth_logit_numpy(cols, v, m, logit, dense):
+    """Twin of ``_nb_synth_logit``: ``logit += v_j * (cols_j - m_j)`` for j in order, then
+    ``logit = -logit``; ``dense`` = ``cols.T`` in float32."""
+    dense[...] = cols.T
+    for j in range(cols.shape[0]):
+        logit += v[j] * (cols[j] - m[j])
+    np.negative(logit, out=logit)
+
+
+def synth_labels_numpy(e, ulab, label):
+    """Twin of ``_nb_synth_labels``: ``e = 1 / (1 + e)`` in place, ``label = ulab < e``."""
+    e += 1.0
+    np.divide(1.0, e, out=e)
+    np.less(ulab, e, out=label)
 
 
 # -- public entry points -------------------------------------------------------------------
@@ -102,7 +117,8 @@ def synth_rows(*args) -> None:
     table, or head table whose last entry stands for the tail), start1/size1 (its tail
     table), p1/p2 (power-law parameters), pkey (uint64: the planted weights' key), pscale
     (their scale), offsets (F,) int64, fused (ids + offsets when True), bias; out: nu
-    (n, nd) float64 ``= -u`` of each dense cell, ids (n, F) int64, logit (n,) float64
+    (nd, n) float64 ``= -u`` of each dense cell, column by column (so the NumPy passes
+    over it, and ``synth_logit``'s, run along rows), ids (n, F) int64, logit (n,) float64
     ``= bias + the planted field weights``, ulab (n,) float64 the label's uniform.
     """
     if _active():
@@ -111,16 +127,36 @@ def synth_rows(*args) -> None:
         synth_rows_numpy(*args)
 
 
-def synth_logit(dense, v, m, logit) -> None:
-    """``logit[i] += sum_j v[j] * (dense[i, j] - m[j])``, added one j at a time in order."""
-    if _active() and dense.flags.c_contiguous:
-        _nb_synth_logit(dense, v, m, logit)
+def scale_rows(cols, s) -> None:
+    """``cols[j, :] *= s[j]``: cols (nd, n) float64, s (nd,)."""
+    if _active() and cols.flags.c_contiguous:
+        _nb_scale_rows(cols, s)
     else:
-        synth_logit_numpy(dense, v, m, logit)
+        scale_rows_numpy(cols, s)
+
+
+def synth_logit(cols, v, m, logit, dense) -> None:
+    """``logit[i] += sum_j v[j] * (cols[j, i] - m[j])``, added one j at a time in order,
+    then negated (``logit`` becomes ``-logit``, for ``exp``); and ``dense[i, j] = cols[j,
+    i]`` in float32: cols (nd, n) float64, dense (n, nd)."""
+    if _active() and cols.flags.c_contiguous and dense.flags.c_contiguous:
+        _nb_synth_logit(cols, v, m, logit, dense)
+    else:
+        synth_logit_numpy(cols, v, m, logit, dense)
+
+
+def synth_labels(e, ulab, label) -> None:
+    """From ``e = exp(-logit)`` (n,) float64: ``e`` becomes ``p = 1 / (1 + e)`` and
+    ``label`` (n,) float32 ``ulab < p`` (1 or 0)."""
+    if _active() and label.flags.c_contiguous:
+        _nb_synth_labels(e, ulab, label)
+    else:
+        synth_labels_numpy(e, ulab, label)
 
 
 # -- numba kernels (plain Python until ``_active()`` jits them) ----------------------------
-_JITTED = ("_nb_fmix", "_nb_field_draws", "_nb_weights", "_nb_synth_rows", "_nb_synth_logit")
+_JITTED = ("_nb_fmix", "_nb_field_draws", "_nb_weights", "_nb_synth_rows", "_nb_scale_rows",
+           "_nb_synth_logit", "_nb_synth_labels")
 _INLINED = ("_nb_field_draws", "_nb_weights")
 _DONE: bool | None = None
 _LOCK = threading.Lock()
@@ -181,9 +217,10 @@ def _nb_synth_rows(start, key, nd, kinds, cards, tab, start0, size0, start1, siz
             xc = x0 + np.uint64(c)
             for r in range(m):
                 z[c * R + r] = _nb_fmix((xc + np.uint64(r) * np.uint64(K)) * GOLDEN + key)
+        for j in range(nd):
+            for r in range(m):
+                nu[j, i0 + r] = -(float(z[j * R + r] >> np.uint64(11)) * 2.0 ** -53)
         for r in range(m):
-            for j in range(nd):
-                nu[i0 + r, j] = -(float(z[j * R + r] >> np.uint64(11)) * 2.0 ** -53)
             ulab[i0 + r] = float(z[(K - 1) * R + r] >> np.uint64(11)) * 2.0 ** -53
         np_ = 0
         for f in range(F):
@@ -258,10 +295,27 @@ def _nb_weights(m, F, offsets, fused, bias, pkey, pscale, idb, s):
                 idb[f * R + r] = g
 
 
-def _nb_synth_logit(dense, v, m, logit):
-    n, nd = dense.shape
+def _nb_scale_rows(cols, s):
+    for j in range(cols.shape[0]):
+        sj = s[j]
+        for i in range(cols.shape[1]):
+            cols[j, i] *= sj
+
+
+def _nb_synth_logit(cols, v, m, logit, dense):
+    nd, n = cols.shape
+    for j in range(nd):  # each row's sum in j order, as the twin
+        vj, mj = v[j], m[j]
+        for i in range(n):
+            logit[i] += vj * (cols[j, i] - mj)
     for i in range(n):
-        s = logit[i]
+        logit[i] = -logit[i]
         for j in range(nd):
-            s += v[j] * (dense[i, j] - m[j])
-        logit[i] = s
+            dense[i, j] = np.float32(cols[j, i])
+
+
+def _nb_synth_labels(e, ulab, label):
+    for i in range(e.size):
+        p = 1.0 / (e[i] + 1.0)
+        e[i] = p
+        label[i] = np.float32(1.0) if ulab[i] < p else np.float32(0.0)
