@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pshybrid import kernels, partition
+from pshybrid import dedup, kernels, partition
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -66,9 +66,10 @@ def test_numba_path_is_active():
     assert kernels.numba_active()
     kernels.segment_sum(np.array([3, 1, 3]), np.ones((3, 2), np.float32))
     kernels.unique_inverse(np.array([3, 1, 3]), 2)
-    for name in kernels._JITTED:  # plain functions become numba dispatchers...
-        assert hasattr(getattr(kernels, name), "signatures"), f"{name} is not a numba dispatcher"
-    for entry in (kernels._nb_segment_sum, kernels._nb_unique_inverse):  # ...and the entries ran
+    for mod in (kernels, dedup):  # plain functions become numba dispatchers...
+        for name in mod._JITTED:
+            assert hasattr(getattr(mod, name), "signatures"), f"{name} is not a numba dispatcher"
+    for entry in (dedup._nb_segment_sum, dedup._nb_unique_inverse):  # ...and the entries ran
         assert entry.signatures, f"{entry} was not called"
 
 
@@ -155,7 +156,7 @@ def test_radix_argsort_is_stable_over_full_int64_range():
     for keys in (rng.integers(-2**63, 2**63 - 1, size=3000, dtype=np.int64, endpoint=True),
                  rng.integers(0, 50, size=3000), np.full(10, 3), np.array([2**62, 1, 2**62, 0])):
         keys = keys.astype(np.int64)
-        np.testing.assert_array_equal(kernels._nb_radix_argsort(keys),
+        np.testing.assert_array_equal(dedup._nb_radix_argsort(keys),
                                       np.argsort(keys, kind="stable"))
 
 
@@ -164,7 +165,7 @@ def test_radix_argsort_is_stable_over_full_int64_range():
 def test_unique_inverse_equals_numpy_twin(monkeypatch, m, bitmap_span):
     """Both numba paths (hash map + radix sort; the bitmap of the sort keys, which
     ``_BITMAP_SPAN`` bits per key allow: never, the default, more often)."""
-    monkeypatch.setattr(kernels, "_BITMAP_SPAN", bitmap_span)
+    monkeypatch.setattr(dedup, "_BITMAP_SPAN", bitmap_span)
     rng = np.random.default_rng(m)
     for keys in (np.zeros(0, np.int64), np.array([5]), rng.integers(0, 50, size=(40, 3)),
                  _zipf_keys(rng, 6656), 2**62 - rng.integers(0, 10**6, size=2000),
