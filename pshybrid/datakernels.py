@@ -229,7 +229,7 @@ def _nb_synth_rows(start, key, nd, kinds, cards, tab, start0, size0, start1, siz
         for t in range(np_):  # tail draws: the cell and threshold part of each...
             f = pend[t] // R
             zt = _nb_fmix(z[(nd + f) * R + pend[t] - f * R])
-            C = np.uint64(size1[f])
+            C = np.uint64(size1[f]) & LOW32
             tt[t] = (zt >> np.uint64(32)) * C + (((zt & LOW32) * C) >> np.uint64(32))
             cell[t] = start1[f] + np.int64(tt[t] >> np.uint64(32))
         for t in range(np_):  # ...the loads alone: ``cell`` becomes the table entries...
@@ -251,7 +251,7 @@ def _nb_field_draws(f, m, zf, kinds, cards, tab, start0, size0, p1, p2, idb, pen
     R = _BLOCK
     kind = kinds[f]
     if kind <= 1:  # ALIAS, ALIAS_TAIL
-        a0, C = start0[f], np.uint64(size0[f])
+        a0, C = start0[f], np.uint64(size0[f]) & LOW32  # (< 2**21: 32-bit products)
         for r in range(m):
             t = (zf[r] >> np.uint64(32)) * C + (((zf[r] & LOW32) * C) >> np.uint64(32))
             k = np.int64(t >> np.uint64(32))
