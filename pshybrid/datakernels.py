@@ -173,6 +173,7 @@ def _active() -> bool:
 
                     opts = dict(cache=True, nogil=True, error_model="numpy")
                     g = globals()
+                    g["_prefetch"] = _prefetch_kernel(numba.njit(**opts))
                     for name in _JITTED:  # (the per-block helpers inlined: ~5% faster)
                         g[name] = numba.njit(**opts, inline="always" if name in _INLINED
                                              else "never")(g[name])
@@ -180,6 +181,49 @@ def _active() -> bool:
                 else:
                     _DONE = False
     return _DONE
+
+
+def _prefetch(arr, i):
+    """Hint (no effect on values): start loading ``arr[i]``'s cache line. In the numba
+    kernels LLVM's prefetch (``_prefetch_kernel``); a prefetch does not wait for its line,
+    so the loads of the tail draws overlap the head draws of the fields after them."""
+
+
+def _nb_prefetch_probe(a):
+    _prefetch(a, 0)
+
+
+def _no_prefetch(arr, i):
+    return None
+
+
+def _prefetch_kernel(jit):
+    """A numba intrinsic for ``_prefetch`` (read, all cache levels), if a kernel calling it
+    compiles with this numba (probed once, cached); else a no-op kernel."""
+    from llvmlite import ir
+    from numba.core import cgutils, types
+    from numba.extending import intrinsic
+
+    @intrinsic
+    def prefetch(typingctx, arr, idx):
+        def codegen(context, builder, sig, args):
+            ary = context.make_array(sig.args[0])(context, builder, args[0])
+            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]])
+            i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+            name = "llvm.prefetch.p0" + ("" if str(i8p) == "ptr" else "i8")  # (opaque or not)
+            fn = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), name)
+            builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+            return context.get_dummy_value()
+        return types.void(arr, idx), codegen
+
+    g = globals()
+    g["_prefetch"] = prefetch
+    try:
+        jit(_nb_prefetch_probe)(np.zeros(1, np.uint64))
+        return prefetch
+    except Exception:  # (an LLVM without this intrinsic's name: values are the same without)
+        return jit(_no_prefetch)
 
 
 def _nb_fmix(x):
@@ -225,7 +269,7 @@ def _nb_synth_rows(start, key, nd, kinds, cards, tab, start0, size0, start1, siz
         np_ = 0
         for f in range(F):
             np_ = _nb_field_draws(f, m, z[(nd + f) * R:(nd + f + 1) * R], kinds, cards, tab,
-                                  start0, size0, p1, p2, idb, pend, np_)
+                                  start0, size0, start1, size1, p1, p2, idb, pend, np_)
         for t in range(np_):  # tail draws: the cell and threshold part of each...
             f = pend[t] // R
             zt = _nb_fmix(z[(nd + f) * R + pend[t] - f * R])
@@ -245,9 +289,11 @@ def _nb_synth_rows(start, key, nd, kinds, cards, tab, start0, size0, start1, siz
                 ids[i0 + r, f] = idb[f * R + r]
 
 
-def _nb_field_draws(f, m, zf, kinds, cards, tab, start0, size0, p1, p2, idb, pend, np_):
+def _nb_field_draws(f, m, zf, kinds, cards, tab, start0, size0, start1, size1, p1, p2,
+                    idb, pend, np_):
     """Field f's ids of a block's ``m`` rows by their hashes ``zf`` into ``idb[f * R:]``;
-    the draws of the tail entry listed in ``pend`` (returns their new count)."""
+    the draws of the tail entry listed in ``pend`` (returns their new count), their tail
+    table cells prefetched."""
     R = _BLOCK
     kind = kinds[f]
     if kind <= 1:  # ALIAS, ALIAS_TAIL
@@ -258,11 +304,14 @@ def _nb_field_draws(f, m, zf, kinds, cards, tab, start0, size0, p1, p2, idb, pen
             e = tab[a0 + k]
             idb[f * R + r] = k if (t & LOW32) < (e & LOW32) else np.int64(e >> np.uint64(32))
         if kind == 1:
-            last = size0[f] - 1
+            last, C1 = size0[f] - 1, np.uint64(size1[f]) & LOW32
             for r in range(m):
                 if idb[f * R + r] == last:
                     pend[np_] = f * R + r
                     np_ += 1
+                    zt = _nb_fmix(zf[r])  # (its tail cell, as _nb_synth_rows computes it)
+                    t1 = (zt >> np.uint64(32)) * C1 + (((zt & LOW32) * C1) >> np.uint64(32))
+                    _prefetch(tab, start1[f] + np.int64(t1 >> np.uint64(32)))
         return np_
     for r in range(m):
         q = float(zf[r] >> np.uint64(11)) * 2.0 ** -53

@@ -81,6 +81,14 @@ def test_numba_equals_numpy_twin_bit_for_bit(monkeypatch, gen, fused, n):
     assert n < 100 or (fast[0].any() and not fast[0].all())
 
 
+def test_the_kernels_prefetch_compiles_here():
+    """The tail draws' prefetch is LLVM's intrinsic on this numba, not the silent no-op
+    fallback (values are the same either way: the twin test above)."""
+    if not datakernels._active():
+        pytest.skip("numba not available")
+    assert "intrinsic" in repr(datakernels._prefetch)
+
+
 def test_fused_ids_add_the_field_offsets():
     from pshybrid.schema import field_offsets
 
