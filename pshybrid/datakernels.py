@@ -2,10 +2,11 @@
 
 Each numba kernel has a NumPy twin that is its test oracle and the fallback where numba is
 missing; both give the same bits. The kernels do only integer hashing, table look-ups,
-``+ - *`` and the C library's ``pow`` (fields of more than 2**20 ids; the twin calls
-Python's ``math.pow``, the same C function): the transcendental functions of the stream
-(``log1p``, ``exp``) run as NumPy ufuncs on the kernels' output in both paths, so NumPy's
-SIMD versions (which may differ from the C library in the last bit) are used either way.
+``+ - * /``, comparisons, the float32 rounding of the dense values and the C library's
+``pow`` (fields of more than 2**20 ids; the twin calls Python's ``math.pow``, the same C
+function): the transcendental functions of the stream (``log1p``, ``exp``) run as NumPy
+ufuncs between the kernels (``SyntheticCTR.fill``) in both paths, so NumPy's SIMD versions
+(which may differ from the C library in the last bit) are used either way.
 
 Compiled lazily like ``kernels``: ``njit(cache=True, nogil=True, error_model="numpy")`` on
 the first call where ``kernels.numba_active()``; the data thread runs them without the GIL.

@@ -56,8 +56,9 @@ Generation rule (``F`` sparse fields of cardinalities ``C_f``, ``n_dense`` dense
   (table ``"planted:dense"``, ``dense_scale``); ``mean_j`` = the mean of ``d_j`` at the 4096
   midpoints ``u = (k + 0.5) / 4096`` (NumPy's mean); ``bias`` default -1.0 (a base rate near 0.3).
 
-The integer and table part runs in a numba kernel (``datakernels``, with a NumPy twin that
-gives the same bits); ``log1p`` and ``exp`` run as NumPy ufuncs over the batch in both paths.
+The integer and table part, and the arithmetic between the ufuncs, run in numba kernels
+(``datakernels``, each with a NumPy twin that gives the same bits); ``log1p`` and ``exp`` run
+as NumPy ufuncs over the batch in both paths.
 A re-implementation with another ``log1p``/``exp``/``pow`` may differ in the last bit of a
 float64, which changes a float32 dense value or a label only when it falls on a rounding
 boundary (probability ~2**-29 per dense value, ~2**-52 per label).
