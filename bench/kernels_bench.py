@@ -53,11 +53,12 @@ def compile_report(kernels) -> str:
     t0 = time.perf_counter()
     kernels.unique_inverse(np.array([2, 1, 2]), 3)
     parts.append(f"unique_inverse {time.perf_counter() - t0:.2f} s")
-    hits = sum(sum(f.stats.cache_hits.values()) for f in (kernels._nb_segment_sum,
-                                                          kernels._nb_unique_inverse))
-    misses = sum(sum(f.stats.cache_misses.values()) for f in (kernels._nb_segment_sum,
-                                                              kernels._nb_unique_inverse))
-    where = f"cache {hits} hit(s), {misses} miss(es) in {kernels._nb_segment_sum.stats.cache_path}"
+    from pshybrid import dedup
+
+    entries = (dedup._nb_segment_sum, dedup._nb_unique_inverse)
+    hits = sum(sum(f.stats.cache_hits.values()) for f in entries)
+    misses = sum(sum(f.stats.cache_misses.values()) for f in entries)
+    where = f"cache {hits} hit(s), {misses} miss(es) in {entries[0].stats.cache_path}"
     return "numba first calls (per process): " + ", ".join(parts) + f"  [{where}]"
 
 

@@ -260,14 +260,18 @@ def _h5_handles(ds) -> list:
     for key in ("label", "dense", "sparse"):
         dapl = h5p.create(h5p.DATASET_ACCESS)
         d = ds.f[key]
-        if d.id.get_create_plist().get_nfilters() == 0:  # (that handle is closed again)
+        nfilters, chunks, dtype = d.id.get_create_plist().get_nfilters(), d.chunks, d.dtype
+        # HDF5 shares one cache among a dataset's open handles, set by the first: this one
+        # is closed before ours opens (held open, its default cache made every read copy
+        # its whole chunks).
+        del d
+        if nfilters == 0:
             # Uncompressed: no chunk cache, so a read copies just its rows. With the default
             # 1 MiB cache, each new 16k-row chunk of /dense was read whole for a few rows.
-            # HDF5 shares one cache among a dataset's open handles: opened first, this sets it.
             dapl.set_chunk_cache(0, 0, 1.0)
-        elif d.chunks:
+        elif chunks:
             # Compressed: a chunk is decompressed whole; keep 4 (a window's spans reuse them).
-            dapl.set_chunk_cache(521, 4 * int(np.prod(d.chunks)) * d.dtype.itemsize, 1.0)
+            dapl.set_chunk_cache(521, 4 * int(np.prod(chunks)) * dtype.itemsize, 1.0)
         dsid = h5d.open(ds.f.id, key.encode(), dapl)
         handles.append((dsid, dsid.get_space(), {}))
     return handles

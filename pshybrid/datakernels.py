@@ -2,10 +2,11 @@
 
 Each numba kernel has a NumPy twin that is its test oracle and the fallback where numba is
 missing; both give the same bits. The kernels do only integer hashing, table look-ups,
-``+ - *`` and the C library's ``pow`` (fields of more than 2**20 ids; the twin calls
-Python's ``math.pow``, the same C function): the transcendental functions of the stream
-(``log1p``, ``exp``) run as NumPy ufuncs on the kernels' output in both paths, so NumPy's
-SIMD versions (which may differ from the C library in the last bit) are used either way.
+``+ - * /``, comparisons, the float32 rounding of the dense values and the C library's
+``pow`` (fields of more than 2**20 ids; the twin calls Python's ``math.pow``, the same C
+function): the transcendental functions of the stream (``log1p``, ``exp``) run as NumPy
+ufuncs between the kernels (``SyntheticCTR.fill``) in both paths, so NumPy's SIMD versions
+(which may differ from the C library in the last bit) are used either way.
 
 Compiled lazily like ``kernels``: ``njit(cache=True, nogil=True, error_model="numpy")`` on
 the first call where ``kernels.numba_active()``; the data thread runs them without the GIL.
@@ -18,7 +19,7 @@ import threading
 
 import numpy as np
 
-from . import kernels
+from . import kernels, prefetch
 
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # the splitmix64 constants of ``initializers``
 M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -61,7 +62,7 @@ def synth_rows_numpy(start, key, nd, kinds, cards, tab, start0, size0, start1, s
     with np.errstate(over="ignore"):
         z = fmix_numpy((r[:, None] * np.uint64(K) + np.arange(1, K + 1, dtype=np.uint64))
                        * GOLDEN + key)
-    nu[:] = -((z[:, :nd] >> np.uint64(11)).astype(np.float64) * 2.0 ** -53)
+    nu[:] = -((z[:, :nd] >> np.uint64(11)).astype(np.float64) * 2.0 ** -53).T
     s = np.full(n, bias, np.float64)
     for f in range(F):
         zf = z[:, nd + f]
@@ -86,10 +87,25 @@ def synth_rows_numpy(start, key, nd, kinds, cards, tab, start0, size0, start1, s
     ulab[:] = (z[:, nd + F] >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
-def synth_logit_numpy(dense, v, m, logit):
-    """Twin of ``_nb_synth_logit``: ``logit += v_j * (dense_j - m_j)`` for j in order."""
-    for j in range(dense.shape[1]):
-        logit += v[j] * (dense[:, j] - m[j])
+def scale_rows_numpy(cols, s):
+    """Twin of ``_nb_scale_rows``: ``cols[j] *= s[j]``."""
+    cols *= s[:, None]
+
+
+def synth_logit_numpy(cols, v, m, logit, dense):
+    """Twin of ``_nb_synth_logit``: ``logit += v_j * (cols_j - m_j)`` for j in order, then
+    ``logit = -logit``; ``dense`` = ``cols.T`` in float32."""
+    dense[...] = cols.T
+    for j in range(cols.shape[0]):
+        logit += v[j] * (cols[j] - m[j])
+    np.negative(logit, out=logit)
+
+
+def synth_labels_numpy(e, ulab, label):
+    """Twin of ``_nb_synth_labels``: ``e = 1 / (1 + e)`` in place, ``label = ulab < e``."""
+    e += 1.0
+    np.divide(1.0, e, out=e)
+    np.less(ulab, e, out=label)
 
 
 # -- public entry points -------------------------------------------------------------------
@@ -102,7 +118,8 @@ def synth_rows(*args) -> None:
     table, or head table whose last entry stands for the tail), start1/size1 (its tail
     table), p1/p2 (power-law parameters), pkey (uint64: the planted weights' key), pscale
     (their scale), offsets (F,) int64, fused (ids + offsets when True), bias; out: nu
-    (n, nd) float64 ``= -u`` of each dense cell, ids (n, F) int64, logit (n,) float64
+    (nd, n) float64 ``= -u`` of each dense cell, column by column (so the NumPy passes
+    over it, and ``synth_logit``'s, run along rows), ids (n, F) int64, logit (n,) float64
     ``= bias + the planted field weights``, ulab (n,) float64 the label's uniform.
     """
     if _active():
@@ -111,16 +128,37 @@ def synth_rows(*args) -> None:
         synth_rows_numpy(*args)
 
 
-def synth_logit(dense, v, m, logit) -> None:
-    """``logit[i] += sum_j v[j] * (dense[i, j] - m[j])``, added one j at a time in order."""
-    if _active() and dense.flags.c_contiguous:
-        _nb_synth_logit(dense, v, m, logit)
+def scale_rows(cols, s) -> None:
+    """``cols[j, :] *= s[j]``: cols (nd, n) float64, s (nd,)."""
+    if _active() and cols.flags.c_contiguous:
+        _nb_scale_rows(cols, s)
     else:
-        synth_logit_numpy(dense, v, m, logit)
+        scale_rows_numpy(cols, s)
+
+
+def synth_logit(cols, v, m, logit, dense) -> None:
+    """``logit[i] += sum_j v[j] * (cols[j, i] - m[j])``, added one j at a time in order,
+    then negated (``logit`` becomes ``-logit``, for ``exp``); and ``dense[i, j] = cols[j,
+    i]`` in float32: cols (nd, n) float64, dense (n, nd)."""
+    if _active() and cols.flags.c_contiguous and dense.flags.c_contiguous:
+        _nb_synth_logit(cols, v, m, logit, dense)
+    else:
+        synth_logit_numpy(cols, v, m, logit, dense)
+
+
+def synth_labels(e, ulab, label) -> None:
+    """From ``e = exp(-logit)`` (n,) float64: ``e`` becomes ``p = 1 / (1 + e)`` and
+    ``label`` (n,) float32 ``ulab < p`` (1 or 0)."""
+    if _active() and label.flags.c_contiguous:
+        _nb_synth_labels(e, ulab, label)
+    else:
+        synth_labels_numpy(e, ulab, label)
 
 
 # -- numba kernels (plain Python until ``_active()`` jits them) ----------------------------
-_JITTED = ("_nb_fmix", "_nb_alias", "_nb_synth_rows", "_nb_synth_logit")
+_JITTED = ("_nb_fmix", "_nb_field_draws", "_nb_weights", "_nb_synth_rows", "_nb_scale_rows",
+           "_nb_synth_logit", "_nb_synth_labels")
+_INLINED = ("_nb_field_draws", "_nb_weights")
 _DONE: bool | None = None
 _LOCK = threading.Lock()
 
@@ -134,14 +172,20 @@ def _active() -> bool:
                 if kernels.numba_active():
                     import numba
 
-                    jit = numba.njit(cache=True, nogil=True, error_model="numpy")
+                    opts = dict(cache=True, nogil=True, error_model="numpy")
                     g = globals()
-                    for name in _JITTED:
-                        g[name] = jit(g[name])
+                    g["_prefetch"] = prefetch.build(numba)
+                    for name in _JITTED:  # (the per-block helpers inlined: ~5% faster)
+                        g[name] = numba.njit(**opts, inline="always" if name in _INLINED
+                                             else "never")(g[name])
                     _DONE = True
                 else:
                     _DONE = False
     return _DONE
+
+
+_prefetch = None  # the cache hint ``prefetch.build`` makes (``_active`` sets it): a tail
+#                   draw's table cell starts loading while the head draws go on
 
 
 def _nb_fmix(x):
@@ -153,72 +197,136 @@ def _nb_fmix(x):
     return x
 
 
-def _nb_alias(tab, start, size, z):
-    C = np.uint64(size)
-    t = (z >> np.uint64(32)) * C + (((z & LOW32) * C) >> np.uint64(32))
-    k = np.int64(t >> np.uint64(32))
-    e = tab[start + k]
-    if (t & LOW32) < (e & LOW32):
-        return k
-    return np.int64(e >> np.uint64(32))
+_BLOCK = 128  # rows a block of _nb_synth_rows (its hashes: (nd + F + 1) * 128 * 8 bytes)
 
 
 def _nb_synth_rows(start, key, nd, kinds, cards, tab, start0, size0, start1, size1, p1, p2,
                    pkey, pscale, offsets, fused, bias, nu, ids, logit, ulab):
-    # In passes over the batch, each a simple loop (the hash loops vectorise); the tail-table
-    # loads are gathered into one loop of independent loads, so their cache misses overlap.
+    # Blocks of _BLOCK rows, each in passes over columns: hashes column by column, each
+    # field's draws over the block's rows (simple loops that vectorise, one table at a time),
+    # the tail draws' table indices, then their loads alone (independent: their cache
+    # misses overlap), then the planted weights field by field (the sum of each row in
+    # field order, as the twin).
     n, F = ids.shape
     K = nd + F + 1
-    z = np.empty(n * K, np.uint64)
-    x0 = np.uint64(start) * np.uint64(K) + np.uint64(1)
-    for c in range(n * K):  # z(r, c) at flat index (r - start) * K + c
-        z[c] = _nb_fmix((x0 + np.uint64(c)) * GOLDEN + key)
-    for i in range(n):
+    R = _BLOCK
+    z = np.empty(K * R, np.uint64)  # z[c * R + r]: hash of column c of row i0 + r
+    idb = np.empty(F * R, np.int64)  # idb[f * R + r]: the block's ids, field by field
+    pend = np.empty(F * R, np.int64)  # flat f * R + r of draws that go on to a tail table
+    cell = np.empty(F * R, np.int64)
+    tt = np.empty(F * R, np.uint64)
+    s = np.empty(R, np.float64)
+    for i0 in range(0, n, R):
+        m = min(R, n - i0)
+        x0 = np.uint64(start + i0) * np.uint64(K) + np.uint64(1)
+        for c in range(K):  # z(r, c) = fmix((r * K + c + 1) * GOLDEN + key)
+            xc = x0 + np.uint64(c)
+            for r in range(m):
+                z[c * R + r] = _nb_fmix((xc + np.uint64(r) * np.uint64(K)) * GOLDEN + key)
         for j in range(nd):
-            nu[i, j] = -(float(z[i * K + j] >> np.uint64(11)) * 2.0 ** -53)
-        ulab[i] = float(z[i * K + K - 1] >> np.uint64(11)) * 2.0 ** -53
-    pend = np.empty(n * F, np.int64)  # flat (i, f) of draws that go on to a tail table
-    np_ = 0
-    for i in range(n):
+            for r in range(m):
+                nu[j, i0 + r] = -(float(z[j * R + r] >> np.uint64(11)) * 2.0 ** -53)
+        for r in range(m):
+            ulab[i0 + r] = float(z[(K - 1) * R + r] >> np.uint64(11)) * 2.0 ** -53
+        np_ = 0
         for f in range(F):
-            zf = z[i * K + nd + f]
-            kind = kinds[f]
-            if kind <= 1:  # ALIAS, ALIAS_TAIL
-                idf = _nb_alias(tab, start0[f], size0[f], zf)
-                if kind == 1 and idf == size0[f] - 1:
-                    pend[np_] = i * F + f
+            np_ = _nb_field_draws(f, m, z[(nd + f) * R:(nd + f + 1) * R], kinds, cards, tab,
+                                  start0, size0, start1, size1, p1, p2, idb, pend, np_)
+        for t in range(np_):  # tail draws: the cell and threshold part of each...
+            f = pend[t] // R
+            zt = _nb_fmix(z[(nd + f) * R + pend[t] - f * R])
+            C = np.uint64(size1[f]) & LOW32
+            tt[t] = (zt >> np.uint64(32)) * C + (((zt & LOW32) * C) >> np.uint64(32))
+            cell[t] = start1[f] + np.int64(tt[t] >> np.uint64(32))
+        for t in range(np_):  # ...the loads alone: ``cell`` becomes the table entries...
+            cell[t] = np.int64(tab[cell[t]])
+        for t in range(np_):  # ...and the draws
+            f = pend[t] // R
+            e, k = np.uint64(cell[t]), np.int64(tt[t] >> np.uint64(32))
+            idb[pend[t]] += k if (tt[t] & LOW32) < (e & LOW32) else np.int64(e >> np.uint64(32))
+        _nb_weights(m, F, offsets, fused, bias, pkey, pscale, idb, s)
+        for r in range(m):
+            logit[i0 + r] = s[r]
+            for f in range(F):
+                ids[i0 + r, f] = idb[f * R + r]
+
+
+def _nb_field_draws(f, m, zf, kinds, cards, tab, start0, size0, start1, size1, p1, p2,
+                    idb, pend, np_):
+    """Field f's ids of a block's ``m`` rows by their hashes ``zf`` into ``idb[f * R:]``;
+    the draws of the tail entry listed in ``pend`` (returns their new count), their tail
+    table cells prefetched."""
+    R = _BLOCK
+    kind = kinds[f]
+    if kind <= 1:  # ALIAS, ALIAS_TAIL
+        a0, C = start0[f], np.uint64(size0[f]) & LOW32  # (< 2**21: 32-bit products)
+        for r in range(m):
+            t = (zf[r] >> np.uint64(32)) * C + (((zf[r] & LOW32) * C) >> np.uint64(32))
+            k = np.int64(t >> np.uint64(32))
+            e = tab[a0 + k]
+            idb[f * R + r] = k if (t & LOW32) < (e & LOW32) else np.int64(e >> np.uint64(32))
+        if kind == 1:
+            last, C1 = size0[f] - 1, np.uint64(size1[f]) & LOW32
+            for r in range(m):
+                if idb[f * R + r] == last:
+                    pend[np_] = f * R + r
                     np_ += 1
-            else:
-                q = float(zf >> np.uint64(11)) * 2.0 ** -53
-                if kind == 2:  # POWER
-                    x = math.pow(1.0 - q * p1[f], p2[f])
-                else:
-                    x = math.pow(p1[f], q)
-                idf = np.int64(math.floor(x)) - 1
-                if idf < 0:
-                    idf = 0
-                elif idf > cards[f] - 1:
-                    idf = cards[f] - 1
-            ids[i, f] = idf
-    for t in range(np_):
-        i, f = divmod(pend[t], F)
-        ids[i, f] += _nb_alias(tab, start1[f], size1[f], _nb_fmix(z[i * K + nd + f]))
-    for i in range(n):
-        logit[i] = bias
-    for f in range(F):  # logit = bias + w_0 + w_1 + ..., row by row in field order
+                    zt = _nb_fmix(zf[r])  # (its tail cell, as _nb_synth_rows computes it)
+                    t1 = (zt >> np.uint64(32)) * C1 + (((zt & LOW32) * C1) >> np.uint64(32))
+                    _prefetch(tab, start1[f] + np.int64(t1 >> np.uint64(32)))
+        return np_
+    for r in range(m):
+        q = float(zf[r] >> np.uint64(11)) * 2.0 ** -53
+        if kind == 2:  # POWER
+            x = math.pow(1.0 - q * p1[f], p2[f])
+        else:
+            x = math.pow(p1[f], q)
+        idf = np.int64(math.floor(x)) - 1
+        if idf < 0:
+            idf = 0
+        elif idf > cards[f] - 1:
+            idf = cards[f] - 1
+        idb[f * R + r] = idf
+    return np_
+
+
+def _nb_weights(m, F, offsets, fused, bias, pkey, pscale, idb, s):
+    """``s[r] = bias + w[g_0] + w[g_1] + ...`` (in field order) of a block's rows; with
+    ``fused`` the ids in ``idb`` become the fused rows ``g = offset_f + id``."""
+    R = _BLOCK
+    for r in range(m):
+        s[r] = bias
+    for f in range(F):
         off = offsets[f]
-        for i in range(n):
-            g = ids[i, f] + off
+        for r in range(m):
+            g = idb[f * R + r] + off
             w = _nb_fmix((np.uint64(g) + np.uint64(1)) * GOLDEN + pkey)
-            logit[i] += pscale * (float(w >> np.uint64(11)) * 2.0 ** -52 - 1.0)
+            s[r] += pscale * (float(w >> np.uint64(11)) * 2.0 ** -52 - 1.0)
             if fused:
-                ids[i, f] = g
+                idb[f * R + r] = g
 
 
-def _nb_synth_logit(dense, v, m, logit):
-    n, nd = dense.shape
+def _nb_scale_rows(cols, s):
+    for j in range(cols.shape[0]):
+        sj = s[j]
+        for i in range(cols.shape[1]):
+            cols[j, i] *= sj
+
+
+def _nb_synth_logit(cols, v, m, logit, dense):
+    nd, n = cols.shape
+    for j in range(nd):  # each row's sum in j order, as the twin
+        vj, mj = v[j], m[j]
+        for i in range(n):
+            logit[i] += vj * (cols[j, i] - mj)
     for i in range(n):
-        s = logit[i]
+        logit[i] = -logit[i]
         for j in range(nd):
-            s += v[j] * (dense[i, j] - m[j])
-        logit[i] = s
+            dense[i, j] = np.float32(cols[j, i])
+
+
+def _nb_synth_labels(e, ulab, label):
+    for i in range(e.size):
+        p = 1.0 / (e[i] + 1.0)
+        e[i] = p
+        label[i] = np.float32(1.0) if ulab[i] < p else np.float32(0.0)

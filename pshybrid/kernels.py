@@ -3,17 +3,17 @@
 Each kernel has an ``xp`` reference twin that is its test oracle:
 ``gather_ref`` / ``scatter_add_ref`` (the plainest NumPy/CuPy code, also the oracles of the
 CUDA kernels in ``kernels/*.cu`` that ``gather`` / ``scatter_add`` run on CuPy arrays through
-``pshybrid.cuda``), and the NumPy sort-based ``segment_sum_numpy`` / ``unique_inverse_numpy``,
-which are also the fallback on GPU arrays and where numba is missing.
+``pshybrid.cuda``), and the NumPy sort-based ``segment_sum_numpy`` / ``unique_inverse_numpy``
+(``dedup``), which are also the fallback on GPU arrays and where numba is missing.
 
 CPU fast path: numba kernels (``@njit(cache=True, nogil=True)``, serial: MPI ranks already
 fill the cores). numba is imported and the kernels are compiled lazily, on the first call
-that needs them, so importing ``pshybrid`` does not pay for numba. Dedup is a hash map
-(key -> slot in first-occurrence order) plus an LSD radix argsort of the U distinct keys;
-rows are summed into their slot **in input order**, so results equal ``np.add.at`` bit for
-bit (float32 and float64), whatever the hash layout. ``gather`` and the row optimizers
-(``optim``) prefetch each row a few rows before they touch it (``prefetch``): their rows
-are scattered over large tables, and the misses then overlap.
+that needs them, so importing ``pshybrid`` does not pay for numba. Dedup (``dedup``: the
+distinct ids, ``unique_inverse``, and ``segment_sum``'s) is a bitmap or a hash map plus a
+radix sort; rows are summed into their slot **in input order**, so results equal
+``np.add.at`` bit for bit (float32 and float64), whatever the hash layout. ``gather`` and
+the row optimizers (``optim``) prefetch each row a few rows before they touch it
+(``prefetch``): their rows are scattered over large tables, and the misses then overlap.
 """
 
 from __future__ import annotations
@@ -24,12 +24,12 @@ import threading
 
 import numpy as np
 
-from . import prefetch
+from . import dedup, prefetch
 from .backend import array_module
+from .dedup import unique_inverse_numpy  # noqa: F401 (the twin, beside its kernel)
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-_NB_MAX_ROWS = 2**31 - 1  # the numba hash table numbers slots in int32
-_FAR_TABLE = 1 << 22      # gather: tables of at least this many bytes miss the caches
+_FAR_TABLE = 1 << 22  # gather: tables of at least this many bytes miss the caches
 
 
 # -- references (oracles) ------------------------------------------------------------------
@@ -64,28 +64,6 @@ def segment_sum_numpy(keys, values):
     starts = xp.flatnonzero(xp.concatenate([xp.ones(1, bool), skeys[1:] != skeys[:-1]]))
     sums = xp.add.reduceat(values[order], starts, axis=0)
     return skeys[starts], sums
-
-
-def unique_inverse_numpy(keys, m: int = 1):
-    """``xp`` twin of ``unique_inverse``: one unstable argsort of the (cyclic) sort key (faster
-    than ``np.unique(return_inverse=True)``), then a cumulative sum of run starts."""
-    xp = array_module(keys)
-    keys = keys.ravel()
-    skey = keys
-    if m > 1 and keys.size:
-        lo = int(keys.min()) // m
-        div, mod = xp.divmod(keys, m)
-        skey = mod * (int(keys.max()) // m - lo + 1) + (div - lo)
-    order = xp.argsort(skey)
-    sorted_keys = keys[order]
-    first = xp.empty(sorted_keys.shape, bool)
-    first[:1] = True
-    xp.not_equal(sorted_keys[1:], sorted_keys[:-1], out=first[1:])
-    inverse = xp.empty(keys.shape, xp.int64)
-    inverse[order] = xp.cumsum(first) - 1
-    uniq = sorted_keys[first]
-    bounds = xp.searchsorted(uniq % m, xp.arange(m + 1, dtype=xp.int64)).astype(xp.int64)
-    return uniq, inverse, bounds
 
 
 # -- public kernels ------------------------------------------------------------------------
@@ -153,18 +131,28 @@ def segment_sum(keys, values):
     in float32 and float64. The NumPy fallback rounds long runs differently (see its twin).
     """
     if (array_module(keys, values) is np and values.dtype in _FLOATS
-            and keys.size <= _NB_MAX_ROWS and numba_active()):
+            and keys.size <= dedup.MAX_KEYS and numba_active()):
         keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
         assert values.shape[0] == keys.shape[0], (values.shape, keys.shape)
         if keys.size == 0:
             return keys, values[:0]
         width = int(np.prod(values.shape[1:], dtype=np.int64))
-        uniq, sums = _nb_segment_sum(keys, np.ascontiguousarray(values).reshape(keys.size, width))
+        uniq, sums = dedup._nb_segment_sum(keys,
+                                           np.ascontiguousarray(values).reshape(keys.size, width))
         return uniq, sums.reshape((uniq.size,) + values.shape[1:])
     return segment_sum_numpy(keys, values)
 
 
-def unique_inverse(keys, m: int = 1):
+def min_max(keys) -> tuple[int, int]:
+    """(min, max) of a non-empty int64 array: one numba call (two vectorised loops), else
+    NumPy's two reductions."""
+    if array_module(keys) is np and numba_active():
+        lo, hi = dedup._nb_min_max(np.ascontiguousarray(keys, dtype=np.int64).ravel())
+        return int(lo), int(hi)
+    return int(keys.min()), int(keys.max())
+
+
+def unique_inverse(keys, m: int = 1, extent: tuple[int, int] | None = None):
     """Distinct keys, the inverse index, and the groups of equal ``key % m``.
 
     keys: any-shape int64; m >= 1. Returns ``(uniq, inverse, bounds)``: uniq (U,) int64
@@ -173,21 +161,22 @@ def unique_inverse(keys, m: int = 1):
     ``uniq[inverse] == keys.ravel()``; bounds (m+1,) int64 so that the keys with
     ``key % m == r`` are ``uniq[bounds[r]:bounds[r+1]]``. Same result as ``unique_inverse_numpy``.
     With m > 1 the keys' span must leave room for the sort key: max - min + m < 2**63.
+    ``extent``: the keys' (min, max) where the caller has them (``min_max``): one pass less.
     """
     assert m >= 1, m
-    if array_module(keys) is np and keys.size <= _NB_MAX_ROWS and numba_active():
+    if array_module(keys) is np and keys.size <= dedup.MAX_KEYS and numba_active():
         keys = np.ascontiguousarray(keys, dtype=np.int64).ravel()
         if keys.size == 0:
             return keys, np.empty(0, np.int64), np.zeros(m + 1, np.int64)
-        return _nb_unique_inverse(keys, int(m))
-    return unique_inverse_numpy(keys, m)
+        lo, hi = dedup._nb_min_max(keys) if extent is None else extent
+        return dedup._nb_unique_inverse(keys, int(m), dedup._BITMAP_SPAN * keys.size, lo, hi)
+    return dedup.unique_inverse_numpy(keys, m)
 
 
 # -- numba plumbing: import + jit on first use, NumPy twins when numba is unavailable --------
 _NUMBA: bool | None = None  # None: not tried yet
 _NUMBA_LOCK = threading.Lock()
-_JITTED = ("_ftz", "_nb_gather", "_nb_hash_dedup", "_nb_radix_argsort", "_nb_sorted_dedup",
-           "_nb_unique_inverse", "_nb_segment_sum", "_nb_uniform_rows", "_nb_sgd_rows", "_nb_adagrad_rows",
+_JITTED = ("_ftz", "_nb_gather", "_nb_uniform_rows", "_nb_sgd_rows", "_nb_adagrad_rows",
            "_nb_adam_rows", "_nb_scatter_add")
 
 
@@ -205,9 +194,10 @@ def numba_cache_cold() -> bool:
 def numba_active() -> bool:
     """True when the numba kernels serve the CPU paths (imports numba on the first call).
 
-    The module-level ``_nb_*`` functions are plain Python until then; here they are replaced
-    in place by their ``njit`` dispatchers (compiled per signature on first call, cached on
-    disk), so the kernels that call each other see dispatchers and stay cacheable.
+    The module-level ``_nb_*`` functions (here and in ``dedup``) are plain Python until
+    then; here they are replaced in place by their ``njit`` dispatchers (compiled per
+    signature on first call, cached on disk), so the kernels that call each other see
+    dispatchers and stay cacheable.
     """
     global _NUMBA
     if _NUMBA is None:
@@ -225,6 +215,8 @@ def numba_active() -> bool:
                     g["_prefetch_row"] = prefetch.build(numba)  # before the kernels compile
                     for name in _JITTED:
                         g[name] = jit(g[name])
+                    for name in dedup._JITTED:  # (the dedup kernels: one switch for both)
+                        setattr(dedup, name, jit(getattr(dedup, name)))
                     _NUMBA = True
     return _NUMBA
 
@@ -245,157 +237,7 @@ def _nb_gather(rows, index, out):
             out[i, j] = rows[r, j]
 
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier, 2^64 / golden ratio
-_RADIX_BITS = 11                          # 2048-bucket histograms (16 KiB) stay in L1
-_RADIX_MASK = np.uint64((1 << _RADIX_BITS) - 1)
-
-
-def _nb_hash_dedup(keys):
-    """keys (B,) int64 -> (slot (B,) int32, ukeys (U,) int64): slot[i] numbers keys[i] by first
-    occurrence, ukeys[slot[i]] == keys[i]. Open addressing, linear probing, load <= 1/2."""
-    n = keys.size
-    bits = 4
-    while (1 << bits) < 2 * n:
-        bits += 1
-    mask = (1 << bits) - 1
-    shift = np.uint64(64 - bits)
-    table = np.full(1 << bits, -1, np.int32)
-    slot = np.empty(n, np.int32)
-    ukeys = np.empty(n, np.int64)
-    u = 0
-    for i in range(n):
-        k = keys[i]
-        h = np.intp((np.uint64(k) * _GOLDEN) >> shift)
-        while True:
-            s = table[h]
-            if s < 0:
-                table[h] = u
-                ukeys[u] = k
-                slot[i] = u
-                u += 1
-                break
-            if ukeys[s] == k:
-                slot[i] = s
-                break
-            h = (h + 1) & mask
-    return slot, ukeys[:u]
-
-
-def _nb_radix_argsort(keys):
-    """Stable argsort of (n,) int64 keys: LSD radix on ``key - min`` (uint64, so any span),
-    11 bits a pass, only as many passes as the span has bits."""
-    n = keys.size
-    order = np.arange(n)
-    if n < 2:
-        return order
-    base = np.uint64(keys.min())
-    span = np.uint64(keys.max()) - base
-    u = np.empty(n, np.uint64)
-    for i in range(n):
-        u[i] = np.uint64(keys[i]) - base
-    order2 = np.empty(n, order.dtype)
-    u2 = np.empty(n, np.uint64)
-    count = np.empty((1 << _RADIX_BITS) + 1, np.intp)
-    shift = np.uint64(0)
-    while span:
-        count[:] = 0
-        for i in range(n):
-            count[np.intp((u[i] >> shift) & _RADIX_MASK) + 1] += 1
-        for b in range(1 << _RADIX_BITS):
-            count[b + 1] += count[b]
-        for i in range(n):
-            b = np.intp((u[i] >> shift) & _RADIX_MASK)
-            p = count[b]
-            count[b] = p + 1
-            order2[p] = order[i]
-            u2[p] = u[i]
-        order, order2 = order2, order
-        u, u2 = u2, u
-        shift += np.uint64(_RADIX_BITS)
-        span >>= np.uint64(_RADIX_BITS)
-    return order
-
-
-def _nb_sorted_dedup(keys, m):
-    """keys (B,) int64, B >= 1 -> (slot (B,) int32, uniq (U,) int64, rank (U,) int64, bounds
-    (m+1,) int64): the distinct keys sorted by (key % m, key // m) (plain key order when
-    m == 1); ``slot`` as in ``_nb_hash_dedup``; ``rank[slot[i]]`` is the position of keys[i]
-    in ``uniq``; group r (key % m == r) is ``uniq[bounds[r]:bounds[r+1]]``."""
-    slot, ukeys = _nb_hash_dedup(keys)
-    u = ukeys.size
-    bounds = np.zeros(m + 1, np.int64)
-    if m > 1:  # cyclic order: one division per distinct key, not per row
-        kmin, kmax = ukeys.min(), ukeys.max()
-        lo = kmin // m
-        per = kmax // m - lo + 1
-        # |k| < 2^50: floor(k * (1/m)) is off by at most one, fixed below; far cheaper than
-        # a 64-bit integer division. Larger keys divide exactly.
-        fast = -(1 << 50) < kmin and kmax < (1 << 50)
-        inv = 1.0 / m
-        skeys = np.empty(u, np.int64)
-        for s in range(u):
-            k = ukeys[s]
-            if fast:
-                q = np.int64(np.floor(k * inv))
-            else:
-                q = k // m
-            r = k - q * m
-            if r < 0:
-                q -= 1
-                r += m
-            elif r >= m:
-                q += 1
-                r -= m
-            skeys[s] = r * per + (q - lo)  # r == k % m, q == k // m (floor, as NumPy)
-            bounds[r + 1] += 1
-        for r in range(m):
-            bounds[r + 1] += bounds[r]
-        order = _nb_radix_argsort(skeys)
-    else:
-        bounds[1] = u
-        order = _nb_radix_argsort(ukeys)
-    uniq = np.empty(u, np.int64)
-    rank = np.empty(u, np.int64)
-    for j in range(u):
-        s = order[j]
-        uniq[j] = ukeys[s]
-        rank[s] = j
-    return slot, uniq, rank, bounds
-
-
-def _nb_unique_inverse(keys, m):
-    """keys (B,) int64, B >= 1 -> (uniq (U,), inverse (B,) int64, bounds (m+1,) int64); as
-    ``_nb_sorted_dedup``."""
-    slot, uniq, rank, bounds = _nb_sorted_dedup(keys, m)
-    inverse = np.empty(keys.size, np.int64)
-    for i in range(keys.size):
-        inverse[i] = rank[slot[i]]
-    return uniq, inverse, bounds
-
-
-def _nb_segment_sum(keys, values):
-    """keys (B,) int64, B >= 1; values (B, D) C-contiguous -> (uniq (U,) sorted, sums (U, D)).
-
-    The first row of a key is copied, later ones are added in input order (the order of
-    ``np.add.at``), so the result does not depend on the hash layout.
-    """
-    slot, uniq, rank, _ = _nb_sorted_dedup(keys, 1)
-    n, d = values.shape
-    sums = np.empty((uniq.size, d), values.dtype)
-    fresh = 0  # slots are numbered by first occurrence: slot == fresh <=> first row of its key
-    for i in range(n):
-        s = slot[i]
-        r = rank[s]
-        if s == fresh:
-            fresh += 1
-            for j in range(d):
-                sums[r, j] = values[i, j]
-        else:
-            for j in range(d):
-                sums[r, j] += values[i, j]
-    return uniq, sums
-
-
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # splitmix64's increment (initializers.py)
 _INIT_M1 = np.uint64(0xBF58476D1CE4E5B9)
 _INIT_M2 = np.uint64(0x94D049BB133111EB)  # splitmix64 constants (initializers.py)
 
@@ -498,3 +340,4 @@ def _nb_adam_rows(w, m, v, rows, g, consume, b1, one_b1, b2, one_b2, inv_sqrt_c2
             w[r, j] = nw
         if consume:
             g[k, :] = 0
+

@@ -80,10 +80,12 @@ def key_bounds(sorted_keys, rows: int, n_servers: int) -> np.ndarray:
     return np.searchsorted(sorted_keys, np.arange(n_servers + 1, dtype=np.int64) * per)
 
 
-def group_by_owner(ids: np.ndarray, rows: int, n_servers: int):
+def group_by_owner(ids: np.ndarray, rows: int, n_servers: int,
+                   extent: tuple[int, int] | None = None):
     """Deduplicate ids and group them by owner in one sort.
 
-    ids: any-shape int64 array of global rows in ``[0, rows)``.
+    ids: any-shape int64 array of global rows in ``[0, rows)``; ``extent``: their (min,
+    max) where the caller has them (``kernels.min_max``).
     Returns ``(unique, inverse, bounds)``: ``unique`` (U,) int64 global ids sorted by
     (owner, local row); ``inverse`` with ``ids.shape`` so ``unique[inverse] == ids``;
     ``bounds`` (S+1,) int64 so that owner s's ids are ``unique[bounds[s]:bounds[s+1]]``.
@@ -93,7 +95,7 @@ def group_by_owner(ids: np.ndarray, rows: int, n_servers: int):
     # One hash dedup + radix sort of the distinct ids in (owner, local row) order (numba;
     # NumPy argsort twin without it): kernels.unique_inverse with m = S is that order,
     # and its bounds are the owners' groups.
-    unique, inverse, bounds = unique_inverse(ids, n_servers)
+    unique, inverse, bounds = unique_inverse(ids, n_servers, extent)
     return unique, inverse.reshape(np.shape(ids)), bounds
 
 

@@ -1,15 +1,16 @@
 """A cache prefetch hint for the numba kernels.
 
-``prefetch_row(a, i)`` asks the CPU to start loading row ``i`` of the 2-D C-contiguous
-array ``a`` (its first and its last cache line) and returns at once: a hint, it changes no
-value. Kernels that visit rows of a large table in an order the hardware prefetcher cannot
-guess (a server's optimizer over the step's rows, a gather from a shard) issue it ``AHEAD``
-rows before they need a row, so the cache misses of many rows overlap instead of each one
-stalling the loop in turn (the gain: docs/benchmarks.md, "Prefetching rows").
+``prefetch_row(a, i)`` asks the CPU to start loading row ``i`` of the C-contiguous array
+``a`` (2-D: the row's first and last cache line; 1-D: the element) and returns at once: a
+hint, it changes no value. Kernels that visit rows of a large table in an order the
+hardware prefetcher cannot guess (a server's optimizer over the step's rows, a gather from
+a shard, the synthetic stream's tail-table draws) issue it before they need a row, so the
+cache misses of many rows overlap instead of each one stalling the loop in turn (the gain:
+docs/benchmarks.md, "Design measurements behind the code").
 
-``build()`` makes it once numba is imported (``kernels.numba_active``): LLVM's
-``llvm.prefetch`` (read intent, into L1), or, where this numba or LLVM
-refuses that intrinsic, a jitted no-op (same results, only slower).
+``build(numba)`` makes it once numba is imported (``kernels.numba_active``,
+``datakernels``): LLVM's ``llvm.prefetch`` (read intent, into L1), or, where this numba or
+LLVM refuses that intrinsic, a jitted no-op (same results, only slower).
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ def _declare(numba):
             aty = signature.args[0]
             ary = context.make_array(aty)(context, builder, args[0])
             zero, last = (context.get_constant(types.intp, k) for k in (0, -1))
-            first = cgutils.get_item_pointer(context, builder, aty, ary, [args[1], zero])
-            ncol = builder.extract_value(ary.shape, 1)
-            end = cgutils.get_item_pointer(context, builder, aty, ary,
-                                           [args[1], builder.add(ncol, last)])
+            if aty.ndim == 1:
+                ends = [[args[1]]]
+            else:  # the row's first and last element: every cache line of a short row
+                ncol = builder.extract_value(ary.shape, 1)
+                ends = [[args[1], zero], [args[1], builder.add(ncol, last)]]
             i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+            name = "llvm.prefetch.p0" + ("" if str(i8p) == "ptr" else "i8")  # opaque or not
             fnty = ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32])
-            fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
-            for ptr in (first, end):  # read intent (a shard another rank owns stays shared),
-                builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])  # L1, data
+            fn = cgutils.get_or_insert_function(builder.module, fnty, name)
+            for index in ends:  # read intent (a shard another rank owns stays shared), L1
+                ptr = cgutils.get_item_pointer(context, builder, aty, ary, index)
+                builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
             return context.get_dummy_value()
 
         return sig, codegen
@@ -56,12 +60,13 @@ def build(numba):
         hint = _declare(numba)
 
         @numba.njit
-        def probe(a):
+        def probe(a, b):
             for i in range(a.shape[0]):
                 hint(a, i)
-            return a.sum()
+                hint(b, i)
+            return a.sum() + b.sum()
 
-        probe(np.ones((2, 3)))
+        probe(np.ones((2, 3)), np.ones(2))
         return hint
     except Exception:  # an LLVM or numba that refuses the intrinsic: hints are optional
         return numba.njit(lambda a, i: None)

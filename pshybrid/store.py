@@ -30,7 +30,7 @@ from mpi4py import MPI
 from . import partition
 from .errors import ConfigError, InputError, PshybridError
 from .initializers import uniform_rows
-from .kernels import gather, scatter_add
+from .kernels import gather, min_max, scatter_add
 from .schema import TableSpec
 from .topology import Topology
 from .transport import idle_barrier, mpi_type, rows_type
@@ -55,6 +55,47 @@ class Traffic:
     shm_bytes: int = 0  # read through the same-node shared-memory path
     acc_bytes: int = 0
     acc_ops: int = 0
+
+
+def check_ids(table: str, rows: int, ids) -> np.ndarray:
+    """``ids`` (any shape, integers) as int64 if all are rows of ``table`` (``[0, rows)``),
+    else ``InputError`` naming the first bad one (its flat position) and how many there
+    are."""
+    return ids_in_range(table, rows, ids)[0]
+
+
+def ids_in_range(table: str, rows: int, ids) -> tuple[np.ndarray, tuple[int, int] | None]:
+    """``check_ids``, and the ids' (min, max) (None when there are none), which it checks
+    (``kernels.min_max``: one pass) and ``partition.group_by_owner`` takes."""
+    ids = np.asarray(ids)
+    if ids.dtype.kind not in "iu":
+        raise InputError(f"table {table!r}: ids must be integers, got dtype {ids.dtype}")
+    ids = ids.astype(np.int64, copy=False)
+    extent = min_max(ids) if ids.size else None
+    if extent is not None and (extent[0] < 0 or extent[1] >= rows):
+        bad = (ids < 0) | (ids >= rows)
+        pos = int(np.flatnonzero(bad.ravel())[0])
+        raise InputError(
+            f"table {table!r}: id {int(ids.ravel()[pos])} at flat position {pos} "
+            f"is out of range [0, {rows}) ({int(bad.sum())} bad id(s)); "
+            "nothing was read or written")
+    return ids, extent
+
+
+def owner_types(base: MPI.Datatype, dim: int, itemsize: int, unique, bounds,
+                n_servers: int) -> list:
+    """[(server index, slice of ``unique``, committed datatype)], one per owner with rows:
+    the byte offsets of its rows of ``unique`` (grouped by ``bounds``, as
+    ``partition.group_by_owner`` makes them) inside a slot's region, the same in every
+    slot (``transport.rows_type``). The caller frees the datatypes."""
+    out = []
+    for s in range(n_servers):
+        a, b = int(bounds[s]), int(bounds[s + 1])
+        if a < b:
+            local = unique[a:b] if n_servers == 1 else partition.local_row(unique[a:b], n_servers)
+            disps = local * (dim * itemsize)
+            out.append((s, slice(a, b), rows_type(base, dim, disps)))
+    return out
 
 
 class Plan:
@@ -191,19 +232,7 @@ class EmbeddingStore:
 
     # -- worker side -----------------------------------------------------------------------
     def _check_ids(self, t: _Table, ids) -> np.ndarray:
-        ids = np.asarray(ids)
-        if ids.dtype.kind not in "iu":
-            raise InputError(f"table {t.spec.name!r}: ids must be integers, got dtype {ids.dtype}")
-        ids = ids.astype(np.int64, copy=False)
-        if ids.size:
-            bad = (ids < 0) | (ids >= t.spec.rows)
-            if bad.any():
-                pos = int(np.flatnonzero(bad.ravel())[0])
-                raise InputError(
-                    f"table {t.spec.name!r}: id {int(ids.ravel()[pos])} at flat position {pos} "
-                    f"is out of range [0, {t.spec.rows}) ({int(bad.sum())} bad id(s)); "
-                    "nothing was read or written")
-        return ids
+        return check_ids(t.spec.name, t.spec.rows, ids)
 
     @property
     def shared(self) -> bool:
@@ -216,26 +245,19 @@ class EmbeddingStore:
         per owner now; else the first RMA ``pull``/``push`` makes them. ``pull`` and ``push``
         of any slot take the plan instead of ids. ``free()`` it after use."""
         t = self.tables[table]
-        ids = self._check_ids(t, ids)
-        unique, inverse, bounds = partition.group_by_owner(ids, t.spec.rows, self.topo.n_servers)
+        ids, extent = ids_in_range(t.spec.name, t.spec.rows, ids)
+        unique, inverse, bounds = partition.group_by_owner(ids, t.spec.rows,
+                                                           self.topo.n_servers, extent)
         plan = Plan(self, table, ids, unique, inverse, bounds)
         if types:
             plan.targets  # noqa: B018 - commits the datatypes now (e.g. on the data thread)
         return plan
 
     def _targets(self, plan: Plan) -> list:
-        """One committed row datatype per owner of ``plan``'s rows: byte offsets of the rows
-        inside a slot's region (the same in every slot)."""
-        t, S = self.tables[plan.table], self.topo.n_servers
-        row_bytes = t.spec.dim * t.itemsize
-        out = []
-        for s in range(S):
-            a, b = int(plan.bounds[s]), int(plan.bounds[s + 1])
-            if a < b:
-                disps = partition.local_row(plan.unique[a:b], S) * row_bytes
-                out.append((s, self.topo.server_ranks[s], slice(a, b),
-                            rows_type(t.base, t.spec.dim, disps)))
-        return out
+        """One committed row datatype per owner of ``plan``'s rows (``owner_types``)."""
+        t = self.tables[plan.table]
+        return [(s, self.topo.server_ranks[s], sl, dt) for s, sl, dt in owner_types(
+            t.base, t.spec.dim, t.itemsize, plan.unique, plan.bounds, self.topo.n_servers)]
 
     def _planned(self, table: str, ids) -> tuple[Plan, bool]:
         """(plan, whether this call made it and must free it)."""

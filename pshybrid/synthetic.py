@@ -56,8 +56,9 @@ Generation rule (``F`` sparse fields of cardinalities ``C_f``, ``n_dense`` dense
   (table ``"planted:dense"``, ``dense_scale``); ``mean_j`` = the mean of ``d_j`` at the 4096
   midpoints ``u = (k + 0.5) / 4096`` (NumPy's mean); ``bias`` default -1.0 (a base rate near 0.3).
 
-The integer and table part runs in a numba kernel (``datakernels``, with a NumPy twin that
-gives the same bits); ``log1p`` and ``exp`` run as NumPy ufuncs over the batch in both paths.
+The integer and table part, and the arithmetic between the ufuncs, run in numba kernels
+(``datakernels``, each with a NumPy twin that gives the same bits); ``log1p`` and ``exp`` run
+as NumPy ufuncs over the batch in both paths.
 A re-implementation with another ``log1p``/``exp``/``pow`` may differ in the last bit of a
 float64, which changes a float32 dense value or a label only when it falls on a rounding
 boundary (probability ~2**-29 per dense value, ~2**-52 per label).
@@ -215,22 +216,18 @@ class SyntheticCTR:
         m = self._model()
         n = ids.shape[0]
         assert ids.dtype == np.int64 and ids.flags.c_contiguous and ids.shape[1] == m.cards.size
-        nu = np.empty((n, self.n_dense))
+        nu = np.empty((self.n_dense, n))  # column by column
         logit, ulab = np.empty(n), np.empty(n)
         datakernels.synth_rows(int(start), m.key, self.n_dense, m.kinds, m.cards, m.tab,
                                m.start0, m.size0, m.start1, m.size1, m.p1, m.p2, m.pkey,
                                float(self.field_scale),
                                m.offsets, bool(fused), float(self.bias), nu, ids, logit, ulab)
         np.log1p(nu, out=nu)  # log(1 - u)
-        nu *= m.neg_scales     # s_j * Exponential(1)
+        datakernels.scale_rows(nu, m.neg_scales)  # s_j * Exponential(1)
         np.log1p(nu, out=nu)
-        dense[...] = nu
-        datakernels.synth_logit(nu, m.v, m.mean, logit)
-        np.negative(logit, out=logit)  # p = 1 / (1 + exp(-logit)), in place
-        np.exp(logit, out=logit)
-        logit += 1.0
-        np.divide(1.0, logit, out=logit)
-        np.less(ulab, logit, out=label)
+        datakernels.synth_logit(nu, m.v, m.mean, logit, dense)  # -logit (and dense = nu.T)
+        np.exp(logit, out=logit)  # p = 1 / (1 + exp(-logit)), in place
+        datakernels.synth_labels(logit, ulab, label)
         return logit
 
     def rows(self, start: int, stop: int):

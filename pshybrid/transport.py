@@ -6,6 +6,7 @@ training step, which synchronises once for all its MPI calls, uses ``start_allre
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import sys
 import time
@@ -29,13 +30,53 @@ def mpi_type(dtype) -> MPI.Datatype:
 
 
 def rows_type(base: MPI.Datatype, dim: int, byte_disps: np.ndarray) -> MPI.Datatype:
-    """Committed datatype selecting ``dim`` elements at each byte displacement.
+    """Committed datatype selecting ``dim`` elements at each byte displacement: an
+    ``hindexed_block(dim, byte_disps)`` of ``base``.
 
     Displacements are 64-bit byte offsets (MPI_Aint), so tables past 2**31 elements
     work. The caller frees it after the operation that uses it has been flushed.
+    Built by one call of the MPI library's ``MPI_Type_create_hindexed_block`` on the
+    array itself where ``_c_hindexed_block`` finds it (mpi4py converts its argument one
+    element at a time: 0.4 ms for 22k rows, docs/benchmarks.md); else through mpi4py
+    from a list (which it converts faster than an int64 array).
     """
-    # A list, not the int64 array: mpi4py 4.x converts a list faster (docs/benchmarks.md).
-    return base.Create_hindexed_block(dim, byte_disps.tolist()).Commit()
+    call = _c_hindexed_block()
+    n = byte_disps.size
+    if call is None or n >= 2**31:
+        return base.Create_hindexed_block(dim, byte_disps.tolist()).Commit()
+    fn, handle = call
+    disps = np.ascontiguousarray(byte_disps, dtype=np.int64)  # MPI_Aint: 64-bit here
+    out = handle()
+    rc = fn(n, dim, disps.ctypes.data, handle(base.handle), ctypes.byref(out))
+    if rc != MPI.SUCCESS:
+        raise MPI.Exception(rc)
+    return MPI.Datatype.fromhandle(out.value).Commit()
+
+
+_C_CALL: list = []  # [(function, handle ctype) or None], found once
+
+
+def _c_hindexed_block():
+    """``(MPI_Type_create_hindexed_block, the MPI_Datatype ctype)`` of the MPI library
+    mpi4py runs on, or None where its symbol cannot be found or its types are not the
+    ones assumed (MPI_Aint of 8 bytes; handles of 4 bytes as MPICH's or 8 as Open MPI's)."""
+    if not _C_CALL:
+        fn = None
+        size = MPI._sizeof(MPI.Datatype)
+        handle = {4: ctypes.c_uint, 8: ctypes.c_void_p}.get(size)
+        if handle is not None and MPI.AINT.Get_size() == 8:
+            for lib in (MPI.__file__, None):  # its extension module (and libmpi under it)
+                try:
+                    fn = getattr(ctypes.CDLL(lib), "MPI_Type_create_hindexed_block")
+                    break
+                except (OSError, AttributeError):
+                    continue
+        if fn is not None:
+            fn.restype = ctypes.c_int
+            fn.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_void_p, handle,
+                           ctypes.POINTER(handle)]
+        _C_CALL.append(None if fn is None else (fn, handle))
+    return _C_CALL[0]
 
 
 def _sleep_until(test, max_sleep: float) -> None:

@@ -327,6 +327,22 @@ def test_worker_batches_from_a_file_are_the_plans_rows(tmp_path, monkeypatch, sh
     ds.close()
 
 
+def test_uncompressed_files_are_read_without_a_chunk_cache(tmp_path):
+    """The direct-read handles of an uncompressed file have no chunk cache, so a read copies
+    just its rows. HDF5 shares one cache among a dataset's open handles, set by the first
+    one: an h5py Dataset still open when they were opened gave them its default cache, and
+    every span read then read its whole 16,384-row chunks (13x the bytes at 4096-row
+    batches, bench/host_bench.py)."""
+    from pshybrid.batches import _h5_handles
+
+    p = tmp_path / "d.h5"
+    write(p)
+    ds = H5Dataset(p)
+    for dsid, _, _ in _h5_handles(ds):
+        assert dsid.get_access_plist().get_chunk_cache()[:2] == (0, 0)
+    ds.close()
+
+
 def test_worker_batches_generic_and_synthetic_paths(tmp_path):
     from pshybrid.schema import FusedTable
     from pshybrid.synthetic import SyntheticCTR

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pshybrid import kernels, partition
+from pshybrid import dedup, kernels, partition
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -66,9 +66,10 @@ def test_numba_path_is_active():
     assert kernels.numba_active()
     kernels.segment_sum(np.array([3, 1, 3]), np.ones((3, 2), np.float32))
     kernels.unique_inverse(np.array([3, 1, 3]), 2)
-    for name in kernels._JITTED:  # plain functions become numba dispatchers...
-        assert hasattr(getattr(kernels, name), "signatures"), f"{name} is not a numba dispatcher"
-    for entry in (kernels._nb_segment_sum, kernels._nb_unique_inverse):  # ...and the entries ran
+    for mod in (kernels, dedup):  # plain functions become numba dispatchers...
+        for name in mod._JITTED:
+            assert hasattr(getattr(mod, name), "signatures"), f"{name} is not a numba dispatcher"
+    for entry in (dedup._nb_segment_sum, dedup._nb_unique_inverse):  # ...and the entries ran
         assert entry.signatures, f"{entry} was not called"
 
 
@@ -155,28 +156,43 @@ def test_radix_argsort_is_stable_over_full_int64_range():
     for keys in (rng.integers(-2**63, 2**63 - 1, size=3000, dtype=np.int64, endpoint=True),
                  rng.integers(0, 50, size=3000), np.full(10, 3), np.array([2**62, 1, 2**62, 0])):
         keys = keys.astype(np.int64)
-        np.testing.assert_array_equal(kernels._nb_radix_argsort(keys),
+        np.testing.assert_array_equal(dedup._nb_radix_argsort(keys),
                                       np.argsort(keys, kind="stable"))
 
 
+@pytest.mark.parametrize("bitmap_span", [0, 128, 4096])
 @pytest.mark.parametrize("m", [1, 2, 3, 7, 16])
-def test_unique_inverse_equals_numpy_twin(m):
+def test_unique_inverse_equals_numpy_twin(monkeypatch, m, bitmap_span):
+    """Both numba paths (hash map + radix sort; the bitmap of the sort keys, which
+    ``_BITMAP_SPAN`` bits per key allow: never, the default, more often)."""
+    monkeypatch.setattr(dedup, "_BITMAP_SPAN", bitmap_span)
     rng = np.random.default_rng(m)
     for keys in (np.zeros(0, np.int64), np.array([5]), rng.integers(0, 50, size=(40, 3)),
                  _zipf_keys(rng, 6656), 2**62 - rng.integers(0, 10**6, size=2000),
                  # negative keys, and both sides of 2^50 (float-reciprocal vs exact division)
                  rng.integers(-2**50, 2**50, size=3000), np.arange(-5 * m, 5 * m).repeat(2),
-                 np.array([2**50 - 1, 2**50, -2**50, 1 - 2**50, 0, -1, 2**61, -2**61])):
+                 np.array([2**50 - 1, 2**50, -2**50, 1 - 2**50, 0, -1, 2**61, -2**61]),
+                 # spans around a bitmap word, keys at both ends of the span
+                 np.array([-70, 63, 64, -7, 63, -70]), rng.integers(0, 64 * m + 1, 200),
+                 np.array([2**63 - 1] * 3 + [2**63 - 65 * m]),
+                 # the whole int64 range (m = 1 only: the sort key of m > 1 needs room)
+                 np.array([2**63 - 1, -2**63, 0] if m == 1 else [0])):
         got = kernels.unique_inverse(keys, m)
-        for g, w in zip(got, kernels.unique_inverse_numpy(keys, m)):
+        want = kernels.unique_inverse_numpy(keys, m)
+        for g, w in zip(got, want):
             assert g.dtype == w.dtype == np.int64
             np.testing.assert_array_equal(g, w)
+        if keys.size:  # the caller's (min, max): the same result
+            extent = kernels.min_max(keys)
+            assert extent == (keys.min(), keys.max())
+            for g, w in zip(kernels.unique_inverse(keys, m, extent), want):
+                np.testing.assert_array_equal(g, w)
         uniq, inverse, bounds = got
         assert inverse.shape == (keys.size,) and (uniq[inverse] == keys.ravel()).all()
         assert bounds.shape == (m + 1,) and bounds[0] == 0 and bounds[-1] == uniq.size
         for r in range(m):
             grp = uniq[bounds[r]:bounds[r + 1]]
-            assert (grp % m == r).all() and (np.diff(grp) > 0).all()
+            assert (grp % m == r).all() and (grp[1:] > grp[:-1]).all()
 
 
 

@@ -249,6 +249,54 @@ def test_row_datatype_takes_64bit_byte_displacements():
     dt.Free()
 
 
+def test_check_ids_names_the_first_bad_id():
+    """The plan's id check (two reductions when all are good) against the plain mask."""
+    from pshybrid.errors import InputError
+    from pshybrid.store import check_ids
+
+    ids = np.array([[0, 9], [3, 4]], np.int32)
+    got = check_ids("t", 10, ids)
+    assert got.dtype == np.int64 and (got == ids).all()
+    for bad, pos, n in (([0, 10, -1, 3], 1, 2), ([-5], 0, 1), ([2, 3, 2**40], 2, 1)):
+        with pytest.raises(InputError, match=rf"table 't': id {bad[pos]} at flat position "
+                                             rf"{pos} is out of range \[0, 10\) \({n} bad"):
+            check_ids("t", 10, np.array(bad))
+    with pytest.raises(InputError, match="must be integers"):
+        check_ids("t", 10, np.array([1.0]))
+    assert check_ids("t", 0, np.zeros((0, 3), np.int64)).shape == (0, 3)
+
+
+@pytest.mark.parametrize("c_call", [True, False])
+def test_row_datatype_is_mpi4pys_hindexed_block(monkeypatch, c_call):
+    """rows_type builds, by one C call on the array (transport._c_hindexed_block) or through
+    mpi4py's list path where that call is not found, the type mpi4py's
+    Create_hindexed_block builds from a list: same combiner, base, block length and byte
+    displacements (64-bit), so the same bytes."""
+    from mpi4py import MPI
+
+    from pshybrid import transport
+
+    if c_call:
+        assert transport._c_hindexed_block() is not None  # found with MPICH and Open MPI
+    else:
+        monkeypatch.setattr(transport, "_C_CALL", [None])
+    rng = np.random.default_rng(3)
+    for dim, base in ((16, MPI.FLOAT), (3, MPI.DOUBLE)):
+        for n in (1, 7, 5000):
+            rows = np.sort(rng.choice(2**33, n, replace=False)).astype(np.int64)
+            disps = rows * dim * base.Get_size()
+            got = transport.rows_type(base, dim, disps)
+            want = base.Create_hindexed_block(dim, disps.tolist()).Commit()
+            g, w = got.decode(), want.decode()
+            assert g[1:] == w[1:] == ("HINDEXED_BLOCK", {"blocklength": dim,
+                                                         "displacements": disps.tolist()})
+            assert g[0].handle == w[0].handle == base.handle
+            assert got.Get_true_extent() == want.Get_true_extent()
+            assert got.Get_size() == want.Get_size() == n * dim * base.Get_size()
+            got.Free()
+            want.Free()
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.skipif(not __import__("os").environ.get("PSHYBRID_BIG_TESTS"),
                     reason="needs ~9 GB of memory: set PSHYBRID_BIG_TESTS=1")

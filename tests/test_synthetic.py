@@ -60,10 +60,11 @@ def test_types_and_ranges():
 
 @pytest.mark.parametrize("gen", [GEN, GEN_ONE])
 @pytest.mark.parametrize("fused", [False, True])
-def test_numba_equals_numpy_twin_bit_for_bit(monkeypatch, gen, fused):
+@pytest.mark.parametrize("n", [1, 128, 129, 3000])  # the kernel's blocks: 128 rows
+def test_numba_equals_numpy_twin_bit_for_bit(monkeypatch, gen, fused, n):
     if not datakernels._active():
         pytest.skip("numba not available: the twin is the only path")
-    n, F = 3000, len(gen.cardinalities)
+    F = len(gen.cardinalities)
 
     def fill():
         out = (np.empty(n, np.float32), np.empty((n, gen.n_dense), np.float32),
@@ -77,7 +78,15 @@ def test_numba_equals_numpy_twin_bit_for_bit(monkeypatch, gen, fused):
     for x, y in zip(fast, slow):
         assert x.dtype == y.dtype
         np.testing.assert_array_equal(x, y)
-    assert fast[0].any() and not fast[0].all()
+    assert n < 100 or (fast[0].any() and not fast[0].all())
+
+
+def test_the_kernels_prefetch_compiles_here():
+    """The tail draws' prefetch is LLVM's intrinsic on this numba, not the silent no-op
+    fallback (values are the same either way: the twin test above)."""
+    if not datakernels._active():
+        pytest.skip("numba not available")
+    assert "intrinsic" in repr(datakernels._prefetch)
 
 
 def test_fused_ids_add_the_field_offsets():

@@ -1,0 +1,75 @@
+"""bench/host_bench.py, quickly (one process, no MPI launch): every section's rows come out
+printed and in --json, the pieces add up to the total, the planning pieces are the store's
+own (the same unique ids, owner groups and datatypes as an ``EmbeddingStore`` plan makes
+them: ``partition.group_by_owner_ref`` and mpi4py's list-built type are the oracles), and a
+section added to ``SECTIONS`` runs like the built-in one."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+from mpi4py import MPI
+
+from pshybrid import partition
+from pshybrid.store import ids_in_range, owner_types
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench"))
+import host_bench  # noqa: E402
+
+QUICK = ["--batch-sizes", "32", "256", "--steps", "4", "--warmup", "1",
+         "--max-cardinality", "1000"]
+
+
+def test_quick_run_prints_and_writes_every_row(tmp_path, capsys):
+    out = tmp_path / "host.json"
+    assert host_bench.main(QUICK + ["--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "input + planning per batch" in text and "target" in text and "memcpy" in text
+    got = json.loads(out.read_text())
+    assert got["args"]["batch_sizes"] == [32, 256] and got["args"]["steps"] == [4, 4]
+    rows = got["sections"]["input"]
+    assert [(r["source"], r["batch"]) for r in rows] == [
+        ("synthetic", 32), ("hdf5", 32), ("synthetic", 256), ("hdf5", 256)]
+    for r in rows:
+        assert r["ids"] == 26 * r["batch"] and 0 < r["distinct"] <= r["ids"]
+        assert all(r[k] > 0 for k in host_bench.PIECES + ("cpu", "memcpy"))
+        assert np.isclose(r["total"], sum(r[k] for k in host_bench.PIECES))
+        assert r["target"] == host_bench.TARGET_MS.get(r["batch"])
+        assert f"{r['source']:<10} {r['batch']:>5}" in text
+    assert rows[2]["target"] == 0.25
+
+
+def test_planning_pieces_are_the_plans():
+    """The timed calls give what EmbeddingStore.plan commits, at 1 and 3 owners."""
+    rng = np.random.default_rng(0)
+    rows = 5000
+    ids = rng.integers(0, rows, size=(64, 26))
+    for S in (1, 3):
+        checked, extent = ids_in_range("t", rows, ids)
+        unique, inverse, bounds = partition.group_by_owner(checked, rows, S, extent)
+        for g, w in zip((unique, inverse, bounds), partition.group_by_owner_ref(ids, rows, S)):
+            np.testing.assert_array_equal(g, w)
+        types = owner_types(MPI.FLOAT, host_bench.DIM, 4, unique, bounds, S)
+        assert [s for s, _, _ in types] == list(range(S))
+        for s, sl, dt in types:
+            assert sl == slice(int(bounds[s]), int(bounds[s + 1]))
+            disps = (unique[sl] // S * host_bench.DIM * 4).tolist()
+            assert dt.decode()[1:] == ("HINDEXED_BLOCK", {"blocklength": host_bench.DIM,
+                                                           "displacements": disps})
+            dt.Free()
+
+
+def test_an_added_section_runs_and_is_written(tmp_path, monkeypatch, capsys):
+    seen = []
+
+    def apply_rows(a):
+        return [{"what": "apply", "steps": a.steps}]
+
+    monkeypatch.setitem(host_bench.SECTIONS, "apply", (apply_rows, lambda r, a: seen.append(r)))
+    out = tmp_path / "h.json"
+    assert host_bench.main(["--sections", "apply", "--steps", "7", "--json", str(out)]) == 0
+    assert seen == [[{"what": "apply", "steps": [7, 7]}]]
+    assert json.loads(out.read_text())["sections"] == {"apply": seen[0]}
