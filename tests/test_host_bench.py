@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench"))
 import host_bench  # noqa: E402
 
 QUICK = ["--batch-sizes", "32", "256", "--steps", "4", "--warmup", "1",
-         "--max-cardinality", "1000"]
+         "--max-cardinality", "1000", "--rounds", "1", "--shard-rows", "20000",
+         "--touched", "5000"]
 
 
 def test_quick_run_prints_and_writes_every_row(tmp_path, capsys):
@@ -40,6 +41,12 @@ def test_quick_run_prints_and_writes_every_row(tmp_path, capsys):
         assert r["target"] == host_bench.TARGET_MS.get(r["batch"])
         assert f"{r['source']:<10} {r['batch']:>5}" in text
     assert rows[2]["target"] == 0.25
+    apply = got["sections"]["apply"]
+    assert [r["kind"] for r in apply] == ["adagrad", "adam"]
+    for r in apply:
+        assert r["one"] > 0 and r["two"] > 0 and r["memcpy"] > 0
+        assert np.isclose(r["speedup"], r["two"] / r["one"])
+        assert f"{r['kind']:<9} {r['one']:>9.1f}" in text
 
 
 def test_planning_pieces_are_the_plans():
