@@ -44,10 +44,12 @@ Wire only (``--wire-only``): every mode also runs as ``<mode> wire`` in the same
 model's forward/backward replaced by a zero-cost stand-in (``WireOnly``: zero logits, a
 zero demb (B, F, E), the dense gradients zeroed once, and the ParamSpace's readiness
 reports replayed in the real backward's order, recorded at its first step, a warm-up
-step) and the workers' dense optimizer by a no-op (``DeviceOptimizer``; ps's dense Adam on
-the servers stays): the pulls, pushes, Allreduce bytes, servers' optimizers and every
-counter are those of the real run (the bytes table shows both), without the CPU compute a
-GPU worker moves to its GPU (fwd_bwd, dense_apply) -- what its CPU side sees. ``bench/scaling.py`` takes the CPU-side terms from these runs
+step), the workers' dense optimizer by a no-op (``DeviceOptimizer``; ps's dense Adam on
+the servers stays) and the sparse rows' expansion and gradient sums by a read of the
+distinct rows and zero sums (``DeviceRows``): the pulls, pushes, Allreduce bytes, servers'
+optimizers and every counter are those of the real run (the bytes table shows both),
+without the CPU work a GPU worker moves to its GPU (fwd_bwd, dense_apply, the rows'
+expansion and sums) -- what its CPU side sees. ``bench/scaling.py`` takes the CPU-side terms from these runs
 when it replaces the compute. Their loss and AUC mean nothing (no evaluation).
 """
 

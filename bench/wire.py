@@ -1,6 +1,8 @@
 """modes_bench's wire-only runs (``--wire-only``): the model's compute replaced by a zero-cost
 stand-in, so a run moves what the real one moves -- pulls, pushes, Allreduce, the servers'
-optimizers, every byte counter -- without the CPU compute a GPU worker runs on its GPU.
+optimizers, every byte counter -- without the CPU compute a GPU worker runs on its GPU:
+the model (``WireOnly``), the dense optimizer (``DeviceOptimizer``), and the sparse rows'
+expansion to (B, F, E) and gradient sums per distinct id (``DeviceRows``).
 Bench-only: ``wire_only`` swaps what the train module builds and restores it on exit."""
 
 from __future__ import annotations
@@ -10,7 +12,9 @@ import contextlib
 import numpy as np
 
 import pshybrid.train as train_module
+from pshybrid.kernels import gather
 from pshybrid.modes.dense import AllreduceDense
+from pshybrid.modes.sparse import ReplicatedSparse, ServerSparse
 
 WIRE = " wire"  # the name suffix of the wire-only runs ("hybrid wire")
 
@@ -65,6 +69,38 @@ class DeviceOptimizer:
         pass
 
 
+class DeviceRows:
+    """The workers' sparse strategy in the wire-only runs (``ServerSparse`` or
+    ``ReplicatedSparse`` wrapped): what a GPU worker's host does of it. ``lookup`` reads the
+    batch's distinct rows (the Get or gather its host runs) and hands the stand-in a
+    zero-cost (B, F, E) view instead of expanding them (a GPU worker expands on its
+    device); the step's (U, E) gradient sums are zeros handed over as a GPU worker's staged
+    ones (``given_sums``) instead of summed from demb on the host. Every other member is the
+    wrapped strategy's."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.live, self.server_step = inner.live, inner.server_step
+        self.prepare_uses_mpi = inner.prepare_uses_mpi
+        dim, dtype = inner.grad_row
+        self.zeros = np.zeros((0, dim), dtype)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def lookup(self, batch):
+        inner, U = self.inner, batch.unique.size
+        with inner.ctx.timers.time("pull"):
+            if batch.plan is not None:
+                inner.store.pull(inner.layout.table.name, batch.plan, unique=True)
+            else:
+                gather(inner.table, batch.unique)
+        if self.zeros.shape[0] < U:
+            self.zeros = np.zeros((U,) + self.zeros.shape[1:], self.zeros.dtype)
+        inner.given_sums(self.zeros[:U])
+        return np.broadcast_to(self.zeros[:1], batch.ids.shape + self.zeros.shape[1:])
+
+
 @contextlib.contextmanager
 def wire_only(on: bool):
     """Within: the train module builds ``WireOnly`` models and gives the workers' dense
@@ -79,6 +115,8 @@ def wire_only(on: bool):
         mode = build_mode(*args, **kw)
         if isinstance(mode.dense, AllreduceDense):
             mode.dense.opt = DeviceOptimizer(mode.dense.opt)
+        if mode.topo.is_worker and type(mode.sparse) in (ServerSparse, ReplicatedSparse):
+            mode.sparse = DeviceRows(mode.sparse)
         return mode
 
     if on:

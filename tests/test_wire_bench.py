@@ -10,6 +10,7 @@ import sys
 from dataclasses import replace
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 import pshybrid.train as train_module
@@ -84,3 +85,35 @@ def test_a_wire_only_run_moves_the_real_runs_bytes():
     assert (train_module.build_model, train_module.build_mode) == build  # restored
     t, r = got.summary["traffic_per_step"], real.summary["traffic_per_step"]
     assert t == r and any(t.values())
+
+
+def test_device_rows_read_the_distinct_rows_and_send_given_sums(monkeypatch):
+    """The wire-only sparse strategy: no expansion and no host sums (a GPU worker's device
+    work), the same bytes on the wire (test above), the distinct rows still read."""
+    from pshybrid.modes import sparse
+
+    calls = []
+    monkeypatch.setattr(sparse, "scatter_add", lambda *a: calls.append("sums") or 1 / 0)
+    cfg = TrainConfig(model="wdl", mode="allreduce", servers=0, embedding_dim=4, mlp=(8,),
+                      batch_size=8, steps=3, log_every=3, seed=3)
+    with wire.wire_only(True):
+        got = train_module.train(cfg, MPI.COMM_SELF, dataset=DATA, out=io.StringIO())
+    assert calls == [] and got.summary["traffic_per_step"]["allgather_bytes"] > 0
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_hybrid_wire_run_moves_the_real_runs_bytes(comm):
+    """Hybrid with its server(s), over RMA: pulls (the distinct rows either way), step
+    messages and Allreduce bytes of the wire-only run are the real run's. (On one node's
+    shared memory a CPU worker with one server reads every id's row, B x F; the stand-in,
+    as a GPU worker, the distinct ones.)"""
+    from mpi_util import assert_all
+
+    cfg = TrainConfig(model="wdl", mode="hybrid", embedding_dim=4, mlp=(8,), batch_size=8,
+                      steps=4, log_every=4, seed=3, shared_memory="off")
+    real = train_module.train(cfg, comm, dataset=DATA, out=io.StringIO())
+    with wire.wire_only(True):
+        got = train_module.train(replace(cfg), comm, dataset=DATA, out=io.StringIO())
+    r, g = ((x.summary or {}).get("traffic_per_step") for x in (real, got))
+    assert_all(comm, r == g, f"{g} vs {r}")
+    assert_all(comm, r is None or any(r.values()), "no traffic counted")

@@ -116,7 +116,8 @@ def apply_parts(opt: Optimizer, w, state: dict, parts, step: int, threads: int =
 class _StagedSums:
     """GPU workers: ``stage`` (move 0 of ``modes.step``) queues the copy of the step's
     (U, E) gradient sums to pinned host memory; ``_staged`` is it (valid after the sync).
-    Both strategies: ``set_lr``."""
+    Where it is set, ``start``/``finish`` send it instead of summing ``demb`` on the host
+    (``given_sums``). Both strategies: ``set_lr``."""
 
     _staged = None
 
@@ -132,6 +133,11 @@ class _StagedSums:
         """GPU workers, before the step's sync: the sums' device->host copy queued."""
         with self.ctx.kernel_timers.time("push"):
             self._staged = _stage_sums(self.ctx, batch, demb)
+
+    def given_sums(self, sums) -> None:
+        """This step's (U, E) gradient sums, made elsewhere (what ``stage`` does on a GPU
+        worker; bench/wire.py's stand-in of one): sent as they are."""
+        self._staged = sums
 
 
 class ServerSparse(_StagedSums):
@@ -182,7 +188,7 @@ class ServerSparse(_StagedSums):
 
     def _sums(self, batch: Batch, demb):
         """(U, E) host gradient sums of ``batch.plan.unique``."""
-        if self.ctx.xp is np:
+        if self._staged is None:  # (a CPU worker)
             return batch.plan.sum_rows(demb)
         # Wire: the staged pinned sums go out in the step message's Isend (completed in the
         # step's last move) or the Accumulate (flushed): done before the next step's copy
@@ -298,7 +304,7 @@ class ReplicatedSparse(_StagedSums):
 
     def sums(self, batch: Batch, demb):
         """(U, E) host gradient sums of ``batch.unique`` (input order within an id)."""
-        if self.ctx.xp is np:
+        if self._staged is None:  # (a CPU worker)
             dim = self.table.shape[1]
             return scatter_add(batch.inverse.ravel(), demb.reshape(-1, dim), batch.unique.size)
         return self._staged  # Wire: read by the blocking Allgatherv, before the next copy
