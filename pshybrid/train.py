@@ -279,7 +279,7 @@ def loop(job: Job, on_step=None) -> None:
     """Workers: steps ``job.start .. job.steps``, logging, evaluating and checkpointing; a
     SIGUSR1, SIGTERM or SIGINT reaching any rank stops every worker at the same step
     boundary, after a checkpoint with --checkpoint-dir (``preempt``)."""
-    cfg, mode, timers = job.cfg, job.mode, job.mode.timers
+    cfg, mode = job.cfg, job.mode
     log = StepLog(job)
     batches = _batches(job)
     stop = job.stop
