@@ -45,7 +45,7 @@ def unique_inverse_numpy(keys, m: int = 1):
 # -- numba kernels (plain Python until ``kernels.numba_active()`` jits them) --------------
 _JITTED = ("_nb_hash_dedup", "_nb_radix_argsort", "_nb_cyclic", "_nb_sorted_dedup",
            "_nb_popcount", "_nb_min_max", "_nb_bitmap_unique", "_nb_unique_inverse",
-           "_nb_segment_sum")
+           "_nb_segment_sum", "_nb_merge_sum")
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing multiplier, 2^64 / golden ratio
 _RADIX_BITS = 11                          # 2048-bucket histograms (16 KiB) stay in L1
 _RADIX_MASK = np.uint64((1 << _RADIX_BITS) - 1)
@@ -273,3 +273,34 @@ def _nb_segment_sum(keys, values):
             for j in range(d):
                 sums[r, j] += values[i, j]
     return uniq, sums
+
+
+def _nb_merge_sum(keys, values, starts):
+    """keys (n,) int64: parts ``keys[starts[p]:starts[p + 1]]``, each strictly increasing;
+    values (n, D) -> (uniq (U,) sorted, sums (U, D)): ``_nb_segment_sum``'s result on them
+    (a key's first row copied, the others added in input order, i.e. part order) by one
+    merge of the parts instead of a dedup and a sort."""
+    P = starts.size - 1
+    d = values.shape[1]
+    cur = starts[:P].copy()
+    uniq = np.empty(keys.size, np.int64)
+    sums = np.empty((keys.size, d), values.dtype)
+    u = 0
+    while True:
+        k, found = np.int64(0), False
+        for p in range(P):  # the least key at the parts' heads
+            if cur[p] < starts[p + 1] and (not found or keys[cur[p]] < k):
+                k, found = keys[cur[p]], True
+        if not found:
+            break
+        first = True
+        for p in range(P):  # its rows, in part order
+            c = cur[p]
+            if c < starts[p + 1] and keys[c] == k:
+                for j in range(d):
+                    sums[u, j] = values[c, j] if first else sums[u, j] + values[c, j]
+                first = False
+                cur[p] = c + 1
+        uniq[u] = k
+        u += 1
+    return uniq[:u], sums[:u]

@@ -30,6 +30,7 @@ from .dedup import unique_inverse_numpy  # noqa: F401 (the twin, beside its kern
 
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
 _FAR_TABLE = 1 << 22  # gather: tables of at least this many bytes miss the caches
+_MERGE_PARTS = 6      # merge_sum: more parts than this, and the dedup + sort is as fast
 
 
 # -- references (oracles) ------------------------------------------------------------------
@@ -72,7 +73,8 @@ def gather(rows, index):
 
     CPU: from a float32/float64 table of ``_FAR_TABLE`` bytes or more, the numba kernel,
     which prefetches the rows it will copy a few rows ahead (index checked: ``IndexError``
-    out of range, as ``np.take``); else ``np.take`` (near memcpy speed from cached rows). The ``kernels/embedding.cu`` kernel (``pshybrid.cuda``) for
+    out of range, as ``np.take``); else ``np.take`` (near memcpy speed from cached rows).
+    The ``kernels/embedding.cu`` kernel (``pshybrid.cuda``) for
     float32/float64 CuPy arrays.
     """
     xp = array_module(rows)
@@ -141,6 +143,20 @@ def segment_sum(keys, values):
                                            np.ascontiguousarray(values).reshape(keys.size, width))
         return uniq, sums.reshape((uniq.size,) + values.shape[1:])
     return segment_sum_numpy(keys, values)
+
+
+def merge_sum(parts):
+    """``segment_sum`` of the concatenated ``parts`` = [(keys (n,) int64, values (n, D))]
+    whose keys are strictly increasing within each part (the same result, the same bits):
+    one merge of up to ``_MERGE_PARTS`` parts (numba; it scans every part's head per key),
+    else ``segment_sum`` itself."""
+    keys = np.concatenate([k for k, _ in parts])
+    values = np.concatenate([v for _, v in parts])
+    if not (len(parts) <= _MERGE_PARTS and values.dtype in _FLOATS and values.ndim == 2
+            and keys.size and numba_active()):
+        return segment_sum(keys, values)
+    starts = np.cumsum([0] + [k.size for k, _ in parts]).astype(np.int64)
+    return dedup._nb_merge_sum(keys.astype(np.int64, copy=False), values, starts)
 
 
 def min_max(keys) -> tuple[int, int]:

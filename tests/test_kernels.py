@@ -277,3 +277,25 @@ def test_the_prefetch_hint_is_emitted_or_falls_back_to_a_no_op(monkeypatch):
     monkeypatch.setattr(prefetch, "_declare", lambda numba: 1 / 0)
     noop = prefetch.build(numba)
     assert noop is not hint and noop(a, 1) is None
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("parts", [1, 2, 3, 5, kernels._MERGE_PARTS + 1])
+def test_merge_sum_equals_segment_sum_bitwise(dtype, parts):
+    """Strictly increasing parts (a server's step messages): the merge gives segment_sum's
+    keys and, bit for bit, its sums (added in part order); empty parts and one-row parts
+    included."""
+    rng = np.random.default_rng(parts)
+    cases = []
+    for p in range(parts):
+        n = [0, 1, 50, 400][p % 4]
+        keys = np.sort(rng.choice(np.arange(-300, 900), size=n, replace=False)).astype(np.int64)
+        cases.append((keys, (rng.standard_normal((n, 7)) * 10.0 ** rng.integers(-3, 4, (n, 1)))
+                      .astype(dtype)))
+    if all(k.size == 0 for k, _ in cases):
+        cases.append((np.array([5], np.int64), np.ones((1, 7), dtype)))
+    keys, sums = kernels.merge_sum(cases)
+    want_k, want_s = kernels.segment_sum(np.concatenate([k for k, _ in cases]),
+                                         np.concatenate([v for _, v in cases]))
+    np.testing.assert_array_equal(keys, want_k)
+    assert sums.dtype == dtype and sums.tobytes() == want_s.tobytes()

@@ -24,7 +24,8 @@ from mpi4py import MPI
 from .. import partition, pool
 from ..backend import to_device
 from ..initializers import uniform_rows
-from ..kernels import gather, numba_active, scatter_add, segment_sum, unique_inverse
+from ..kernels import (gather, merge_sum, numba_active, scatter_add, segment_sum,
+                       unique_inverse)
 from ..optim import Optimizer
 from ..schema import FusedTable, TableSpec
 from ..transport import mpi_type
@@ -85,10 +86,11 @@ def apply_parts(opt: Optimizer, w, state: dict, parts, step: int, threads: int =
     of ``segment_sum`` over the concatenated parts, then ``update_rows``, for any
     ``threads``. As ``grads_for`` sends them, each part's rows are strictly increasing (a
     plan's distinct ids of one owner, in local-row order); then one part is already the
-    union (no sum), and with several, thread i takes the rows in its own range of row
-    values: it sums its slice of every part (in part order) and updates them, no two
-    threads touching one row. Other parts (not increasing): one segment sum, then the
-    update on the threads (``pool``: chunks of the distinct rows)."""
+    union (no sum), several are merged (``kernels.merge_sum``: no dedup, no sort), and with
+    threads, thread i takes the rows in its own range of row values: it merges its slice of
+    every part and updates them, no two threads touching one row. Other parts (not
+    increasing): one segment sum, then the update on the threads (``pool``: chunks of the
+    distinct rows)."""
     n = sum(r.size for r, _ in parts)
     chunks = pool.spans(n, threads, pool.MIN_ROWS_PER_THREAD)
     increasing = all(_increasing(r) for r, _ in parts)
@@ -102,14 +104,13 @@ def apply_parts(opt: Optimizer, w, state: dict, parts, step: int, threads: int =
 
         def sum_and_update(lo: int, hi: int) -> None:  # the rows lo <= r < hi
             mine = [(r[a:b], s[a:b]) for r, s in parts for a, b in [np.searchsorted(r, (lo, hi))]]
-            rows, g = segment_sum(np.concatenate([r for r, _ in mine]),
-                                  np.concatenate([s for _, s in mine]))
-            opt.update_rows(w, rows, g, state, step)
+            opt.update_rows(w, *merge_sum(mine), state, step)
 
         pool.run(sum_and_update, list(zip(cuts[:-1], cuts[1:])))
     else:
-        rows, g = segment_sum(np.concatenate([r for r, _ in parts]),
-                              np.concatenate([s for _, s in parts]))
+        rows, g = (merge_sum(parts) if increasing else
+                   segment_sum(np.concatenate([r for r, _ in parts]),
+                               np.concatenate([s for _, s in parts])))
         opt.update_rows(w, rows, g, state, step, threads=threads)
 
 
