@@ -92,7 +92,7 @@ class DeviceRows:
         inner, U = self.inner, batch.unique.size
         with inner.ctx.timers.time("pull"):
             if batch.plan is not None:
-                inner.store.pull(inner.layout.table.name, batch.plan, unique=True)
+                inner.store.pull(inner.name, batch.plan, unique=True)
             else:
                 gather(inner.table, batch.unique)
         if self.zeros.shape[0] < U:

@@ -174,7 +174,7 @@ def _active() -> bool:
 
                     opts = dict(cache=True, nogil=True, error_model="numpy")
                     g = globals()
-                    g["_prefetch"] = prefetch.build(numba)
+                    g["_prefetch"] = prefetch.hint(numba)
                     for name in _JITTED:  # (the per-block helpers inlined: ~5% faster)
                         g[name] = numba.njit(**opts, inline="always" if name in _INLINED
                                              else "never")(g[name])

@@ -83,7 +83,7 @@ def gather(rows, index):
                 and rows.flags.c_contiguous and np.asarray(index).size and numba_active()):
             return np.take(rows, index, axis=0)
         flat, n = np.ascontiguousarray(index, dtype=np.int64).ravel(), rows.shape[0]
-        lo, hi = flat.min(), flat.max()
+        lo, hi = min_max(flat)
         if lo < -n or hi >= n:
             raise IndexError(f"gather: index in [{lo}, {hi}] for {n} rows")
         if lo < 0:  # negative ids count from the end, as in np.take
@@ -112,9 +112,10 @@ def scatter_add(index, values, n: int):
         return out
     if xp is np and values.dtype in _FLOATS and numba_active():
         index = np.ascontiguousarray(index, dtype=np.int64).ravel()
-        if values.shape[0] != index.size or index.min() < 0 or index.max() >= n:
-            raise IndexError(f"scatter_add: index of {index.size} in [{index.min()}, "
-                             f"{index.max()}] for {values.shape[0]} rows into {n}")
+        lo, hi = min_max(index)
+        if values.shape[0] != index.size or lo < 0 or hi >= n:
+            raise IndexError(f"scatter_add: index of {index.size} in [{lo}, {hi}] for "
+                             f"{values.shape[0]} rows into {n}")
         width = out[:1].size
         _nb_scatter_add(index, np.ascontiguousarray(values).reshape(index.size, width),
                         out.reshape(n, width))  # input order, as segment_sum: same bits
@@ -228,7 +229,7 @@ def numba_active() -> bool:
                     # optimizer loops from vectorising); no kernel divides by zero.
                     jit = numba.njit(cache=True, nogil=True, error_model="numpy")
                     g = globals()
-                    g["_prefetch_row"] = prefetch.build(numba)  # before the kernels compile
+                    g["_prefetch_row"] = prefetch.hint(numba)  # before the kernels compile
                     for name in _JITTED:
                         g[name] = jit(g[name])
                     for name in dedup._JITTED:  # (the dedup kernels: one switch for both)

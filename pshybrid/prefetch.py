@@ -8,9 +8,10 @@ a shard, the synthetic stream's tail-table draws) issue it before they need a ro
 cache misses of many rows overlap instead of each one stalling the loop in turn (the gain:
 docs/benchmarks.md, "Design measurements behind the code").
 
-``build(numba)`` makes it once numba is imported (``kernels.numba_active``,
-``datakernels``): LLVM's ``llvm.prefetch`` (read intent, into L1), or, where this numba or
-LLVM refuses that intrinsic, a jitted no-op (same results, only slower).
+``build(numba)`` makes it: LLVM's ``llvm.prefetch`` (read intent, into L1), or, where this
+numba or LLVM refuses that intrinsic, a jitted no-op (same results, only slower).
+``hint(numba)`` is the one the kernels use (``kernels.numba_active``, ``datakernels``),
+built and probed once per process.
 """
 
 from __future__ import annotations
@@ -70,3 +71,13 @@ def build(numba):
         return hint
     except Exception:  # an LLVM or numba that refuses the intrinsic: hints are optional
         return numba.njit(lambda a, i: None)
+
+
+_HINT: list = []  # [hint], built on the first call of ``hint``
+
+
+def hint(numba):
+    """``build(numba)``'s hint, built once per process."""
+    if not _HINT:
+        _HINT.append(build(numba))
+    return _HINT[0]

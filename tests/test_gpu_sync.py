@@ -142,7 +142,7 @@ def _mode(monkeypatch, log, xp, sparse_live, server_step, allreduce):
     barrier = NS(Barrier=lambda: log.append("mpi.Barrier"))
     mode.topo = NS(workers=barrier, colocated=False)
     mode.link = NS(step=lambda grads_for: log.append("mpi.step message"),
-                   wait=lambda idle, timers: log.append("mpi.acknowledgement wait"))
+                   wait=lambda timers, idle: log.append("mpi.acknowledgement wait"))
     return mode
 
 

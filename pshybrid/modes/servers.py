@@ -21,8 +21,6 @@ one message from every worker:
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 from mpi4py import MPI
 
@@ -71,7 +69,7 @@ class ServerLink:
         parts = [grads_for(s) for s in range(self.topo.n_servers)]
         self.send(TAG_STEP, [p[0] for p in parts], [p[1] for p in parts])
 
-    def wait(self, idle=None, timers=None) -> None:
+    def wait(self, timers, idle=None) -> None:
         """Wire: the step's sends complete (large messages need this rank in MPI while the
         server posts its receive), then the servers' zero-byte acknowledgements (TAG_ACK,
         one from each, sent after its apply) or, colocated, a zero-byte Ibarrier over world
@@ -79,7 +77,7 @@ class ServerLink:
         outstanding (the next step's batch is made then); ``timers`` gets the rest as
         "wait"."""
         world = self.topo.world
-        with _timed(timers, "wait"):
+        with timers.time("wait"):
             self._complete()
             if self.topo.colocated:
                 reqs = [world.Ibarrier()]
@@ -88,7 +86,7 @@ class ServerLink:
                         for r in self.topo.server_ranks]
         if idle is not None:
             idle()
-        with _timed(timers, "wait"):
+        with timers.time("wait"):
             MPI.Request.Waitall(reqs)
 
     def checkpoint(self, step: int) -> None:
@@ -103,11 +101,6 @@ class ServerLink:
     def stop(self) -> None:
         self.send(TAG_STOP, [[]] * self.topo.n_servers)
         self._complete()
-
-
-def _timed(timers, phase: str):
-    """``timers.time(phase)``, or no timing (None)."""
-    return contextlib.nullcontext() if timers is None else timers.time(phase)
 
 
 def _receive(topo, width: int, dtype, pacer: Pacer | None, on_wait=None):

@@ -188,7 +188,7 @@ class Mode:
         if self.server_step:
             if self.topo.colocated:
                 apply_step(self.topo, self, step)          # 5. this rank's shard, then
-            self.link.wait(idle, self.timers)              #    the step is complete
+            self.link.wait(self.timers, idle)              #    the step is complete
         elif self.live:
             with self.timers.time("wait"):
                 self.topo.workers.Barrier()  # Wire: zero-byte barrier: every push completed
