@@ -4,6 +4,9 @@ with ``cupy.RawModule`` (lazily, once per device), maps dtype -> kernel name and
 ``gather(rows, index)`` and ``scatter_add(index, values, n)`` have the signatures and results
 of ``pshybrid.kernels.gather`` / ``scatter_add`` (which dispatch here for CuPy arrays); their
 oracles are ``kernels.gather_ref`` / ``scatter_add_ref``. Design notes: ``kernels/embedding.cu``.
+``bce(z, y, scale)`` and ``dense_update(kind, w, g, state, scalars)`` are the fused
+elementwise kernels of ``kernels/fused.cu`` (twins: ``layers.bce_with_logits`` and the CPU's
+row kernels through ``optim.Optimizer``).
 
 The sources are found installed with the package (``share/pshybrid/kernels/*.cu``, setup.cfg
 ``[options.data_files]``, located through the distribution's file list), or, when the package
@@ -25,9 +28,12 @@ from .errors import PshybridError
 CTYPES = {np.dtype(np.float32): ("float", "float4", 4),
           np.dtype(np.float64): ("double", "double2", 2)}
 KERNELS = ("gather_rows", "scatter_add_rows")
-NAME_EXPRESSIONS = tuple(f"{k}<{t}>" for k in KERNELS for c in CTYPES.values() for t in c[:2])
+FUSED = ("bce_logits", "sgd_update", "adagrad_update", "adam_update")  # kernels/fused.cu
+NAME_EXPRESSIONS = (tuple(f"{k}<{t}>" for k in KERNELS for c in CTYPES.values() for t in c[:2])
+                    + tuple(f"{k}<{c[0]}>" for k in FUSED for c in CTYPES.values()))
 OPTIONS = ("--std=c++17",)
 BLOCK_THREADS = 256  # threads per block: (lanes, rows) = (min(32, pow2 >= row width), 256 / lanes)
+#                     for the row kernels; 1-D blocks for the elementwise ones
 _CHECKOUT = Path(__file__).resolve().parent.parent
 
 
@@ -150,16 +156,21 @@ def gather(rows, index):
     return out
 
 
-def scatter_add(index, values, n: int):
+def scatter_add(index, values, n: int, out=None):
     """index: (B,) int64 (CuPy or NumPy) in [0, n); values: (B, *S) CuPy -> (n, *S),
     out[i] = sum of values[index == i] (atomics: summation order not fixed). Same result as
-    ``kernels.scatter_add_ref`` up to float rounding."""
+    ``kernels.scatter_add_ref`` up to float rounding. ``out``: a contiguous (n, *S) buffer
+    to reuse (cleared first, on the stream: no allocation)."""
     import cupy
 
     values = cupy.ascontiguousarray(values)
     idx = cupy.ascontiguousarray(cupy.asarray(index), dtype=cupy.int64).ravel()
     assert values.shape[0] == idx.size, (values.shape, idx.shape)
-    out = cupy.zeros((n,) + values.shape[1:], values.dtype)
+    if out is None:
+        out = cupy.zeros((n,) + values.shape[1:], values.dtype)
+    else:
+        assert out.shape == (n,) + values.shape[1:] and out.flags.c_contiguous, out.shape
+        out.fill(0)
     dim = int(np.prod(values.shape[1:], dtype=np.int64))
     if idx.size == 0 or out.size == 0:
         return out
@@ -167,3 +178,35 @@ def scatter_add(index, values, n: int):
     _launch("scatter_add_rows", values.dtype, width, idx.size,
             (idx, values, out, np.int64(idx.size), np.int64(width), np.int64(n)), vec)
     return out
+
+
+def _elementwise(op: str, dtype, n: int, args: tuple) -> None:
+    """Launch the fused kernel ``op<T>`` over ``n`` elements (1-D blocks, grid-stride)."""
+    mod, sms = _module()
+    blocks = max(1, min(-(-n // BLOCK_THREADS), 32 * sms))
+    kernel = mod.get_function(f"{op}<{_ctypes(dtype)[0]}>")
+    kernel((blocks,), (BLOCK_THREADS,), args)
+
+
+def bce(z, y, scale: float, loss=None, dz=None):
+    """Logits z (B,) and labels y (B,) (CuPy, one dtype) -> (losses (B,), dz (B,)): the
+    binary cross-entropy with logits and its gradient times ``scale``, in one kernel (into
+    ``loss`` / ``dz`` when given). Twin: ``layers.bce_with_logits``."""
+    import cupy
+
+    z, y = cupy.ascontiguousarray(z), cupy.ascontiguousarray(y, dtype=z.dtype)
+    loss = cupy.empty_like(z) if loss is None else loss
+    dz = cupy.empty_like(z) if dz is None else dz
+    if z.size:
+        f = z.dtype.type
+        _elementwise("bce_logits", z.dtype, z.size, (z, y, loss, dz, f(scale), np.int64(z.size)))
+    return loss, dz
+
+
+def dense_update(kind: str, w, g, state: list, scalars: tuple) -> None:
+    """One optimizer step over contiguous CuPy buffers of one dtype, in place, in one kernel:
+    ``kind`` 'sgd' | 'adagrad' | 'adam', ``state`` its slots in ``optim.SLOTS`` order,
+    ``scalars`` the step's (after ``n``) as ``kernels/fused.cu`` lists them."""
+    f = w.dtype.type
+    _elementwise(f"{kind}_update", w.dtype, w.size,
+                 (w, g, *state, np.int64(w.size), *(f(s) for s in scalars)))

@@ -192,11 +192,18 @@ def sigmoid(z):
     return xp.where(z >= 0, s, e * s)
 
 
-def bce_with_logits(z, y):
-    """Binary cross-entropy of logits z: (B,) against labels y: (B,) -> (losses (B,), dz (B,))."""
+def bce_with_logits(z, y, scale: float = 1.0):
+    """Binary cross-entropy of logits z: (B,) against labels y: (B,) -> (losses (B,), dz (B,)),
+    dz the gradient times ``scale`` (the loss's mean over a global batch: 1 / its size).
+    CuPy arrays: one fused kernel (``cuda.bce``); these expressions are its twin."""
     xp = array_module(z, y)
+    if xp is not np:
+        from . import cuda
+
+        return cuda.bce(z, y, scale)
     loss = xp.maximum(z, 0) - z * y + xp.log1p(xp.exp(-xp.abs(z)))
-    return loss, sigmoid(z) - y
+    dz = sigmoid(z) - y
+    return loss, dz if scale == 1.0 else dz * scale
 
 
 class FMInteraction:
@@ -254,7 +261,9 @@ class DotInteraction:
         """z: (B, n, D) -> (B, n(n-1)/2)."""
         xp = array_module(z)
         self.z = z
-        self.i, self.j = xp.tril_indices(z.shape[1], k=-1)
+        if getattr(self, "n", None) != (z.shape[1], xp):  # made once: no work in a step
+            self.n = (z.shape[1], xp)                      # (a CUDA graph captures none)
+            self.i, self.j = xp.tril_indices(z.shape[1], k=-1)
         return (z @ z.transpose(0, 2, 1))[:, self.i, self.j]
 
     def backward(self, dy):

@@ -102,8 +102,14 @@ class Optimizer:
 
     def update(self, w, g, state: dict, step: int) -> None:
         """w, g, state[*]: same shape; updated in place. step: 1-based. On contiguous
-        NumPy arrays the fused numba kernel does it in one pass over a (1, n) view."""
-        if not self._fused(w, _ROW0, g, state, step, consume=False, whole=True):
+        NumPy arrays the fused numba kernel does it in one pass over a (1, n) view; on CuPy
+        arrays (contiguous, one dtype) the fused CUDA kernel (``cuda.dense_update``)."""
+        if array_module(w) is not np:  # a GPU worker's flat buffer: one fused kernel
+            from . import cuda
+
+            cuda.dense_update(self.kind, w, g, [state[k] for k in self.slots],
+                              self.scalars(w.dtype.type, step))
+        elif not self._fused(w, _ROW0, g, state, step, consume=False, whole=True):
             self._update_xp(w, g, state, step)
 
     def _update_xp(self, w, g, state: dict, step: int) -> None:
@@ -190,19 +196,27 @@ class Optimizer:
                      pool.spans(rows.size, threads, pool.MIN_ROWS_PER_THREAD))
         return True
 
+    def scalars(self, f, step: int) -> tuple:
+        """Step ``step``'s scalars of the fused kernels, in dtype ``f`` (as NumPy's weak
+        Python scalars are), in their argument order: sgd (lr, l2, tiny), adagrad (lr, eps,
+        l2, tiny), adam (b1, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2**step), eps,
+        lr / (1 - b1**step), l2, tiny)."""
+        lr, l2, tiny = f(self.lr_at(step)), f(self.l2), f(math.sqrt(np.finfo(f).tiny))
+        if self.kind == "sgd":
+            return lr, l2, tiny
+        if self.kind == "adagrad":
+            return lr, f(self.eps), l2, tiny
+        return (f(self.beta1), f(1 - self.beta1), f(self.beta2), f(1 - self.beta2),
+                f(1 / math.sqrt(1 - self.beta2 ** step)), f(self.eps),
+                f(self.lr_at(step) / (1 - self.beta1 ** step)), l2, tiny)
+
     def _kernel(self, f, step: int, consume: bool):
         """``kernel(w, g, *state (in ``slots`` order), rows)``: the numba row kernel of this
-        optimizer with step ``step``'s scalars bound, in the arrays' dtype ``f`` (as NumPy's
-        weak Python scalars are)."""
-        lr, l2, tiny = self.lr_at(step), f(self.l2), f(math.sqrt(np.finfo(f).tiny))
+        optimizer with step ``step``'s scalars bound (``scalars``)."""
+        sc = self.scalars(f, step)
         if self.kind == "sgd":
-            return lambda w, g, rows: kernels._nb_sgd_rows(w, rows, g, consume, f(lr), l2, tiny)
+            return lambda w, g, rows: kernels._nb_sgd_rows(w, rows, g, consume, *sc)
         if self.kind == "adagrad":
-            lr, eps = f(lr), f(self.eps)
             return lambda w, g, acc, rows: kernels._nb_adagrad_rows(w, acc, rows, g, consume,
-                                                                    lr, eps, l2, tiny)
-        scalars = (f(self.beta1), f(1 - self.beta1), f(self.beta2), f(1 - self.beta2),
-                   f(1 / math.sqrt(1 - self.beta2 ** step)), f(self.eps),
-                   f(lr / (1 - self.beta1 ** step)), l2, tiny)
-        return lambda w, g, m, v, rows: kernels._nb_adam_rows(w, m, v, rows, g, consume,
-                                                              *scalars)
+                                                                    *sc)
+        return lambda w, g, m, v, rows: kernels._nb_adam_rows(w, m, v, rows, g, consume, *sc)

@@ -317,7 +317,7 @@ def iallreduce(comm: MPI.Comm, buf, cuda_aware: bool = False):
     return start_allreduce(comm, buf, host)
 
 
-def start_allreduce(comm: MPI.Comm, dev, host=None):
+def start_allreduce(comm: MPI.Comm, dev, host=None, copy_back: bool = True):
     """Start the in-place SUM Allreduce of the device buffer ``dev`` over ``comm``, once the
     caller has synchronised the stream after the last kernel that wrote ``dev`` and after
     the copy of ``dev`` into ``host`` (``iallreduce``; a training step: ``modes.step``).
@@ -326,6 +326,8 @@ def start_allreduce(comm: MPI.Comm, dev, host=None):
     back into ``dev`` asynchronously on the current stream), or None (CUDA-aware MPI: a
     *blocking* Allreduce of the device buffer, as CUDA-aware MPIs document device buffers for
     blocking collectives, Open MPI not for non-blocking ones; a completed request returned).
+    ``copy_back=False`` (staged): ``Wait`` leaves the sum in ``host`` (the caller copies
+    several buckets' sums back at once).
     Wire: one (I)allreduce(SUM) of dev.nbytes over comm; each Wait waits for every rank's
     contribution.
     """
@@ -333,4 +335,5 @@ def start_allreduce(comm: MPI.Comm, dev, host=None):
     if host is None:
         comm.Allreduce(MPI.IN_PLACE, [dev, T])  # Wire: device memory, CUDA-aware MPI, blocking
         return MPI.REQUEST_NULL  # (Wait on it returns at once)
-    return _Staged(comm.Iallreduce(MPI.IN_PLACE, [host, T]), host, dev)  # Wire: host copy
+    req = comm.Iallreduce(MPI.IN_PLACE, [host, T])  # Wire: its pinned host copy
+    return _Staged(req, host, dev) if copy_back else req

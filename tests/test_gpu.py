@@ -94,7 +94,9 @@ def test_kernel_names_cover_every_dtype_and_width():
             ("scatter_add_rows", "float64", True): "scatter_add_rows<double2>"}
     for (op, dt, vec), name in want.items():
         assert cuda.kernel_name(op, np.dtype(dt), vec) == name
-    assert sorted(cuda.NAME_EXPRESSIONS) == sorted(want.values())
+    fused = [f"{k}<{t}>" for k in ("bce_logits", "sgd_update", "adagrad_update", "adam_update")
+             for t in ("float", "double")]  # kernels/fused.cu: scalar types only
+    assert sorted(cuda.NAME_EXPRESSIONS) == sorted([*want.values(), *fused])
     # a vector is 16 bytes: 4 float32 or 2 float64 per load
     assert {str(k): v[2] * k.itemsize for k, v in cuda.CTYPES.items()} == \
         {"float32": 16, "float64": 16}
@@ -103,7 +105,8 @@ def test_kernel_names_cover_every_dtype_and_width():
     source = cuda.source()
     for name in cuda.NAME_EXPRESSIONS:  # every name is a template the source instantiates
         kernel, t = name[:-1].split("<")
-        assert f"__global__ void {kernel}(" in source and f"PSHYBRID_INSTANTIATE({t})" in source
+        macro = "PSHYBRID_INSTANTIATE_FUSED" if kernel in cuda.FUSED else "PSHYBRID_INSTANTIATE"
+        assert f"__global__ void {kernel}(" in source and f"{macro}({t})" in source
 
 
 def test_source_checkout_kernels_are_found():
@@ -409,9 +412,9 @@ def test_model_forward_backward_cupy_equals_numpy(cp, model_name):
         emb = xp.asarray(r.standard_normal((B, len(DATA.schema.cardinalities), sparse.table.dim)))
         label = xp.asarray((r.random(B) < 0.3).astype(np.float64))
         logits = model.forward(dense, emb)
-        loss, dz = bce_with_logits(logits, label)
+        loss, dz = bce_with_logits(logits, label, 1 / B)  # CuPy: the fused kernel
         params.zero_grad()
-        demb = model.backward(dz / B)
+        demb = model.backward(dz)
         res[xp.__name__] = [a if xp is np else a.get() for a in (logits, loss, demb, params.flat_grad)]
     for a, b in zip(res["cupy"], res["numpy"]):
         assert a.shape == b.shape
@@ -419,12 +422,16 @@ def test_model_forward_backward_cupy_equals_numpy(cp, model_name):
 
 
 @pytest.mark.parametrize("kind", ["sgd", "adagrad", "adam"])
-def test_optimizer_cupy_equals_numpy(cp, kind):
+@pytest.mark.parametrize("l2", [0.0, 0.01])
+def test_optimizer_cupy_equals_numpy(cp, kind, l2):
+    """CuPy: ``update`` is the fused kernel (``cuda.dense_update``), ``update_rows`` the
+    array expressions; NumPy: the CPU kernels. With L2, values below the flush bound too."""
     from pshybrid.optim import Optimizer
 
-    opt = Optimizer(kind, 0.1)
+    opt = Optimizer(kind, 0.1, l2=l2)
     rng = np.random.default_rng(2)
     w, g = rng.standard_normal((30, 5)), rng.standard_normal((30, 5))
+    w[0, :2], g[0, :2] = 1e-160, 0.0  # flushed to 0 with L2, kept without
     rows, gr = np.array([3, 0, 29, 11]), rng.standard_normal((4, 5))
     out = {}
     for xp in (np, cp):
@@ -461,6 +468,17 @@ def test_iallreduce_of_device_buffers(comm):
 
 
 # -- training on the GPU == the NumPy run -------------------------------------------------
+@pytest.mark.parametrize("model", ["wdl", "deepfm", "dcn", "dlrm"])
+def test_train_cuda_graphs_on_equal_off_equal_numpy(cp, model):
+    """The step as one CUDA graph (``graphs.DeviceStep``) == kernel by kernel == NumPy."""
+    cfg = replace(BASE, model=model, mode="allreduce", servers=0, steps=5)
+    ref = run(cfg)
+    on, off = (run(replace(cfg, device="cuda", cuda_graphs=g)) for g in ("on", "off"))
+    assert on.summary["cuda_graphs"] == "on", on.summary["cuda_graphs"]
+    for got in (on, off):
+        assert rel_err(got.dense, ref.dense) < 1e-9 and rel_err(got.table, ref.table) < 1e-9
+
+
 TRAIN_CASES = [("wdl", "sgd", "sgd"), ("wdl", "adagrad", "adam"), ("wdl", "adam", "adam"),
                ("deepfm", "adagrad", "adam"), ("dcn", "adagrad", "adam"),
                ("dlrm", "adam", "sgd")]

@@ -28,7 +28,8 @@ class AllreduceDense:
     GPU workers: the buckets are cut during backward but started after the step's one
     stream sync (``GradBuckets`` deferred, ``stage``): staged, the whole gradient is copied
     to pinned host memory once and each bucket's Iallreduce runs on its part of that copy;
-    CUDA-aware, each bucket is a blocking Allreduce of its device span."""
+    CUDA-aware, each bucket is a blocking Allreduce of its device span. Staged, the sums
+    come back to the device in one copy once every bucket is complete."""
 
     live = server_step = False
 
@@ -37,6 +38,7 @@ class AllreduceDense:
         self.bytes = 0
         self._reqs: list = []
         self._spans = None  # GPU workers: the step's (device span, pinned copy or None)
+        self._back = None   # GPU workers, staged: the pinned gradient whose sums go back
         self.bind(ctx.params, bucket_bytes)
 
     def bind(self, params, bucket_bytes: int) -> None:
@@ -77,6 +79,7 @@ class AllreduceDense:
             with self.ctx.kernel_timers.time("allreduce"):
                 host = self.ctx.staging.stage(self.ctx.xp, "dense_grad", flat)
         self._spans = [(flat[s], None if host is None else host[s]) for s in spans]
+        self._back = host
 
     def start(self, step: int) -> None:
         """Start (the rest of) the Allreduce; ``sync`` completes it, so the sparse exchange
@@ -85,7 +88,8 @@ class AllreduceDense:
         if self._spans is not None:  # GPU, after the step's sync: no further wait
             # Wire: per bucket, Iallreduce(SUM) of its pinned copy (or a blocking Allreduce
             # of its device span, CUDA-aware) over the workers; ``sync`` waits
-            self._reqs = [start_allreduce(self.ctx.topo.workers, d, h) for d, h in self._spans]
+            self._reqs = [start_allreduce(self.ctx.topo.workers, d, h, copy_back=False)
+                          for d, h in self._spans]
             self._spans = None
             return
         self._reqs = (self._buckets.finish() if self._buckets is not None
@@ -97,6 +101,10 @@ class AllreduceDense:
             for r in self._reqs:
                 r.Wait()  # every worker has contributed: the step's sync point
         self._reqs = []
+        if self._back is not None:  # GPU, staged: every bucket's sum back in one async H2D
+            # (pinned source; read again only by the next step's D2H, queued after it)
+            self.params.flat_grad.set(self._back, stream=self.ctx.xp.cuda.get_current_stream())
+            self._back = None
         with self.ctx.kernel_timers.time("dense_apply"):  # GPU: device time, no wait
             self.apply(step)
         return True
