@@ -12,7 +12,6 @@ import contextlib
 import numpy as np
 
 import pshybrid.train as train_module
-from pshybrid.kernels import gather
 from pshybrid.modes.dense import AllreduceDense
 from pshybrid.modes.sparse import ReplicatedSparse, ServerSparse
 
@@ -90,11 +89,7 @@ class DeviceRows:
 
     def lookup(self, batch):
         inner, U = self.inner, batch.unique.size
-        with inner.ctx.timers.time("pull"):
-            if batch.plan is not None:
-                inner.store.pull(inner.name, batch.plan, unique=True)
-            else:
-                gather(inner.table, batch.unique)
+        inner.unique_rows(batch)  # the Get or gather a GPU worker's host runs
         if self.zeros.shape[0] < U:
             self.zeros = np.zeros((U,) + self.zeros.shape[1:], self.zeros.dtype)
         inner.given_sums(self.zeros[:U])

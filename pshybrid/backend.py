@@ -91,7 +91,7 @@ def wait_event(event) -> None:
         event.synchronize()
 
 
-def _pinned(xp, buf, nbytes: int) -> np.ndarray:
+def pinned_buffer(xp, buf, nbytes: int) -> np.ndarray:
     """``buf`` (a pinned uint8 host array, or None) if it holds ``nbytes``, else a new one."""
     if buf is None or buf.size < nbytes:
         mem = xp.cuda.alloc_pinned_memory(nbytes)  # as cupyx.empty_pinned does
@@ -116,7 +116,7 @@ class HostStaging:
         past ``dev.size`` are 0 (a padded table)."""
         n = dev.size if total is None else total
         nbytes = n * dev.dtype.itemsize
-        buf = self.bufs[key] = _pinned(xp, self.bufs.get(key), nbytes)
+        buf = self.bufs[key] = pinned_buffer(xp, self.bufs.get(key), nbytes)
         host = buf[:nbytes].view(dev.dtype)
         host[dev.size:] = 0
         out = host[:dev.size].reshape(dev.shape)
@@ -146,7 +146,7 @@ class _PinnedRing:
             buf, event = self.slots[i] or (None, None)
             if event is not None:
                 wait_event(event)  # the copy that last read this slot has finished
-            buf = _pinned(xp, buf, nbytes)
+            buf = pinned_buffer(xp, buf, nbytes)
             staged = buf[:nbytes].view(dtype).reshape(host.shape)
             np.copyto(staged, host, casting="same_kind")  # the cast happens here, on the host
             dev = xp.empty(host.shape, dtype) if out is None else out

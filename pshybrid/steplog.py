@@ -67,8 +67,10 @@ class StepLog:
         if xp is np:
             self.acc += (loss_sum, job.cfg.batch_size, float(label.sum()))
         else:  # kernels queued on the stream: no wait
-            sums = xp.stack((loss_sum, label.sum())).astype(np.float64)
-            self.dev = sums if self.dev is None else self.dev + sums
+            # label None: loss_sum is the step's (loss sum, label sum) pair (graphs.DeviceStep)
+            sums = (loss_sum if label is None
+                    else xp.stack((loss_sum, label.sum())).astype(np.float64))
+            self.dev = sums.copy() if self.dev is None else self.dev + sums
             self.dev_rows += job.cfg.batch_size
             self.acc[1] += job.cfg.batch_size
         every = job.cfg.checkpoint_every if job.cfg.checkpoint_dir else 0

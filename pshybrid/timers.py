@@ -70,6 +70,7 @@ class EventTimers:
         self.timers, self.cuda, self.bound = timers, cuda, bound
         self.pending: list = []  # (phase, start event, end event), in record order
         self.free: list = []     # events whose times were folded: reused
+        self.device_seconds = 0.0  # every folded span's: the device's busy time
 
     def time(self, phase: str) -> _Span:
         return _Span(self, phase)
@@ -89,7 +90,9 @@ class EventTimers:
         for phase, start, end in self.pending:
             if not (wait or end.done):
                 break
-            self.timers[phase] += self.cuda.get_elapsed_time(start, end) / 1e3
+            seconds = self.cuda.get_elapsed_time(start, end) / 1e3
+            self.timers[phase] += seconds
+            self.device_seconds += seconds
             self.free += (start, end)
             n += 1
         del self.pending[:n]

@@ -27,6 +27,7 @@ from .backend import to_device
 from .config import TrainConfig, from_dict, to_dict
 from .batches import BatchPlan, global_batch, prefetch, worker_batches
 from .files import open_dataset
+from .graphs import DeviceStep
 from .devices import cuda_aware_mpi, pick_device
 from .errors import ConfigError, InputError, PshybridError
 from .layers import ParamSpace, bce_with_logits
@@ -154,6 +155,7 @@ class Job:
     t_start: float = 0.0
     totals: np.ndarray = field(default_factory=lambda: np.zeros(3))  # loss, samples, labels
     auto: dict | None = None  # --mode auto: the decision (auto.resolve), into the summary
+    device: DeviceStep | None = None  # GPU workers: the step's device work (``graphs``)
 
     def save(self, step: int) -> str:
         """Collective: write checkpoint ``step`` (servers join through their loop)."""
@@ -168,6 +170,9 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     params = ParamSpace()
     model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,
                                 cfg.dtype, cfg.cross_layers, cfg.pooling)
+    if cfg.device == "cuda" and cfg.cuda_graphs == "on" and data.schema.multi_hot:
+        raise ConfigError("--cuda-graphs on: the data has multi-hot fields, whose pooling "
+                          "differs batch by batch and cannot be captured; use auto or off")
     xp = _use_gpu(topo) if cfg.device == "cuda" else np
     params.build(xp, np.dtype(cfg.dtype), cfg.seed)
     dense_lr = cfg.lr if cfg.dense_lr is None else cfg.dense_lr
@@ -199,6 +204,11 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
         reporter.out.write(f"resumed from {cfg.resume} at step {start}\n")
     job = Job(cfg, topo, data, evdata, model, layout, params, mode, plan, steps, start, reporter,
               t_begin, TrainResult(topo.role))
+    if xp is not np and topo.is_worker and not data.schema.multi_hot:
+        job.device = DeviceStep(xp, model, params, cfg.dtype, cfg.batch_size,
+                                data.schema.n_sparse, layout.table.dim, data.schema.n_dense,
+                                1.0 / global_batch(cfg, topo.n_workers),
+                                graphs=cfg.cuda_graphs != "off")
     # The steady state makes little cyclic garbage; exclude the tens of thousands of
     # start-up objects (numba, h5py, the model) from every later GC pass.
     gc.collect()
@@ -292,7 +302,7 @@ def loop(job: Job, on_step=None) -> None:
         idle = upcoming.make if step + 1 < job.steps and mode.stale is None else None
         loss_sum = _step(job, step, label, dense, batch, bags, idle)
         done = step + 1
-        log.add(done, loss_sum, label)
+        log.add(done, loss_sum, None if job.device is not None else label)
         if on_step is not None:
             on_step(done)
         if job.evdata is not None and ((cfg.eval_every and done % cfg.eval_every == 0)
@@ -343,6 +353,9 @@ def _batches(job: Job):
         return label, dense, ids, bags, (mode.prepare(ids) if ahead else None)
 
     for label, dense, ids, bags, batch in prefetch(produce, n, depth):
+        if job.device is not None:  # GPU: packed with the rows into the step's one copy
+            yield label, dense, ids, bags, batch
+            continue
         # GPU workers: H2D of the batch's dense features and labels (async, pinned staging)
         yield to_device(xp, label, dtype), to_device(xp, dense, dtype), ids, bags, batch
 
@@ -379,17 +392,25 @@ class _Upcoming:
 
 def _step(job: Job, step: int, label, dense, batch, bags=(), idle=None):
     """One training step (0-based ``step``): pull, forward, backward, update. Returns the
-    worker's loss sum: a float, checked, on CPU; on a GPU a device scalar that
-    ``steplog.StepLog`` reads back (and checks) once per log interval and before a
-    checkpoint."""
+    worker's loss sum: a float, checked, on CPU; on a GPU a device scalar (with
+    ``job.device``: the (loss sum, label sum) pair) that ``steplog.StepLog`` reads back
+    (and checks) once per log interval and before a checkpoint."""
     mode, model, params = job.mode, job.model, job.params
     mode.begin(step)
+    if job.device is not None:  # GPU: one copy in, the step's kernels (one graph)
+        rows = mode.unique_rows(batch)
+        with mode.kernel_timers.time("fwd_bwd"):  # CUDA events (device time, no wait)
+            loss_sum, batch.dev_sums = job.device.run(label, dense, rows, batch.inverse)
+        mode.update(batch, None, step + 1, idle)
+        batch.release()
+        return loss_sum  # (loss sum, label sum) on the device (``steplog``)
     emb = mode.lookup(batch)
     with mode.kernel_timers.time("fwd_bwd"):  # GPU: CUDA events (device time, no wait)
         logits = model.forward(dense, emb, *bags)
-        losses, dz = bce_with_logits(logits, label)
+        losses, dz = bce_with_logits(logits, label, 1.0 / global_batch(job.cfg,
+                                                                       job.topo.n_workers))
         params.zero_grad()
-        demb = model.backward(dz * (1.0 / global_batch(job.cfg, job.topo.n_workers)))
+        demb = model.backward(dz)
     loss_sum = losses.sum()  # GPU: stays on the device (no host sync per step)
     if job.mode.xp is np:
         loss_sum = float(loss_sum)
@@ -429,8 +450,11 @@ def finish(job: Job) -> TrainResult:
                                        elapsed, job.t_start - job.t_begin)
         if job.auto is not None:
             job.result.summary["auto"] = job.auto
-        if mode.xp is not np:  # GPU: worker 0's host waits for its device, per step
-            job.result.summary["host_syncs_per_step"] = mode.host_syncs() / max(
-                last - job.start, 1)
+        if mode.xp is not np:  # GPU: worker 0's host waits for its device, per step; the
+            s = job.result.summary  # share of the wall time its device was busy (events)
+            s["host_syncs_per_step"] = mode.host_syncs() / max(last - job.start, 1)
+            s["gpu_busy"] = mode.kernel_timers.device_seconds / max(elapsed, 1e-12)
+            s["cuda_graphs"] = (job.device.status if job.device is not None
+                                else "off: multi-hot fields")
         job.reporter.close(job.result.summary)
     return job.result

@@ -38,17 +38,18 @@ class Batch:
     ids: (B, F) int64 host; plan: the store's ``Plan`` (server modes: dedup, owner groups,
     row datatypes; with replicated hot rows, of the other ids only) or None; unique (U,) /
     inverse: the distinct ids and ``unique[inverse] == ids`` (of the plan's ids);
-    dev_inverse: the inverse on the GPU (GPU workers); hot: (mask of the ids that are hot
-    rows, their slots) with ``--replicate-rows``, else None.
+    dev_inverse: the inverse on the GPU (GPU workers); dev_sums: the (U, E) gradient sums
+    on the GPU when the step's device work made them (``graphs.DeviceStep``); hot: (mask
+    of the ids that are hot rows, their slots) with ``--replicate-rows``, else None.
     """
 
-    __slots__ = ("ids", "plan", "unique", "inverse", "dev_inverse", "hot")
+    __slots__ = ("ids", "plan", "unique", "inverse", "dev_inverse", "dev_sums", "hot")
 
     def __init__(self, ids, plan=None, unique=None, inverse=None, hot=None):
         self.ids, self.plan, self.hot = ids, plan, hot
         if plan is not None:
             unique, inverse = plan.unique, plan.inverse
-        self.unique, self.inverse, self.dev_inverse = unique, inverse, None
+        self.unique, self.inverse, self.dev_inverse, self.dev_sums = unique, inverse, None, None
 
     def release(self) -> None:
         """Free the plan's datatypes (after the step's last push)."""
@@ -70,8 +71,10 @@ def _stage_sums(ctx, batch: Batch, demb):
     pinned buffer, readable after the step's stream sync (``modes.step``). Its readers (the
     step message's Isend, completed in the step's last move; the Accumulate, flushed; the
     Allgatherv, blocking) are done before the next step's copy overwrites it."""
-    sums = scatter_add(batch.dev_inverse, demb.reshape(batch.dev_inverse.size, -1),
-                       batch.unique.size)
+    sums = batch.dev_sums
+    if sums is None:  # (made by graphs.DeviceStep, or here)
+        sums = scatter_add(batch.dev_inverse, demb.reshape(batch.dev_inverse.size, -1),
+                           batch.unique.size)
     return ctx.staging.stage(ctx.xp, "sparse_sums", sums)  # D2H queued: U rows, no wait
 
 
@@ -181,11 +184,17 @@ class ServerSparse(_StagedSums):
         return Batch(ids, plan=self.store.plan(self.name, ids, types=types))
 
     def lookup(self, batch: Batch):
+        if self.ctx.xp is not np:
+            rows = self.unique_rows(batch)
+            with self.ctx.timers.time("pull"):
+                return _device_rows(self.ctx, batch, rows)
         with self.ctx.timers.time("pull"):
-            if self.ctx.xp is np:
-                return self.store.pull(self.name, batch.plan)
-            return _device_rows(self.ctx, batch, self.store.pull(self.name, batch.plan,
-                                                                 unique=True))
+            return self.store.pull(self.name, batch.plan)
+
+    def unique_rows(self, batch: Batch):
+        """GPU workers: the (U, E) host rows of ``batch.unique`` (one Get per server)."""
+        with self.ctx.timers.time("pull"):
+            return self.store.pull(self.name, batch.plan, unique=True)
 
     def _sums(self, batch: Batch, demb):
         """(U, E) host gradient sums of ``batch.plan.unique``."""
@@ -298,10 +307,17 @@ class ReplicatedSparse(_StagedSums):
         return Batch(ids, unique=unique, inverse=inverse)
 
     def lookup(self, batch: Batch):
+        if self.ctx.xp is not np:
+            rows = self.unique_rows(batch)
+            with self.ctx.timers.time("pull"):
+                return _device_rows(self.ctx, batch, rows)
         with self.ctx.timers.time("pull"):
-            if self.ctx.xp is np:
-                return gather(self.table, batch.ids)
-            return _device_rows(self.ctx, batch, gather(self.table, batch.unique))
+            return gather(self.table, batch.ids)
+
+    def unique_rows(self, batch: Batch):
+        """GPU workers: the (U, E) host rows of ``batch.unique``, from the local table."""
+        with self.ctx.timers.time("pull"):
+            return gather(self.table, batch.unique)
 
     def sums(self, batch: Batch, demb):
         """(U, E) host gradient sums of ``batch.unique`` (input order within an id)."""

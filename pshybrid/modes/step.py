@@ -166,9 +166,15 @@ class Mode:
         """-> emb: batch.ids.shape + (E,) in ``self.xp``."""
         return self.sparse.lookup(batch)
 
+    def unique_rows(self, batch: Batch):
+        """GPU workers: -> the (U, E) host rows of ``batch.unique``, pulled (what ``lookup``
+        expands on the device; ``graphs.DeviceStep`` takes them instead)."""
+        return self.sparse.unique_rows(batch)
+
     def update(self, batch: Batch, demb, step: int, idle=None) -> None:
-        """Apply step ``step``'s gradients (demb: (B, F, E) in ``self.xp``; the dense ones in
-        the ParamSpace); on return every worker's next lookup sees them (BSP). ``idle()``
+        """Apply step ``step``'s gradients (demb: (B, F, E) in ``self.xp``, or None on a GPU
+        worker whose ``batch.dev_sums`` holds their sums; the dense ones in the
+        ParamSpace); on return every worker's next lookup sees them (BSP). ``idle()``
         (local work: no communication) runs while the servers apply
         this step, if they have one: the loop makes the next batch then."""
         sparse, dense = self.sparse, self.dense
@@ -199,7 +205,8 @@ class Mode:
         it every MPI call of the step reads host or device memory without waiting."""
         self.sparse.stage(batch, demb)
         self.dense.stage(step)
-        synchronize(demb)  # the step's one host wait (every queued kernel and copy is done)
+        # the step's one host wait (every queued kernel and copy is done)
+        synchronize(demb if demb is not None else batch.dev_sums)
 
     def set_sparse_lr(self, lr: float) -> None:
         """Workers, between steps: the sparse optimizer's learning rate from the next
