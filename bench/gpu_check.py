@@ -1,9 +1,11 @@
 # python bench/gpu_check.py
-"""python bench/gpu_check.py [--quick] [--skip-tests] [--skip-train] [--compute-only] [--json F]
+"""python bench/gpu_check.py [--quick] [--speed] [--skip-speed] [--skip-tests] [--skip-train]
+[--compute-only] [--peer PATH] [--json F]
 
-The one GPU check of pshybrid (docs/gpu.md; ~3 minutes on one H200; it stops itself at 470 s,
-so it ends inside 8 minutes). Run it as a plain process, NOT under mpiexec: it launches its
-MPI jobs itself as subprocesses.
+The one GPU check of pshybrid (docs/gpu.md; ~6 minutes on one H200, ~3 of them step 4; it
+stops itself at 710 s, so it ends inside 12 minutes; ``--speed``: step 4 alone, stopped at
+290 s, inside 5 minutes). Run it as a plain process, NOT under mpiexec: it launches its MPI
+jobs itself as subprocesses.
 
 0. says which MPI library loads and whether it is CUDA-aware, in one line; an MPI that does
    not load (no libmpi, no mpiexec, no pytest-mpi) is named there, and the steps that need
@@ -19,18 +21,28 @@ MPI jobs itself as subprocesses.
    run's metrics, phase split), and prints each run's host syncs per training step (the
    summary's ``host_syncs_per_step``: one per step plus one per log interval; another
    count fails the check);
-4. runs tests/test_gpu.py with PSHYBRID_REQUIRE_GPU=1 (serial tests, then the MPI tests under
+4. times training on GPU workers (bench/gpu_speed.py; ``--speed``: this step alone, within
+   240 s): the paper WDL workload (MLP 1024,512,256, dim 16, float32), batch 256 and 4096,
+   in allreduce (1 GPU worker), hybrid and ps (1 CPU server + 1 GPU worker) and hybrid (1
+   CPU server + 2 GPU workers on the one GPU): samples/s, ms per step, GPU busy, host syncs
+   per step, CUDA graphs; the launches per step bench/step_launches.py counts; the naive
+   PyTorch peer (``--peer PATH``, default .dev/torch_gpu_wdl.py) beside allreduce; each
+   target met or missed (b4096: allreduce >= 2.8M samples/s, hybrid 1S+1GPU >= 2.6M, GPU
+   busy >= 0.5; b256: allreduce and hybrid >= 280k; hybrid >= 1.48x ps); into ``--json``
+   under ``speed``;
+5. runs tests/test_gpu.py with PSHYBRID_REQUIRE_GPU=1 (serial tests, then the MPI tests under
    ``mpiexec -n 3``: 1 server and W = 2 GPU workers, float64 == NumPy in hybrid, ps and
    allreduce, over RMA with several Allreduce buckets, and float32 == NumPy), so nothing
    passes by skipping;
-5. times a worker's compute of the modes benchmark's workloads on the GPU (``time_compute``:
+6. times a worker's compute of the modes benchmark's workloads on the GPU (``time_compute``:
    the ``fwd_bwd`` and ``dense_apply`` phases of bench/modes_bench.py's paper and light
    workloads, batch 256) and writes them with the results to ``--json`` (default
    gpu_check.json) under ``compute``: what ``bench/scaling.py --compute-from`` reads.
    ``--compute-only``: this step alone (seconds).
-Exit status: 0 when every correctness check and test that could run passed (a missed speed
-target, or an MPI step this machine cannot run, is reported, not fatal); 1 otherwise; 2 when
-no CUDA device is usable (the reason is printed: cupy missing, driver too old, ...).
+Exit status: 0 when every correctness check, training run and test that could run passed (a
+missed speed target, or an MPI step this machine cannot run, is reported, not fatal); 1
+otherwise; 2 when no CUDA device is usable (the reason is printed: cupy missing, driver too
+old, ...).
 """
 
 from __future__ import annotations
@@ -39,7 +51,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,26 +60,13 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+import gpu_speed  # noqa: E402 - bench/ on the path first
+from gpu_runs import _T0, budget, run_limited, set_budget, steady, train_job  # noqa: E402
+
 TARGET = 0.7
-BUDGET = 420  # seconds for the subprocesses: each gets at most what is left of it
-HARD_LIMIT = 470  # seconds: past it the check stops and fails (SIGALRM), inside 8 minutes
-_T0 = time.time()
-
-
-def run_limited(label: str, cmd: list[str], limit: float, **kw):
-    """``subprocess.run(cmd)`` under ``timeout -k 10`` (mpiexec cleans up its ranks on
-    SIGTERM) with ``limit`` seconds, cut to what is left of BUDGET; None (reported) when it
-    ran out of time."""
-    left = int(min(limit, BUDGET - (time.time() - _T0)))
-    if left < 20:
-        print(f"  {label}: NOT RUN (the {BUDGET}s budget is spent)")
-        return None
-    try:
-        return subprocess.run(["timeout", "-k", "10", str(left)] + cmd, timeout=left + 30,
-                              capture_output=True, text=True, cwd=ROOT, **kw)
-    except subprocess.TimeoutExpired:
-        print(f"  {label}: TIMED OUT after {left}s")
-        return None
+BUDGET = 420  # seconds for the subprocesses of every step but 4 (gpu_speed.BUDGET its own)
+MARGIN = 50  # seconds past the subprocesses' budget: then the check stops (SIGALRM) and fails
 
 
 def timed(cp, fn, repeat: int, launches: int) -> float:
@@ -159,28 +157,17 @@ def bench_training(quick: bool, mpi: dict) -> bool:
     res, ok = {}, True
     with tempfile.TemporaryDirectory() as tmp:
         for mode in ("hybrid", "ps", "allreduce"):
-            metrics = os.path.join(tmp, f"{mode}.jsonl")
             on_servers = MODES[mode].needs_servers  # one CPU server beside the GPU worker
-            ranks = ["-n", "2"] if on_servers else ["-n", "1"]
             servers = ["--servers", "1"] if on_servers else []
-            cmd = [mpi["mpiexec"], *ranks, sys.executable, "-m", "pshybrid", "train",
-                   "--device", "cuda", "--mode", mode, *servers, "--model", "dlrm",
-                   "--batch-size", "4096", "--steps", str(steps), "--log-every",
-                   str(steps // logs), "--metrics", metrics]
             t0 = time.time()
-            p = run_limited(f"train {mode}", cmd, 60 if quick else 150)
-            if p is None:
+            recs = train_job(mpi, f"train {mode}", 2 if on_servers else 1, [
+                "--mode", mode, *servers, "--model", "dlrm", "--batch-size", "4096",
+                "--steps", str(steps), "--log-every", str(steps // logs)],
+                os.path.join(tmp, f"{mode}.jsonl"), 60 if quick else 150)
+            if recs is None:
                 ok = False
                 continue
-            if p.returncode:
-                print(f"  {mode}: FAILED (exit {p.returncode})\n{p.stdout[-2000:]}"
-                      f"{p.stderr[-3000:]}")
-                ok = False
-                continue
-            recs = [json.loads(line) for line in open(metrics)]
-            steps_recs = [r for r in recs if "loss" in r and "summary" not in r]
-            summ = recs[-1]
-            res[mode] = steps_recs[-1]["samples_per_s"]
+            res[mode], summ = steady(recs)
             split = "  ".join(f"{k} {v:.0%}" for k, v in summ["phase_fraction"].items()
                               if v >= 0.01)
             syncs = summ.get("host_syncs_per_step", float("nan"))
@@ -347,16 +334,28 @@ def nvrtc_version() -> str:
         return f"unavailable ({e})"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def parse_args(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
+    only = ap.add_mutually_exclusive_group()
+    only.add_argument("--speed", action="store_true",
+                      help="only time training on GPU workers (step 4, within "
+                      f"{gpu_speed.BUDGET}s) and write the JSON")
+    only.add_argument("--skip-speed", action="store_true", help="leave out step 4")
     ap.add_argument("--skip-tests", action="store_true")
     ap.add_argument("--skip-train", action="store_true")
-    ap.add_argument("--compute-only", action="store_true",
-                    help="only time the workers' compute (step 5) and write the JSON")
+    only.add_argument("--compute-only", action="store_true",
+                      help="only time the workers' compute (step 6) and write the JSON")
+    ap.add_argument("--peer", metavar="PATH", default=None,
+                    help="the naive PyTorch peer of step 4 (default: <repo>/.dev/"
+                    "torch_gpu_wdl.py; reported and skipped when missing)")
     ap.add_argument("--json", default="gpu_check.json",
                     help="write the results here (compute: for bench/scaling.py)")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
 
     from pshybrid.backend import cupy_status
 
@@ -365,15 +364,45 @@ def main(argv=None) -> int:
         print(f"gpu_check: no usable CUDA device: {why}. This check needs a GPU; the install "
               "for a GPU machine is in docs/gpu.md", file=sys.stderr)
         return 2
+    set_budget(plan_budget(args))
+    hard = budget() + MARGIN  # by construction: 710 s (12 minutes); --speed: 290 s
     signal.signal(signal.SIGALRM, _out_of_time)
-    signal.alarm(HARD_LIMIT)  # by construction: the whole check ends inside 8 minutes
+    signal.alarm(hard)
     try:
         return _check(args)
     except TimeoutError:
-        print(f"\ngpu_check: FAILED: ran past {HARD_LIMIT}s (a hang?)")
+        print(f"\ngpu_check: FAILED: ran past {hard}s (a hang?)")
         return 1
     finally:
         signal.alarm(0)
+
+
+def speed_on(args) -> bool:
+    """Whether step 4 runs: with ``--speed`` alone, and in every check but ``--skip-speed``
+    and ``--compute-only``."""
+    return args.speed or not (args.skip_speed or args.compute_only)
+
+
+def plan_budget(args) -> int:
+    """Seconds for the check's subprocesses: BUDGET for steps 1-3 and 5, plus step 4's."""
+    return (0 if args.speed else BUDGET) + (gpu_speed.BUDGET if speed_on(args) else 0)
+
+
+def speed_step(mpi: dict, peer: str | None) -> tuple[bool, list[str], dict | None]:
+    """Step 4 where MPI can run it: (its runs passed, its missed targets, its JSON)."""
+    if not (mpi["lib"] and mpi["mpiexec"]):
+        print(f"\ntraining speed (mpiexec -n 1-3): NOT RUN ({mpi['line']})")
+        return True, [], None
+    return gpu_speed.bench_speed(mpi, peer)
+
+
+def verdict(ok: bool, missed: list[str], mpi: dict) -> int:
+    """The check's last line, and its exit status."""
+    print(f"\ngpu_check: {'PASSED' if ok else 'FAILED'} in {time.time() - _T0:.0f}s; speed "
+          f"targets (kernels >= {TARGET}x copy; training: step 4): "
+          f"{'met' if not missed else 'missed: ' + '; '.join(missed)}"
+          + ("" if not mpi["problems"] else f"; MPI: {'; '.join(mpi['problems'])}"))
+    return 0 if ok else 1
 
 
 def _out_of_time(signum, frame):
@@ -385,7 +414,6 @@ def _check(args) -> int:
 
     from pshybrid import cuda
 
-    t0 = _T0
     dev = cp.cuda.Device()
     props = cp.cuda.runtime.getDeviceProperties(dev.id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
@@ -406,6 +434,10 @@ def _check(args) -> int:
     if args.compute_only:
         write(compute=bench_compute(cp, args.quick))
         return 0
+    if args.speed:
+        ok, missed, speed = speed_step(mpi, args.peer)
+        write(speed=speed, passed=bool(ok), speed_missed=missed)
+        return verdict(ok, missed, mpi)
     t = time.time()
     cuda.module()
     print(f"kernels built (NVRTC) from {[str(p) for p in cuda.source_files()]} in "
@@ -417,13 +449,15 @@ def _check(args) -> int:
             ok &= bench_training(args.quick, mpi)
         else:
             print(f"\ntraining step (mpiexec -n 2): NOT RUN ({mpi['line']})")
+    speed = None
+    if speed_on(args):
+        good, more, speed = speed_step(mpi, args.peer)
+        ok, missed = ok and good, missed + more
     if not args.skip_tests:
         ok &= run_tests(mpi, args.quick)
-    write(compute=bench_compute(cp, args.quick), passed=bool(ok), speed_missed=missed)
-    print(f"\ngpu_check: {'PASSED' if ok else 'FAILED'} in {time.time() - t0:.0f}s; speed "
-          f"target (>= {TARGET}x copy): {'met' if not missed else 'missed: ' + '; '.join(missed)}"
-          + ("" if not mpi["problems"] else f"; MPI: {'; '.join(mpi['problems'])}"))
-    return 0 if ok else 1
+    write(compute=bench_compute(cp, args.quick), speed=speed, passed=bool(ok),
+          speed_missed=missed)
+    return verdict(ok, missed, mpi)
 
 
 if __name__ == "__main__":

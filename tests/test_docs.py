@@ -431,6 +431,8 @@ COMMANDS = {
     'pip install -e ".[test,gpu-cuda13]"': Skip("needs the network and a CUDA machine", extras),
     'pip install -e ".[test,gpu-libs]"': Skip("needs the network and a CUDA machine", extras),
     "python bench/gpu_check.py --quick": Skip("needs a GPU", flags_in_help),
+    "python bench/gpu_check.py --speed": Skip("needs a GPU (tests/test_gpu_check.py runs the step "
+                                              "on stand-ins)", flags_in_help),
     # docs/clusters.md
     "module load openmpi": Skip("needs a cluster's environment modules"),
     "export MPI4PY_LIBMPI=libmpi.so.40": Skip("a setting; tests/test_system_mpi.py uses it"),
