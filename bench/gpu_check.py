@@ -26,7 +26,7 @@ jobs itself as subprocesses.
    in allreduce (1 GPU worker), hybrid and ps (1 CPU server + 1 GPU worker) and hybrid (1
    CPU server + 2 GPU workers on the one GPU): samples/s, ms per step, GPU busy, host syncs
    per step, CUDA graphs; the launches per step bench/step_launches.py counts; the naive
-   PyTorch peer (``--peer PATH``, default .dev/torch_gpu_wdl.py) beside allreduce; each
+   PyTorch peer (``--peer PATH``: a script of the same model) beside allreduce; each
    target met or missed (b4096: allreduce >= 2.8M samples/s, hybrid 1S+1GPU >= 2.6M, GPU
    busy >= 0.5; b256: allreduce and hybrid >= 280k; hybrid >= 1.48x ps); into ``--json``
    under ``speed``;
@@ -347,8 +347,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     only.add_argument("--compute-only", action="store_true",
                       help="only time the workers' compute (step 6) and write the JSON")
     ap.add_argument("--peer", metavar="PATH", default=None,
-                    help="the naive PyTorch peer of step 4 (default: <repo>/.dev/"
-                    "torch_gpu_wdl.py; reported and skipped when missing)")
+                    help="a plain PyTorch script of the same model, timed beside step 4 "
+                    "(BATCH in its environment; its last line ends 'samples/s N'; none: "
+                    "not run)")
     ap.add_argument("--json", default="gpu_check.json",
                     help="write the results here (compute: for bench/scaling.py)")
     return ap.parse_args(argv)

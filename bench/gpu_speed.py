@@ -7,7 +7,8 @@ GPU workers sharing the one GPU), each a ``pshybrid train --device cuda`` job un
 (the steady state), ms per step (batch x workers / samples/s), the summary's ``gpu_busy``,
 ``host_syncs_per_step`` and ``cuda_graphs``. Under the table: the launches per step that
 bench/step_launches.py counts on its stand-in (a real GPU cannot count them cheaply), and
-the naive PyTorch peer (torch_gpu_wdl.py, ``BATCH`` 256 and 4096) beside the allreduce run.
+a plain PyTorch script of the same model given as the peer (``--peer PATH``: run with
+``BATCH`` 256 and 4096, it prints ``samples/s N`` on its last line) beside the allreduce run.
 Then the targets (``verdicts``), each met or MISSED; a miss is reported, not fatal, while a
 run that fails or times out fails the check. The whole step ends within ``BUDGET`` seconds."""
 
@@ -37,7 +38,6 @@ RATE_TARGETS = {(4096, "allreduce 1GPU"): 2.8e6, (4096, "hybrid 1S+1GPU"): 2.6e6
                 (256, "allreduce 1GPU"): 280e3, (256, "hybrid 1S+1GPU"): 280e3}
 HYBRID_OVER_PS = 1.48  # hybrid's samples/s over ps's with the same servers and workers
 BUSY_TARGET, BUSY_BATCH = 0.5, 4096  # GPU busy of the allreduce and hybrid runs there
-PEER = os.path.join(ROOT, ".dev", "torch_gpu_wdl.py")
 LAUNCHES = os.path.join(ROOT, "bench", "step_launches.py")
 
 
@@ -132,7 +132,7 @@ def missed(checks: list[dict]) -> list[str]:
 
 
 def parse_peer(stdout: str) -> float | None:
-    """The samples/s torch_gpu_wdl.py prints on its last line (``... samples/s N``)."""
+    """The samples/s the peer prints on its last line (``... samples/s N``)."""
     found = re.findall(r"samples/s\s+([0-9][0-9.eE+]*)", stdout)
     return float(found[-1]) if found else None
 
@@ -163,10 +163,11 @@ def count_launches(until: float) -> str:
 
 
 def run_peer(path: str, rows: list[dict], until: float) -> dict:
-    """torch_gpu_wdl.py at each batch size, printed beside pshybrid's allreduce run;
-    {batch: samples/s or None}. A missing or failing peer is reported, not fatal."""
-    if not os.path.isfile(path):
-        print(f"peer: no torch_gpu_wdl.py at {path} (give one with --peer PATH): not run")
+    """The peer script at ``path`` at each batch size, printed beside pshybrid's allreduce
+    run; {batch: samples/s or None}. None given, missing or failing: reported, not fatal."""
+    if path is None or not os.path.isfile(path):
+        print("peer: " + ("none given (--peer PATH)" if path is None else f"{path} not found")
+              + ": not run")
         return {}
     ours = {r["batch"]: r["samples_per_s"] for r in rows if r["mode"] == "allreduce"}
     out = {}
@@ -216,7 +217,7 @@ def bench_speed(mpi: dict, peer: str | None) -> tuple[bool, list[str], dict]:
                     print(row_line(row), flush=True)
     launches = count_launches(until)
     print(launches, flush=True)
-    peers = run_peer(peer or PEER, rows, until)
+    peers = run_peer(peer, rows, until)
     checks = verdicts(rows)
     print("targets:\n" + "\n".join(verdict_line(v) for v in checks))
     doc = {"steps": STEPS, "log_intervals": LOGS, "runs": rows, "launches": launches,
