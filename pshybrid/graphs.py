@@ -88,11 +88,17 @@ class DeviceStep:
         self.slots: dict[int, _Slot] = {}
         self.pinned, self.copied = None, None  # the host buffer, the event of its last copy
         self.pool = xp.cuda.MemoryPool() if graphs else None  # the graphs' allocations
-        self.stream = xp.cuda.get_current_stream()
+        self.stream = self.previous = xp.cuda.get_current_stream()
         if self.stream.ptr in (0, 1):  # the legacy default stream: CUDA captures none
             xp.cuda.Device().synchronize()  # what set-up queued there is done
             self.stream = xp.cuda.Stream(non_blocking=True)
             self.stream.use()  # from now on every kernel and copy of this thread
+
+    def close(self) -> None:
+        """The run is over: its stream's work done, the thread's stream as before."""
+        if self.stream is not self.previous:
+            self.stream.synchronize()
+            self.previous.use()
 
     def _slot(self, C: int) -> _Slot:
         slot = self.slots.get(C)

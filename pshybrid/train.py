@@ -124,6 +124,8 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
         finally:
             if job is not None and job.stop is not None:
                 job.stop.close(complete=False)  # an error: drop the agreement in flight
+            if job is not None and job.device is not None:
+                job.device.close()
             gc.unfreeze()  # a later run in this process (tests, benchmarks) may collect them
             for d in opened:
                 d.close()
