@@ -36,6 +36,7 @@ from .models import build_model
 from .optim import Optimizer
 from .partition import group_by_owner
 from .synthetic import SyntheticCTR
+from .threads import rank_server_threads
 from .topology import default_servers
 from .transport import agree
 
@@ -245,7 +246,9 @@ def measure(comm, cfg, model, params, layout, shape, read):
     sparse_opt = Optimizer(cfg.sparse_optimizer, cfg.lr)
     w, g = np.zeros((R, shape.E), dt), np.zeros((R, shape.E), dt)
     sstate = {k: np.zeros_like(w) for k in sparse_opt.slots}
-    row_apply = _typical(lambda: sparse_opt.apply_slot(w, g, sstate, 1, rows)) / rows.size
+    threads = rank_server_threads(cfg.server_threads)[0]  # as a rank applies in training
+    row_apply = _typical(lambda: sparse_opt.apply_slot(w, g, sstate, 1, rows,
+                                                       threads=threads)) / rows.size
     batch = _typical(lambda: group_by_owner(read()[2], layout.table.rows, max(1, shape.servers)))
     links = _wire(comm, shape, dt)
     mine = np.array([compute, dense_apply, row_apply, batch, *links])

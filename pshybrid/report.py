@@ -24,6 +24,7 @@ from . import __version__, kernels, limits
 from .batches import global_batch
 from .optim import SLOTS
 from .tboard import TensorBoard
+from .threads import rank_server_threads
 
 PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server_apply", "wait",
           "eval")  # server_apply: on workers only with --placement colocated
@@ -259,7 +260,8 @@ def _n(count: int, noun: str) -> str:
 def banner(cfg, topo, schema, steps: int, n_rows: int | None = None) -> str:
     """What the run is about to do, printed by worker 0 before the tables are built: who is
     a worker and who serves, the global batch, the tables' rows and bytes (per server),
-    the dense parameters, a checkpoint's size; a warning when the tables have more rows
+    the dense parameters, a checkpoint's size, the sparse optimizer's threads (as sized on
+    worker 0: every rank sizes its own by the same rule); a warning when the tables have more rows
     than the data has ids (most would never train), and a note when numba compiles."""
     W, S, s = topo.n_workers, topo.n_servers, np.dtype(cfg.dtype).itemsize
     P, E = limits.model_size(cfg, schema)
@@ -284,6 +286,9 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None) -> str:
              f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
              f"  dense: {_n(P, 'parameter')}; a checkpoint holds about "
              f"{limits.gib(table + P * s * (1 + dslots))}"]
+    T, rule = rank_server_threads(cfg.server_threads)
+    holder = ("each rank" if topo.colocated else "each server" if S else "each worker")
+    lines.append(f"  sparse optimizer: {_n(T, 'thread')} on {holder}'s rows ({rule})")
     if n_rows is not None and rows > n_rows * F:
         lines.append(f"  warning: the tables have {_n(rows, 'row')}, the data "
                      f"{_n(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids: most rows can "

@@ -12,6 +12,7 @@ from pshybrid.config import TrainConfig
 from pshybrid.limits import model_size
 from pshybrid.report import Reporter, banner, clock, span
 from pshybrid.schema import Schema
+from pshybrid.threads import rank_server_threads
 
 COLD = kernels.numba_cache_cold  # the real one (the fixture below stands in for it)
 SCHEMA = Schema(n_dense=2, cardinalities=(2**20, 2**20))  # 2 Mi rows
@@ -36,13 +37,18 @@ def test_banner_names_the_roles_the_global_batch_and_the_bytes():
     assert E == 5  # dim + the wide weight
     # 2 Mi rows x 5 floats x 4 bytes x (weights + 1 adagrad slot) = 80 MiB; 40 per server
     text = banner(cfg, topo(3, 2), SCHEMA, 500)
+    T, rule = rank_server_threads()  # this process's cores, by the rank's rule
     assert text.splitlines() == [
         "plan: hybrid wdl on 5 ranks, 1 node: 3 workers (ranks 0-2), 2 servers (ranks 3-4)",
         "  global batch 192 = 3 workers x --batch-size 64; 500 steps",
         "  tables: 2 fields, 2,097,152 rows x 5 float32 + 1 adagrad state: 80.0 MiB, "
         "40.0 MiB per server",
         f"  dense: {P:,} parameters; a checkpoint holds about "
-        f"{(80 * 2**20 + P * 4 * 3) / 2**20:,.1f} MiB"]  # + adam's 2 slots per parameter
+        f"{(80 * 2**20 + P * 4 * 3) / 2**20:,.1f} MiB",  # + adam's 2 slots per parameter
+        f"  sparse optimizer: {T} thread{'s' * (T > 1)} on each server's rows ({rule})"]
+    text = banner(replace(cfg, server_threads=3), topo(3, 2), SCHEMA, 500)
+    assert text.splitlines()[-1] == \
+        "  sparse optimizer: 3 threads on each server's rows (--server-threads)"
 
 
 def test_banner_placements_and_the_small_data_warning():
@@ -50,11 +56,13 @@ def test_banner_placements_and_the_small_data_warning():
     text = banner(cfg, topo(1, 0), SCHEMA, 10, n_rows=1000)
     assert text.startswith("plan: allreduce wdl on 1 rank, 1 node: 1 worker, no server\n")
     assert "40.0 MiB, all of it on every worker" in text  # sgd: no state
+    assert "on each worker's rows" in text
     assert ("warning: the tables have 2,097,152 rows, the data 1,000 rows x 2 fields = "
             "2,000 ids: most rows can never train") in text
     cfg = replace(cfg, mode="hybrid", placement="colocated")
     text = banner(cfg, topo(4, 4, colocated=True), SCHEMA, 10, n_rows=2**20)
     assert "4 workers, each owning a shard" in text and "10.0 MiB per rank" in text
+    assert "on each rank's rows" in text
     assert "warning" not in text  # 2 Mi ids: as many as rows
 
 

@@ -89,7 +89,7 @@ class HotRows:
         touched = np.flatnonzero(self.grads[:, dim] > 0)
         with self.ctx.timers.time("push"):
             self.opt.update_rows(self.w, touched, np.ascontiguousarray(self.grads[touched, :dim]),
-                                 self.state, step)
+                                 self.state, step, threads=self.ctx.apply_threads)
 
 
 class HotReplicated:

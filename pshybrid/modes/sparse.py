@@ -275,7 +275,7 @@ class ServerSparse(_StagedSums):
 class ReplicatedSparse(_StagedSums):
     """Every worker holds the whole fused table. Each worker's gradient rows, summed per
     distinct id, are exchanged with Allgather (ids + rows, Horovod style) and every worker
-    applies the same optimizer update to its copy."""
+    applies the same optimizer update to its copy (on ``ctx.apply_threads`` threads)."""
 
     live = server_step = False
     prepare_uses_mpi = False
@@ -329,7 +329,8 @@ class ReplicatedSparse(_StagedSums):
     def start(self, batch: Batch, demb, step: int) -> None:
         with self.ctx.timers.time("push"):
             ids, rows = self.exchange(batch.unique, self.sums(batch, demb))
-            self.opt.update_rows(self.table, ids, rows, self.state_arrays, step)
+            self.opt.update_rows(self.table, ids, rows, self.state_arrays, step,
+                                 threads=self.ctx.apply_threads)
 
     def exchange(self, uids, sums):
         """Every worker's (ids, summed rows) -> the distinct ids of all and their sums."""
