@@ -16,6 +16,9 @@ jobs itself as subprocesses.
 2. times them beside the device-to-device copy of the same bytes: many back-to-back launches
    of the bound kernel between two CUDA events (bench/timing.py ``per_launch``), the copy
    the same way, in the same run; target printed beside each: >= 0.7x the copy bandwidth;
+   scatter-add as a step calls it (a memset and the kernel, into a reused buffer) >= 0.6x at
+   dims 16 and 64; the fused rows of dim 17 as a step carries them (padded to 20, the
+   17-wide rows' copy over the 20-wide kernel) >= 0.7x;
 3. times a training step, hybrid vs ps, one GPU worker + one CPU server rank, and
    allreduce on one GPU worker (DLRM, float32, batch 4096, steady-state interval of the
    run's metrics, phase split), and prints each run's host syncs per training step (the
@@ -65,6 +68,7 @@ import gpu_speed  # noqa: E402 - bench/ on the path first
 from gpu_runs import _T0, budget, run_limited, set_budget, steady, train_job  # noqa: E402
 
 TARGET = 0.7
+CALL_TARGET = 0.6  # scatter-add as a step calls it (memset + kernel), at dims 16 and 64
 BUDGET = 420  # seconds for the subprocesses of every step but 4 (gpu_speed.BUDGET its own)
 MARGIN = 50  # seconds past the subprocesses' budget: then the check stops (SIGALRM) and fails
 
@@ -107,7 +111,7 @@ def bench_kernels(cp, quick: bool) -> list[str]:
     repeat, launches = (20, 50) if not quick else (5, 20)
     rng = np.random.default_rng(1)
     idx = cp.asarray(rng.integers(0, n_rows, n))
-    missed = []
+    missed, took = [], {}  # (kernel, dtype, dim) -> seconds (the copy: kernel "copy")
     print(f"\n{'kernel':<12} {'dtype':<8} {'dim':>4} {'MB':>7} {'ms':>8} {'GB/s':>7} "
           f"{'copy GB/s':>9} {'x copy':>7}  target")
     for dtype, dim in (("float32", 16), ("float32", 64), ("float32", 128), ("float32", 17),
@@ -120,28 +124,49 @@ def bench_kernels(cp, quick: bool) -> list[str]:
         def copy(dst=dst, src=src, nbytes=nbytes):
             dst.data.copy_from_device_async(src.data, nbytes)
 
-        t_copy = timed(cp, copy, repeat, launches)
+        t_copy = took["copy", dtype, dim] = timed(cp, copy, repeat, launches)
         out, rows = cp.zeros((n_rows, dim), dtype), cp.empty_like(values)
         width, vec = cuda._width(dtype, dim, values, out, table, rows)
         runs = {"gather": cuda.launcher("gather_rows", dtype, width, n, (
                     table, idx, rows, np.int64(n), np.int64(width), np.int64(n_rows)), vec),
                 "scatter_add": cuda.launcher("scatter_add_rows", dtype, width, n, (
                     idx, values, out, np.int64(n), np.int64(width), np.int64(n_rows)), vec),
-                "  +call": lambda values=values: cuda.scatter_add(idx, values, n_rows)}
+                "  +call": lambda values=values, out=out: cuda.scatter_add(idx, values, n_rows,
+                                                                            out=out)}
         for name, fn in runs.items():
-            t = timed(cp, fn, repeat, launches)
+            t = took[name, dtype, dim] = timed(cp, fn, repeat, launches)
             ratio = t_copy / t
-            ok = ratio >= TARGET
-            if name != "  +call" and not ok:
-                missed.append(f"{name} {dtype} dim {dim}: {ratio:.2f}x copy")
+            call = name == "  +call"
+            target = CALL_TARGET if call else TARGET
+            ok = ratio >= target
+            counted = dim in (16, 64) if call else dim != 17  # 17: padded in a step (below)
+            if not ok and counted:
+                missed.append(f"{name.strip()} {dtype} dim {dim}: {ratio:.2f}x copy")
+            note = ("  (scatter_add as a step calls it: memset + kernel)" if call else
+                    "  (a step pads these rows: see 17->20)" if dim == 17 else "")
             print(f"{name:<12} {dtype:<8} {dim:>4} {nbytes / 1e6:>7.1f} {t * 1e3:>8.3f} "
                   f"{2 * nbytes / t / 1e9:>7.0f} {2 * nbytes / t_copy / 1e9:>9.0f} "
-                  f"{ratio:>6.2f}x  {'>= 0.70x ' + ('ok' if ok else 'MISSED')}"
-                  f"{'  (scatter_add as called: allocation + zeroing + kernel)' if name == '  +call' else ''}")
+                  f"{ratio:>6.2f}x  >= {target:.2f}x {'ok' if ok else 'MISSED'}{note}")
+    missed += padded_rows(took)
     print("GB/s = 2 x bytes of the (n, dim) rows (read + write) per second; ids uniform over "
           f"{n_rows} rows, n = {n}; each figure: {launches} back-to-back launches between two "
           f"CUDA events, median of {repeat}; the kernels alone (bound once; scatter_add adds "
           "into the same table every launch), the copy the same way; dim 20 = 17 padded to 4")
+    return missed
+
+
+def padded_rows(took: dict) -> list[str]:
+    """The fused rows of dim 17 as training carries them on the device (padded to 20:
+    graphs.DeviceStep): the copy of the 17-wide rows over the kernel on 20-wide ones ->
+    the misses of the 0.7x target."""
+    missed = []
+    for name in ("gather", "scatter_add"):
+        ratio = took["copy", "float32", 17] / took[name, "float32", 20]
+        ok = ratio >= TARGET
+        print(f"{name:<12} float32 17->20 as trained (copy of the 17-wide rows / kernel on "
+              f"20-wide ones): {ratio:.2f}x  >= {TARGET:.2f}x {'ok' if ok else 'MISSED'}")
+        if not ok:
+            missed.append(f"{name} dim 17 as trained: {ratio:.2f}x copy")
     return missed
 
 

@@ -15,7 +15,11 @@ pulled for a batch and the gradients that go on the wire:
 
 The four inputs are packed into one pinned host buffer and go to the device in ONE
 asynchronous copy, into a static device buffer of capacity C >= U distinct rows
-(``capacity``: powers of two from ``MIN_CAPACITY``, at most B*F). Each capacity's body is
+(``capacity``: powers of two from ``MIN_CAPACITY``, at most B*F). Where the model allows it
+(``row_padding``: WDL, DeepFM, DCN), the rows are padded with zeros to a whole number of
+16-byte vectors on the device (dim 16 + the wide weight: 17 -> 20 float32), so the gather
+and scatter-add kernels take their vector path; the body copies the (C, E) sums out of the
+padded ones. Each capacity's body is
 captured once as a CUDA graph (``cupy.cuda.Stream.begin_capture``) and then launched: one
 launch replaces the body's dozens. The first step of a capacity runs the body eagerly (it
 compiles CuPy's kernels and warms cuBLAS: nothing is built during a capture), the next one
@@ -37,6 +41,13 @@ from .layers import bce_with_logits
 
 MIN_CAPACITY = 1024  # distinct rows of the smallest static buffer (and graph)
 _ALIGN = 256         # bytes: each packed input starts on it (the kernels' vector loads)
+_VECTOR = 16         # bytes: the kernels' vector loads and stores (cuda._width)
+
+
+def padded_width(E: int, dtype) -> int:
+    """E elements of ``dtype`` rounded up to a whole number of 16-byte vectors."""
+    per = _VECTOR // np.dtype(dtype).itemsize
+    return -(-E // per) * per
 
 
 def capacity(U: int, most: int) -> int:
@@ -68,7 +79,9 @@ class _Slot:
         for name, (off, shape, dt) in layout.items():
             n = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
             setattr(self, name, self.raw[off:off + n].view(dt).reshape(shape))
+        Ep = self.rows.shape[1]  # E, or padded
         self.sums = xp.empty((C, E), dtype)
+        self.padded_sums = xp.empty((C, Ep), dtype) if Ep != E else self.sums
         self.pair = xp.zeros(2, np.float64)  # (loss sum, label sum) of the step
         self.graph, self.ready, self.runs = None, [], 0
 
@@ -83,6 +96,7 @@ class DeviceStep:
                  scale: float, graphs: bool = True):
         self.xp, self.model, self.params = xp, model, params
         self.dtype, self.B, self.F, self.E, self.scale = np.dtype(dtype), B, F, E, scale
+        self.Ep = padded_width(E, dtype) if getattr(model, "row_padding", False) else E
         self.Fd, self.graphs = Fd, graphs
         self.why_eager = None if graphs else "--cuda-graphs off"
         self.slots: dict[int, _Slot] = {}
@@ -106,7 +120,7 @@ class DeviceStep:
             B, dt = self.B, self.dtype
             layout, nbytes = _layout([("label", (B,), dt), ("dense", (B, self.Fd), dt),
                                       ("inverse", (B * self.F,), np.int64),
-                                      ("rows", (C, self.E), dt)])
+                                      ("rows", (C, self.Ep), dt)])
             slot = self.slots[C] = _Slot(self.xp, layout, nbytes, C, self.E, dt)
         return slot
 
@@ -127,17 +141,24 @@ class DeviceStep:
         return slot.pair, slot.sums[:U]
 
     def _copy_in(self, slot: _Slot, arrays: dict) -> None:
-        """Pack ``arrays`` into the pinned buffer at ``slot``'s offsets; ONE asynchronous
-        host->device copy of the used bytes (the rows past U are not copied)."""
+        """Pack ``arrays`` into the pinned buffer at ``slot``'s offsets (the rows padded
+        with zeros to the slot's width); ONE asynchronous host->device copy of the used
+        bytes (the rows past U are not copied)."""
         off, shape, dt = slot.layout["rows"]
-        used = off + arrays["rows"].shape[0] * self.E * dt.itemsize
+        U, E, Ep = arrays["rows"].shape[0], self.E, self.Ep
+        used = off + U * Ep * dt.itemsize
         if self.copied is not None:
             wait_event(self.copied)  # the last step's copy has read the buffer (long done)
         self.pinned = pinned_buffer(self.xp, self.pinned, slot.raw.size)
         for name, a in arrays.items():
             o, _, t = slot.layout[name]
-            dst = self.pinned[o:o + a.size * t.itemsize].view(t).reshape(a.shape)
-            np.copyto(dst, a, casting="same_kind")
+            n = U * Ep if name == "rows" else a.size
+            dst = self.pinned[o:o + n * t.itemsize].view(t)
+            if name == "rows":
+                dst = dst.reshape(U, Ep)
+                dst[:, E:] = 0
+                dst = dst[:, :E]
+            np.copyto(dst, a.reshape(dst.shape), casting="same_kind")
         slot.raw[:used].set(self.pinned[:used], stream=self.stream)  # async H2D, pinned
         self.copied = self.xp.cuda.Event()
         self.copied.record()
@@ -146,13 +167,15 @@ class DeviceStep:
         """The step's device work on ``slot``'s static buffers (module docstring)."""
         from . import cuda
 
-        B, F, E = self.B, self.F, self.E
-        emb = cuda.gather(slot.rows, slot.inverse).reshape(B, F, E)
+        B, F, E, Ep = self.B, self.F, self.E, self.Ep
+        emb = cuda.gather(slot.rows, slot.inverse).reshape(B, F, Ep)
         logits = self.model.forward(slot.dense, emb)
         losses, dz = bce_with_logits(logits, slot.label, self.scale)
         self.params.zero_grad()
-        demb = self.model.backward(dz)
-        cuda.scatter_add(slot.inverse, demb.reshape(B * F, E), slot.C, out=slot.sums)
+        demb = self.model.backward(dz)  # (B, F, Ep): zero past E (row_padding)
+        cuda.scatter_add(slot.inverse, demb.reshape(B * F, Ep), slot.C, out=slot.padded_sums)
+        if Ep != E:
+            slot.sums[...] = slot.padded_sums[:, :E]
         slot.pair[0] = losses.sum()
         slot.pair[1] = slot.label.sum()
 

@@ -22,6 +22,10 @@ class CTRModel:
 
     wide = 0
     cross_layers = False  # --cross-layers sizes it (DCN)
+    # True: forward reads only the fused row's first E columns of emb and backward returns
+    # demb shaped like emb, zero past E, so a device may carry rows padded to its vector
+    # width (graphs.DeviceStep)
+    row_padding = False
 
     @classmethod
     def counted_params(cls, schema: Schema, dim: int, cross_layers: int) -> int:
@@ -64,6 +68,7 @@ class WDL(CTRModel):
 
     wide = 1
     linear_name = "wide.dense"
+    row_padding = True  # reads emb[..., :dim] and emb[..., dim]; demb from zeros(emb.shape)
 
     def __init__(self, schema, dim, mlp, params):
         super().__init__(schema, dim, mlp, params)
@@ -104,6 +109,7 @@ class DCN(CTRModel):
     """Deep & Cross: x0 = concat(dense, emb); logit = out(concat(cross(x0), deep(x0)))."""
 
     cross_layers = True
+    row_padding = True  # reads emb[..., :dim]; demb from zeros(emb.shape)
 
     @classmethod
     def counted_params(cls, schema, dim, cross_layers):

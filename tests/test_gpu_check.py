@@ -164,3 +164,17 @@ def test_which_options_run_the_speed_step_within_what_budget(argv, speed, second
     assert seconds + gpu_check.MARGIN <= (300 if "--speed" in argv else 720)  # the docs' 5, 12 min
     with pytest.raises(SystemExit):  # step 4 alone, or left out: not both
         gpu_check.parse_args(["--speed", "--skip-speed"])
+
+
+def test_padded_rows_compare_the_17_wide_copy_with_the_20_wide_kernels(capsys):
+    """The fused rows as a step carries them: the copy of 17-wide rows over the kernel on
+    the rows padded to 20; a miss of the 0.7x target is listed, a hit is not."""
+    import gpu_check
+
+    took = {("copy", "float32", 17): 1.0, ("gather", "float32", 20): 1.25,
+            ("scatter_add", "float32", 20): 2.0}
+    missed = gpu_check.padded_rows(took)
+    out = capsys.readouterr().out
+    assert "gather       float32 17->20 as trained" in out and "0.80x  >= 0.70x ok" in out
+    assert "0.50x  >= 0.70x MISSED" in out
+    assert missed == ["scatter_add dim 17 as trained: 0.50x copy"]

@@ -54,6 +54,9 @@ def test_capacity_is_a_power_of_two_from_the_minimum_capped_by_the_batch():
     assert [graphs.capacity(u, 10**6) for u in (0, 1, M - 1, M, M + 1, 3 * M)] == \
         [M, M, M, M, 2 * M, 4 * M]
     assert graphs.capacity(5000, 4096) == 4096 and graphs.capacity(3, 2) == 2
+    # a row padded to whole 16-byte vectors: dim 16 + the wide weight, in float32 and float64
+    assert [graphs.padded_width(e, np.float32) for e in (16, 17, 20)] == [16, 20, 20]
+    assert [graphs.padded_width(e, np.float64) for e in (4, 5)] == [4, 6]
 
 
 def test_the_stand_in_replays_a_capture_on_its_buffers_and_refuses_host_waits(monkeypatch):
