@@ -14,6 +14,11 @@
 //                     scheduled rate, Adam's bias corrections) come as arguments, computed
 //                     on the host as the CPU kernels get them.
 //
+// bias_act<T>:       y (rows, d) in place: y[i] = y[i] + b[i % d], then max(., 0) if relu
+//                     (a Linear layer's bias and ReLU after its GEMM; twin: x @ W + b, then
+//                     y * (y > 0): layers.Linear on NumPy)
+// relu_grad<T>:       dx[i] = y[i] > 0 ? dy[i] : 0, y the ReLU's output (twin: dy * (y > 0))
+//
 // Layout: 1-D blocks, a grid-stride loop over the n elements (the grid is bounded by the
 // caller: any n fits).
 
@@ -87,6 +92,24 @@ __global__ void adam_update(T* __restrict__ w, const T* __restrict__ g, T* __res
     }
 }
 
+template <typename T>
+__global__ void bias_act(T* __restrict__ y, const T* __restrict__ b, long long n, long long d,
+                         int relu) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const T v = y[i] + b[i % d];
+        y[i] = (relu && !(v > T(0))) ? T(0) : v;
+    }
+}
+
+template <typename T>
+__global__ void relu_grad(const T* __restrict__ dy, const T* __restrict__ y,
+                          T* __restrict__ dx, long long n) {
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
+        dx[i] = y[i] > T(0) ? dy[i] : T(0);
+}
+
 // Explicit instantiations, so that nvcc (.ci/run) compiles every kernel pshybrid/cuda.py
 // names; RawModule instantiates the same ones from its name_expressions.
 #define PSHYBRID_INSTANTIATE_FUSED(T)                                                         \
@@ -94,6 +117,8 @@ __global__ void adam_update(T* __restrict__ w, const T* __restrict__ g, T* __res
     template __global__ void sgd_update<T>(T*, const T*, long long, T, T, T);                 \
     template __global__ void adagrad_update<T>(T*, const T*, T*, long long, T, T, T, T);      \
     template __global__ void adam_update<T>(T*, const T*, T*, T*, long long, T, T, T, T, T,   \
-                                            T, T, T, T);
+                                            T, T, T, T);                                      \
+    template __global__ void bias_act<T>(T*, const T*, long long, long long, int);            \
+    template __global__ void relu_grad<T>(const T*, const T*, T*, long long);
 PSHYBRID_INSTANTIATE_FUSED(float)
 PSHYBRID_INSTANTIATE_FUSED(double)

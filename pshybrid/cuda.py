@@ -28,7 +28,8 @@ from .errors import PshybridError
 CTYPES = {np.dtype(np.float32): ("float", "float4", 4),
           np.dtype(np.float64): ("double", "double2", 2)}
 KERNELS = ("gather_rows", "scatter_add_rows")
-FUSED = ("bce_logits", "sgd_update", "adagrad_update", "adam_update")  # kernels/fused.cu
+FUSED = ("bce_logits", "sgd_update", "adagrad_update", "adam_update", "bias_act",
+         "relu_grad")  # kernels/fused.cu
 NAME_EXPRESSIONS = (tuple(f"{k}<{t}>" for k in KERNELS for c in CTYPES.values() for t in c[:2])
                     + tuple(f"{k}<{c[0]}>" for k in FUSED for c in CTYPES.values()))
 OPTIONS = ("--std=c++17",)
@@ -210,3 +211,32 @@ def dense_update(kind: str, w, g, state: list, scalars: tuple) -> None:
     f = w.dtype.type
     _elementwise(f"{kind}_update", w.dtype, w.size,
                  (w, g, *state, np.int64(w.size), *(f(s) for s in scalars)))
+
+
+def bias_act(y, b, relu: bool):
+    """y (rows, d) contiguous CuPy (a GEMM's output), b (d,): y += b, then max(y, 0) with
+    ``relu``, in place, in one kernel -> y."""
+    assert y.flags.c_contiguous and y.shape[-1] == b.size, (y.shape, b.shape)
+    if y.size:
+        _elementwise("bias_act", y.dtype, y.size,
+                     (y, b, np.int64(y.size), np.int64(b.size), np.int32(relu)))
+    return y
+
+
+def relu_grad(dy, y):
+    """dy, y: same shape, contiguous CuPy, y a ReLU's output -> dy where y > 0, else 0."""
+    import cupy
+
+    dy = cupy.ascontiguousarray(dy)
+    dx = cupy.empty_like(dy)
+    if dy.size:
+        _elementwise("relu_grad", dy.dtype, dy.size, (dy, y, dx, np.int64(dy.size)))
+    return dx
+
+
+def gemm_acc(x, dy, out) -> None:
+    """out += x.T @ dy through cuBLAS's beta (no temporary): x (B, m), dy (B, n), out (m, n)
+    CuPy of one dtype, ``out`` contiguous (a view into the gradient buffer)."""
+    import cupy.cublas
+
+    cupy.cublas.gemm("T", "N", x, dy, out=out, alpha=1.0, beta=1.0)

@@ -123,38 +123,51 @@ class ParamSpace:
 
 
 class Linear:
-    """y = x @ W + b; x: (B, d_in), W: (d_in, d_out), b: (d_out,) -> y: (B, d_out)."""
+    """y = x @ W + b, then max(y, 0) with ``relu``; x: (B, d_in), W: (d_in, d_out), b:
+    (d_out,) -> y: (B, d_out). On CuPy arrays the bias and the ReLU are one kernel after the
+    GEMM, the ReLU's gradient one kernel, and dW accumulates in the GEMM (``cuda``); on
+    NumPy they are the expressions below (ReLU: ``y * (y > 0)``, its gradient ``dy * (y >
+    0)``: the twins)."""
 
-    def __init__(self, params: ParamSpace, name: str, d_in: int, d_out: int):
+    def __init__(self, params: ParamSpace, name: str, d_in: int, d_out: int,
+                 relu: bool = False):
         self.params, self.w, self.b = params, f"{name}.weight", f"{name}.bias"
+        self.relu = relu
         params.add(self.w, (d_in, d_out), "xavier_uniform")
         params.add(self.b, (d_out,), "zeros")
 
     def forward(self, x):
         """x: (B, d_in) -> (B, d_out)."""
         self.x = x
-        return x @ self.params.param(self.w) + self.params.param(self.b)
+        w, b = self.params.param(self.w), self.params.param(self.b)
+        if array_module(x) is not np:
+            from . import cuda
+
+            self.y = cuda.bias_act(x @ w, b, self.relu)  # in place on the GEMM's output
+            return self.y
+        y = x @ w + b
+        if self.relu:
+            self.mask = y > 0
+            y = y * self.mask
+        return y
 
     def backward(self, dy):
-        """dy: (B, d_out) -> dx: (B, d_in); dW += x^T dy, db += sum_B dy."""
+        """dy: (B, d_out) -> dx: (B, d_in); dW += x^T dy, db += sum_B dy (of the ReLU's
+        gradient, with ``relu``)."""
         gw, gb = self.params.grad(self.w), self.params.grad(self.b)
-        gw += self.x.T @ dy
+        if array_module(dy) is not np:
+            from . import cuda
+
+            if self.relu:
+                dy = cuda.relu_grad(dy, self.y)
+            cuda.gemm_acc(self.x, dy, gw)
+        else:
+            if self.relu:
+                dy = dy * self.mask
+            gw += self.x.T @ dy
         gb += dy.sum(axis=0)
         self.params.grads_ready(self.w, self.b)
         return dy @ self.params.param(self.w).T
-
-
-class ReLU:
-    """y = max(x, 0), elementwise."""
-
-    def forward(self, x):
-        """x: (...) -> (...)."""
-        self.mask = x > 0
-        return x * self.mask
-
-    def backward(self, dy):
-        """dy: (...) -> dx: (...)."""
-        return dy * self.mask
 
 
 class MLP:
@@ -167,9 +180,8 @@ class MLP:
         self.out_dim = sizes[-1]
         self.layers = []
         for i, (d_in, d_out) in enumerate(zip(sizes[:-1], sizes[1:])):
-            self.layers.append(Linear(params, f"{name}.{i}", d_in, d_out))
-            if final_activation or i < len(sizes) - 2:
-                self.layers.append(ReLU())
+            relu = final_activation or i < len(sizes) - 2
+            self.layers.append(Linear(params, f"{name}.{i}", d_in, d_out, relu))
 
     def forward(self, x):
         """x: (B, sizes[0]) -> (B, sizes[-1])."""

@@ -340,7 +340,35 @@ def install(monkeypatch, now=None):
     monkeypatch.setattr(cuda, "scatter_add", _scatter_add)
     monkeypatch.setattr(cuda, "bce", _bce)
     monkeypatch.setattr(cuda, "dense_update", _dense_update)
+    monkeypatch.setattr(cuda, "bias_act", _bias_act)
+    monkeypatch.setattr(cuda, "relu_grad", _relu_grad)
+    monkeypatch.setattr(cuda, "gemm_acc", _gemm_acc)
     return cp
+
+
+def _bias_act(y, b, relu):
+    """``cuda.bias_act``'s twin (one launch): y += b, then y * (y > 0), in place."""
+    yy, bb = _unwrap(y), _unwrap(b)
+
+    def run():
+        np.add(yy, bb, out=yy)
+        if relu:
+            np.multiply(yy, yy > 0, out=yy)
+
+    _op(run, [yy])
+    return y
+
+
+def _relu_grad(dy, y):
+    """``cuda.relu_grad``'s twin (one launch): dy * (y > 0)."""
+    d, yy = _unwrap(dy), _unwrap(y)
+    return _made(lambda: d * (yy > 0))
+
+
+def _gemm_acc(x, dy, out):
+    """``cuda.gemm_acc``'s twin (one launch): out += x.T @ dy."""
+    xx, d, o = _unwrap(x), _unwrap(dy), _unwrap(out)
+    _op(lambda: np.add(o, xx.T @ d, out=o), [o])
 
 
 def _scatter_add(index, values, n, out=None):

@@ -94,7 +94,8 @@ def test_kernel_names_cover_every_dtype_and_width():
             ("scatter_add_rows", "float64", True): "scatter_add_rows<double2>"}
     for (op, dt, vec), name in want.items():
         assert cuda.kernel_name(op, np.dtype(dt), vec) == name
-    fused = [f"{k}<{t}>" for k in ("bce_logits", "sgd_update", "adagrad_update", "adam_update")
+    fused = [f"{k}<{t}>" for k in ("bce_logits", "sgd_update", "adagrad_update", "adam_update",
+                                   "bias_act", "relu_grad")
              for t in ("float", "double")]  # kernels/fused.cu: scalar types only
     assert sorted(cuda.NAME_EXPRESSIONS) == sorted([*want.values(), *fused])
     # a vector is 16 bytes: 4 float32 or 2 float64 per load

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pshybrid.layers import (MLP, BagPooling, CrossNet, DotInteraction, FMInteraction, Linear,
-                             ParamSpace, ReLU, bce_with_logits)
+                             ParamSpace, bce_with_logits)
 
 H = 1e-6
 
@@ -144,11 +144,14 @@ def test_linear_grads():
     check_backward(layer, x, params)
 
 
-def test_relu_grads():
-    rng = np.random.default_rng(3)
-    x = rng.uniform(0.1, 1.0, (4, 5)) * rng.choice([-1.0, 1.0], (4, 5))  # away from the kink
-    np.testing.assert_array_equal(ReLU().forward(x), np.where(x > 0, x, 0.0))
-    check_backward(ReLU(), x)
+def test_linear_relu_grads():
+    """Linear with ReLU: max(x @ W + b, 0), and its gradients by finite differences."""
+    params, layer = built(lambda params: Linear(params, "fc", 4, 6, relu=True))
+    x = np.random.default_rng(3).standard_normal((5, 4))
+    check_backward(layer, x, params)  # (sets random weights and biases)
+    pre = x @ params.param("fc.weight") + params.param("fc.bias")
+    assert (pre > 0).any() and (pre < 0).any() and np.abs(pre).min() > 1e-4  # off the kink
+    np.testing.assert_array_equal(layer.forward(x), np.where(pre > 0, pre, 0.0))
 
 
 @pytest.mark.parametrize("final_activation", [True, False])
