@@ -4,9 +4,10 @@ with ``cupy.RawModule`` (lazily, once per device), maps dtype -> kernel name and
 ``gather(rows, index)`` and ``scatter_add(index, values, n)`` have the signatures and results
 of ``pshybrid.kernels.gather`` / ``scatter_add`` (which dispatch here for CuPy arrays); their
 oracles are ``kernels.gather_ref`` / ``scatter_add_ref``. Design notes: ``kernels/embedding.cu``.
-``bce(z, y, scale)`` and ``dense_update(kind, w, g, state, scalars)`` are the fused
-elementwise kernels of ``kernels/fused.cu`` (twins: ``layers.bce_with_logits`` and the CPU's
-row kernels through ``optim.Optimizer``).
+``bce``, ``dense_update``, ``bias_act`` and ``relu_grad`` launch the fused elementwise
+kernels of ``kernels/fused.cu`` (twins: ``layers.bce_with_logits``, the CPU's row kernels
+through ``optim.Optimizer``, ``layers.Linear``'s NumPy expressions); ``gemm_acc`` is cuBLAS's
+GEMM accumulating into its output.
 
 The sources are found installed with the package (``share/pshybrid/kernels/*.cu``, setup.cfg
 ``[options.data_files]``, located through the distribution's file list), or, when the package

@@ -121,7 +121,7 @@ class _StagedSums:
     """GPU workers: ``stage`` (move 0 of ``modes.step``) queues the copy of the step's
     (U, E) gradient sums to pinned host memory; ``_staged`` is it (valid after the sync).
     Where it is set, ``start``/``finish`` send it instead of summing ``demb`` on the host
-    (``given_sums``). Both strategies: ``set_lr``."""
+    (``given_sums``). Both strategies: ``set_lr``, ``lookup``."""
 
     _staged = None
 
@@ -137,6 +137,16 @@ class _StagedSums:
         """GPU workers, before the step's sync: the sums' device->host copy queued."""
         with self.ctx.kernel_timers.time("push"):
             self._staged = _stage_sums(self.ctx, batch, demb)
+
+    def lookup(self, batch: Batch):
+        """-> the batch's rows, ``batch.ids.shape + (E,)``: on the host the strategy's
+        ``_expanded``; on a GPU worker its distinct rows (``unique_rows``) expanded there."""
+        if self.ctx.xp is not np:
+            rows = self.unique_rows(batch)
+            with self.ctx.timers.time("pull"):
+                return _device_rows(self.ctx, batch, rows)
+        with self.ctx.timers.time("pull"):
+            return self._expanded(batch)
 
     def given_sums(self, sums) -> None:
         """This step's (U, E) gradient sums, made elsewhere (what ``stage`` does on a GPU
@@ -183,13 +193,8 @@ class ServerSparse(_StagedSums):
         types = self.live or (not self.store.shared and self.pull_types)
         return Batch(ids, plan=self.store.plan(self.name, ids, types=types))
 
-    def lookup(self, batch: Batch):
-        if self.ctx.xp is not np:
-            rows = self.unique_rows(batch)
-            with self.ctx.timers.time("pull"):
-                return _device_rows(self.ctx, batch, rows)
-        with self.ctx.timers.time("pull"):
-            return self.store.pull(self.name, batch.plan)
+    def _expanded(self, batch: Batch):
+        return self.store.pull(self.name, batch.plan)
 
     def unique_rows(self, batch: Batch):
         """GPU workers: the (U, E) host rows of ``batch.unique`` (one Get per server)."""
@@ -306,13 +311,8 @@ class ReplicatedSparse(_StagedSums):
         unique, inverse, _ = unique_inverse(ids)
         return Batch(ids, unique=unique, inverse=inverse)
 
-    def lookup(self, batch: Batch):
-        if self.ctx.xp is not np:
-            rows = self.unique_rows(batch)
-            with self.ctx.timers.time("pull"):
-                return _device_rows(self.ctx, batch, rows)
-        with self.ctx.timers.time("pull"):
-            return gather(self.table, batch.ids)
+    def _expanded(self, batch: Batch):
+        return gather(self.table, batch.ids)
 
     def unique_rows(self, batch: Batch):
         """GPU workers: the (U, E) host rows of ``batch.unique``, from the local table."""
