@@ -1,4 +1,4 @@
-# python bench/step_launches.py [--steps 8] [--json F]
+# python bench/step_launches.py [--steps 8] [--mlp 1024,512,256] [--json F]
 """Kernel launches and host waits per steady-state training step of a GPU worker, in each
 mode, with CUDA graphs on and off (``--cuda-graphs``; docs/gpu.md), on any machine.
 
@@ -40,7 +40,7 @@ CASES = [("allreduce", "dedicated", "1 GPU worker"),
          ("hybrid", "colocated", "2 GPU workers, colocated")]
 
 
-def count(comm, mode: str, placement: str, graphs: str, steps: int):
+def count(comm, mode: str, placement: str, graphs: str, steps: int, mlp=(1024, 512, 256)):
     """Train the workload on ``comm`` with GPU workers on the stand-in -> on worker 0 (the
     reporter), (launches, host waits) of each steady-state step; None elsewhere."""
     import fake_cupy
@@ -52,7 +52,7 @@ def count(comm, mode: str, placement: str, graphs: str, steps: int):
     from pshybrid.train import train
 
     data = SyntheticCTR(seed=1, cardinalities=(1000,) * 26)
-    cfg = TrainConfig(model="wdl", embedding_dim=16, mlp=(1024, 512, 256), batch_size=256,
+    cfg = TrainConfig(model="wdl", embedding_dim=16, mlp=tuple(mlp), batch_size=256,
                       steps=steps, log_every=10**6, device="cuda", cuda_graphs=graphs,
                       mode=mode, placement=placement, cuda_aware="off")
     if mode != "allreduce":
@@ -70,7 +70,7 @@ def count(comm, mode: str, placement: str, graphs: str, steps: int):
     return diffs[:, 0].tolist(), diffs[:, 1].tolist()
 
 
-def run_all(steps: int) -> list[dict]:
+def run_all(steps: int, mlp) -> list[dict]:
     """Under MPI (2 ranks): every case with graphs off and on -> rows (rank 0)."""
     from mpi4py import MPI
 
@@ -79,7 +79,8 @@ def run_all(steps: int) -> list[dict]:
         sub = comm.Split(0 if (mode != "allreduce" or comm.rank == 0) else MPI.UNDEFINED)
         row = {"mode": mode, "placement": placement, "ranks": what}
         for graphs in ("off", "on"):
-            got = count(sub, mode, placement, graphs, steps) if sub != MPI.COMM_NULL else None
+            got = (count(sub, mode, placement, graphs, steps, mlp) if sub != MPI.COMM_NULL
+                   else None)
             got = next((g for g in comm.gather(got, root=0) or [] if g is not None), None)
             if comm.rank == 0:  # worker 0's counts, from whichever rank it is
                 row[graphs] = {"launches": max(got[0]), "host_waits": max(got[1]),
@@ -105,6 +106,9 @@ def report(rows: list[dict]) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=8, help="training steps per run (>= 5)")
+    ap.add_argument("--mlp", default="1024,512,256",
+                    help="the MLP's hidden sizes (a smaller one runs faster: the same counts "
+                    "but for a layer's few kernels)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # under mpiexec
     args = ap.parse_args(argv)
@@ -114,19 +118,20 @@ def main(argv=None) -> int:
         from mpi_util import mpiexec
 
         cmd = [mpiexec(), "-n", "2", sys.executable, os.path.abspath(__file__), "--inside",
-               "--steps", str(args.steps)] + (["--json", args.json] if args.json else [])
+               "--steps", str(args.steps), "--mlp", args.mlp] + (
+                   ["--json", args.json] if args.json else [])
         try:
             return subprocess.run(cmd, timeout=TIMEOUT).returncode
         except subprocess.TimeoutExpired:
             print(f"step_launches: FAILED: mpiexec ran past {TIMEOUT}s", file=sys.stderr)
             return 1
-    rows = run_all(args.steps)
+    rows = run_all(args.steps, [int(x) for x in args.mlp.split(",")])
     from mpi4py import MPI
 
     if MPI.COMM_WORLD.rank == 0:
-        print(f"GPU worker launches and host waits per steady-state step, paper WDL shapes, "
-              f"batch 256, float32, on the CuPy stand-in (tests/fake_cupy.py), "
-              f"{args.steps} steps a run", flush=True)
+        print(f"GPU worker launches and host waits per steady-state step, WDL (26 fields, "
+              f"dim 16, MLP {args.mlp}), batch 256, float32, on the CuPy stand-in "
+              f"(tests/fake_cupy.py), {args.steps} steps a run", flush=True)
         print(report(rows), flush=True)
         if args.json:
             with open(args.json, "w") as f:

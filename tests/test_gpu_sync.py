@@ -287,13 +287,15 @@ def test_fake_gpu_training_waits_once_per_step_and_equals_numpy(monkeypatch, buc
 def test_fake_gpu_workers_wait_once_per_step_and_equal_one_process(comm, monkeypatch, mode,
                                                                    placement, sparse_opt):
     """GPU workers (the stand-in) + CPU servers under BSP == one NumPy process with the
-    global batch, and one host wait per steady-state step on every worker."""
+    global batch, and one host wait per steady-state step on every worker: the step kernel
+    by kernel (``--cuda-graphs off``; ``tests/test_graphs.py`` runs the graphs)."""
     from mpi_util import assert_all
 
     colocated = placement == "colocated"
     W = comm.size if colocated else comm.size - 1
     cfg = replace(BASE, mode=mode, placement=placement, servers=None if colocated else 1,
-                  sparse_optimizer=sparse_opt, shared_memory="off", cuda_aware="off")
+                  sparse_optimizer=sparse_opt, shared_memory="off", cuda_aware="off",
+                  cuda_graphs="off")
     got, waits = _train_fake_gpu(monkeypatch, cfg, comm)
     ok, msg = True, ""
     if got.role == "worker":

@@ -166,13 +166,15 @@ def test_multi_hot_fields_run_eagerly_and_refuse_graphs_on(monkeypatch, tmp_path
     ("hybrid", "dedicated", "adagrad"), ("hybrid", "dedicated", "sgd"),
     ("hybrid", "colocated", "adam"), ("ps", "dedicated", "adam"),
     ("allreduce", "dedicated", "adagrad")])
-def test_graph_workers_equal_eager_workers_equal_one_process(comm, monkeypatch, mode,
+def test_graph_workers_equal_one_process_waiting_once_a_step(comm, monkeypatch, mode,
                                                              placement, sparse_opt):
-    """GPU workers (the stand-in) with graphs and without, CPU servers, under BSP == one
-    NumPy process with the global batch, float64, in every mode and placement."""
+    """GPU workers (the stand-in) with graphs, CPU servers, under BSP == one NumPy process
+    with the global batch, float64, in every mode and placement, one host wait a step
+    (kernel by kernel: ``tests/test_gpu_sync.py``)."""
     from mpi4py import MPI
 
     from mpi_util import assert_all
+    from pshybrid.backend import host_waits
 
     servers = 1 if mode != "allreduce" and placement == "dedicated" else None
     W = comm.size - (servers or 0)
@@ -182,14 +184,16 @@ def test_graph_workers_equal_eager_workers_equal_one_process(comm, monkeypatch, 
         cfg = replace(cfg, servers=None)
     ref = _train(replace(cfg, mode="allreduce", servers=0, placement="dedicated",
                          batch_size=W * cfg.batch_size), MPI.COMM_SELF)
+    _fake(monkeypatch)
+    waits = []
+    got = _train(replace(cfg, device="cuda", cuda_graphs="on"), comm,
+                 on_step=lambda done: waits.append(host_waits()))
     ok, msg = True, ""
-    for g in ("on", "off"):
-        got, _ = _gpu(monkeypatch, cfg, comm, g)
-        if got.role == "worker":
-            err = max(_rel(got.dense, ref.dense), _rel(got.table, ref.table))
-            if err > 1e-9:
-                ok, msg = False, f"{mode} {placement} graphs {g}: relative error {err}"
-        monkeypatch.undo()
+    if got.role == "worker":
+        err = max(_rel(got.dense, ref.dense), _rel(got.table, ref.table))
+        steady = np.diff(waits)[1:-1].tolist()  # after the first step, before the read back
+        if err > 1e-9 or steady != [1] * (cfg.steps - 3):
+            ok, msg = False, f"{mode} {placement}: relative error {err}, waits {steady}"
     assert_all(comm, ok, msg)
 
 
@@ -205,7 +209,8 @@ def test_step_launches_bench_counts_every_mode_within_12_with_graphs(tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "launches.json"
     p = subprocess.run([sys.executable, os.path.join(root, "bench", "step_launches.py"),
-                        "--steps", "5", "--json", str(out)], capture_output=True, text=True,
+                        "--steps", "5", "--mlp", "64,32", "--json", str(out)],
+                       capture_output=True, text=True,
                        timeout=300)
     assert p.returncode == 0, p.stdout + p.stderr
     rows = json.loads(out.read_text())
