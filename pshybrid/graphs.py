@@ -34,6 +34,8 @@ fails turns the graphs off for the run; ``why_eager`` says why.
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .backend import pinned_buffer, wait_event
@@ -124,29 +126,34 @@ class DeviceStep:
             slot = self.slots[C] = _Slot(self.xp, layout, nbytes, C, self.E, dt)
         return slot
 
-    def run(self, label, dense, rows, inverse):
+    def run(self, label, dense, rows, inverse, timers=None):
         """The step on the device from host ``label`` (B,), ``dense`` (B, Fd), ``rows``
         (U, E) and ``inverse`` (B*F,) -> (the (2,) float64 device pair (loss sum, label
-        sum), the (U, E) device gradient sums). Both stay valid until the next ``run``."""
+        sum), the (U, E) device gradient sums). Both stay valid until the next ``run``.
+        ``timers`` (``timers.EventTimers``): its ``fwd_bwd`` phase gets the device time
+        of the copy and the graph, the host's packing before them left out."""
         U = rows.shape[0]
         slot = self._slot(capacity(U, self.B * self.F))
-        self._copy_in(slot, {"label": label, "dense": dense, "inverse": inverse, "rows": rows})
-        if slot.graph is not None:
-            self._launch(slot)
-        elif self.graphs and slot.runs >= 1:
-            self._capture(slot)
-        else:
-            self._body(slot)
+        used = self._pack(slot, {"label": label, "dense": dense, "inverse": inverse,
+                                 "rows": rows})
+        with timers.time("fwd_bwd") if timers is not None else contextlib.nullcontext():
+            slot.raw[:used].set(self.pinned[:used], stream=self.stream)  # ONE async H2D
+            self.copied = self.xp.cuda.Event()
+            self.copied.record()
+            if slot.graph is not None:
+                self._launch(slot)
+            elif self.graphs and slot.runs >= 1:
+                self._capture(slot)
+            else:
+                self._body(slot)
         slot.runs += 1
         return slot.pair, slot.sums[:U]
 
-    def _copy_in(self, slot: _Slot, arrays: dict) -> None:
+    def _pack(self, slot: _Slot, arrays: dict) -> int:
         """Pack ``arrays`` into the pinned buffer at ``slot``'s offsets (the rows padded
-        with zeros to the slot's width); ONE asynchronous host->device copy of the used
-        bytes (the rows past U are not copied)."""
+        with zeros to the slot's width) -> the bytes to copy (the rows past U are not)."""
         off, shape, dt = slot.layout["rows"]
         U, E, Ep = arrays["rows"].shape[0], self.E, self.Ep
-        used = off + U * Ep * dt.itemsize
         if self.copied is not None:
             wait_event(self.copied)  # the last step's copy has read the buffer (long done)
         self.pinned = pinned_buffer(self.xp, self.pinned, slot.raw.size)
@@ -159,9 +166,7 @@ class DeviceStep:
                 dst[:, E:] = 0
                 dst = dst[:, :E]
             np.copyto(dst, a.reshape(dst.shape), casting="same_kind")
-        slot.raw[:used].set(self.pinned[:used], stream=self.stream)  # async H2D, pinned
-        self.copied = self.xp.cuda.Event()
-        self.copied.record()
+        return off + U * Ep * dt.itemsize
 
     def _body(self, slot: _Slot) -> None:
         """The step's device work on ``slot``'s static buffers (module docstring)."""

@@ -399,10 +399,10 @@ def _step(job: Job, step: int, label, dense, batch, bags=(), idle=None):
     (and checks) once per log interval and before a checkpoint."""
     mode, model, params = job.mode, job.model, job.params
     mode.begin(step)
-    if job.device is not None:  # GPU: one copy in, the step's kernels (one graph)
-        rows = mode.unique_rows(batch)
-        with mode.kernel_timers.time("fwd_bwd"):  # CUDA events (device time, no wait)
-            loss_sum, batch.dev_sums = job.device.run(label, dense, rows, batch.inverse)
+    if job.device is not None:  # GPU: one copy in, the step's kernels (one graph); its
+        rows = mode.unique_rows(batch)  # device time in fwd_bwd (CUDA events, no wait)
+        loss_sum, batch.dev_sums = job.device.run(label, dense, rows, batch.inverse,
+                                                  mode.kernel_timers)
         mode.update(batch, None, step + 1, idle)
         batch.release()
         return loss_sum  # (loss sum, label sum) on the device (``steplog``)
