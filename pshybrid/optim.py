@@ -211,12 +211,16 @@ class Optimizer:
                 f(self.lr_at(step) / (1 - self.beta1 ** step)), l2, tiny)
 
     def _kernel(self, f, step: int, consume: bool):
-        """``kernel(w, g, *state (in ``slots`` order), rows)``: the numba row kernel of this
-        optimizer with step ``step``'s scalars bound (``scalars``)."""
-        sc = self.scalars(f, step)
-        if self.kind == "sgd":
-            return lambda w, g, rows: kernels._nb_sgd_rows(w, rows, g, consume, *sc)
-        if self.kind == "adagrad":
-            return lambda w, g, acc, rows: kernels._nb_adagrad_rows(w, acc, rows, g, consume,
-                                                                    *sc)
-        return lambda w, g, m, v, rows: kernels._nb_adam_rows(w, m, v, rows, g, consume, *sc)
+        """``row_kernel`` of this optimizer with step ``step``'s scalars (``scalars``)."""
+        return row_kernel(self.kind, self.scalars(f, step), consume)
+
+
+def row_kernel(kind: str, scalars: tuple, consume: bool):
+    """``kernel(w, g, *state (in ``SLOTS[kind]`` order), rows)``: the numba row kernel of
+    optimizer ``kind`` with ``scalars`` (``Optimizer.scalars``) bound."""
+    if kind == "sgd":
+        return lambda w, g, rows: kernels._nb_sgd_rows(w, rows, g, consume, *scalars)
+    if kind == "adagrad":
+        return lambda w, g, acc, rows: kernels._nb_adagrad_rows(w, acc, rows, g, consume,
+                                                                *scalars)
+    return lambda w, g, m, v, rows: kernels._nb_adam_rows(w, m, v, rows, g, consume, *scalars)

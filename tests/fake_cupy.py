@@ -401,20 +401,11 @@ def _bce(z, y, scale, loss=None, dz=None):
 
 def _dense_update(kind, w, g, state, scalars):
     """``cuda.dense_update``'s twin (one launch): the CPU's fused kernel on the flat
-    buffers seen as one row (the same per-element formulas, pshybrid/kernels.py)."""
+    buffers seen as one row (the same per-element formulas, ``optim.row_kernel``)."""
     from pshybrid import kernels
+    from pshybrid.optim import row_kernel
 
     kernels.numba_active()  # the kernels jitted (else plain Python: the same values)
-    row0 = np.zeros(1, np.int64)
     arrs = [_unwrap(a).reshape(1, -1) for a in (w, g, *state)]
-    kernel = getattr(kernels, f"_nb_{kind}_rows")
-
-    def run():
-        if kind == "sgd":
-            kernel(arrs[0], row0, arrs[1], False, *scalars)
-        elif kind == "adagrad":
-            kernel(arrs[0], arrs[2], row0, arrs[1], False, *scalars)
-        else:
-            kernel(arrs[0], arrs[2], arrs[3], row0, arrs[1], False, *scalars)
-
-    _op(run, [arrs[0], *arrs[2:]])
+    kernel, row0 = row_kernel(kind, scalars, False), np.zeros(1, np.int64)
+    _op(lambda: kernel(*arrs, row0), [arrs[0], *arrs[2:]])
