@@ -57,16 +57,11 @@ class Traffic:
     acc_ops: int = 0
 
 
-def check_ids(table: str, rows: int, ids) -> np.ndarray:
-    """``ids`` (any shape, integers) as int64 if all are rows of ``table`` (``[0, rows)``),
-    else ``InputError`` naming the first bad one (its flat position) and how many there
-    are."""
-    return ids_in_range(table, rows, ids)[0]
-
-
 def ids_in_range(table: str, rows: int, ids) -> tuple[np.ndarray, tuple[int, int] | None]:
-    """``check_ids``, and the ids' (min, max) (None when there are none), which it checks
-    (``kernels.min_max``: one pass) and ``partition.group_by_owner`` takes."""
+    """(``ids`` (any shape, integers) as int64, their (min, max) or None when there are
+    none) if all are rows of ``table`` (``[0, rows)``: checked on the extent, one pass of
+    ``kernels.min_max``, which ``partition.group_by_owner`` takes too), else
+    ``InputError`` naming the first bad one (its flat position) and how many there are."""
     ids = np.asarray(ids)
     if ids.dtype.kind not in "iu":
         raise InputError(f"table {table!r}: ids must be integers, got dtype {ids.dtype}")
@@ -232,7 +227,7 @@ class EmbeddingStore:
 
     # -- worker side -----------------------------------------------------------------------
     def _check_ids(self, t: _Table, ids) -> np.ndarray:
-        return check_ids(t.spec.name, t.spec.rows, ids)
+        return ids_in_range(t.spec.name, t.spec.rows, ids)[0]
 
     @property
     def shared(self) -> bool:

@@ -250,20 +250,21 @@ def test_row_datatype_takes_64bit_byte_displacements():
 
 
 def test_check_ids_names_the_first_bad_id():
-    """The plan's id check (two reductions when all are good) against the plain mask."""
+    """The plan's id check (one min/max pass when all are good) against the plain mask."""
     from pshybrid.errors import InputError
-    from pshybrid.store import check_ids
+    from pshybrid.store import ids_in_range
 
     ids = np.array([[0, 9], [3, 4]], np.int32)
-    got = check_ids("t", 10, ids)
-    assert got.dtype == np.int64 and (got == ids).all()
+    got, extent = ids_in_range("t", 10, ids)
+    assert got.dtype == np.int64 and (got == ids).all() and extent == (0, 9)
     for bad, pos, n in (([0, 10, -1, 3], 1, 2), ([-5], 0, 1), ([2, 3, 2**40], 2, 1)):
         with pytest.raises(InputError, match=rf"table 't': id {bad[pos]} at flat position "
                                              rf"{pos} is out of range \[0, 10\) \({n} bad"):
-            check_ids("t", 10, np.array(bad))
+            ids_in_range("t", 10, np.array(bad))
     with pytest.raises(InputError, match="must be integers"):
-        check_ids("t", 10, np.array([1.0]))
-    assert check_ids("t", 0, np.zeros((0, 3), np.int64)).shape == (0, 3)
+        ids_in_range("t", 10, np.array([1.0]))
+    got, extent = ids_in_range("t", 0, np.zeros((0, 3), np.int64))
+    assert got.shape == (0, 3) and extent is None
 
 
 @pytest.mark.parametrize("c_call", [True, False])
