@@ -50,7 +50,10 @@ class WireOnly:
             params.zero_grad = lambda: None
         for names in self.order:
             params.grads_ready(*names)
-        return self.demb.setdefault(self.shape, np.zeros(self.shape, dlogits.dtype))
+        demb = self.demb.get(self.shape)
+        if demb is None:  # made once per shape (not per step: 6.8 MB at b4096 x 26 x 16)
+            demb = self.demb[self.shape] = np.zeros(self.shape, dlogits.dtype)
+        return demb
 
 
 class DeviceOptimizer:

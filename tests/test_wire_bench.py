@@ -61,6 +61,27 @@ def test_stand_in_replays_the_real_backwards_readiness_reports():
     assert "zero_grad" in vars(params)  # zeroed once, no per-step memset after that
 
 
+def test_stand_in_steps_allocate_no_demb():
+    """After its first stand-in step a step allocates nothing of demb's size: a GPU
+    worker's host writes no (B, F, E) array (tracemalloc sees NumPy's buffers)."""
+    import tracemalloc
+
+    model, params, _, _ = model_and_batch()
+    dense, emb = np.ones((512, 3), np.float32), np.ones((512, 4, 5), np.float32)
+    w, dz = wire.WireOnly(model, params), np.ones(512, np.float32)
+    for _ in range(2):  # the real step, then the stand-in's first
+        w.forward(dense, emb)
+        demb = w.backward(dz)
+    tracemalloc.start()
+    try:
+        w.forward(dense, emb)
+        assert w.backward(dz) is demb
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < demb.nbytes // 4, (peak, demb.nbytes)
+
+
 def test_device_optimizer_skips_the_workers_update_only():
     calls = []
 
