@@ -13,7 +13,9 @@ one message from every worker:
 - STEP: apply the step's optimizers (the sparse one to the union of the workers' rows, their
   sums added in worker order), then send every worker a zero-byte TAG_ACK, which it waits
   for: once it has every server's, every pull of its next step sees every update of this
-  one (one message server -> worker: the acknowledgement is the end-of-step barrier);
+  one (one message server -> worker: the acknowledgement is the end-of-step barrier; the
+  worker makes its next batch meanwhile, with its step message still in flight where the
+  MPI moves it alone: ``ServerLink.wait``);
 - CKPT: join ``checkpoint.save`` (collective with the workers);
 - LR: the sparse optimizer's learning rate from the next STEP on;
 - STOP: return.
@@ -31,6 +33,11 @@ TAG_STEP, TAG_STOP, TAG_CKPT, TAG_GRAD, TAG_LR = 101, 102, 103, 104, 105
 TAG_SIGNAL = 106  # the other way, server -> worker: a signal reached it (``preempt``)
 TAG_ACK = 107     # server -> worker: the step is applied (zero bytes)
 _NOTHING = np.empty(0, np.uint8)  # an acknowledgement's (empty) buffer
+# ServerLink.wait: after MAX_BEHIND steps in a row whose sends did not move during ``idle``,
+# the sends complete before it, but every RETRY-th step overlaps them again to re-check (a
+# server still starting up, or late once, is not a transport that needs this rank)
+MAX_BEHIND, RETRY = 3, 64
+MOVE_POLLS = 4
 
 
 class ServerLink:
@@ -40,11 +47,13 @@ class ServerLink:
         self.topo = topo
         self.bytes = 0  # step messages sent (rows and gradient sums)
         self._sending: tuple[list, list] = ([], [])  # (requests, their buffers) in flight
+        self.behind = 0  # steps in a row whose sends were still in flight after ``idle``
+        self.waits = 0   # ``wait`` calls with an ``idle``
 
     def send(self, tag: int, payloads, grads=None) -> None:
         """Wire: payloads[s] (int64) to server s with ``tag`` (and, given ``grads``, grads[s]
         with TAG_GRAD right after it). Returns at once: ``wait`` completes the sends (large
-        messages need the server to post its receive)."""
+        messages complete once the server has received them)."""
         world = self.topo.world
         reqs, keep = self._sending  # buffers stay alive until the requests complete
         for s, r in enumerate(self.topo.server_ranks):
@@ -58,6 +67,18 @@ class ServerLink:
             if tag == TAG_STEP:
                 self.bytes += ids.nbytes + (g.nbytes if grads is not None else 0)
 
+    @property
+    def pending(self) -> int:
+        """Sends not yet completed (``wait`` completes them)."""
+        return len(self._sending[0])
+
+    def _moved(self) -> bool:
+        """Whether the sends complete within ``MOVE_POLLS`` progress polls: their data has
+        moved (what is left is the receiver's notice; a copy this rank must drive takes
+        tens to hundreds of polls even for 100 KB)."""
+        reqs = self._sending[0]
+        return any(MPI.Request.Testall(reqs) for _ in range(MOVE_POLLS))
+
     def _complete(self) -> None:
         reqs, keep = self._sending
         MPI.Request.Waitall(reqs)
@@ -70,15 +91,26 @@ class ServerLink:
         self.send(TAG_STEP, [p[0] for p in parts], [p[1] for p in parts])
 
     def wait(self, timers, idle=None) -> None:
-        """Wire: the step's sends complete (large messages need this rank in MPI while the
-        server posts its receive), then the servers' zero-byte acknowledgements (TAG_ACK,
-        one from each, sent after its apply) or, colocated, a zero-byte Ibarrier over world
-        that every rank joins after applying its shard. ``idle()`` runs while they are
-        outstanding (the next step's batch is made then); ``timers`` gets the rest as
-        "wait"."""
+        """Wire: the servers' zero-byte acknowledgements (TAG_ACK, one from each, sent after
+        its apply) or, colocated, a zero-byte Ibarrier over world that every rank joins
+        after applying its shard; and the step's sends complete. ``idle()`` runs while
+        they are outstanding (the next step's batch is made then); ``timers`` gets the rest
+        as "wait".
+
+        The step's sends stay in flight through ``idle`` where this MPI moves them without
+        this rank calling into it (a single-copy read by the receiver: MPICH's CMA path on
+        one node, an RDMA get between nodes): their copy then overlaps the next batch.
+        Where it does not (a copy through shared buffers both ranks must drive), they
+        are still pending after ``idle``; after ``MAX_BEHIND`` such steps in a row they
+        are completed before ``idle``, so the server is not kept waiting for this rank's
+        copy while the batch is made, except every ``RETRY``-th step, which checks again."""
         world = self.topo.world
+        if idle is not None:
+            self.waits += 1
+        overlap = idle is not None and (self.behind < MAX_BEHIND or self.waits % RETRY == 0)
         with timers.time("wait"):
-            self._complete()
+            if not overlap:
+                self._complete()
             if self.topo.colocated:
                 reqs = [world.Ibarrier()]
             else:
@@ -87,6 +119,9 @@ class ServerLink:
         if idle is not None:
             idle()
         with timers.time("wait"):
+            if overlap:  # Wire: the sends' completion (a few progress polls, then the wait)
+                self.behind = 0 if self._moved() else self.behind + 1
+                self._complete()
             MPI.Request.Waitall(reqs)
 
     def checkpoint(self, step: int) -> None:

@@ -1,0 +1,89 @@
+"""modes.servers.ServerLink.wait: the step's sends stay in flight through ``idle`` (the next
+batch is made while they move) until they have been found still pending after it
+``MAX_BEHIND`` steps in a row; then they complete before ``idle``, except every
+``RETRY``-th step, which overlaps them again. A server that posts its receives late keeps
+a large message pending whatever the MPI, and a tiny one moves at once: the deterministic
+cases.
+
+Runs at every world size tests/run.py uses: one server, the other ranks workers.
+"""
+
+import time
+
+import numpy as np
+import pytest
+
+from mpi_util import assert_all
+from pshybrid.modes import servers
+from pshybrid.modes.servers import MAX_BEHIND, TAG_ACK, TAG_GRAD, TAG_STEP, ServerLink
+from pshybrid.timers import Timers
+from pshybrid.topology import Topology
+
+BIG, WIDTH = 1 << 17, 16  # rows of a large step message: 8 MiB of sums (rendezvous in any MPI)
+
+
+def serve(topo, late: float, rows: int) -> None:
+    """The server's side of one step: after ``late`` seconds, every worker's message, in
+    worker order, then a zero-byte acknowledgement to each."""
+    time.sleep(late)
+    for r in topo.worker_ranks:
+        ids = np.empty(rows, np.int64)
+        topo.world.Recv(ids, r, TAG_STEP)
+        topo.world.Recv(np.empty((rows, WIDTH), np.float32), r, TAG_GRAD)
+    for r in topo.worker_ranks:
+        topo.world.Send(np.empty(0, np.uint8), r, TAG_ACK)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sends_complete_before_idle_after_steps_that_did_not_move(comm):
+    topo = Topology.create(comm, 1)
+    # (server late by, rows, worker's idle seconds) per step: three steps the server is
+    # late for, one more, then a tiny message while the server waits (it moves at once)
+    steps = [(0.3, BIG, 0.0)] * (MAX_BEHIND + 1)
+    link, seen = ServerLink(topo), []
+    for late, rows, nap in steps:
+        if topo.is_worker:
+            link.send(TAG_STEP, [np.arange(rows, dtype=np.int64)],
+                      [np.ones((rows, WIDTH), np.float32)])
+            link.wait(Timers(), lambda: seen.append(link.pending) or time.sleep(nap))
+            seen[-1] = (seen[-1] > 0, link.behind)
+        else:
+            serve(topo, late, rows)
+    want = [(True, k) for k in range(1, MAX_BEHIND + 1)] + [(False, MAX_BEHIND)]
+    assert_all(comm, not topo.is_worker or seen == want, f"{seen} != {want}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_step_whose_sends_moved_during_idle_resets_the_count(comm):
+    topo = Topology.create(comm, 1)
+    steps = [(0.3, BIG, 0.0), (0.0, 1, 0.2), (0.3, BIG, 0.0)]
+    link, seen = ServerLink(topo), []
+    for late, rows, nap in steps:
+        if topo.is_worker:
+            link.send(TAG_STEP, [np.arange(rows, dtype=np.int64)],
+                      [np.ones((rows, WIDTH), np.float32)])
+            link.wait(Timers(), lambda: time.sleep(nap))
+            seen.append(link.behind)
+        else:
+            serve(topo, late, rows)
+    assert_all(comm, not topo.is_worker or seen == [1, 0, 1], str(seen))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_every_retry_th_step_overlaps_again_and_a_move_resumes_overlapping(comm, monkeypatch):
+    retry = MAX_BEHIND + 3
+    monkeypatch.setattr(servers, "RETRY", retry)
+    topo = Topology.create(comm, 1)
+    # steps 1..MAX_BEHIND: late server (count up); then tiny messages, server waiting: in
+    # order until step `retry`, which overlaps, sees them moved, and overlapping goes on
+    steps = [(0.3, BIG, 0.0)] * MAX_BEHIND + [(0.0, 1, 0.05)] * (retry + 2 - MAX_BEHIND)
+    link, seen = ServerLink(topo), []
+    for late, rows, nap in steps:
+        if topo.is_worker:
+            link.send(TAG_STEP, [np.arange(rows, dtype=np.int64)],
+                      [np.ones((rows, WIDTH), np.float32)])
+            link.wait(Timers(), lambda: seen.append(link.pending > 0) or time.sleep(nap))
+        else:
+            serve(topo, late, rows)
+    want = [True] * MAX_BEHIND + [False] * (retry - 1 - MAX_BEHIND) + [True] * 3
+    assert_all(comm, not topo.is_worker or seen == want, f"{seen} != {want}")
