@@ -34,38 +34,37 @@ def serve(topo, late: float, rows: int) -> None:
         topo.world.Send(np.empty(0, np.uint8), r, TAG_ACK)
 
 
-@pytest.mark.mpi(min_size=2)
-def test_sends_complete_before_idle_after_steps_that_did_not_move(comm):
+def run(comm, steps, watch):
+    """Steps of (server late by, rows, worker's idle seconds). On a worker, after each
+    ``wait``: ``watch(overlapped, link)`` (overlapped: ``idle`` ran with the step's sends
+    in flight) is appended. -> (topo, the values; empty on the server)."""
     topo = Topology.create(comm, 1)
-    # (server late by, rows, worker's idle seconds) per step: three steps the server is
-    # late for, one more, then a tiny message while the server waits (it moves at once)
-    steps = [(0.3, BIG, 0.0)] * (MAX_BEHIND + 1)
     link, seen = ServerLink(topo), []
     for late, rows, nap in steps:
         if topo.is_worker:
             link.send(TAG_STEP, [np.arange(rows, dtype=np.int64)],
                       [np.ones((rows, WIDTH), np.float32)])
-            link.wait(Timers(), lambda: seen.append(link.pending) or time.sleep(nap))
-            seen[-1] = (seen[-1] > 0, link.behind)
+            link.wait(Timers(), lambda: seen.append(link.pending > 0) or time.sleep(nap))
+            seen[-1] = watch(seen[-1], link)
         else:
             serve(topo, late, rows)
+    return topo, seen
+
+
+@pytest.mark.mpi(min_size=2)
+def test_sends_complete_before_idle_after_steps_that_did_not_move(comm):
+    # three steps the server is late for, then one more
+    steps = [(0.3, BIG, 0.0)] * (MAX_BEHIND + 1)
+    topo, seen = run(comm, steps, lambda overlapped, link: (overlapped, link.behind))
     want = [(True, k) for k in range(1, MAX_BEHIND + 1)] + [(False, MAX_BEHIND)]
     assert_all(comm, not topo.is_worker or seen == want, f"{seen} != {want}")
 
 
 @pytest.mark.mpi(min_size=2)
 def test_a_step_whose_sends_moved_during_idle_resets_the_count(comm):
-    topo = Topology.create(comm, 1)
+    # late (count 1), then a one-row message while the server waits (moved: 0), late again
     steps = [(0.3, BIG, 0.0), (0.0, 1, 0.2), (0.3, BIG, 0.0)]
-    link, seen = ServerLink(topo), []
-    for late, rows, nap in steps:
-        if topo.is_worker:
-            link.send(TAG_STEP, [np.arange(rows, dtype=np.int64)],
-                      [np.ones((rows, WIDTH), np.float32)])
-            link.wait(Timers(), lambda: time.sleep(nap))
-            seen.append(link.behind)
-        else:
-            serve(topo, late, rows)
+    topo, seen = run(comm, steps, lambda overlapped, link: link.behind)
     assert_all(comm, not topo.is_worker or seen == [1, 0, 1], str(seen))
 
 
@@ -73,17 +72,9 @@ def test_a_step_whose_sends_moved_during_idle_resets_the_count(comm):
 def test_every_retry_th_step_overlaps_again_and_a_move_resumes_overlapping(comm, monkeypatch):
     retry = MAX_BEHIND + 3
     monkeypatch.setattr(servers, "RETRY", retry)
-    topo = Topology.create(comm, 1)
     # steps 1..MAX_BEHIND: late server (count up); then tiny messages, server waiting: in
     # order until step `retry`, which overlaps, sees them moved, and overlapping goes on
     steps = [(0.3, BIG, 0.0)] * MAX_BEHIND + [(0.0, 1, 0.05)] * (retry + 2 - MAX_BEHIND)
-    link, seen = ServerLink(topo), []
-    for late, rows, nap in steps:
-        if topo.is_worker:
-            link.send(TAG_STEP, [np.arange(rows, dtype=np.int64)],
-                      [np.ones((rows, WIDTH), np.float32)])
-            link.wait(Timers(), lambda: seen.append(link.pending > 0) or time.sleep(nap))
-        else:
-            serve(topo, late, rows)
+    topo, seen = run(comm, steps, lambda overlapped, link: overlapped)
     want = [True] * MAX_BEHIND + [False] * (retry - 1 - MAX_BEHIND) + [True] * 3
     assert_all(comm, not topo.is_worker or seen == want, f"{seen} != {want}")
