@@ -54,23 +54,27 @@ def _declare(numba):
 
 def build(numba):
     """-> ``prefetch_row`` for the numba kernels: the intrinsic if this numba compiles and
-    runs it, else a jitted no-op."""
+    runs it (``_probe``, jitted with ``cache=True`` like the kernels: a process after the
+    first loads it instead of compiling it, ~0.5 s), else a jitted no-op."""
     import numpy as np
 
+    global prefetch_row
     try:
-        hint = _declare(numba)
-
-        @numba.njit
-        def probe(a, b):
-            for i in range(a.shape[0]):
-                hint(a, i)
-                hint(b, i)
-            return a.sum() + b.sum()
-
-        probe(np.ones((2, 3)), np.ones(2))
-        return hint
+        prefetch_row = _declare(numba)
+        numba.njit(cache=True)(_probe)(np.ones((2, 3)), np.ones(2))
+        return prefetch_row
     except Exception:  # an LLVM or numba that refuses the intrinsic: hints are optional
         return numba.njit(lambda a, i: None)
+
+
+prefetch_row = None  # the intrinsic ``_probe`` compiles with (``build`` sets it first)
+
+
+def _probe(a, b):
+    for i in range(a.shape[0]):
+        prefetch_row(a, i)
+        prefetch_row(b, i)
+    return a.sum() + b.sum()
 
 
 _HINT: list = []  # [hint], built on the first call of ``hint``
