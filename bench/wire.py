@@ -2,7 +2,9 @@
 stand-in, so a run moves what the real one moves -- pulls, pushes, Allreduce, the servers'
 optimizers, every byte counter -- without the CPU compute a GPU worker runs on its GPU:
 the model (``WireOnly``), the dense optimizer (``DeviceOptimizer``), and the sparse rows'
-expansion to (B, F, E) and gradient sums per distinct id (``DeviceRows``).
+expansion to (B, F, E) and gradient sums per distinct id (``DeviceRows``). What a GPU
+worker's host does instead stays: it packs the step's inputs for its one host->device copy
+(``Packed``).
 Bench-only: ``wire_only`` swaps what the train module builds and restores it on exit."""
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import contextlib
 import numpy as np
 
 import pshybrid.train as train_module
+from pshybrid.graphs import padded_width
 from pshybrid.modes.dense import AllreduceDense
 from pshybrid.modes.sparse import ReplicatedSparse, ServerSparse
 
@@ -23,16 +26,19 @@ class WireOnly:
     (a warm-up step) is the real one, recording the ParamSpace's readiness reports; after
     that forward returns zero logits (B,) and backward replays those reports in the same
     order (the Allreduce buckets start as in the real run) and returns a zero demb of the
-    real shape (B, F, E). The dense gradients are zeroed once and stay zero (a GPU worker
-    zeroes them on its GPU: no per-step memset of P floats on the CPU)."""
+    real shape (B, F, E), made once. The dense gradients are zeroed once and stay zero (a GPU
+    worker zeroes them on its GPU: no per-step memset of P floats on the CPU). forward packs
+    the dense features as a GPU worker's host does (``Packed``)."""
 
     def __init__(self, model, params):
         self.model, self.params, self.order, self.demb = model, params, None, {}
+        self.packed = Packed()
 
     def forward(self, dense, emb, *bags):
         if self.order is None:
             return self.model.forward(dense, emb, *bags)
         self.shape = emb.shape
+        self.packed.put_dense(dense)  # (a GPU worker's host packs it for its H2D copy)
         return np.zeros(dense.shape[0], dense.dtype)
 
     def backward(self, dlogits):
@@ -71,10 +77,36 @@ class DeviceOptimizer:
         pass
 
 
+class Packed:
+    """A GPU worker's host copies of a step's inputs into its pinned buffer
+    (``graphs.DeviceStep``): the rows padded to whole 16-byte vectors (as for WDL, DeepFM
+    and DCN), the inverse index and the dense features, into buffers reused every step."""
+
+    def __init__(self):
+        self.bufs = {}
+
+    def _buf(self, name: str, shape, dtype) -> np.ndarray:
+        b = self.bufs.get(name)
+        if b is None or b.size < int(np.prod(shape)) or b.dtype != dtype:
+            b = self.bufs[name] = np.empty(int(np.prod(shape)), dtype)
+        return b[:int(np.prod(shape))].reshape(shape)
+
+    def put(self, rows, inverse) -> None:
+        U, E = rows.shape
+        dst = self._buf("rows", (U, padded_width(E, rows.dtype)), rows.dtype)
+        dst[:, E:] = 0
+        np.copyto(dst[:, :E], rows)
+        np.copyto(self._buf("inverse", (inverse.size,), np.int64), inverse.reshape(-1))
+
+    def put_dense(self, dense) -> None:
+        np.copyto(self._buf("dense", dense.shape, dense.dtype), dense)
+
+
 class DeviceRows:
     """The workers' sparse strategy in the wire-only runs (``ServerSparse`` or
     ``ReplicatedSparse`` wrapped): what a GPU worker's host does of it. ``lookup`` reads the
-    batch's distinct rows (the Get or gather its host runs) and hands the stand-in a
+    batch's distinct rows (the Get or gather its host runs), packs them and the inverse index
+    as its host does for the copy to the device (``Packed``), and hands the stand-in a
     zero-cost (B, F, E) view instead of expanding them (a GPU worker expands on its
     device); the step's (U, E) gradient sums are zeros handed over as a GPU worker's staged
     ones (``given_sums``) instead of summed from demb on the host. Every other member is the
@@ -86,13 +118,15 @@ class DeviceRows:
         self.prepare_uses_mpi = inner.prepare_uses_mpi
         dim, dtype = inner.grad_row
         self.zeros = np.zeros((0, dim), dtype)
+        self.packed = Packed()
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
     def lookup(self, batch):
         inner, U = self.inner, batch.unique.size
-        inner.unique_rows(batch)  # the Get or gather a GPU worker's host runs
+        rows = inner.unique_rows(batch)  # the Get or gather a GPU worker's host runs
+        self.packed.put(rows, batch.inverse)  # and its packing for the one H2D copy
         if self.zeros.shape[0] < U:
             self.zeros = np.zeros((U,) + self.zeros.shape[1:], self.zeros.dtype)
         inner.given_sums(self.zeros[:U])
