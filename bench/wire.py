@@ -91,11 +91,17 @@ class Packed:
             b = self.bufs[name] = np.empty(int(np.prod(shape)), dtype)
         return b[:int(np.prod(shape))].reshape(shape)
 
-    def put(self, rows, inverse) -> None:
-        U, E = rows.shape
-        dst = self._buf("rows", (U, padded_width(E, rows.dtype)), rows.dtype)
+    def rows_out(self, U: int, E: int, dtype) -> np.ndarray:
+        """The (U, E) columns of the padded rows' buffer, the pad zeroed: where the pull
+        writes the rows (``DeviceStep.rows_out``)."""
+        dst = self._buf("rows", (U, padded_width(E, dtype)), dtype)
         dst[:, E:] = 0
-        np.copyto(dst[:, :E], rows)
+        return dst[:, :E]
+
+    def put(self, rows, inverse) -> None:
+        """The rows (unless pulled into ``rows_out``'s place) and the inverse index."""
+        if not np.may_share_memory(rows, self.bufs.get("rows", rows[:0])):
+            np.copyto(self.rows_out(*rows.shape, rows.dtype), rows)
         np.copyto(self._buf("inverse", (inverse.size,), np.int64), inverse.reshape(-1))
 
     def put_dense(self, dense) -> None:
@@ -125,8 +131,10 @@ class DeviceRows:
 
     def lookup(self, batch):
         inner, U = self.inner, batch.unique.size
-        rows = inner.unique_rows(batch)  # the Get or gather a GPU worker's host runs
-        self.packed.put(rows, batch.inverse)  # and its packing for the one H2D copy
+        dim, dtype = inner.grad_row
+        out = self.packed.rows_out(U, dim, dtype)  # as a GPU worker's pinned buffer
+        rows = inner.unique_rows(batch, out)  # the Get or gather its host runs, into it
+        self.packed.put(rows, batch.inverse)  # and the rest of its packing for the H2D copy
         if self.zeros.shape[0] < U:
             self.zeros = np.zeros((U,) + self.zeros.shape[1:], self.zeros.dtype)
         inner.given_sums(self.zeros[:U])

@@ -149,24 +149,44 @@ class DeviceStep:
         slot.runs += 1
         return slot.pair, slot.sums[:U]
 
+    def rows_out(self, U: int) -> np.ndarray:
+        """The (U, E) part of the pinned buffer that the next ``run`` with U distinct rows
+        copies them from: a pull writes them there (``Mode.unique_rows(out=)``), and
+        ``run`` then packs them in place instead of copying them."""
+        slot = self._slot(capacity(U, self.B * self.F))
+        self._writable(slot)
+        return self._part(slot, "rows", U)
+
+    def _writable(self, slot: _Slot) -> None:
+        """The pinned buffer holds ``slot`` and the last step's copy has read it."""
+        if self.copied is not None:
+            wait_event(self.copied)  # (long done)
+            self.copied = None
+        self.pinned = pinned_buffer(self.xp, self.pinned, slot.raw.size)
+
+    def _part(self, slot: _Slot, name: str, n: int) -> np.ndarray:
+        """``name``'s place in the pinned buffer for ``n`` values (rows: the (n, E) columns
+        of (n, Ep), the pad zeroed)."""
+        o, _, t = slot.layout[name]
+        if name != "rows":
+            return self.pinned[o:o + n * t.itemsize].view(t)
+        dst = self.pinned[o:o + n * self.Ep * t.itemsize].view(t).reshape(n, self.Ep)
+        dst[:, self.E:] = 0
+        return dst[:, :self.E]
+
     def _pack(self, slot: _Slot, arrays: dict) -> int:
         """Pack ``arrays`` into the pinned buffer at ``slot``'s offsets (the rows padded
-        with zeros to the slot's width) -> the bytes to copy (the rows past U are not)."""
+        with zeros to the slot's width; already there when they are ``rows_out``'s) -> the
+        bytes to copy (the rows past U are not)."""
         off, shape, dt = slot.layout["rows"]
-        U, E, Ep = arrays["rows"].shape[0], self.E, self.Ep
-        if self.copied is not None:
-            wait_event(self.copied)  # the last step's copy has read the buffer (long done)
-        self.pinned = pinned_buffer(self.xp, self.pinned, slot.raw.size)
+        U = arrays["rows"].shape[0]
+        self._writable(slot)
         for name, a in arrays.items():
-            o, _, t = slot.layout[name]
-            n = U * Ep if name == "rows" else a.size
-            dst = self.pinned[o:o + n * t.itemsize].view(t)
-            if name == "rows":
-                dst = dst.reshape(U, Ep)
-                dst[:, E:] = 0
-                dst = dst[:, :E]
+            if name == "rows" and np.may_share_memory(a, self.pinned):
+                continue  # pulled in place (rows_out)
+            dst = self._part(slot, name, U if name == "rows" else a.size)
             np.copyto(dst, a.reshape(dst.shape), casting="same_kind")
-        return off + U * Ep * dt.itemsize
+        return off + U * self.Ep * dt.itemsize
 
     def _body(self, slot: _Slot) -> None:
         """The step's device work on ``slot``'s static buffers (module docstring)."""

@@ -68,8 +68,10 @@ def segment_sum_numpy(keys, values):
 
 
 # -- public kernels ------------------------------------------------------------------------
-def gather(rows, index):
+def gather(rows, index, out=None):
     """rows: (N, D); index: any shape int64 -> index.shape + (D,). Same result as ``gather_ref``.
+    ``out`` (NumPy, a (index.size, D) array of ``rows``' dtype, any strides): written in
+    place and returned (a GPU worker's pull straight into its pinned buffer).
 
     CPU: from a float32/float64 table of ``_FAR_TABLE`` bytes or more, the numba kernel,
     which prefetches the rows it will copy a few rows ahead (index checked: ``IndexError``
@@ -81,15 +83,23 @@ def gather(rows, index):
     if xp is np:
         if not (rows.ndim == 2 and rows.nbytes >= _FAR_TABLE and rows.dtype in _FLOATS
                 and rows.flags.c_contiguous and np.asarray(index).size and numba_active()):
-            return np.take(rows, index, axis=0)
+            got = np.take(rows, index, axis=0)
+            if out is None:
+                return got
+            out[...] = got.reshape(out.shape)
+            return out
         flat, n = np.ascontiguousarray(index, dtype=np.int64).ravel(), rows.shape[0]
         lo, hi = min_max(flat)
         if lo < -n or hi >= n:
             raise IndexError(f"gather: index in [{lo}, {hi}] for {n} rows")
         if lo < 0:  # negative ids count from the end, as in np.take
             flat = np.where(flat < 0, flat + n, flat)
-        out = np.empty(np.shape(index) + rows.shape[1:], rows.dtype)
-        _nb_gather(rows, flat, out.reshape(flat.size, rows.shape[1]))
+        if out is None:
+            out = np.empty(np.shape(index) + rows.shape[1:], rows.dtype)
+            _nb_gather(rows, flat, out.reshape(flat.size, rows.shape[1]))
+        else:
+            assert out.shape == (flat.size, rows.shape[1]) and out.dtype == rows.dtype
+            _nb_gather(rows, flat, out)
         return out
     if rows.dtype in _FLOATS:
         from . import cuda

@@ -261,25 +261,34 @@ class EmbeddingStore:
             return ids, False
         return self.plan(table, ids), True
 
-    def pull(self, table: str, ids, slot: str = "w", unique: bool = False) -> np.ndarray:
+    def pull(self, table: str, ids, slot: str = "w", unique: bool = False,
+             out=None) -> np.ndarray:
         """Rows of ``table`` for ``ids`` (or a ``Plan``): (B,) or (B, F) int64 -> ids.shape
         + (dim,). Duplicates are fetched once. One indexed Get per owner server.
-        ``unique`` (with a plan): the (U, dim) rows of ``plan.unique`` instead, not expanded."""
+        ``unique`` (with a plan): the (U, dim) rows of ``plan.unique`` instead, not expanded,
+        written into ``out`` if given (a (U, dim) array, any strides) and returned."""
         t = self.tables[table]
+        assert out is None or unique, "out takes the plan's distinct rows"
         if self._views is not None:  # a plan's ids were checked when it was made
             if isinstance(ids, Plan) and (unique or self.topo.n_servers > 1):
-                return self._pull_shared_plan(t, ids, slot, unique)
+                return self._pull_shared_plan(t, ids, slot, unique, out)
             return self._pull_shared(t, self._check_ids(t, ids.ids if isinstance(ids, Plan)
                                                          else ids), slot)
         plan, own = self._planned(table, ids)
-        buf = self._get(t, plan, slot)
+        direct = out is not None and out.flags.c_contiguous
+        buf = self._get(t, plan, slot, out if direct else None)
         self._flush(plan, own)
+        if out is not None and not direct:
+            out[...] = buf
+            return out
         return buf if unique else gather(buf, plan.inverse)
 
-    def _get(self, t: _Table, plan: Plan, slot: str) -> np.ndarray:
-        """Issue one indexed Get per owner of ``plan.unique``'s rows into a new (U, dim)
-        buffer, not completed: valid after ``Flush`` of those owners (``_flush``)."""
-        buf = np.empty((plan.unique.size, t.spec.dim), dtype=t.spec.dtype)
+    def _get(self, t: _Table, plan: Plan, slot: str, buf=None) -> np.ndarray:
+        """Issue one indexed Get per owner of ``plan.unique``'s rows into ``buf`` (a
+        C-contiguous (U, dim) array; default a new one), not completed: valid after
+        ``Flush`` of those owners (``_flush``)."""
+        if buf is None:
+            buf = np.empty((plan.unique.size, t.spec.dim), dtype=t.spec.dtype)
         for s, rank, sl, dt in plan.targets:
             # Wire: one indexed Get of (rows, dim) from server `rank`; origin buf stays alive until Flush.
             self.win.Get([buf[sl], t.base], rank, [self._remote[s][t.spec.name][slot], 1, dt])
@@ -323,17 +332,19 @@ class EmbeddingStore:
         self.traffic.shm_bytes += out.nbytes
         return out
 
-    def _pull_shared_plan(self, t: _Table, plan: Plan, slot: str, unique: bool) -> np.ndarray:
+    def _pull_shared_plan(self, t: _Table, plan: Plan, slot: str, unique: bool,
+                          out=None) -> np.ndarray:
         """Same-node fast path with a plan: each server's distinct rows gathered from its
-        region by the plan's owner groups (no per-id owner masks), then expanded."""
+        region by the plan's owner groups (no per-id owner masks) straight into ``out``
+        (default a new (U, dim) buffer), then expanded."""
         S = self.topo.n_servers
         self.win.Sync()  # memory barrier: see every Accumulate completed before our barrier
-        buf = np.empty((plan.unique.size, t.spec.dim), t.spec.dtype)
+        buf = np.empty((plan.unique.size, t.spec.dim), t.spec.dtype) if out is None else out
         for s in range(S):
             a, b = int(plan.bounds[s]), int(plan.bounds[s + 1])
             if a < b:
-                buf[a:b] = gather(self._region(t, s, slot),
-                                  partition.local_row(plan.unique[a:b], S))
+                gather(self._region(t, s, slot), partition.local_row(plan.unique[a:b], S),
+                       out=buf[a:b])
         self.traffic.shm_bytes += buf.nbytes
         return buf if unique else gather(buf, plan.inverse)
 

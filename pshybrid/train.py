@@ -399,8 +399,9 @@ def _step(job: Job, step: int, label, dense, batch, bags=(), idle=None):
     (and checks) once per log interval and before a checkpoint."""
     mode, model, params = job.mode, job.model, job.params
     mode.begin(step)
-    if job.device is not None:  # GPU: one copy in, the step's kernels (one graph); its
-        rows = mode.unique_rows(batch)  # device time in fwd_bwd (CUDA events, no wait)
+    if job.device is not None:  # GPU: one copy in (the rows pulled straight into its
+        # pinned buffer), the step's kernels (one graph); their device time in fwd_bwd
+        rows = mode.unique_rows(batch, job.device.rows_out(batch.unique.size))
         loss_sum, batch.dev_sums = job.device.run(label, dense, rows, batch.inverse,
                                                   mode.kernel_timers)
         mode.update(batch, None, step + 1, idle)

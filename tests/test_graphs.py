@@ -96,6 +96,21 @@ def test_graphs_equal_eager_equal_numpy_with_fewer_launches(monkeypatch, model):
                                                                          off_launches)
 
 
+def test_rows_pulled_into_the_pinned_buffer_equal_rows_copied_there(monkeypatch):
+    """The pull writes the rows straight into the pinned buffer (``rows_out``); rows from
+    anywhere else are copied there by ``run``: the same training, bit for bit, padded
+    rows (WDL, dim 5 in float64 -> 6) included."""
+    from mpi4py import MPI
+
+    cfg = replace(BASE, embedding_dim=5, steps=5)
+    in_place, _ = _gpu(monkeypatch, cfg, MPI.COMM_SELF, "on")
+    monkeypatch.setattr(graphs.DeviceStep, "rows_out",
+                        lambda self, U: np.full((U, self.E), np.nan, self.dtype))
+    copied, _ = _gpu(monkeypatch, cfg, MPI.COMM_SELF, "on")
+    assert np.array_equal(in_place.dense, copied.dense)
+    assert np.array_equal(in_place.table, copied.table) and np.isfinite(copied.table).all()
+
+
 def test_a_capture_that_fails_runs_eagerly_and_says_why(monkeypatch):
     """A body that waits on the host (here: the model's forward) cannot be captured: the
     step runs eagerly from then on, with the same results, and the summary names why."""

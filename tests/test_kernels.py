@@ -253,6 +253,22 @@ def test_prefetching_gather_equals_take(monkeypatch, dtype, n):
         kernels.gather(rows, np.array([0, 7000]))
 
 
+@pytest.mark.parametrize("far", [False, True], ids=["take", "numba"])
+def test_gather_into_a_given_array_strided_or_not(monkeypatch, far):
+    """``out=`` (a GPU worker's pull into its pinned buffer): the same rows, written in
+    place (a padded row buffer's first columns too), nothing past them."""
+    if far:
+        monkeypatch.setattr(kernels, "_FAR_TABLE", 0)
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((500, 17)).astype(np.float32)
+    index = rng.integers(0, 500, 300)
+    pad = np.full((300, 20), 7, np.float32)
+    for out in (np.empty((300, 17), np.float32), pad[:, :17]):
+        assert kernels.gather(rows, index, out=out) is out
+        assert np.array_equal(out, np.take(rows, index, axis=0))
+    assert (pad[:, 17:] == 7).all()
+
+
 def test_the_prefetch_hint_is_emitted_or_falls_back_to_a_no_op(monkeypatch):
     """A compiled kernel carries the CPU's prefetch instruction; where the intrinsic cannot
     be built, a no-op takes its place and the kernels give the same values."""

@@ -76,7 +76,16 @@ def test_pull_equals_unsharded(comm, S, shm, planned):
                     if not np.array_equal(store.pull(spec.name, plan or ids, slot=slot),
                                           np.zeros_like(ref[ids])):
                         ok, msg = False, f"{spec.name} {shape}: slot {slot} != 0"
-                if plan:
+                if plan:  # the distinct rows, also into a given array (a GPU worker's
+                    # pinned buffer: rows padded by 3 elements, so a strided view)
+                    want = ref[plan.unique]
+                    pad = np.full((plan.unique.size, spec.dim + 3), 9, spec.dtype)
+                    for out in (None, np.empty_like(want), pad[:, :spec.dim]):
+                        got = store.pull(spec.name, plan, unique=True, out=out)
+                        if not (np.array_equal(got, want) and (out is None or got is out)):
+                            ok, msg = False, f"{spec.name} {shape}: unique pull into {out}"
+                    if (pad[:, spec.dim:] != 9).any():
+                        ok, msg = False, f"{spec.name} {shape}: wrote past the out columns"
                     plan.free()
             if not np.array_equal(store.pull(spec.name, np.zeros((0,), np.int64)),
                                   ref[:0]):

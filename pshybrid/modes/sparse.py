@@ -196,10 +196,11 @@ class ServerSparse(_StagedSums):
     def _expanded(self, batch: Batch):
         return self.store.pull(self.name, batch.plan)
 
-    def unique_rows(self, batch: Batch):
-        """GPU workers: the (U, E) host rows of ``batch.unique`` (one Get per server)."""
+    def unique_rows(self, batch: Batch, out=None):
+        """GPU workers: the (U, E) host rows of ``batch.unique`` (one Get per server), into
+        ``out`` if given (``graphs.DeviceStep.rows_out``: its pinned buffer)."""
         with self.ctx.timers.time("pull"):
-            return self.store.pull(self.name, batch.plan, unique=True)
+            return self.store.pull(self.name, batch.plan, unique=True, out=out)
 
     def _sums(self, batch: Batch, demb):
         """(U, E) host gradient sums of ``batch.plan.unique``."""
@@ -314,10 +315,11 @@ class ReplicatedSparse(_StagedSums):
     def _expanded(self, batch: Batch):
         return gather(self.table, batch.ids)
 
-    def unique_rows(self, batch: Batch):
-        """GPU workers: the (U, E) host rows of ``batch.unique``, from the local table."""
+    def unique_rows(self, batch: Batch, out=None):
+        """GPU workers: the (U, E) host rows of ``batch.unique``, from the local table (into
+        ``out`` if given)."""
         with self.ctx.timers.time("pull"):
-            return gather(self.table, batch.unique)
+            return gather(self.table, batch.unique, out=out)
 
     def sums(self, batch: Batch, demb):
         """(U, E) host gradient sums of ``batch.unique`` (input order within an id)."""

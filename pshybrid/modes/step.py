@@ -166,10 +166,11 @@ class Mode:
         """-> emb: batch.ids.shape + (E,) in ``self.xp``."""
         return self.sparse.lookup(batch)
 
-    def unique_rows(self, batch: Batch):
+    def unique_rows(self, batch: Batch, out=None):
         """GPU workers: -> the (U, E) host rows of ``batch.unique``, pulled (what ``lookup``
-        expands on the device; ``graphs.DeviceStep`` takes them instead)."""
-        return self.sparse.unique_rows(batch)
+        expands on the device; ``graphs.DeviceStep`` takes them instead), into ``out`` if
+        given (``DeviceStep.rows_out``)."""
+        return self.sparse.unique_rows(batch, out)
 
     def update(self, batch: Batch, demb, step: int, idle=None) -> None:
         """Apply step ``step``'s gradients (demb: (B, F, E) in ``self.xp``, or None on a GPU

@@ -38,7 +38,7 @@ class SparseStrategy(Strategy, Protocol):
     def begin(self, step: int) -> None: ...                     # before forward
     def prepare(self, ids): ...                                 # (B, F) int64 -> Batch
     def lookup(self, batch): ...                                # -> (B, F, E)
-    def unique_rows(self, batch): ...                           # GPU: (U, E) host rows
+    def unique_rows(self, batch, out=None): ...                 # GPU: (U, E) host rows
     def stage(self, batch, demb) -> None: ...                   # GPU: queue D2H copies
     def start(self, batch, demb, step: int) -> None: ...
     def finish(self, batch, demb, step: int) -> None: ...
