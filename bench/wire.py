@@ -86,10 +86,10 @@ class Packed:
         self.bufs = {}
 
     def _buf(self, name: str, shape, dtype) -> np.ndarray:
-        b = self.bufs.get(name)
-        if b is None or b.size < int(np.prod(shape)) or b.dtype != dtype:
-            b = self.bufs[name] = np.empty(int(np.prod(shape)), dtype)
-        return b[:int(np.prod(shape))].reshape(shape)
+        n, b = int(np.prod(shape)), self.bufs.get(name)
+        if b is None or b.size < n or b.dtype != dtype:
+            b = self.bufs[name] = np.empty(n, dtype)
+        return b[:n].reshape(shape)
 
     def rows_out(self, U: int, E: int, dtype) -> np.ndarray:
         """The (U, E) columns of the padded rows' buffer, the pad zeroed: where the pull

@@ -13,8 +13,8 @@ pulled for a batch and the gradients that go on the wire:
     outputs         the (U, E) sums, the pair, ``flat_grad``: read after the step's one
                     host wait (``modes.step``: the D2H copies are queued there)
 
-The four inputs are packed into one pinned host buffer and go to the device in ONE
-asynchronous copy, into a static device buffer of capacity C >= U distinct rows
+The four inputs are packed into one pinned host buffer (the rows pulled straight into their
+place there: ``rows_out``) and go to the device in ONE asynchronous copy, into a static device buffer of capacity C >= U distinct rows
 (``capacity``: powers of two from ``MIN_CAPACITY``, at most B*F). Where the model allows it
 (``row_padding``: WDL, DeepFM, DCN), the rows are padded with zeros to a whole number of
 16-byte vectors on the device (dim 16 + the wide weight: 17 -> 20 float32), so the gather
@@ -116,7 +116,9 @@ class DeviceStep:
             self.stream.synchronize()
             self.previous.use()
 
-    def _slot(self, C: int) -> _Slot:
+    def _slot(self, U: int) -> _Slot:
+        """The slot of the capacity that holds ``U`` distinct rows (made on first use)."""
+        C = capacity(U, self.B * self.F)
         slot = self.slots.get(C)
         if slot is None:
             B, dt = self.B, self.dtype
@@ -133,7 +135,7 @@ class DeviceStep:
         ``timers`` (``timers.EventTimers``): its ``fwd_bwd`` phase gets the device time
         of the copy and the graph, the host's packing before them left out."""
         U = rows.shape[0]
-        slot = self._slot(capacity(U, self.B * self.F))
+        slot = self._slot(U)
         used = self._pack(slot, {"label": label, "dense": dense, "inverse": inverse,
                                  "rows": rows})
         with timers.time("fwd_bwd") if timers is not None else contextlib.nullcontext():
@@ -153,7 +155,7 @@ class DeviceStep:
         """The (U, E) part of the pinned buffer that the next ``run`` with U distinct rows
         copies them from: a pull writes them there (``Mode.unique_rows(out=)``), and
         ``run`` then packs them in place instead of copying them."""
-        slot = self._slot(capacity(U, self.B * self.F))
+        slot = self._slot(U)
         self._writable(slot)
         return self._part(slot, "rows", U)
 
@@ -178,7 +180,7 @@ class DeviceStep:
         """Pack ``arrays`` into the pinned buffer at ``slot``'s offsets (the rows padded
         with zeros to the slot's width; already there when they are ``rows_out``'s) -> the
         bytes to copy (the rows past U are not)."""
-        off, shape, dt = slot.layout["rows"]
+        off, _, dt = slot.layout["rows"]
         U = arrays["rows"].shape[0]
         self._writable(slot)
         for name, a in arrays.items():

@@ -96,10 +96,9 @@ def gather(rows, index, out=None):
             flat = np.where(flat < 0, flat + n, flat)
         if out is None:
             out = np.empty(np.shape(index) + rows.shape[1:], rows.dtype)
-            _nb_gather(rows, flat, out.reshape(flat.size, rows.shape[1]))
         else:
             assert out.shape == (flat.size, rows.shape[1]) and out.dtype == rows.dtype
-            _nb_gather(rows, flat, out)
+        _nb_gather(rows, flat, out.reshape(flat.size, rows.shape[1]))  # (a view either way)
         return out
     if rows.dtype in _FLOATS:
         from . import cuda

@@ -37,7 +37,7 @@ _NOTHING = np.empty(0, np.uint8)  # an acknowledgement's (empty) buffer
 # the sends complete before it, but every RETRY-th step overlaps them again to re-check (a
 # server still starting up, or late once, is not a transport that needs this rank)
 MAX_BEHIND, RETRY = 3, 64
-MOVE_POLLS = 4
+MOVE_POLLS = 4  # progress polls within which a send whose data has moved completes
 
 
 class ServerLink:
@@ -69,7 +69,8 @@ class ServerLink:
 
     @property
     def pending(self) -> int:
-        """Sends not yet completed (``wait`` completes them)."""
+        """Requests of sends started since the last completion (``wait`` completes them
+        and clears the list; some may have finished already)."""
         return len(self._sending[0])
 
     def _moved(self) -> bool:
