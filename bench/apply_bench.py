@@ -1,8 +1,11 @@
 # python bench/apply_bench.py
-"""python bench/apply_bench.py [--threads 1 2] [--kinds adagrad adam] [--parts 0 1 2] [--sweep]
+"""python bench/apply_bench.py [--threads 1 2] [--kinds adagrad adam] [--parts 0 1 2]
+                              [--memory window numpy] [--sweep]
 
 A server's optimizer apply on several threads (``pshybrid.pool``), one process, no MPI: a
-shard of ``--rows`` rows of ``--dim`` floats with its optimizer state; each step updates
+shard of ``--rows`` rows of ``--dim`` floats with its optimizer state, in ``--memory``
+(``window``: shared memory, where a server's shard lives, an MPI window; ``numpy``: NumPy's
+own allocation, on huge pages where the kernel gives them: ``shard_array``); each step updates
 ``--touched`` distinct random rows (sorted, as the segment sum leaves them). Rows/s is the
 touched rows per second of the step, printed beside its reference, measured in the same run:
   memcpy   np.copyto of the step's (touched, dim) gradient rows: the same rows' bytes, once;
@@ -22,9 +25,11 @@ the machine's drift hits them alike. ``--sweep``: rows/s of the optimizer step w
 from __future__ import annotations
 
 import argparse
+import mmap
 import os
 import statistics
 import sys
+import tempfile
 import time
 from contextlib import contextmanager
 from types import SimpleNamespace
@@ -39,11 +44,39 @@ OPTIMIZERS = {"sgd": Optimizer("sgd", lr=0.05, l2=1e-5),  # sgd with L2: a serve
               "adagrad": Optimizer("adagrad", lr=0.05), "adam": Optimizer("adam", lr=0.001)}
 
 
-def make_shard(kind: str, rows: int = 2_000_000, dim: int = 17, dtype="float32", seed=0):
-    """(w (rows, dim), {slot: (rows, dim)}): a shard with its optimizer's state."""
+MEMORY = ("window", "numpy")  # where a shard lives (shard_array)
+
+
+def shard_array(shape, dtype, memory: str = "window") -> np.ndarray:
+    """An uninitialised array for a shard. ``window``: shared memory mapped as MPICH maps an
+    MPI window's on a node (a file in /dev/shm, else anonymous shared memory), where the
+    servers' shards live; the kernel gives it huge pages only where shared memory has them
+    (``/sys/kernel/mm/transparent_hugepage/shmem_enabled``, /dev/shm's mount). ``numpy``:
+    NumPy's own allocation, which asks for transparent huge pages on large arrays."""
+    dt = np.dtype(dtype)
+    if memory == "numpy":
+        return np.empty(shape, dt)
+    n = max(1, int(np.prod(shape)) * dt.itemsize)
+    try:
+        with tempfile.TemporaryFile(dir="/dev/shm") as f:
+            f.truncate(n)
+            m = mmap.mmap(f.fileno(), n)  # MAP_SHARED; the mapping outlives the file
+    except OSError:
+        m = mmap.mmap(-1, n)
+    return np.frombuffer(m, dt, count=int(np.prod(shape))).reshape(shape)
+
+
+def make_shard(kind: str, rows: int = 2_000_000, dim: int = 17, dtype="float32", seed=0,
+               memory: str = "window"):
+    """(w (rows, dim), {slot: (rows, dim)}): a shard with its optimizer's state, in
+    ``memory`` (``shard_array``)."""
     rng = np.random.default_rng(seed)
-    w = rng.standard_normal((rows, dim), dtype=np.dtype(dtype).type) * 0.01
-    return w, {k: np.full_like(w, 0.1) for k in OPTIMIZERS[kind].slots}
+    w = shard_array((rows, dim), dtype, memory)
+    w[...] = rng.standard_normal((rows, dim), dtype=np.dtype(dtype).type) * 0.01
+    slots = {k: shard_array(w.shape, w.dtype, memory) for k in OPTIMIZERS[kind].slots}
+    for a in slots.values():
+        a[...] = 0.1
+    return w, slots
 
 
 def step_inputs(rows: int, touched: int, dim: int, dtype, parts: int, seed: int):
@@ -132,32 +165,35 @@ def load_elsewhere(before, seconds: float) -> str:
 
 
 def report(a) -> None:
-    """The table: per optimizer and parts, rows/s per thread count beside memcpy. Every
-    round runs every (optimizer, parts, threads) once and memcpy once: a burst of load
-    from elsewhere hits one round of each, not all rounds of one."""
+    """The table: per optimizer, memory and parts, rows/s per thread count beside memcpy.
+    Every round runs every (optimizer, memory, parts, threads) once and memcpy once: a burst
+    of load from elsewhere hits one round of each, not all rounds of one."""
     print(f"shard {a.rows:,} x {a.dim} {a.dtype}, {a.touched:,} distinct rows a step; "
           f"M rows/s, median of {a.rounds} rounds x {a.repeat} steps; "
           f"pool.MIN_ROWS_PER_THREAD = {pool.MIN_ROWS_PER_THREAD}")
-    shards = {kind: make_shard(kind, a.rows, a.dim, a.dtype) for kind in a.kinds}
+    shards = {(kind, m): make_shard(kind, a.rows, a.dim, a.dtype, memory=m)
+              for kind in a.kinds for m in a.memory}
     before, t0 = cpu_seconds(), time.perf_counter()
-    cases = [(kind, parts, t) for kind in a.kinds for parts in a.parts for t in a.threads]
+    cases = [(kind, m, parts, t) for kind in a.kinds for m in a.memory for parts in a.parts
+             for t in a.threads]
     got = {c: [] for c in cases}
     ref = []
     for r in range(a.rounds):
-        for kind, parts, t in cases:
-            got[kind, parts, t].append(apply_rows_per_s(
+        for kind, m, parts, t in cases:
+            got[kind, m, parts, t].append(apply_rows_per_s(
                 kind, t, dim=a.dim, touched=a.touched, repeat=a.repeat, parts=parts,
-                shard=shards[kind], seed=1000 * r))
+                shard=shards[kind, m], seed=1000 * r))
         ref.append(memcpy_rows_per_s(a.touched, a.dim, a.dtype, a.repeat))
     head = " ".join(f"{f'{t} thr':>8}" for t in a.threads)
-    print(f"{'optimizer':<9} {'parts':>5} | {head} | {f'x {a.threads[-1]}':>6}")
+    print(f"{'optimizer':<9} {'memory':<6} {'parts':>5} | {head} | {f'x {a.threads[-1]}':>6}")
     for kind in a.kinds:
-        for parts in a.parts:
-            med = [statistics.median(got[kind, parts, t]) / 1e6 for t in a.threads]
-            cells = " ".join(f"{m:>8.2f}" for m in med)
-            print(f"{kind:<9} {parts:>5} | {cells} | {med[-1] / med[0]:>6.2f}")
-    print(f"{'memcpy':<9} {'':>5} | {statistics.median(ref) / 1e6:>8.1f}  (the same rows' "
-          "bytes, one copy)")
+        for m in a.memory:
+            for parts in a.parts:
+                med = [statistics.median(got[kind, m, parts, t]) / 1e6 for t in a.threads]
+                cells = " ".join(f"{v:>8.2f}" for v in med)
+                print(f"{kind:<9} {m:<6} {parts:>5} | {cells} | {med[-1] / med[0]:>6.2f}")
+    print(f"{'memcpy':<9} {'':<6} {'':>5} | {statistics.median(ref) / 1e6:>8.1f}  (the same "
+          "rows' bytes, one copy)")
     print(load_elsewhere(before, time.perf_counter() - t0), flush=True)
 
 
@@ -169,7 +205,7 @@ def sweep(a) -> None:
     print(f"{'optimizer':<9} {'rows':>6} | {'1 thr':>8} {'2 thr':>8} | {'x 2':>5}")
     before, t0 = cpu_seconds(), time.perf_counter()
     for kind in a.kinds:
-        shard = make_shard(kind, a.rows, a.dim, a.dtype)
+        shard = make_shard(kind, a.rows, a.dim, a.dtype, memory=a.memory[0])
         for n in counts:
             got = {1: [], 2: []}
             for r in range(a.rounds):
@@ -190,6 +226,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--kinds", nargs="+", default=["adagrad", "adam"], choices=list(OPTIMIZERS))
     ap.add_argument("--parts", type=int, nargs="+", default=[0, 1, 2],
                     help="0: the optimizer step alone; P: server_apply on P workers' parts")
+    ap.add_argument("--memory", nargs="+", default=["window"], choices=MEMORY,
+                    help="where the shard lives: window (shared memory, as the servers' "
+                    "shards), numpy (NumPy's allocation); --sweep: the first")
     ap.add_argument("--rows", type=int, default=2_000_000, help="rows of the shard")
     ap.add_argument("--dim", type=int, default=17)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])

@@ -17,9 +17,12 @@ to a temporary directory (``synthetic.write_synthetic``; block-shuffled reads, p
   cpu       the thread's CPU time for all four (time.thread_time; by windows as input): on
             a shared machine, less sensitive than the wall clock to other processes.
 Section ``apply`` (``server_apply``): a server's optimizer apply on dim-17 float32 rows of a
-2M-row shard, 65,536 distinct rows a step (``--shard-rows``, ``--touched``), in M rows/s with 1 and 2 threads (Adagrad and
-Adam, ``ServerSparse.server_apply`` of one worker's part), interleaved rounds, beside memcpy
-of the same rows (``bench/apply_bench.py``; more cases there).
+2M-row shard, 65,536 distinct rows a step (``--shard-rows``, ``--touched``), in M rows/s with
+1 and 2 threads (Adagrad and Adam, ``ServerSparse.server_apply`` of one worker's part),
+interleaved rounds, beside memcpy of the same rows, the shard in each memory of
+``apply_bench.MEMORY``: ``window`` (shared memory, where a server's shard lives) and
+``numpy`` (huge pages where the kernel gives them) (``bench/apply_bench.py``; more cases
+there).
 Check, dedup and types are what ``EmbeddingStore.plan`` runs, in that order. Each figure
 but input: the median over --steps batches after --warmup, all pieces of a batch timed back
 to back (time.perf_counter). Sections are functions of the parsed arguments returning rows;
@@ -151,30 +154,34 @@ def print_input(rows: list[dict], a) -> None:
 
 
 def server_apply(a) -> list[dict]:
-    """Section ``apply``: M rows/s per optimizer and thread count (medians over rounds)."""
-    from apply_bench import apply_rows_per_s, make_shard, memcpy_rows_per_s
+    """Section ``apply``: M rows/s per optimizer, memory and thread count (medians over
+    rounds)."""
+    from apply_bench import MEMORY, apply_rows_per_s, make_shard, memcpy_rows_per_s
 
     out = []
     for kind in ("adagrad", "adam"):
-        shard, got = make_shard(kind, a.shard_rows), {1: [], 2: []}
-        for _ in range(a.rounds):
-            for t in got:
-                got[t].append(apply_rows_per_s(kind, t, shard=shard, parts=1,
-                                               touched=a.touched) / 1e6)
-        med = {t: statistics.median(v) for t, v in got.items()}
-        out.append(dict(kind=kind, one=med[1], two=med[2], speedup=med[2] / med[1],
-                        memcpy=memcpy_rows_per_s(a.touched) / 1e6))
+        for memory in MEMORY:
+            shard, got = make_shard(kind, a.shard_rows, memory=memory), {1: [], 2: []}
+            for _ in range(a.rounds):
+                for t in got:
+                    got[t].append(apply_rows_per_s(kind, t, shard=shard, parts=1,
+                                                   touched=a.touched) / 1e6)
+            del shard
+            med = {t: statistics.median(v) for t, v in got.items()}
+            out.append(dict(kind=kind, memory=memory, one=med[1], two=med[2],
+                            speedup=med[2] / med[1], memcpy=memcpy_rows_per_s(a.touched) / 1e6))
     return out
 
 
 def print_apply(rows: list[dict], a) -> None:
     print(f"\na server's optimizer apply, dim 17 float32, {a.touched:,} of {a.shard_rows:,} "
           f"rows a step (M rows/s, medians of {a.rounds} rounds; load average "
-          f"{os.getloadavg()[0]:.2f})")
-    print(f"{'optimizer':<9} {'1 thread':>9} {'2 threads':>9} {'x':>5} {'memcpy':>7}")
+          f"{os.getloadavg()[0]:.2f}); window: the shard in shared memory, as a server's")
+    print(f"{'optimizer':<9} {'memory':<6} {'1 thread':>9} {'2 threads':>9} {'x':>5} "
+          f"{'memcpy':>7}")
     for r in rows:
-        print(f"{r['kind']:<9} {r['one']:>9.1f} {r['two']:>9.1f} {r['speedup']:>5.2f} "
-              f"{r['memcpy']:>7.1f}")
+        print(f"{r['kind']:<9} {r['memory']:<6} {r['one']:>9.1f} {r['two']:>9.1f} "
+              f"{r['speedup']:>5.2f} {r['memcpy']:>7.1f}")
 
 
 SECTIONS = {"input": (input_planning, print_input),  # name: (rows of args, printer)

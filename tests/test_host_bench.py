@@ -42,11 +42,12 @@ def test_quick_run_prints_and_writes_every_row(tmp_path, capsys):
         assert f"{r['source']:<10} {r['batch']:>5}" in text
     assert rows[2]["target"] == 0.25
     apply = got["sections"]["apply"]
-    assert [r["kind"] for r in apply] == ["adagrad", "adam"]
+    assert [(r["kind"], r["memory"]) for r in apply] == [
+        ("adagrad", "window"), ("adagrad", "numpy"), ("adam", "window"), ("adam", "numpy")]
     for r in apply:
         assert r["one"] > 0 and r["two"] > 0 and r["memcpy"] > 0
         assert np.isclose(r["speedup"], r["two"] / r["one"])
-        assert f"{r['kind']:<9} {r['one']:>9.1f}" in text
+        assert f"{r['kind']:<9} {r['memory']:<6} {r['one']:>9.1f}" in text
 
 
 def test_planning_pieces_are_the_plans():
@@ -80,3 +81,31 @@ def test_an_added_section_runs_and_is_written(tmp_path, monkeypatch, capsys):
     assert host_bench.main(["--sections", "apply", "--steps", "7", "--json", str(out)]) == 0
     assert seen == [[{"what": "apply", "steps": [7, 7]}]]
     assert json.loads(out.read_text())["sections"] == {"apply": seen[0]}
+
+
+def _mapping_flags(a: np.ndarray) -> str:
+    """The permissions of the /proc/self/maps line that holds ``a``'s first byte."""
+    addr = a.ctypes.data
+    with open("/proc/self/maps") as f:
+        for line in f:
+            lo, hi = (int(x, 16) for x in line.split()[0].split("-"))
+            if lo <= addr < hi:
+                return line.split()[1]
+    raise AssertionError("no mapping holds the array")
+
+
+def test_apply_shards_in_window_memory_are_shared_and_equal():
+    """apply_bench's ``window`` shard lies in a shared mapping (as an MPI window's), holds
+    the values of the ``numpy`` one, and an optimizer step updates both alike."""
+    from apply_bench import OPTIMIZERS, make_shard, step_inputs
+
+    shards = {m: make_shard("adagrad", 3000, memory=m) for m in ("window", "numpy")}
+    assert _mapping_flags(shards["window"][0]).endswith("s")
+    assert _mapping_flags(shards["window"][1]["acc"]).endswith("s")
+    assert not _mapping_flags(shards["numpy"][0]).endswith("s")
+    rows, g = step_inputs(3000, 500, 17, np.float32, 0, seed=3)[0]
+    for w, state in shards.values():
+        OPTIMIZERS["adagrad"].update_rows(w, rows, g, state, 1)
+    (w1, s1), (w2, s2) = shards["window"], shards["numpy"]
+    assert np.array_equal(w1, w2) and np.array_equal(s1["acc"], s2["acc"])
+    assert not np.array_equal(w1[rows], make_shard("adagrad", 3000)[0][rows])  # it moved
