@@ -99,10 +99,10 @@ def test_graphs_equal_eager_equal_numpy_with_fewer_launches(monkeypatch, model):
 def test_rows_pulled_into_the_pinned_buffer_equal_rows_copied_there(monkeypatch):
     """The pull writes the rows straight into the pinned buffer (``rows_out``); rows from
     anywhere else are copied there by ``run``: the same training, bit for bit, padded
-    rows (WDL, dim 5 in float64 -> 6) included."""
+    rows (WDL: dim 4 + the wide weight, 5 float64, padded to 6) included."""
     from mpi4py import MPI
 
-    cfg = replace(BASE, embedding_dim=5, steps=5)
+    cfg = replace(BASE, embedding_dim=4, steps=5)
     in_place, _ = _gpu(monkeypatch, cfg, MPI.COMM_SELF, "on")
     monkeypatch.setattr(graphs.DeviceStep, "rows_out",
                         lambda self, U: np.full((U, self.E), np.nan, self.dtype))
@@ -237,3 +237,34 @@ def test_step_launches_bench_counts_every_mode_within_12_with_graphs(tmp_path):
         assert r["on"]["host_waits"] == r["off"]["host_waits"] == 1, r
     most = max(r["on"]["launches"] for r in rows)
     assert p.stdout.strip().splitlines()[-1] == f"graphs on: max {most} launches per step"
+
+
+def test_every_copy_carries_zeros_in_the_rows_pad(monkeypatch):
+    """Every step's copy carries the rows and zeros in their pad (E 5 -> 6 float64), through
+    capacities that grow the pinned buffer and smaller ones after, the rows pulled in place
+    or copied by ``run``."""
+    from mpi4py import MPI
+
+    monkeypatch.setattr(graphs, "MIN_CAPACITY", 2)  # several capacities in a small run
+    seen, run = [], graphs.DeviceStep.run
+
+    def checked(self, label, dense, rows, inverse, timers=None):
+        out = run(self, label, dense, rows, inverse, timers)
+        U, slot = rows.shape[0], self._slot(rows.shape[0])
+        dev = slot.rows.view(np.ndarray)[:U]  # (the stand-in's device array: NumPy)
+        seen.append((U, slot.C, self.pinned.size, self.E, self.Ep))
+        assert np.array_equal(dev[:, :self.E], rows) and not dev[:, self.E:].any(), U
+        return out
+
+    monkeypatch.setattr(graphs.DeviceStep, "run", checked)
+    cfg = replace(BASE, embedding_dim=4, steps=12, batch_size=6)  # rows of 5 float64 -> 6
+    _gpu(monkeypatch, cfg, MPI.COMM_SELF, "on")
+    assert all((E, Ep) == (5, 6) for *_, E, Ep in seen), seen
+    caps = [c for _, c, *_ in seen]
+    assert len(set(caps)) >= 2 and any(b < a for a, b in zip(caps, caps[1:])), seen
+    assert len({n for _, _, n, *_ in seen}) >= 2, seen  # the pinned buffer grew at least once
+    monkeypatch.setattr(graphs.DeviceStep, "rows_out",
+                        lambda self, U: np.full((U, self.E), np.nan, self.dtype))
+    seen.clear()
+    _gpu(monkeypatch, cfg, MPI.COMM_SELF, "on")  # the rows copied by run
+    assert len(seen) == 12
