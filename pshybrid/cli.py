@@ -74,7 +74,8 @@ def cmd_info(args) -> int:
     row = (topo.rank, role, topo.worker_index if topo.is_worker else topo.server_index,
            topo.node_of_rank[topo.rank], topo.node_names[topo.node_of_rank[topo.rank]],
            topo.local_rank, device, os.getpid(),
-           *_thread_cells(rank_blas_threads(), rank_server_threads(args.server_threads),
+           *_thread_cells(rank_blas_threads(),
+                          rank_server_threads(args.server_threads, topo.servers_here),
                           applies=topo.is_server or topo.colocated))
     # Wire: gather of one small tuple per rank to rank 0; rank 0 waits for all.
     rows = topo.world.gather(row, root=0)

@@ -334,7 +334,9 @@ class TrainConfig:
     server_threads: int | None = option(None, "threads of a rank's optimizer apply on its "
                                         "table shard (a server's, or a colocated rank's); "
                                         "none: one per core the rank has (its binding, else "
-                                        "the node's cores / ranks per node), at least 1",
+                                        "the node's cores / ranks per node), at least 1; a "
+                                        "dedicated server adds its part of the node's spare "
+                                        "cores",
                                         check=_positive)
     embedding_dim: int = option(16, "embedding dimension", check=_positive)
     mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated",

@@ -261,7 +261,8 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None) -> str:
     """What the run is about to do, printed by worker 0 before the tables are built: who is
     a worker and who serves, the global batch, the tables' rows and bytes (per server),
     the dense parameters, a checkpoint's size, the sparse optimizer's threads (as sized on
-    worker 0: every rank sizes its own by the same rule); a warning when the tables have more rows
+    worker 0 for a rank beside server 0's fellow servers: every rank sizes its own by the
+    same rule); a warning when the tables have more rows
     than the data has ids (most would never train), and a note when numba compiles."""
     W, S, s = topo.n_workers, topo.n_servers, np.dtype(cfg.dtype).itemsize
     P, E = limits.model_size(cfg, schema)
@@ -286,7 +287,8 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None) -> str:
              f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
              f"  dense: {_n(P, 'parameter')}; a checkpoint holds about "
              f"{limits.gib(table + P * s * (1 + dslots))}"]
-    T, rule = rank_server_threads(cfg.server_threads)
+    here = topo.dedicated_servers_on(topo.node_of_rank[topo.server_ranks[0]]) if S else 0
+    T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)
     holder = ("each rank" if topo.colocated else "each server" if S else "each worker")
     lines.append(f"  sparse optimizer: {_n(T, 'thread')} on {holder}'s rows ({rule})")
     if n_rows is not None and rows > n_rows * F:

@@ -21,7 +21,8 @@ whose RMA waits then stretch (docs/benchmarks.md, Threads).
 
 ``server_threads`` sizes, by the same rule (or ``--server-threads N``), the threads of a
 rank's optimizer apply on its shard (``pool``; a server's, or a colocated rank's inside its
-step). ``blas_threads`` and ``server_threads`` also name the rule that produced each figure
+step); a dedicated server also takes its part of the node's cores that no rank's share
+covers. ``blas_threads`` and ``server_threads`` also name the rule that produced each figure
 (``pshybrid info``).
 """
 
@@ -78,13 +79,25 @@ def sizing_rule(environ, usable_cores: int, node_cores: int) -> str:
 
 
 def server_threads(environ, usable_cores: int, node_cores: int,
-                   override: int | None = None) -> tuple[int, str]:
+                   override: int | None = None, servers_here: int = 0) -> tuple[int, str]:
     """(threads of this rank's optimizer apply, the rule): ``override`` (``--server-threads``)
-    when given, else one per core the rank has, at least 1."""
+    when given, else one per core the rank has, at least 1; ``servers_here`` > 0 (this rank
+    is one of that many dedicated servers on its node, and not bound by the launcher): plus
+    its part of the cores left over once every rank on the node has its whole share, which
+    no rank's threads use otherwise (16 cores / 10 ranks: 6 left over, 3 for each of 2
+    servers: a server's apply is what every worker of the step waits for)."""
     if override is not None:
         return int(override), "--server-threads"
     n = max(1, int(cores_per_rank(environ, usable_cores, node_cores)))
-    return n, sizing_rule(environ, usable_cores, node_cores)
+    rule = sizing_rule(environ, usable_cores, node_cores)
+    if servers_here > 0 and usable_cores >= node_cores:
+        spare = max(0, node_cores - n * ranks_per_node(environ))
+        extra = spare // servers_here
+        if extra:
+            return n + extra, (f"{rule}, + {extra} of the {spare} left over "
+                               f"({servers_here} server{'s' if servers_here > 1 else ''} "
+                               "on the node)")
+    return n, rule
 
 
 def blas_threads(environ, usable_cores: int, node_cores: int,
@@ -103,9 +116,9 @@ def blas_threads(environ, usable_cores: int, node_cores: int,
 APPLIED: dict[str, str] = {}  # what ``apply_thread_limits`` set in this process
 
 
-def rank_server_threads(override: int | None = None) -> tuple[int, str]:
+def rank_server_threads(override: int | None = None, servers_here: int = 0) -> tuple[int, str]:
     """``server_threads`` of this process."""
-    return server_threads(os.environ, *_cores(), override)
+    return server_threads(os.environ, *_cores(), override, servers_here)
 
 
 def rank_blas_threads() -> tuple[int | None, str]:

@@ -162,6 +162,18 @@ class Topology:
     def n_nodes(self) -> int:
         return len(self.node_names)
 
+    def dedicated_servers_on(self, node: int) -> int:
+        """Dedicated server ranks on node index ``node`` (0 when colocated)."""
+        if self.colocated:
+            return 0
+        return sum(self.node_of_rank[r] == node for r in self.server_ranks)
+
+    @property
+    def servers_here(self) -> int:
+        """A dedicated server: the dedicated servers on its node (itself included); 0 on
+        any other rank (a worker, a colocated rank)."""
+        return self.dedicated_servers_on(self.node_of_rank[self.rank]) if self.is_server else 0
+
     @property
     def local_rank(self) -> int:
         return self.node.rank

@@ -104,3 +104,28 @@ def test_the_default_server_count_of_one_process_is_explained_not_blamed_on_the_
     assert "--mode allreduce" in msg and e.value.collective
     with pytest.raises(ConfigError, match="^--servers 0: this mode"):
         check_servers(0, 1, need_servers=True)  # named by the user: named back
+
+
+def test_servers_here_counts_the_dedicated_servers_on_the_ranks_node():
+    """``Topology.servers_here`` (what sizes a server's share of its node's spare cores):
+    the dedicated servers on this rank's node, itself included; 0 on a worker and on a
+    colocated rank. Ranks 0-3 on node 0, 4-7 on node 1; this process is world rank 0."""
+    from mpi4py import MPI
+
+    from pshybrid.topology import Topology
+
+    nodes = [0] * 4 + [1] * 4
+
+    def topo(servers, workers, me_serves, me_works):
+        return Topology(MPI.COMM_SELF, MPI.COMM_SELF,
+                        MPI.COMM_SELF if me_serves else MPI.COMM_NULL,
+                        MPI.COMM_SELF if me_works else MPI.COMM_NULL,
+                        servers, workers, nodes, ["a", "b"])
+
+    assert topo([0, 3, 7], [1, 2, 4, 5, 6], True, False).servers_here == 2
+    assert topo([0, 7], [1, 2, 3, 4, 5, 6], True, False).servers_here == 1
+    assert topo([3, 7], [0, 1, 2, 4, 5, 6], False, True).servers_here == 0  # a worker
+    t = topo([3, 7], [0, 1, 2, 4, 5, 6], False, True)
+    assert t.dedicated_servers_on(0) == 1 and t.dedicated_servers_on(1) == 1
+    every = list(range(8))
+    assert topo(every, every, True, True).servers_here == 0  # colocated: no spare share

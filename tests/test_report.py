@@ -27,8 +27,10 @@ def warm_numba(monkeypatch):
 def topo(W, S, colocated=False):
     workers = list(range(W))
     servers = workers if colocated else list(range(W, W + S))
+    size = W if colocated else W + S
     return SimpleNamespace(n_workers=W, n_servers=S, colocated=colocated, worker_ranks=workers,
-                           server_ranks=servers, size=W if colocated else W + S, n_nodes=1)
+                           server_ranks=servers, size=size, n_nodes=1, node_of_rank=[0] * size,
+                           dedicated_servers_on=lambda node: 0 if colocated else S)
 
 
 def test_banner_names_the_roles_the_global_batch_and_the_bytes():
@@ -37,7 +39,7 @@ def test_banner_names_the_roles_the_global_batch_and_the_bytes():
     assert E == 5  # dim + the wide weight
     # 2 Mi rows x 5 floats x 4 bytes x (weights + 1 adagrad slot) = 80 MiB; 40 per server
     text = banner(cfg, topo(3, 2), SCHEMA, 500)
-    T, rule = rank_server_threads()  # this process's cores, by the rank's rule
+    T, rule = rank_server_threads(None, 2)  # this process's cores, a server's rule (2 here)
     assert text.splitlines() == [
         "plan: hybrid wdl on 5 ranks, 1 node: 3 workers (ranks 0-2), 2 servers (ranks 3-4)",
         "  global batch 192 = 3 workers x --batch-size 64; 500 steps",

@@ -50,6 +50,28 @@ def test_server_threads(env, usable, node, override, want):
     assert server_threads(env, usable, node, override) == want
 
 
+@pytest.mark.parametrize("env,usable,node,here,want", [
+    # 16 cores, 10 ranks: 1 core a rank, 6 left over, 3 for each of 2 servers
+    ({"MPI_LOCALNRANKS": "10"}, 16, 16, 2,
+     (4, "16 cores / 10 ranks on the node, + 3 of the 6 left over (2 servers on the node)")),
+    ({"MPI_LOCALNRANKS": "3"}, 16, 16, 1,   # 5 a rank, 1 left over
+     (6, "16 cores / 3 ranks on the node, + 1 of the 1 left over (1 server on the node)")),
+    ({"MPI_LOCALNRANKS": "10"}, 16, 16, 4, (2, "16 cores / 10 ranks on the node, + 1 of the "
+                                                "6 left over (4 servers on the node)")),
+    ({"MPI_LOCALNRANKS": "10"}, 16, 16, 7, (1, "16 cores / 10 ranks on the node")),  # 6 // 7
+    ({"MPI_LOCALNRANKS": "2"}, 16, 16, 1, (8, "16 cores / 2 ranks on the node")),  # none over
+    ({"MPI_LOCALNRANKS": "3"}, 2, 2, 1, (1, "2 cores / 3 ranks on the node")),  # oversubscribed
+    ({"MPI_LOCALNRANKS": "10"}, 2, 16, 2, (2, "bound to 2 of the node's 16 cores")),  # bound
+    ({"MPI_LOCALNRANKS": "10"}, 16, 16, 0, (1, "16 cores / 10 ranks on the node")),  # a worker
+])
+def test_dedicated_servers_share_the_cores_no_rank_has(env, usable, node, here, want):
+    """A dedicated server not bound by the launcher adds its part of the node's cores that
+    are left over once every rank has its whole share; bound, a worker, or nothing left
+    over: as before. The user's --server-threads still wins."""
+    assert server_threads(env, usable, node, None, here) == want
+    assert server_threads(env, usable, node, 1, here) == (1, "--server-threads")
+
+
 def test_blas_threads_name_their_rule():
     env = {"MPI_LOCALNRANKS": "2"}
     applied = thread_limits(env, 8, 8)

@@ -88,7 +88,7 @@ class ModeSetup:
     bucket_bytes)``, in place of the registry's: ``pshybrid.torch``'s, whose update is the
     torch optimizer's), ``apply_threads`` (threads of the optimizer apply on this rank's
     shard, a server's or a colocated rank's; None: ``threads.rank_server_threads``, one
-    per core the rank has)."""
+    per core the rank has, a dedicated server's with its part of the node's spare cores)."""
 
     spec: ModeSpec
     topo: Topology
@@ -121,7 +121,7 @@ class Mode:
         self.xp = array_module(params.flat)
         gpu = self.xp is not np
         self.kernel_timers = EventTimers(self.timers, self.xp.cuda) if gpu else self.timers
-        threads = setup.apply_threads or rank_server_threads()[0]
+        threads = setup.apply_threads or rank_server_threads(None, topo.servers_here)[0]
         ctx = Context(topo, params, self.xp, self.timers, setup.seed, setup.cuda_aware,
                       self.kernel_timers, HostStaging() if gpu else None, threads)
         self.sparse = SPARSE[spec.sparse](ctx, setup.layout, setup.sparse_opt)
