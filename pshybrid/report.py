@@ -260,10 +260,10 @@ def _n(count: int, noun: str) -> str:
 def banner(cfg, topo, schema, steps: int, n_rows: int | None = None) -> str:
     """What the run is about to do, printed by worker 0 before the tables are built: who is
     a worker and who serves, the global batch, the tables' rows and bytes (per server),
-    the dense parameters, a checkpoint's size, the sparse optimizer's threads (as sized on
-    worker 0 for a rank beside server 0's fellow servers: every rank sizes its own by the
-    same rule); a warning when the tables have more rows
-    than the data has ids (most would never train), and a note when numba compiles."""
+    the dense parameters, a checkpoint's size, the sparse optimizer's threads (sized on
+    worker 0 as for a server on server 0's node: every rank sizes its own by the same rule);
+    a warning when the tables have more rows than the data has ids (most would never train),
+    and a note when numba compiles."""
     W, S, s = topo.n_workers, topo.n_servers, np.dtype(cfg.dtype).itemsize
     P, E = limits.model_size(cfg, schema)
     rows, F = int(sum(schema.cardinalities)), len(schema.cardinalities)
