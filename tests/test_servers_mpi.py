@@ -3,7 +3,8 @@ batch is made while they move) until they have been found still pending after it
 ``MAX_BEHIND`` steps in a row; then they complete before ``idle``, except every
 ``RETRY``-th step, which overlaps them again. A server that posts its receives late keeps
 a large message pending whatever the MPI, and a tiny one moves at once: the deterministic
-cases.
+cases. And ``apply_step``: a colocated rank's wait for the other ranks' step messages is its
+``wait`` phase.
 
 Runs at every world size tests/run.py uses: one server, the other ranks workers.
 """
@@ -78,3 +79,34 @@ def test_every_retry_th_step_overlaps_again_and_a_move_resumes_overlapping(comm,
     topo, seen = run(comm, steps, lambda overlapped, link: overlapped)
     want = [True] * MAX_BEHIND + [False] * (retry - 1 - MAX_BEHIND) + [True] * 3
     assert_all(comm, not topo.is_worker or seen == want, f"{seen} != {want}")
+
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_colocated_rank_times_its_wait_for_the_other_ranks_messages(comm):
+    """A colocated rank receives every rank's step message to its shard before applying
+    it (``apply_step``): that wait is its ``wait`` phase, not untimed. Rank 1 sends its
+    messages ``DELAY`` late; every other rank's ``wait`` holds the delay, and each applies
+    one part per rank."""
+    from types import SimpleNamespace
+
+    from mpi4py import MPI
+
+    DELAY = 0.1
+    topo = Topology.create(comm, colocated=True)
+    timers, applied = Timers(), []
+    mode = SimpleNamespace(sparse=SimpleNamespace(grad_row=(WIDTH, np.float32)), timers=timers,
+                           store=SimpleNamespace(win=SimpleNamespace(Sync=lambda: None)),
+                           server_apply=lambda parts, step: applied.append(len(parts)))
+    if topo.rank == 1:
+        time.sleep(DELAY)
+    ids, sums = np.arange(3, dtype=np.int64), np.ones((3, WIDTH), np.float32)
+    reqs = [req for r in topo.server_ranks  # one step message to every rank's shard
+            for req in (topo.world.Isend([ids, MPI.INT64_T], r, TAG_STEP),
+                        topo.world.Isend([sums, MPI.FLOAT], r, TAG_GRAD))]
+    servers.apply_step(topo, mode, 1)
+    MPI.Request.Waitall(reqs)
+    waited = timers["wait"]
+    ok = applied == [topo.size] and (topo.rank == 1 or waited >= 0.8 * DELAY)
+    assert_all(comm, ok, f"waited {waited:.3f} s for a {DELAY} s delay; applied {applied}")
+    topo.free()

@@ -161,7 +161,8 @@ def apply_step(topo, mode, step: int) -> None:
     step's optimizers to it; the caller then joins the Ibarrier (``ServerLink.wait``).
     A colocated rank calls it inside its own step (``Mode.update``)."""
     width, dtype = mode.sparse.grad_row
-    msgs = _receive(topo, width, dtype, None)  # a worker: MPI's spinning probe
+    with mode.timers.time("wait"):  # for the other ranks' messages, as a server's wait
+        msgs = _receive(topo, width, dtype, None)  # a worker: MPI's spinning probe
     assert all(tag == TAG_STEP for _, tag, _ in msgs), "workers out of step"
     _apply(mode, msgs, step)
 
