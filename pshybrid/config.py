@@ -351,10 +351,11 @@ class TrainConfig:
     cache_rows: int = option(0, "rows of the worker's hot-row cache, served without a pull "
                              "while they meet the --consistency bound (never under bsp); 0: "
                              "none", check=_at_least(0))
-    shared_memory: str = option("auto", "single-node jobs: workers read the servers' rows "
-                                "straight from shared memory (auto: on when the job is on one "
-                                "node; off: RMA Gets, as between nodes)",
-                                choices=("auto", "on", "off"))
+    shared_memory: str = option("auto", "workers read the servers' rows straight from shared "
+                                "memory (auto: every server's on a single-node job, the "
+                                "servers' on the worker's own node on several, where the MPI "
+                                "shares them; on: single-node jobs; off: RMA Gets, as between "
+                                "nodes)", choices=("auto", "on", "off"))
     device: str = option("cpu", "device of the workers", choices=("cpu", "cuda"))
     cuda_aware: str = option("auto", "--device cuda: hand GPU buffers to MPI (on), or stage "
                              "them through pinned host memory (off); auto: as the MPI "

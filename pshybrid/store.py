@@ -137,7 +137,10 @@ class EmbeddingStore:
     ``shared_memory``: the same-node fast path (None: on when every rank shares one
     node; False: RMA only, as between nodes): the window is allocated with
     ``Win.Allocate_shared`` and workers read the servers' shards directly (``pull`` is a
-    gather from a zero-copy view); pushes stay MPI Accumulates (atomic).
+    gather from a zero-copy view); pushes stay MPI Accumulates (atomic). None on a job of
+    several nodes: each worker reads the servers on its own node so where the MPI shares
+    their ``Win.Allocate`` memory (MPI-4.1's ``Shared_query``; ``_node_views``), and Gets
+    the others' rows.
     Workers call ``pull``/``push``; servers hold the shards (``shard``) and update them
     locally (``modes`` runs their loop); every rank calls ``close`` (collective).
     """
@@ -174,7 +177,8 @@ class EmbeddingStore:
         # Wire: one allgather of each rank's {table: {slot: offset}}; all ranks wait.
         layouts = topo.world.allgather({n: t.offsets for n, t in self.tables.items()})
         self._remote = [layouts[r] for r in topo.server_ranks]
-        if shared_memory is None:
+        auto = shared_memory is None
+        if auto:
             shared_memory = topo.n_nodes == 1
         # Wire: collective window creation over world; servers expose their shards.
         elif shared_memory and topo.n_nodes > 1:
@@ -186,7 +190,7 @@ class EmbeddingStore:
                            for r in topo.server_ranks]
         else:
             self.win = MPI.Win.Allocate(nbytes, 1, comm=topo.world)
-            self._views = None
+            self._views = self._node_views() if auto and topo.is_worker else None
         self._mem = np.frombuffer(self.win.tomemory(), dtype=np.uint8) if nbytes else None
         if topo.is_server:
             for name in self.tables:
@@ -231,8 +235,33 @@ class EmbeddingStore:
 
     @property
     def shared(self) -> bool:
-        """Whether pulls read the servers' shared memory (no RMA Get, no datatype)."""
-        return self._views is not None
+        """Whether pulls read every server's shared memory (no RMA Get, no datatype)."""
+        return self._views is not None and all(v is not None for v in self._views)
+
+    def _node_views(self) -> list | None:
+        """A zero-copy view of each server's window on this rank's node, where this MPI
+        shares it (``Shared_query`` on an allocated window, MPI-4.1; an MPI that refuses it
+        or shares less than the server's regions: None), None for the others; None when
+        there is none (RMA only)."""
+        me, views = self.topo.node_of_rank[self.topo.rank], []
+        old = self.win.Get_errhandler()
+        self.win.Set_errhandler(MPI.ERRORS_RETURN)  # a refusal raises instead of aborting
+        try:
+            for s, r in enumerate(self.topo.server_ranks):
+                need = max((self._remote[s][n][k] + partition.shard_rows(
+                    t.spec.rows, self.topo.n_servers, s) * t.spec.dim * t.itemsize
+                    for n, t in self.tables.items() for k in t.offsets), default=0)
+                view = None
+                if self.topo.node_of_rank[r] == me and need:
+                    try:
+                        view = np.frombuffer(self.win.Shared_query(r)[0], np.uint8)
+                    except MPI.Exception:
+                        pass
+                views.append(view if view is not None and view.size >= need else None)
+        finally:
+            self.win.Set_errhandler(old)
+            old.Free()
+        return views if any(v is not None for v in views) else None
 
     def plan(self, table: str, ids, types: bool = True) -> Plan:
         """Workers, any thread (MPI_THREAD_MULTIPLE when ``types``): check ``ids`` (any shape
@@ -269,7 +298,7 @@ class EmbeddingStore:
         written into ``out`` if given (a (U, dim) array, any strides) and returned."""
         t = self.tables[table]
         assert out is None or unique, "out takes the plan's distinct rows"
-        if self._views is not None:  # a plan's ids were checked when it was made
+        if self.shared:  # a plan's ids were checked when it was made
             if isinstance(ids, Plan) and (unique or self.topo.n_servers > 1):
                 return self._pull_shared_plan(t, ids, slot, unique, out)
             return self._pull_shared(t, self._check_ids(t, ids.ids if isinstance(ids, Plan)
@@ -286,14 +315,22 @@ class EmbeddingStore:
     def _get(self, t: _Table, plan: Plan, slot: str, buf=None) -> np.ndarray:
         """Issue one indexed Get per owner of ``plan.unique``'s rows into ``buf`` (a
         C-contiguous (U, dim) array; default a new one), not completed: valid after
-        ``Flush`` of those owners (``_flush``)."""
+        ``Flush`` of those owners (``_flush``). An owner on this node whose memory is
+        shared (``_node_views``): its rows gathered from it instead, now."""
         if buf is None:
             buf = np.empty((plan.unique.size, t.spec.dim), dtype=t.spec.dtype)
+        if self._views is not None:
+            self.win.Sync()  # memory barrier: see every Accumulate completed before our barrier
         for s, rank, sl, dt in plan.targets:
+            if self._views is not None and self._views[s] is not None:
+                gather(self._region(t, s, slot), partition.local_row(
+                    plan.unique[sl], self.topo.n_servers), out=buf[sl])
+                self.traffic.shm_bytes += buf[sl].nbytes
+                continue
             # Wire: one indexed Get of (rows, dim) from server `rank`; origin buf stays alive until Flush.
             self.win.Get([buf[sl], t.base], rank, [self._remote[s][t.spec.name][slot], 1, dt])
-        self.traffic.get_bytes += buf.nbytes
-        self.traffic.get_ops += len(plan.targets)
+            self.traffic.get_bytes += buf[sl].nbytes
+            self.traffic.get_ops += 1
         return buf
 
     def pull_start(self, table: str, plan: Plan):
@@ -301,7 +338,7 @@ class EmbeddingStore:
         and left in flight (the values are read at some point before ``pull_wait``; on the
         same-node path they are copied now). -> a handle for ``pull_wait``."""
         t = self.tables[table]
-        if self._views is not None:
+        if self.shared:
             return None, self._pull_shared_plan(t, plan, "w", True)
         return plan, self._get(t, plan, "w")
 

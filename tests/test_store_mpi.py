@@ -26,6 +26,28 @@ def server_counts(size):
     return [s for s in (1, 2) if s < size]
 
 
+PATHS = {"rma": False, "shm": True, "mixed": None}  # pull path -> shared_memory
+
+
+def topology(comm, S, path):
+    """(topology, the one the store gets): for "mixed", the same ranks as if they alternated
+    over two nodes (rank r on node r % 2), so a worker has some servers on its node and not
+    others: the store reads those through shared memory (``shared_memory=None`` on a job of
+    several nodes) and Gets the rest."""
+    topo = Topology.create(comm, S)
+    if path != "mixed":
+        return topo, topo
+    return topo, replace(topo, node_of_rank=[r % 2 for r in range(topo.size)],
+                         node_names=["a", "b"])
+
+
+def views_as_expected(store, topo) -> bool:
+    """Shared memory exactly for the servers on the worker's node (all: one node)."""
+    want = [topo.node_of_rank[r] == topo.node_of_rank[topo.rank] for r in topo.server_ranks]
+    got = [v is not None for v in (store._views or [None] * topo.n_servers)]
+    return got == (want if any(want) else [False] * topo.n_servers)
+
+
 def reference(spec, seed=SEED):
     """Unsharded table built on this rank alone."""
     ref = np.zeros((spec.rows, spec.dim), dtype=spec.dtype)
@@ -50,14 +72,17 @@ def plan_on_thread(store, name, ids):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("planned", [False, True], ids=["ids", "plan"])
-@pytest.mark.parametrize("shm", [False, True], ids=["rma", "shm"])
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("S", [1, 2])
-def test_pull_equals_unsharded(comm, S, shm, planned):
+def test_pull_equals_unsharded(comm, S, path, planned):
     if S >= comm.size:
         pytest.skip(f"{S} servers need > {S} ranks")
-    topo = Topology.create(comm, S)
-    store = EmbeddingStore(topo, SPECS, seed=SEED, shared_memory=shm)
-    ok, msg = store._views is not None or not shm, "shared-memory path not taken"
+    real, topo = topology(comm, S, path)
+    store = EmbeddingStore(topo, SPECS, seed=SEED, shared_memory=PATHS[path])
+    ok, msg = store._views is not None or path != "shm", "shared-memory path not taken"
+    if path == "mixed" and topo.is_worker and not views_as_expected(store, topo):
+        ok, msg = False, f"views {store._views is not None} on node {topo.node_of_rank}"
+    rma = [s for s in range(S) if store._views is None or store._views[s] is None]
     if not topo.is_server:
         rng = np.random.default_rng(100 + topo.worker_index)
         for spec in SPECS:
@@ -67,8 +92,8 @@ def test_pull_equals_unsharded(comm, S, shm, planned):
                 plan = plan_on_thread(store, spec.name, ids) if planned else None
                 ops = store.traffic.get_ops
                 got = store.pull(spec.name, plan or ids)
-                owners = np.unique(ids % S).size  # one Get per owner holding some of the ids
-                if not shm and store.traffic.get_ops - ops != owners:
+                owners = np.isin(rma, ids % S).sum()  # a Get per RMA owner holding some
+                if not store.shared and store.traffic.get_ops - ops != owners:
                     ok, msg = False, f"{store.traffic.get_ops - ops} Gets for {owners} owners"
                 if got.shape != shape + (spec.dim,) or not np.array_equal(got, ref[ids]):
                     ok, msg = False, f"{spec.name} {shape}: pull != table[ids]"
@@ -90,24 +115,29 @@ def test_pull_equals_unsharded(comm, S, shm, planned):
             if not np.array_equal(store.pull(spec.name, np.zeros((0,), np.int64)),
                                   ref[:0]):
                 ok, msg = False, "empty pull"
+            plan = store.plan(spec.name, random_ids(rng, spec, (64,)))  # the pipeline's pull
+            if not np.array_equal(store.pull_wait(store.pull_start(spec.name, plan)),
+                                  ref[plan.unique]):
+                ok, msg = False, f"{spec.name}: pull_start/pull_wait != table[unique]"
+            plan.free()
     store.close()
-    topo.free()
+    real.free()
     assert_all(comm, ok, msg)
 
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("planned", [False, True], ids=["ids", "plan"])
-@pytest.mark.parametrize("shm", [False, True], ids=["rma", "shm"])
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("S", [1, 2])
-def test_concurrent_pushes_are_exact(comm, S, shm, planned):
+def test_concurrent_pushes_are_exact(comm, S, path, planned):
     """Every worker pushes integer-valued grads for several rounds at once; every
     server's shard must equal init + the sum of all pushes (exact in float64)."""
     if S >= comm.size:
         pytest.skip(f"{S} servers need > {S} ranks")
     # Sums are exact in any order only from a zero start (small integers times 0.5)
     specs = [replace(s, init="zeros") for s in SPECS]
-    topo = Topology.create(comm, S)
-    store = EmbeddingStore(topo, specs, seed=SEED, shared_memory=shm)
+    real, topo = topology(comm, S, path)
+    store = EmbeddingStore(topo, specs, seed=SEED, shared_memory=PATHS[path])
     rounds, lr = 4, 0.5
 
     def pushes(worker):
@@ -145,7 +175,7 @@ def test_concurrent_pushes_are_exact(comm, S, shm, planned):
                                                  want_g[spec.name][mine]):
                 ok, msg = False, f"server {topo.server_index}: slot g of {spec.name} differs"
     store.close()
-    topo.free()
+    real.free()
     assert_all(comm, ok, msg)
 
 

@@ -186,6 +186,38 @@ def test_colocated_equals_dedicated_and_single_process(comm, mode, sparse_opt, d
     assert_all(comm, ok, msg)
 
 
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("mode,sparse_opt,consistency", [
+    ("hybrid", "adagrad", "bsp"), ("hybrid", "sgd", "bsp"), ("ps", "adam", "bsp"),
+    ("hybrid", "adagrad", "ssp:1")])
+def test_a_job_on_several_nodes_reads_its_nodes_servers_through_shared_memory(
+        comm, monkeypatch, mode, sparse_opt, consistency):
+    """A job on several nodes (here its ranks made to alternate over two) reads the servers
+    on a worker's node straight from their shared memory and Gets the others' rows: the
+    same training as Gets from every server (``--shared-memory off``), to float64 rounding
+    (several workers' concurrent SGD Accumulates sum in any order)."""
+    from pshybrid import topology
+
+    cfg = replace(BASE, mode=mode, servers=2, sparse_optimizer=sparse_opt, log_every=1,
+                  consistency=consistency, shared_memory="off")
+    rma = run(cfg, comm)
+    create = topology.Topology.create.__func__
+
+    def two_nodes(cls, *args, **kw):
+        t = create(cls, *args, **kw)
+        return replace(t, node_of_rank=[r % 2 for r in range(t.size)], node_names=["a", "b"])
+
+    monkeypatch.setattr(topology.Topology, "create", classmethod(two_nodes))
+    mixed = run(replace(cfg, shared_memory="auto"), comm)
+    ok, msg = True, ""
+    if comm.rank == 0:  # world rank 0 is a worker: it collects the parameters
+        errs = {"dense": rel_err(mixed.dense, rma.dense), "table": rel_err(mixed.table, rma.table),
+                "loss": rel_err(np.array([r["loss"] for r in mixed.log]),
+                                np.array([r["loss"] for r in rma.log]))}
+        ok, msg = max(errs.values()) <= 1e-12 and len(mixed.log) == cfg.steps, str(errs)
+    assert_all(comm, ok, msg)
+
+
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("placement,sparse_opt,l2", [
     ("dedicated", "sgd", 0.0), ("dedicated", "adagrad", 0.0), ("dedicated", "adam", 0.0),
