@@ -138,9 +138,9 @@ class EmbeddingStore:
     node; False: RMA only, as between nodes): the window is allocated with
     ``Win.Allocate_shared`` and workers read the servers' shards directly (``pull`` is a
     gather from a zero-copy view); pushes stay MPI Accumulates (atomic). None on a job of
-    several nodes: each worker reads the servers on its own node so where the MPI shares
-    their ``Win.Allocate`` memory (MPI-4.1's ``Shared_query``; ``_node_views``), and Gets
-    the others' rows.
+    several nodes: each worker gathers the rows of the servers on its own node from their
+    ``Win.Allocate`` memory where the MPI shares it (MPI-4.1's ``Shared_query``;
+    ``_node_views``), and Gets the other servers' rows.
     Workers call ``pull``/``push``; servers hold the shards (``shard``) and update them
     locally (``modes`` runs their loop); every rank calls ``close`` (collective).
     """
