@@ -14,8 +14,9 @@ pulled for a batch and the gradients that go on the wire:
                     host wait (``modes.step``: the D2H copies are queued there)
 
 The four inputs are packed into one pinned host buffer (the rows pulled straight into their
-place there: ``rows_out``) and go to the device in ONE asynchronous copy, into a static device buffer of capacity C >= U distinct rows
-(``capacity``: powers of two from ``MIN_CAPACITY``, at most B*F). Where the model allows it
+place there: ``rows_out``) and go to the device in ONE asynchronous copy, into a static
+device buffer of capacity C >= U distinct rows (``capacity``: powers of two from
+``MIN_CAPACITY``, at most B*F). Where the model allows it
 (``row_padding``: WDL, DeepFM, DCN), the rows are padded with zeros to a whole number of
 16-byte vectors on the device (dim 16 + the wide weight: 17 -> 20 float32), so the gather
 and scatter-add kernels take their vector path; the body copies the (C, E) sums out of the

@@ -248,9 +248,8 @@ class EmbeddingStore:
         self.win.Set_errhandler(MPI.ERRORS_RETURN)  # a refusal raises instead of aborting
         try:
             for s, r in enumerate(self.topo.server_ranks):
-                need = max((self._remote[s][n][k] + partition.shard_rows(
-                    t.spec.rows, self.topo.n_servers, s) * t.spec.dim * t.itemsize
-                    for n, t in self.tables.items() for k in t.offsets), default=0)
+                need = max((self._remote[s][n][k] + self._region_bytes(t, s)
+                            for n, t in self.tables.items() for k in t.offsets), default=0)
                 view = None
                 if self.topo.node_of_rank[r] == me and need:
                     try:
@@ -323,9 +322,7 @@ class EmbeddingStore:
             self.win.Sync()  # memory barrier: see every Accumulate completed before our barrier
         for s, rank, sl, dt in plan.targets:
             if self._views is not None and self._views[s] is not None:
-                gather(self._region(t, s, slot), partition.local_row(
-                    plan.unique[sl], self.topo.n_servers), out=buf[sl])
-                self.traffic.shm_bytes += buf[sl].nbytes
+                self._gather_owner(t, plan, s, slot, buf)
                 continue
             # Wire: one indexed Get of (rows, dim) from server `rank`; origin buf stays alive until Flush.
             self.win.Get([buf[sl], t.base], rank, [self._remote[s][t.spec.name][slot], 1, dt])
@@ -348,11 +345,23 @@ class EmbeddingStore:
         if plan is not None:
             self._flush(plan, False)
         return buf
+    def _region_bytes(self, t: _Table, s: int) -> int:
+        """Bytes of one slot's region of ``t`` on server s."""
+        return partition.shard_rows(t.spec.rows, self.topo.n_servers, s) * t.spec.dim * t.itemsize
+
     def _region(self, t: _Table, s: int, slot: str) -> np.ndarray:
         """Server s's (rows, dim) region of ``slot``, a zero-copy view of shared memory."""
-        n = partition.shard_rows(t.spec.rows, self.topo.n_servers, s)
         a = self._remote[s][t.spec.name][slot]
-        return self._views[s][a:a + n * t.spec.dim * t.itemsize].view(t.spec.dtype).reshape(n, t.spec.dim)
+        return self._views[s][a:a + self._region_bytes(t, s)].view(t.spec.dtype).reshape(
+            -1, t.spec.dim)
+
+    def _gather_owner(self, t: _Table, plan: Plan, s: int, slot: str, buf) -> None:
+        """Server s's distinct rows of ``plan`` gathered from its shared region into their
+        rows of ``buf`` (after the caller's ``win.Sync``)."""
+        a, b = int(plan.bounds[s]), int(plan.bounds[s + 1])
+        gather(self._region(t, s, slot), partition.local_row(plan.unique[a:b],
+                                                             self.topo.n_servers), out=buf[a:b])
+        self.traffic.shm_bytes += buf[a:b].nbytes
 
     def _pull_shared(self, t: _Table, ids, slot: str) -> np.ndarray:
         """Same-node fast path: gather straight from the servers' shared memory."""
@@ -374,15 +383,11 @@ class EmbeddingStore:
         """Same-node fast path with a plan: each server's distinct rows gathered from its
         region by the plan's owner groups (no per-id owner masks) straight into ``out``
         (default a new (U, dim) buffer), then expanded."""
-        S = self.topo.n_servers
         self.win.Sync()  # memory barrier: see every Accumulate completed before our barrier
         buf = np.empty((plan.unique.size, t.spec.dim), t.spec.dtype) if out is None else out
-        for s in range(S):
-            a, b = int(plan.bounds[s]), int(plan.bounds[s + 1])
-            if a < b:
-                gather(self._region(t, s, slot), partition.local_row(plan.unique[a:b], S),
-                       out=buf[a:b])
-        self.traffic.shm_bytes += buf.nbytes
+        for s in range(self.topo.n_servers):
+            if plan.bounds[s] < plan.bounds[s + 1]:
+                self._gather_owner(t, plan, s, slot, buf)
         return buf if unique else gather(buf, plan.inverse)
 
     def push(self, table: str, ids, grads, scale: float = 1.0, slot: str = "w",
