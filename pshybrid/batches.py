@@ -11,6 +11,7 @@ import numpy as np
 from .data import SHUFFLE_BLOCK, H5Dataset, check_bag_rows, check_rows
 from .errors import InputError
 from .files import H5Files
+from .rawrows import raw_rows
 
 
 def global_batch(cfg, n_workers: int) -> int:
@@ -166,9 +167,10 @@ def worker_batches(dataset, plan: BatchPlan, start_step: int, n_steps: int, offs
     ``fills``) generates only these rows, straight into the output with the offsets fused
     in. Every batch but a file's (checked when opened) or ``SyntheticCTR.fill``'s is
     checked (``checked``: shapes, labels, dense values, each field's id range).
-    ``H5Dataset`` reads this worker's ranges of many steps at once (``WINDOW_ROWS``, one
-    h5py call per dataset and span of nearby ranges) and copies each step out, adding the
-    offsets on the way.
+    ``H5Dataset``: an uncompressed file's rows are read straight into each step's buffers
+    (``rawrows``, one ``preadv`` per dataset and range); a compressed file's ranges of many
+    steps are read at once (``WINDOW_ROWS``, one h5py call per dataset and span of nearby
+    ranges) and each step copied out; the offsets are added on the way.
 
     A dataset with multi-hot fields (``schema.multi_hot``) yields ``(label, dense, ids,
     lengths)`` as ``read_ids`` makes them (flat ids; new arrays every step).
@@ -304,6 +306,10 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
     bounds = getattr(ds, "bounds", [0, ds.n_rows])
     parts = getattr(ds, "parts", [ds])
     handles = [_h5_handles(d) for d in parts]
+    raws = [raw_rows(d, h) for d, h in zip(parts, handles)]
+    if all(raws):
+        yield from _raw_batches(plan, steps, offset, count, offsets, ring, bounds, parts, raws)
+        return
     bufs = [np.empty((0,) + d.shape[1:], d.dtype) for d, _, _ in handles[0]]
     per_window = max(1, WINDOW_ROWS // max(count, 1))
     w = 0
@@ -346,6 +352,29 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
                 k += m
             yield label, dense, ids
         w += n
+
+
+def _raw_batches(plan, steps, offset, count, offsets, ring, bounds, parts, raws):
+    """Uncompressed files (``rawrows``): each step's ranges read straight into its ring
+    slot, one ``preadv`` per dataset and range (and chunk it crosses), the offsets added
+    in place; every read checked as HDF5's are (``H5Dataset._read``)."""
+    for i, step in enumerate(steps):
+        bufs, k, pieces = ring.get(i), 0, {}  # pieces: file -> [(its row, batch row, rows)]
+        for a, b in _at_bounds(plan.ranges(step, offset, count), bounds):
+            f = bisect.bisect_right(bounds, a) - 1
+            pieces.setdefault(f, []).append((a - bounds[f], k, b - a))
+            k += b - a
+        for f, got in pieces.items():  # one check of the file for all its reads
+            parts[f]._read(lambda: _read_pieces(raws[f], bufs, got, offsets))
+        yield bufs
+
+
+def _read_pieces(raws, bufs, pieces, offsets) -> None:
+    for a, k, n in pieces:
+        for r, buf in zip(raws, bufs):
+            r.read(a, buf[k:k + n])
+        ids = bufs[2][k:k + n]
+        np.add(ids, offsets, out=ids)  # (while its rows are in cache)
 
 
 def _at_bounds(ranges, bounds):

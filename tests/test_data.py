@@ -181,13 +181,17 @@ def _truncate(path, fraction):
         fh.truncate(int(os.path.getsize(path) * fraction))
 
 
+@pytest.mark.parametrize("direct", [True, False])
 @pytest.mark.parametrize("change", ["truncate", "rewrite", "replace"])
-def test_a_file_changed_while_it_is_read_stops_the_reads(tmp_path, monkeypatch, change):
+def test_a_file_changed_while_it_is_read_stops_the_reads(tmp_path, monkeypatch, change, direct):
     """Oracle: the file's rows before the change, then InputError naming the file at the
-    next read: a truncated file read as zeros (HDF5 fills past the end) trained silently."""
+    next read: a truncated file read as zeros (HDF5 fills past the end) trained silently.
+    ``direct``: read by ``rawrows``, else by HDF5 (a compressed file's path)."""
     import pshybrid.batches as batches
 
-    monkeypatch.setattr(batches, "WINDOW_ROWS", 256)  # one read per window of 2 steps
+    if not direct:
+        monkeypatch.setattr(batches, "raw_rows", lambda *a: None)
+    monkeypatch.setattr(batches, "WINDOW_ROWS", 256)  # HDF5: one read per window of 2 steps
     p = tmp_path / "d.h5"
     arrays = write(p, n=4000)
     ds = H5Dataset(p)
@@ -302,10 +306,12 @@ def expected(data, plan, step, offset, count, offsets):
                                              (4000, 2000, 16384)])
 def test_worker_batches_from_a_file_are_the_plans_rows(tmp_path, monkeypatch, shuffle, window,
                                                        gap, span):
-    """The HDF5 fast path (windows of many steps, nearby ranges read as one span) gives
-    each worker exactly its rows of every step, across epochs, from any start step."""
+    """HDF5's windowed reads (windows of many steps, nearby ranges read as one span; the
+    path of compressed files, here forced on an uncompressed one) give each worker exactly
+    its rows of every step, across epochs, from any start step."""
     import pshybrid.batches as batches
 
+    monkeypatch.setattr(batches, "raw_rows", lambda *a: None)
     monkeypatch.setattr(batches, "WINDOW_ROWS", window)
     monkeypatch.setattr(batches, "MERGE_GAP", gap)
     monkeypatch.setattr(batches, "SPAN_ROWS", span)

@@ -1,0 +1,98 @@
+"""Rows of an uncompressed HDF5 dataset read with ``os.preadv`` from the file's own
+descriptor, straight into the caller's buffer, at the byte offsets HDF5 gives for the
+dataset's chunks (or its contiguous storage): the bytes an HDF5 read of those rows
+returns, without HDF5's per-call work (the chunk's lookup, the selection's iteration) and
+without a copy through an intermediate buffer. A compressed or filtered dataset, another
+file driver, or a layout that does not check out keeps HDF5's reads (``raw_rows`` gives
+None); a chunk HDF5 has not allocated is read through HDF5 (its fill value)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+KEYS = ("label", "dense", "sparse")
+
+
+class RawRows:
+    """One dataset's rows by direct reads: ``read(a, out)`` fills ``out`` (C-contiguous,
+    the dataset's dtype and row shape) with rows ``[a, a + len(out))``."""
+
+    def __init__(self, fd: int, dsid, shape, dtype):
+        from h5py import h5d
+
+        self.fd, self.dsid, self.shape = fd, dsid, tuple(shape)
+        self.row = int(np.dtype(dtype).itemsize * np.prod(shape[1:], dtype=np.int64))
+        plist = dsid.get_create_plist()
+        if plist.get_layout() == h5d.CHUNKED:
+            self.chunk, self.starts = int(plist.get_chunk()[0]), {}
+        else:  # contiguous: one "chunk" of every row (None: no storage allocated)
+            self.chunk, self.starts = max(1, self.shape[0]), {0: dsid.get_offset()}
+
+    def _start(self, c: int):
+        """Byte offset of chunk ``c`` in the file; None where HDF5 must read it (not
+        allocated, or stored at another size than its rows')."""
+        if c not in self.starts:
+            info = self.dsid.get_chunk_info_by_coord((c * self.chunk,) + (0,) * (len(self.shape) - 1))
+            ok = info.byte_offset is not None and info.size == self.chunk * self.row
+            self.starts[c] = info.byte_offset if ok else None
+        return self.starts[c]
+
+    def read(self, a: int, out: np.ndarray) -> None:
+        n = out.shape[0]
+        if n == 0 or out.size == 0:
+            return
+        view = memoryview(out.reshape(-1)).cast("B")
+        k = 0
+        while k < n:
+            c, w = divmod(a + k, self.chunk)
+            m = min(n - k, self.chunk - w)
+            start = self._start(c)
+            if start is None:
+                self._hdf5(a + k, out[k:k + m])
+            else:
+                _pread_all(self.fd, view[k * self.row:(k + m) * self.row], start + w * self.row)
+            k += m
+
+    def _hdf5(self, a: int, out: np.ndarray) -> None:
+        from h5py import h5s
+
+        space = self.dsid.get_space()
+        space.select_hyperslab((a,) + (0,) * (out.ndim - 1), out.shape)
+        self.dsid.read(h5s.create_simple(out.shape), space, out)
+
+
+def _pread_all(fd: int, buf: memoryview, offset: int) -> None:
+    """Fill ``buf`` from byte ``offset`` of ``fd``; ``OSError`` if the file ends first."""
+    done = 0
+    while done < len(buf):
+        got = os.preadv(fd, [buf[done:]], offset + done)
+        if got == 0:
+            raise OSError(f"the file ends at byte {offset + done}, inside the rows read")
+        done += got
+
+
+def raw_rows(part, handles) -> list[RawRows] | None:
+    """[label, dense, sparse] ``RawRows`` of an opened ``H5Dataset`` (``handles``: its
+    ``batches._h5_handles``, whose dataset ids read the unallocated chunks), or None if any
+    of them must be read by HDF5: a filter, a non-native dtype, a file driver without a
+    POSIX descriptor, or a first or last row that differs from HDF5's read of it."""
+    try:
+        fd = part.f.id.get_vfd_handle()
+        if not isinstance(fd, int):
+            return None
+        out = []
+        for key, (dsid, _, _) in zip(KEYS, handles):
+            d = part.f[key]
+            if d.id.get_create_plist().get_nfilters() or not d.dtype.isnative:
+                return None
+            out.append(RawRows(fd, dsid, d.shape, d.dtype))
+            for r in {0, d.shape[0] - 1} if d.shape[0] else ():
+                mine = np.empty((1,) + d.shape[1:], d.dtype)
+                out[-1].read(r, mine)
+                if mine.tobytes() != d[r:r + 1].tobytes():
+                    return None
+        return out
+    except (AttributeError, OSError, RuntimeError, TypeError, ValueError):
+        return None  # an h5py without chunk queries, a driver without a descriptor

@@ -1,0 +1,149 @@
+"""Direct reads of uncompressed HDF5 datasets (``pshybrid.rawrows``). Oracles: the rows
+written, and HDF5's own windowed reads of the same plan (``raw_rows`` switched off)."""
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+import pshybrid.batches as batches
+import pshybrid.data as data
+from pshybrid.batches import BatchPlan, worker_batches
+from pshybrid.data import H5Dataset
+from pshybrid.errors import InputError
+from pshybrid.files import H5Files
+from pshybrid.rawrows import RawRows, raw_rows
+
+CARDS = (3, 5, 7)
+
+
+def arrays(n, seed=0):
+    rng = np.random.default_rng(seed)
+    return dict(label=(rng.random(n) < 0.4).astype(np.float32),
+                dense=rng.random((n, 2)).astype(np.float32),
+                sparse=np.stack([rng.integers(0, c, n) for c in CARDS], axis=1))
+
+
+def write(path, n, layout="chunks", seed=0, monkeypatch=None):
+    """A dataset file of ``n`` rows, as ``layout``: ``chunks`` (the writer's, 300-row
+    chunks), ``lzf`` (the writer's, compressed), ``contiguous``, ``userblock`` (contiguous
+    after a 512-byte user block), ``holes`` (chunked, the second chunk never written:
+    HDF5 reads its fill value, zeros). Returns the rows HDF5 holds."""
+    a = arrays(n, seed)
+    if layout in ("chunks", "lzf"):
+        monkeypatch.setattr(data, "CHUNK_ROWS", 300)
+        w = data.DatasetWriter(path, ["I0", "I1"], ["C0", "C1", "C2"],
+                               compression="lzf" if layout == "lzf" else "none")
+        w.append(a["label"], a["dense"], a["sparse"])
+        w.close(CARDS)
+        return a
+    with h5py.File(path, "w", userblock_size=512 if layout == "userblock" else 0) as f:
+        for key, v in a.items():
+            if layout == "holes":
+                d = f.create_dataset(key, v.shape, v.dtype, chunks=(256,) + v.shape[1:])
+                d[:256], d[512:] = v[:256], v[512:]
+                v[256:512] = 0
+            else:
+                f.create_dataset(key, data=v)
+        f.attrs["format_version"] = data.FORMAT_VERSION
+        f.attrs["cardinalities"] = np.asarray(CARDS, np.int64)
+        f.attrs["field_names"] = np.array(["I0", "I1", "C0", "C1", "C2"],
+                                          dtype=h5py.string_dtype())
+    return a
+
+
+def batches_of(ds, plan, W, b, direct: bool, monkeypatch):
+    """Every worker's batches over 3 epochs from a start near an epoch's end, copied."""
+    monkeypatch.setattr(batches, "raw_rows", raw_rows if direct else (lambda *a: None))
+    offsets = type("L", (), {"offsets": np.array([0, 3, 8])})()
+    start = plan.steps_per_epoch - 2
+    return [[tuple(x.copy() for x in got) for got in worker_batches(
+        ds, plan, start, 3 * plan.steps_per_epoch, w * b, b, offsets)] for w in range(W)]
+
+
+@pytest.mark.parametrize("layout", ["chunks", "contiguous", "userblock", "holes"])
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_direct_reads_give_hdf5s_rows(tmp_path, monkeypatch, layout, shuffle):
+    """Batches that cross chunks, a partial last chunk, an unallocated chunk: the rows
+    written, the same as HDF5's windowed reads, for every worker and step."""
+    p = tmp_path / "d.h5"
+    a = write(p, 3 * 1024 + 700, layout, monkeypatch=monkeypatch)
+    ds = H5Dataset(p)
+    assert raw_rows(ds, batches._h5_handles(ds)) is not None
+    for W, b in ((1, 512), (2, 300)):
+        plan = BatchPlan(ds.n_rows, W * b, shuffle, seed=3)
+        got = batches_of(ds, plan, W, b, True, monkeypatch)
+        ref = batches_of(ds, plan, W, b, False, monkeypatch)
+        for w in range(W):
+            for i, (g, r) in enumerate(zip(got[w], ref[w])):
+                rows = np.concatenate([np.arange(s, e) for s, e in plan.ranges(
+                    plan.steps_per_epoch - 2 + i, w * b, b)])
+                want = (a["label"][rows], a["dense"][rows], a["sparse"][rows] + [0, 3, 8])
+                for x, y, z in zip(g, r, want):
+                    assert x.dtype == z.dtype
+                    np.testing.assert_array_equal(x, z)
+                    np.testing.assert_array_equal(y, z)
+    ds.close()
+
+
+def test_several_files_are_read_directly_across_their_bounds(tmp_path, monkeypatch):
+    paths = [tmp_path / f"d{i}.h5" for i in range(3)]
+    parts = [write(p, n, "chunks", seed=i, monkeypatch=monkeypatch)
+             for i, p in enumerate(paths, 1) for n in [(700, 1100, 450)[i - 1]]]
+    whole = {k: np.concatenate([x[k] for x in parts]) for k in parts[0]}
+    ds = H5Files([str(p) for p in paths])
+    plan = BatchPlan(ds.n_rows, 2 * 250, True, seed=1)
+    got = batches_of(ds, plan, 2, 250, True, monkeypatch)
+    for w in range(2):
+        for i, g in enumerate(got[w]):
+            rows = np.concatenate([np.arange(s, e) for s, e in plan.ranges(
+                plan.steps_per_epoch - 2 + i, w * 250, 250)])
+            np.testing.assert_array_equal(g[0], whole["label"][rows])
+            np.testing.assert_array_equal(g[1], whole["dense"][rows])
+            np.testing.assert_array_equal(g[2], whole["sparse"][rows] + [0, 3, 8])
+    ds.close()
+
+
+def test_compressed_files_keep_hdf5s_reads(tmp_path, monkeypatch):
+    p = tmp_path / "d.h5"
+    write(p, 1000, "lzf", monkeypatch=monkeypatch)
+    ds = H5Dataset(p)
+    assert raw_rows(ds, batches._h5_handles(ds)) is None
+    ds.close()
+
+
+def test_a_layout_that_does_not_check_out_keeps_hdf5s_reads(tmp_path, monkeypatch):
+    """Chunk offsets read wrong (a row off): the first and last rows differ from HDF5's, so
+    the file is read by HDF5, and its batches are still its rows."""
+    p = tmp_path / "d.h5"
+    a = write(p, 1000, "chunks", monkeypatch=monkeypatch)
+    start = RawRows._start
+    monkeypatch.setattr(RawRows, "_start", lambda self, c: start(self, c) + self.row)
+    ds = H5Dataset(p)
+    assert raw_rows(ds, batches._h5_handles(ds)) is None
+    plan = BatchPlan(ds.n_rows, 200, False, seed=0)
+    got = batches_of(ds, plan, 1, 200, True, monkeypatch)[0]
+    np.testing.assert_array_equal(got[2][2], a["sparse"][:200] + [0, 3, 8])  # (epoch 2)
+    ds.close()
+
+
+def test_a_read_past_a_truncated_end_names_the_file(tmp_path, monkeypatch):
+    """The file cut before the next batch's rows: the direct read comes back short, and
+    the error names the file and its new size (HDF5 would have read zeros)."""
+    p = tmp_path / "d.h5"
+    write(p, 5000, "chunks", monkeypatch=monkeypatch)
+    ds = H5Dataset(p)
+    raws = raw_rows(ds, batches._h5_handles(ds))
+    cut = raws[2]._start(10)  # the sparse rows from chunk 10 (row 3000) on are gone
+    plan = BatchPlan(ds.n_rows, 1000, False, seed=0)
+    it = worker_batches(ds, plan, 0, 5, 0, 1000)
+    for _ in range(3):
+        next(it)
+    with open(p, "r+b") as fh:
+        fh.truncate(cut)
+    with pytest.raises(InputError) as e:
+        next(it)
+    assert str(e.value).startswith(f"{p}: the dataset changed while it was read (now "), e.value
+    ds.close()
+    assert os.path.getsize(p) == cut
