@@ -196,14 +196,6 @@ class MLP:
         return dy
 
 
-def sigmoid(z):
-    """1 / (1 + exp(-z)) without overflow; z: (...) -> (...)."""
-    xp = array_module(z)
-    e = xp.exp(-xp.abs(z))
-    s = 1.0 / (1.0 + e)
-    return xp.where(z >= 0, s, e * s)
-
-
 def bce_with_logits(z, y, scale: float = 1.0):
     """Binary cross-entropy of logits z: (B,) against labels y: (B,) -> (losses (B,), dz (B,)),
     dz the gradient times ``scale`` (the loss's mean over a global batch: 1 / its size).
@@ -213,8 +205,10 @@ def bce_with_logits(z, y, scale: float = 1.0):
         from . import cuda
 
         return cuda.bce(z, y, scale)
-    loss = xp.maximum(z, 0) - z * y + xp.log1p(xp.exp(-xp.abs(z)))
-    dz = sigmoid(z) - y
+    e = xp.exp(-xp.abs(z))  # once, for the loss and the sigmoid (no overflow either way)
+    loss = xp.maximum(z, 0) - z * y + xp.log1p(e)
+    s = 1.0 / (1.0 + e)
+    dz = xp.where(z >= 0, s, e * s) - y  # sigmoid(z) - y
     return loss, dz if scale == 1.0 else dz * scale
 
 
