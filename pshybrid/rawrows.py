@@ -34,7 +34,8 @@ class RawRows:
         """Byte offset of chunk ``c`` in the file; None where HDF5 must read it (not
         allocated, or stored at another size than its rows')."""
         if c not in self.starts:
-            info = self.dsid.get_chunk_info_by_coord((c * self.chunk,) + (0,) * (len(self.shape) - 1))
+            first = (c * self.chunk,) + (0,) * (len(self.shape) - 1)  # its first element
+            info = self.dsid.get_chunk_info_by_coord(first)
             ok = info.byte_offset is not None and info.size == self.chunk * self.row
             self.starts[c] = info.byte_offset if ok else None
         return self.starts[c]
