@@ -8,10 +8,11 @@ import bisect
 
 import numpy as np
 
-from .data import SHUFFLE_BLOCK, H5Dataset, check_bag_rows, check_rows
+from .data import SHUFFLE_BLOCK, H5Dataset
 from .errors import InputError
 from .files import H5Files
-from .rawrows import raw_rows
+from .rawrows import h5_handles, raw_rows
+from .rowcheck import check_bag_rows, check_rows
 
 
 def global_batch(cfg, n_workers: int) -> int:
@@ -98,7 +99,7 @@ def _name(dataset) -> str:
 def checked(dataset, ranges, label, dense, ids, lo=0):
     """The batch of ``ranges``, ``ids`` (n, F_s) with ``lo`` added, if its labels are 0 or
     1, its dense values finite and each field's ids in ``[0, cardinality)``; else
-    ``InputError`` naming the dataset, the field and the dataset row (``data.check_rows``,
+    ``InputError`` naming the dataset, the field and the dataset row (``rowcheck.check_rows``,
     vectorised, once per batch). Files were checked when opened; other datasets are here."""
     check_rows(_name(dataset), dataset.schema, label, dense, ids, _row_of(ranges), lo)
     return label, dense, ids
@@ -253,32 +254,6 @@ def _generated_batches(dataset, plan, steps, offset, count, offsets, depth):
             checked(dataset, plan.ranges(step, offset, count), label, dense, ids, offsets)
 
 
-def _h5_handles(ds) -> list:
-    """(dataset id, file space, memory spaces by shape) of /label, /dense, /sparse, opened
-    for direct reads."""
-    from h5py import h5d, h5p
-
-    handles = []
-    for key in ("label", "dense", "sparse"):
-        dapl = h5p.create(h5p.DATASET_ACCESS)
-        d = ds.f[key]
-        nfilters, chunks, dtype = d.id.get_create_plist().get_nfilters(), d.chunks, d.dtype
-        # HDF5 shares one cache among a dataset's open handles, set by the first: this one
-        # is closed before ours opens (held open, its default cache made every read copy
-        # its whole chunks).
-        del d
-        if nfilters == 0:
-            # Uncompressed: no chunk cache, so a read copies just its rows. With the default
-            # 1 MiB cache, each new 16k-row chunk of /dense was read whole for a few rows.
-            dapl.set_chunk_cache(0, 0, 1.0)
-        elif chunks:
-            # Compressed: a chunk is decompressed whole; keep 4 (a window's spans reuse them).
-            dapl.set_chunk_cache(521, 4 * int(np.prod(chunks)) * dtype.itemsize, 1.0)
-        dsid = h5d.open(ds.f.id, key.encode(), dapl)
-        handles.append((dsid, dsid.get_space(), {}))
-    return handles
-
-
 def _read_span(part, handles, bufs, span, base: int = 0) -> None:
     """One read per dataset of rows ``span[0]:span[1]`` of file ``part`` (an ``H5Dataset``
     whose first row is row ``base`` of the dataset), straight into ``bufs`` at row
@@ -305,7 +280,7 @@ def _h5_batches(ds, plan, steps, offset, count, offsets, depth):
     # Several files (H5Files): ranges split at the files' bounds, spans within one file.
     bounds = getattr(ds, "bounds", [0, ds.n_rows])
     parts = getattr(ds, "parts", [ds])
-    handles = [_h5_handles(d) for d in parts]
+    handles = [h5_handles(d) for d in parts]
     raws = [raw_rows(d, h) for d, h in zip(parts, handles)]
     if all(raws):
         yield from _raw_batches(plan, steps, offset, count, offsets, ring, bounds, parts, raws)

@@ -26,6 +26,8 @@ import h5py
 import numpy as np
 
 from .errors import InputError
+from .rawrows import scan_rows
+from .rowcheck import check_bag_rows, check_rows
 from .schema import Schema
 
 FORMAT_VERSION = 1
@@ -425,57 +427,13 @@ class H5Dataset:
         """Scan rows ``[start, stop)`` in chunks; raise ``InputError`` naming the file, the
         key and the first bad row: labels outside {0, 1}, NaN/inf dense values, sparse ids
         < 0 or >= the field's cardinality, multi-hot rows without an id."""
-        for a in range(start, stop, _SCAN_ROWS):
-            label, dense, sparse = self.rows(a, min(stop, a + _SCAN_ROWS))  # InputError
+        for a, label, dense, sparse in scan_rows(self, start, stop, _SCAN_ROWS):  # InputError
             check_rows(self.path, self.schema, label, dense, sparse, lambda r: a + r)
             check_bag_rows(self.path, self.schema, self.bags(a, min(stop, a + _SCAN_ROWS)),
                            lambda r: a + r)
 
     def close(self) -> None:
         self.f.close()
-
-
-def check_rows(where: str, schema: Schema, label, dense, sparse, row_of, lo=0) -> None:
-    """Rows as read: raise ``InputError`` naming ``where``, the key, the field and the first
-    bad row (``row_of(i)``: the dataset row of position ``i``) for a label outside {0, 1},
-    a NaN or infinite dense value, a single-hot id outside ``[0, cardinality)``. ``lo``:
-    (F_s,) the fused-table offsets already added to ``sparse``. Vectorised: one pass."""
-    cards = np.asarray(schema.cardinalities[:schema.n_single], np.int64)
-    out = (sparse < lo) | (sparse >= lo + cards)
-    checks = (("label", (label != 0) & (label != 1), "a label outside {0, 1}"),
-              ("dense", ~np.isfinite(dense).all(axis=1), "a NaN or infinite value"),
-              ("sparse", out.any(axis=1), "an id outside [0, cardinality)"))
-    for key, bad, what in checks:
-        if bad.any():
-            r = int(np.flatnonzero(bad)[0])
-            detail = f": {label[r]}" if key == "label" else ""
-            if key == "sparse":
-                f = int(np.flatnonzero(out[r])[0])
-                detail = (f": field {schema.sparse_names[f]} id "
-                          f"{sparse[r, f] - np.broadcast_to(lo, cards.shape)[f]}, "
-                          f"cardinality {cards[f]}")
-            raise InputError(f"{where}: /{key} row {row_of(r)} has {what}{detail}")
-
-
-def check_bag_rows(where: str, schema: Schema, bags, row_of) -> None:
-    """Multi-hot rows as read (``bags``: per multi-hot field ``(values (m,), lengths (n,))``):
-    at least one id each, ids in ``[0, cardinality)``, else ``InputError`` naming ``where``,
-    the field and the dataset row (``row_of(i)`` of position ``i``)."""
-    for k, (values, lengths) in enumerate(bags):
-        name, card = (x[schema.n_single + k] for x in (schema.sparse_names, schema.cardinalities))
-        at = f"{where}: /multi_hot/{name}"
-        if np.shape(values) != (int(np.sum(lengths)),) or np.ndim(lengths) != 1:
-            raise InputError(f"{at}: values of shape {np.shape(values)} for lengths summing "
-                             f"to {int(np.sum(lengths))}")
-        if (lengths < 1).any():
-            r = row_of(int(np.flatnonzero(lengths < 1)[0]))
-            raise InputError(f"{at}/offsets row {r} has no id (every row needs one)")
-        bad = (values < 0) | (values >= card)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            r = row_of(int(np.searchsorted(np.cumsum(lengths), i, side="right")))
-            raise InputError(f"{at}/values row {r} has an id outside [0, cardinality): "
-                             f"{values[i]}, cardinality {card}")
 
 
 def _stamp(st: os.stat_result) -> tuple:

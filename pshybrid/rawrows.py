@@ -4,7 +4,8 @@ dataset's chunks (or its contiguous storage): the bytes an HDF5 read of those ro
 returns, without HDF5's per-call work (the chunk's lookup, the selection's iteration) and
 without a copy through an intermediate buffer. A compressed or filtered dataset, another
 file driver, or a layout that does not check out keeps HDF5's reads (``raw_rows`` gives
-None); a chunk HDF5 has not allocated is read through HDF5 (its fill value)."""
+None); a chunk HDF5 has not allocated is read through HDF5 (its fill value). Also the
+handles HDF5's own direct reads use (``h5_handles``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,33 @@ import numpy as np
 KEYS = ("label", "dense", "sparse")
 
 
+def h5_handles(ds) -> list:
+    """(dataset id, file space, memory spaces by shape) of /label, /dense, /sparse of an
+    opened ``H5Dataset``, for HDF5's reads straight into the caller's buffers (a compressed
+    file's windows, ``batches._read_span``; the chunks ``RawRows`` leaves to HDF5)."""
+    from h5py import h5d, h5p
+
+    handles = []
+    for key in KEYS:
+        dapl = h5p.create(h5p.DATASET_ACCESS)
+        d = ds.f[key]
+        nfilters, chunks, dtype = d.id.get_create_plist().get_nfilters(), d.chunks, d.dtype
+        # HDF5 shares one cache among a dataset's open handles, set by the first: this one
+        # is closed before ours opens (held open, its default cache made every read copy
+        # its whole chunks).
+        del d
+        if nfilters == 0:
+            # Uncompressed: no chunk cache, so a read copies just its rows. With the default
+            # 1 MiB cache, each new 16k-row chunk of /dense was read whole for a few rows.
+            dapl.set_chunk_cache(0, 0, 1.0)
+        elif chunks:
+            # Compressed: a chunk is decompressed whole; keep 4 (a window's spans reuse them).
+            dapl.set_chunk_cache(521, 4 * int(np.prod(chunks)) * dtype.itemsize, 1.0)
+        dsid = h5d.open(ds.f.id, key.encode(), dapl)
+        handles.append((dsid, dsid.get_space(), {}))
+    return handles
+
+
 class RawRows:
     """One dataset's rows by direct reads: ``read(a, out)`` fills ``out`` (C-contiguous,
     the dataset's dtype and row shape) with rows ``[a, a + len(out))``."""
@@ -22,7 +50,7 @@ class RawRows:
     def __init__(self, fd: int, dsid, shape, dtype):
         from h5py import h5d
 
-        self.fd, self.dsid, self.shape = fd, dsid, tuple(shape)
+        self.fd, self.dsid, self.shape, self.dtype = fd, dsid, tuple(shape), np.dtype(dtype)
         self.row = int(np.dtype(dtype).itemsize * np.prod(shape[1:], dtype=np.int64))
         plist = dsid.get_create_plist()
         if plist.get_layout() == h5d.CHUNKED:
@@ -74,16 +102,34 @@ def _pread_all(fd: int, buf: memoryview, offset: int) -> None:
         done += got
 
 
-def raw_rows(part, handles) -> list[RawRows] | None:
+def scan_rows(ds, start: int, stop: int, n: int):
+    """``(a, label, dense, sparse)``: rows ``[a, a + n)`` (the last ones up to ``stop``) of
+    an opened ``H5Dataset``, for ``a`` from ``start`` in steps of ``n``; read directly into
+    the same buffers every time where ``raw_rows`` can (so use them before the next), else
+    by ``ds.rows``; every read checked (``ds._read``: a failed read or a changed file
+    raises ``InputError`` naming it)."""
+    raws = raw_rows(ds) if stop > start else None
+    if raws is None:
+        for a in range(start, stop, n):
+            yield (a, *ds.rows(a, min(stop, a + n)))
+        return
+    bufs = [np.empty((min(n, stop - start),) + r.shape[1:], r.dtype) for r in raws]
+    for a in range(start, stop, n):
+        got = [b[:min(stop, a + n) - a] for b in bufs]
+        ds._read(lambda: [r.read(a, g) for r, g in zip(raws, got)])
+        yield (a, *got)
+
+
+def raw_rows(part, handles=None) -> list[RawRows] | None:
     """[label, dense, sparse] ``RawRows`` of an opened ``H5Dataset`` (``handles``: its
-    ``batches._h5_handles``, whose dataset ids read the unallocated chunks), or None if any
-    of them must be read by HDF5: a filter, a non-native dtype, a file driver without a
+    ``h5_handles``, whose dataset ids read the unallocated chunks; made if None), or None
+    if any of them must be read by HDF5: a filter, a non-native dtype, a file driver without a
     POSIX descriptor, or a first or last row that differs from HDF5's read of it."""
     try:
         fd = part.f.id.get_vfd_handle()
         if not isinstance(fd, int):
             return None
-        out = []
+        handles, out = handles or h5_handles(part), []
         for key, (dsid, _, _) in zip(KEYS, handles):
             d = part.f[key]
             if d.id.get_create_plist().get_nfilters() or not d.dtype.isnative:

@@ -339,12 +339,12 @@ def test_uncompressed_files_are_read_without_a_chunk_cache(tmp_path):
     one: an h5py Dataset still open when they were opened gave them its default cache, and
     every span read then read its whole 16,384-row chunks (13x the bytes at 4096-row
     batches, bench/host_bench.py)."""
-    from pshybrid.batches import _h5_handles
+    from pshybrid.rawrows import h5_handles
 
     p = tmp_path / "d.h5"
     write(p)
     ds = H5Dataset(p)
-    for dsid, _, _ in _h5_handles(ds):
+    for dsid, _, _ in h5_handles(ds):
         assert dsid.get_access_plist().get_chunk_cache()[:2] == (0, 0)
     ds.close()
 

@@ -13,7 +13,7 @@ from pshybrid.batches import BatchPlan, worker_batches
 from pshybrid.data import H5Dataset
 from pshybrid.errors import InputError
 from pshybrid.files import H5Files
-from pshybrid.rawrows import RawRows, raw_rows
+from pshybrid.rawrows import RawRows, h5_handles, raw_rows, scan_rows
 
 CARDS = (3, 5, 7)
 
@@ -70,7 +70,7 @@ def test_direct_reads_give_hdf5s_rows(tmp_path, monkeypatch, layout, shuffle):
     p = tmp_path / "d.h5"
     a = write(p, 3 * 1024 + 700, layout, monkeypatch=monkeypatch)
     ds = H5Dataset(p)
-    assert raw_rows(ds, batches._h5_handles(ds)) is not None
+    assert raw_rows(ds, h5_handles(ds)) is not None
     for W, b in ((1, 512), (2, 300)):
         plan = BatchPlan(ds.n_rows, W * b, shuffle, seed=3)
         got = batches_of(ds, plan, W, b, True, monkeypatch)
@@ -109,7 +109,7 @@ def test_compressed_files_keep_hdf5s_reads(tmp_path, monkeypatch):
     p = tmp_path / "d.h5"
     write(p, 1000, "lzf", monkeypatch=monkeypatch)
     ds = H5Dataset(p)
-    assert raw_rows(ds, batches._h5_handles(ds)) is None
+    assert raw_rows(ds, h5_handles(ds)) is None
     ds.close()
 
 
@@ -121,7 +121,7 @@ def test_a_layout_that_does_not_check_out_keeps_hdf5s_reads(tmp_path, monkeypatc
     start = RawRows._start
     monkeypatch.setattr(RawRows, "_start", lambda self, c: start(self, c) + self.row)
     ds = H5Dataset(p)
-    assert raw_rows(ds, batches._h5_handles(ds)) is None
+    assert raw_rows(ds, h5_handles(ds)) is None
     plan = BatchPlan(ds.n_rows, 200, False, seed=0)
     got = batches_of(ds, plan, 1, 200, True, monkeypatch)[0]
     np.testing.assert_array_equal(got[2][2], a["sparse"][:200] + [0, 3, 8])  # (epoch 2)
@@ -134,7 +134,7 @@ def test_a_read_past_a_truncated_end_names_the_file(tmp_path, monkeypatch):
     p = tmp_path / "d.h5"
     write(p, 5000, "chunks", monkeypatch=monkeypatch)
     ds = H5Dataset(p)
-    raws = raw_rows(ds, batches._h5_handles(ds))
+    raws = raw_rows(ds, h5_handles(ds))
     cut = raws[2]._start(10)  # the sparse rows from chunk 10 (row 3000) on are gone
     plan = BatchPlan(ds.n_rows, 1000, False, seed=0)
     it = worker_batches(ds, plan, 0, 5, 0, 1000)
@@ -147,3 +147,29 @@ def test_a_read_past_a_truncated_end_names_the_file(tmp_path, monkeypatch):
     assert str(e.value).startswith(f"{p}: the dataset changed while it was read (now "), e.value
     ds.close()
     assert os.path.getsize(p) == cut
+
+
+@pytest.mark.parametrize("layout", ["chunks", "lzf"])
+def test_the_opening_scan_reads_the_rows_and_names_a_bad_one(tmp_path, monkeypatch, layout):
+    """``scan_rows`` (direct reads into reused buffers, or HDF5's for a compressed file)
+    gives each chunk's rows as ``rows`` does, the last one partial; ``validate`` over it
+    names a bad id in that last chunk by its row."""
+    p = tmp_path / "d.h5"
+    write(p, 3000 + 700, layout, monkeypatch=monkeypatch)
+    ds = H5Dataset(p)
+    seen = []
+    for a, *got in scan_rows(ds, 100, ds.n_rows, 1000):
+        seen.append(a)
+        for g, want in zip(got, ds.rows(a, min(ds.n_rows, a + 1000))):
+            np.testing.assert_array_equal(g, want)
+    assert seen == [100, 1100, 2100, 3100]
+    ds.close()
+    with h5py.File(p, "r+") as f:
+        f["sparse"][3650, 2] = 7  # field C2's cardinality is 7
+    ds = H5Dataset(p)
+    monkeypatch.setattr(data, "_SCAN_ROWS", 1000)
+    with pytest.raises(InputError) as e:
+        ds.validate(0, ds.n_rows)
+    assert str(e.value) == f"{p}: /sparse row 3650 has an id outside [0, cardinality): " \
+                           "field C2 id 7, cardinality 7", e.value
+    ds.close()

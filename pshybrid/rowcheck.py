@@ -1,0 +1,62 @@
+"""Value checks of a dataset's rows as read: labels in {0, 1}, finite dense values, ids in
+their field's range, multi-hot rows with at least one id; an ``InputError`` names the
+dataset, the key (the field) and the first bad row. ``data.H5Dataset.validate`` scans a
+file's rows with them when it is opened; ``batches.checked`` checks a custom dataset's
+every batch."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import InputError
+from .schema import Schema
+
+
+def check_rows(where: str, schema: Schema, label, dense, sparse, row_of, lo=0) -> None:
+    """Rows as read: raise ``InputError`` naming ``where``, the key, the field and the first
+    bad row (``row_of(i)``: the dataset row of position ``i``) for a label outside {0, 1},
+    a NaN or infinite dense value, a single-hot id outside ``[0, cardinality)``. ``lo``:
+    (F_s,) the fused-table offsets already added to ``sparse``. Vectorised: a pass over each
+    key (the dense values' float64 sum: finite iff they all are); the rows only if one fails."""
+    cards = np.asarray(schema.cardinalities[:schema.n_single], np.int64)
+    # id - lo as unsigned: >= cards also for id < lo (no wrap: lo + cards < 2**63)
+    out = (np.subtract(sparse, lo) if np.any(lo) else sparse).view(np.uint64) >= cards
+    with np.errstate(invalid="ignore"):  # (inf - inf: the NaN that says so, no warning)
+        finite = np.isfinite(dense.sum(dtype=np.float64))
+    if finite and not out.any() and \
+            np.count_nonzero(label == 0) + np.count_nonzero(label == 1) == label.size:
+        return
+    checks = (("label", (label != 0) & (label != 1), "a label outside {0, 1}"),
+              ("dense", ~np.isfinite(dense).all(axis=1), "a NaN or infinite value"),
+              ("sparse", out.any(axis=1), "an id outside [0, cardinality)"))
+    for key, bad, what in checks:
+        if bad.any():
+            r = int(np.flatnonzero(bad)[0])
+            detail = f": {label[r]}" if key == "label" else ""
+            if key == "sparse":
+                f = int(np.flatnonzero(out[r])[0])
+                detail = (f": field {schema.sparse_names[f]} id "
+                          f"{int(sparse[r, f]) - int(np.broadcast_to(lo, cards.shape)[f])}, "
+                          f"cardinality {cards[f]}")
+            raise InputError(f"{where}: /{key} row {row_of(r)} has {what}{detail}")
+
+
+def check_bag_rows(where: str, schema: Schema, bags, row_of) -> None:
+    """Multi-hot rows as read (``bags``: per multi-hot field ``(values (m,), lengths (n,))``):
+    at least one id each, ids in ``[0, cardinality)``, else ``InputError`` naming ``where``,
+    the field and the dataset row (``row_of(i)`` of position ``i``)."""
+    for k, (values, lengths) in enumerate(bags):
+        name, card = (x[schema.n_single + k] for x in (schema.sparse_names, schema.cardinalities))
+        at = f"{where}: /multi_hot/{name}"
+        if np.shape(values) != (int(np.sum(lengths)),) or np.ndim(lengths) != 1:
+            raise InputError(f"{at}: values of shape {np.shape(values)} for lengths summing "
+                             f"to {int(np.sum(lengths))}")
+        if (lengths < 1).any():
+            r = row_of(int(np.flatnonzero(lengths < 1)[0]))
+            raise InputError(f"{at}/offsets row {r} has no id (every row needs one)")
+        bad = (values < 0) | (values >= card)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            r = row_of(int(np.searchsorted(np.cumsum(lengths), i, side="right")))
+            raise InputError(f"{at}/values row {r} has an id outside [0, cardinality): "
+                             f"{values[i]}, cardinality {card}")
