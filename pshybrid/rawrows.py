@@ -51,7 +51,7 @@ class RawRows:
         from h5py import h5d
 
         self.fd, self.dsid, self.shape, self.dtype = fd, dsid, tuple(shape), np.dtype(dtype)
-        self.row = int(np.dtype(dtype).itemsize * np.prod(shape[1:], dtype=np.int64))
+        self.row = int(self.dtype.itemsize * np.prod(shape[1:], dtype=np.int64))
         plist = dsid.get_create_plist()
         if plist.get_layout() == h5d.CHUNKED:
             self.chunk, self.starts = int(plist.get_chunk()[0]), {}
@@ -72,6 +72,7 @@ class RawRows:
         n = out.shape[0]
         if n == 0 or out.size == 0:
             return
+        assert out.flags.c_contiguous, "a direct read fills contiguous rows"
         view = memoryview(out.reshape(-1)).cast("B")
         k = 0
         while k < n:
