@@ -4,11 +4,11 @@
 Section ``input`` (``input_planning``): for each batch size b (rows x 26 fused ids, the modes
 benchmark's Criteo Kaggle cardinalities capped at --max-cardinality: 5.6M rows of dim 16
 float32) and each source — the synthetic stream, and an HDF5 file of the same stream written
-to a temporary directory (``synthetic.write_synthetic``; block-shuffled reads, page-cached)
-— the times of:
+to a temporary directory (``synthetic.write_synthetic``: uncompressed, so read directly,
+``rawrows``; block-shuffled reads, page-cached) — the times of:
   input     the batch (``batches.worker_batches``: label, dense, fused int64 ids): the
             median over windows of WINDOW_ROWS // b consecutive batches of their mean, so
-            a file's window reads (one per WINDOW_ROWS rows of a worker) count;
+            a windowed read serving several batches (a compressed file's) would count;
   check     ``store.ids_in_range`` (every id a row of the table; their min and max);
   dedup     ``partition.group_by_owner`` (distinct ids grouped by owner, inverse index);
   types     ``store.owner_types`` (one committed row datatype per owner; freed untimed);
