@@ -418,6 +418,11 @@ class H5Dataset:
             return out
         return self._read(read)
 
+    @property
+    def compression(self) -> str | None:
+        """The filter of the file's /sparse ids (``lzf``, ``gzip``, ...), None if none."""
+        return self.f["sparse"].compression
+
     def rows(self, start: int, stop: int):
         """Rows ``[start, stop)``: label (n,) float32, dense (n, F_d) float32, sparse (n, F_s) int64."""
         return self._read(lambda: (self.f["label"][start:stop], self.f["dense"][start:stop],

@@ -76,6 +76,11 @@ class H5Files:
         parts = [d.bags(a, b) for d, a, b in self._pieces(start, stop)]
         return [tuple(np.concatenate(x) for x in zip(*field)) for field in zip(*parts)]
 
+    @property
+    def compression(self) -> str | None:
+        """The first compressed file's filter, None if none is."""
+        return next((d.compression for d in self.parts if d.compression), None)
+
     def validate(self, start: int, stop: int) -> None:
         for d, a, b in self._pieces(start, stop):
             d.validate(a, b)

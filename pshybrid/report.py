@@ -257,13 +257,15 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
-def banner(cfg, topo, schema, steps: int, n_rows: int | None = None) -> str:
+def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
+           compression: str | None = None) -> str:
     """What the run is about to do, printed by worker 0 before the tables are built: who is
     a worker and who serves, the global batch, the tables' rows and bytes (per server),
     the dense parameters, a checkpoint's size, the sparse optimizer's threads (sized on
     worker 0 as for a server on server 0's node: every rank sizes its own by the same rule);
     a warning when the tables have more rows than the data has ids (most would never train),
-    and a note when numba compiles."""
+    a note when the training data is compressed (``compression``: its filter) and when
+    numba compiles."""
     W, S, s = topo.n_workers, topo.n_servers, np.dtype(cfg.dtype).itemsize
     P, E = limits.model_size(cfg, schema)
     rows, F = int(sum(schema.cardinalities)), len(schema.cardinalities)
@@ -296,6 +298,9 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None) -> str:
                      f"{_n(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids: most rows can "
                      "never train (prep sizes them: criteo|csv --buckets or --min-count K, "
                      "synthetic --max-cardinality)")
+    if compression:
+        lines.append(f"  note: --data is {compression}-compressed: its reads cost ~8x an "
+                     "uncompressed file's CPU per batch (prep --compression none writes one)")
     if kernels.numba_cache_cold():
         lines.append("  first run in this environment: numba compiles the CPU kernels "
                      "(some seconds; cached for later runs)")

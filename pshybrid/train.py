@@ -222,7 +222,8 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
 def _announce(cfg, topo, data, out) -> None:
     """Worker 0, before the tables are built: the run's plan (``report.banner``)."""
     n_rows = getattr(data, "n_rows", None)
-    out.write(banner(cfg, topo, data.schema, total_steps(cfg, n_rows, topo.n_workers), n_rows))
+    out.write(banner(cfg, topo, data.schema, total_steps(cfg, n_rows, topo.n_workers), n_rows,
+                     getattr(data, "compression", None)))
     out.flush()
 
 

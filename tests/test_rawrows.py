@@ -173,3 +173,19 @@ def test_the_opening_scan_reads_the_rows_and_names_a_bad_one(tmp_path, monkeypat
     assert str(e.value) == f"{p}: /sparse row 3650 has an id outside [0, cardinality): " \
                            "field C2 id 7, cardinality 7", e.value
     ds.close()
+
+
+def test_a_dataset_says_whether_it_is_compressed(tmp_path, monkeypatch):
+    """(What the plan's note on compressed training data reads, report.banner.)"""
+    paths = {k: tmp_path / f"{k}.h5" for k in ("chunks", "lzf", "contiguous")}
+    for k, p in paths.items():
+        write(p, 500, k, monkeypatch=monkeypatch)
+    got = {k: H5Dataset(p) for k, p in paths.items()}
+    assert {k: d.compression for k, d in got.items()} == \
+        {"chunks": None, "lzf": "lzf", "contiguous": None}
+    for d in got.values():
+        d.close()
+    for names, want in ((("chunks", "contiguous"), None), (("chunks", "lzf"), "lzf")):
+        files = H5Files([str(paths[k]) for k in names])
+        assert files.compression == want
+        files.close()
