@@ -299,7 +299,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
                      "never train (prep sizes them: criteo|csv --buckets or --min-count K, "
                      "synthetic --max-cardinality)")
     if compression:
-        lines.append(f"  note: --data is {compression}-compressed: its reads cost ~8x an "
+        lines.append(f"  note: --data is {compression}-compressed: its reads cost 8x or more an "
                      "uncompressed file's CPU per batch (prep --compression none writes one)")
     if kernels.numba_cache_cold():
         lines.append("  first run in this environment: numba compiles the CPU kernels "
