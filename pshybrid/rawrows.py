@@ -131,16 +131,18 @@ def raw_rows(part, handles=None) -> list[RawRows] | None:
         if not isinstance(fd, int):
             return None
         handles, out = handles or h5_handles(part), []
-        for key, (dsid, _, _) in zip(KEYS, handles):
-            d = part.f[key]
-            if d.id.get_create_plist().get_nfilters() or not d.dtype.isnative:
+        for dsid, _, _ in handles:
+            if dsid.get_create_plist().get_nfilters() or not dsid.dtype.isnative:
                 return None
-            out.append(RawRows(fd, dsid, d.shape, d.dtype))
-            for r in {0, d.shape[0] - 1} if d.shape[0] else ():
-                mine = np.empty((1,) + d.shape[1:], d.dtype)
-                out[-1].read(r, mine)
-                if mine.tobytes() != d[r:r + 1].tobytes():
+            raw = RawRows(fd, dsid, dsid.shape, dsid.dtype)
+            for r in {0, dsid.shape[0] - 1} if dsid.shape[0] else ():
+                mine = np.empty((1,) + dsid.shape[1:], dsid.dtype)
+                hdf5 = np.empty_like(mine)
+                raw.read(r, mine)
+                raw._hdf5(r, hdf5)  # the same row as HDF5 reads it
+                if mine.tobytes() != hdf5.tobytes():
                     return None
+            out.append(raw)
         return out
     except (AttributeError, OSError, RuntimeError, TypeError, ValueError):
         return None  # an h5py without chunk queries, a driver without a descriptor
