@@ -248,10 +248,11 @@ class EmbeddingStore:
         self.win.Set_errhandler(MPI.ERRORS_RETURN)  # a refusal raises instead of aborting
         try:
             for s, r in enumerate(self.topo.server_ranks):
-                need = max((self._remote[s][n][k] + self._region_bytes(t, s)
-                            for n, t in self.tables.items() for k in t.offsets), default=0)
-                view = None
-                if self.topo.node_of_rank[r] == me and need:
+                view = need = None
+                if self.topo.node_of_rank[r] == me:
+                    need = max((self._remote[s][n][k] + self._region_bytes(t, s)
+                                for n, t in self.tables.items() for k in t.offsets), default=0)
+                if need:
                     try:
                         view = np.frombuffer(self.win.Shared_query(r)[0], np.uint8)
                     except MPI.Exception:
@@ -345,6 +346,7 @@ class EmbeddingStore:
         if plan is not None:
             self._flush(plan, False)
         return buf
+
     def _region_bytes(self, t: _Table, s: int) -> int:
         """Bytes of one slot's region of ``t`` on server s."""
         return partition.shard_rows(t.spec.rows, self.topo.n_servers, s) * t.spec.dim * t.itemsize
