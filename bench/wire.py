@@ -84,6 +84,7 @@ class Packed:
 
     def __init__(self):
         self.bufs = {}
+        self.pad_zeroed = (None, 0)  # (rows' buffer, rows): their pad is 0
 
     def _buf(self, name: str, shape, dtype) -> np.ndarray:
         n, b = int(np.prod(shape)), self.bufs.get(name)
@@ -92,10 +93,15 @@ class Packed:
         return b[:n].reshape(shape)
 
     def rows_out(self, U: int, E: int, dtype) -> np.ndarray:
-        """The (U, E) columns of the padded rows' buffer, the pad zeroed: where the pull
-        writes the rows (``DeviceStep.rows_out``)."""
+        """The (U, E) columns of the padded rows' buffer, the pad zeroed (once per buffer,
+        as ``DeviceStep``: only zeros are written there): where the pull writes the rows
+        (``DeviceStep.rows_out``)."""
         dst = self._buf("rows", (U, padded_width(E, dtype)), dtype)
-        dst[:, E:] = 0
+        buf, done = self.pad_zeroed
+        done = done if buf is self.bufs["rows"] else 0
+        if done < U:
+            dst[done:, E:] = 0
+            self.pad_zeroed = (self.bufs["rows"], U)
         return dst[:, :E]
 
     def put(self, rows, inverse) -> None:

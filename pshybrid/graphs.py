@@ -104,6 +104,7 @@ class DeviceStep:
         self.why_eager = None if graphs else "--cuda-graphs off"
         self.slots: dict[int, _Slot] = {}
         self.pinned, self.copied = None, None  # the host buffer, the event of its last copy
+        self.pad_zeroed = (None, 0, 0)  # (pinned buffer, rows' offset, rows): their pad is 0
         self.pool = xp.cuda.MemoryPool() if graphs else None  # the graphs' allocations
         self.stream = self.previous = xp.cuda.get_current_stream()
         if self.stream.ptr in (0, 1):  # the legacy default stream: CUDA captures none
@@ -169,12 +170,18 @@ class DeviceStep:
 
     def _part(self, slot: _Slot, name: str, n: int) -> np.ndarray:
         """``name``'s place in the pinned buffer for ``n`` values (rows: the (n, E) columns
-        of (n, Ep), the pad zeroed)."""
+        of (n, Ep), the pad zeroed). Nothing but zeros is ever written to the pad, so it is
+        zeroed once per buffer and offset, for the rows past those zeroed before."""
         o, _, t = slot.layout[name]
         if name != "rows":
             return self.pinned[o:o + n * t.itemsize].view(t)
         dst = self.pinned[o:o + n * self.Ep * t.itemsize].view(t).reshape(n, self.Ep)
-        dst[:, self.E:] = 0
+        buf, at, done = self.pad_zeroed
+        if buf is not self.pinned or at != o:
+            done = 0
+        if done < n:
+            dst[done:, self.E:] = 0
+            self.pad_zeroed = (self.pinned, o, n)
         return dst[:, :self.E]
 
     def _pack(self, slot: _Slot, arrays: dict) -> int:

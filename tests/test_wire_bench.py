@@ -85,16 +85,30 @@ def test_stand_in_steps_allocate_no_demb():
 def test_packed_holds_the_rows_padded_with_zeros_and_the_inverse_in_reused_buffers():
     """What a GPU worker's host packs for its one H2D copy (``graphs.DeviceStep``): the
     (U, E) rows in a (U, E padded to 16 bytes) block, zeros after E, and the inverse;
-    a later, smaller step reuses the buffers and leaves no stale values in its pad."""
+    later steps, smaller and larger, reuse the buffers (their pad zeroed once: a new
+    buffer's comes with garbage) and leave no stale values in it."""
     from pshybrid.graphs import padded_width
 
     p, rng = wire.Packed(), np.random.default_rng(0)
-    for U, dtype in ((9, np.float32), (5, np.float32), (4, np.float64)):
+    made = p._buf
+
+    def garbage(name, shape, dtype):  # a new buffer comes with garbage in it
+        b = p.bufs.get(name)
+        new = b is None or b.size < np.prod(shape) or b.dtype != dtype
+        out = made(name, shape, dtype)
+        if new:
+            p.bufs[name][...] = 3
+        return out
+
+    p._buf = garbage
+    for U, dtype in ((9, np.float32), (5, np.float32), (12, np.float32), (4, np.float64)):
         rows = rng.standard_normal((U, 5)).astype(dtype)
         inverse = rng.integers(0, U, (6, 4))
-        p.bufs.get("rows", np.empty(0))[...] = 7  # whatever the last step left
-        p.put(rows, inverse)
         Ep = padded_width(5, dtype)
+        old = p.bufs.get("rows")
+        if old is not None:  # whatever the last step left in its rows' columns
+            old.reshape(-1, padded_width(5, old.dtype))[:, :5] = 7
+        p.put(rows, inverse)
         got = p.bufs["rows"][:U * Ep].reshape(U, Ep)
         assert np.array_equal(got[:, :5], rows) and not got[:, 5:].any(), (U, dtype)
         assert np.array_equal(p.bufs["inverse"][:24], inverse.ravel())
