@@ -64,6 +64,14 @@ def print_wire_bytes(results: dict) -> None:
                       f"{g / r - 1 if r else math.inf:+.2%}")
 
 
+def steady_phases(r: dict) -> dict:
+    """A run's phases over its timed steps (medians, seconds), as the step time is: the
+    workers' timed phases, ``other`` (the reporter's step that no phase timer covers) and
+    ``apply`` (the slowest server's optimizer, overlapping the workers' phases)."""
+    return {**r["phase_seconds_timed_median"], "other": r["untimed_seconds_timed_median"],
+            "apply": r["server_apply_seconds_timed_median"]}
+
+
 def print_table(b, results: dict, P: int) -> None:
     """The run's description, then per variant samples/s, step, phases and peak RSS."""
     a, W = b.a, b.W
@@ -72,11 +80,11 @@ def print_table(b, results: dict, P: int) -> None:
           f" + {b.world.size - W} server(s) ({a.placement}), {a.steps} steps ({a.warmup} "
           f"warm-up), {a.sparse_optimizer}/adam, median of {a.repeat} interleaved run(s) "
           f"per mode")
-    print(f"{'mode':<16}{'samples/s':>11}{'step ms':>9}  {'phases (ms/step)':<62}"
-          f"{'RSS w/s MB':>12}")
+    print(f"{'mode':<16}{'samples/s':>11}{'step ms':>9}  "
+          f"{'phases after warm-up (ms/step, medians)':<62}{'RSS w/s MB':>12}")
     for m, r in results.items():
-        ph = " ".join(f"{k}={v * 1e3:.1f}" for k, v in r["phase_seconds_per_step"].items()
-                      if v * 1e3 >= 0.05)
+        ph = " ".join(f"{k}={v * 1e3:.2f}" for k, v in steady_phases(r).items()
+                      if v * 1e3 >= 0.005)
         rss = r["peak_rss_mb"]
         print(f"{m:<16}{r['samples_per_s']:>11,.0f}{r['step_seconds_median'] * 1e3:>9.1f}  "
               f"{ph:<62}{rss['worker']:>6.0f}/{rss['server']:<5.0f}")
@@ -122,12 +130,13 @@ def write(b, results: dict, dense_allreduce: float | None) -> None:
 
         fig, ax = plt.subplots(figsize=(7, 4))
         bottom = np.zeros(len(results))
-        phases = list(next(iter(results.values()))["phase_seconds_per_step"])
-        for ph in phases:
-            vals = np.array([r["phase_seconds_per_step"].get(ph, 0) * 1e3 for r in results.values()])
+        means = [{**r["phase_seconds_timed_mean"], "other": r["untimed_seconds_timed_mean"]}
+                 for r in results.values()]  # stacked: they sum to the mean step
+        for ph in means[0]:
+            vals = np.array([m.get(ph, 0) * 1e3 for m in means])
             ax.bar(list(results), vals, bottom=bottom, label=ph)
             bottom += vals
-        ax.set_ylabel("ms per step (workers' mean)")
+        ax.set_ylabel("ms per step after warm-up (means)")
         ax.set_title("pshybrid modes: per-phase step time")
         ax.legend(fontsize=7)
         fig.tight_layout()
