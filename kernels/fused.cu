@@ -10,7 +10,7 @@
 // adagrad_update<T>,  of the CPU's fused row kernels (pshybrid/kernels.py, _nb_*_rows: their
 // adam_update<T>:     twin, run on the flat buffer as one row); l2 != 0 couples the gradient
 //                     (g + l2*w) and flushes every new weight and state value below `tiny` in
-//                     magnitude to 0, as pshybrid/optim.py documents. The step's scalars (the
+//                     magnitude to 0 (Adam's moments always), as pshybrid/optim.py documents. The step's scalars (the
 //                     scheduled rate, Adam's bias corrections) come as arguments, computed
 //                     on the host as the CPU kernels get them.
 //
@@ -80,15 +80,10 @@ __global__ void adam_update(T* __restrict__ w, const T* __restrict__ g, T* __res
         const T x = l2 != T(0) ? g[i] + l2 * w[i] : g[i];
         T mm = m[i] * b1 + one_b1 * x;
         T vv = v[i] * b2 + x * x * one_b2;
-        T nw = w[i] - mm / (sqrt(vv) * inv_sqrt_c2 + eps) * lr_c1;
-        if (l2 != T(0)) {
-            mm = flush(mm, tiny);
-            vv = flush(vv, tiny);
-            nw = flush(nw, tiny);
-        }
-        m[i] = mm;
-        v[i] = vv;
-        w[i] = nw;
+        const T nw = w[i] - mm / (sqrt(vv) * inv_sqrt_c2 + eps) * lr_c1;
+        m[i] = flush(mm, tiny);  // always: the moments decay where the gradient is 0
+        v[i] = flush(vv, tiny);
+        w[i] = l2 != T(0) ? flush(nw, tiny) : nw;
     }
 }
 

@@ -299,7 +299,8 @@ def _nb_scatter_add(index, values, out):
 # k = rows[i] when ``consume`` (g is a gradient-sum slot shaped like w: the row is read,
 # then zeroed, in the same pass). Same operations in the same order as ``Optimizer``.
 def _ftz(x, tiny):
-    # l2 != 0: a value below the dtype's smallest normal number becomes 0 (optim: FTZ)
+    # a value below sqrt(finfo.tiny) becomes 0 (optim: flush to zero): Adam's moments
+    # always, every weight and state value with l2 != 0
     return x if abs(x) >= tiny else x * 0
 
 
@@ -360,9 +361,9 @@ def _nb_adam_rows(w, m, v, rows, g, consume, b1, one_b1, b2, one_b2, inv_sqrt_c2
             vv = v[r, j] * b2 + x * x * one_b2
             nw = w[r, j] - mm / (np.sqrt(vv) * inv_sqrt_c2 + eps) * lr_c1
             if l2 != 0:
-                mm, vv, nw = _ftz(mm, tiny), _ftz(vv, tiny), _ftz(nw, tiny)
-            m[r, j] = mm
-            v[r, j] = vv
+                nw = _ftz(nw, tiny)
+            m[r, j] = _ftz(mm, tiny)  # (always: they decay where the gradient is 0)
+            v[r, j] = _ftz(vv, tiny)
             w[r, j] = nw
         if consume:
             g[k, :] = 0

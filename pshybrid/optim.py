@@ -17,13 +17,17 @@ decay), and ``step`` is the global step for bias correction (TensorFlow's LazyAd
 
 L2 (``l2`` = lambda > 0) is coupled: every formula above sees ``g + lambda * w`` (``w``
 before the step) in place of ``g``: on the dense buffer every step, on sparse rows only
-the rows the step touched. With L2, every weight and optimizer state value whose
-magnitude falls below ``sqrt(np.finfo(dtype).tiny)`` (1.1e-19 in float32) after the step
-is set to 0 (flush to zero): L2 alone shrinks the weights no data gradient reaches (a dead
-ReLU unit's) geometrically toward 0, and in float32 they, Adam's moments and the
-products of the forward pass became subnormal numbers, which the CPU computes many times
-slower than normal ones (docs/benchmarks.md). Below that bound a value cannot matter beside any
-normal-sized term (float32 epsilon 1.2e-7), and a product of two values above it is normal.
+the rows the step touched.
+
+Flush to zero: after each step, Adam's ``m`` and ``v`` values whose magnitude is below
+``sqrt(np.finfo(dtype).tiny)`` (1.1e-19 in float32) are set to 0, and with L2 every weight
+and optimizer state value below it. Where the gradient is 0 (a dead ReLU unit's weights)
+Adam's moments shrink geometrically (``m`` by ``beta1`` a step: subnormal in float32
+after ~750 steps, where it then stays, ``0.9`` times the smallest subnormal rounding back
+to it), and L2 alone shrinks such weights likewise; subnormal numbers the CPU computes many
+times slower than normal ones (docs/benchmarks.md). Below that bound a value cannot
+matter beside any normal-sized term (float32 epsilon 1.2e-7), and a product of two values
+above it is normal.
 The learning rate of step ``s`` is ``lr * schedule.factor(s)``
 (``Schedule``; the same factor for dense and sparse updates, on workers and servers).
 """
@@ -137,10 +141,10 @@ class Optimizer:
             upd = xp.divide(m, den, out=den)
             upd *= lr / (1 - self.beta1 ** step)
             w -= upd
-        if self.l2:  # flush to zero (module docstring)
-            tiny = math.sqrt(np.finfo(w.dtype).tiny)
-            for a in (w, *(state[k] for k in self.slots)):
-                a[xp.abs(a) < tiny] = 0
+        tiny = math.sqrt(np.finfo(w.dtype).tiny)  # flush to zero (module docstring):
+        for a in ([w, *(state[k] for k in self.slots)] if self.l2 else  # with L2 all,
+                  [state["m"], state["v"]] if self.kind == "adam" else []):  # else Adam's
+            a[xp.abs(a) < tiny] = 0
 
     def update_rows(self, w, rows, g, state: dict, step: int, threads: int = 1) -> None:
         """Lazy sparse update of ``w[rows]`` (w: (N, D), rows: (U,) unique, g: (U, D));

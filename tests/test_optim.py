@@ -228,7 +228,9 @@ def test_needs_weights():
 def test_l2_flushes_values_below_sqrt_tiny_to_zero(kind, dtype, numba_on, monkeypatch):
     """With L2, weights and state below sqrt(finfo.tiny) after the step become 0 (dense,
     rows and servers' slots, fused and NumPy forms); the others follow the recurrence;
-    without L2 nothing is flushed. Values: one far below the bound, one just above it."""
+    without L2 nothing moves (a zero gradient, zero state: Adam's moments stay 0; their
+    flush without L2 is the next test's). Values: one far below the bound, one just above
+    it."""
     from pshybrid import kernels
 
     if not numba_on:
@@ -258,3 +260,45 @@ def test_l2_flushes_values_below_sqrt_tiny_to_zero(kind, dtype, numba_on, monkey
             for a in (w, *st.values()):  # adaptive: the tiny ones' (l2*w)^2 state flushed
                 assert not np.any((a != 0) & (np.abs(a) < bound)), a
             np.testing.assert_array_equal(w, outs[0][0])  # the three paths agree
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("numba_on", [True, False])
+def test_adams_moments_decay_to_zero_never_to_subnormals(dtype, numba_on, monkeypatch):
+    """Without L2, where the gradient is 0 Adam's moments follow ``m *= beta1``, ``v *=
+    beta2`` (bit for bit, from a recurrence run here) until below sqrt(finfo.tiny), then
+    are 0: never subnormal (float32's ``m`` would sit at its smallest subnormal for good,
+    0.9 times it rounding back to it). A tiny weight is not flushed (dense, rows and
+    servers' slots; fused and NumPy forms)."""
+    from pshybrid import kernels
+
+    if not numba_on:
+        monkeypatch.setattr(kernels, "numba_active", lambda: False)
+    bound, opt = dtype(np.sqrt(np.finfo(dtype).tiny)), Optimizer("adam", lr=1e-3)
+    w0 = np.array([[0.5, -0.25, bound * 1e-3, 1.0]], dtype)  # a tiny weight: kept
+    start = {"m": np.array([[1e-4, -3e-5, 0.0, bound * 2]], dtype),
+             "v": np.array([[1e-6, 1e-9, 0.0, bound * 1.0005]], dtype)}
+    steps = 2000 if dtype == np.float32 else 14000  # past the bound (float64: 1.5e-154)
+    for how in ("dense", "rows", "slot"):
+        w, st = w0.copy(), {k: a.copy() for k, a in start.items()}
+        m_ref, v_ref, seen = start["m"].copy(), start["v"].copy(), set()
+        for step in range(1, steps + 1):
+            g = np.zeros_like(w0)
+            if how == "dense":
+                opt.update(w, g, st, step)
+            elif how == "rows":
+                opt.update_rows(w, np.array([0]), g, st, step)
+            else:
+                opt.apply_slot(w, g, st, step, np.array([0]))
+            m_ref *= dtype(opt.beta1)
+            v_ref *= dtype(opt.beta2)
+            m_ref[np.abs(m_ref) < bound] = 0
+            v_ref[np.abs(v_ref) < bound] = 0
+            for a in st.values():
+                assert not np.any((a != 0) & (np.abs(a) < np.finfo(dtype).tiny)), (how, step)
+            seen.update(np.flatnonzero(st["m"][0] == 0).tolist())
+        np.testing.assert_array_equal(st["m"], m_ref)
+        np.testing.assert_array_equal(st["v"], v_ref)
+        assert seen == {0, 1, 2, 3} and not st["m"].any(), (how, st["m"])  # every m reached 0
+        assert st["v"][0, 3] == 0 and st["v"][0, 0] != 0  # v: past the bound / still above
+        np.testing.assert_array_equal(w[0, 2:], w0[0, 2:])  # tiny w kept; moments ~0 move
