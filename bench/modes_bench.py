@@ -18,9 +18,10 @@ The modes run ``--repeat`` times in interleaved rounds; each reports its median 
 median step time). Per mode: samples/s from the median step time after warm-up, the
 workers' per-phase split after warm-up (medians per step, with ``other``: the step no phase
 timer covers, and ``apply``: the servers' optimizer, which overlaps the workers' phases;
-the PNG stacks the means, which sum to the mean step), bytes per step per worker by kind (the library's own counters)
-beside the analytic formula computed from the data, peak RSS per role. Rank 0 prints a table with the
-Hybrid/PS and Hybrid/AllReduce ratios and writes JSON (and a PNG with matplotlib).
+the PNG stacks the means, which sum to the mean step), bytes per step per worker by kind
+(the library's own counters) beside the analytic formula computed from the data, peak RSS
+per role. Rank 0 prints a table with the Hybrid/PS and Hybrid/AllReduce ratios and writes
+JSON (and a PNG with matplotlib).
 
 Per-step phases (JSON, for ``bench/scaling.py``): each rank's phase timers are also read at
 every step boundary (``StepTimers``), so besides the totals over all steps

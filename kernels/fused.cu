@@ -10,9 +10,9 @@
 // adagrad_update<T>,  of the CPU's fused row kernels (pshybrid/kernels.py, _nb_*_rows: their
 // adam_update<T>:     twin, run on the flat buffer as one row); l2 != 0 couples the gradient
 //                     (g + l2*w) and flushes every new weight and state value below `tiny` in
-//                     magnitude to 0 (Adam's moments always), as pshybrid/optim.py documents. The step's scalars (the
-//                     scheduled rate, Adam's bias corrections) come as arguments, computed
-//                     on the host as the CPU kernels get them.
+//                     magnitude to 0 (Adam's moments always), as pshybrid/optim.py documents.
+//                     The step's scalars (the scheduled rate, Adam's bias corrections) come
+//                     as arguments, computed on the host as the CPU kernels get them.
 //
 // bias_act<T>:       y (rows, d) in place: y[i] = y[i] + b[i % d], then max(., 0) if relu
 //                     (a Linear layer's bias and ReLU after its GEMM; twin: x @ W + b, then
