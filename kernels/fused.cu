@@ -10,7 +10,8 @@
 // adagrad_update<T>,  of the CPU's fused row kernels (pshybrid/kernels.py, _nb_*_rows: their
 // adam_update<T>:     twin, run on the flat buffer as one row); l2 != 0 couples the gradient
 //                     (g + l2*w) and flushes every new weight and state value below `tiny` in
-//                     magnitude to 0 (Adam's moments always), as pshybrid/optim.py documents.
+//                     magnitude to 0 (Adam's moments always; `tiny` is
+//                     Optimizer.flush_bound), as pshybrid/optim.py documents.
 //                     The step's scalars (the scheduled rate, Adam's bias corrections) come
 //                     as arguments, computed on the host as the CPU kernels get them.
 //

@@ -299,8 +299,8 @@ def _nb_scatter_add(index, values, out):
 # k = rows[i] when ``consume`` (g is a gradient-sum slot shaped like w: the row is read,
 # then zeroed, in the same pass). Same operations in the same order as ``Optimizer``.
 def _ftz(x, tiny):
-    # a value below sqrt(finfo.tiny) becomes 0 (optim: flush to zero): Adam's moments
-    # always, every weight and state value with l2 != 0
+    # a value below ``tiny`` becomes 0 (optim: flush to zero; ``Optimizer.flush_bound``):
+    # Adam's moments always, every weight and state value with l2 != 0
     return x if abs(x) >= tiny else x * 0
 
 

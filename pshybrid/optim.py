@@ -19,15 +19,17 @@ L2 (``l2`` = lambda > 0) is coupled: every formula above sees ``g + lambda * w``
 before the step) in place of ``g``: on the dense buffer every step, on sparse rows only
 the rows the step touched.
 
-Flush to zero: after each step, Adam's ``m`` and ``v`` values whose magnitude is below
-``sqrt(np.finfo(dtype).tiny)`` (1.1e-19 in float32) are set to 0, and with L2 every weight
-and optimizer state value below it. Where the gradient is 0 (a dead ReLU unit's weights)
-Adam's moments shrink geometrically (``m`` by ``beta1`` a step: subnormal in float32
-after ~750 steps, where it then stays, ``0.9`` times the smallest subnormal rounding back
-to it), and L2 alone shrinks such weights likewise; subnormal numbers the CPU computes many
-times slower than normal ones (docs/benchmarks.md). Below that bound a value cannot
-matter beside any normal-sized term (float32 epsilon 1.2e-7), and a product of two values
-above it is normal.
+Flush to zero: after each step, Adam's ``m`` and ``v`` values whose magnitude is below the
+smallest normal number ``np.finfo(dtype).tiny`` (1.2e-38 in float32) are set to 0; with L2,
+every weight and optimizer state value below ``sqrt(np.finfo(dtype).tiny)`` (1.1e-19).
+Where the gradient is 0 (a dead ReLU unit's weights) Adam's moments shrink geometrically
+(``m`` by ``beta1`` a step: subnormal in float32 after ~780 steps, where it then stays,
+``0.9`` times the smallest subnormal rounding back to it), and L2 alone shrinks such
+weights likewise; subnormal numbers the CPU computes many times slower than normal ones
+(docs/benchmarks.md). A moment below ``tiny`` changes no update (``m / eps``, ``sqrt(v)``
+beside ``eps``: below 1e-29); with L2, below ``sqrt(tiny)`` a value cannot matter beside
+any normal-sized term (float32 epsilon 1.2e-7), and a product of two values above it is
+normal.
 The learning rate of step ``s`` is ``lr * schedule.factor(s)``
 (``Schedule``; the same factor for dense and sparse updates, on workers and servers).
 """
@@ -141,7 +143,7 @@ class Optimizer:
             upd = xp.divide(m, den, out=den)
             upd *= lr / (1 - self.beta1 ** step)
             w -= upd
-        tiny = math.sqrt(np.finfo(w.dtype).tiny)  # flush to zero (module docstring):
+        tiny = self.flush_bound(w.dtype.type)  # flush to zero (module docstring):
         for a in ([w, *(state[k] for k in self.slots)] if self.l2 else  # with L2 all,
                   [state["m"], state["v"]] if self.kind == "adam" else []):  # else Adam's
             a[xp.abs(a) < tiny] = 0
@@ -200,12 +202,19 @@ class Optimizer:
                      pool.spans(rows.size, threads, pool.MIN_ROWS_PER_THREAD))
         return True
 
+    def flush_bound(self, f):
+        """In dtype ``f``: the magnitude below which the flushed values become 0 (module
+        docstring): ``sqrt(finfo.tiny)`` with L2 (every weight and state value), else
+        ``finfo.tiny`` (Adam's moments)."""
+        tiny = np.finfo(f).tiny
+        return f(math.sqrt(tiny)) if self.l2 else f(tiny)
+
     def scalars(self, f, step: int) -> tuple:
         """Step ``step``'s scalars of the fused kernels, in dtype ``f`` (as NumPy's weak
         Python scalars are), in their argument order: sgd (lr, l2, tiny), adagrad (lr, eps,
         l2, tiny), adam (b1, 1 - b1, b2, 1 - b2, 1 / sqrt(1 - b2**step), eps,
-        lr / (1 - b1**step), l2, tiny)."""
-        lr, l2, tiny = f(self.lr_at(step)), f(self.l2), f(math.sqrt(np.finfo(f).tiny))
+        lr / (1 - b1**step), l2, tiny); ``tiny``: ``flush_bound``."""
+        lr, l2, tiny = f(self.lr_at(step)), f(self.l2), self.flush_bound(f)
         if self.kind == "sgd":
             return lr, l2, tiny
         if self.kind == "adagrad":
