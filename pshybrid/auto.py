@@ -235,7 +235,7 @@ def measure(comm, cfg, model, params, layout, shape, read):
         params.zero_grad()
         model.backward(dz * (1.0 / dz.size))
 
-    dense_opt = Optimizer(cfg.dense_optimizer, cfg.lr)
+    dense_opt = Optimizer(cfg.dense_optimizer, cfg.sparse_lr)
     state = {k: np.zeros_like(params.flat) for k in dense_opt.slots}
     comm.Barrier()  # every rank computes at once, as in training
     compute = _typical(fwd_bwd)
@@ -243,7 +243,7 @@ def measure(comm, cfg, model, params, layout, shape, read):
     n = max(1, int(max(shape.union.values(), default=shape.U)))
     R = min(max(4 * n, 1024), layout.table.rows)
     rows = np.sort(rng.choice(R, size=min(n, R), replace=False)).astype(np.int64)
-    sparse_opt = Optimizer(cfg.sparse_optimizer, cfg.lr)
+    sparse_opt = Optimizer(cfg.sparse_optimizer, cfg.sparse_lr)
     w, g = np.zeros((R, shape.E), dt), np.zeros((R, shape.E), dt)
     sstate = {k: np.zeros_like(w) for k in sparse_opt.slots}
     threads = rank_server_threads(cfg.server_threads)[0]  # as a rank applies in training

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from .errors import ConfigError
 from .models import MODELS
-from .optim import SCHEDULES, SLOTS
+from .optim import SCHEDULES, SLOTS, SPARSE_LR
 from .registry import MODES, PLACEMENTS, consistency_error, refusal
 
 
@@ -315,8 +315,9 @@ class TrainConfig:
     steps: int = option(2000, "number of training steps", check=_at_least(0))
     epochs: int | None = option(None, "number of passes over --data (instead of --steps)",
                                 check=_positive)
-    lr: float = option(0.05, "learning rate of the embedding rows (sparse optimizer)",
-                       check=_learning_rate)
+    lr: float | None = option(None, "learning rate of the embedding rows (sparse optimizer; "
+                              "none: 0.001 with adam, 0.05 with sgd and adagrad)",
+                              check=_learning_rate)
     dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
                                   choices=("sgd", "adam"))
     sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows",
@@ -428,6 +429,11 @@ class TrainConfig:
                       self.consistency, self.cache_rows, self.device)
         if why is not None:
             raise _error(why)
+
+    @property
+    def sparse_lr(self) -> float:
+        """``--lr``, or where it is none the sparse optimizer's default (``SPARSE_LR``)."""
+        return SPARSE_LR[self.sparse_optimizer] if self.lr is None else self.lr
 
     def stateless(self) -> TrainConfig:
         """This config with optimizers that keep no state (plain SGD, no L2): what scoring

@@ -177,7 +177,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
                           "differs batch by batch and cannot be captured; use auto or off")
     xp = _use_gpu(topo) if cfg.device == "cuda" else np
     params.build(xp, np.dtype(cfg.dtype), cfg.seed)
-    dense_lr = cfg.lr if cfg.dense_lr is None else cfg.dense_lr
+    dense_lr = cfg.sparse_lr if cfg.dense_lr is None else cfg.dense_lr
     plan = BatchPlan(getattr(data, "n_rows", None), global_batch(cfg, topo.n_workers),
                      cfg.shuffle, cfg.seed)
     hot = (hottest_rows(data, plan, layout, cfg.replicate_rows)
@@ -186,7 +186,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     sched = Schedule(cfg.lr_schedule, cfg.warmup_steps, steps)  # servers: the same factors
     opt = cfg.stateless() if score else cfg
     mode = build_mode(cfg.mode, topo, layout, params,
-                      Optimizer(opt.sparse_optimizer, cfg.lr, l2=opt.l2, schedule=sched),
+                      Optimizer(opt.sparse_optimizer, cfg.sparse_lr, l2=opt.l2, schedule=sched),
                       Optimizer(opt.dense_optimizer, dense_lr, l2=opt.l2, schedule=sched), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],

@@ -66,6 +66,32 @@ def test_cli_values():
     assert parse(TrainConfig, "--servers", "2").servers == 2
 
 
+def test_the_rows_rate_is_by_the_sparse_optimizer_unless_given(tmp_path):
+    """--lr none (the default): 0.001 for a sparse Adam, 0.05 for SGD and Adagrad; given
+    on the command line or in TOML, it wins; --dense-lr none is that rate. Training steps
+    at it (the metrics' ``lr``: the rows' optimizer's rate at each step)."""
+    import json
+
+    from mpi4py import MPI
+
+    from pshybrid.train import train
+
+    assert parse(TrainConfig).lr is None and TrainConfig().sparse_lr == 0.05
+    assert parse(TrainConfig, "--sparse-optimizer", "adam").sparse_lr == 0.001
+    assert parse(TrainConfig, "--sparse-optimizer", "sgd").sparse_lr == 0.05
+    assert parse(TrainConfig, "--sparse-optimizer", "adam", "--lr", "0.2").sparse_lr == 0.2
+    path = toml(tmp_path, 'sparse-optimizer = "adam"\nlr = "none"\n')
+    assert parse(TrainConfig, "--config", path).sparse_lr == 0.001
+    for opt, lr, want in (("adam", None, 0.001), ("adagrad", None, 0.05), ("adam", 0.2, 0.2)):
+        out = tmp_path / f"{opt}-{lr}.jsonl"
+        cfg = TrainConfig(mode="allreduce", servers=0, steps=2, batch_size=8, mlp=(4,),
+                          sparse_optimizer=opt, lr=lr, dense_lr=None, log_every=1,
+                          metrics=str(out), progress="none")
+        train(cfg, MPI.COMM_SELF)
+        rates = [r["lr"] for r in map(json.loads, out.read_text().splitlines()) if "lr" in r]
+        assert len(rates) >= 2 and set(rates) == {want}, (opt, lr, rates)
+
+
 def test_generic_types(tmp_path):
     assert parse(Toy, "--flag", "--rate", "0.25", "--count", "3", "--name", "b",
                  "--sizes", "1,2") == Toy(True, 0.25, 3, "b", (1, 2))
