@@ -100,6 +100,22 @@ def test_state_dict_round_trip_keeps_both_rates(job):
     assert opt.param_groups[0] is inner.param_groups[0] and opt.state is inner.state
 
 
+@pytest.mark.parametrize("optimizer, lr, want", [("adam", None, 0.001), ("adagrad", None, 0.05),
+                                                ("sgd", None, 0.05), ("adam", 0.2, 0.2)])
+def test_a_tables_rate_defaults_by_its_optimizer(optimizer, lr, want):
+    """``pt.Table(lr=None)``: the optimizer's default rate, as ``--lr none`` (0.001 for adam:
+    Adagrad's 0.05 is far too large for it); the embeddings' param group steps at it."""
+    table = pt.Table("t", rows=10, dim=2, optimizer=optimizer, lr=lr, dtype=torch.float64)
+    assert table.lr == want
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, tables=[table])
+    try:
+        model = torch.nn.Linear(3, 1).double()
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        assert opt.param_groups[-1]["lr"] == want
+    finally:
+        pt.shutdown()
+
+
 def test_a_torch_checkpoint_describes_its_run_and_exports_each_table(data, tmp_path):
     """meta.json: front_end "torch", the two tables as pt.Table made them, the mode, seed
     and both optimizers, no native model fields. ``pshybrid export`` writes each table at

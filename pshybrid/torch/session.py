@@ -26,7 +26,7 @@ from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
 from pshybrid.modes import build_mode
 from pshybrid.modes.dense import AllreduceDense
-from pshybrid.optim import SLOTS, Optimizer
+from pshybrid.optim import SLOTS, SPARSE_LR, Optimizer
 from pshybrid.registry import MODES
 from pshybrid.schema import FusedTable, Schema
 from pshybrid.threads import THREAD_VARS, rank_cores
@@ -61,15 +61,20 @@ class TorchDense(AllreduceDense):
 @dataclass(frozen=True)
 class Table:
     """One embedding table: ``rows`` x ``dim`` of ``dtype``, updated on the servers by
-    ``optimizer`` ("sgd" | "adagrad" | "adam") with learning rate ``lr``."""
+    ``optimizer`` ("sgd" | "adagrad" | "adam") with learning rate ``lr`` (None: the
+    optimizer's default, ``optim.SPARSE_LR``: 0.001 for adam, else 0.05)."""
 
     name: str
     rows: int
     dim: int
     optimizer: str = "adagrad"
-    lr: float = 0.05
+    lr: float | None = None
     dtype: torch.dtype = torch.float32
     init_scale: float = 0.05
+
+    def __post_init__(self):
+        if self.lr is None:  # (an unknown optimizer keeps None: pt.init names it)
+            object.__setattr__(self, "lr", SPARSE_LR.get(self.optimizer))
 
 
 @dataclass(frozen=True)
