@@ -23,7 +23,7 @@ Flush to zero: after each step, Adam's ``m`` and ``v`` values whose magnitude is
 smallest normal number ``np.finfo(dtype).tiny`` (1.2e-38 in float32) are set to 0; with L2,
 every weight and optimizer state value below ``sqrt(np.finfo(dtype).tiny)`` (1.1e-19).
 Where the gradient is 0 (a dead ReLU unit's weights) Adam's moments shrink geometrically
-(``m`` by ``beta1`` a step: subnormal in float32 after ~780 steps, where it then stays,
+(``m`` by ``beta1`` a step: from 1e-4 subnormal in float32 after ~750 steps, where it stays,
 ``0.9`` times the smallest subnormal rounding back to it), and L2 alone shrinks such
 weights likewise; subnormal numbers the CPU computes many times slower than normal ones
 (docs/benchmarks.md). A moment below ``tiny`` changes no update (``m / eps``, ``sqrt(v)``
@@ -49,7 +49,7 @@ _ROW0 = np.zeros(1, np.int64)  # the one row of a dense buffer seen as (1, n)
 SLOTS = {"sgd": (), "adagrad": ("acc",), "adam": ("m", "v")}
 # The embedding rows' learning rate where none is given (``--lr none``): Adam's steps are
 # ~lr whatever the gradient's size, so the rate that suits Adagrad's rows (0.05) is far too
-# large for it (the default job learned almost nothing: logloss 0.669, 0.511 at 0.001)
+# large for it (docs/benchmarks.md, "Design measurements behind the code")
 SPARSE_LR = {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001}
 SCHEDULES = ("constant", "warmup-linear", "cosine")
 
