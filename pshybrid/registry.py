@@ -252,6 +252,16 @@ def parse_consistency(text: str) -> Consistency:
     return Consistency(text, int(m.group(1)))
 
 
+def cache_serves(consistency: str) -> bool:
+    """Whether ``--cache-rows`` can ever serve a row under ``consistency``: not under
+    ``bsp`` and ``ssp:0`` (a cached row's version is always older than the step it would be
+    read for, ``modes.stale``); under ``ssp:1`` only the step after the start or a
+    checkpoint (a row pulled a step ahead at version ``c`` serves steps ``c + 2 .. c + K``);
+    from ``ssp:2`` on, and under ``asp``, every step."""
+    bound = parse_consistency(consistency).bound
+    return bound is None or bound >= 1
+
+
 def consistency_error(text: str) -> str | None:
     """The config's check of ``--consistency``: None, or why not."""
     try:

@@ -23,6 +23,7 @@ import numpy as np
 from . import __version__, kernels, limits
 from .batches import global_batch
 from .optim import SLOTS
+from .registry import cache_serves
 from .tboard import TensorBoard
 from .threads import rank_server_threads
 
@@ -264,8 +265,8 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     the dense parameters, a checkpoint's size, the sparse optimizer's threads (sized on
     worker 0 as for a server on server 0's node: every rank sizes its own by the same rule);
     a warning when the tables have more rows than the data has ids (most would never train),
-    a note when the training data is compressed (``compression``: its filter) and when
-    numba compiles."""
+    a note when the training data is compressed (``compression``: its filter), when a
+    hot-row cache can never serve under the consistency given, and when numba compiles."""
     W, S, s = topo.n_workers, topo.n_servers, np.dtype(cfg.dtype).itemsize
     P, E = limits.model_size(cfg, schema)
     rows, F = int(sum(schema.cardinalities)), len(schema.cardinalities)
@@ -298,6 +299,10 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
                      f"{_n(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids: most rows can "
                      "never train (prep sizes them: criteo|csv --buckets or --min-count K, "
                      "synthetic --max-cardinality)")
+    if cfg.cache_rows and not cache_serves(cfg.consistency):
+        lines.append(f"  note: --cache-rows {cfg.cache_rows} under --consistency "
+                     f"{cfg.consistency}: no cached row is ever served (a cache serves under "
+                     "ssp:K with K >= 2, or asp); it only costs its upkeep")
     if compression:
         lines.append(f"  note: --data is {compression}-compressed: its reads cost 8x or more an "
                      "uncompressed file's CPU per batch (prep --compression none writes one)")

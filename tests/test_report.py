@@ -111,6 +111,20 @@ def test_numba_cache_cold_looks_for_the_package_kernels_cache(tmp_path, monkeypa
     assert not COLD()
 
 
+@pytest.mark.parametrize("consistency, noted", [("bsp", True), ("ssp:0", True), ("ssp:1", False),
+                                                ("ssp:2", False), ("asp", False)])
+def test_banner_notes_a_cache_that_can_never_serve(consistency, noted):
+    """--cache-rows under bsp and ssp:0 never serves a row (``registry.cache_serves``;
+    tests/test_stale_mpi.py runs both sides of it): the plan says so; from ssp:1 on, and
+    under asp, nothing is said; no note without a cache."""
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,), consistency=consistency, cache_rows=500)
+    note = (f"  note: --cache-rows 500 under --consistency {consistency}: no cached row is "
+            "ever served (a cache serves under ssp:K with K >= 2, or asp); it only costs its "
+            "upkeep")
+    assert (note in banner(cfg, topo(1, 1), SCHEMA, 10).splitlines()) == noted
+    assert "--cache-rows" not in banner(replace(cfg, cache_rows=0), topo(1, 1), SCHEMA, 10)
+
+
 def test_banner_notes_compressed_training_data():
     """A compressed --data costs 8x (lzf) to 12x (gzip) the CPU per batch of an uncompressed
     one (docs/data.md, Compression): the plan says so, and how to write an uncompressed
