@@ -249,11 +249,13 @@ class SyntheticCTR:
 
 
 def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
-                    valid_out: str | None = None, chunk: int = 65536, **generator) -> dict:
+                    valid_out: str | None = None, attrs=None, chunk: int = 65536,
+                    **generator) -> dict:
     """Write ``rows`` rows of ``SyntheticCTR(**generator)`` to ``out`` (the last
     ``round(valid_fraction * rows)`` to ``valid_out``), each file atomically and both
     published together at the end (a failure leaves neither), with the planted model's own
-    AUC on that file's rows as attribute ``planted_auc``. Returns {path: (rows, planted_auc)}."""
+    AUC on that file's rows as attribute ``planted_auc`` (and ``attrs``). Returns {path:
+    (rows, planted_auc)}."""
     from .data import DatasetWriter
     from .metrics import auc
 
@@ -274,7 +276,8 @@ def write_synthetic(out: str, rows: int, valid_fraction: float = 0.0,
                 probs.append(p)
             planted = auc(np.concatenate(probs), np.concatenate(labels)) if b > a else float("nan")
             w.finish(sch.cardinalities, planted_auc=planted, source="pshybrid prep synthetic",
-                     transform=f"SyntheticCTR(seed={gen.seed}, zipf={gen.zipf}) rows [{a}, {b})")
+                     transform=f"SyntheticCTR(seed={gen.seed}, zipf={gen.zipf}) rows [{a}, {b})",
+                     **(attrs or {}))
             done[path] = (b - a, planted)
         for w in writers:
             w.publish()

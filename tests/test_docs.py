@@ -448,11 +448,11 @@ COMMANDS = {
     "mpiexec -n 3 python bench/modes_bench.py --workload light --steps 200 --wire-only "
     "--json L1.json": Skip("a benchmark: minutes on 2 cores (its numbers are in the text)",
                            flags_in_help),
-    "python -m pshybrid prep synthetic syn.h5 --rows 200000 --valid-fraction 0.2": Run(
-        "prep", ("--rows", "20000"), expect=lambda out, cwd: "16000 rows -> syn.h5" in out
-        and "4000 rows -> syn.valid.h5" in out),
-    "mpiexec -n 3 python bench/modes_bench.py --workload light --modes hybrid,ps --data syn.h5 "
-    "--eval-data syn.valid.h5 --consistency bsp,ssp:1,ssp:4,asp --cache-rows 0,15000 --steps 300 "
+    "python -m pshybrid prep synthetic stale.h5 --rows 200000 --valid-fraction 0.2": Run(
+        "prep", ("--rows", "20000"), expect=lambda out, cwd: "16000 rows -> stale.h5" in out
+        and "4000 rows -> stale.valid.h5" in out),
+    "mpiexec -n 3 python bench/modes_bench.py --workload light --modes hybrid,ps --data stale.h5 "
+    "--eval-data stale.valid.h5 --consistency bsp,ssp:1,ssp:4,asp --cache-rows 0,15000 --steps 300 "
     "--warmup 30 --repeat 1": Skip("a benchmark: minutes on 2 cores", flags_in_help),
     "python bench/scaling.py P1.json P2.json P3.json": Run("bench"),
     "mpiexec -n 3 python bench/auto_bench.py --workload paper --steps 40 --warmup 10 --repeat 2 "

@@ -125,6 +125,12 @@ def listing(d) -> dict:
     return {p.name: p.read_bytes() for p in sorted(d.iterdir())}
 
 
+def earlier_output(path) -> None:
+    """An earlier prep's OUT at ``path``: what ``--overwrite`` may replace."""
+    with h5py.File(path, "w") as f:
+        f.attrs["pshybrid_output"] = "prep"
+
+
 # -- criteo ---------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzip"])
@@ -141,6 +147,40 @@ def test_criteo_hashing_exact(tmp_path, monkeypatch, capsys, gz, block):
     assert attrs["cardinalities"] == [1000] * 26 and attrs["field_names"] == NAMES
     assert attrs["source"] == src and "crc32" in attrs["transform"]
     assert "prep criteo: 20 rows -> " in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("fmt", ["criteo", "synthetic"])
+def test_an_existing_out_is_replaced_only_with_overwrite_and_only_if_prep_wrote_it(tmp_path,
+                                                                                  fmt):
+    """Oracle: the bytes of every file that is not an earlier prep's output are unchanged,
+    with or without --overwrite (``prep criteo day_0 day_1``, OUT forgotten, keeps day_1);
+    an earlier output is replaced with --overwrite only, and the new file can be replaced
+    again."""
+    src = write(tmp_path / "day_0", CRITEO)
+    write(tmp_path / "day_1", CRITEO)
+
+    def argv(out, *flags):
+        return ([fmt, src, out] if fmt == "criteo" else [fmt, out, "--rows", "300"]) + [*flags]
+
+    split = ["--valid-fraction", "0.5", "--valid-out", tmp_path / "v.txt"]
+    for flags in ([], ["--overwrite"]):
+        for out, cmd in (("day_1", argv(tmp_path / "day_1", *flags)),
+                         ("v.txt", argv(tmp_path / "new.h5", *split, *flags))):
+            write(tmp_path / "v.txt", "a user's file\n")
+            before = listing(tmp_path)
+            with pytest.raises(ConfigError) as info:
+                run(*cmd)
+            assert f"{tmp_path / out} exists" in str(info.value)
+            assert ("not an output of pshybrid prep" in str(info.value)) == bool(flags)
+            assert listing(tmp_path) == before
+    earlier_output(tmp_path / "out.h5")
+    earlier = listing(tmp_path)["out.h5"]
+    with pytest.raises(ConfigError, match="pass --overwrite"):
+        run(*argv(tmp_path / "out.h5"))
+    assert listing(tmp_path)["out.h5"] == earlier
+    for _ in range(2):
+        assert run(*argv(tmp_path / "out.h5", "--overwrite")) == 0
+        assert read(tmp_path / "out.h5")[3]["pshybrid_output"] == "prep"
 
 
 def test_criteo_per_field_buckets_and_default(tmp_path):
@@ -399,10 +439,10 @@ def test_bad_line_fails_and_leaves_nothing(tmp_path, monkeypatch, case, encoding
     monkeypatch.setattr(prep_read, "BLOCK_BYTES", 100)   # rows before the bad line get written
     text, line, why = BAD[case]
     src = write(tmp_path / "in.tsv", text)
-    (tmp_path / "out.h5").write_bytes(b"an older file that must survive")
+    earlier_output(tmp_path / "out.h5")
     before = listing(tmp_path)
     with pytest.raises(InputError) as info:
-        run("criteo", src, tmp_path / "out.h5", *ENCODINGS[encoding])
+        run("criteo", src, tmp_path / "out.h5", "--overwrite", *ENCODINGS[encoding])
     assert str(info.value) == f"{src}:{line}: {why} (--skip-bad-lines skips such lines)"
     assert listing(tmp_path) == before
 

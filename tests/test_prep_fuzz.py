@@ -1,5 +1,5 @@
 """Bad input to ``python -m pshybrid prep``: a table of cases, each run in a fresh directory
-holding IN and an older OUT. Each must end with exit status 2 and exactly one stderr line
+holding IN and an earlier prep's OUT, run with ``--overwrite``. Each must end with exit status 2 and exactly one stderr line
 ``pshybrid: error...`` (no traceback, no crash), the directory exactly as it was (no
 temporary or partial file; the older OUT byte-identical). A full disk is simulated with
 RLIMIT_FSIZE (SIGXFSZ ignored, so writes fail with EFBIG).
@@ -32,7 +32,19 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 from mpi_util import pshybrid  # noqa: E402
 
-OLD = b"an older OUT that must survive"
+
+
+def earlier_output() -> bytes:
+    """An earlier prep's OUT (what ``--overwrite``, which every case passes, may replace)."""
+    import h5py
+
+    buf = io.BytesIO()
+    with h5py.File(buf, "w") as f:
+        f.attrs["pshybrid_output"] = "prep"
+    return buf.getvalue()
+
+
+OLD = earlier_output()
 TIMEOUT = 60
 pytestmark = pytest.mark.timeout(300)   # the first test waits for the whole table
 ROOT = os.geteuid() == 0     # root ignores permission bits: those cases use /proc, /sys
@@ -387,7 +399,7 @@ def run_case(name: str, case: Case, base: str) -> Result:
     d = prepare(name, case, base)
     before, t0 = listing(d), time.perf_counter()
     try:
-        p = subprocess.run(pshybrid("prep", *case.argv), cwd=d, env=_env(), capture_output=True,
+        p = subprocess.run(pshybrid("prep", *case.argv, "--overwrite"), cwd=d, env=_env(), capture_output=True,
                            text=True, errors="replace", timeout=TIMEOUT,
                            stdin=subprocess.DEVNULL, preexec_fn=_preexec(case.fsize))
         rc, err = p.returncode, p.stderr
@@ -427,7 +439,7 @@ def run_batch(names: list[str], base: str) -> dict[str, Result]:
     err = {name: os.path.join(base, f".{name}.stderr") for name in names}
     todo, report = os.path.join(base, ".batch.json"), os.path.join(base, ".batch.out")
     with open(todo, "w") as f:
-        json.dump([[dirs[n], err[n], CASES[n].argv] for n in names], f)
+        json.dump([[dirs[n], err[n], [*CASES[n].argv, "--overwrite"]] for n in names], f)
     try:
         p = subprocess.run([sys.executable, "-c", BATCH, todo, report], env=_env(),
                            capture_output=True, text=True, errors="replace",
@@ -474,7 +486,8 @@ def test_bad_input_is_one_clear_error_and_leaves_nothing(results, name):
 def test_sigterm_removes_the_temporary_file(tmp_path):
     """A job's time limit (SIGTERM) mid-write: exit 143, no temporary left, OUT unchanged."""
     (tmp_path / "out.h5").write_bytes(OLD)
-    p = subprocess.Popen(pshybrid("prep", "synthetic", "out.h5", "--rows", "5000000"),
+    p = subprocess.Popen(pshybrid("prep", "synthetic", "out.h5", "--rows", "5000000",
+                                  "--overwrite"),
                          cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          stdin=subprocess.DEVNULL)
     try:

@@ -19,14 +19,15 @@ def cmd_synthetic(args) -> int:
     o = resolve(SyntheticOptions, args)
     from ..synthetic import CRITEO_LIKE, write_synthetic
     from .convert import shown
-    from .write import check_out, split_sizes, valid_path
+    from .write import PREP_OUTPUT, check_out, split_sizes, valid_path
 
-    check_out(args.out, "OUT")
+    check_out(args.out, "OUT", o.overwrite)
     valid = valid_path(args.out, o)
     rows = min(o.rows, o.max_rows or o.rows)
     split_sizes(rows, o)
     t0 = time.perf_counter()
-    done = write_synthetic(args.out, rows, o.valid_fraction, valid, seed=o.seed, zipf=o.zipf,
+    done = write_synthetic(args.out, rows, o.valid_fraction, valid, PREP_OUTPUT, seed=o.seed,
+                           zipf=o.zipf,
                            cardinalities=tuple(min(c, o.max_cardinality) for c in CRITEO_LIKE))
     dt = time.perf_counter() - t0
     parts = "; ".join(f"{n} rows -> {shown(path)} (planted AUC {a:.4f})"

@@ -26,7 +26,7 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
     n_single = len(t.sparse)
     encoders = make_encoders(o, n_single, len(t.multi_hot))
     named = [("IN", p) for p in t.paths if p != STDIN]
-    check_out(out, "OUT", named)
+    check_out(out, "OUT", o.overwrite, named)
     valid = valid_path(out, o, named)
     names = t.sparse_names
     # The files first: an OUT that cannot be made fails before a pass over IN.

@@ -26,6 +26,8 @@ class SplitOptions:
     valid_fraction: float = option(0.0, "the last round(F * rows) rows go to --valid-out",
                                    check=_check(lambda v: 0 <= v < 1, "must be in [0, 1)"))
     valid_out: str | None = option(None, "validation file; none: OUT with .h5 -> .valid.h5")
+    overwrite: bool = option(False, "replace an existing OUT (and validation file) that an "
+                             "earlier prep wrote; anything else is never replaced")
 
     def validate(self) -> None:
         """Cross-field rules."""

@@ -13,6 +13,9 @@ from ..errors import ConfigError, InputError
 from .options import SplitOptions
 
 
+PREP_OUTPUT = {safeio.OUTPUT_ATTR: "prep"}   # what --overwrite may replace
+
+
 class SplitWriter:
     """Rows ``0..n_train-1`` to ``out``, the later ones to ``valid`` (if any; set ``n_train``
     before the first ``append``). ``close`` finishes both, then publishes both; an exception
@@ -45,7 +48,7 @@ class SplitWriter:
 
     def close(self, cardinalities, **attrs) -> None:
         for w in self.writers:
-            w.finish(cardinalities, **attrs)
+            w.finish(cardinalities, **attrs, **PREP_OUTPUT)
         for w in self.writers:
             w.publish()
 
@@ -58,10 +61,11 @@ class SplitWriter:
                 w.abort()
 
 
-def check_out(path: str, option: str, inputs=()) -> None:
+def check_out(path: str, option: str, overwrite: bool, inputs=()) -> None:
     """An output file ``path`` (given as ``option``) can be made: its directory exists and
     is writable, and ``safeio.check_output`` allows it (not one of the ``inputs`` ``(option,
-    path)``, not inside a checkpoint directory, a regular file or a new name)."""
+    path)``, not inside a checkpoint directory, a new name, or with ``overwrite`` an earlier
+    prep output)."""
     d = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(d):
         why = "is not a directory" if os.path.exists(d) else "does not exist"
@@ -75,7 +79,8 @@ def check_out(path: str, option: str, inputs=()) -> None:
         raise InputError(f"{option} {path}: {exc.strerror or exc}") from None
     if not os.access(d, os.W_OK | os.X_OK):
         raise InputError(f"{option} {path}: cannot write in directory {d} (permission denied)")
-    problem = safeio.check_output(path, option, inputs)
+    problem = safeio.check_output(path, option, inputs,
+                                  existing=safeio.replaceable("prep", overwrite))
     if problem:
         raise ConfigError(problem, collective=True)
 
@@ -86,7 +91,7 @@ def valid_path(out: str, o: SplitOptions, inputs=()) -> str | None:
     if not o.valid_fraction:
         return None
     valid = o.valid_out or (out[:-3] if out.endswith(".h5") else out) + ".valid.h5"
-    check_out(valid, "--valid-out", [*inputs, ("OUT", out)])
+    check_out(valid, "--valid-out", o.overwrite, [*inputs, ("OUT", out)])
     return valid
 
 
