@@ -168,8 +168,9 @@ def _open(cfg, comm, dataset, opened):
 
 def id_stats(cfg, data, layout, N: int, S: int, nodes: int, P: int):
     """(planner.Shape, a reader of worker 0's first batch: ``batches.read_ids``, so multi-hot
-    fields' ids count too): distinct ids per worker batch and per global batch of each worker count the alternatives have,
-    and for each --replicate-rows candidate the share of a worker's distinct ids among the
+    fields' ids count too): distinct ids per worker batch (worker w: rows [w*b, (w+1)*b) of
+    the global batch) and per global batch of each worker count the alternatives have, and
+    for each --replicate-rows candidate the share of a worker's distinct ids among the
     hottest rows of the sample and the hot rows a global batch touches."""
     b = cfg.batch_size
     plan = BatchPlan(getattr(data, "n_rows", None), N * b, cfg.shuffle, cfg.seed)
@@ -177,7 +178,7 @@ def id_stats(cfg, data, layout, N: int, S: int, nodes: int, P: int):
                                                                       plan.steps_per_epoch))
     Ws = sorted({w for w in (N, N - S) if w >= 1})
     # each step's fused ids per worker (flat: multi-hot fields' ids included)
-    per = [[read_ids(data, plan.ranges(t, w * b, (w + 1) * b), layout.offsets)[2].ravel()
+    per = [[read_ids(data, plan.ranges(t, w * b, b), layout.offsets)[2].ravel()
             for w in range(N)] for t in range(steps)]
     rows, counts = np.unique(np.concatenate([x for g in per for x in g]), return_counts=True)
     heat = np.empty(rows.size, np.int64)  # each sampled row's place in the hottest-first order

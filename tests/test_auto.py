@@ -287,3 +287,36 @@ def test_trials_pick_the_least_measured_per_sample_and_write_nothing(comm, mpi_t
                                           if r["key"] == best) and \
         not metrics.exists() and not ck.exists()
     assert_all(comm, ok, f"{mine}, best measured {best}, files {list(mpi_tmp_path.iterdir())}")
+
+
+@pytest.mark.parametrize("source", ["stream", "file"])
+def test_id_stats_count_each_workers_own_batch(tmp_path, source):
+    """Oracle: the distinct ids of worker w's batch are those of rows [w*b, (w+1)*b) of the
+    global batch, read whole (one ``read_ids`` of the step's N*b rows); a file of 600 rows,
+    shuffled, gives 3 steps of 3 x 64 rows (worker 2's rows once read past the batch: a
+    crash or 2-3x the count)."""
+    from pshybrid.batches import BatchPlan, read_ids
+    from pshybrid.files import open_dataset
+    from pshybrid.layers import ParamSpace
+    from pshybrid.models import build_model
+    from pshybrid.synthetic import write_synthetic
+
+    cfg = TrainConfig(batch_size=64, embedding_dim=4, mlp=(8,), seed=3)
+    cards = dict(n_dense=3, cardinalities=(7, 300, 2000, 50))
+    if source == "file":
+        write_synthetic(str(tmp_path / "d.h5"), 600, seed=2, **cards)
+        data = open_dataset(str(tmp_path / "d.h5"))
+    else:
+        data = SyntheticCTR(seed=2, **cards)
+    _, layout = build_model(cfg.model, data.schema, 4, (8,), ParamSpace(), "float32", 0)
+    N, b = 3, cfg.batch_size
+    shape, read = auto.id_stats(cfg, data, layout, N, 1, 1, 1000)
+    plan = BatchPlan(getattr(data, "n_rows", None), N * b, cfg.shuffle, cfg.seed)
+    steps = auto.STAT_STEPS if source == "stream" else 3
+    glob = [read_ids(data, plan.ranges(t, 0, N * b), layout.offsets)[2] for t in range(steps)]
+    per = [np.unique(g[w * b:(w + 1) * b]).size for g in glob for w in range(N)]
+    assert shape.U == pytest.approx(np.mean(per))
+    for W in (N, N - 1):
+        assert shape.union[W] == pytest.approx(np.mean([np.unique(g[:W * b]).size
+                                                        for g in glob]))
+    np.testing.assert_array_equal(read()[2], glob[0][:b])
