@@ -134,12 +134,16 @@ def cmd_train(args) -> int:
             sys.stdout.write(to_toml(cfg))
         return 0
     CAUGHT.install()  # a signal during the imports below is a stop request too
+    result = None
     try:
         from .train import train
 
         result = train(cfg, MPI.COMM_WORLD)
     finally:
-        CAUGHT.uninstall()
+        if result is None or result.preempted is None:
+            CAUGHT.uninstall()
+    # A stopped run keeps its catcher to the exit: a signal forwarded again while MPI
+    # finalizes is the same request, not the default action (exit 15, not 75 or 143).
     if result.preempted is not None:
         return exit_status(result.signal, bool(cfg.checkpoint_dir))
     return 1 if result.metrics_failed else 0

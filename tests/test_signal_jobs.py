@@ -140,6 +140,32 @@ def test_a_repeat_within_2s_is_one_request_a_later_one_ends_at_once():
     assert "SIGUSR1 again 5.0 s after the first: ending now" in p.stderr, p.stderr
 
 
+STOPPED = textwrap.dedent("""
+    import os, signal, sys
+    import pshybrid.train
+    from pshybrid.cli import main
+
+    def stopped(cfg, comm):                     # a run stopped by SIGTERM at step 3
+        os.kill(os.getpid(), signal.SIGTERM)
+        return pshybrid.train.TrainResult("worker", preempted=3, signal=signal.SIGTERM)
+
+    pshybrid.train.train = stopped
+    status = main(["train", "--mode", "allreduce", "--steps", "5"])
+    os.kill(os.getpid(), signal.SIGTERM)       # forwarded again after the stop, within 2 s
+    print("alive", status, flush=True)
+    sys.exit(status)
+""")
+
+
+def test_a_repeat_after_the_stop_returned_is_still_the_same_request():
+    """The command has returned its status (the job's ranks finalize MPI next): a repeat of
+    the signal within 2 s must not end the process with the signal's default action."""
+    p = subprocess.run([sys.executable, "-c", STOPPED], capture_output=True, text=True,
+                       timeout=60, stdin=subprocess.DEVNULL)
+    assert p.returncode == 128 + signal.SIGTERM, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout.split() == ["alive", str(128 + signal.SIGTERM)], p.stdout
+
+
 def test_the_outermost_uninstall_restores_the_handlers_and_forgets_the_signal():
     from pshybrid.preempt import SIGNALS, Signals
 
