@@ -82,12 +82,21 @@ def _describe(root: str) -> str:
     return f"newest: step-{max(steps)}" if steps else "a 'latest' file"
 
 
-def check_run_dir(root: str, resume_dir: str | None, resume_step: int | None) -> None:
+def check_run_dir(root: str, resume_dir: str | None, resume_step: int | None,
+                  option: str = "--checkpoint-dir", resume: str = "--resume") -> None:
     """Refuse, before step 1, a ``--checkpoint-dir`` whose checkpoints this run could lose
     track of: a fresh run (or one resumed from elsewhere) into a directory that already
     holds a ``latest`` or ``step-N``; a run resumed from ``root/step-R`` while ``root``
     holds a step newer than R (its checkpoints would interleave with the older history and
-    ``--keep-last`` could remove them); a ``latest`` that is a link or not pshybrid's."""
+    ``--keep-last`` could remove them); a ``latest`` that is a link or not pshybrid's; a
+    directory inside another checkpoint directory, or a step directory itself (its
+    ``latest`` would then name the checkpoint that ``--resume``, ``eval`` and ``export`` of
+    the outer one load). ``option``, ``resume``: how the messages name the directory and
+    the way to resume (the Python API's words)."""
+    outer = safeio.checkpoint_holding(root)
+    if outer is not None or os.path.isfile(os.path.join(root, "meta.json")):
+        raise InputError(f"{option} {root} lies inside the checkpoint directory "
+                         f"{outer or root}: choose a directory of its own")
     steps = list_steps(root)
     has_latest = os.path.lexists(os.path.join(root, "latest"))
     if not steps and not has_latest:
@@ -99,22 +108,22 @@ def check_run_dir(root: str, resume_dir: str | None, resume_step: int | None) ->
         except OSError:
             inside = False
     if not inside:
-        raise InputError(f"--checkpoint-dir {root} already holds checkpoints "
-                         f"({_describe(root)}): continue them with --resume {root}, or "
-                         "choose another --checkpoint-dir")
+        raise InputError(f"{option} {root} already holds checkpoints ({_describe(root)}): "
+                         f"continue them with {resume} {root}, or choose another directory")
     read_latest(root)  # a planted link or foreign 'latest' is refused, not replaced
     newer = sorted(n for n in steps if n > resume_step)
     if newer:
-        raise InputError(f"--checkpoint-dir {root} holds step-{newer[-1]}, newer than the "
-                         f"resume point step-{resume_step}: a run from there would write a "
-                         f"second history into the same directory. Resume from {root} (its "
-                         "latest), choose another --checkpoint-dir, or move the newer step "
-                         "directories away")
+        raise InputError(f"{option} {root} holds step-{newer[-1]}, newer than the resume "
+                         f"point step-{resume_step}: a run from there would write a second "
+                         f"history into the same directory. Resume from {root} (its latest), "
+                         "choose another directory, or move the newer step directories away")
 
 
 def resolve(path: str) -> str:
-    """The step directory named by ``path``: a checkpoint root (its ``latest``) or a
-    ``step-N`` directory."""
+    """The step directory named by ``path``: a ``step-N`` directory (its ``meta.json``) or
+    a checkpoint root (its ``latest``)."""
+    if os.path.isfile(os.path.join(path, "meta.json")):
+        return path
     latest = read_latest(path) if os.path.isdir(path) else None
     if latest is not None:
         step_dir = os.path.join(path, latest)
@@ -123,8 +132,6 @@ def resolve(path: str) -> str:
             raise InputError(f"{path}/latest names {latest!r}, which is not a complete "
                              "checkpoint directory")
         return step_dir
-    if os.path.isfile(os.path.join(path, "meta.json")):
-        return path
     raise InputError(f"{path}: not a checkpoint (no 'latest' file and no meta.json)")
 
 

@@ -61,8 +61,8 @@ def check_outputs(cfg, topo) -> None:
         problem = safeio.check_writable_dir(cfg.checkpoint_dir)
         if problem:
             raise ConfigError(f"--checkpoint-dir: {problem}")
+    ckdirs = [d for d in (cfg.checkpoint_dir, cfg.resume) if d]
     if cfg.metrics and topo.rank == topo.worker_ranks[0]:
-        ckdirs = [d for d in (cfg.checkpoint_dir, cfg.resume) if d]
         problem = (safeio.check_output(cfg.metrics, "--metrics", run_inputs(cfg), ckdirs,
                                        existing=metrics_problem)
                    or safeio.check_writable_file(cfg.metrics))
@@ -71,7 +71,9 @@ def check_outputs(cfg, topo) -> None:
                               f"--metrics: {problem}")
     if cfg.tensorboard and topo.rank == topo.worker_ranks[0]:
         tboard.check()
-        problem = safeio.check_writable_dir(cfg.tensorboard)
+        ck = safeio.checkpoint_holding(os.path.join(cfg.tensorboard, "events"), ckdirs)
+        problem = (f"{cfg.tensorboard} lies inside the checkpoint directory {ck}: write "
+                   "outputs elsewhere" if ck else safeio.check_writable_dir(cfg.tensorboard))
         if problem:
             raise ConfigError(f"--tensorboard: {problem}")
 

@@ -23,7 +23,7 @@ import pytest
 from mpi4py import MPI
 
 from mpi_util import snapshot
-from pshybrid import checkpoint, export
+from pshybrid import checkpoint, checkpoint_files, export
 from pshybrid.config import TrainConfig
 from pshybrid.data import DatasetWriter
 from pshybrid.errors import ConfigError, InputError, PshybridError
@@ -85,6 +85,40 @@ def test_runs_that_could_lose_checkpoints_are_refused_before_step_1(ck, kw):
     msg = str(e.value)
     assert ck in msg and "step-4" in msg and ("--resume" in msg or "Resume from" in msg), msg
     assert snapshot(ck) == before
+
+
+@pytest.mark.parametrize("kw", [
+    dict(checkpoint_dir="step-4"),                     # a step directory itself
+    dict(checkpoint_dir="step-4/sub"),                 # below one
+    dict(checkpoint_dir="sub"),                        # beside the steps, inside the root
+    dict(checkpoint_dir="step-2", resume="step-2"),    # resumed into the step it came from
+    dict(tensorboard="tb"),                            # the run's own --checkpoint-dir
+    dict(tensorboard="step-2/tb"),
+])
+def test_a_checkpoint_dir_or_tensorboard_inside_a_checkpoint_is_refused(ck, tmp_path, kw):
+    """Oracle: nothing in the checkpoint directory changes, and its step-4 (latest) and
+    step-2 still load as themselves (no inner ``latest`` is followed); a resume, an eval
+    and an export of them would read another model if the run went ahead."""
+    kw = {k: os.path.join(ck, v) for k, v in kw.items()}
+    own = {} if "checkpoint_dir" in kw else {"checkpoint_dir": str(tmp_path / "own")}
+    before = snapshot(ck)
+    with pytest.raises((InputError, ConfigError)) as e:
+        run(steps=6, **own, **kw)
+    assert "lies inside the checkpoint directory" in str(e.value), str(e.value)
+    assert snapshot(ck) == before and not os.path.exists(tmp_path / "own")
+    for d in (ck, os.path.join(ck, "step-4"), os.path.join(ck, "step-2")):
+        want = os.path.join(ck, "step-4") if d == ck else d
+        assert checkpoint_files.resolve(d) == want
+
+
+def test_a_step_directory_resolves_to_itself_whatever_it_holds(ck):
+    """A step directory holding a ``latest`` (left by an earlier version that let a run
+    write a checkpoint there) is still that step: eval, export and --resume load it."""
+    step = os.path.join(ck, "step-2")
+    with open(os.path.join(step, "latest"), "w") as f:
+        f.write("step-4\n")
+    os.mkdir(os.path.join(step, "step-4"))
+    assert checkpoint_files.resolve(step) == step
 
 
 def test_latest_always_names_a_complete_checkpoint_through_resumes(tmp_path):

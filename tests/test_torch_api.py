@@ -169,3 +169,75 @@ def test_a_torch_checkpoint_describes_its_run_and_exports_each_table(data, tmp_p
         lines = p.stderr.strip().splitlines()
         assert p.returncode == 2 and len(lines) == 1, p.stderr
         assert "written by pshybrid.torch: its model is your PyTorch code" in lines[0], lines
+
+
+def _checkpoints(steps: int, into, resume=None) -> list:
+    """One session (resumed from ``resume``): ``steps`` steps, then ``pt.checkpoint`` into
+    each of ``into`` in turn; each one's step directory, or its refusal's message."""
+    from pshybrid.errors import PshybridError
+
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, resume=resume,
+            tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
+    got = []
+    try:
+        model, emb = torch.nn.Linear(2, 1).double(), pt.Embedding("t")
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        for _ in range(steps):
+            opt.zero_grad()
+            model(emb(torch.tensor([1, 3]))).sum().backward()
+            opt.step()
+        for root in into:
+            try:
+                got.append(pt.checkpoint(root))
+            except PshybridError as e:
+                got.append(str(e))
+    finally:
+        pt.shutdown()
+    return got
+
+
+def test_a_torch_checkpoint_directory_keeps_one_history(tmp_path):
+    """As train's --checkpoint-dir: a session writes on in the directory it wrote in or
+    resumed from; another session's checkpoint there (``latest`` would go back to its
+    step), one inside a step directory, one from a step older than the directory's newest,
+    and a second one at the same step are refused, and the directory is unchanged."""
+    from mpi_util import snapshot
+
+    ck = str(tmp_path / "ck")
+    assert _checkpoints(1, [ck, ck]) == [f"{ck}/step-1", f"pt.checkpoint: {ck} already "
+                                         "holds step-1 (no step since it was written)"]
+    assert _checkpoints(1, [ck], resume=ck) == [f"{ck}/step-2"]
+    before = snapshot(ck)
+    fresh, inner, older = _checkpoints(3, [ck, f"{ck}/step-2", str(tmp_path / "x")])[:2] + \
+        _checkpoints(1, [ck], resume=f"{ck}/step-1")
+    assert "already holds checkpoints (latest: step-2)" in fresh and "pt.init(resume" in fresh
+    assert f"lies inside the checkpoint directory {ck}" in inner
+    assert "holds step-2, newer than the resume point step-1" in older
+    assert snapshot(ck) == before
+    assert _checkpoints(1, [ck], resume=ck) == [f"{ck}/step-3"]
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True),
+    lambda ps: torch.optim.SGD([{"params": ps[:1]}, {"params": ps[1:], "momentum": 0.9}],
+                               lr=0.1),
+    lambda ps: torch.optim.AdamW(ps, lr=0.01),
+], ids=["adam-amsgrad", "sgd-momentum-in-group-1", "adamw"])
+def test_a_dense_optimizer_whose_state_a_checkpoint_cannot_hold_is_refused(tmp_path, make):
+    """Its state (amsgrad's max_exp_avg_sq, a momentum buffer) would be dropped and the
+    resumed run would fail or differ: refused in one message, nothing written."""
+    from pshybrid.errors import ConfigError
+
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
+            tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
+    try:
+        model, emb = torch.nn.Linear(2, 1).double(), pt.Embedding("t")
+        opt = pt.DistributedOptimizer(make(list(model.parameters())), model)
+        opt.zero_grad()
+        model(emb(torch.tensor([1, 3]))).sum().backward()
+        opt.step()
+        with pytest.raises(ConfigError, match="has no checkpoint form"):
+            pt.checkpoint(tmp_path / "ck")
+    finally:
+        pt.shutdown()
+    assert not (tmp_path / "ck").exists()

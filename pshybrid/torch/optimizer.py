@@ -226,11 +226,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def checkpoint_optimizer(self):
         """(the checkpoint's dense_optimizer, its lr)."""
         name, _ = self._kind()
-        group = self.opt.param_groups[0]
-        if name == "sgd" and group.get("momentum", 0):
-            raise ConfigError("pt.checkpoint: SGD with momentum has no checkpoint form",
-                              collective=True)
-        return name, float(group["lr"])
+        for i, group in enumerate(self.opt.param_groups):  # options that add state
+            extra = ("momentum" if name == "sgd" and group.get("momentum", 0) else
+                     "amsgrad" if name == "adam" and group.get("amsgrad", False) else None)
+            if extra:
+                raise ConfigError(f"pt.checkpoint: torch.optim.{type(self.opt).__name__} with "
+                                  f"{extra} (param group {i}) has no checkpoint form (its "
+                                  "state would be lost); use it without", collective=True)
+        return name, float(self.opt.param_groups[0]["lr"])
 
     def dense_state(self):
         """(flat (P,), {slot: (P,)}) host arrays for the checkpoint."""

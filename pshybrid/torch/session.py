@@ -20,7 +20,7 @@ import torch
 from mpi4py import MPI
 
 from pshybrid import checkpoint
-from pshybrid.checkpoint_files import read_meta, read_shards, resolve
+from pshybrid.checkpoint_files import check_run_dir, read_meta, read_shards, resolve
 from pshybrid.config import SEED_RANGE, seed_check
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
@@ -125,6 +125,8 @@ class Session:
         self.mode_name = mode_name
         self.step = 0
         self.resume_dir: str | None = None
+        self.resume_step: int | None = None
+        self.roots: set = set()  # the directories this session has written checkpoints in
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None]
         self.optimizer = None  # the DistributedOptimizer, once made
         self.closed = False
@@ -237,7 +239,7 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
         s = _session = Session(topo, tables, mode, seed)
         s.prev_hook = prev_hook
         if resume is not None:
-            s.step = _load_sparse(s, resume)
+            s.step = s.resume_step = _load_sparse(s, resume)
             s.resume_dir = resolve(resume) if topo.is_worker else None
         if topo.is_worker:
             s.mode.ready()
@@ -297,9 +299,29 @@ def checkpoint_to(root: str) -> str:
             raise ConfigError("pt.checkpoint: make the pt.DistributedOptimizer first (the "
                               "checkpoint holds the model's dense parameters)", collective=True)
         s.optimizer.checkpoint_optimizer()  # refused here, before the servers are asked
+        _check_root(s, str(root))
         s.optimizer.sync_params()
         s.mode.request_checkpoint(s.step)
         return _save(s, str(root), s.step)
+
+
+def _check_root(s: Session, root: str) -> None:
+    """Workers, collectively: ``root`` may take checkpoint ``step-N`` now: as a run's
+    ``--checkpoint-dir`` (``check_run_dir``: one history per directory) the first time this
+    session writes there, and never a step it already holds."""
+    err = None
+    try:
+        real = os.path.realpath(root)
+        if real not in s.roots:
+            check_run_dir(root, s.resume_dir, s.resume_step, "pt.checkpoint:",
+                          "pt.init(resume=...) of")
+        if os.path.lexists(os.path.join(root, f"step-{s.step}")):
+            raise InputError(f"pt.checkpoint: {root} already holds step-{s.step} (no step "
+                             "since it was written)")
+    except PshybridError as e:
+        err = e
+    agree(s.topo.workers, err)  # Wire: allgather of each worker's verdict; all raise alike
+    s.roots.add(real)
 
 
 def shutdown() -> None:
