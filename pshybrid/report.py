@@ -194,7 +194,7 @@ class Reporter:
         if not self.metrics:
             return
         try:
-            self.metrics.write(json.dumps(rec) + "\n")
+            self.metrics.write(json.dumps(_finite(rec), allow_nan=False) + "\n")
             self.metrics.flush()
         except OSError as e:  # a full disk: say so once, train on without metrics
             self.failed = f"--metrics {self.cfg.metrics}: {e.strerror or e}"
@@ -215,8 +215,9 @@ class Reporter:
                       f"servers' apply {summary['server_apply_seconds'] * per:.2f} ms/step")
         self.out.write(
             f"done: {summary['mode']} {summary['model']}  {summary['steps']} steps  "
-            f"{summary['samples_per_s']:,.0f} samples/s  final loss {summary['final_loss']:.4f} "
-            f"(base-rate logloss {summary['base_rate_logloss']:.4f})  workers {self.W} servers "
+            f"{summary['samples_per_s']:,.0f} samples/s  final loss "
+            f"{_num(summary['final_loss'])} (base-rate logloss "
+            f"{_num(summary['base_rate_logloss'])})  workers {self.W} servers "
             f"{summary['servers']}  |  {split}\n")
         self.out.flush()
         self.close_file()
@@ -312,6 +313,22 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     return "\n".join(lines) + "\n"
 
 
+def _finite(v):
+    """``v`` with every NaN or infinity (an AUC of one class, a diverged loss) as None:
+    strict JSON has no NaN (written as null)."""
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_finite(x) for x in v]
+    return v
+
+
+def _num(v) -> str:
+    return "-" if v is None else f"{v:.4f}"
+
+
 def _base_rate_logloss(p: float) -> float:
     """Logloss of always predicting the base rate ``p``."""
     return -(p * math.log(p) + (1 - p) * math.log(1 - p)) if 0 < p < 1 else 0.0
@@ -326,15 +343,16 @@ def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
                 for k in PHASES}
     server_apply = [s[1].get("server_apply", 0.0) for s in stats]  # servers, or colocated
     busy = sum(worker_t.values()) or 1.0
-    base = totals[2] / max(totals[1], 1)
+    base = totals[2] / totals[1] if totals[1] else None  # no step trained: no base rate
     summary = {
         "summary": True, "mode": cfg.mode, "model": cfg.model, "steps": steps,
         "workers": W, "servers": topo.n_servers, "batch_size": cfg.batch_size,
         "steps_run": steps_run,
         "samples_per_s": steps_run * global_batch(cfg, W) / max(elapsed - worker_t["eval"], 1e-9),
         "seconds": elapsed, "startup_seconds": startup,
-        "final_loss": log[-1]["loss"] if log else float("nan"), "base_rate": base,
-        "base_rate_logloss": _base_rate_logloss(base), "phase_seconds": worker_t,
+        "final_loss": log[-1]["loss"] if log else None, "base_rate": base,
+        "base_rate_logloss": None if base is None else _base_rate_logloss(base),
+        "phase_seconds": worker_t,
         "phase_fraction": {k: v / busy for k, v in worker_t.items()},
         "server_apply_seconds": max(server_apply, default=0.0),
         "traffic_per_step": {k: v / max(steps_run, 1) for k, v in stats[reporter][2].items()

@@ -78,6 +78,16 @@ class StepLog:
             self.read_back(done)
         if done % job.cfg.log_every and done != job.steps:
             return
+        self.emit(done, now)
+
+    def flush(self, done: int) -> None:
+        """Workers, collectively (the same ``done`` on each): log the steps since the last
+        log, if any (a run stopped between logs: its last log is its last step)."""
+        if done % self.job.cfg.log_every:
+            self.emit(done, time.perf_counter())
+
+    def emit(self, done: int, now: float) -> None:
+        job = self.job
         self.read_back(done)
         # Wire: Allreduce of 3 doubles (loss sum, samples, labels) over the workers.
         glob = job.topo.workers.allreduce(self.acc, op=MPI.SUM)

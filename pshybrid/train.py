@@ -326,6 +326,7 @@ def loop(job: Job, on_step=None) -> None:
 def _preempted(job: Job, done: int, log) -> None:
     """A signal stopped the workers after step ``done``: checkpoint it (with
     --checkpoint-dir, unless the loop just did), say so."""
+    log.flush(done)  # the steps since the last log (collective over the workers)
     every = job.cfg.checkpoint_every
     if job.cfg.checkpoint_dir and not (every and done % every == 0):
         log.read_back(done)  # GPU: a diverged loss stops the run before it is saved

@@ -373,6 +373,33 @@ def test_metrics_are_appended_across_a_stop_and_a_resume(tmp_path):
     assert [r["steps"] for r in recs if r.get("summary")] == [4, 6]
 
 
+def test_metrics_are_strict_json_when_nothing_was_trained_or_scored(tmp_path):
+    """A run of 0 steps has no loss and no base rate: null, not a NaN literal nor a made-up
+    0.0; an AUC of a one-class eval file (NaN) is null too. Every line parses as strict
+    JSON (no NaN, Infinity)."""
+    import json
+
+    m = str(tmp_path / "m.jsonl")
+    ev = tmp_path / "one_class.h5"
+    w = DatasetWriter(str(ev), DATA.schema.dense_names, DATA.schema.sparse_names)
+    w.append(np.ones(5, np.float32), np.zeros((5, 3), np.float32), np.ones((5, 4), np.int64))
+    w.close(DATA.schema.cardinalities)
+    _, out = run(steps=0, metrics=m)
+    run(steps=2, metrics=m, eval_data=str(ev))
+
+    def strict(c):
+        raise ValueError(f"not strict JSON: {c}")
+
+    recs = [json.loads(line, parse_constant=strict) for line in open(m)]
+    first, second = [r for r in recs if r.get("summary")]
+    assert (first["final_loss"], first["base_rate"], first["base_rate_logloss"]) == (
+        None, None, None)
+    assert "final loss - (base-rate logloss -)" in out
+    assert second["final_loss"] > 0 and second["base_rate"] is not None
+    evals = [r for r in recs if r.get("eval")]
+    assert [r["auc"] for r in evals] == [None] and evals[0]["logloss"] > 0
+
+
 def test_metrics_file_of_another_kind_is_refused_not_truncated(tmp_path):
     other = tmp_path / "notes.jsonl"
     other.write_text('{"step": 1}\n')

@@ -91,14 +91,21 @@ def test_signal_checkpoints_at_a_step_boundary_and_resume_matches(comm, mpi_tmp_
 def test_without_a_checkpoint_dir_a_signal_still_stops_every_rank(comm):
     """No --checkpoint-dir: the server alone is signalled; every rank stops at one step
     boundary (nothing saved) and says which signal, and a later run in the same process is
-    not stopped by it (the catcher forgets it at the end of the run)."""
+    not stopped by it (the catcher forgets it at the end of the run). Its last log is its
+    last step (no log came due before it): the summary's final loss and base rate are
+    those of a run of that many steps."""
     cfg = replace(BASE, mode="hybrid", servers=1, steps=12)
     out = io.StringIO()
     stopped = train(cfg, comm, dataset=DATA, out=out,
                     on_step=_signal_after_4(comm, "server", signal.SIGTERM, 1))
-    again = train(replace(cfg, steps=6), comm, dataset=DATA, out=io.StringIO())
+    again = train(replace(cfg, steps=stopped.preempted or 6), comm, dataset=DATA,
+                  out=io.StringIO())
     ok = (stopped.preempted is not None and 4 <= stopped.preempted <= 7
           and stopped.signal == signal.SIGTERM and again.preempted is None)
+    if comm.rank == 0:
+        got, want = ([r.summary[k] for k in ("final_loss", "base_rate", "steps_run")]
+                     for r in (stopped, again))
+        ok = ok and got == want and stopped.log[-1]["step"] == stopped.preempted
     said = out.getvalue()
     if comm.rank == 0 and "no --checkpoint-dir, so nothing was saved (exit status 143)" not in said:
         ok = False
