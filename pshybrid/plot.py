@@ -19,36 +19,48 @@ NEEDS = "pshybrid plot needs matplotlib: pip install 'pshybrid[plot]'"
 
 def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
     """(step records, evaluation records) of a ``--metrics`` file, in file order; an
-    InputError names the file and line of anything else."""
+    InputError names the file and line of anything else. A line cut short by a killed job
+    (the last line, or one a resumed run's config record follows) is skipped, and so is a
+    record whose number is null (an AUC of a one-class file)."""
     try:
         with open(path, encoding="utf-8") as fh:
-            lines = fh.read().splitlines()
+            lines = [(i, x) for i, x in enumerate(fh.read().splitlines(), 1) if x.strip()]
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"{path}: cannot read: {e}") from None
+    recs = [(i, _record(line)) for i, line in lines]
     steps, evals = [], []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except ValueError:
-            rec = None
-        if not isinstance(rec, dict):
+    for k, (i, rec) in enumerate(recs):
+        if rec is None:
+            cut = recs[0][1] is not None and "config" in recs[0][1] and (
+                k + 1 == len(recs) or (recs[k + 1][1] or {}).get("config") is not None)
+            if cut:
+                continue
             raise InputError(f"{path}:{i}: not a JSON object (a --metrics file of "
                              "pshybrid train?)")
         if rec.get("summary") or "config" in rec:  # the summary, a run's config record
             continue
         keys = ("step", "auc", "logloss") if rec.get("eval") else ("step", "loss",
                                                                     "samples_per_s")
+        if any(rec.get(k, 0) is None for k in keys):
+            continue
         for k in keys:
             if not isinstance(rec.get(k), (int, float)) or isinstance(rec.get(k), bool):
                 raise InputError(f"{path}:{i}: key {k!r} missing or not a number")
         (evals if rec.get("eval") else steps).append(rec)
-    if not steps:
-        raise InputError(f"{path}: no step records (a --metrics file of pshybrid train?)")
+    if not steps and not evals:
+        raise InputError(f"{path}: no step or evaluation records (a --metrics file of "
+                         "pshybrid train or eval?)")
     return steps, evals
+
+
+def _record(line: str) -> dict | None:
+    try:
+        rec = json.loads(line)
+    except ValueError:
+        return None
+    return rec if isinstance(rec, dict) else None
 
 
 IMAGE_MAGIC = (b"\x89PNG", b"%PDF", b"<?xml", b"<svg", b"%!PS", b"\xff\xd8\xff")
@@ -81,6 +93,9 @@ def plot(paths, out: str, overwrite: bool = False) -> tuple[int, int]:
     paths = [paths] if isinstance(paths, str) else list(paths)
     problem = safeio.check_output(out, "", [("RUN", p) for p in paths], existing=lambda p: (
         _image(p) if overwrite else f"{p} exists; pass --overwrite to replace an image"))
+    d = os.path.dirname(os.path.abspath(out))
+    if not problem and not os.path.isdir(d):
+        problem = f"{out}: directory {d} does not exist"
     if problem:
         raise InputError(problem)
     runs = [read_metrics(p) for p in paths]  # all checked before anything is drawn
@@ -93,7 +108,7 @@ def plot(paths, out: str, overwrite: bool = False) -> tuple[int, int]:
         with safeio.atomic_output(out) as tmp:
             fig.savefig(tmp, format=fmt)
     except OSError as e:
-        raise InputError(f"{out}: cannot write: {e}") from None
+        raise InputError(f"{out}: cannot write: {e.strerror or e}") from None
     return sum(len(s) for s, _ in runs), sum(len(e) for _, e in runs)
 
 

@@ -242,7 +242,7 @@ CASES.update({
     "plot_missing": (1, None, ["plot", "nope.jsonl", "x.png"], "nope.jsonl: no such file"),
     "plot_not_jsonl": (1, None, ["plot", "victim.txt", "x.png"], "victim.txt:1: not a JSON"),
     "plot_no_steps": (1, write("m.jsonl", '{"summary": true}\n'), ["plot", "m.jsonl", "x.png"],
-                      "no step records"),
+                      "no step or evaluation records"),
     "plot_loss_not_number": (1, write("m.jsonl", '{"step": 1, "loss": "x", "samples_per_s": 2}'
                                       '\n'), ["plot", "m.jsonl", "x.png"], "m.jsonl:1: key 'loss'"),
     # a FIFO as a dataset (h5py blocked on it forever)

@@ -139,6 +139,32 @@ def test_plot_draws_the_curves(tmp_path):
     assert set(os.listdir(tmp_path)) == {"m.jsonl", "o.png"}  # no temporary left
 
 
+def test_plot_reads_what_killed_resumed_and_eval_only_runs_leave(tmp_path):
+    """A killed job's cut line (the last line, or one a resumed run's config record follows)
+    is skipped, as is a null AUC (a one-class file); an ``eval --metrics`` file (no step
+    records) draws its evaluations. A bad line anywhere else is still an error naming it."""
+    pytest.importorskip("matplotlib")
+    from pshybrid.errors import InputError
+    from pshybrid.plot import read_metrics
+
+    config = json.dumps({"config": {}, "command": "train", "start_step": 0})
+    step = [json.dumps({"step": s, "loss": 0.5, "samples_per_s": 9.0}) for s in (1, 2, 3)]
+    ev = json.dumps({"eval": True, "step": 3, "auc": 0.7, "logloss": 0.5, "rows": 4})
+    null = json.dumps({"eval": True, "step": 2, "auc": None, "logloss": 0.6, "rows": 4})
+    cases = {"resumed": [config, step[0], '{"step": 2, "lo', config, step[1], step[2], ev],
+             "killed": [config, step[0], step[1], null, '{"step": 3, "loss": 0.'],
+             "eval_only": [json.dumps({"config": {}, "command": "eval"}), ev, null]}
+    want = {"resumed": ([1, 2, 3], [3]), "killed": ([1, 2], []), "eval_only": ([], [3])}
+    for name, lines in cases.items():
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+        steps, evals = read_metrics(str(tmp_path / name))
+        assert ([r["step"] for r in steps], [r["step"] for r in evals]) == want[name], name
+    for bad in ([config, '{"step": 2, "lo', step[1]], ['{"step": 2, "lo', config, step[1]]):
+        (tmp_path / "bad").write_text("\n".join(bad) + "\n")
+        with pytest.raises(InputError, match=r"bad:\d: not a JSON object"):
+            read_metrics(str(tmp_path / "bad"))
+
+
 def test_plot_overlays_several_runs_one_line_each(tmp_path):
     """``plot A B OUT``: every panel holds each run's own records as one line, labelled by
     file name (by path where two share a name); a bad file among them draws nothing."""
