@@ -10,7 +10,7 @@ from . import __version__
 from .commands import add_out, add_scoring_commands
 from .config import ArgumentParser, TrainConfig, add_arguments, resolve, to_toml
 from .prep import add_prep_commands
-from .registry import DEDICATED, MODES, PLACEMENTS, is_colocated
+from .registry import DEDICATED, MODES, PLACEMENTS, is_colocated, refusal
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,12 +62,16 @@ def cmd_info(args) -> int:
 
     if args.server_threads is not None and args.server_threads < 1:
         raise ConfigError("--server-threads must be > 0", collective=True)
+    why = refusal(args.mode, args.placement, args.servers, 0, "bsp", 0, args.device)
+    if why is not None:  # train's own refusal of the combination
+        raise ConfigError(why, collective=True)
 
     # One process and no --servers: describe it (no server) instead of refusing the mode.
-    alone = (MPI.COMM_WORLD.size == 1 and args.servers is None and MODES[args.mode].needs_servers
+    needs = MODES[args.mode].needs_servers
+    alone = (MPI.COMM_WORLD.size == 1 and args.servers is None and needs
              and not is_colocated(args.placement))
-    topo = Topology.create(MPI.COMM_WORLD, 0 if alone else args.servers,
-                           need_servers=MODES[args.mode].needs_servers and not alone,
+    topo = Topology.create(MPI.COMM_WORLD, 0 if alone or not needs else args.servers,
+                           need_servers=needs and not alone,
                            colocated=is_colocated(args.placement))
     device = pick_device(args.device, topo.local_rank) if topo.is_worker else "cpu"
     role = "worker+shard" if topo.colocated else topo.role

@@ -38,10 +38,14 @@ def test_info_names_each_ranks_threads_and_their_rule():
     assert server.split()[9] == "3" and "apply: --server-threads" in server, p.stdout
 
 
-def test_info_allreduce_needs_no_server():
-    p = run_job(1, pshybrid("info", "--mode", "allreduce"), timeout=60)
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_info_allreduce_needs_no_server(ranks):
+    """As train: every rank a worker (not one server per node), and --servers 1 refused."""
+    p = run_job(ranks, pshybrid("info", "--mode", "allreduce"), timeout=60)
     assert p.returncode == 0, p.stderr
-    assert "0 server(s)" in p.stdout
+    assert f"0 server(s) [], {ranks} worker(s)" in p.stdout, p.stdout
+    p = run_job(ranks, pshybrid("info", "--mode", "allreduce", "--servers", "1"), timeout=60)
+    assert p.returncode == 2 and "uses no server: drop --servers 1" in p.stderr, p.stderr
 
 
 @pytest.mark.parametrize("args,needle", [
