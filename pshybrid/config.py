@@ -215,19 +215,19 @@ def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: 
     define ``layer(values, given)`` to settle options that replace each other (``given``:
     the names set by the TOML file or the command line)."""
     values, where = _keyed(cls, base, base_source) if base else ({}, {})
-    given: set[str] = set()
+    layer = getattr(cls, "layer", lambda values, given: None)
     if getattr(ns, "config", None) is not None:
         toml, at = _keyed(cls, _read_toml(ns.config), ns.config)
         values.update(toml)
         where.update(at)
-        given.update(toml)
+        layer(values, set(toml))  # the file over the checkpoint's options
+    given: set[str] = set()
     for f, kind, optional in _fields(cls):
         if hasattr(ns, f.name):
             where[f.name] = option_flag(f.name)
             values[f.name] = _from_text(getattr(ns, f.name), kind, optional, where[f.name])
             given.add(f.name)
-    if hasattr(cls, "layer"):
-        cls.layer(values, given)
+    layer(values, given)  # the command line over both
     return _build(cls, values, where)
 
 
@@ -238,19 +238,24 @@ def to_dict(cfg) -> dict:
 
 def to_toml(cfg) -> str:
     """A config as a TOML file that ``--config`` reads back to the same config: every field,
-    one ``key = value`` line each (None as ``"none"``)."""
+    one ``key = value`` line each (None as ``"none"``), but a field another replaces
+    (``replaced_by``: ``steps`` under ``epochs``) as a comment."""
     def value(v) -> str:
         if v is None:
             return '"none"'
         if isinstance(v, bool):
             return str(v).lower()
-        if isinstance(v, str):
-            return json.dumps(v)  # a JSON string is a TOML basic string
+        if isinstance(v, str):  # a JSON string, less its escapes of non-ASCII (surrogate
+            return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")  # pairs)
         if isinstance(v, tuple):
             return "[" + ", ".join(map(str, v)) + "]"
         return repr(v)  # int; float (repr round-trips; inf and nan are TOML too)
 
-    return "".join(f"{f.name} = {value(getattr(cfg, f.name))}\n" for f in dataclasses.fields(cfg))
+    replaced = getattr(cfg, "replaced_by", lambda: {})()
+    return "".join(("# " if f.name in replaced else "") + f"{f.name} = "
+                   f"{value(getattr(cfg, f.name))}"
+                   + (f"  (--{replaced[f.name]} decides)" if f.name in replaced else "") + "\n"
+                   for f in dataclasses.fields(cfg))
 
 
 def from_dict(cls, d: dict, source: str):
@@ -398,6 +403,10 @@ class TrainConfig:
                                    "alternatives this many timed steps each (after 3 warm-up "
                                    "steps) and pick the fastest measured (0: the model alone)",
                                    check=_at_least(0))
+
+    def replaced_by(self) -> dict:
+        """{field: the field that replaces it in this config} (``to_toml`` comments it)."""
+        return {"steps": "epochs"} if self.epochs is not None else {}
 
     @staticmethod
     def layer(values: dict, given: set) -> None:

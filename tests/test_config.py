@@ -227,6 +227,33 @@ def test_print_config_prints_the_effective_options_and_trains_nothing(tmp_path, 
     assert not list(tmp_path.glob("*.jsonl"))  # nothing ran
 
 
+def test_print_config_of_an_epochs_run_reads_back_and_the_command_line_wins(tmp_path, capsys):
+    """--epochs replaces --steps: the printed file comments steps out (both keys in one
+    file are refused), reads back to the same options, and under it (and under any file
+    giving epochs) --steps on the command line replaces epochs. A path beyond the BMP is
+    written as TOML can read it (not as a JSON surrogate pair)."""
+    import tomllib
+
+    from pshybrid.cli import main
+
+    argv = ["train", "--data", "d.h5", "--epochs", "2", "--metrics", "run\U0001F600.jsonl",
+            "--print-config"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "# steps = 2000  (--epochs decides)\nepochs = 2\n" in printed
+    assert tomllib.loads(printed)["metrics"] == "run\U0001F600.jsonl"
+    (tmp_path / "p.toml").write_text(printed, encoding="utf-8")
+    assert main(["train", "--config", str(tmp_path / "p.toml"), "--print-config"]) == 0
+    assert capsys.readouterr().out == printed
+    (tmp_path / "e.toml").write_text('epochs = 2\ndata = "d.h5"\n')
+    for conf in ("p.toml", "e.toml"):
+        cfg = parse(TrainConfig, "--config", str(tmp_path / conf), "--steps", "10")
+        assert (cfg.steps, cfg.epochs) == (10, None), conf
+    (tmp_path / "both.toml").write_text('epochs = 2\nsteps = 10\ndata = "d.h5"\n')
+    assert "--steps 10 and --epochs 2: give one" in fails(
+        parse, TrainConfig, "--config", str(tmp_path / "both.toml"))
+
+
 @pytest.mark.parametrize("base,argv,want", [
     ({"epochs": 2, "data": "d.h5"}, ["--steps", "5"], {"steps": 5, "epochs": None}),
     ({"steps": 9}, ["--epochs", "2", "--data", "d.h5"], {"steps": 9, "epochs": 2}),
