@@ -26,7 +26,7 @@ from . import auto, checkpoint
 from .backend import to_device
 from .config import TrainConfig, from_dict, to_dict
 from .batches import BatchPlan, global_batch, prefetch, worker_batches
-from .files import open_dataset
+from .files import dataset_paths, open_dataset
 from .graphs import DeviceStep
 from .devices import cuda_aware_mpi, pick_device
 from .errors import ConfigError, InputError, PshybridError
@@ -39,6 +39,7 @@ from .preempt import CAUGHT, Preemption, notice
 from .preflight import lock_checkpoint_dir, preflight, total_steps
 from .registry import is_colocated
 from .report import Reporter, banner, summarize
+from .safeio import same_file
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .synthetic import SyntheticCTR
 from .threads import rank_cores
@@ -227,6 +228,18 @@ def _announce(cfg, topo, data, out) -> None:
     out.flush()
 
 
+def _not_trained_on(eval_spec: str, data_spec: str) -> None:
+    """An InputError if a file of --eval-data is one of --data's (a directory's ``*.h5``
+    takes in the ``.valid.h5`` that ``prep --valid-fraction`` wrote beside OUT)."""
+    for e in dataset_paths(eval_spec):
+        for t in dataset_paths(data_spec):
+            if same_file(e, t):
+                raise InputError(f"--eval-data {e} is also a training file (--data "
+                                 f"{data_spec}): the evaluation would score rows the model "
+                                 "trained on. Move it out of the --data directory, or list "
+                                 "--data's files")
+
+
 def _open_data(cfg, topo, dataset, opened):
     """Open and validate --data and --eval-data on every rank (workers scan their share of
     the rows) with one shared verdict, before the first step. Returns (train, eval)."""
@@ -241,6 +254,8 @@ def _open_data(cfg, topo, dataset, opened):
         else:
             data = SyntheticCTR(seed=cfg.seed)
         if cfg.eval_data:
+            if dataset is None and cfg.data:
+                _not_trained_on(cfg.eval_data, cfg.data)
             evdata = open_dataset(cfg.eval_data)
             opened.append(evdata)
             if evdata.schema != data.schema:

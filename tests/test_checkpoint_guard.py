@@ -373,6 +373,28 @@ def test_metrics_are_appended_across_a_stop_and_a_resume(tmp_path):
     assert [r["steps"] for r in recs if r.get("summary")] == [4, 6]
 
 
+def test_an_eval_file_that_is_also_a_training_file_is_refused(tmp_path):
+    """``--data DIR`` takes in the ``.valid.h5`` prep wrote beside OUT: an --eval-data
+    that is one of --data's files (by any name) is refused before step 1; a separate
+    eval file in another directory is fine."""
+    from pshybrid.synthetic import write_synthetic
+
+    d = tmp_path / "days"
+    d.mkdir()
+    cards = dict(n_dense=3, cardinalities=DATA.schema.cardinalities, seed=1)
+    write_synthetic(str(d / "train.h5"), 300, 0.2, str(d / "train.valid.h5"), **cards)
+    os.symlink(d / "train.valid.h5", tmp_path / "v.h5")
+    for data, ev in ((str(d), str(d / "train.valid.h5")),
+                     (str(d / "train.h5"), str(d / "train.h5")),
+                     (f"{d / 'train.h5'},{d / 'train.valid.h5'}", str(tmp_path / "v.h5"))):
+        with pytest.raises(InputError, match="is also a training file"):
+            train(replace(BASE, data=data, eval_data=ev), MPI.COMM_SELF, out=io.StringIO())
+    os.replace(d / "train.valid.h5", tmp_path / "valid.h5")
+    res = train(replace(BASE, data=str(d), eval_data=str(tmp_path / "valid.h5")),
+                MPI.COMM_SELF, out=io.StringIO())
+    assert res.evals and res.evals[-1]["rows"] == 60
+
+
 def test_metrics_are_strict_json_when_nothing_was_trained_or_scored(tmp_path):
     """A run of 0 steps has no loss and no base rate: null, not a NaN literal nor a made-up
     0.0; an AUC of a one-class eval file (NaN) is null too. Every line parses as strict
