@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bash jobs/local.sh [N] [train options...]   — train on this machine with N ranks (default 4)
 # One server per node by default (here: 1 server, N-1 workers); any `train` option passes through,
-# e.g.  bash jobs/local.sh 4 --mode ps --steps 500 --metrics run.jsonl --config jobs/local.toml
+# e.g.  bash jobs/local.sh 4 --mode ps --steps 500 --config jobs/local.toml --checkpoint-dir ck
 # With --checkpoint-dir DIR (or CKPT=DIR in the environment) a rerun resumes from DIR/latest,
 # and SIGUSR1 or SIGTERM (kill -USR1 <this script's pid>) makes every rank stop at the next step
 # boundary after writing that step's checkpoint: exit status 75 (Ctrl-C: 130); run the same

@@ -21,6 +21,7 @@ import dataclasses
 import difflib
 import json
 import math
+import re
 import tomllib
 import types
 import typing
@@ -184,7 +185,15 @@ def _build(cls, values: dict, where: dict):
         kwargs[f.name] = value
     cfg = cls(**kwargs)
     if hasattr(cfg, "validate"):
-        cfg.validate()
+        try:
+            cfg.validate()
+        except ConfigError as e:  # name the file of each option the message names
+            files = [where[n].replace(" (in ", " in ")[:-1] for n in values
+                     if where.get(n, "").endswith(")") and " (in " in where[n]
+                     and re.search(re.escape(option_flag(n)) + r"(?![\w-])", str(e))]
+            if not files:
+                raise
+            raise _error(f"{e} (from {'; '.join(files)})") from None
     return cfg
 
 

@@ -1,6 +1,7 @@
 """Config: dataclass ⇄ argparse ⇄ TOML. Oracles: round trips and exact error texts."""
 
 import dataclasses
+import os
 import json
 from dataclasses import dataclass
 
@@ -302,3 +303,16 @@ def test_given_reads_an_option_before_the_options_are_resolved(tmp_path):
     assert given(TrainConfig, parser.parse_args(toml), "resume") == "from-toml"
     assert given(TrainConfig, parser.parse_args([*toml, "--resume", "cli"]), "resume") == "cli"
     assert given(TrainConfig, parser.parse_args(["--epochs", "2"]), "resume") is None
+
+
+def test_a_cross_option_error_names_the_file_that_set_the_option(tmp_path):
+    """jobs/local.toml sets checkpoint-every: without --checkpoint-dir the refusal names the
+    file (and not options the message does not name); given on the command line, no file."""
+    conf = tmp_path / "c.toml"
+    conf.write_text("checkpoint-every = 500\nsteps = 7\n")
+    assert fails(parse, TrainConfig, "--config", str(conf)) == (
+        f"--checkpoint-every needs --checkpoint-dir (from checkpoint-every in {conf})")
+    assert fails(parse, TrainConfig, "--checkpoint-every", "5") == (
+        "--checkpoint-every needs --checkpoint-dir")
+    local = os.path.join(os.path.dirname(__file__), "..", "jobs", "local.toml")
+    assert parse(TrainConfig, "--config", local, "--checkpoint-dir", "ck").checkpoint_every == 500
