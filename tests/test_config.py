@@ -1,8 +1,8 @@
 """Config: dataclass ⇄ argparse ⇄ TOML. Oracles: round trips and exact error texts."""
 
 import dataclasses
-import os
 import json
+import os
 from dataclasses import dataclass
 
 import pytest
