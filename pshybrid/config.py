@@ -138,6 +138,8 @@ def _typed(value, base: type, optional: bool, where: str):
         return None
     if base is tuple and isinstance(value, str):
         return _from_text(value, base, optional, where)
+    if base is tuple and type(value) is int:  # one value, as "--buckets 10" on the command line
+        return (value,)
     if base is float and type(value) is int:
         value = float(value)
     if base is tuple and isinstance(value, (list, tuple)):
@@ -173,8 +175,8 @@ def _build(cls, values: dict, where: dict):
         label = where.get(f.name, f.name)
         value = values.get(f.name, f.default)
         if f.metadata.get("repeat") and isinstance(value, list) and value and \
-                all(type(v) is str for v in value):
-            value = ",".join(value)                   # a TOML array of strings
+                all(type(v) in (str, int) for v in value):
+            value = ",".join(map(str, value))         # a TOML array (of names or indices)
         value = _typed(value, base, optional, label)
         choices, check = f.metadata.get("choices"), f.metadata.get("check")
         if value is not None and choices and value not in choices:

@@ -307,6 +307,22 @@ def test_csv_by_names_and_by_indices(tmp_path):
     check_ratings(tmp_path / "b.h5", names)
 
 
+def test_csv_options_from_toml_take_the_command_lines_forms(tmp_path):
+    """A TOML file takes what the command line takes: ``buckets = 1000`` as ``--buckets
+    1000``, and arrays of column names or indices as the comma lists of --dense/--sparse
+    (which may also be repeated): the same file as from the command line."""
+    src = write(tmp_path / "ratings.csv", RATINGS)
+    names = ["age", "price", "user", "item", "genre", "city"]
+    (tmp_path / "p.toml").write_text('label = "rating"\nlabel-threshold = 4\nbuckets = 1000\n'
+                                     'dense = ["age", "price"]\nsparse = [0, 1, 5, 6]\n')
+    run("csv", src, tmp_path / "a.h5", "--config", tmp_path / "p.toml")
+    check_ratings(tmp_path / "a.h5", names)
+    run("csv", src, tmp_path / "b.h5", "--label", "rating", "--label-threshold", "4",
+        "--dense", "age", "--dense", "price", "--sparse", "user,item", "--sparse", "genre,city",
+        "--buckets", "1000")
+    check_ratings(tmp_path / "b.h5", names)
+
+
 def test_csv_no_header_and_separator(tmp_path):
     body = RATINGS.split("\n", 1)[1].replace(",", ";")
     src = write(tmp_path / "ratings.txt", body)
@@ -394,6 +410,8 @@ def test_csv_bad_lines(tmp_path, capsys, text, extra, line, why):
     (["--label", "rating", "--sparse", "user", "--sep", "ab"],
      r"--sep: must be one ASCII character \(or \\t\), got 'ab'"),
     (["--dense", "age"], r"--label is required"),
+    (["--label", "rating", "--sparse", "user", "--sep", ";"],
+     r"no column 'rating' .*; one column: is --sep right\? the first line holds ','\)"),
 ])
 def test_csv_bad_options(tmp_path, argv, message):
     src = write(tmp_path / "ratings.csv", RATINGS)

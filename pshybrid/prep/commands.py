@@ -126,7 +126,11 @@ def _columns(text: str | None, option: str, names: list[str], header: bool, path
             out.append(int(c))
         else:
             known = f"columns: {', '.join(names)}" if header else f"{len(names)} columns"
-            raise ConfigError(f"{option}: no column {c!r} in {path} ({known})", collective=True)
+            seps = [s for s in ",\t;|" if len(names) == 1 and s in names[0]]
+            hint = (f"; one column: is --sep right? the first line holds {seps[0]!r}"
+                    if seps else "")
+            raise ConfigError(f"{option}: no column {c!r} in {path} ({known}{hint})",
+                              collective=True)
     return out
 
 

@@ -65,8 +65,10 @@ class CsvOptions(TableOptions):
     """Options of ``prep csv``."""
 
     label: str | None = option(None, "label column, a header name or 0-based index; required")
-    dense: str | None = option(None, "dense columns, comma list of names or indices")
-    sparse: str | None = option(None, "categorical columns, comma list of names or indices")
+    dense: str | None = option(None, "dense columns, comma list of names or indices",
+                               repeat=True)
+    sparse: str | None = option(None, "categorical columns, comma list of names or indices",
+                                repeat=True)
     label_threshold: float | None = option(None, "label = 1 if value >= T else 0; none: the "
                                            "label must be 0 or 1",
                                            check=_check(math.isfinite, "must be finite"))
