@@ -34,6 +34,7 @@ from . import safeio
 from .checksums import CRC_ATTR, Sums
 from .config import TrainConfig, from_dict
 from .errors import InputError, PshybridError
+from .schema import Schema
 
 FORMAT_VERSION = 1
 TORCH = "torch"  # meta.json's front_end of a pshybrid.torch checkpoint
@@ -218,11 +219,11 @@ def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
         if getattr(saved, key) != getattr(cfg, key):
             raise InputError(f"{where}: checkpoint has {key} = {getattr(saved, key)!r} but this "
                              f"run asks for {getattr(cfg, key)!r}")
-    if tuple(meta["schema"]["cardinalities"]) != tuple(schema.cardinalities) or \
-            meta["schema"]["n_dense"] != schema.n_dense or \
-            meta["schema"].get("multi_hot", 0) != schema.multi_hot:
-        raise InputError(f"{where}: checkpoint was trained on other fields, cardinalities or "
-                         f"multi-hot fields than this run's data")
+    why = Schema.from_dict(meta["schema"]).difference(schema, "the checkpoint", "the data",
+                                                      names=False)
+    if why is not None:
+        raise InputError(f"{where}: checkpoint was trained on other fields than this run's "
+                         f"data: {why}")
 
 
 def _h5(path: str):

@@ -48,8 +48,9 @@ class H5Files:
                 self.parts.append(H5Dataset(p))
                 first, d = self.parts[0], self.parts[-1]
                 if d.schema != first.schema:
-                    raise InputError(f"{d.path}: fields or cardinalities differ from "
-                                     f"{first.path}'s ({d.schema} vs {first.schema})")
+                    why = first.schema.difference(d.schema, first.path, d.path)
+                    raise InputError(f"{d.path}: its fields differ from {first.path}'s: "
+                                     f"{why} (prep the files of one dataset in one run)")
         except BaseException:
             self.close()
             raise

@@ -54,6 +54,29 @@ class Schema:
                 "dense_names": list(self.dense_names), "sparse_names": list(self.sparse_names),
                 "multi_hot": self.multi_hot}
 
+    def difference(self, other: Schema, mine: str, theirs: str,
+                   names: bool = True) -> str | None:
+        """The first way ``other`` (of ``theirs``) differs from this schema (of ``mine``), in
+        words; None: the same (with ``names`` False the field names are not compared)."""
+        found = [(f"{what}", a, b) for what, a, b in (
+            ("dense fields", self.n_dense, other.n_dense),
+            ("categorical fields", self.n_sparse, other.n_sparse),
+            ("multi-hot fields", self.multi_hot, other.multi_hot)) if a != b]
+        for i, (name, card, oname, ocard) in enumerate(zip(
+                self.sparse_names, self.cardinalities, other.sparse_names, other.cardinalities)):
+            if names and name != oname:
+                found.append((f"categorical field {i}", repr(name), repr(oname)))
+            if card != ocard:
+                found.append((f"the cardinality of field {i} ({name!r})", card, ocard))
+        for i, (name, oname) in enumerate(zip(self.dense_names, other.dense_names)):
+            if names and name != oname:
+                found.append((f"dense field {i}", repr(name), repr(oname)))
+        if not found:
+            return None
+        what, a, b = found[0]
+        more = f" (and {len(found) - 1} more differences)" if len(found) > 1 else ""
+        return f"{what}: {a} in {mine}, {b} in {theirs}{more}"
+
     @classmethod
     def from_dict(cls, d: dict) -> Schema:
         return cls(int(d["n_dense"]), tuple(int(c) for c in d["cardinalities"]),

@@ -14,6 +14,7 @@ the data pipeline stay on the CPU.
 from __future__ import annotations
 
 import gc
+import os
 import resource
 import sys
 import time
@@ -229,15 +230,20 @@ def _announce(cfg, topo, data, out) -> None:
 
 
 def _not_trained_on(eval_spec: str, data_spec: str) -> None:
-    """An InputError if a file of --eval-data is one of --data's (a directory's ``*.h5``
-    takes in the ``.valid.h5`` that ``prep --valid-fraction`` wrote beside OUT)."""
+    """An InputError if a file of --eval-data comes into --data through a directory (its
+    ``*.h5`` take in the ``OUT.valid.h5`` that ``prep --valid-fraction`` writes beside OUT);
+    a file or directory named in both lists is the user's choice (a training set's AUC)."""
+    named = {os.path.realpath(part) for part in eval_spec.split(",")}
+    listed = [p for part in data_spec.split(",")
+              if os.path.isdir(part) and os.path.realpath(part) not in named
+              for p in dataset_paths(part)]
     for e in dataset_paths(eval_spec):
-        for t in dataset_paths(data_spec):
+        for t in listed:
             if same_file(e, t):
                 raise InputError(f"--eval-data {e} is also a training file (--data "
-                                 f"{data_spec}): the evaluation would score rows the model "
-                                 "trained on. Move it out of the --data directory, or list "
-                                 "--data's files")
+                                 f"{data_spec} takes in {t}): the evaluation would score rows "
+                                 "the model trained on. Move it out of that directory, or "
+                                 "list --data's files")
 
 
 def _open_data(cfg, topo, dataset, opened):
@@ -259,8 +265,10 @@ def _open_data(cfg, topo, dataset, opened):
             evdata = open_dataset(cfg.eval_data)
             opened.append(evdata)
             if evdata.schema != data.schema:
-                raise InputError(f"{cfg.eval_data}: fields or cardinalities differ from the "
-                                 f"training data's ({evdata.schema} vs {data.schema})")
+                why = data.schema.difference(evdata.schema, "the training data",
+                                             cfg.eval_data)
+                raise InputError(f"{cfg.eval_data}: its fields differ from the training "
+                                 f"data's: {why}")
         G = global_batch(cfg, topo.n_workers)
         for d in (data, evdata):
             n = getattr(d, "n_rows", None)

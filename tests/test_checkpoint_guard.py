@@ -375,8 +375,8 @@ def test_metrics_are_appended_across_a_stop_and_a_resume(tmp_path):
 
 def test_an_eval_file_that_is_also_a_training_file_is_refused(tmp_path):
     """``--data DIR`` takes in the ``.valid.h5`` prep wrote beside OUT: an --eval-data
-    that is one of --data's files (by any name) is refused before step 1; a separate
-    eval file in another directory is fine."""
+    that comes into --data through a directory (by any name) is refused before step 1; a
+    file named in both (a training set's own AUC) or in another directory is fine."""
     from pshybrid.synthetic import write_synthetic
 
     d = tmp_path / "days"
@@ -385,10 +385,12 @@ def test_an_eval_file_that_is_also_a_training_file_is_refused(tmp_path):
     write_synthetic(str(d / "train.h5"), 300, 0.2, str(d / "train.valid.h5"), **cards)
     os.symlink(d / "train.valid.h5", tmp_path / "v.h5")
     for data, ev in ((str(d), str(d / "train.valid.h5")),
-                     (str(d / "train.h5"), str(d / "train.h5")),
-                     (f"{d / 'train.h5'},{d / 'train.valid.h5'}", str(tmp_path / "v.h5"))):
+                     (f"{tmp_path / 'v.h5'},{d}", str(tmp_path / "v.h5"))):
         with pytest.raises(InputError, match="is also a training file"):
             train(replace(BASE, data=data, eval_data=ev), MPI.COMM_SELF, out=io.StringIO())
+    res = train(replace(BASE, data=str(d / "train.h5"), eval_data=str(d / "train.h5")),
+                MPI.COMM_SELF, out=io.StringIO())
+    assert res.evals and res.evals[-1]["rows"] == 240
     os.replace(d / "train.valid.h5", tmp_path / "valid.h5")
     res = train(replace(BASE, data=str(d), eval_data=str(tmp_path / "valid.h5")),
                 MPI.COMM_SELF, out=io.StringIO())

@@ -129,7 +129,7 @@ def test_directory_files_by_name_and_errors(tmp_path):
         dataset_paths("a.h5,,b.h5")
     a = write(tmp_path / "a.h5", [rows(5, 0, False)], False)
     b = write(tmp_path / "b.h5", [rows(5, 0, True)], True)
-    with pytest.raises(InputError, match="b.h5: fields or cardinalities differ from"):
+    with pytest.raises(InputError, match="b.h5: its fields differ from .*a.h5.s: "):
         open_dataset(f"{a},{b}")
     bad = rows(5, 1, False)
     bad[2][3, 1] = 99

@@ -175,7 +175,7 @@ def _small_file(path, rows=600, **kw):
     ("missing", "no such dataset file"),
     ("small", "fewer than one global batch"),
     ("bad_id", "/sparse row 123 has an id outside [0, cardinality): field C3 id 200"),
-    ("eval_schema", "fields or cardinalities differ"),
+    ("eval_schema", "the cardinality of field 2 ('C3'): 200 in the training data, 201 in"),
 ])
 def test_train_bad_data_fails_on_every_rank(tmp_path, case, needle):
     import h5py
