@@ -321,8 +321,11 @@ def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], o
                         sums.add(k, v)
                         if keep:
                             vals[k] = v[sel]
-                            if not np.isfinite(vals[k]).all():
-                                raise _bad(fpath, f"/{k}", f"has a non-finite value near row {a}")
+                            bad = ~np.isfinite(vals[k]).reshape(sel.size, -1).all(1)
+                            if bad.any():
+                                r = a + int(sel[np.argmax(bad)])
+                                raise _bad(fpath, f"/{k}", f"row {r} (id {ids[r - a]}) has a "
+                                           "non-finite value")
                     if sel.size:
                         take(ids[sel], vals)
                 sums.read(f)

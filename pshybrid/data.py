@@ -371,8 +371,11 @@ class H5Dataset:
                 raise InputError(f"{self.path}: missing attribute {attr!r}")
         version = _attr_ints(self.f.attrs, "format_version")
         if version is None or version.size != 1 or int(version.ravel()[0]) != FORMAT_VERSION:
-            raise InputError(f"{self.path}: attribute format_version "
-                             f"{self.f.attrs['format_version']!r} is not {FORMAT_VERSION}")
+            raw = self.f.attrs["format_version"]
+            shown = (int(version.ravel()[0]) if version is not None and version.size == 1
+                     else raw.tolist() if hasattr(raw, "tolist") else raw)
+            raise InputError(f"{self.path}: attribute format_version {shown} is not "
+                             f"{FORMAT_VERSION}")
         cards_arr = _attr_ints(self.f.attrs, "cardinalities")
         if cards_arr is None or cards_arr.ndim != 1:
             raise InputError(f"{self.path}: attribute cardinalities must be a 1-D array of "

@@ -253,7 +253,9 @@ CORRUPT = {
                      "shard-00000.h5: keys"),
     "extra_key": (_shard_edit(lambda a: dict(a, junk=a["w"])), "shard-00000.h5: keys"),
     "w_nan": (_shard_edit(lambda a: dict(a, w=_set(a["w"], (3, 0), np.nan))),
-              "/w has a non-finite"),
+              "/w row 3 (id "),
+    "acc_inf": (_shard_edit(lambda a: dict(a, acc=_set(a["acc"], (ROWS - 2, 1), np.inf))),
+                f"/acc row {ROWS - 2} (id "),
     "dense_no_flat": (_dense_edit(lambda f: f.__delitem__("flat")), "dense.h5: /flat"),
     "dense_flat_short": (_dense_edit(lambda f: (lambda a: (f.__delitem__("flat"),
                                                            f.create_dataset("flat", data=a[:-1])))(
