@@ -205,7 +205,8 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     if topo.is_worker:
         mode.ready()
     if reporter and start:
-        reporter.out.write(f"resumed from {cfg.resume} at step {start}\n")
+        reporter.out.write(f"loaded {cfg.resume} (step {start})\n" if score else
+                           f"resumed from {cfg.resume} at step {start}\n")
     job = Job(cfg, topo, data, evdata, model, layout, params, mode, plan, steps, start, reporter,
               t_begin, TrainResult(topo.role))
     if xp is not np and topo.is_worker and not data.schema.multi_hot:
