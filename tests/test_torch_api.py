@@ -241,3 +241,20 @@ def test_a_dense_optimizer_whose_state_a_checkpoint_cannot_hold_is_refused(tmp_p
     finally:
         pt.shutdown()
     assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("servers", [1, 0, None])
+def test_a_hybrid_session_without_room_for_a_server_names_the_api_arguments(servers):
+    """One process in mode 'hybrid' has no rank for a server: the refusal names pt.init's
+    own arguments (servers=, mode=), not train's command-line flags; nothing is started."""
+    from pshybrid.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        pt.init(servers=servers, mode="hybrid", comm=MPI.COMM_SELF,
+                tables=[pt.Table("t", rows=10, dim=2)])
+    msg = str(e.value)
+    assert msg.startswith(f"pt.init: servers={servers!r} in mode 'hybrid' on 1 rank(s)"), msg
+    assert "mode='allreduce'" in msg and "--servers" not in msg
+    pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF,
+            tables=[pt.Table("t", rows=10, dim=2)])
+    pt.shutdown()

@@ -149,11 +149,16 @@ def session() -> Session:
     return _session
 
 
-def _check_tables(tables, mode: str, servers: int) -> None:
+def _check_tables(tables, mode: str, servers: int, size: int) -> None:
     if mode not in MODES or not MODES[mode].front_end:
         raise ConfigError(f"pt.init: mode {mode!r}: pshybrid.torch trains with 'hybrid' "
                           "(tables on the servers) or 'allreduce' (a copy per worker)",
                           collective=True)
+    if MODES[mode].needs_servers and (type(servers) is not int or not 1 <= servers < size):
+        raise ConfigError(f"pt.init: servers={servers!r} in mode {mode!r} on {size} rank(s): "
+                          f"{mode!r} needs 1 <= servers <= ranks - 1 (launch more ranks: "
+                          "mpiexec -n N), or use mode='allreduce' (no server; one process "
+                          "is enough)", collective=True)
     if not tables or not all(isinstance(t, Table) for t in tables):
         raise ConfigError("pt.init: tables must be a non-empty list of pt.Table", collective=True)
     names = [t.name for t in tables]
@@ -228,7 +233,7 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
         if _session is not None and not _session.closed:
             raise ConfigError("pt.init was already called in this process", collective=True)
         tables = list(tables)
-        _check_tables(tables, mode, servers)
+        _check_tables(tables, mode, servers, comm.size)
         if not isinstance(seed, int) or seed_check(seed):  # the tables' key takes 32 bits
             raise ConfigError(f"pt.init: seed {seed!r}: {SEED_RANGE}", collective=True)
         if not any(v in os.environ for v in THREAD_VARS):  # one pool of this rank's cores
