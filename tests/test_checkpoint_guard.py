@@ -690,3 +690,10 @@ def test_resume_options_are_checked_together_with_the_stored_ones(tmp_path, caps
     assert main(["train", "--resume", str(tmp_path / "ck"), "--epochs", "2"]) == 0
     out = capsys.readouterr().out
     assert "changed: --epochs 2 (was 1)" in out and "done: allreduce wdl  8 steps" in out, out
+    # a run of --steps resumed with --epochs: the stored --steps is named as dropped
+    assert main(["train", *first[:-1], str(tmp_path / "ck2"), "--steps", "2"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", str(tmp_path / "ck2"), "--epochs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert ("changed: --epochs 1 (was none), --steps 2 no longer counts (--epochs decides)"
+            in out and "done: allreduce wdl  4 steps" in out), out
