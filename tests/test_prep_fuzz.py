@@ -293,7 +293,7 @@ CASES: dict[str, Case] = {
     # -- synthetic --------------------------------------------------------------------------
     "synthetic-rows-0": Case(["synthetic", "out.h5", "--rows", "0"], {}),
     "synthetic-rows-2**63": Case(["synthetic", "out.h5", "--rows", str(2 ** 63)], {}, own=True),
-    "synthetic-zipf-1": Case(["synthetic", "out.h5", "--zipf", "1"], {}),
+    "synthetic-zipf-0.9": Case(["synthetic", "out.h5", "--zipf", "0.9"], {}),
     "synthetic-zipf-inf": Case(["synthetic", "out.h5", "--zipf", "inf"], {}),
     "synthetic-max-cardinality-0": Case(["synthetic", "out.h5", "--max-cardinality", "0"], {}),
     "synthetic-seed-negative": Case(["synthetic", "out.h5", "--seed", "-1"], {}),

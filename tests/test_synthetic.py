@@ -188,3 +188,22 @@ def test_planted_model_labels():
     assert 0.2 < label.mean() < 0.4
     assert abs(label.mean() - p.mean()) < 6 * np.sqrt(p.mean() * (1 - p.mean()) / label.size)
     assert 0.45 < auc(np.random.default_rng(0).random(label.size), label) < 0.55
+
+
+def test_prep_synthetic_writes_the_streams_rows_at_zipf_1(tmp_path):
+    """``prep synthetic --zipf 1`` (the law's edge, handled by its own formula) writes the
+    stream's rows: the file == SyntheticCTR with the same seed, exponent and capped
+    cardinalities."""
+    import h5py
+
+    from pshybrid.cli import main
+    from pshybrid.synthetic import CRITEO_LIKE
+
+    out = tmp_path / "z.h5"
+    assert main(["prep", "synthetic", str(out), "--rows", "700", "--zipf", "1", "--seed",
+                 "4", "--max-cardinality", "5000"]) == 0
+    want = SyntheticCTR(seed=4, zipf=1.0,
+                        cardinalities=tuple(min(c, 5000) for c in CRITEO_LIKE)).rows(0, 700)
+    with h5py.File(out) as f:
+        for name, w in zip(("label", "dense", "sparse"), want):
+            np.testing.assert_array_equal(f[name][...], w)

@@ -110,6 +110,7 @@ class SyntheticOptions(SplitOptions):
     seed: int = option(0, "generator seed, 0 to 2**32 - 1", check=seed_check)
     max_cardinality: int = option(100_000, "cap of each field's cardinality (Criteo Kaggle's, "
                                   "capped)", check=_check(lambda v: v >= 1, "must be >= 1"))
-    zipf: float = option(1.1, "Zipf exponent of the ids",
-                         check=_check(lambda v: 1 < v < math.inf, "must be > 1 and finite"))
+    zipf: float = option(1.1, "Zipf exponent of the ids (the law is truncated at each "
+                         "field's cardinality, so any exponent >= 1 is a distribution)",
+                         check=_check(lambda v: 1 <= v < math.inf, "must be >= 1 and finite"))
 
