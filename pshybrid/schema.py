@@ -58,7 +58,7 @@ class Schema:
                    names: bool = True) -> str | None:
         """The first way ``other`` (of ``theirs``) differs from this schema (of ``mine``), in
         words; None: the same (with ``names`` False the field names are not compared)."""
-        found = [(f"{what}", a, b) for what, a, b in (
+        found = [(what, a, b) for what, a, b in (
             ("dense fields", self.n_dense, other.n_dense),
             ("categorical fields", self.n_sparse, other.n_sparse),
             ("multi-hot fields", self.multi_hot, other.multi_hot)) if a != b]

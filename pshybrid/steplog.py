@@ -87,6 +87,7 @@ class StepLog:
             self.emit(done, time.perf_counter())
 
     def emit(self, done: int, now: float) -> None:
+        """Workers, collectively: the log record of the steps up to ``done``."""
         job = self.job
         self.read_back(done)
         # Wire: Allreduce of 3 doubles (loss sum, samples, labels) over the workers.

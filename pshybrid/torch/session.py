@@ -314,9 +314,8 @@ def _check_root(s: Session, root: str) -> None:
     """Workers, collectively: ``root`` may take checkpoint ``step-N`` now: as a run's
     ``--checkpoint-dir`` (``check_run_dir``: one history per directory) the first time this
     session writes there, and never a step it already holds."""
-    err = None
+    err, real = None, os.path.realpath(root)
     try:
-        real = os.path.realpath(root)
         if real not in s.roots:
             check_run_dir(root, s.resume_dir, s.resume_step, "pt.checkpoint:",
                           "pt.init(resume=...) of")
