@@ -115,10 +115,10 @@ class StepLog:
             self.acc += (loss_sum, 0.0, label_sum)
 
     def pause(self, work) -> None:
-        """Run ``work`` (an evaluation) outside the training clock and phases."""
+        """Run ``work`` (an evaluation) outside the training clock, phases and traffic."""
         timers = self.job.mode.timers
         t0, before = time.perf_counter(), dict(timers)
-        work()
+        self.job.not_training(work)
         timers.update(before)  # the eval's pulls count as eval, not as training
         elapsed = time.perf_counter() - t0
         timers["eval"] += elapsed

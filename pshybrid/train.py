@@ -160,6 +160,18 @@ class Job:
     totals: np.ndarray = field(default_factory=lambda: np.zeros(3))  # loss, samples, labels
     auto: dict | None = None  # --mode auto: the decision (auto.resolve), into the summary
     device: DeviceStep | None = None  # GPU workers: the step's device work (``graphs``)
+    untrained: dict = field(default_factory=dict)  # bytes moved by start-up and evaluations
+
+    def not_training(self, work) -> None:
+        """Run ``work`` (an evaluation), its traffic counted apart from training's."""
+        before = self.mode.traffic()
+        work()
+        for k, v in self.mode.traffic().items():
+            self.untrained[k] = self.untrained.get(k, 0) + v - before.get(k, 0)
+
+    def trained_traffic(self) -> dict:
+        """This rank's bytes moved by the training steps, by kind."""
+        return {k: v - self.untrained.get(k, 0) for k, v in self.mode.traffic().items()}
 
     def save(self, step: int) -> str:
         """Collective: write checkpoint ``step`` (servers join through their loop)."""
@@ -317,6 +329,7 @@ def loop(job: Job, on_step=None) -> None:
     SIGUSR1, SIGTERM or SIGINT reaching any rank stops every worker at the same step
     boundary, after a checkpoint with --checkpoint-dir (``preempt``)."""
     cfg, mode = job.cfg, job.mode
+    job.untrained = dict(mode.traffic())  # start-up's (the hot rows' first pull)
     log = StepLog(job)
     batches = _batches(job)
     stop = job.stop
@@ -470,7 +483,7 @@ def finish(job: Job) -> TrainResult:
     mode.finish()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
     # Wire: gather of each rank's phase timers and traffic to the reporter; all wait.
-    stats = topo.world.gather((topo.role, dict(mode.timers), mode.traffic(), peak_mb),
+    stats = topo.world.gather((topo.role, dict(mode.timers), job.trained_traffic(), peak_mb),
                               root=topo.worker_ranks[0])
     if job.reporter:
         last = job.steps if job.result.preempted is None else job.result.preempted

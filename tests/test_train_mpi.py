@@ -361,3 +361,31 @@ def test_ssp0_with_and_without_cache_equals_single_process(comm, mode, sparse_op
             if max(errs.values()) > 1e-9 or served != 0 or not pulled:
                 ok, msg = False, f"ssp:0 --cache-rows {rows}: {errs}, cache rows/step {served}"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode", ["hybrid", "ps"])
+def test_traffic_per_step_counts_the_training_steps_only(comm, mpi_tmp_path, mode):
+    """The summary's traffic_per_step is the training's: the same run with evaluations
+    (their pulls) has the same figures to the byte, and --replicate-rows' one-off pull of
+    the hot rows at start-up is not spread over the steps (its steps pull no more than
+    without hot rows)."""
+    from pshybrid.synthetic import write_synthetic
+
+    ev = str(mpi_tmp_path / "ev.h5")
+    if comm.rank == 0:
+        write_synthetic(ev, 300, seed=9, n_dense=3, cardinalities=(7, 30, 200, 5), zipf=1.3)
+    comm.Barrier()
+    cfg = replace(BASE, mode=mode, servers=1, steps=6, shared_memory="off")
+    plain, evald = run(cfg, comm), run(replace(cfg, eval_data=ev, eval_every=2), comm)
+    runs = [plain, evald]
+    if mode == "hybrid":
+        runs.append(run(replace(cfg, replicate_rows=200), comm))
+    ok, msg = True, ""
+    if comm.rank == 0:
+        t = [r.summary["traffic_per_step"] for r in runs]
+        ok = t[0] == t[1] and len(evald.evals) == 3
+        if mode == "hybrid":
+            ok = ok and t[2]["rma_get_bytes"] <= t[0]["rma_get_bytes"]
+        msg = str(t)
+    assert_all(comm, ok, msg)
