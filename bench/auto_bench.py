@@ -39,6 +39,7 @@ from pshybrid.config import TrainConfig
 from pshybrid.registry import MODES, is_colocated, placement_name
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
 from pshybrid.train import train
+from timing import check_outputs  # bench/timing.py (a sibling: python bench/X.py)
 
 KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
           27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
@@ -84,6 +85,7 @@ def main(argv=None) -> int:
                     help="leave out the --replicate-rows alternatives (faster)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    check_outputs(ap, a.json)
     comm = MPI.COMM_WORLD
     w = WORKLOADS[a.workload]
     cards = big_cardinalities() if a.workload == "big" else CRITEO_LIKE

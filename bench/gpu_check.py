@@ -66,6 +66,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import gpu_speed  # noqa: E402 - bench/ on the path first
 from gpu_runs import _T0, budget, run_limited, set_budget, steady, train_job  # noqa: E402
+from timing import check_outputs  # noqa: E402
 
 TARGET = 0.7
 CALL_TARGET = 0.6  # scatter-add as a step calls it (memset + kernel), at dims 16 and 64
@@ -377,7 +378,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "not run)")
     ap.add_argument("--json", default="gpu_check.json",
                     help="write the results here (compute: for bench/scaling.py)")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    check_outputs(ap, args.json)
+    return args
 
 
 def main(argv=None) -> int:

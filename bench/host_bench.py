@@ -51,6 +51,7 @@ from pshybrid.data import H5Dataset  # noqa: E402
 from pshybrid.schema import field_offsets  # noqa: E402
 from pshybrid.store import ids_in_range, owner_types  # noqa: E402
 from pshybrid.synthetic import SyntheticCTR, write_synthetic  # noqa: E402
+from timing import check_outputs  # noqa: E402  (bench/timing.py)
 
 CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                  3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
@@ -202,6 +203,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     ap.add_argument("--json", help="write every section's rows to this file")
     a = ap.parse_args(argv)
+    check_outputs(ap, a.json)
     if len(a.steps) == 1:
         a.steps = a.steps * len(a.batch_sizes)
     if len(a.steps) != len(a.batch_sizes):

@@ -92,7 +92,7 @@ from modes_report import (
     print_wire_bytes,
     write,
 )
-from timing import StepTimers, timed_stats
+from timing import StepTimers, check_outputs, timed_stats
 from wire import WIRE, wire_only
 
 CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
@@ -392,7 +392,10 @@ def results_of(b: Bench, runs: dict, plan: BatchPlan, offsets, P: int) -> dict:
 
 def main(argv=None) -> int:
     """Set up, warm up, time every variant, then rank 0 prints and writes."""
-    b = setup(parser().parse_args(argv))
+    ap = parser()
+    a = ap.parse_args(argv)
+    check_outputs(ap, a.json, a.png, [("--data", p) for p in (a.data, a.eval_data) if p])
+    b = setup(a)
     P = dense_params(b)
     mode_step.Timers = StepTimers  # every Mode built from here on keeps its steps' phases
     warm_up(b)

@@ -43,6 +43,7 @@ from scaling_checks import (
     validate,
     validation_summary,
 )
+from timing import check_outputs  # noqa: E402  (bench/timing.py)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -381,7 +382,9 @@ def write_png(path: str, proj: dict, lks: dict, ks: list, nodes: list, compute: 
 
 def main(argv=None) -> int:
     """Parse, calibrate, check, project, print, write."""
-    a = parser().parse_args(argv)
+    ap = parser()
+    a = ap.parse_args(argv)
+    check_outputs(ap, a.json, a.png, [("RUN", p) for p in a.runs])
     runs = [(p, json.loads(Path(p).read_text())) for p in a.runs]
     name0, run0 = runs[0]
     modes = [m for m in MODES if m in run0["results"]]

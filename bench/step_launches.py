@@ -116,6 +116,9 @@ def main(argv=None) -> int:
         ap.error("--steps: at least 5 (2 warm-up steps, 1 steady, the last read back)")
     if not args.inside:
         from mpi_util import mpiexec
+        from timing import check_outputs
+
+        check_outputs(ap, args.json)
 
         cmd = [mpiexec(), "-n", "2", sys.executable, os.path.abspath(__file__), "--inside",
                "--steps", str(args.steps), "--mlp", args.mlp] + (

@@ -7,6 +7,51 @@ from pshybrid.report import PHASES
 from pshybrid.timers import Timers
 
 
+IMAGE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "ps", "eps")
+
+
+def check_outputs(parser, json_path=None, image_path=None, inputs=()) -> None:
+    """Before a benchmark runs (every rank, the same verdict, before any collective): its
+    ``--json`` may be a new file or an earlier JSON output, its image a new file or an
+    image, of a format matplotlib writes; never an input (``(option, path)``) nor a
+    non-regular file. Else ``parser.error`` names the option (exit status 2, nothing
+    written)."""
+    import json
+
+    from pshybrid import safeio
+    from pshybrid.plot import IMAGE_MAGIC
+
+    def earlier(path, what, ok):
+        try:
+            with open(path, "rb") as fh:
+                if ok(fh.read()):
+                    return None
+        except OSError:
+            pass
+        return (f"{path} exists and is not {what}: not replaced; remove it yourself or "
+                "choose another name")
+
+    def is_json(raw):
+        try:
+            return isinstance(json.loads(raw), dict)
+        except ValueError:
+            return False
+
+    for option, path, what, ok in (
+            ("--json", json_path, "an earlier JSON output", is_json),
+            ("--png", image_path, "an image", lambda raw: raw.startswith(IMAGE_MAGIC))):
+        if not path:
+            continue
+        ext = path.rsplit(".", 1)[-1].lower() if "." in path else ""
+        problem = (f"{path}: unknown image format {ext!r}: use one of "
+                   f"{', '.join(IMAGE_FORMATS)}" if option == "--png"
+                   and ext not in IMAGE_FORMATS else
+                   safeio.check_output(path, option, inputs, existing=lambda p, w=what, o=ok:
+                                       earlier(p, w, o)))
+        if problem:
+            parser.error(problem if problem.startswith(option) else f"{option}: {problem}")
+
+
 def median_time(fn, warmup: int, repeat: int, clock=time.perf_counter) -> float:
     """Seconds: median of ``repeat`` timed calls of ``fn`` after ``warmup`` untimed ones."""
     for _ in range(warmup):

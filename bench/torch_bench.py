@@ -49,6 +49,7 @@ from pshybrid.synthetic import SyntheticCTR
 from pshybrid.threads import rank_cores
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
+from timing import check_outputs  # bench/timing.py (a sibling: python bench/X.py)
 
 CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                  3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
@@ -202,6 +203,7 @@ def main(argv=None) -> int:
     if a.variant:
         a.mlp = tuple(int(x) for x in a.mlp.split(","))
         return one_run(a)
+    check_outputs(ap, a.json)
     return drive(a, argv if argv is not None else sys.argv[1:])
 
 

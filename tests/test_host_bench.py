@@ -2,7 +2,8 @@
 printed and in --json, the pieces add up to the total, the planning pieces are the store's
 own (the same unique ids, owner groups and datatypes as an ``EmbeddingStore`` plan makes
 them: ``partition.group_by_owner_ref`` and mpi4py's list-built type are the oracles), and a
-section added to ``SECTIONS`` runs like the built-in one."""
+section added to ``SECTIONS`` runs like the built-in one; the benchmarks' outputs never
+replace a file they did not write (``timing.check_outputs``)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 from mpi4py import MPI
 
 from pshybrid import partition
@@ -109,3 +111,34 @@ def test_apply_shards_in_window_memory_are_shared_and_equal():
     (w1, s1), (w2, s2) = shards["window"], shards["numpy"]
     assert np.array_equal(w1, w2) and np.array_equal(s1["acc"], s2["acc"])
     assert not np.array_equal(w1[rows], make_shard("adagrad", 3000)[0][rows])  # it moved
+
+
+def test_a_benchmarks_outputs_never_replace_what_they_did_not_write(tmp_path):
+    """--json and --png are checked before anything runs: an existing file that is not an
+    earlier JSON output (an image) is refused, byte for byte unchanged, and so is an image
+    format matplotlib cannot write and an output that is an input; earlier outputs and new
+    names are fine. Through host_bench's own command line too (exit status 2)."""
+    import argparse
+
+    from timing import check_outputs
+
+    data, earlier, image = tmp_path / "d.h5", tmp_path / "old.json", tmp_path / "old.png"
+    data.write_bytes(b"\x89HDF\r\n\x1a\n a dataset")
+    earlier.write_text('{"results": {}}')
+    image.write_bytes(b"\x89PNG\r\n\x1a\n...")
+    ap = argparse.ArgumentParser(prog="bench")
+    for json_path, png, why in ((data, None, "not an earlier JSON output"),
+                                (image, None, "not an earlier JSON output"),
+                                (None, earlier, "not an image"),
+                                (None, tmp_path / "x.h5", "unknown image format 'h5'"),
+                                (tmp_path / "new.json", data, "same file as --data")):
+        with pytest.raises(SystemExit) as e:
+            check_outputs(ap, json_path and str(json_path), png and str(png),
+                          [("--data", str(data))])
+        assert e.value.code == 2
+    check_outputs(ap, str(earlier), str(image))
+    check_outputs(ap, str(tmp_path / "new.json"), str(tmp_path / "new.pdf"))
+    before = data.read_bytes()
+    with pytest.raises(SystemExit) as e:
+        host_bench.main(["--sections", "input", "--json", str(data)])
+    assert e.value.code == 2 and data.read_bytes() == before
