@@ -8,7 +8,9 @@
 # pshybrid_run CMD...     runs CMD in the background, forwards SIGUSR1, SIGTERM and SIGINT to
 #                         it (srun and mpiexec pass them to every rank: the workers checkpoint
 #                         at the next step boundary and exit 75, 130 for SIGINT), waits, and
-#                         returns CMD's status.
+#                         returns CMD's status. srun takes one SIGINT as a request for its
+#                         tasks' status (two in a second kill them), so inside a Slurm job a
+#                         SIGINT goes to the job's steps by scancel --signal=INT instead.
 # pshybrid_requeue STATUS exit status 75 (stopped by a signal after its checkpoint): requeue this
 #                         Slurm job (scontrol requeue) and succeed; any other status: keep it.
 PSHYBRID_PREEMPTED=75
@@ -37,7 +39,7 @@ pshybrid_run() {
   pid=$!
   trap 'kill -USR1 "$pid" 2>/dev/null || true' USR1
   trap 'kill -TERM "$pid" 2>/dev/null || true' TERM
-  trap 'kill -INT "$pid" 2>/dev/null || true' INT
+  trap 'pshybrid_interrupt "$pid"' INT
   while :; do
     status=0
     wait "$pid" || status=$?
@@ -45,6 +47,14 @@ pshybrid_run() {
   done
   trap - USR1 TERM INT
   return "$status"
+}
+
+pshybrid_interrupt() {
+  if [ -n "${SLURM_JOB_ID:-}" ] && command -v scancel >/dev/null 2>&1 &&
+      scancel --signal=INT "$SLURM_JOB_ID" 2>/dev/null; then  # the steps, not this script
+    return 0
+  fi
+  kill -INT "$1" 2>/dev/null || true
 }
 
 pshybrid_requeue() {

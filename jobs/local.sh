@@ -24,4 +24,5 @@ if [ -n "$ckpt" ] && [ -f "$ckpt/latest" ]; then
   args+=(--resume "$ckpt")
 fi
 # exec: a signal sent to this script's pid reaches mpiexec, which passes it to every rank
-exec mpiexec -n "$N" python -m pshybrid train "${args[@]}"
+# (${a[@]+"${a[@]}"}: an empty array under set -u, which bash before 4.4 calls unbound)
+exec mpiexec -n "$N" python -m pshybrid train ${args[@]+"${args[@]}"}

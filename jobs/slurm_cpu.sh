@@ -29,5 +29,5 @@ status=0
 pshybrid_run srun --mpi="${SRUN_MPI:-pmix}" --cpu-bind=cores python -m pshybrid train \
   --config "${CONFIG:-jobs/slurm_cpu.toml}" --servers "${SLURM_JOB_NUM_NODES:-1}" \
   --checkpoint-dir "$CKPT" --metrics "pshybrid-${SLURM_JOB_ID:-local}.jsonl" \
-  "${resume[@]}" "$@" || status=$?
+  ${resume[@]+"${resume[@]}"} "$@" || status=$?
 pshybrid_requeue "$status"

@@ -28,5 +28,5 @@ status=0
 pshybrid_run srun --mpi="${SRUN_MPI:-pmix}" --cpu-bind=cores python -m pshybrid train \
   --config "${CONFIG:-jobs/slurm_gpu.toml}" --servers "${SLURM_JOB_NUM_NODES:-1}" \
   --device "${DEVICE:-cuda}" --checkpoint-dir "$CKPT" \
-  --metrics "pshybrid-${SLURM_JOB_ID:-local}.jsonl" "${resume[@]}" "$@" || status=$?
+  --metrics "pshybrid-${SLURM_JOB_ID:-local}.jsonl" ${resume[@]+"${resume[@]}"} "$@" || status=$?
 pshybrid_requeue "$status"

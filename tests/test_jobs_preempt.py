@@ -85,6 +85,44 @@ def test_lib_forwards_signals_resumes_and_requeues(tmp_path):
     assert not (tmp_path / "scontrol").exists()
 
 
+def test_lib_sends_a_ctrl_c_to_the_slurm_steps_by_scancel(tmp_path):
+    """Inside a Slurm job (SLURM_JOB_ID set) pshybrid_run passes SIGINT on as ``scancel
+    --signal=INT JOBID`` (srun alone would only print its tasks' status); the command's own
+    status comes back. Outside one, as kill -INT to the command."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "scancel").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/scancel\n")
+    (fake / "scancel").chmod(0o755)
+    child = tmp_path / "child.py"  # (a background bash would ignore SIGINT for good)
+    child.write_text("import os, signal, sys, time\n"
+                     "def got(*_):\n    print('got-int', flush=True)\n    sys.exit(130)\n"
+                     "signal.signal(signal.SIGINT, got)\n"
+                     f"open('{tmp_path}/up', 'w').close()\n"
+                     "for _ in range(400):\n"
+                     f"    if os.path.exists('{tmp_path}/scancel'):\n        sys.exit(130)\n"
+                     "    time.sleep(0.05)\n")
+    for job in ("123", None):
+        for f in ("up", "scancel"):
+            (tmp_path / f).unlink(missing_ok=True)
+        env = dict(ENV, PATH=f"{fake}{os.pathsep}{ENV['PATH']}")
+        if job:
+            env["SLURM_JOB_ID"] = job
+        p = subprocess.Popen(["bash", "-c", f". {JOBS}/lib.sh; status=0; pshybrid_run "
+                              f"{sys.executable} {child} || status=$?; echo status=$status"],
+                             stdout=subprocess.PIPE, text=True, env=env)
+        deadline = time.time() + 20
+        while not (tmp_path / "up").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=30)
+        assert "status=130" in out, (job, out)
+        if job:
+            assert (tmp_path / "scancel").read_text().split() == ["--signal=INT", "123"]
+            assert "got-int" not in out, out
+        else:
+            assert "got-int" in out and not (tmp_path / "scancel").exists(), out
+
+
 def _local(args):
     """jobs/local.sh with 2 ranks (1 server, 1 worker) in a session of its own."""
     return subprocess.Popen(["bash", os.path.join(JOBS, "local.sh"), "2", *args],
