@@ -208,7 +208,7 @@ class Reporter:
             self.out.write("\n")
         self._write(summary)
         split = "  ".join(f"{k} {v:.0%}" for k, v in summary["phase_fraction"].items()
-                          if v >= 0.005)
+                          if v >= 0.005 and summary["steps_run"])
         if summary["servers"] and summary["steps_run"]:  # what the workers' wait is made of
             per = 1e3 / summary["steps_run"]
             split += (f"  |  wait {summary['phase_seconds']['wait'] * per:.2f} ms/step, "
@@ -218,7 +218,7 @@ class Reporter:
             f"{summary['samples_per_s']:,.0f} samples/s  final loss "
             f"{_num(summary['final_loss'])} (base-rate logloss "
             f"{_num(summary['base_rate_logloss'])})  workers {self.W} servers "
-            f"{summary['servers']}  |  {split}\n")
+            f"{summary['servers']}" + (f"  |  {split}" if split else "") + "\n")
         self.out.flush()
         self.close_file()
 
@@ -300,6 +300,11 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
                      f"{_n(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids: most rows can "
                      "never train (prep sizes them: criteo|csv --buckets or --min-count K, "
                      "synthetic --max-cardinality)")
+    for option, n in (("--cache-rows", cfg.cache_rows), ("--replicate-rows", cfg.replicate_rows)):
+        if n > rows:
+            lines.append(f"  note: {option} {n:,} is more than the tables' {rows:,} rows: every "
+                         "worker allocates and keeps up all of them; a few % of the rows (the "
+                         "hottest) is what pays")
     if cfg.cache_rows and not cache_serves(cfg.consistency):
         lines.append(f"  note: --cache-rows {cfg.cache_rows} under --consistency "
                      f"{cfg.consistency}: no cached row is ever served (a cache serves under "

@@ -125,6 +125,19 @@ def test_banner_notes_a_cache_that_can_never_serve(consistency, noted):
     assert "--cache-rows" not in banner(replace(cfg, cache_rows=0), topo(1, 1), SCHEMA, 10)
 
 
+@pytest.mark.parametrize("option", ["cache_rows", "replicate_rows"])
+def test_banner_notes_a_cache_or_hot_set_larger_than_the_tables(option):
+    """More cached or replicated rows than the tables hold (2 Mi): noted with both counts;
+    the tables' own size is not."""
+    rows = 2 * 2**20
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,), consistency="asp" if option == "cache_rows"
+                      else "bsp")
+    flag = "--" + option.replace("_", "-")
+    for n, noted in ((rows + 1, True), (rows, False), (1000, False)):
+        text = banner(replace(cfg, **{option: n}), topo(2, 1), SCHEMA, 10)
+        assert (f"  note: {flag} {n:,} is more than the tables' {rows:,} rows" in text) == noted
+
+
 def test_banner_notes_compressed_training_data():
     """A compressed --data costs 8x (lzf) to 12x (gzip) the CPU per batch of an uncompressed
     one (docs/data.md, Compression): the plan says so, and how to write an uncompressed
