@@ -189,9 +189,11 @@ def _build(cls, values: dict, where: dict):
     if hasattr(cfg, "validate"):
         try:
             cfg.validate()
-        except ConfigError as e:  # name the file of each option the message names
+        except ConfigError as e:  # name the file of each option the message names that a
+            defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # file set
             files = [where[n].replace(" (in ", " in ")[:-1] for n in values
                      if where.get(n, "").endswith(")") and " (in " in where[n]
+                     and getattr(cfg, n) != defaults.get(n)
                      and re.search(re.escape(option_flag(n)) + r"(?![\w-])", str(e))]
             if not files:
                 raise

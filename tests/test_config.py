@@ -314,5 +314,8 @@ def test_a_cross_option_error_names_the_file_that_set_the_option(tmp_path):
         f"--checkpoint-every needs --checkpoint-dir (from checkpoint-every in {conf})")
     assert fails(parse, TrainConfig, "--checkpoint-every", "5") == (
         "--checkpoint-every needs --checkpoint-dir")
+    conf.write_text('consistency = "asp"\ndevice = "cpu"\nplacement = "dedicated"\n')
+    msg = fails(parse, TrainConfig, "--config", str(conf), "--mode", "allreduce")
+    assert msg.endswith(f"(from consistency in {conf})"), msg  # not the defaults it restates
     local = os.path.join(os.path.dirname(__file__), "..", "jobs", "local.toml")
     assert parse(TrainConfig, "--config", local, "--checkpoint-dir", "ck").checkpoint_every == 500
