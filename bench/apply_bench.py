@@ -39,6 +39,7 @@ import numpy as np
 from pshybrid import kernels, pool
 from pshybrid.modes.sparse import ServerSparse
 from pshybrid.optim import Optimizer
+from timing import description  # bench/timing.py (a sibling: python bench/X.py)
 
 OPTIMIZERS = {"sgd": Optimizer("sgd", lr=0.05, l2=1e-5),  # sgd with L2: a server step
               "adagrad": Optimizer("adagrad", lr=0.05), "adam": Optimizer("adam", lr=0.001)}
@@ -221,7 +222,7 @@ def sweep(a) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The flags (``--help``: the docstring's summary line)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[2])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--kinds", nargs="+", default=["adagrad", "adam"], choices=list(OPTIMIZERS))
     ap.add_argument("--parts", type=int, nargs="+", default=[0, 1, 2],

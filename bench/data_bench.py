@@ -48,6 +48,7 @@ from pshybrid.data import DatasetWriter, H5Dataset  # noqa: E402
 from pshybrid.files import H5Files
 from pshybrid.schema import FusedTable  # noqa: E402
 from pshybrid.synthetic import SyntheticCTR  # noqa: E402
+from timing import description  # noqa: E402  (bench/timing.py)
 
 CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                  3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
@@ -146,7 +147,7 @@ def compressed_copies(h5: H5Dataset, tmp: str) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--rows", type=int, default=300_000, help="rows of the HDF5 file")
     ap.add_argument("--batch-size", type=int, default=256)
     ap.add_argument("--steps", type=int, default=256, help="batches per timed run")

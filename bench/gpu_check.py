@@ -66,7 +66,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import gpu_speed  # noqa: E402 - bench/ on the path first
 from gpu_runs import _T0, budget, run_limited, set_budget, steady, train_job  # noqa: E402
-from timing import check_outputs  # noqa: E402
+from timing import check_outputs, description  # noqa: E402
 
 TARGET = 0.7
 CALL_TARGET = 0.6  # scatter-add as a step calls it (memset + kernel), at dims 16 and 64
@@ -361,7 +361,7 @@ def nvrtc_version() -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
     only = ap.add_mutually_exclusive_group()
     only.add_argument("--speed", action="store_true",

@@ -51,7 +51,7 @@ from pshybrid.data import H5Dataset  # noqa: E402
 from pshybrid.schema import field_offsets  # noqa: E402
 from pshybrid.store import ids_in_range, owner_types  # noqa: E402
 from pshybrid.synthetic import SyntheticCTR, write_synthetic  # noqa: E402
-from timing import check_outputs  # noqa: E402  (bench/timing.py)
+from timing import check_outputs, description  # noqa: E402  (bench/timing.py)
 
 CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                  3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
@@ -190,7 +190,7 @@ SECTIONS = {"input": (input_planning, print_input),  # name: (rows of args, prin
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
     ap.add_argument("--steps", type=int, nargs="+", default=[320, 60],
                     help="timed batches per batch size (one value: all)")

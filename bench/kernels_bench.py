@@ -30,7 +30,7 @@ import tempfile
 import time
 
 import numpy as np
-from timing import median_time  # noqa: E402  (bench/timing.py)
+from timing import description, median_time  # noqa: E402  (bench/timing.py)
 
 
 
@@ -99,7 +99,7 @@ def pad_report(kernels, a) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """The flags (``--help``: the docstring's summary line)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[2])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--batch", type=int, nargs="+", default=[4096, 26 * 256])
     ap.add_argument("--dim", type=int, nargs="+", default=[16, 64])
     ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"])

@@ -92,7 +92,7 @@ from modes_report import (
     print_wire_bytes,
     write,
 )
-from timing import StepTimers, check_outputs, timed_stats
+from timing import StepTimers, check_outputs, description, timed_stats
 from wire import WIRE, wire_only
 
 CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
@@ -176,7 +176,7 @@ def ideal_hit_rate(batches, bound: int | None) -> float:
 
 def parser() -> argparse.ArgumentParser:
     """The flags (``--help``: the first line of this file's docstring)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--steps", type=int, default=80)
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--batch-size", type=int, default=256)

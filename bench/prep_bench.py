@@ -32,6 +32,7 @@ import time  # noqa: E402
 import numpy as np  # noqa: E402
 
 from pshybrid.cli import main  # noqa: E402
+from timing import description  # noqa: E402  (bench/timing.py)
 
 CARDINALITIES = [1400, 550, 300_000, 200_000, 300, 24, 12_000, 630, 3, 90_000, 5500, 250_000,
                  3200, 27, 14_000, 180_000, 10, 5600, 2200, 4, 220_000, 18, 15, 140_000, 100,
@@ -164,7 +165,7 @@ def generate_ratings(path: str, rows: int, seed: int = 0) -> None:
 
 
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--rows", type=int, default=1_000_000, help="input lines (default: 1000000)")
     ap.add_argument("--repeats", type=int, default=2, help="runs of each, best kept (default: 2)")
     args = ap.parse_args()

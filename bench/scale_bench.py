@@ -18,6 +18,8 @@ import sys
 import tempfile
 import threading
 
+from timing import description  # bench/timing.py (a sibling: python bench/X.py)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -61,7 +63,7 @@ def one_run(rows: int, steps: int) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--rows", type=int, default=100_000_000)
     ap.add_argument("--small-rows", type=int, default=1_000_000)
     ap.add_argument("--steps", type=int, default=50)

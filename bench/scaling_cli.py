@@ -43,12 +43,12 @@ from scaling_checks import (
     validate,
     validation_summary,
 )
-from timing import check_outputs  # noqa: E402  (bench/timing.py)
+from timing import check_outputs, description  # noqa: E402  (bench/timing.py)
 
 
 def parser() -> argparse.ArgumentParser:
     """The flags (``--help``: the model's first docstring line)."""
-    ap = argparse.ArgumentParser(description=scaling.__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(scaling.__doc__))
     ap.add_argument("runs", nargs="+", help="modes_bench JSON files; the first calibrates, "
                     "the others validate (1 node)")
     ap.add_argument("--json", help="write the projection here")

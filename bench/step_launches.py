@@ -32,6 +32,9 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from timing import check_outputs, description  # noqa: E402  (bench/timing.py)
+
 TIMEOUT = 240  # seconds for the mpiexec run
 # (mode, placement, what runs): hybrid and ps use one CPU server rank beside the worker
 CASES = [("allreduce", "dedicated", "1 GPU worker"),
@@ -104,7 +107,7 @@ def report(rows: list[dict]) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--steps", type=int, default=8, help="training steps per run (>= 5)")
     ap.add_argument("--mlp", default="1024,512,256",
                     help="the MLP's hidden sizes (a smaller one runs faster: the same counts "
@@ -116,7 +119,6 @@ def main(argv=None) -> int:
         ap.error("--steps: at least 5 (2 warm-up steps, 1 steady, the last read back)")
     if not args.inside:
         from mpi_util import mpiexec
-        from timing import check_outputs
 
         check_outputs(ap, args.json)
 

@@ -22,7 +22,7 @@ import sys
 from types import SimpleNamespace
 
 import numpy as np
-from timing import median_time  # noqa: E402  (bench/timing.py)
+from timing import description, median_time  # noqa: E402  (bench/timing.py)
 from mpi4py import MPI
 
 from pshybrid import partition
@@ -39,7 +39,7 @@ def timeit(fn, warmup: int, repeat: int) -> float:
 
 def parser() -> argparse.ArgumentParser:
     """The flags (``--help``: the docstring's summary line)."""
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[2])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--dim", type=int, default=64)
     ap.add_argument("--batch", type=int, default=4096)

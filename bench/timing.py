@@ -1,10 +1,24 @@
 """Shared by the benchmarks in this folder (imported as a sibling: `python bench/X.py`)."""
 
+import re
 import statistics
 import time
 
 from pshybrid.report import PHASES
 from pshybrid.timers import Timers
+
+
+def description(doc: str) -> str:
+    """A script's ``--help`` description: the first sentence of its docstring's first prose
+    paragraph (not a usage line), on one line (up to a list it introduces)."""
+    paras = [p for p in doc.split("\n\n") if p.strip()
+             and not p.lstrip().startswith(("python ", "mpiexec ", "#"))]
+    text = " ".join(line.strip() for line in (paras or [doc])[0].splitlines())
+    end = re.search(r"\.(\s|$)", text)
+    text = text[:end.start() + 1] if end else text
+    if len(text) > 300 and ": " in text[:300]:  # a list follows: its introduction
+        text = text[:text[:300].rindex(": ")] + "."
+    return text
 
 
 IMAGE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "ps", "eps")

@@ -49,7 +49,7 @@ from pshybrid.synthetic import SyntheticCTR
 from pshybrid.threads import rank_cores
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
-from timing import check_outputs  # bench/timing.py (a sibling: python bench/X.py)
+from timing import check_outputs, description  # bench/timing.py (a sibling: python bench/X.py)
 
 CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
                  3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
@@ -187,7 +187,7 @@ def one_run(a) -> int:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--repeat", type=int, default=3)
