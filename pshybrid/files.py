@@ -10,6 +10,7 @@ import numpy as np
 
 from .data import H5Dataset
 from .errors import InputError
+from .safeio import same_file
 
 
 def dataset_paths(spec: str) -> list[str]:
@@ -27,6 +28,23 @@ def dataset_paths(spec: str) -> list[str]:
         else:
             paths.append(part)
     return paths
+
+
+def not_trained_on(eval_spec: str, data_spec: str) -> None:
+    """An InputError if a file of --eval-data comes into --data through a directory (its
+    ``*.h5`` take in the ``OUT.valid.h5`` that ``prep --valid-fraction`` writes beside OUT);
+    a file or directory named in both lists is the user's choice (a training set's AUC)."""
+    named = {os.path.realpath(part) for part in eval_spec.split(",")}
+    listed = [p for part in data_spec.split(",")
+              if os.path.isdir(part) and os.path.realpath(part) not in named
+              for p in dataset_paths(part)]
+    for e in dataset_paths(eval_spec):
+        for t in listed:
+            if same_file(e, t):
+                raise InputError(f"--eval-data {e} is also a training file (--data "
+                                 f"{data_spec} takes in {t}): the evaluation would score rows "
+                                 "the model trained on. Move it out of that directory, or "
+                                 "list --data's files")
 
 
 def open_dataset(spec: str):

@@ -14,7 +14,6 @@ the data pipeline stay on the CPU.
 from __future__ import annotations
 
 import gc
-import os
 import resource
 import sys
 import time
@@ -27,7 +26,7 @@ from . import auto, checkpoint
 from .backend import to_device
 from .config import TrainConfig, from_dict, to_dict
 from .batches import BatchPlan, global_batch, prefetch, worker_batches
-from .files import dataset_paths, open_dataset
+from .files import not_trained_on, open_dataset
 from .graphs import DeviceStep
 from .devices import cuda_aware_mpi, pick_device
 from .errors import ConfigError, InputError, PshybridError
@@ -40,7 +39,6 @@ from .preempt import CAUGHT, Preemption, notice
 from .preflight import lock_checkpoint_dir, preflight, total_steps
 from .registry import is_colocated
 from .report import Reporter, banner, summarize
-from .safeio import same_file
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .synthetic import SyntheticCTR
 from .threads import rank_cores
@@ -242,23 +240,6 @@ def _announce(cfg, topo, data, out) -> None:
     out.flush()
 
 
-def _not_trained_on(eval_spec: str, data_spec: str) -> None:
-    """An InputError if a file of --eval-data comes into --data through a directory (its
-    ``*.h5`` take in the ``OUT.valid.h5`` that ``prep --valid-fraction`` writes beside OUT);
-    a file or directory named in both lists is the user's choice (a training set's AUC)."""
-    named = {os.path.realpath(part) for part in eval_spec.split(",")}
-    listed = [p for part in data_spec.split(",")
-              if os.path.isdir(part) and os.path.realpath(part) not in named
-              for p in dataset_paths(part)]
-    for e in dataset_paths(eval_spec):
-        for t in listed:
-            if same_file(e, t):
-                raise InputError(f"--eval-data {e} is also a training file (--data "
-                                 f"{data_spec} takes in {t}): the evaluation would score rows "
-                                 "the model trained on. Move it out of that directory, or "
-                                 "list --data's files")
-
-
 def _open_data(cfg, topo, dataset, opened):
     """Open and validate --data and --eval-data on every rank (workers scan their share of
     the rows) with one shared verdict, before the first step. Returns (train, eval)."""
@@ -274,7 +255,7 @@ def _open_data(cfg, topo, dataset, opened):
             data = SyntheticCTR(seed=cfg.seed)
         if cfg.eval_data:
             if dataset is None and cfg.data:
-                _not_trained_on(cfg.eval_data, cfg.data)
+                not_trained_on(cfg.eval_data, cfg.data)
             evdata = open_dataset(cfg.eval_data)
             opened.append(evdata)
             if evdata.schema != data.schema:
