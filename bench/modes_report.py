@@ -60,7 +60,7 @@ def print_wire_bytes(results: dict) -> None:
         for kind in sorted(set(got) | set(ref["bytes_per_step"])):
             g, r = got.get(kind, 0.0), ref["bytes_per_step"].get(kind, 0.0)
             if g or r:
-                print(f"  {k:<16}{kind:<18}{g:>14,.0f}{r:>14,.0f}   "
+                print(f"  {k:<{label_width(results)}}{kind:<18}{g:>14,.0f}{r:>14,.0f}   "
                       f"{g / r - 1 if r else math.inf:+.2%}")
 
 
@@ -80,25 +80,32 @@ def print_table(b, results: dict, P: int) -> None:
           f" + {b.world.size - W} server(s) ({a.placement}), {a.steps} steps ({a.warmup} "
           f"warm-up), {a.sparse_optimizer}/adam, median of {a.repeat} interleaved run(s) "
           f"per mode")
-    print(f"{'mode':<16}{'samples/s':>11}{'step ms':>9}  "
+    w = label_width(results)
+    print(f"{'mode':<{w}}{'samples/s':>11}{'step ms':>9}  "
           f"{'phases after warm-up (ms/step, medians)':<62}{'RSS w/s MB':>12}")
     for m, r in results.items():
         ph = " ".join(f"{k}={v * 1e3:.2f}" for k, v in steady_phases(r).items()
                       if v * 1e3 >= 0.005)
         rss = r["peak_rss_mb"]
-        print(f"{m:<16}{r['samples_per_s']:>11,.0f}{r['step_seconds_median'] * 1e3:>9.1f}  "
+        print(f"{m:<{w}}{r['samples_per_s']:>11,.0f}{r['step_seconds_median'] * 1e3:>9.1f}  "
               f"{ph:<62}{rss['worker']:>6.0f}/{rss['server']:<5.0f}")
+
+
+def label_width(results: dict) -> int:
+    """The label column: 16, or the longest variant's label and a space."""
+    return max([16] + [len(m) + 1 for m in results])
 
 
 def print_bytes(b, results: dict) -> None:
     """Bytes per step per worker: the library's counters beside the analytic formula."""
     print("bytes per step per worker: measured (library counters) vs analytic (from the data)")
+    w = label_width(results)
     for m, r in results.items():
         for k, v in r["bytes_analytic"].items():
             if b.a.shared_memory and k == "rma_get_bytes":
                 continue  # pulls went through shared memory (shm_read_bytes)
             got = r["bytes_per_step"].get(k, 0.0)
-            print(f"  {m:<16}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
+            print(f"  {m:<{w}}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
 
 
 def print_ratios(b, results: dict, P: int, dense_allreduce: float | None) -> None:

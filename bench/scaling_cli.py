@@ -261,8 +261,6 @@ def entries(calib: dict, hit_rate: float | None) -> list:
 def project_table(calib: dict, nodes: list, k: int, lk, kw: dict, hit_rate) -> dict:
     """One link and k workers per node: each mode's samples/s at every N, printed as a
     row; {mode: projection}."""
-    print(f"{'mode':<10}" + "".join(f"{'N=' + str(n):>11}" for n in nodes)
-          + f"{'eff@max':>9}{'sat.':>6}{'plat.':>6}")
     res = {}
     for m, c, x in entries(calib, hit_rate):
         pr = [predict(c, n, k, lk, **kw, **x) for n in nodes]
@@ -272,8 +270,13 @@ def project_table(calib: dict, nodes: list, k: int, lk, kw: dict, hit_rate) -> d
         res[m] = dict(nodes=nodes, samples_per_s=sps, efficiency=eff,
                       step_s=[x["step"] for x in pr], components=pr,
                       saturation_nodes=sat, plateau_nodes=plat)
-        print(f"{m:<10}" + "".join(f"{x:>11,.0f}" for x in sps) + f"{eff[-1]:>9.0%}"
-              f"{sat or '-':>6}{plat or '-':>6}")
+    w = max([11] + [len(f"{x:,.0f}") + 2 for r in res.values() for x in r["samples_per_s"]])
+    print(f"{'mode':<10}" + "".join(f"{'N=' + str(n):>{w}}" for n in nodes)
+          + f"{'eff@max':>9}{'sat.':>6}{'plat.':>6}")
+    for m, r in res.items():
+        print(f"{m:<10}" + "".join(f"{x:>{w},.0f}" for x in r["samples_per_s"])
+              + f"{r['efficiency'][-1]:>9.0%}{r['saturation_nodes'] or '-':>6}"
+              f"{r['plateau_nodes'] or '-':>6}")
     return res
 
 

@@ -169,8 +169,8 @@ def _resolve_train(args, say: bool):
     new, old = resolve(TrainConfig, args, base, source), from_dict(TrainConfig, base, source)
     changed = [f"{option_flag(k)} {shown(v)} (was {shown(getattr(old, k))})"
                for k, v in vars(new).items() if k != "resume" and v != getattr(old, k)]
-    changed += [f"{option_flag(k)} {shown(getattr(old, k))} no longer counts ({option_flag(by)} "
-                "decides)" for k, by in new.replaced_by().items() if k not in old.replaced_by()]
+    changed += [f"{option_flag(k)} {shown(getattr(old, k))} no longer counts ({by} decides)"
+                for k, by in new.replaced_by().items() if k not in old.replaced_by()]
     if say:
         print(f"resume: the options of {source}" + (f", changed: {', '.join(changed)}"
                                                      if changed else ", unchanged"))

@@ -267,7 +267,7 @@ def to_toml(cfg) -> str:
     replaced = getattr(cfg, "replaced_by", lambda: {})()
     return "".join(("# " if f.name in replaced else "") + f"{f.name} = "
                    f"{value(getattr(cfg, f.name))}"
-                   + (f"  (--{replaced[f.name]} decides)" if f.name in replaced else "") + "\n"
+                   + (f"  ({replaced[f.name]} decides)" if f.name in replaced else "") + "\n"
                    for f in dataclasses.fields(cfg))
 
 
@@ -418,8 +418,12 @@ class TrainConfig:
                                    check=_at_least(0))
 
     def replaced_by(self) -> dict:
-        """{field: the field that replaces it in this config} (``to_toml`` comments it)."""
-        return {"steps": "epochs"} if self.epochs is not None else {}
+        """{field: the option that decides it instead in this config} (``to_toml`` comments
+        it out)."""
+        out = {"steps": "--epochs"} if self.epochs is not None else {}
+        if self.mode == "auto":
+            out.update(placement="--mode auto", replicate_rows="--mode auto")
+        return out
 
     @staticmethod
     def layer(values: dict, given: set) -> None:
@@ -428,6 +432,10 @@ class TrainConfig:
         ``--checkpoint-dir none`` / ``--eval-data none`` / ``--data none`` given drop the
         options that need them, unless those are given too. (Values are still as given:
         ``none`` is text here.)"""
+        chosen = [k for k in ("placement", "replicate_rows") if k in given]
+        if values.get("mode") == "auto" and chosen:  # even at their defaults: auto's to pick
+            raise _error(f"--mode auto chooses --placement and --replicate-rows: drop "
+                         f"{' and '.join(option_flag(k) for k in chosen)} (or pick a mode)")
         if {"steps", "epochs"} <= given and values["epochs"] not in (None, "none"):
             raise _error(f"--steps {values['steps']} and --epochs {values['epochs']}: give "
                          "one (--epochs counts passes over --data, --steps the steps)")

@@ -136,7 +136,11 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
     (["--mode", "bogus"], "prog: argument --mode: invalid choice: 'bogus' "
                           "(choose from 'hybrid', 'ps', 'allreduce', 'auto')"),
     (["--mode", "auto", "--replicate-rows", "8"], "--mode auto chooses --placement and "
-                                                  "--replicate-rows: drop them (or pick a mode)"),
+                                                  "--replicate-rows: drop --replicate-rows (or "
+                                                  "pick a mode)"),
+    (["--mode", "auto", "--placement", "dedicated"], "--mode auto chooses --placement and "
+                                                     "--replicate-rows: drop --placement (or "
+                                                     "pick a mode)"),  # (its default too)
     (["--model", "bogus"], "prog: argument --model: invalid choice: 'bogus' "
                            "(choose from 'wdl', 'deepfm', 'dcn', 'dlrm')"),
     (["--epochs", "2"], "--epochs needs --data; the synthetic stream is endless: use --steps"),
