@@ -51,6 +51,19 @@ def test_every_script_parses_and_its_toml_config_is_valid():
             assert needle in text, (name, needle)
 
 
+def _signalled_run(cmd: str, up, sig, env) -> str:
+    """``pshybrid_run CMD`` in bash; once CMD has made the file ``up``, ``sig`` to the bash;
+    its output (``status=N`` last)."""
+    p = subprocess.Popen(["bash", "-c", f". {JOBS}/lib.sh; status=0; pshybrid_run {cmd} || "
+                          "status=$?; echo status=$status"],
+                         stdout=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 20
+    while not up.exists() and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(sig)
+    return p.communicate(timeout=30)[0]
+
+
 def test_lib_forwards_signals_resumes_and_requeues(tmp_path):
     """pshybrid_run passes SIGUSR1 on to its command and returns the command's status (not
     the trap's); pshybrid_resume names DIR only once DIR/latest exists; pshybrid_requeue
@@ -59,14 +72,7 @@ def test_lib_forwards_signals_resumes_and_requeues(tmp_path):
     child.write_text("trap 'echo got-usr1; exit 75' USR1\n"
                      f"echo started > {tmp_path}/up\n"
                      "for i in $(seq 200); do sleep 0.05; done\nexit 0\n")
-    p = subprocess.Popen(["bash", "-c", f". {JOBS}/lib.sh; status=0; pshybrid_run bash "
-                          f"{child} || status=$?; echo status=$status"],
-                         stdout=subprocess.PIPE, text=True, env=ENV)
-    deadline = time.time() + 20
-    while not (tmp_path / "up").exists() and time.time() < deadline:
-        time.sleep(0.05)
-    p.send_signal(signal.SIGUSR1)
-    out, _ = p.communicate(timeout=30)
+    out = _signalled_run(f"bash {child}", tmp_path / "up", signal.SIGUSR1, ENV)
     assert "got-usr1" in out and "status=75" in out, out
     assert bash(f"pshybrid_resume {tmp_path}/ck").stdout == ""
     (tmp_path / "ck").mkdir()
@@ -107,14 +113,7 @@ def test_lib_sends_a_ctrl_c_to_the_slurm_steps_by_scancel(tmp_path):
         env = dict(ENV, PATH=f"{fake}{os.pathsep}{ENV['PATH']}")
         if job:
             env["SLURM_JOB_ID"] = job
-        p = subprocess.Popen(["bash", "-c", f". {JOBS}/lib.sh; status=0; pshybrid_run "
-                              f"{sys.executable} {child} || status=$?; echo status=$status"],
-                             stdout=subprocess.PIPE, text=True, env=env)
-        deadline = time.time() + 20
-        while not (tmp_path / "up").exists() and time.time() < deadline:
-            time.sleep(0.05)
-        p.send_signal(signal.SIGINT)
-        out, _ = p.communicate(timeout=30)
+        out = _signalled_run(f"{sys.executable} {child}", tmp_path / "up", signal.SIGINT, env)
         assert "status=130" in out, (job, out)
         if job:
             assert (tmp_path / "scancel").read_text().split() == ["--signal=INT", "123"]
