@@ -165,11 +165,13 @@ class Job:
         before = self.mode.traffic()
         work()
         for k, v in self.mode.traffic().items():
-            self.untrained[k] = self.untrained.get(k, 0) + v - before.get(k, 0)
+            if not isinstance(v, dict):  # (``reads``: the training reads' own counts)
+                self.untrained[k] = self.untrained.get(k, 0) + v - before.get(k, 0)
 
     def trained_traffic(self) -> dict:
         """This rank's bytes moved by the training steps, by kind."""
-        return {k: v - self.untrained.get(k, 0) for k, v in self.mode.traffic().items()}
+        return {k: v if isinstance(v, dict) else v - self.untrained.get(k, 0)
+                for k, v in self.mode.traffic().items()}
 
     def save(self, step: int) -> str:
         """Collective: write checkpoint ``step`` (servers join through their loop)."""
@@ -310,7 +312,8 @@ def loop(job: Job, on_step=None) -> None:
     SIGUSR1, SIGTERM or SIGINT reaching any rank stops every worker at the same step
     boundary, after a checkpoint with --checkpoint-dir (``preempt``)."""
     cfg, mode = job.cfg, job.mode
-    job.untrained = dict(mode.traffic())  # start-up's (the hot rows' first pull)
+    job.untrained = {k: v for k, v in mode.traffic().items()  # start-up's (the hot rows'
+                     if not isinstance(v, dict)}                 # first pull)
     log = StepLog(job)
     batches = _batches(job)
     stop = job.stop
