@@ -3,6 +3,7 @@ in ``scoring`` and ``plot``, imported when a command runs)."""
 
 from __future__ import annotations
 
+import os
 import sys
 
 CKPT_HELP = "checkpoint directory (its 'latest') or a step-N directory"
@@ -81,5 +82,6 @@ def cmd_plot(args) -> int:
 
     n, e = plot(args.runs, args.out, args.overwrite)
     runs = f" of {len(args.runs)} runs" if len(args.runs) > 1 else ""
-    print(f"plotted {n} step and {e} evaluation records{runs} -> {args.out}")
+    fmt = "" if os.path.splitext(args.out)[1] else " (no extension: PNG)"
+    print(f"plotted {n} step and {e} evaluation records{runs} -> {args.out}{fmt}")
     return 0

@@ -165,6 +165,17 @@ def test_plot_reads_what_killed_resumed_and_eval_only_runs_leave(tmp_path):
             read_metrics(str(tmp_path / "bad"))
 
 
+def test_plot_without_an_extension_writes_a_png_and_says_so(tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from pshybrid.cli import main
+
+    m = tmp_path / "m.jsonl"
+    m.write_text(json.dumps({"step": 1, "loss": 0.7, "samples_per_s": 1.0}) + "\n")
+    assert main(["plot", str(m), str(tmp_path / "out")]) == 0
+    assert capsys.readouterr().out.rstrip().endswith(f"{tmp_path}/out (no extension: PNG)")
+    assert (tmp_path / "out").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_plot_overlays_several_runs_one_line_each(tmp_path):
     """``plot A B OUT``: every panel holds each run's own records as one line, labelled by
     file name (by path where two share a name); a bad file among them draws nothing."""
