@@ -34,7 +34,7 @@ from . import safeio
 from .checksums import CRC_ATTR, Sums
 from .config import TrainConfig, from_dict
 from .errors import InputError, PshybridError
-from .schema import Schema
+from .schema import Schema, names_problem
 
 FORMAT_VERSION = 1
 TORCH = "torch"  # meta.json's front_end of a pshybrid.torch checkpoint
@@ -178,11 +178,10 @@ def read_meta(step_dir: str) -> dict:
     ok = (ok and isinstance(cards, list) and all(_int(c) and c >= 1 for c in cards)
           and sum(cards) < 2**63 and isinstance(names, list) and len(names) == len(cards)
           and isinstance(dnames, list) and len(dnames) == sc["n_dense"]
-          and all(isinstance(n, str) and n and "/" not in n for n in names + dnames)
-          and len(set(names)) == len(names))
+          and names_problem(dnames, names) is None)
     if not ok:
         raise _bad(path, "schema", "must hold n_dense, dense_names, cardinalities (integers "
-                   ">= 1) and as many distinct sparse_names (no '/')")
+                   ">= 1) and as many distinct sparse_names (no '/', not '.', '..' or empty)")
     return meta
 
 

@@ -28,7 +28,7 @@ import numpy as np
 from .errors import InputError
 from .rawrows import scan_rows
 from .rowcheck import check_bag_rows, check_rows
-from .schema import Schema
+from .schema import Schema, names_problem
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 16384
@@ -147,6 +147,9 @@ class DatasetWriter:
         self.path = os.fspath(path)
         self.dense_names, self.sparse_names = list(dense_names), list(sparse_names)
         self.multi_hot_names = list(multi_hot_names)
+        problem = names_problem(self.dense_names, self.sparse_names + self.multi_hot_names)
+        if problem:
+            raise InputError(f"{self.path}: {problem}")
         # Compressed: chunks of one shuffle block (1024 rows), so a shuffled read
         # decompresses only the rows it needs; uncompressed: 16,384 rows.
         filters = {"lzf": {"compression": "lzf"}, "gzip": {"compression": "gzip"},
@@ -396,6 +399,9 @@ class H5Dataset:
         if multi != names[len(names) - k:]:
             raise InputError(f"{self.path}: attribute multi_hot {multi} is not the last "
                              "field_names")
+        problem = names_problem(names[:fd], names[fd:])
+        if problem:
+            raise InputError(f"{self.path}: attribute field_names: {problem}")
         self.bag_sets = [check_bags(self.f, self.path, m, self.n_rows) for m in multi]
         self.schema = Schema(fd, cards, tuple(names[:fd]), tuple(names[fd:]), k)
 

@@ -20,6 +20,23 @@ import numpy as np
 from .errors import ConfigError
 
 
+def names_problem(dense_names, sparse_names) -> str | None:
+    """Why these field names cannot name a model's fields, or None: each becomes an HDF5
+    name in checkpoints and exports (``/embeddings/<field>``), so none is empty, holds a
+    '/' or is '.' or '..', and the categorical ones are distinct."""
+    for kind, names in (("dense", dense_names), ("categorical", sparse_names)):
+        for n in names:
+            if not isinstance(n, str) or not n or "/" in n or n in (".", ".."):
+                return (f"{kind} field name {n!r} cannot name a field (checkpoints and exports "
+                        "store fields under their names: no '/', not '.', '..' or empty)")
+    seen = set()
+    for n in sparse_names:
+        if n in seen:
+            return f"categorical field name {n!r} is given twice (each field needs its own)"
+        seen.add(n)
+    return None
+
+
 @dataclass(frozen=True)
 class Schema:
     """What a model needs to know about its input: ``n_dense`` dense features and one

@@ -539,3 +539,29 @@ def test_a_synthetic_subclass_with_its_own_fill_is_checked():
     with pytest.raises(InputError, match=r"^dataset TwoLabels: /label row 40 has a label "
                        r"outside \{0, 1\}: 2.0$"):
         next(it)
+
+
+@pytest.mark.parametrize("dense,sparse,needle", [
+    (["d"], ["a/b"], "'a/b' cannot name a field"),
+    (["d"], ["."], "'.' cannot name a field"),
+    (["d/x"], ["s"], "'d/x' cannot name a field"),
+    (["d"], ["u", "u"], "'u' is given twice"),
+    (["d"], [""], "'' cannot name a field"),
+])
+def test_field_names_a_checkpoint_cannot_hold_are_refused_by_writer_and_reader(tmp_path, dense,
+                                                                               sparse, needle):
+    """Field names become HDF5 names in checkpoints and exports (/embeddings/<field>): the
+    writer refuses them before a file exists, and a file holding them (written another way)
+    is refused when it is opened, before any training (not at export or resume)."""
+    with pytest.raises(InputError, match=needle):
+        DatasetWriter(str(tmp_path / "bad.h5"), dense, sparse)
+    assert os.listdir(tmp_path) == []
+    path = str(tmp_path / "good.h5")
+    w = DatasetWriter(path, ["d"] * len(dense), [f"s{i}" for i in range(len(sparse))])
+    w.append(np.zeros(2, np.float32), np.zeros((2, len(dense)), np.float32),
+             np.zeros((2, len(sparse)), np.int64))
+    w.close([3] * len(sparse))
+    with h5py.File(path, "a") as f:
+        f.attrs["field_names"] = np.array(dense + sparse, dtype=h5py.string_dtype())
+    with pytest.raises(InputError, match="attribute field_names: .*" + needle):
+        H5Dataset(path)

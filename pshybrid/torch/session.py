@@ -28,7 +28,7 @@ from pshybrid.modes import build_mode
 from pshybrid.modes.dense import AllreduceDense
 from pshybrid.optim import SLOTS, SPARSE_LR, Optimizer
 from pshybrid.registry import MODES
-from pshybrid.schema import FusedTable, Schema
+from pshybrid.schema import FusedTable, Schema, names_problem
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
 from pshybrid.transport import abort, abort_on_error, agree
@@ -164,6 +164,9 @@ def _check_tables(tables, mode: str, servers: int, size: int) -> None:
     names = [t.name for t in tables]
     if len(set(names)) != len(names):
         raise ConfigError(f"pt.init: duplicate table names in {names}", collective=True)
+    problem = names_problem([], names)
+    if problem:
+        raise ConfigError(f"pt.init: table {problem}", collective=True)
     t0 = tables[0]
     for t in tables:
         if t.rows < 1 or t.dim < 1:
