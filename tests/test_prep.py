@@ -323,6 +323,16 @@ def test_csv_options_from_toml_take_the_command_lines_forms(tmp_path):
     check_ratings(tmp_path / "b.h5", names)
 
 
+def test_a_quoted_value_may_be_as_long_as_a_line(tmp_path):
+    """Python's csv stops at 128 KiB a field by default; a quoted value of 140,000 bytes (a
+    line may hold 8 MiB) hashes as the same value unquoted does."""
+    value = "x" * 140_000
+    src = write(tmp_path / "q.csv", f'label,u\n1,"{value}"\n0,{value}\n')
+    run("csv", src, tmp_path / "q.h5", "--label", "label", "--sparse", "u", "--buckets", "1000")
+    _, _, sparse, _ = read(tmp_path / "q.h5")
+    assert sparse[:, 0].tolist() == [hashed(value, 1000)] * 2
+
+
 def test_csv_no_header_and_separator(tmp_path):
     body = RATINGS.split("\n", 1)[1].replace(",", ";")
     src = write(tmp_path / "ratings.txt", body)

@@ -12,8 +12,11 @@ import csv
 import numpy as np
 
 from .block import Block, split_lines
+from .inputs import MAX_LINE_BYTES
 
 NL, QUOTE = 10, ord('"')
+# A field may be as long as a line may (csv's own limit, 128 KiB, made long quoted values bad)
+csv.field_size_limit(max(csv.field_size_limit(), MAX_LINE_BYTES))
 
 
 def _records(data: bytes) -> tuple[np.ndarray, np.ndarray]:
