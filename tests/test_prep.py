@@ -333,6 +333,24 @@ def test_a_quoted_value_may_be_as_long_as_a_line(tmp_path):
     assert sparse[:, 0].tolist() == [hashed(value, 1000)] * 2
 
 
+def test_a_stray_double_quote_costs_its_own_line_only(tmp_path, monkeypatch, capsys):
+    """A quote never closed: its line is the bad one (named by its number), and the lines
+    after it are read again as records of their own, each kept; before, the whole open
+    record (MAX_LINE_BYTES of good lines) was dropped as one bad line, and later line
+    numbers were off by the lines it swallowed."""
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", 64)
+    monkeypatch.setattr(prep_read, "MAX_LINE_BYTES", 200)
+    src = write(tmp_path / "q.csv", 'label,u\n1,a\n0,"oops\n' + "1,zz\n" * 100 + "0,x,y\n")
+    argv = ["--label", "label", "--sparse", "u", "--buckets", "1000"]
+    with pytest.raises(InputError) as info:
+        run("csv", src, tmp_path / "q.h5", *argv)
+    assert str(info.value).startswith(f"{src}:3: a double quote not closed within 200 bytes")
+    run("csv", src, tmp_path / "q.h5", *argv, "--skip-bad-lines")
+    label, _, sparse, _ = read(tmp_path / "q.h5")
+    assert label.tolist() == [1.0] * 101 and sparse[1:, 0].tolist() == [hashed("zz", 1000)] * 100
+    assert "; 2 bad lines skipped;" in capsys.readouterr().out   # line 3 and the 3-field line
+
+
 def test_csv_no_header_and_separator(tmp_path):
     body = RATINGS.split("\n", 1)[1].replace(",", ";")
     src = write(tmp_path / "ratings.txt", body)

@@ -156,17 +156,20 @@ def _cut(buf: bytes, quote: bool) -> int:
 def blocks(path: str, tally: Tally, spools: dict | None = None, quote: bool = False):
     """Yield ``(first, data)``: whole lines of IN, each ending in LF, ``first`` the 1-based
     number of the first line; lines over MAX_LINE_BYTES go to ``tally.bad_line``. With
-    ``quote``, a block never ends inside double quotes (a quoted value may hold LFs)."""
-    line, rem, skipping = 1, b"", False
+    ``quote``, a block never ends inside double quotes (a quoted value may hold LFs); a
+    double quote still open MAX_LINE_BYTES later makes its line bad, and the lines after it
+    are read again as lines of their own (one stray quote costs one line)."""
+    line, rem, skipping, again = 1, b"", False, False
     name = shown_input(path)
     with open_input(path, spools) as f:
         while True:
-            chunk = read_checked(name, f.read, BLOCK_BYTES)
-            buf = rem + (chunk or b"\n" * bool(rem))   # at the end, close an unfinished line
+            chunk = b"" if again else read_checked(name, f.read, BLOCK_BYTES)
+            end, again = not chunk and not again, False
+            buf = rem + (chunk or b"\n" * bool(rem and end))  # at the end, close a last line
             if skipping:                                 # the rest of a too long line
                 k = buf.find(b"\n") + 1
                 buf, skipping, line = (buf[k:], False, line + 1) if k else (b"", True, line)
-            cut = _cut(buf, quote) if chunk else len(buf)
+            cut = len(buf) if end else _cut(buf, quote)
             k = buf.find(b"\n", 0, cut) + 1   # the first line, begun in an earlier read
             if k > MAX_LINE_BYTES + 1:        # (a later one lies within this read: shorter)
                 tally.bad_line(line, f"line longer than {MAX_LINE_BYTES} bytes")
@@ -177,9 +180,15 @@ def blocks(path: str, tally: Tally, spools: dict | None = None, quote: bool = Fa
                 line += data.count(b"\n")
             rem = buf[cut:]
             if len(rem) > MAX_LINE_BYTES:
-                tally.bad_line(line, f"line longer than {MAX_LINE_BYTES} bytes")
-                rem, skipping = b"", True
-            if not chunk:
+                k = rem.find(b"\n") + 1
+                if quote and 0 < k <= MAX_LINE_BYTES + 1:  # a quote left open, not a long line
+                    tally.bad_line(line, f"a double quote not closed within {MAX_LINE_BYTES} "
+                                   "bytes")
+                    rem, line, again = rem[k:], line + 1, True
+                else:
+                    tally.bad_line(line, f"line longer than {MAX_LINE_BYTES} bytes")
+                    rem, skipping = b"", True
+            if end:
                 return
 
 
