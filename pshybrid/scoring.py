@@ -23,8 +23,8 @@ import numpy as np
 
 from . import checkpoint_files, safeio
 from .config import TrainConfig
-from .data import H5Dataset
 from .errors import InputError, PshybridError
+from .files import dataset_paths, open_dataset
 from .preflight import preflight
 from .topology import Topology
 from .train import TrainResult, score_only, score_rows, setup
@@ -48,13 +48,14 @@ def _open(path: str, topo, out: str | None, overwrite: bool, ckpt: str):
     ``out`` may be written, with one shared verdict."""
     err, data = None, None
     try:
-        data = H5Dataset(path)
+        data = open_dataset(path)  # one file, a comma list or a directory, as --eval-data
         if data.n_rows == 0:
             raise InputError(f"{path}: holds no rows: nothing to score")
         n, W, w = data.n_rows, topo.n_workers, topo.worker_index
         data.validate(n * w // W, n * (w + 1) // W)
         if out is not None and topo.rank == 0:
-            problem = (safeio.check_output(out, "", [("DATA", path)], [ckpt],
+            problem = (safeio.check_output(out, "", [("DATA", p) for p in dataset_paths(path)],
+                                           [ckpt],
                                            safeio.replaceable("predict", overwrite))
                        or safeio.check_writable_file(out))
             if problem:

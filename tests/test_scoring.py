@@ -22,6 +22,7 @@ from mpi4py import MPI
 from mpi_util import SHARED_MEMORY, assert_all
 
 from pshybrid.config import TrainConfig
+from pshybrid.data import DatasetWriter
 from pshybrid.optim import Schedule
 from pshybrid.train import train
 
@@ -104,6 +105,41 @@ def test_eval_equals_training_eval_and_predict_equals_forward(comm, trained):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_eval_and_predict_take_a_list_or_a_directory_as_eval_data_does(comm, trained):
+    """DATA as two files (a comma list, or their directory) scores the rows of their
+    concatenation: the same AUC, logloss and per-row logits, in row order, as one file
+    holding those rows."""
+    from pshybrid.scoring import score
+
+    cfg, _, tmp = trained
+    ck, v = cfg.checkpoint_dir, cfg.eval_data
+    d = tmp / "parts"
+    if comm.rank == 0:
+        d.mkdir()
+        with h5py.File(v, "r") as f:
+            rows = [f[k][...] for k in ("label", "dense", "sparse")]
+            cards = f.attrs["cardinalities"]
+        for name, (a, b) in (("a.h5", (0, 130)), ("b.h5", (130, len(rows[0])))):
+            w = DatasetWriter(str(d / name), [f"I{i + 1}" for i in range(3)],
+                              [f"C{i + 1}" for i in range(4)])
+            w.append(*(x[a:b] for x in rows))
+            w.close(cards)
+    comm.Barrier()
+    whole = score(ck, v, comm)
+    score(ck, v, comm, out=str(tmp / "w.h5"))
+    ok, msg = True, ""
+    for i, spec in enumerate((f"{d}/a.h5,{d}/b.h5", str(d))):
+        got = score(ck, spec, comm)
+        score(ck, spec, comm, out=str(tmp / f"p{i}.h5"))
+        if comm.rank == 0:
+            ok &= all(math.isclose(got.evals[-1][k], whole.evals[-1][k], rel_tol=1e-12)
+                      for k in ("auc", "logloss")) and got.evals[-1]["rows"] == 300
+            with h5py.File(tmp / f"p{i}.h5") as f, h5py.File(tmp / "w.h5") as g:
+                ok &= bool(np.array_equal(f["logit"][...], g["logit"][...]))
+            msg = f"{spec}: {got.evals} vs {whole.evals}"
+    assert_all(comm, ok, msg)
+
+
 def test_metrics_lines_carry_time_epoch_and_lr(comm, trained):
     cfg = trained[0]
     ok, msg = True, ""
