@@ -145,18 +145,19 @@ def bag_oracle(value: bytes, sep: bytes, encode) -> list[int]:
     return [encode(v) for v in items] or [0]
 
 
+@pytest.mark.parametrize("tag_sep", [";", ":"])  # tags:; and tags:: (a colon)
 @pytest.mark.parametrize("block", [1 << 20, 128], ids=["one-block", "128-byte-blocks"])
-def test_multi_hot_columns_are_values_and_offsets(tmp_path, monkeypatch, block):
+def test_multi_hot_columns_are_values_and_offsets(tmp_path, monkeypatch, block, tag_sep):
     monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
     rng = np.random.default_rng(5)
     genres = ["Action", "Crime", "Drama", "", "Sci-Fi"]
     rows = [(int(rng.integers(0, 2)), "|".join(rng.choice(genres, rng.integers(0, 4))),
-             ";".join(rng.choice(["t1", "t2", "t3", ""], rng.integers(0, 3))),
+             tag_sep.join(rng.choice(["t1", "t2", "t3", ""], rng.integers(0, 3))),
              f"u{rng.integers(0, 9)}") for _ in range(150)]
     text = "y,genres,tags,user\n" + "".join(f"{y},{g},{t},{u}\n" for y, g, t, u in rows)
     (tmp_path / "in.csv").write_text(text)
     assert run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y", "--sparse",
-               "user", "--multi-hot", "genres", "--multi-hot", "tags:;",
+               "user", "--multi-hot", "genres", "--multi-hot", f"tags:{tag_sep}",
                "--buckets", "31,17,13", "--valid-fraction", "0.2") == 0
     n_train = 150 - round(0.2 * 150)
     for path, part in (("out.h5", rows[:n_train]), ("out.valid.h5", rows[n_train:])):
@@ -165,7 +166,7 @@ def test_multi_hot_columns_are_values_and_offsets(tmp_path, monkeypatch, block):
         assert got["@multi_hot"] == ["genres", "tags"]
         assert got["@cardinalities"] == [31, 17, 13]
         assert got["sparse"][:, 0].tolist() == [hashed(u.encode(), 31) for *_, u in part]
-        for col, sep, b in ((1, b"|", 17), (2, b";", 13)):
+        for col, sep, b in ((1, b"|", 17), (2, tag_sep.encode(), 13)):
             name = ["genres", "tags"][col - 1]
             bags = [bag_oracle(r[col].encode(), sep, lambda v, b=b: hashed(v, b)) for r in part]
             assert got[f"multi_hot/{name}/values"].tolist() == [i for x in bags for i in x]

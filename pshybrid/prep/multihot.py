@@ -49,10 +49,12 @@ def items(block: Block, s: np.ndarray, L: np.ndarray, sep: int) -> Items:
 
 def parse_multi_hot(text: str | None, names: list[str], header: bool, path: str, columns):
     """``--multi-hot`` text ``COL[:SEP],...`` -> (column indices, separator bytes). SEP: one
-    ASCII character (default ``|``; ``comma`` for a comma, ``\\t`` or ``tab`` for a tab)."""
+    ASCII character (default ``|``; ``comma`` for a comma, ``\\t`` or ``tab`` for a tab, ``:``
+    as ``COL::``)."""
     cols, seps = [], []
     for part in (text.split(",") if text else []):
-        col, _, sep = part.rpartition(":") if ":" in part else (part, "", "|")
+        col, _, sep = (part[:-2], ":", ":") if part.endswith("::") else \
+            part.rpartition(":") if ":" in part else (part, "", "|")  # COL:: -> SEP ':'
         ch = "," if sep == "comma" else separator(sep)
         if ch is None:
             raise ConfigError(f"--multi-hot {part}: the separator must be one ASCII character "
