@@ -36,6 +36,10 @@ def cupy_status() -> tuple[bool, str]:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001 - CUDARuntimeError and friends
         text = f"{type(e).__name__}: {e}"
+        if ("InsufficientDriver" in text or "insufficient" in text.lower()) and \
+                not nvidia_driver_loaded():
+            return False, (f"no NVIDIA driver on this machine (no {DRIVER_PROC}): --device "
+                           f"cuda needs a GPU node ({text})")
         if "InsufficientDriver" in text or "insufficient" in text.lower():
             return False, (f"the NVIDIA driver is older than CuPy's CUDA runtime ({text}): "
                            f"install the cupy wheel of the driver's CUDA major version "
@@ -46,6 +50,17 @@ def cupy_status() -> tuple[bool, str]:
     if n <= 0:
         return False, f"no CUDA device visible (device count {n}){_visible()}"
     return True, f"{n} CUDA device(s), CuPy {cupy.__version__}"
+
+
+DRIVER_PROC = "/proc/driver/nvidia/version"  # present while the kernel driver is loaded
+
+
+def nvidia_driver_loaded() -> bool:
+    """Whether the NVIDIA kernel driver is loaded here (CUDA reports its absence as an
+    'insufficient' driver, as it does an old one)."""
+    import os
+
+    return os.path.exists(DRIVER_PROC)
 
 
 def _visible() -> str:

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from mpi_util import assert_all
-from pshybrid import cuda
+from pshybrid import backend, cuda
 from pshybrid.backend import cupy_status
 from pshybrid.config import TrainConfig
 from pshybrid.errors import ConfigError, PshybridError
@@ -218,21 +218,24 @@ class _FakeRuntimeError(Exception):
 @pytest.mark.parametrize("case,want", [
     ("missing", "cupy is not installed"),
     ("driver", "NVIDIA driver is older than CuPy's CUDA runtime"),
+    ("nodriver", "no NVIDIA driver on this machine (no /proc/driver/nvidia/version)"),
     ("nodevice", "no CUDA device visible (CUDARuntimeError: cudaErrorNoDevice"),
     ("zero", "no CUDA device visible (device count 0); CUDA_VISIBLE_DEVICES=''"),
     ("other", "the CUDA runtime failed: CUDARuntimeError: cudaErrorUnknown"),
     ("ok", "2 CUDA device(s), CuPy 99.0")])
 def test_cupy_status_says_what_failed(monkeypatch, case, want):
     """``cupy_status`` (and ``--device cuda``'s error) names the failure: a missing cupy, a
-    driver older than CuPy's CUDA runtime, no device (with CUDA_VISIBLE_DEVICES), any other
+    driver older than CuPy's CUDA runtime, no driver at all (CUDA calls both insufficient), no device (with CUDA_VISIBLE_DEVICES), any other
     runtime error; a fake cupy module stands in for each."""
     import types
 
     from pshybrid.backend import cupy_available
     from pshybrid.devices import pick_device
 
-    errors = {"driver": "cudaErrorInsufficientDriver: CUDA driver version is insufficient "
-                        "for CUDA runtime version", "nodevice": "cudaErrorNoDevice: no "
+    insufficient = ("cudaErrorInsufficientDriver: CUDA driver version is insufficient for "
+                    "CUDA runtime version")
+    monkeypatch.setattr(backend, "nvidia_driver_loaded", lambda: case != "nodriver")
+    errors = {"driver": insufficient, "nodriver": insufficient, "nodevice": "cudaErrorNoDevice: no "
                         "CUDA-capable device is detected", "other": "cudaErrorUnknown: oops"}
     err = type("CUDARuntimeError", (_FakeRuntimeError,), {})
 
