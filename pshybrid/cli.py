@@ -14,7 +14,9 @@ from .registry import DEDICATED, MODES, PLACEMENTS, is_colocated, refusal
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="pshybrid", description=__doc__.splitlines()[0])
+    p = ArgumentParser(prog="pshybrid", description="MPI-native training of CTR models with "
+                       "sharded embedding tables (python -m pshybrid <command> --help: its "
+                       "options; docs/: the manual).")
     p.add_argument("--version", action="version", version=f"pshybrid {__version__}")
     sub = p.add_subparsers(dest="command", metavar="<command>", parser_class=ArgumentParser)
     sub.required = True
@@ -43,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="communication mode, decides whether servers are needed")
     info.add_argument("--placement", choices=tuple(PLACEMENTS), default=DEDICATED,
                       help="as train's --placement: server ranks, or a shard on every rank")
-    info.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    info.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                      help="as train's --device: check and show each worker's device")
     info.add_argument("--cuda-aware", choices=("auto", "on", "off"), default="auto",
                       help="as train's --cuda-aware: report what it would decide")
     info.add_argument("--server-threads", type=int, default=None,

@@ -37,7 +37,9 @@ class ArgumentParser(argparse.ArgumentParser):
     """argparse that raises ConfigError (same on every rank) instead of exiting."""
 
     def error(self, message):
-        raise ConfigError(f"{self.prog}: {message}", collective=True)
+        # (the top-level parser's name is already the error line's "pshybrid: error:")
+        where = "" if self.prog == "pshybrid" else f"{self.prog}: "
+        raise ConfigError(f"{where}{message}", collective=True)
 
 
 def option(default, help: str, *, choices: tuple | None = None, check=None,
