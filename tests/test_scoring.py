@@ -140,6 +140,7 @@ def test_eval_and_predict_take_a_list_or_a_directory_as_eval_data_does(comm, tra
     assert_all(comm, ok, msg)
 
 
+@pytest.mark.mpi(min_size=2)
 def test_metrics_lines_carry_time_epoch_and_lr(comm, trained):
     cfg = trained[0]
     ok, msg = True, ""
