@@ -160,18 +160,21 @@ class Job:
     device: DeviceStep | None = None  # GPU workers: the step's device work (``graphs``)
     untrained: dict = field(default_factory=dict)  # bytes moved by start-up and evaluations
 
+    def bytes_moved(self) -> dict:
+        """The mode's byte counters so far (not ``reads``: the training reads' own counts)."""
+        return {k: v for k, v in self.mode.traffic().items() if not isinstance(v, dict)}
+
     def not_training(self, work) -> None:
         """Run ``work`` (an evaluation), its traffic counted apart from training's."""
-        before = self.mode.traffic()
+        before = self.bytes_moved()
         work()
-        for k, v in self.mode.traffic().items():
-            if not isinstance(v, dict):  # (``reads``: the training reads' own counts)
-                self.untrained[k] = self.untrained.get(k, 0) + v - before.get(k, 0)
+        for k, v in self.bytes_moved().items():
+            self.untrained[k] = self.untrained.get(k, 0) + v - before.get(k, 0)
 
     def trained_traffic(self) -> dict:
-        """This rank's bytes moved by the training steps, by kind."""
-        return {k: v if isinstance(v, dict) else v - self.untrained.get(k, 0)
-                for k, v in self.mode.traffic().items()}
+        """This rank's bytes moved by the training steps, by kind (and ``reads``)."""
+        return {**self.mode.traffic(), **{k: v - self.untrained.get(k, 0)
+                                          for k, v in self.bytes_moved().items()}}
 
     def save(self, step: int) -> str:
         """Collective: write checkpoint ``step`` (servers join through their loop)."""
@@ -312,8 +315,7 @@ def loop(job: Job, on_step=None) -> None:
     SIGUSR1, SIGTERM or SIGINT reaching any rank stops every worker at the same step
     boundary, after a checkpoint with --checkpoint-dir (``preempt``)."""
     cfg, mode = job.cfg, job.mode
-    job.untrained = {k: v for k, v in mode.traffic().items()  # start-up's (the hot rows'
-                     if not isinstance(v, dict)}                 # first pull)
+    job.untrained = job.bytes_moved()  # start-up's (the hot rows' first pull)
     log = StepLog(job)
     batches = _batches(job)
     stop = job.stop
