@@ -16,7 +16,7 @@ import pytest
 from test_prep import CRITEO, RATINGS
 
 from pshybrid.cli import main
-from pshybrid.errors import InputError
+from pshybrid.errors import ConfigError, InputError
 from pshybrid.prep import read as prep_read
 
 
@@ -201,9 +201,9 @@ def test_every_compression_holds_the_same_arrays(tmp_path, compression):
 def test_parquet_equals_the_same_table_as_csv(tmp_path, monkeypatch):
     pa = pytest.importorskip("pyarrow")
     pq = pytest.importorskip("pyarrow.parquet")
-    from pshybrid.prep import inputs
+    from pshybrid.prep import parquet
 
-    monkeypatch.setattr(inputs, "PARQUET_BATCH", 7)        # several batches, one header
+    monkeypatch.setattr(parquet, "BATCH", 7)               # several batches, one header
     rng = np.random.default_rng(2)
     n = 40
     cols = {"y": rng.integers(0, 2, n).tolist(),
@@ -223,3 +223,55 @@ def test_parquet_equals_the_same_table_as_csv(tmp_path, monkeypatch):
     assert run("csv", tmp_path / "t.parquet", tmp_path / "p.h5", *opts) == 0
     assert run("csv", tmp_path / "t.csv", tmp_path / "c.h5", *opts) == 0
     assert_same(tmp_path / "p.h5", tmp_path / "c.h5")
+
+
+def test_parquet_booleans_and_lists_equal_their_text(tmp_path, monkeypatch):
+    """A boolean reads as 1/0 and a list as its items joined by '|' (a null item empty):
+    the same dataset as the CSV holding that text; a struct column nobody selects is no
+    obstacle."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from pshybrid.prep import parquet
+
+    monkeypatch.setattr(parquet, "BATCH", 5)
+    rng = np.random.default_rng(3)
+    n = 23
+    clicked = [bool(v) for v in rng.integers(0, 2, n)]
+    tags = [None if i % 7 == 0 else [f"t{v}" for v in rng.integers(0, 5, i % 4)]
+            for i in range(n)]
+    tags[3] = ["a", None, "b"]
+    codes = [[int(v) for v in rng.integers(0, 9, 2)] for _ in range(n)]
+    pq.write_table(pa.table({"clicked": clicked, "tags": tags, "codes": codes,
+                             "meta": [{"a|b": i} for i in range(n)],
+                             "notes": [["x|y"]] * n}), tmp_path / "t.parquet")
+    with open(tmp_path / "t.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["clicked", "tags", "codes"])
+        w.writerows([[int(c), "" if t is None else "|".join(v or "" for v in t),
+                      "|".join(map(str, k))] for c, t, k in zip(clicked, tags, codes)])
+    opts = ["--label", "clicked", "--multi-hot", "tags,codes", "--buckets", "31"]
+    assert run("csv", tmp_path / "t.parquet", tmp_path / "p.h5", *opts) == 0
+    assert run("csv", tmp_path / "t.csv", tmp_path / "c.h5", *opts) == 0
+    assert_same(tmp_path / "p.h5", tmp_path / "c.h5")
+
+
+@pytest.mark.parametrize("opts, error, message", [
+    (["--sparse", "tags"], ConfigError,
+     r"t.parquet: --sparse tags: a Parquet list column .*--multi-hot"),
+    (["--multi-hot", "tags:;"], ConfigError,
+     r"--multi-hot tags:;: a Parquet list column .*no separator"),
+    (["--multi-hot", "meta"], ConfigError, r"--multi-hot meta: a Parquet column of a nested"),
+    (["--dense", "meta"], ConfigError, r"--dense meta: a Parquet column of a nested type"),
+    (["--multi-hot", "notes"], InputError,
+     r"t.parquet:4: column 'notes': the list item 'x\|y' holds"),
+    (["--sparse", "tags", "--no-header"], ConfigError,
+     r"--no-header: a Parquet input's column names")])
+def test_parquet_columns_it_cannot_read_are_refused(tmp_path, opts, error, message):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"y": [1, 0, 1], "tags": [["a"], [], ["b", "c"]],
+                             "meta": [{"k": 1}, None, {"k": 2}],
+                             "notes": [["p"], ["q"], ["x|y"]]}), tmp_path / "t.parquet")
+    with pytest.raises(error, match=message):
+        run("csv", tmp_path / "t.parquet", tmp_path / "out.h5", "--label", "y", *opts)
+    assert not (tmp_path / "out.h5").exists()

@@ -60,14 +60,19 @@ def two_passes(o: TableOptions) -> bool:
 def cmd_csv(args) -> int:
     o = resolve(CsvOptions, args)
     from .convert import run_table
-    from .inputs import as_inputs, spooled
+    from .inputs import as_inputs, is_parquet, raw_input, shown_input, spooled
     from .multihot import parse_multi_hot
+    from .parquet import check_columns
     from .read import Table
 
     args.input = as_inputs(args.input)
 
     sep = separator(o.sep)
     with spooled(args.input, True) as spools:   # the header is read before the rows
+        parquets = [p for p in args.input if is_parquet(p, spools)]
+        if not o.header and parquets:
+            raise ConfigError("--no-header: a Parquet input's column names are its header",
+                              collective=True)
         first, names = _header(args.input[0], sep, o.header, spools)
         label, dense, sparse = (_columns(text, option, names, o.header, args.input[0]) for
                                 text, option in ((o.label, "--label"), (o.dense, "--dense"),
@@ -80,6 +85,11 @@ def cmd_csv(args) -> int:
             twice = next(names[c] for c in used if used.count(c) > 1)
             raise ConfigError(f"column {twice!r} is used twice in "
                               "--label/--dense/--sparse/--multi-hot", collective=True)
+        for path in parquets:               # their list and nested columns
+            with raw_input(path, spools) as f:
+                check_columns(f, shown_input(path), names, {
+                    "--label": label, "--dense": dense, "--sparse": sparse},
+                    dict(zip(multi, seps)))
         t = Table(args.input, sep=ord(sep), n_fields=len(names), header=o.header,
                   label=label[0], dense=dense, sparse=sparse,
                   dense_names=[names[c] for c in dense],

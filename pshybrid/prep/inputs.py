@@ -16,11 +16,10 @@ import tempfile
 import zlib
 
 from ..errors import InputError
+from . import parquet
 
 STDIN = "-"
-PARQUET_MAGIC = b"PAR1"
 BOM = b"\xef\xbb\xbf"     # UTF-8's byte order mark, dropped where an input starts with it
-PARQUET_BATCH = 65536      # rows converted at a time
 MAX_LINE_BYTES = 8 << 20   # a longer line is a bad line
 
 
@@ -73,78 +72,36 @@ class _Prefixed(io.RawIOBase):
         return len(data)
 
 
-class _ParquetText(io.RawIOBase):
-    """A Parquet file (optional: pyarrow) as the CSV text pyarrow writes for it: a header
-    of the column names, then the rows, comma-separated, a value quoted only where it must
-    be (RFC 4180), null = empty."""
-
-    def __init__(self, f, name: str):
-        try:
-            import pyarrow.csv as pcsv
-            import pyarrow.parquet as pq
-        except ImportError:
-            raise InputError(f"{name}: a Parquet file; reading it needs pyarrow (pip install "
-                             "'pshybrid[parquet]')") from None
-        self.pcsv, self.name = pcsv, name
-        try:
-            self.batches = pq.ParquetFile(f).iter_batches(batch_size=PARQUET_BATCH)
-        except Exception as exc:  # noqa: BLE001 - pyarrow's errors name no common base
-            raise InputError(f"{name}: not a readable Parquet file ({exc})") from None
-        self.buf, self.header = b"", True
-
-    def readable(self) -> bool:
-        return True
-
-    def _next(self) -> bytes:
-        try:
-            batch = next(self.batches)
-        except StopIteration:
-            return b""
-        except Exception as exc:  # noqa: BLE001
-            raise InputError(f"{self.name}: cannot read: {exc}") from None
-        out = io.BytesIO()
-        for style in ("none", "needed"):     # unquoted where no value needs quotes
-            try:
-                opts = self.pcsv.WriteOptions(include_header=self.header, quoting_style=style)
-                self.pcsv.write_csv(batch, out, opts)
-                break
-            except Exception as exc:  # noqa: BLE001 - ArrowInvalid (a value needs quotes)
-                out, why = io.BytesIO(), exc
-        else:
-            raise InputError(f"{self.name}: cannot convert to text: {why}")
-        self.header = False
-        return out.getvalue()
-
-    def readinto(self, b) -> int:
-        while not self.buf:
-            self.buf = self._next()
-            if not self.buf:
-                return 0
-        n = min(len(b), len(self.buf))
-        b[:n], self.buf = self.buf[:n], self.buf[n:]
-        return n
+@contextlib.contextmanager
+def raw_input(path: str, spools: dict | None):
+    """IN's bytes from their start: the regular file, standard input, or its copy in
+    ``spools``."""
+    spool = (spools or {}).get(path)
+    if spool is not None:
+        spool.seek(0)
+        yield spool
+    elif path == STDIN:
+        yield sys.stdin.buffer
+    else:
+        with _open_regular(path) as f:
+            yield f
 
 
 @contextlib.contextmanager
 def open_input(path: str, spools: dict | None = None):
     """IN opened for binary reading (``readline``, ``read``), gunzipped if it starts with the
-    gzip magic bytes. IN is a regular file, or ``-`` (standard input, or its copy in
-    ``spools``); a FIFO or device by name is refused (it could not be read twice)."""
+    gzip magic bytes, or as text if it is a Parquet file (``parquet.ParquetText``). IN is a
+    regular file, or ``-`` (standard input, or its copy in ``spools``); a FIFO or device by
+    name is refused (it could not be read twice)."""
     name = shown_input(path)
-    spool = (spools or {}).get(path)
-    own = True
-    if spool is not None:
-        f, own = spool, False
-        f.seek(0)
-    elif path == STDIN:
-        f, own = sys.stdin.buffer, False
-    else:
-        f = _open_regular(path)
-    try:
+    with raw_input(path, spools) as f:
         head = read_checked(name, f.read, 4)
-        if head == PARQUET_MAGIC:
+        if head == parquet.MAGIC:
+            if not f.seekable():
+                raise InputError(f"{name}: a Parquet file on a pipe: give its path (Parquet "
+                                 "is read from its end)")
             f.seek(0)
-            raw = io.BufferedReader(_ParquetText(f, name), 1 << 20)
+            raw = io.BufferedReader(parquet.ParquetText(f, name), 1 << 20)
         else:  # a UTF-8 byte order mark is no part of the first value
             raw = io.BufferedReader(_Prefixed(head[3:] if head[:3] == BOM else head, f),
                                     1 << 20)
@@ -154,9 +111,14 @@ def open_input(path: str, spools: dict | None = None):
                 yield g if first == BOM else io.BufferedReader(_Prefixed(first, g), 1 << 20)
         else:
             yield raw
-    finally:
-        if own:
-            f.close()
+
+
+def is_parquet(path: str, spools: dict | None) -> bool:
+    """Whether IN is a Parquet file (standard input only through its copy in ``spools``)."""
+    if path == STDIN and path not in (spools or {}):
+        return False
+    with raw_input(path, spools) as f:
+        return read_checked(shown_input(path), f.read, 4) == parquet.MAGIC
 
 
 def _open_regular(path: str):
