@@ -275,3 +275,16 @@ def test_parquet_columns_it_cannot_read_are_refused(tmp_path, opts, error, messa
     with pytest.raises(error, match=message):
         run("csv", tmp_path / "t.parquet", tmp_path / "out.h5", "--label", "y", *opts)
     assert not (tmp_path / "out.h5").exists()
+
+
+def test_prep_criteo_refuses_parquet(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pq.write_table(pa.table({"y": [1, 0]}), tmp_path / "t.parquet")
+    with pytest.raises(InputError, match=r"t.parquet: a Parquet file: prep criteo reads"):
+        run("criteo", tmp_path / "t.parquet", tmp_path / "out.h5")
+    r = subprocess.run([sys.executable, "-m", "pshybrid", "prep", "criteo", "-",
+                        str(tmp_path / "out.h5")], stdin=open(tmp_path / "t.parquet", "rb"),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "<stdin>: a Parquet file: prep criteo" in r.stderr
+    assert not (tmp_path / "out.h5").exists()

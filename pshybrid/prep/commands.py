@@ -96,7 +96,7 @@ def cmd_csv(args) -> int:
                   sparse_names=[names[c] for c in sparse + multi], integers=False,
                   log=o.dense_transform == "log", threshold=o.label_threshold,
                   quote=o.quoting == "rfc4180", spools=spools, multi_hot=multi,
-                  multi_sep=seps, header_line=first if o.header else None)
+                  multi_sep=seps, header_line=first if o.header else None, parquet=True)
         return run_table("csv", t, args.out, o)
 
 

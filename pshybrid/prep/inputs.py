@@ -88,15 +88,19 @@ def raw_input(path: str, spools: dict | None):
 
 
 @contextlib.contextmanager
-def open_input(path: str, spools: dict | None = None):
+def open_input(path: str, spools: dict | None = None, parquet_text: bool = False):
     """IN opened for binary reading (``readline``, ``read``), gunzipped if it starts with the
-    gzip magic bytes, or as text if it is a Parquet file (``parquet.ParquetText``). IN is a
-    regular file, or ``-`` (standard input, or its copy in ``spools``); a FIFO or device by
-    name is refused (it could not be read twice)."""
+    gzip magic bytes, or as text if it is a Parquet file and ``parquet_text``
+    (``parquet.ParquetText``; else refused). IN is a regular file, or ``-`` (standard input,
+    or its copy in ``spools``); a FIFO or device by name is refused (it could not be read
+    twice)."""
     name = shown_input(path)
     with raw_input(path, spools) as f:
         head = read_checked(name, f.read, 4)
         if head == parquet.MAGIC:
+            if not parquet_text:
+                raise InputError(f"{name}: a Parquet file: prep criteo reads Criteo's "
+                                 "tab-separated text (prep csv reads Parquet)")
             if not f.seekable():
                 raise InputError(f"{name}: a Parquet file on a pipe: give its path (Parquet "
                                  "is read from its end)")
@@ -147,7 +151,7 @@ def read_checked(name: str, read, n: int) -> bytes:
 
 def first_line(path: str, spools: dict | None = None) -> bytes:
     """IN's first line (at most MAX_LINE_BYTES + 1 bytes), with its line end."""
-    with open_input(path, spools) as f:
+    with open_input(path, spools, parquet_text=True) as f:
         return read_checked(shown_input(path), f.readline, MAX_LINE_BYTES + 1)
 
 

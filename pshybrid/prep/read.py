@@ -40,6 +40,7 @@ class Table:
     multi_hot: list[int] = field(default_factory=list)   # multi-hot columns
     multi_sep: list[int] = field(default_factory=list)   # and their item separators
     header_line: bytes | None = None  # the first input's header: every input must repeat it
+    parquet: bool = False        # a Parquet input is read as text (else refused)
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         """Dense values as stored, (n, F_d) float32: log1p(max(x, 0)) (in float64), or x."""
@@ -153,15 +154,17 @@ def _cut(buf: bytes, quote: bool) -> int:
     return int(outside[-1]) + 1 if len(outside) else 0
 
 
-def blocks(path: str, tally: Tally, spools: dict | None = None, quote: bool = False):
+def blocks(path: str, tally: Tally, spools: dict | None = None, quote: bool = False,
+           parquet: bool = False):
     """Yield ``(first, data)``: whole lines of IN, each ending in LF, ``first`` the 1-based
     number of the first line; lines over MAX_LINE_BYTES go to ``tally.bad_line``. With
     ``quote``, a block never ends inside double quotes (a quoted value may hold LFs); a
     double quote still open MAX_LINE_BYTES later makes its line bad, and the lines after it
-    are read again as lines of their own (one stray quote costs one line)."""
+    are read again as lines of their own (one stray quote costs one line). ``parquet``: as
+    ``inputs.open_input``."""
     line, rem, skipping, again = 1, b"", False, False
     name = shown_input(path)
-    with open_input(path, spools) as f:
+    with open_input(path, spools, parquet) as f:
         while True:
             chunk = b"" if again else read_checked(name, f.read, BLOCK_BYTES)
             end, again = not chunk and not again, False
@@ -220,7 +223,7 @@ def scan(t: Table, max_rows: int | None, tally: Tally, title: str):
     progress = Progress(title)
     for path in t.paths:
         tally.path = shown_input(path)
-        for first, data in blocks(path, tally, t.spools, t.quote):
+        for first, data in blocks(path, tally, t.spools, t.quote, t.parquet):
             if t.header and first == 1:
                 _check_header(t, data[:data.index(b"\n") + 1], tally.path)
                 data, first = data[data.index(b"\n") + 1:], 2
