@@ -101,9 +101,6 @@ def open_input(path: str, spools: dict | None = None, parquet_text: bool = False
             if not parquet_text:
                 raise InputError(f"{name}: a Parquet file: prep criteo reads Criteo's "
                                  "tab-separated text (prep csv reads Parquet)")
-            if not f.seekable():
-                raise InputError(f"{name}: a Parquet file on a pipe: give its path (Parquet "
-                                 "is read from its end)")
             f.seek(0)
             raw = io.BufferedReader(parquet.ParquetText(f, name), 1 << 20)
         else:  # a UTF-8 byte order mark is no part of the first value

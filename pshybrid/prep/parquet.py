@@ -116,7 +116,7 @@ class ParquetText(io.RawIOBase):
     def __init__(self, f, name: str):
         self.pa, self.name = _pyarrow(name), name
         self.batches = _open(f, name).iter_batches(batch_size=BATCH)
-        self.buf, self.rows, self.header = b"", 0, True
+        self.buf, self.header = b"", True
 
     def readable(self) -> bool:
         return True
@@ -156,7 +156,7 @@ class ParquetText(io.RawIOBase):
                 out, why = io.BytesIO(), exc
         else:
             raise InputError(f"{self.name}: cannot convert to text: {why}")
-        self.rows, self.header = self.rows + batch.num_rows, False
+        self.header = False
         return out.getvalue()
 
     def readinto(self, b) -> int:
