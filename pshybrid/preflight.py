@@ -99,11 +99,11 @@ def lock_checkpoint_dir(cfg, topo, out, held: list) -> None:
 
 
 def _ranks_here(topo) -> tuple[int, int]:
-    """(workers, servers) on this rank's node."""
+    """(workers, servers) on this rank's node; a colocated rank is both."""
     mine = topo.node_of_rank[topo.rank]
     here = [r for r, n in enumerate(topo.node_of_rank) if n == mine]
-    servers = sum(1 for r in here if r in topo.server_ranks)
-    return len(here) - servers, servers
+    return (sum(1 for r in here if r in topo.worker_ranks),
+            sum(1 for r in here if r in topo.server_ranks))
 
 
 def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,

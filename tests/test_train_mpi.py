@@ -392,3 +392,20 @@ def test_traffic_per_step_counts_the_training_steps_only(comm, mpi_tmp_path, mod
             ok = ok and t[2]["rma_get_bytes"] <= t[0]["rma_get_bytes"]
         msg = str(t)
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_colocated_ranks_count_as_workers_in_the_memory_check(comm):
+    """A colocated rank is a worker too: activations far past any node's memory are refused
+    before step 1, on every rank, naming --batch-size (they were counted as 0 workers)."""
+    from pshybrid.errors import PshybridError
+
+    cfg = replace(BASE, placement="colocated", servers=None, batch_size=10**8,
+                  mlp=(4096, 4096), steps=1)
+    try:
+        run(cfg, comm)
+        verdict = "trained"
+    except PshybridError as e:
+        verdict = str(e)
+    assert_all(comm, "not enough memory" in verdict and "per worker" in verdict
+               and "--batch-size" in verdict, verdict)
