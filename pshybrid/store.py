@@ -191,7 +191,9 @@ class EmbeddingStore:
         else:
             self.win = MPI.Win.Allocate(nbytes, 1, comm=topo.world)
             self._views = self._node_views() if auto and topo.is_worker else None
-        self._mem = np.frombuffer(self.win.tomemory(), dtype=np.uint8) if nbytes else None
+        # a server of no rows (more servers than a table's rows) holds an empty window
+        self._mem = (np.frombuffer(self.win.tomemory(), dtype=np.uint8) if nbytes else
+                     np.empty(0, np.uint8))
         if topo.is_server:
             for name in self.tables:
                 self._init_shard(name)

@@ -201,6 +201,24 @@ def test_same_seed_same_table_for_any_server_count(comm):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_owners_of_no_rows_start_and_the_rows_stay_exact(comm):
+    """Fewer rows than shard owners (colocated: every rank owns a shard; 1 row): the ranks
+    of empty shards start (an empty window; they crashed, or hung the Python API), and a
+    pull after every worker's push == the unsharded table + the pushes."""
+    spec = TableSpec("one", rows=1, dim=3, dtype="float64", init="zeros")  # sums: exact
+    topo = Topology.create(comm, colocated=True)
+    store = EmbeddingStore(topo, [spec], seed=SEED)
+    ids = np.zeros((2, 1), np.int64)
+    store.push("one", ids, np.full((2, 1, 3), topo.worker_index + 1.0))
+    comm.Barrier()   # Wire: every worker's accumulate is flushed before the barrier
+    got = store.pull("one", np.zeros(1, np.int64))
+    want = reference(spec) + 2 * sum(range(1, topo.n_workers + 1))
+    store.close()
+    topo.free()
+    assert_all(comm, np.array_equal(got, want), f"{got} != {want}")
+
+
+@pytest.mark.mpi(min_size=2)
 def test_bad_ids_raise_and_write_nothing(comm):
     spec = TableSpec("users", rows=10, dim=2, dtype="float64")
     topo = Topology.create(comm, 1)
