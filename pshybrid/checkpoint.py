@@ -203,7 +203,8 @@ def load(path: str, cfg: TrainConfig, topo, mode, params, schema,
         if topo.rank in holders:  # holders of sparse rows under this run
             me, n = holders.index(topo.rank), len(holders)  # each checks 1/n of the shards
             read_shards(step_dir, meta, mode.layout.table.dim, SLOTS[cfg.sparse_optimizer],
-                        mode.owns, mode.set_sparse_rows, weights_only, lambda i: i % n == me)
+                        mode.owns, mode.set_sparse_rows, weights_only, lambda i: i % n == me,
+                        part=(me, n) if topo.n_servers else None)
         flat, state, _ = read_dense(step_dir, SLOTS[cfg.dense_optimizer], params.size,
                                     checksums=sums and first)
         mode.set_dense_state(flat, {} if weights_only else state)

@@ -30,7 +30,7 @@ import sys
 import h5py
 import numpy as np
 
-from . import safeio
+from . import partition, safeio
 from .checksums import CRC_ATTR, Sums
 from .config import TrainConfig, from_dict
 from .errors import InputError, PshybridError
@@ -240,12 +240,14 @@ def row_width(cfg: TrainConfig) -> int:
 
 
 class _Rows:
-    """Checks the ids of every shard of one checkpoint: each in [0, rows) and each row in
-    exactly one place (a bitset over the table's rows: rows/8 bytes)."""
+    """Checks the ids of the shards one reader reads: each in [0, rows), each of this
+    reader's rows (``r % n == me``: every row where n = 1) in exactly one place, and, at the
+    end, every one of them present (a bitset over its rows: rows/n/8 bytes)."""
 
-    def __init__(self, rows: int):
-        self.rows, self.count = rows, 0
-        self.bits = np.zeros((rows + 7) // 8, np.uint8)
+    def __init__(self, rows: int, n: int = 1, me: int = 0):
+        self.rows, self.n, self.me, self.count = rows, n, me, 0
+        self.want = partition.shard_rows(rows, n, me)
+        self.bits = np.zeros((self.want + 7) // 8, np.uint8)
 
     def add(self, fpath: str, ids: np.ndarray, first: int) -> None:
         bad = (ids < 0) | (ids >= self.rows)
@@ -253,21 +255,28 @@ class _Rows:
             i = int(np.flatnonzero(bad)[0])
             raise _bad(fpath, f"/ids[{first + i}]", f"= {ids[i]} is outside the table's rows "
                        f"[0, {self.rows})")
-        s = np.sort(ids)
+        other = ids % self.n != self.me
+        if other.any():
+            i = int(np.flatnonzero(other)[0])
+            raise _bad(fpath, f"/ids[{first + i}]", f"= {ids[i]} is a row of shard "
+                       f"{ids[i] % self.n} of {self.n} (rows r % {self.n}), not of this one")
+        local = ids // self.n
+        s = np.sort(local)
         dup = s[1:] == s[:-1]
-        byte, mask = ids >> 3, np.left_shift(np.uint8(1), (ids & 7).astype(np.uint8))
+        byte, mask = local >> 3, np.left_shift(np.uint8(1), (local & 7).astype(np.uint8))
         seen = (self.bits[byte] & mask) != 0
         if dup.any() or seen.any():
-            v = int(s[1:][dup][0]) if dup.any() else int(ids[seen][0])
-            raise _bad(fpath, "/ids", f"holds row {v} more than once (in this or an earlier "
-                       "shard)")
+            v = int(s[1:][dup][0]) if dup.any() else int(local[seen][0])
+            raise _bad(fpath, "/ids", f"holds row {v * self.n + self.me} more than once (in "
+                       "this or an earlier shard)")
         np.bitwise_or.at(self.bits, byte, mask)
         self.count += ids.size
 
-    def check_complete(self, step_dir: str) -> None:
-        if self.count != self.rows:
-            raise InputError(f"{step_dir}: the shards hold {self.count:,} of the table's "
-                             f"{self.rows:,} rows")
+    def check_complete(self, where: str) -> None:
+        if self.count != self.want:
+            mine = f" (r % {self.n} == {self.me})" if self.n > 1 else ""
+            raise InputError(f"{where}: the shards hold {self.count:,} of the table's "
+                             f"{self.want:,} rows{mine}")
 
 
 def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
@@ -292,14 +301,22 @@ def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
 
 
 def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], owns, take,
-                weights_only: bool = False, verify=lambda i: True):
+                weights_only: bool = False, verify=lambda i: True, part=None):
     """Read every shard of ``step_dir`` in chunks, checking it; ``take(ids, {slot: rows})``
     gets the rows ``owns(ids)`` selects, after their values were checked finite (with
     ``weights_only``, ``{"w": rows}``: the slots' layout is checked, their values not read
     unless for the checksum). ``verify(i)``: whether this reader checks the checksums of
-    shard ``i`` (every dataset read whole; ``load`` spreads the shards over its readers)."""
-    rows, checks = _Rows(int(sum(meta["schema"]["cardinalities"]))), []
-    for i, name in enumerate(meta["shards"]):
+    shard ``i`` (every dataset read whole; ``load`` spreads the shards over its readers).
+    ``part=(me, n)``: this reader is server ``me`` of ``n`` (it owns the rows ``r % n ==
+    me``); where ``n`` servers wrote the checkpoint, it reads and verifies shard ``me``
+    alone, which must hold exactly those rows (the other servers check the others)."""
+    total, checks = int(sum(meta["schema"]["cardinalities"])), []
+    shards = list(enumerate(meta["shards"]))
+    rows, where = _Rows(total), step_dir
+    if part is not None and len(shards) == part[1]:   # the writer's partition
+        rows, shards = _Rows(total, part[1], part[0]), [shards[part[0]]]
+        where, verify = os.path.join(step_dir, shards[0][1]), (lambda i: True)
+    for i, name in shards:
         fpath = os.path.join(step_dir, name)
         sums = Sums(fpath, meta.get("checksums") == CRC_ATTR and verify(i))
         with _h5(fpath) as f:
@@ -331,7 +348,7 @@ def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], o
             except (KeyError, OSError, ValueError, IndexError, TypeError) as e:
                 raise InputError(f"{fpath}: corrupt or truncated shard ({e})") from None
         checks.append(sums)
-    rows.check_complete(step_dir)
+    rows.check_complete(where)
     for sums in checks:  # after the checks that name what is wrong, the checksums
         sums.check()
 

@@ -205,3 +205,52 @@ def test_a_write_failing_on_one_rank_fails_every_rank_and_keeps_latest(comm, mpi
         run(replace(cfg, steps=4, checkpoint_dir=None, resume=ckpt), comm)
     checks.append("shard-00000.h5: /w fails its checksum" in str(e.value))
     assert_all(comm, all(checks), f"{checks}: {msg} / {e.value}")
+
+
+def _edit_shard(comm, path, edit) -> None:
+    """Rank 0 rewrites every dataset of shard ``path`` as ``edit({name: array})`` says,
+    keeping its attributes (the checksums of the arrays as written)."""
+    comm.Barrier()
+    if comm.rank == 0:
+        with h5py.File(path, "r+") as f:
+            attrs = {k: dict(f[k].attrs) for k in f}
+            for k, a in edit({k: f[k][...] for k in f}).items():
+                del f[k]
+                f[k] = a
+                f[k].attrs.update(attrs[k])
+    comm.Barrier()
+
+
+@pytest.mark.mpi(min_size=3)
+def test_same_server_count_reads_its_own_shard_and_checks_it(comm, mpi_tmp_path,
+                                                             monkeypatch):
+    """Resumed by as many servers as wrote it, each server opens its own shard alone (no
+    reading of every id, no table-sized bitset), and resumes exactly; a row of another
+    shard, or one missing, is still refused, naming the shard file, on every rank."""
+    from pshybrid import checkpoint_files
+
+    ckpt = str(mpi_tmp_path / "ck-own")
+    cfg = replace(BASE, servers=2, steps=2, checkpoint_dir=ckpt)
+    run(cfg, comm)
+    shard = os.path.join(ckpt, "step-2", "shard-00001.h5")
+    again = replace(cfg, steps=3, checkpoint_dir=None, resume=ckpt)
+    opened, h5 = [], checkpoint_files._h5
+    monkeypatch.setattr(checkpoint_files, "_h5", lambda p: opened.append(p) or h5(p))
+    resumed_verdict(comm, run(replace(cfg, steps=3, checkpoint_dir=None), comm),
+                    run(again, comm), "resumed with the same servers")
+    shards = sorted(os.path.basename(p) for p in opened if "shard-" in p)
+    monkeypatch.undo()
+    assert_all(comm, len(shards) <= 1, f"opened {shards}")
+    messages = []
+    for edit in (lambda a: dict(a, ids=np.concatenate(([0], a["ids"][1:]))),
+                 lambda a: {k: v[:-1] for k, v in a.items()}):   # (ids[0] put back) a row less
+        _edit_shard(comm, shard, edit)
+        with pytest.raises(PshybridError) as e:
+            run(again, comm)
+        messages.append(str(e.value))
+        _edit_shard(comm, shard, lambda a: dict(a, ids=np.concatenate(([1], a["ids"][1:]))))
+    half = sum(DATA.cardinalities) // 2
+    want = ["shard-00001.h5: /ids[0] = 0 is a row of shard 0 of 2",
+            f"shard-00001.h5: the shards hold {half - 1:,} of the table's {half:,} rows "
+            "(r % 2 == 1)"]
+    assert_all(comm, all(w in m for w, m in zip(want, messages)), f"{messages}")

@@ -281,7 +281,9 @@ def _load_sparse(s: Session, path: str) -> int:
         step = int(meta["step"])
         if s.topo.is_server or s.topo.n_servers == 0:
             read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
-                        s.mode.owns, s.mode.set_sparse_rows)
+                        s.mode.owns, s.mode.set_sparse_rows,
+                        part=(s.topo.server_index, s.topo.n_servers) if s.topo.is_server
+                        else None)
     except PshybridError as e:
         err = e
     agree(s.topo.world, err)  # Wire: verdict allgather; nobody pulls before all loaded
