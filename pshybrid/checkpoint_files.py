@@ -34,6 +34,7 @@ from . import partition, safeio
 from .checksums import CRC_ATTR, Sums
 from .config import TrainConfig, from_dict
 from .errors import InputError, PshybridError
+from .models import MODELS
 from .schema import Schema, names_problem
 
 FORMAT_VERSION = 1
@@ -208,6 +209,13 @@ def native_config(meta: dict, where: str) -> TrainConfig:
                          "so train, eval and predict cannot rebuild it; score or continue it "
                          "with that code and pt.init(resume=...), or read it with "
                          "pshybrid export")
+    model = meta["config"].get("model") if isinstance(meta["config"], dict) else None
+    if isinstance(model, str) and model not in MODELS:
+        raise InputError(f"{where}: model {model!r} is not one of this process's models "
+                         f"({', '.join(MODELS)}): a model registered from Python "
+                         "(pshybrid.models.MODELS) is trained, evaluated, scored and exported "
+                         "from Python after registering it again (train, scoring.score, "
+                         "export.export)")
     return from_dict(TrainConfig, meta["config"], where)
 
 
@@ -234,8 +242,6 @@ def _h5(path: str):
 
 def row_width(cfg: TrainConfig) -> int:
     """Columns of a fused-table row: the embedding and the per-id linear weight, if any."""
-    from .models import MODELS
-
     return cfg.embedding_dim + MODELS[cfg.model].wide
 
 

@@ -311,7 +311,7 @@ class TrainConfig:
     """Options of ``python -m pshybrid train``."""
 
     model: str = option("wdl", "model architecture",
-                        choices=tuple(MODELS))
+                        choices=MODELS)   # the registry itself: a model added later counts
     mode: str = option("hybrid", "communication: " + "; ".join(
                        f"{m.name}: {m.help}" for m in MODES.values()), choices=MODES)
     servers: int | None = option(None, "number of server ranks (none: one per node)",
@@ -341,7 +341,7 @@ class TrainConfig:
     dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
                                   choices=("sgd", "adam"))
     sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows",
-                                   choices=tuple(SLOTS))
+                                   choices=SLOTS)
     dense_lr: float | None = option(0.001, "learning rate of the dense parameters (none: --lr)",
                                     check=_learning_rate)
     bucket_mb: float = option(1.0, "Allreduce the dense gradients in buckets of at least this "

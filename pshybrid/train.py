@@ -86,7 +86,11 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
 
 def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
     with abort_on_error(comm):
-        cfg = from_dict(TrainConfig, to_dict(cfg), "TrainConfig")
+        try:
+            cfg, err = from_dict(TrainConfig, to_dict(cfg), "TrainConfig"), None
+        except ConfigError as e:   # (a registry differing between ranks: not the same verdict)
+            err = e
+        agree(comm, err)  # Wire: verdict allgather; every rank raises, or none
         planned = None
         if MODES[cfg.mode].chosen:  # --mode auto: probe, price, pick; the same on every rank
             cfg, planned, dataset = auto.resolve(cfg, comm, dataset, out or sys.stdout,

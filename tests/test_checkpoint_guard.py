@@ -267,6 +267,10 @@ CORRUPT = {
         os.path.join(ck, "step-4", "meta.json")).read().replace(
         '"shard-00000.h5"', '"../../victim.h5"'))(ck), "meta.json: shards"),
     "meta_not_json": (_write("step-4/meta.json", "{"), "meta.json: unreadable"),
+    "meta_model_unregistered": (lambda ck: _write("step-4/meta.json", open(  # (from Python)
+        os.path.join(ck, "step-4", "meta.json")).read().replace(
+        '"model": "wdl"', '"model": "sumpool"'))(ck),
+        "model 'sumpool' is not one of this process's models"),
     "latest_escapes": (_write("latest", "../../etc\n"), "latest holds"),
 }
 

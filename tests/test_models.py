@@ -15,7 +15,9 @@ SCHEMA = Schema(n_dense=2, cardinalities=(5, 7, 3))
 DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "models.md")
 
 
-def doc_example():
+def doc_example(monkeypatch):
+    """The doc's class; it registers "sumpool", which the test's end takes out again."""
+    monkeypatch.setitem(models.MODELS, "sumpool", None)
     code = re.search(r"```python\n(.*?)```", open(DOC).read(), re.S).group(1)
     ns = {}
     exec(compile(code, DOC, "exec"), ns)  # registers "sumpool"
@@ -32,9 +34,9 @@ def build(name):
 
 
 @pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm", "sumpool"])
-def test_model_backward_matches_finite_differences(name):
+def test_model_backward_matches_finite_differences(name, monkeypatch):
     if name == "sumpool":
-        doc_example()
+        doc_example(monkeypatch)
     model, sparse, params = build(name)
     rng = np.random.default_rng(2)
     B, F, E = 3, 3, sparse.table.dim
@@ -86,7 +88,7 @@ def test_unknown_model():
 
 
 @pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm", "sumpool"])
-def test_grad_buckets_start_only_final_gradients(name):
+def test_grad_buckets_start_only_final_gradients(name, monkeypatch):
     """GradBuckets (the dense Allreduce started during backward) hands out disjoint spans
     covering flat_grad exactly once, and each span already holds its final gradient when
     it starts; with tiny buckets the models with several layers use several buckets."""
@@ -95,7 +97,7 @@ def test_grad_buckets_start_only_final_gradients(name):
     from pshybrid.modes.buckets import GradBuckets
 
     if name == "sumpool":
-        doc_example()
+        doc_example(monkeypatch)
     model, sparse, params = build(name)
     base = params.flat_grad.__array_interface__["data"][0]
     started = []

@@ -409,3 +409,27 @@ def test_colocated_ranks_count_as_workers_in_the_memory_check(comm):
         verdict = str(e)
     assert_all(comm, "not enough memory" in verdict and "per worker" in verdict
                and "--batch-size" in verdict, verdict)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_model_registered_after_import_trains_and_one_missing_on_a_rank_fails_all(comm):
+    """``MODELS`` is read when a config is checked, not when ``pshybrid.config`` was imported
+    (a model registered later trains == the model it copies); registered on rank 0 alone,
+    every rank refuses the config (the others used to wait in the next collective)."""
+    from pshybrid.errors import PshybridError
+    from pshybrid.models import MODELS
+
+    cfg = replace(BASE, mode="allreduce", servers=0, steps=2)
+    verdicts = []
+    for everywhere in (True, False):
+        if everywhere or comm.rank == 0:
+            MODELS["wdl_copy"] = MODELS["wdl"]
+        try:
+            got = run(replace(cfg, model="wdl_copy"), comm)
+            verdicts.append(np.array_equal(got.dense, run(cfg, comm).dense))
+        except PshybridError as e:
+            verdicts.append(str(e))
+        finally:
+            MODELS.pop("wdl_copy", None)
+    assert_all(comm, verdicts[0] is True and "wdl_copy" in str(verdicts[1])
+               and "must be one of" in str(verdicts[1]), f"{verdicts}")
