@@ -160,16 +160,15 @@ class ModeSpec:
         return sum(f.to_servers for f in self.flows(0, 0, 1, ids))
 
     def table_parts(self, servers: int) -> tuple[tuple[str, str], ...]:
-        """The tables' memory parts of a job of this mode on ``servers`` table shards, as
-        (role, part) in ``limits``' names: none, every worker holds the whole table and
-        every worker's exchanged rows; else the servers hold the rows' shards and take in
-        each step's rows and gradients, and with the dense weights on the servers their
-        shards of the dense table too, which every worker pulls whole."""
-        if not servers:
-            return (("worker", "embedding table"), ("worker", "exchanged gradient rows"))
-        out = (("server", "shard of the embedding table"),
-               ("server", "rows and gradients of a step"))
-        if self.dense_on_servers:
+        """The tables' memory parts of a job of this mode on ``servers`` servers, as (role,
+        part) in ``limits``' names: with the rows on the servers, the servers hold the rows'
+        shards and take in each step's rows and gradients; else every worker holds the
+        whole table and every worker's exchanged rows. With the dense weights on the
+        servers, their shards of the dense table too, which every worker pulls whole."""
+        out = ((("server", "shard of the embedding table"),
+                ("server", "rows and gradients of a step")) if servers and self.sparse_on_servers
+               else (("worker", "embedding table"), ("worker", "exchanged gradient rows")))
+        if servers and self.dense_on_servers:
             out += (("server", "shard of the dense table"), ("worker", "pulled dense table"))
         return out
 

@@ -23,7 +23,7 @@ import numpy as np
 from . import __version__, kernels, limits
 from .batches import global_batch
 from .optim import SLOTS
-from .registry import cache_serves
+from .registry import MODES, cache_serves
 from .tboard import TensorBoard
 from .threads import rank_server_threads
 
@@ -274,6 +274,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     slots, dslots = len(SLOTS[cfg.sparse_optimizer]), len(SLOTS[cfg.dense_optimizer])
     table = rows * E * s * (1 + slots)
     ranks = lambda rs: f"rank{'s' if len(rs) > 1 else ''} {span(rs)}"  # noqa: E731
+    sharded = S and MODES[cfg.mode].sparse_on_servers    # (else a copy on every worker)
     if topo.colocated:
         who = f"{_n(W, 'worker')}, each owning a shard"
         where = f"{limits.gib(-(-table // S))} per rank"
@@ -282,7 +283,9 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
                f"({ranks(topo.server_ranks)})")
         where = f"{limits.gib(-(-table // S))} per server"
     else:
-        who, where = f"{_n(W, 'worker')}, no server", "all of it on every worker"
+        who = f"{_n(W, 'worker')}, no server"
+    if not sharded:
+        where = "all of it on every worker"
     lines = [f"plan: {cfg.mode} {cfg.model} on {_n(topo.size, 'rank')}, "
              f"{_n(topo.n_nodes, 'node')}: {who}",
              f"  global batch {global_batch(cfg, W):,} = {_n(W, 'worker')} x --batch-size "
@@ -293,7 +296,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
              f"{limits.gib(table + P * s * (1 + dslots))}"]
     here = topo.dedicated_servers_on(topo.node_of_rank[topo.server_ranks[0]]) if S else 0
     T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)
-    holder = ("each rank" if topo.colocated else "each server" if S else "each worker")
+    holder = ("each rank" if topo.colocated else "each server" if sharded else "each worker")
     lines.append(f"  sparse optimizer: {_n(T, 'thread')} on {holder}'s rows ({rule})")
     if n_rows is not None and rows > n_rows * F:
         lines.append(f"  warning: the tables have {_n(rows, 'row')}, the data "

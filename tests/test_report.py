@@ -147,3 +147,24 @@ def test_banner_notes_compressed_training_data():
     assert ("  note: --data is lzf-compressed: its reads cost 8x or more an uncompressed file's "
             "CPU per batch (prep --compression none writes one)") in \
         banner(cfg, topo(1, 0), SCHEMA, 10, compression="lzf").splitlines()
+
+
+def test_a_new_mode_of_existing_strategies_is_sized_and_described_by_them(monkeypatch):
+    """A mode with the rows on every worker and the dense weights on the servers (a ModeSpec
+    of existing strategies, docs/architecture.md): the memory check puts the table on each
+    worker and only the dense shard on the servers, and the plan says so (both chose on
+    "are there servers", which put its table on the servers)."""
+    from pshybrid.limits import estimate
+    from pshybrid.registry import MODES, ModeSpec
+
+    monkeypatch.setitem(MODES, "rps", ModeSpec("rps", "replicated", "servers", "a test"))
+    assert MODES["rps"].table_parts(1) == (
+        ("worker", "embedding table"), ("worker", "exchanged gradient rows"),
+        ("server", "shard of the dense table"), ("worker", "pulled dense table"))
+    cfg = TrainConfig(mode="rps", servers=1, embedding_dim=4, mlp=(8,), batch_size=64)
+    est = estimate(cfg, SCHEMA, 2, 1)
+    parts = {role: {p.what for p in est[role]} for role in ("worker", "server")}
+    assert "embedding table" in parts["worker"] and parts["server"] == {
+        "shard of the dense table"}, parts
+    text = banner(cfg, topo(2, 1), SCHEMA, 10)
+    assert "all of it on every worker" in text and "on each worker's rows" in text, text
