@@ -137,3 +137,21 @@ def test_a_seed_beyond_the_tables_32_bits_is_refused(seed):
                        r"0 to 2\*\*32 - 1$"):
         pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, seed=seed,
                 tables=[pt.Table("a", rows=4, dim=2)])
+
+
+def test_a_second_optimizer_replaces_the_first(job):
+    """A new ``DistributedOptimizer`` (a new training phase) takes over the session: the
+    first one's gradient hooks are gone (they fired too and reported a second backward),
+    and stepping the first is one clear error."""
+    from pshybrid.errors import ConfigError
+
+    s, first = job
+    model = first.model
+    second = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.2), model)
+    for _ in range(2):
+        second.zero_grad()
+        model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
+        second.step()
+    assert s.optimizer is second and first.hooks == []
+    with pytest.raises(ConfigError, match="a newer DistributedOptimizer replaced this one"):
+        first.step()

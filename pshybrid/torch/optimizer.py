@@ -64,6 +64,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.flat_grad = torch.from_numpy(params.flat_grad)
         self.reduced: set[str] = set()  # parameters whose gradient this step has (``step``)
         s.mode.dense.use(self, params, int(bucket_mb * 2**20))  # the mode's TorchDense
+        if s.optimizer is not None:   # replaced (a new phase): its hooks would still fire
+            s.optimizer.close()
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_done(n))
                       for n, p in self.named]
         with abort_on_error(s.topo.world):
@@ -166,6 +168,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 loss = closure()
         s = self.s
         with abort_on_error(s.topo.world):
+            if s.optimizer is not self:
+                raise ConfigError("DistributedOptimizer.step: a newer DistributedOptimizer "
+                                  "replaced this one in the session; step that one",
+                                  collective=True)
             lr = float(self.param_groups[-1]["lr"])
             if lr != self.sparse_lr:  # a scheduler changed it: the servers' optimizer too
                 s.mode.set_sparse_lr(lr)
