@@ -457,6 +457,9 @@ class TrainConfig:
             raise _error("--checkpoint-every needs --checkpoint-dir")
         if self.eval_every and self.eval_data is None:
             raise _error("--eval-every needs --eval-data")
+        if self.lr is None and self.sparse_optimizer not in SPARSE_LR:
+            raise _error(f"--sparse-optimizer {self.sparse_optimizer} has no default rate "
+                         "(optim.SPARSE_LR): give --lr")
         why = refusal(self.mode, self.placement, self.servers, self.replicate_rows,
                       self.consistency, self.cache_rows, self.device)
         if why is not None:

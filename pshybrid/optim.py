@@ -47,6 +47,9 @@ from .errors import ConfigError
 
 _ROW0 = np.zeros(1, np.int64)  # the one row of a dense buffer seen as (1, n)
 SLOTS = {"sgd": (), "adagrad": ("acc",), "adam": ("m", "v")}
+# Optimizers with fused kernels (numba ``row_kernel``, CUDA ``kernels/fused.cu``); another
+# one registered in SLOTS runs its array form (``Optimizer._update_xp``) everywhere.
+FUSED = frozenset(SLOTS)
 # The embedding rows' learning rate where none is given (``--lr none``): Adam's steps are
 # ~lr whatever the gradient's size, so the rate that suits Adagrad's rows (0.05) is far too
 # large for it (docs/benchmarks.md, "Design measurements behind the code")
@@ -114,7 +117,7 @@ class Optimizer:
         """w, g, state[*]: same shape; updated in place. step: 1-based. On contiguous
         NumPy arrays the fused numba kernel does it in one pass over a (1, n) view; on CuPy
         arrays (contiguous, one dtype) the fused CUDA kernel (``cuda.dense_update``)."""
-        if array_module(w) is not np:  # a GPU worker's flat buffer: one fused kernel
+        if array_module(w) is not np and self.kind in FUSED:  # a GPU worker's: one kernel
             from . import cuda
 
             cuda.dense_update(self.kind, w, g, [state[k] for k in self.slots],
@@ -133,6 +136,9 @@ class Optimizer:
             acc = state["acc"]
             acc += g * g
             w -= lr * g / (xp.sqrt(acc) + self.eps)
+        elif self.kind != "adam":
+            raise ConfigError(f"optimizer {self.kind!r} has no rule in Optimizer._update_xp",
+                              collective=True)
         else:
             m, v = state["m"], state["v"]
             m *= self.beta1
@@ -186,7 +192,7 @@ class Optimizer:
         ``threads`` > 1: on contiguous chunks of ``rows`` (or of the whole buffer's values)
         at once (``pool``); the rows are distinct, so the bits are those of one thread."""
         arrays = [w, g] + [state[k] for k in self.slots]
-        if not (kernels.numba_active()
+        if not (self.kind in FUSED and kernels.numba_active()
                 and all(isinstance(a, np.ndarray) and a.flags.c_contiguous for a in arrays)
                 and len({a.dtype for a in arrays}) == 1 and (whole or w.ndim == g.ndim == 2)):
             return False
@@ -223,6 +229,8 @@ class Optimizer:
             return lr, l2, tiny
         if self.kind == "adagrad":
             return lr, f(self.eps), l2, tiny
+        if self.kind != "adam":
+            raise ValueError(f"optimizer {self.kind!r} has no fused kernels (optim.FUSED)")
         return (f(self.beta1), f(1 - self.beta1), f(self.beta2), f(1 - self.beta2),
                 f(1 / math.sqrt(1 - self.beta2 ** step)), f(self.eps),
                 f(self.lr_at(step) / (1 - self.beta1 ** step)), l2, tiny)
@@ -240,4 +248,6 @@ def row_kernel(kind: str, scalars: tuple, consume: bool):
     if kind == "adagrad":
         return lambda w, g, acc, rows: kernels._nb_adagrad_rows(w, acc, rows, g, consume,
                                                                 *scalars)
+    if kind != "adam":
+        raise ValueError(f"optimizer {kind!r} has no fused row kernel (optim.FUSED)")
     return lambda w, g, m, v, rows: kernels._nb_adam_rows(w, m, v, rows, g, consume, *scalars)

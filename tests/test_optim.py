@@ -303,3 +303,47 @@ def test_adams_moments_decay_to_zero_never_to_subnormals(dtype, numba_on, monkey
         assert seen == {0, 1, 2, 3} and not st["m"].any(), (how, st["m"])  # every m reached 0
         assert st["v"][0, 3] == 0 and (st["v"][0, :3] != 0).all()  # past tiny / above it
         np.testing.assert_array_equal(w[0, 2:], w0[0, 2:])  # tiny w kept; moments ~0 move
+
+
+def test_an_optimizer_without_fused_kernels_runs_its_array_form(monkeypatch):
+    """A new optimizer (docs/architecture.md): its slots in SLOTS and its rule in
+    ``_update_xp``, no fused kernel: the servers' apply_slot, update_rows and update run
+    that rule (an unknown kind used to fall through to Adam's kernel, or crash it); without
+    a default rate the config asks for --lr."""
+    from dataclasses import replace
+
+    from pshybrid import optim
+    from pshybrid.config import TrainConfig
+
+    monkeypatch.setitem(optim.SLOTS, "rms", ("s",))
+    xp_rule = Optimizer._update_xp
+
+    def update_xp(self, w, g, state, step):
+        if self.kind != "rms":
+            return xp_rule(self, w, g, state, step)
+        state["s"] *= 0.9
+        state["s"] += 0.1 * g * g
+        w -= self.lr * g / (np.sqrt(state["s"]) + self.eps)
+
+    monkeypatch.setattr(Optimizer, "_update_xp", update_xp)
+    rng = np.random.default_rng(1)
+    w0, g0 = rng.standard_normal((7, 3)), rng.standard_normal((7, 3))
+    rows = np.array([0, 5])
+    s = 0.1 * g0[rows] ** 2
+    want = w0.copy()
+    want[rows] -= 0.1 * g0[rows] / (np.sqrt(s) + 1e-8)
+    opt = Optimizer("rms", lr=0.1)
+    for run in ("apply_slot", "update_rows"):
+        w, g, state = w0.copy(), g0.copy(), {"s": np.zeros_like(w0)}
+        if run == "apply_slot":
+            opt.apply_slot(w, g, state, 1, rows, threads=2)
+        else:
+            opt.update_rows(w, rows, g[rows], state, 1)
+        np.testing.assert_allclose(w, want, rtol=1e-13)
+        np.testing.assert_allclose(state["s"][rows], s, rtol=1e-13)
+    w = w0[rows].copy()
+    opt.update(w, g0[rows].copy(), {"s": np.zeros_like(w)}, 1)
+    np.testing.assert_allclose(w, want[rows], rtol=1e-13)
+    with pytest.raises(ConfigError, match="--sparse-optimizer rms has no default rate"):
+        TrainConfig(sparse_optimizer="rms").validate()
+    replace(TrainConfig(), sparse_optimizer="rms", lr=0.1).validate()
