@@ -188,7 +188,22 @@ class Pooled:
         return self.pool.backward(self.model.backward(dlogits))
 
 
-MODELS = {"wdl": WDL, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM}
+class Registry(dict):
+    """Name -> model class. A built-in name cannot be given another class: checkpoints and
+    exports name their model, and the commands rebuild the built-in one by that name."""
+
+    def __init__(self, builtin: dict):
+        super().__init__(builtin)
+        self.builtin = dict(builtin)
+
+    def __setitem__(self, name, cls):
+        if name in self.builtin and cls is not self.builtin[name]:
+            raise ConfigError(f"models.MODELS[{name!r}]: {name!r} is a built-in model; register "
+                              "yours under another name")
+        super().__setitem__(name, cls)
+
+
+MODELS = Registry({"wdl": WDL, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM})
 
 
 def build_model(name: str, schema: Schema, dim: int, mlp, params: ParamSpace, dtype: str,

@@ -140,3 +140,13 @@ def test_grad_buckets_refuse_a_parameter_finished_twice():
     lin.backward(x)
     with pytest.raises(ConfigError, match="tied.weight.*bucket-mb 0"):
         lin.backward(x)  # the same layer applied twice per step
+
+
+def test_a_built_in_model_name_cannot_be_given_another_class(monkeypatch):
+    """(It trained silently, and its checkpoint then failed to export as the real wdl.)"""
+    from pshybrid.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"MODELS\['wdl'\]: 'wdl' is a built-in model"):
+        models.MODELS["wdl"] = models.DCN
+    assert models.MODELS["wdl"] is models.WDL
+    monkeypatch.setitem(models.MODELS, "wdl_too", models.WDL)   # another name: fine
