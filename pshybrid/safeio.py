@@ -340,7 +340,8 @@ def replaceable(command: str, overwrite: bool):
     and with it unless ``output_kind`` is ``command`` (an earlier output of that command)."""
     def why(path: str) -> str | None:
         if not overwrite:
-            return f"{path} exists; pass --overwrite to replace an earlier output of {command}"
+            return (f"{path} exists; pass --overwrite (from Python: overwrite=True) to replace "
+                    f"an earlier output of {command}")
         if output_kind(path) != command:
             return (f"{path} exists and is not an output of pshybrid {command} (no "
                     f"{OUTPUT_ATTR} = {command!r} attribute): not replaced, even with "

@@ -44,7 +44,7 @@ class GradBuckets:
         if again:  # the first report's span may be on the wire already: no silent mix-up
             raise ConfigError(f"parameters {sorted(again)} were reported final twice in one "
                               "backward pass (a layer applied twice per step?): train with "
-                              "--bucket-mb 0")
+                              "--bucket-mb 0 (bucket_mb=0 from Python)")
         self.done.update(names)
         while self.k > 0 and self.spans[self.k - 1][1] in self.done:
             self.k -= 1
