@@ -119,3 +119,14 @@ def test_python_api_dataset_raising_on_one_worker_ends_the_job():
     assert "rank 1/3" in p.stderr and "flaky storage" in p.stderr, p.stderr
     assert "not reached" not in p.stdout
     assert time.time() - t0 < 60, f"{time.time() - t0:.0f}s"
+
+
+def test_a_torch_script_refused_ends_in_one_line_per_worker():
+    """pshybrid.torch's hook: a PshybridError left uncaught on a worker is one line, as on
+    the command line (it printed the whole traceback), and every rank ends with status 2."""
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(__file__), "jobs", "torch_refusal.py")
+    p = run_job(2, [sys.executable, script], timeout=120)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "pshybrid: error (rank 0/2): a refusal of this test" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr

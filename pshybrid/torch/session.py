@@ -216,9 +216,16 @@ def _check_memory(topo: Topology, tables: list[Table]) -> None:
 
 
 def _excepthook(comm):
-    """An uncaught exception on any rank ends the whole job (as the command line does)."""
+    """An uncaught exception on any rank ends the whole job (as the command line does): a
+    ``PshybridError`` (a refusal, a bad input) as one line, anything else with its
+    traceback."""
     def hook(kind, exc, tb):
-        sys.__excepthook__(kind, exc, tb)
+        if issubclass(kind, PshybridError):
+            where = f" (rank {comm.rank}/{comm.size})" if comm.size > 1 else ""
+            sys.stderr.write(f"pshybrid: error{where}: {exc}\n")
+            sys.stderr.flush()
+        else:
+            sys.__excepthook__(kind, exc, tb)
         if comm.size > 1:
             abort(comm, 2 if issubclass(kind, PshybridError) else 1)
     return hook
