@@ -223,6 +223,8 @@ CASES: dict[str, Case] = {
     # -- options ----------------------------------------------------------------------------
     "buckets-2**63": Case(table_argv("--buckets", str(2 ** 63)), own=True),
     "buckets-10**30": Case(table_argv("--buckets", str(10 ** 30))),
+    "buckets-past-crc32": Case(table_argv("--buckets", str(2 ** 32 + 2)),  # rows no id reaches
+                               needle="from 2 to 2**32 + 1"),
     "buckets-1": Case(table_argv("--buckets", "1")),
     "buckets-negative": Case(table_argv("--buckets", "-5")),
     "buckets-not-integer": Case(table_argv("--buckets", "1e6")),

@@ -10,6 +10,7 @@ from ..errors import ConfigError
 
 DEFAULT_BUCKETS = 1_000_000
 INT64_MAX = 2 ** 63 - 1    # ids, row counts and cardinalities are stored as int64
+MAX_BUCKETS = 2 ** 32 + 1  # hashing: 1 + crc32 (32 bits) % (N - 1) reaches every row
 
 
 def _check(ok, problem: str):
@@ -41,8 +42,9 @@ class TableOptions(SplitOptions):
 
     buckets: tuple[int, ...] | None = option(
         None, f"hashing: ids per field, one for all or one per field; none: {DEFAULT_BUCKETS}",
-        check=_check(lambda v: v and min(v) >= 2 and max(v) <= INT64_MAX,
-                     "must be integers from 2 to 2**63 - 1"))
+        check=_check(lambda v: v and min(v) >= 2 and max(v) <= MAX_BUCKETS,
+                     "must be integers from 2 to 2**32 + 1 (ids are 1 + crc32 % (N - 1): a "
+                     "larger N adds rows no value can reach)"))
     min_count: int | None = option(None, "a vocabulary instead of hashing: values seen >= K "
                                    "times get their own id; none: hashing",
                                    check=_check(lambda v: v > 0, "must be > 0"))
