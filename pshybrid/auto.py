@@ -13,7 +13,8 @@ a few repeats on each rank, then the largest over the ranks (the slowest rank se
 synchronous step), so every rank prices the same numbers and picks the same alternative.
 Memory: an alternative whose ranks on a node would need more than
 ``planner.MEMORY_SHARE`` of the node's available memory (the least any rank sees) is
-refused (``limits.check_sizes``).
+refused (``limits.check_sizes``), before the probe builds the model's weights or a batch's
+arrays: none fitting stops the run there.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from .batches import BatchPlan, read_ids
 from .errors import ConfigError, PshybridError
 from .files import open_dataset
 from .layers import ParamSpace, bce_with_logits
-from .limits import available_memory, check_sizes
+from .limits import available_memory, check_sizes, gib
 from .registry import MODES, is_colocated, placement_name
 from .models import build_model
 from .optim import Optimizer
@@ -61,17 +62,25 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         params = ParamSpace()
         model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,
                                     cfg.dtype, cfg.cross_layers)
-        params.build(np, np.dtype(cfg.dtype), cfg.seed)
         nodes = pc.allreduce(int(_local_rank(pc) == 0))
         S = cfg.servers if cfg.servers is not None else default_servers(nodes, pc.size)
         shape, read = id_stats(cfg, data, layout, pc.size, S, nodes, params.size)
-        rates, memory = measure(pc, cfg, model, params, layout, shape, read)
+        mem = available_memory()
+        # Wire: Allreduce(MIN) of the available memory and of a node's cores: all wait.
+        memory, cores = pc.allreduce((mem if mem is not None else -1, os.cpu_count() or 1),
+                                     op=MPI.MIN)
+        memory = memory if memory >= 0 else None
         alts = planner.alternatives(shape)
         refused = refusals(cfg, data.schema, alts, nodes, pc.size, memory)
-        try:
-            alt, row, rows = planner.choose(alts, rates, shape, refused)
-        except ValueError as e:
-            raise ConfigError(f"--mode auto: {e}", collective=True) from None
+        if len(refused) == len(alts):   # before the probe allocates a model and a batch
+            raise ConfigError(
+                f"--mode auto (it plans within {planner.MEMORY_SHARE:.0%} of the "
+                f"{gib(memory)} a node has available, the 'available' below): no "
+                "alternative fits: " + "; ".join(f"{a.key}: {refused[a.key]}" for a in alts),
+                collective=True)
+        params.build(np, np.dtype(cfg.dtype), cfg.seed)
+        rates = measure(pc, cfg, model, params, layout, shape, read, cores)
+        alt, row, rows = planner.choose(alts, rates, shape, refused)
         probe_s, trial_s = time.perf_counter() - t0, None
         steps = trials.trial_steps(cfg, getattr(data, "n_rows", None), pc.size)
         if trial is not None and steps:
@@ -222,8 +231,8 @@ def _typical(fn, repeats: int = REPEATS, sync=None) -> float:
     return float(np.median(times))
 
 
-def measure(comm, cfg, model, params, layout, shape, read):
-    """(planner.Rates, available memory or None): every figure the slowest rank's."""
+def measure(comm, cfg, model, params, layout, shape, read, cores: int):
+    """planner.Rates, every figure the slowest rank's (``cores``: of a node, the least)."""
     dt = np.dtype(cfg.dtype)
     label, dense, ids, *bags = read()  # bags: the multi-hot fields' lengths, if any
     label, dense = label.astype(dt), dense.astype(dt)
@@ -253,13 +262,9 @@ def measure(comm, cfg, model, params, layout, shape, read):
     batch = _typical(lambda: group_by_owner(read()[2], layout.table.rows, max(1, shape.servers)))
     links = _wire(comm, shape, dt)
     mine = np.array([compute, dense_apply, row_apply, batch, *links])
-    # Wire: Allreduce(MAX) of the 14 figures; then (MIN) of the available memory and of the
-    # cores of a node: all wait.
+    # Wire: Allreduce(MAX) of the 14 figures: all wait.
     t = np.empty_like(mine)
     comm.Allreduce(mine, t, op=MPI.MAX)
-    mem = available_memory()
-    memory, cores = comm.allreduce((mem if mem is not None else -1, os.cpu_count() or 1),
-                                   op=MPI.MIN)
     ar = _fit(t[4], t[5], max(shape.P, AR_FLOATS) * dt.itemsize, 2 * (comm.size - 1),
               2 * (comm.size - 1) / comm.size)
     rows, dense = _rows_bytes(shape), planner.padded(shape.P) * dt.itemsize
@@ -269,7 +274,7 @@ def measure(comm, cfg, model, params, layout, shape, read):
                           get_dense=_fit(t[6], t[8], dense, 1, 1),
                           acc_dense=_fit(t[9], t[11], dense, 1, 1), cores=cores,
                           acc_owner=(comm.size - 1) * max(rows, dense) / t[13] if t[13] else 0.0)
-    return rates, (memory if memory >= 0 else None)
+    return rates
 
 
 def _rows_bytes(shape) -> int:

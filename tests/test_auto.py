@@ -113,6 +113,22 @@ def rel_err(a, b):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_nothing_fits_is_refused_before_the_probe_allocates(comm, monkeypatch):
+    """A model far past any node's memory: refused on every rank before the dense weights
+    are built or a batch is probed (the probe built them first and the job died of OOM)."""
+    from pshybrid.layers import ParamSpace
+
+    built = []
+    monkeypatch.setattr(ParamSpace, "build", lambda *a: built.append(1))
+    monkeypatch.setattr(auto, "measure", lambda *a: built.append(2))
+    with pytest.raises(ConfigError) as e:
+        auto.resolve(replace(BASE, mode="auto", embedding_dim=10**7, mlp=(4096,)), comm, DATA)
+    msg = str(e.value)
+    assert_all(comm, not built and "--mode auto (it plans within 80% of the" in msg
+               and "no alternative fits" in msg and "--embedding-dim 10000000" in msg, msg)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_auto_picks_the_same_on_every_rank(comm):
     """Every rank resolves to the same options and prices the same table, and the choice
     is the brute-force minimum of that table."""
