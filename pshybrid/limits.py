@@ -215,6 +215,20 @@ TABLE_PARTS = {"embedding table": _whole_table, "exchanged gradient rows": _exch
                "shard of the dense table": _dense_shard, "pulled dense table": _pulled_dense}
 
 
+def on_host(cfg, est: dict) -> dict:
+    """``est`` without the parts a GPU worker keeps on its device (``--device cuda``: the
+    dense parameters and the activations)."""
+    if cfg.device != "cuda":
+        return est
+    gpu = ("activations", "dense parameters and optimizer state")
+    return dict(est, worker=[p for p in est["worker"] if p.what not in gpu])
+
+
+def per_rank(est: dict) -> dict:
+    """{"worker": bytes, "server": bytes}: the parts of one rank of each role, summed."""
+    return {role: sum(p.nbytes for p in est[role]) for role in ("worker", "server")}
+
+
 def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int | None,
                 workers_here: int | None = None, servers_here: int | None = None,
                 eval_rows: int = 0) -> dict:
@@ -227,11 +241,8 @@ def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int |
         return est
     nw = n_workers if workers_here is None else workers_here
     ns = n_servers if servers_here is None else servers_here
-    if cfg.device == "cuda":  # dense parameters and activations live on the GPU
-        gpu = ("activations", "dense parameters and optimizer state")
-        est = dict(est, worker=[p for p in est["worker"] if p.what not in gpu])
-    per = {"worker": sum(p.nbytes for p in est["worker"]),
-           "server": sum(p.nbytes for p in est["server"])}
+    est = on_host(cfg, est)
+    per = per_rank(est)
     need = nw * per["worker"] + ns * per["server"]
     if need <= memory_bytes:
         return est

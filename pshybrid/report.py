@@ -294,6 +294,10 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
              f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
              f"  dense: {_n(P, 'parameter')}; a checkpoint holds about "
              f"{limits.gib(table + P * s * (1 + dslots))}"]
+    per = limits.per_rank(limits.on_host(cfg, limits.estimate(cfg, schema, W, S)))
+    lines.append(f"  memory (the large arrays, as checked before step 1"
+                 f"{'; host only' if cfg.device == 'cuda' else ''}): {limits.gib(per['worker'])}"
+                 f" per worker" + (f", {limits.gib(per['server'])} per server" if S else ""))
     here = topo.dedicated_servers_on(topo.node_of_rank[topo.server_ranks[0]]) if S else 0
     T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)
     holder = ("each rank" if topo.colocated else "each server" if sharded else "each worker")

@@ -9,7 +9,7 @@ import pytest
 
 from pshybrid import kernels
 from pshybrid.config import TrainConfig
-from pshybrid.limits import model_size
+from pshybrid.limits import estimate, gib, model_size
 from pshybrid.report import Reporter, banner, clock, span
 from pshybrid.schema import Schema
 from pshybrid.threads import rank_server_threads
@@ -39,6 +39,7 @@ def test_banner_names_the_roles_the_global_batch_and_the_bytes():
     assert E == 5  # dim + the wide weight
     # 2 Mi rows x 5 floats x 4 bytes x (weights + 1 adagrad slot) = 80 MiB; 40 per server
     text = banner(cfg, topo(3, 2), SCHEMA, 500)
+    per = {r: sum(p.nbytes for p in parts) for r, parts in estimate(cfg, SCHEMA, 3, 2).items()}
     T, rule = rank_server_threads(None, 2)  # this process's cores, a server's rule (2 here)
     assert text.splitlines() == [
         "plan: hybrid wdl on 5 ranks, 1 node: 3 workers (ranks 0-2), 2 servers (ranks 3-4)",
@@ -47,7 +48,10 @@ def test_banner_names_the_roles_the_global_batch_and_the_bytes():
         "40.0 MiB per server",
         f"  dense: {P:,} parameters; a checkpoint holds about "
         f"{(80 * 2**20 + P * 4 * 3) / 2**20:,.1f} MiB",  # + adam's 2 slots per parameter
+        f"  memory (the large arrays, as checked before step 1): {gib(per['worker'])} per "
+        f"worker, {gib(per['server'])} per server",
         f"  sparse optimizer: {T} thread{'s' * (T > 1)} on each server's rows ({rule})"]
+    assert per["server"] > 40 * 2**20   # the shard and what a step brings in
     text = banner(replace(cfg, server_threads=3), topo(3, 2), SCHEMA, 500)
     assert text.splitlines()[-1] == \
         "  sparse optimizer: 3 threads on each server's rows (--server-threads)"
