@@ -30,6 +30,7 @@ import zlib
 import numpy as np
 
 from .backend import array_module
+from .errors import ConfigError
 from .kernels import scatter_add
 
 INITS = ("zeros", "ones", "xavier_uniform", "uniform", "normal")
@@ -201,6 +202,9 @@ def bce_with_logits(z, y, scale: float = 1.0):
     dz the gradient times ``scale`` (the loss's mean over a global batch: 1 / its size).
     CuPy arrays: one fused kernel (``cuda.bce``); these expressions are its twin."""
     xp = array_module(z, y)
+    if z.shape != y.shape:  # (a model's forward returning (B, 1): broadcast to (B, B) below)
+        raise ConfigError(f"the model's forward returned logits of shape {tuple(z.shape)}; "
+                          f"it must return one logit per row: shape {tuple(y.shape)}")
     if xp is not np:
         from . import cuda
 

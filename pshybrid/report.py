@@ -259,6 +259,14 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
+def _memory_line(cfg, schema, W: int, S: int) -> str:
+    """The plan's memory of one worker and one server, as ``preflight`` estimates it."""
+    per = limits.per_rank(limits.on_host(cfg, limits.estimate(cfg, schema, W, S)))
+    return (f"  memory (the large arrays, as checked before step 1"
+            f"{'; host only' if cfg.device == 'cuda' else ''}): {limits.gib(per['worker'])} "
+            "per worker" + (f", {limits.gib(per['server'])} per server" if S else ""))
+
+
 def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
            compression: str | None = None) -> str:
     """What the run is about to do, printed by worker 0 before the tables are built: who is
@@ -277,15 +285,13 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     sharded = S and MODES[cfg.mode].sparse_on_servers    # (else a copy on every worker)
     if topo.colocated:
         who = f"{_n(W, 'worker')}, each owning a shard"
-        where = f"{limits.gib(-(-table // S))} per rank"
     elif S:
         who = (f"{_n(W, 'worker')} ({ranks(topo.worker_ranks)}), {_n(S, 'server')} "
                f"({ranks(topo.server_ranks)})")
-        where = f"{limits.gib(-(-table // S))} per server"
     else:
         who = f"{_n(W, 'worker')}, no server"
-    if not sharded:
-        where = "all of it on every worker"
+    where = (f"{limits.gib(-(-table // S))} per {'rank' if topo.colocated else 'server'}"
+             if sharded else "all of it on every worker")
     lines = [f"plan: {cfg.mode} {cfg.model} on {_n(topo.size, 'rank')}, "
              f"{_n(topo.n_nodes, 'node')}: {who}",
              f"  global batch {global_batch(cfg, W):,} = {_n(W, 'worker')} x --batch-size "
@@ -294,10 +300,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
              f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
              f"  dense: {_n(P, 'parameter')}; a checkpoint holds about "
              f"{limits.gib(table + P * s * (1 + dslots))}"]
-    per = limits.per_rank(limits.on_host(cfg, limits.estimate(cfg, schema, W, S)))
-    lines.append(f"  memory (the large arrays, as checked before step 1"
-                 f"{'; host only' if cfg.device == 'cuda' else ''}): {limits.gib(per['worker'])}"
-                 f" per worker" + (f", {limits.gib(per['server'])} per server" if S else ""))
+    lines.append(_memory_line(cfg, schema, W, S))
     here = topo.dedicated_servers_on(topo.node_of_rank[topo.server_ranks[0]]) if S else 0
     T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)
     holder = ("each rank" if topo.colocated else "each server" if sharded else "each worker")

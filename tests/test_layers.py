@@ -268,3 +268,13 @@ def test_bag_pooling_backward_finite_differences(mode):
             return pool.backward(dy)
 
     check_backward(Layer(), emb)
+
+
+def test_logits_of_another_shape_than_the_labels_are_refused():
+    """A model's forward returning (B, 1) broadcast against the labels (B,) to a (B, B) loss
+    deep inside NumPy; now one error naming both shapes."""
+    from pshybrid.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"returned logits of shape \(4, 1\); it must return "
+                       r"one logit per row: shape \(4,\)"):
+        bce_with_logits(np.zeros((4, 1)), np.zeros(4))
