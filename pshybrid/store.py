@@ -33,7 +33,7 @@ from .initializers import uniform_rows
 from .kernels import gather, min_max, scatter_add
 from .schema import TableSpec
 from .topology import Topology
-from .transport import idle_barrier, mpi_type, rows_type
+from .transport import agree, idle_barrier, mpi_type, rows_type
 
 _ALIGN = 64  # bytes; each region starts on a cache line
 
@@ -194,11 +194,16 @@ class EmbeddingStore:
         # a server of no rows (more servers than a table's rows) holds an empty window
         self._mem = (np.frombuffer(self.win.tomemory(), dtype=np.uint8) if nbytes else
                      np.empty(0, np.uint8))
-        if topo.is_server:
-            for name in self.tables:
+        err = None
+        try:
+            for name in (self.tables if topo.is_server else ()):
                 self._init_shard(name)
-        # Wire: barrier so no worker reads a shard before its server initialised it.
-        topo.world.Barrier()
+        except Exception as e:  # noqa: BLE001 - any failure: every rank learns it, none waits
+            err = e if isinstance(e, PshybridError) else PshybridError(
+                f"initialising the shard: {type(e).__name__}: {e}")
+        # Wire: verdict allgather (a barrier) so no worker reads a shard before its server
+        # initialised it, and a server that failed fails every rank.
+        agree(topo.world, err)
         self.win.Lock_all()
         self._open = True
 

@@ -219,6 +219,25 @@ def test_owners_of_no_rows_start_and_the_rows_stay_exact(comm):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_server_failing_to_initialise_fails_every_rank(comm, monkeypatch):
+    """A server whose shard cannot be initialised (here: its initialiser raises) fails the
+    store's construction on every rank; the workers used to wait in the barrier."""
+    from pshybrid import store as store_module
+    from pshybrid.errors import PshybridError
+
+    topo = Topology.create(comm, 1)
+    if topo.is_server:
+        monkeypatch.setattr(store_module, "uniform_rows", lambda *a: 1 / 0)
+    try:
+        EmbeddingStore(topo, [TableSpec("t", rows=6, dim=2)], seed=SEED)
+        got = "built"
+    except PshybridError as e:
+        got = str(e)
+    topo.free()
+    assert_all(comm, "ZeroDivisionError" in got, got)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_bad_ids_raise_and_write_nothing(comm):
     spec = TableSpec("users", rows=10, dim=2, dtype="float64")
     topo = Topology.create(comm, 1)
