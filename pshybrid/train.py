@@ -17,7 +17,7 @@ import gc
 import resource
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from mpi4py import MPI
@@ -87,7 +87,10 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
 def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
     with abort_on_error(comm):
         try:
-            cfg, err = from_dict(TrainConfig, to_dict(cfg), "TrainConfig"), None
+            d, err = to_dict(cfg), None
+            finite = getattr(dataset, "n_rows", None) is not None  # --epochs count its rows
+            cfg = from_dict(TrainConfig, dict(d, epochs=None) if finite else d, "TrainConfig")
+            cfg = replace(cfg, epochs=d["epochs"]) if finite else cfg
         except ConfigError as e:   # (a registry differing between ranks: not the same verdict)
             err = e
         agree(comm, err)  # Wire: verdict allgather; every rank raises, or none

@@ -90,6 +90,20 @@ def test_worker_batches_of_several_files_are_the_ones_of_the_concatenation(files
     one.close()
 
 
+def test_epochs_over_a_python_dataset_equal_epochs_over_its_file(files):
+    """docs/training.md: a dataset object with ``n_rows`` takes --epochs as --data does (it
+    was refused: "--epochs needs --data"); the same rows, the same training."""
+    _, whole, _ = files
+    cfg = TrainConfig(model="wdl", mode="allreduce", servers=0, embedding_dim=4, mlp=(8,),
+                      epochs=2, batch_size=96, dtype="float64", seed=2, log_every=1000)
+    ref = train(replace(cfg, data=whole), MPI.COMM_SELF, collect=True, out=io.StringIO())
+    ds = open_dataset(whole)
+    got = train(cfg, MPI.COMM_SELF, dataset=ds, collect=True, out=io.StringIO())
+    ds.close()
+    assert got.summary["steps"] == ref.summary["steps"] == 2 * (ds.n_rows // 96)
+    assert np.array_equal(got.dense, ref.dense) and np.array_equal(got.table, ref.table)
+
+
 def test_training_on_several_files_or_a_directory_equals_the_one_file(files, tmp_path):
     names, whole, _ = files
     cfg = TrainConfig(model="wdl", mode="allreduce", servers=0, embedding_dim=4, mlp=(8,),
