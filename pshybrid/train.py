@@ -281,9 +281,9 @@ def _open_data(cfg, topo, dataset, opened):
             if n is None:
                 continue
             if d is data and n < G:
-                raise InputError(f"{getattr(d, 'path', 'the dataset')}: {n} rows, fewer than "
-                                 "one global batch "
-                                 f"({topo.n_workers} workers x --batch-size {cfg.batch_size} = {G})")
+                raise InputError(f"{getattr(d, 'path', 'the dataset')}: {n} row{'s' * (n != 1)}"
+                                 f", fewer than one global batch ({topo.n_workers} workers x "
+                                 f"--batch-size {cfg.batch_size} = {G})")
             if topo.is_worker and hasattr(d, "validate"):  # each worker scans its share
                 W, w = topo.n_workers, topo.worker_index
                 d.validate(n * w // W, n * (w + 1) // W)
