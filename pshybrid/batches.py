@@ -24,25 +24,39 @@ def global_batch(cfg, n_workers: int) -> int:
 class BatchPlan:
     """Which rows each worker reads at each step.
 
-    Epoch ``e`` visits the rows in a virtual order: with ``shuffle``, blocks of
-    ``SHUFFLE_BLOCK`` rows permuted by ``numpy.random.default_rng([seed, e])`` (reads stay
-    contiguous within a block; the last partial block keeps its place at the end), else
-    the file order. Global batch ``t`` of an epoch is virtual rows ``[t*G, (t+1)*G)``,
+    Epoch ``e`` visits the rows in a virtual order: with ``shuffle``, the blocks of
+    ``SHUFFLE_BLOCK`` rows (the last one partial when the rows are not a multiple of it)
+    permuted by ``numpy.random.default_rng([seed, e])``, reads contiguous within a block;
+    else the file order. Global batch ``t`` of an epoch is virtual rows ``[t*G, (t+1)*G)``,
     ``G = W*b``; worker ``w`` reads ``[t*G + w*b, t*G + (w+1)*b)``. An epoch has
-    ``n_rows // G`` steps: the last partial global batch is dropped. Nothing depends on
-    ``W`` or ``b`` except through ``G``, so one process with batch ``G`` reads the same rows.
+    ``n_rows // G`` steps: the last partial global batch is dropped (with ``shuffle``, other
+    rows each epoch, the partial block included). Nothing depends on ``W`` or ``b`` except
+    through ``G``, so one process with batch ``G`` reads the same rows.
     """
 
     def __init__(self, n_rows: int | None, global_batch: int, shuffle: bool, seed: int):
         self.n, self.G, self.shuffle, self.seed = n_rows, global_batch, shuffle, seed
         self.steps_per_epoch = None if n_rows is None else n_rows // global_batch
-        self._perm = (None, None)
+        self._perm = (None, None, 0)
 
     def _order(self, epoch: int):
+        """(the epoch's block permutation, the position in it of the last block)."""
         if self._perm[0] != epoch:
-            nb = self.n // SHUFFLE_BLOCK
-            self._perm = (epoch, np.random.default_rng([self.seed, epoch]).permutation(nb))
-        return self._perm[1]
+            nb = -(-self.n // SHUFFLE_BLOCK)
+            perm = np.random.default_rng([self.seed, epoch]).permutation(nb)
+            self._perm = (epoch, perm, int(np.flatnonzero(perm == nb - 1)[0]) if nb else 0)
+        return self._perm[1:]
+
+    def _run(self, epoch: int, v: int) -> tuple[int, int]:
+        """(the file row of virtual row ``v``, rows contiguous in the file from there)."""
+        perm, p = self._order(epoch)
+        B, last = SHUFFLE_BLOCK, len(perm) - 1
+        L = self.n - last * B                      # the last block's rows (B unless partial)
+        if p * B <= v < p * B + L:                 # inside the last block
+            return last * B + v - p * B, p * B + L - v
+        u = v if v < p * B else v - L + B          # as if every block before were full
+        blk, within = divmod(u, B)
+        return int(perm[blk]) * B + within, B - within
 
     def ranges(self, step: int, offset: int, count: int) -> list[tuple[int, int]]:
         """Physical row ranges of virtual rows ``[t*G + offset, +count)`` of step ``step``."""
@@ -53,15 +67,10 @@ class BatchPlan:
         a = t * self.G + offset
         if not self.shuffle:
             return [(a, a + count)]
-        perm, out = self._order(epoch), []
-        full = len(perm) * SHUFFLE_BLOCK
+        out = []
         while count:
-            if a >= full:  # the tail after the last full block is not shuffled
-                out.append((a, a + count))
-                break
-            blk, within = divmod(a, SHUFFLE_BLOCK)
-            n = min(count, SHUFFLE_BLOCK - within)
-            s = int(perm[blk]) * SHUFFLE_BLOCK + within
+            s, run = self._run(epoch, a)
+            n = min(count, run)
             if out and out[-1][1] == s:
                 out[-1] = (out[-1][0], s + n)
             else:

@@ -267,6 +267,25 @@ def _memory_line(cfg, schema, W: int, S: int) -> str:
             "per worker" + (f", {limits.gib(per['server'])} per server" if S else ""))
 
 
+def _data_notes(cfg, rows: int, F: int, n_rows: int | None, G: int) -> list[str]:
+    """The plan's lines on the training file: tables larger than its ids; an epoch that
+    drops a sizeable share of its rows (the last partial global batch)."""
+    out = []
+    if n_rows is not None and rows > n_rows * F:
+        out.append(f"  warning: the tables have {_n(rows, 'row')}, the data "
+                   f"{_n(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids: most rows can "
+                   "never train (prep sizes them: criteo|csv --buckets or --min-count K, "
+                   "synthetic --max-cardinality)")
+    dropped = n_rows % G if n_rows is not None and n_rows >= G else 0
+    if dropped and dropped >= n_rows // 100:    # 1% or more of the rows each epoch
+        which = ("other rows each epoch (--shuffle)" if cfg.shuffle else
+                 "the same last rows every epoch (--no-shuffle)")
+        out.append(f"  note: an epoch trains {n_rows - dropped:,} of the {n_rows:,} rows: the "
+                   f"last partial global batch ({dropped:,} rows of {G:,}) is dropped, "
+                   f"{which}")
+    return out
+
+
 def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
            compression: str | None = None) -> str:
     """What the run is about to do, printed by worker 0 before the tables are built: who is
@@ -305,11 +324,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)
     holder = ("each rank" if topo.colocated else "each server" if sharded else "each worker")
     lines.append(f"  sparse optimizer: {_n(T, 'thread')} on {holder}'s rows ({rule})")
-    if n_rows is not None and rows > n_rows * F:
-        lines.append(f"  warning: the tables have {_n(rows, 'row')}, the data "
-                     f"{_n(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids: most rows can "
-                     "never train (prep sizes them: criteo|csv --buckets or --min-count K, "
-                     "synthetic --max-cardinality)")
+    lines += _data_notes(cfg, rows, F, n_rows, global_batch(cfg, W))
     for option, n in (("--cache-rows", cfg.cache_rows), ("--replicate-rows", cfg.replicate_rows)):
         if n > rows:
             lines.append(f"  note: {option} {n:,} is more than the tables' {rows:,} rows: every "

@@ -194,16 +194,7 @@ class EmbeddingStore:
         # a server of no rows (more servers than a table's rows) holds an empty window
         self._mem = (np.frombuffer(self.win.tomemory(), dtype=np.uint8) if nbytes else
                      np.empty(0, np.uint8))
-        err = None
-        try:
-            for name in (self.tables if topo.is_server else ()):
-                self._init_shard(name)
-        except Exception as e:  # noqa: BLE001 - any failure: every rank learns it, none waits
-            err = e if isinstance(e, PshybridError) else PshybridError(
-                f"initialising the shard: {type(e).__name__}: {e}")
-        # Wire: verdict allgather (a barrier) so no worker reads a shard before its server
-        # initialised it, and a server that failed fails every rank.
-        agree(topo.world, err)
+        self._init_shards()
         self.win.Lock_all()
         self._open = True
 
@@ -225,6 +216,19 @@ class EmbeddingStore:
         """Global row ids of this server's rows of ``table``, in local order."""
         t = self.tables[table]
         return partition.shard_ids(t.spec.rows, self.topo.n_servers, self.topo.server_index)
+
+    def _init_shards(self) -> None:
+        """Servers initialise their shards; collective (a server that fails fails all)."""
+        err = None
+        try:
+            for name in (self.tables if self.topo.is_server else ()):
+                self._init_shard(name)
+        except Exception as e:  # noqa: BLE001 - any failure: every rank learns it, none waits
+            err = e if isinstance(e, PshybridError) else PshybridError(
+                f"initialising the shard: {type(e).__name__}: {e}")
+        # Wire: verdict allgather (a barrier) so no worker reads a shard before its server
+        # initialised it, and a server that failed fails every rank.
+        agree(self.topo.world, err)
 
     def _init_shard(self, name: str) -> None:
         t = self.tables[name]

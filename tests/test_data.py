@@ -242,6 +242,22 @@ def test_plan_epoch_is_a_permutation_and_independent_of_w(shuffle):
         assert covered(plan, t, 3, 256) == covered(one, t, 1, G)
 
 
+def test_plan_drops_other_rows_each_epoch_and_shuffles_the_partial_block():
+    """The rows an epoch drops (its last partial global batch) are other rows in other
+    epochs, the last partial block's among them: over a few epochs every row trains. (The
+    partial block stayed last and the same rows were dropped in every epoch: half of a
+    2047-row file never trained with a global batch of 1536.)"""
+    n, G = 2047, 1536
+    plan = BatchPlan(n, G, True, seed=0)
+    epochs = [set(covered(plan, e, 1, G)) for e in range(8)]   # one step an epoch
+    assert all(len(r) == G for r in epochs) and len({frozenset(r) for r in epochs}) == 2
+    assert set().union(*epochs) == set(range(n))
+    n = 5 * SHUFFLE_BLOCK + 300                                  # the partial block: not last
+    plan = BatchPlan(n, 256, True, seed=3)
+    firsts = {covered(plan, e * plan.steps_per_epoch, 1, 256)[0] for e in range(12)}
+    assert 5 * SHUFFLE_BLOCK in firsts                           # it led an epoch
+
+
 def test_plan_endless_stream():
     plan = BatchPlan(None, 12, True, 0)
     assert plan.ranges(5, 4, 4) == [(64, 68)]

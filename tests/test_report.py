@@ -172,3 +172,13 @@ def test_a_new_mode_of_existing_strategies_is_sized_and_described_by_them(monkey
         "shard of the dense table"}, parts
     text = banner(cfg, topo(2, 1), SCHEMA, 10)
     assert "all of it on every worker" in text and "on each worker's rows" in text, text
+
+
+def test_banner_notes_an_epoch_that_drops_a_sizeable_share_of_the_rows():
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,), batch_size=512, mode="allreduce")
+    text = banner(cfg, topo(3, 0), SCHEMA, 3, n_rows=2047)   # G = 1536: 511 rows dropped
+    assert ("note: an epoch trains 1,536 of the 2,047 rows: the last partial global batch "
+            "(511 rows of 1,536) is dropped, other rows each epoch (--shuffle)") in text
+    text = banner(replace(cfg, shuffle=False), topo(3, 0), SCHEMA, 3, n_rows=2047)
+    assert "the same last rows every epoch (--no-shuffle)" in text
+    assert "an epoch trains" not in banner(cfg, topo(3, 0), SCHEMA, 3, n_rows=1536 * 200 + 5)
