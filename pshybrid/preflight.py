@@ -112,7 +112,7 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
     run has nothing left to do and ``collect`` is False (the Python API's ``collect=True``
     still loads the checkpoint and returns its parameters). ``score``: the memory of a
     scoring run, which keeps no optimizer state (``train.setup(score=True)``)."""
-    err, start, step_dir = None, 0, None
+    err, start, step_dir, meta = None, 0, None, {}
     steps = total_steps(cfg, getattr(data, "n_rows", None), topo.n_workers)
     try:
         if evdata is not None and getattr(evdata, "n_rows", 1) == 0:
@@ -133,6 +133,14 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
     except PshybridError as e:
         err = e
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
+    (was, G), W = (meta.get("global_batch"), global_batch(cfg, topo.n_workers)), topo.n_workers
+    if was not in (None, G) and not score and topo.rank == topo.worker_ranks[0] and out:
+        out.write(f"resume: warning: {step_dir} was trained with a global batch of {was:,}, "
+                  f"this run's is {G:,} ({W} worker{'s' * (W != 1)} x --batch-size "
+                  f"{cfg.batch_size}): step {start} goes on at batch {start} of {G:,} rows, so "
+                  "the rows read next and the steps --epochs counts are not where it stopped; "
+                  f"a global batch of {was:,} continues on the same rows\n")
+        out.flush()
     if cfg.resume and start >= steps and not collect:
         if topo.rank == topo.worker_ranks[0] and out is not None:
             until = (f"--epochs {cfg.epochs} ({steps} steps)" if cfg.epochs

@@ -12,6 +12,7 @@ allreduce mode over COMM_SELF):
 """
 
 import io
+import json
 import os
 import shutil
 import time
@@ -360,8 +361,6 @@ def test_empty_eval_file_is_refused(tmp_path):
 
 
 def _records(path):
-    import json
-
     return [json.loads(line) for line in open(path)]
 
 
@@ -407,8 +406,6 @@ def test_metrics_are_strict_json_when_nothing_was_trained_or_scored(tmp_path):
     """A run of 0 steps has no loss and no base rate: null, not a NaN literal nor a made-up
     0.0; an AUC of a one-class eval file (NaN) is null too. Every line parses as strict
     JSON (no NaN, Infinity)."""
-    import json
-
     m = str(tmp_path / "m.jsonl")
     ev = tmp_path / "one_class.h5"
     w = DatasetWriter(str(ev), DATA.schema.dense_names, DATA.schema.sparse_names)
@@ -511,7 +508,6 @@ def _state(pid: int) -> str:
 def test_every_array_carries_its_checksum_and_a_change_is_named(ck, tmp_path):
     """Oracle: zlib.crc32 of each dataset's bytes, recomputed here; one changed value in
     any array fails resume and export naming the file, the key and both checksums."""
-    import json
     import zlib
 
     step = os.path.join(ck, "step-4")
@@ -537,8 +533,6 @@ def test_every_array_carries_its_checksum_and_a_change_is_named(ck, tmp_path):
 
 def test_a_checkpoint_without_checksums_loads_with_one_warning(ck, tmp_path, capfd):
     """Checkpoints written before the checksums: no meta.json 'checksums', no attributes."""
-    import json
-
     step = os.path.join(ck, "step-4")
     meta = json.load(open(os.path.join(step, "meta.json")))
     del meta["checksums"]
@@ -701,3 +695,28 @@ def test_resume_options_are_checked_together_with_the_stored_ones(tmp_path, caps
     out = capsys.readouterr().out
     assert ("changed: --epochs 1 (was none), --steps 2 no longer counts (--epochs decides)"
             in out and "done: allreduce wdl  4 steps" in out), out
+
+
+def test_a_resume_with_another_global_batch_says_what_changes(tmp_path, capsys):
+    """meta.json records the global batch; a resume with another one is told that its step
+    count no longer points at the rows where the checkpoint stopped (it was silent)."""
+    from pshybrid.cli import main
+
+    path, s = str(tmp_path / "d.h5"), DATA.schema
+    with DatasetWriter(path, s.dense_names, s.sparse_names) as w:
+        w.append(*DATA.rows(0, 256))
+        w.close(s.cardinalities)
+    first = ["--mode", "allreduce", "--servers", "0", "--data", path, "--embedding-dim", "4",
+             "--mlp", "8", "--batch-size", "64", "--progress", "none", "--steps", "2",
+             "--checkpoint-dir", str(tmp_path / "ck")]
+    assert main(["train", *first]) == 0
+    meta = json.load(open(tmp_path / "ck" / "step-2" / "meta.json"))
+    assert meta["global_batch"] == 64
+    capsys.readouterr()
+    for batch, warned in (("64", False), ("32", True)):
+        assert main(["train", "--resume", str(tmp_path / "ck"), "--steps", "3",
+                     "--checkpoint-dir", "none", "--batch-size", batch]) == 0
+        out = capsys.readouterr().out
+        assert ("resume: warning: " in out) == warned, out
+    assert (f"was trained with a global batch of 64, this run's is 32 (1 worker x "
+            "--batch-size 32): step 2 goes on at batch 2 of 32 rows") in out, out
