@@ -179,3 +179,33 @@ def test_checkpoint_is_a_bsp_point_resume_continues_exactly(comm, mpi_tmp_path, 
         elif rel_err(straight.table, bsp.table) < 1e-9:
             ok, msg = False, "ssp:2 gave bsp's parameters: nothing was stale"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.parametrize("n", [64, 4096], ids=["small-cache", "large-cache"])  # both paths
+def test_row_cache_admits_each_slots_best_candidate(n):
+    """``RowCache.admit`` == the per-slot rule written out (the most frequent candidate, a
+    resident refreshed on ties, then the first offered; it replaces the resident only if
+    more frequent), over many steps of random offers; it no longer allocates a cache-sized
+    array a step."""
+    from pshybrid.modes.stale import RowCache
+
+    rng = np.random.default_rng(0)
+    cache = RowCache(n, 2, np.float64)
+    want_ids, want_rows = np.full(n, -1), np.zeros((n, 2))
+    for step in range(200):
+        ids = np.unique(rng.zipf(1.3, 40) % 500)
+        cache.count(ids)
+        rows = rng.standard_normal((ids.size, 2))
+        slots, freq = cache.slots(ids), cache.counts[cache._hash(ids, cache.counts.size, 17)]
+        best = {}
+        for i, (sl, f, v) in enumerate(zip(slots, freq, ids)):
+            key = (2 * f + (want_ids[sl] == v), -i)
+            if sl not in best or key > best[sl][0]:
+                best[sl] = (key, i)
+        for sl, (_, i) in best.items():
+            cur = want_ids[sl]
+            cur_f = cache.counts[cache._hash(np.array([max(cur, 0)]), cache.counts.size, 17)][0]
+            if cur < 0 or cur == ids[i] or freq[i] > cur_f:
+                want_ids[sl], want_rows[sl] = ids[i], rows[i]
+        cache.admit(ids, rows, step)
+        assert np.array_equal(cache.ids, want_ids) and np.array_equal(cache.rows, want_rows)

@@ -128,6 +128,18 @@ class RowCache:
         hit = (self.ids[slots] == ids) & (self.version[slots] >= min_version)
         return hit, slots[hit]
 
+    def _best_per_slot(self, slots, key):
+        """Ascending indices of the candidates of largest ``key`` in each slot (keys are
+        distinct): through a cache-sized array where the cache is small beside the offer,
+        else by sorting the offer (the array cost O(cache rows) a step: 1.8 ms at 4M)."""
+        if self.n <= 32 * slots.size:
+            best = np.full(self.n, -1, np.int64)
+            np.maximum.at(best, slots, key)
+            return np.flatnonzero(best[slots] == key)
+        order = np.lexsort((key, slots))        # by slot, then key: each slot's best last
+        by_slot = slots[order]
+        return np.sort(order[np.append(by_slot[1:] != by_slot[:-1], True)])
+
     def admit(self, ids, rows, version: int) -> None:
         """Offer freshly pulled rows (ids (m,) distinct, rows (m, dim)) read at ``version``."""
         if not ids.size:
@@ -138,9 +150,7 @@ class RowCache:
         # the best candidate per slot: most frequent, a resident being refreshed on ties,
         # then the first offered (a unique key per candidate)
         key = ((2 * freq + resident) * ids.size + (ids.size - 1 - np.arange(ids.size)))
-        best = np.full(self.n, -1, np.int64)
-        np.maximum.at(best, slots, key)
-        first = np.flatnonzero(best[slots] == key)
+        first = self._best_per_slot(slots, key)
         cur = self.ids[slots[first]]
         cur_freq = self.counts[self._hash(np.maximum(cur, 0), self.counts.size, 17)]
         take = first[(cur < 0) | resident[first] | (freq[first] > cur_freq)]
