@@ -81,7 +81,7 @@ from pshybrid.modes.sparse import SPARSE, ReplicatedSparse
 from pshybrid.modes import step as mode_step
 from pshybrid.registry import MODES, ModeSpec
 from pshybrid.schema import field_offsets
-from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
+from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
 from modes_report import (
@@ -95,10 +95,6 @@ from modes_report import (
 from timing import StepTimers, check_outputs, description, timed_stats
 from wire import WIRE, wire_only
 
-CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
-                 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
-                 142572)
-assert len(CRITEO_KAGGLE) == len(CRITEO_LIKE)
 
 
 class LocalSparse(ReplicatedSparse):

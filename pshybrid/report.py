@@ -23,7 +23,7 @@ import numpy as np
 from . import __version__, kernels, limits
 from .batches import global_batch
 from .optim import SLOTS
-from .registry import MODES, cache_serves
+from .registry import MODES, cache_serves, parse_consistency
 from .tboard import TensorBoard
 from .threads import rank_server_threads
 
@@ -330,10 +330,14 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
             lines.append(f"  note: {option} {n:,} is more than the tables' {rows:,} rows: every "
                          "worker allocates and keeps up all of them; a few % of the rows (the "
                          "hottest) is what pays")
-    if cfg.cache_rows and not cache_serves(cfg.consistency):
+    if cfg.cache_rows and parse_consistency(cfg.consistency).bound in (0, 1):
         lines.append(f"  note: --cache-rows {cfg.cache_rows} under --consistency "
-                     f"{cfg.consistency}: no cached row is ever served (a cache serves under "
-                     "ssp:K with K >= 2, or asp); it only costs its upkeep")
+                     f"{cfg.consistency}: " + (
+                         "no cached row is ever served (a cache serves under ssp:K with K >= "
+                         "2, or asp); it only costs its upkeep" if not cache_serves(
+                             cfg.consistency) else
+                         "a cached row serves only the step after the start or a checkpoint "
+                         "(a cache serves every step under ssp:K with K >= 2, or asp)"))
     if compression:
         lines.append(f"  note: --data is {compression}-compressed: its reads cost 8x or more an "
                      "uncompressed file's CPU per batch (prep --compression none writes one)")

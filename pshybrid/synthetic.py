@@ -78,9 +78,12 @@ EXACT_CDF_MAX = 1 << 20  # larger fields: continuous power law (no table)
 CAP = 1 << 32  # an alias cell's capacity: thresholds are 32-bit
 HEAD = 4096  # fields above: a head table of the first HEAD ids + the tail, and a tail table
 MEAN_POINTS = 4096
-# Criteo Kaggle cardinalities, capped at 100k rows per field for a laptop-sized default.
-CRITEO_LIKE = (1460, 583, 100000, 100000, 305, 24, 12517, 633, 3, 93145, 5683, 100000, 3194,
-               27, 14992, 100000, 10, 5652, 2173, 4, 100000, 18, 15, 100000, 105, 100000)
+# Criteo Kaggle's cardinalities (its 26 categorical fields), and capped at 100k rows per
+# field: the laptop-sized default (``prep synthetic --max-cardinality`` caps the first)
+CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
+                 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
+                 142572)
+CRITEO_LIKE = tuple(min(c, 100_000) for c in CRITEO_KAGGLE)
 
 
 def zipf_alias(C: int, zipf: float) -> np.ndarray:

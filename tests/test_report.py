@@ -115,16 +115,19 @@ def test_numba_cache_cold_looks_for_the_package_kernels_cache(tmp_path, monkeypa
     assert not COLD()
 
 
-@pytest.mark.parametrize("consistency, noted", [("bsp", True), ("ssp:0", True), ("ssp:1", False),
+@pytest.mark.parametrize("consistency, noted", [("bsp", True), ("ssp:0", True), ("ssp:1", True),
                                                 ("ssp:2", False), ("asp", False)])
 def test_banner_notes_a_cache_that_can_never_serve(consistency, noted):
     """--cache-rows under bsp and ssp:0 never serves a row (``registry.cache_serves``;
-    tests/test_stale_mpi.py runs both sides of it): the plan says so; from ssp:1 on, and
-    under asp, nothing is said; no note without a cache."""
+    tests/test_stale_mpi.py runs both sides of it), under ssp:1 only the step after the
+    start or a checkpoint: the plan says so; from ssp:2 on, and under asp, nothing is said;
+    no note without a cache."""
     cfg = TrainConfig(embedding_dim=4, mlp=(8,), consistency=consistency, cache_rows=500)
-    note = (f"  note: --cache-rows 500 under --consistency {consistency}: no cached row is "
-            "ever served (a cache serves under ssp:K with K >= 2, or asp); it only costs its "
-            "upkeep")
+    note = (f"  note: --cache-rows 500 under --consistency {consistency}: " + (
+        "a cached row serves only the step after the start or a checkpoint (a cache serves "
+        "every step under ssp:K with K >= 2, or asp)" if consistency == "ssp:1" else
+        "no cached row is ever served (a cache serves under ssp:K with K >= 2, or asp); it "
+        "only costs its upkeep"))
     assert (note in banner(cfg, topo(1, 1), SCHEMA, 10).splitlines()) == noted
     assert "--cache-rows" not in banner(replace(cfg, cache_rows=0), topo(1, 1), SCHEMA, 10)
 

@@ -207,3 +207,22 @@ def test_prep_synthetic_writes_the_streams_rows_at_zipf_1(tmp_path):
     with h5py.File(out) as f:
         for name, w in zip(("label", "dense", "sparse"), want):
             np.testing.assert_array_equal(f[name][...], w)
+
+
+def test_prep_synthetic_caps_criteo_kaggles_cardinalities_not_the_default_table(tmp_path):
+    """--max-cardinality caps Criteo Kaggle's own cardinalities (up to 10,131,227), so a cap
+    above the default 100,000 makes larger fields (it was a no-op: the list it capped was
+    already capped at 100,000)."""
+    import h5py
+
+    from pshybrid.cli import main
+    from pshybrid.synthetic import CRITEO_KAGGLE, CRITEO_LIKE
+
+    cards = []
+    for cap in ("100000", "300000"):
+        path = str(tmp_path / f"c{cap}.h5")
+        assert main(["prep", "synthetic", path, "--rows", "50", "--max-cardinality", cap]) == 0
+        with h5py.File(path) as f:
+            cards.append(tuple(int(c) for c in f.attrs["cardinalities"]))
+    assert cards[0] == CRITEO_LIKE
+    assert cards[1] == tuple(min(c, 300_000) for c in CRITEO_KAGGLE) and max(cards[1]) == 300_000

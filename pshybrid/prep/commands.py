@@ -17,7 +17,7 @@ CRITEO_SPARSE = [f"C{i}" for i in range(1, 27)]
 
 def cmd_synthetic(args) -> int:
     o = resolve(SyntheticOptions, args)
-    from ..synthetic import CRITEO_LIKE, write_synthetic
+    from ..synthetic import CRITEO_KAGGLE, write_synthetic
     from .convert import shown
     from .write import PREP_OUTPUT, check_out, split_sizes, valid_path
 
@@ -28,7 +28,7 @@ def cmd_synthetic(args) -> int:
     t0 = time.perf_counter()
     done = write_synthetic(args.out, rows, o.valid_fraction, valid, PREP_OUTPUT, seed=o.seed,
                            zipf=o.zipf,
-                           cardinalities=tuple(min(c, o.max_cardinality) for c in CRITEO_LIKE))
+                           cardinalities=tuple(min(c, o.max_cardinality) for c in CRITEO_KAGGLE))
     dt = time.perf_counter() - t0
     parts = "; ".join(f"{n} rows -> {shown(path)} (planted AUC {a:.4f})"
                       for path, (n, a) in done.items())
