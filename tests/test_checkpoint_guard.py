@@ -718,5 +718,5 @@ def test_a_resume_with_another_global_batch_says_what_changes(tmp_path, capsys):
                      "--checkpoint-dir", "none", "--batch-size", batch]) == 0
         out = capsys.readouterr().out
         assert ("resume: warning: " in out) == warned, out
-    assert (f"was trained with a global batch of 64, this run's is 32 (1 worker x "
+    assert ("was trained with a global batch of 64, this run's is 32 (1 worker x "
             "--batch-size 32): step 2 goes on at batch 2 of 32 rows") in out, out
