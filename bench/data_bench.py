@@ -47,12 +47,9 @@ from pshybrid.batches import BatchPlan, worker_batches  # noqa: E402
 from pshybrid.data import DatasetWriter, H5Dataset  # noqa: E402
 from pshybrid.files import H5Files
 from pshybrid.schema import FusedTable  # noqa: E402
-from pshybrid.synthetic import SyntheticCTR  # noqa: E402
+from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR  # noqa: E402
 from timing import description  # noqa: E402  (bench/timing.py)
 
-CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
-                 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
-                 142572)  # as bench/modes_bench.py
 
 
 class RowsOnly:

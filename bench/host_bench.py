@@ -50,12 +50,9 @@ from pshybrid.batches import WINDOW_ROWS, BatchPlan, worker_batches  # noqa: E40
 from pshybrid.data import H5Dataset  # noqa: E402
 from pshybrid.schema import field_offsets  # noqa: E402
 from pshybrid.store import ids_in_range, owner_types  # noqa: E402
-from pshybrid.synthetic import SyntheticCTR, write_synthetic  # noqa: E402
+from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR, write_synthetic  # noqa: E402
 from timing import check_outputs, description  # noqa: E402  (bench/timing.py)
 
-CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
-                 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
-                 142572)  # as bench/modes_bench.py
 TARGET_MS = {256: 0.25, 4096: 1.5}  # the aim: input + planning per batch, one core
 DIM = 16
 PIECES = ("input", "check", "dedup", "types")

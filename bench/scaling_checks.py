@@ -6,11 +6,10 @@ auto`` would pick, and the table's size for the memory line. Pure functions on
 
 from __future__ import annotations
 
-import ast
 import statistics
-from pathlib import Path
 
 from pshybrid.planner import MEMORY_SHARE, PRESETS
+from pshybrid.synthetic import CRITEO_KAGGLE
 
 from scaling import (
     MODES,
@@ -153,10 +152,6 @@ def auto_picks(proj: dict, worker_bytes: float, node_memory: float) -> dict:
 
 
 def table_rows(max_cardinality: int) -> int:
-    """Rows of modes_bench's fused table: its CRITEO_KAGGLE cardinalities, capped (read
-    from the source: importing modes_bench would start MPI)."""
-    src = Path(__file__).with_name("modes_bench.py").read_text()
-    node = next(n for n in ast.parse(src).body if isinstance(n, ast.Assign)
-                and getattr(n.targets[0], "id", "") == "CRITEO_KAGGLE")
-    return sum(min(c, max_cardinality) for c in ast.literal_eval(node.value))
+    """Rows of modes_bench's fused table: Criteo Kaggle's cardinalities, capped."""
+    return sum(min(c, max_cardinality) for c in CRITEO_KAGGLE)
 

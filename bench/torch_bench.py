@@ -45,15 +45,12 @@ from mpi4py import MPI
 
 from pshybrid.config import TrainConfig
 from pshybrid.schema import field_offsets
-from pshybrid.synthetic import SyntheticCTR
+from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR
 from pshybrid.threads import rank_cores
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
 from timing import check_outputs, description  # bench/timing.py (a sibling: python bench/X.py)
 
-CRITEO_KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593,
-                 3194, 27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105,
-                 142572)
 D = 16
 
 
