@@ -55,12 +55,13 @@ def print_wire_bytes(results: dict) -> None:
              if k.endswith(WIRE) and k[:-len(WIRE)] in results]
     if pairs:
         print("wire-only runs: bytes per step per worker (library counters) vs the real run's")
+    w = label_width(results)
     for k, ref in pairs:
         got = results[k]["bytes_per_step"]
         for kind in sorted(set(got) | set(ref["bytes_per_step"])):
             g, r = got.get(kind, 0.0), ref["bytes_per_step"].get(kind, 0.0)
             if g or r:
-                print(f"  {k:<{label_width(results)}}{kind:<18}{g:>14,.0f}{r:>14,.0f}   "
+                print(f"  {k:<{w}}{kind:<18}{g:>14,.0f}{r:>14,.0f}   "
                       f"{g / r - 1 if r else math.inf:+.2%}")
 
 

@@ -36,11 +36,11 @@ def cupy_status() -> tuple[bool, str]:
         n = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # noqa: BLE001 - CUDARuntimeError and friends
         text = f"{type(e).__name__}: {e}"
-        if ("InsufficientDriver" in text or "insufficient" in text.lower()) and \
-                not nvidia_driver_loaded():
+        insufficient = "InsufficientDriver" in text or "insufficient" in text.lower()
+        if insufficient and not nvidia_driver_loaded():
             return False, (f"no NVIDIA driver on this machine (no {DRIVER_PROC}): --device "
                            f"cuda needs a GPU node ({text})")
-        if "InsufficientDriver" in text or "insufficient" in text.lower():
+        if insufficient:
             return False, (f"the NVIDIA driver is older than CuPy's CUDA runtime ({text}): "
                            f"install the cupy wheel of the driver's CUDA major version "
                            f"(nvidia-smi's 'CUDA Version'; docs/gpu.md)")

@@ -261,12 +261,15 @@ class _Rows:
             i = int(np.flatnonzero(bad)[0])
             raise _bad(fpath, f"/ids[{first + i}]", f"= {ids[i]} is outside the table's rows "
                        f"[0, {self.rows})")
-        other = ids % self.n != self.me
-        if other.any():
-            i = int(np.flatnonzero(other)[0])
-            raise _bad(fpath, f"/ids[{first + i}]", f"= {ids[i]} is a row of shard "
-                       f"{ids[i] % self.n} of {self.n} (rows r % {self.n}), not of this one")
-        local = ids // self.n
+        local = ids
+        if self.n > 1:  # (the whole table's rows: nothing to map)
+            other = ids % self.n != self.me
+            if other.any():
+                i = int(np.flatnonzero(other)[0])
+                raise _bad(fpath, f"/ids[{first + i}]", f"= {ids[i]} is a row of shard "
+                           f"{ids[i] % self.n} of {self.n} (rows r % {self.n}), not of this "
+                           "one")
+            local = ids // self.n
         s = np.sort(local)
         dup = s[1:] == s[:-1]
         byte, mask = local >> 3, np.left_shift(np.uint8(1), (local & 7).astype(np.uint8))

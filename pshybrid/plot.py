@@ -93,9 +93,7 @@ def plot(paths, out: str, overwrite: bool = False) -> tuple[int, int]:
     paths = [paths] if isinstance(paths, str) else list(paths)
     problem = safeio.check_output(out, "", [("RUN", p) for p in paths], existing=lambda p: (
         _image(p) if overwrite else f"{p} exists; pass --overwrite to replace an image"))
-    d = os.path.dirname(os.path.abspath(out))
-    if not problem and not os.path.isdir(d):
-        problem = f"{out}: directory {d} does not exist"
+    problem = problem or safeio.check_writable_file(out)  # (its directory exists, writable)
     if problem:
         raise InputError(problem)
     runs = [read_metrics(p) for p in paths]  # all checked before anything is drawn
