@@ -194,12 +194,13 @@ _CRITEO = (
     "(decimal integers -?[0-9]{1,18}, missing = 0), C1..C26 (categorical). Dense stored as "
     "float32(log1p(max(x, 0))). " + _SPARSE_RULE)
 _CSV = (
-    "Delimited table (or Parquet, with pyarrow) -> dataset file; columns by header name or "
-    "0-based index; RFC 4180 quoting (--quoting none: quotes are data), every record as "
-    "many fields as the first; --multi-hot COL[:SEP]: a list of items (split at SEP, "
-    "default |), each encoded as a value of its own field. Label: a number, 0 or 1, or with "
-    "--label-threshold T: 1 if >= T else 0. Dense: a finite number (Python float syntax), "
-    "missing = 0, stored as float32(log1p(max(x, 0))) (--dense-transform none: float32(x)). "
+    "Delimited table (or Parquet, with pyarrow: booleans as 1/0, lists as items joined by"
+    " |) -> dataset file; columns by header name or 0-based index; RFC 4180 quoting "
+    "(--quoting none: quotes are data), every record as many fields as the first; "
+    "--multi-hot COL[:SEP]: a list of items (split at SEP, default |), each encoded as a "
+    "value of its own field. Label: a number, 0 or 1, or with --label-threshold T: 1 if "
+    ">= T else 0. Dense: a finite number (Python float syntax), missing = 0, stored as "
+    "float32(log1p(max(x, 0))) (--dense-transform none: float32(x)). "
     + _SPARSE_RULE)
 
 

@@ -110,8 +110,9 @@ class SyntheticOptions(SplitOptions):
     rows: int = option(1_000_000, "rows to generate (train + validation)",
                        check=_check(lambda v: 0 < v <= INT64_MAX, "must be > 0 and < 2**63"))
     seed: int = option(0, "generator seed, 0 to 2**32 - 1", check=seed_check)
-    max_cardinality: int = option(100_000, "cap of each field's cardinality (Criteo Kaggle's, "
-                                  "capped)", check=_check(lambda v: v >= 1, "must be >= 1"))
+    max_cardinality: int = option(100_000, "cap of each field's cardinality (Criteo Kaggle's "
+                                  "own, up to 10,131,227)",
+                                  check=_check(lambda v: v >= 1, "must be >= 1"))
     zipf: float = option(1.1, "Zipf exponent of the ids (the law is truncated at each "
                          "field's cardinality, so any exponent >= 1 is a distribution)",
                          check=_check(lambda v: 1 <= v < math.inf, "must be >= 1 and finite"))
