@@ -320,6 +320,7 @@ class H5Dataset:
         try:
             self.stamp = _stamp(os.fstat(self.f.id.get_vfd_handle()))
             self._check()
+            self.linked = self._linked()
         except BaseException:
             self.f.close()  # a refused file is not left open
             raise
@@ -335,20 +336,39 @@ class H5Dataset:
             here = _stamp(os.stat(self.path))[:2]
         except OSError:  # (removed)
             here = None
-        how = ("removed" if here is None else "replaced by another file"
-               if here != self.stamp[:2] else f"now {now[2]} bytes, was {self.stamp[2]}"
-               if now[2] != self.stamp[2] else "rewritten" if now != self.stamp else None)
+        how = _change(self.stamp, now, here)
         if how is not None:
             raise InputError(f"{self.path}: the dataset changed while it was read ({how})")
+        for path, (key, stamp) in self.linked.items():
+            try:
+                now = _stamp(os.stat(path))
+            except OSError:
+                now = None
+            how = _change(stamp, now, now and now[:2])
+            if how is not None:
+                raise InputError(f"{path} (/{key} of {self.path}): the dataset changed while "
+                                 f"it was read ({how})")
         if error is not None:
             raise InputError(f"{self.path}: cannot read ({error})") from None
+
+    def _linked(self) -> dict:
+        """{path: (key, stamp)} of the other files that keys are read from (external links),
+        watched as the file itself is."""
+        keys = ["label", "dense", "sparse"] + [f"multi_hot/{m}/{k}" for m in self._names(
+            "multi_hot") for k in ("values", "offsets")]
+        out = {}
+        for key in keys:
+            other = self.f[key].file
+            if other.id.fileno != self.f.id.fileno and other.filename not in out:
+                out[other.filename] = (key, _stamp(os.fstat(other.id.get_vfd_handle())))
+        return out
 
     def _read(self, read):
         """``read()`` (h5py reads), checked: a failed read or a changed file raises
         ``InputError`` naming the file (HDF5 reads past a truncated file's end as zeros)."""
         try:
             out = read()
-        except (OSError, ValueError, RuntimeError) as e:
+        except (OSError, ValueError, RuntimeError, KeyError) as e:  # (KeyError: a link's file)
             self.check_unchanged(e)
         self.check_unchanged()
         return out
@@ -361,11 +381,16 @@ class H5Dataset:
                 raise InputError(f"{self.path}: missing dataset /{key}")
             ds = self.f.get(key)
             if not isinstance(ds, h5py.Dataset):
-                raise InputError(f"{self.path}: /{key} is a {type(ds).__name__.lower()}, "
-                                 f"not a dataset")
+                raise InputError(f"{self.path}: /{key} is " + (
+                    f"a {type(ds).__name__.lower()}, not a dataset" if ds is not None else
+                    f"a broken link ({self.f.get(key, getlink=True)})"))
             if ds.ndim != ndim or ds.dtype != dtype:
-                raise InputError(f"{self.path}: /{key} must be {ndim}-D {np.dtype(dtype).name}, "
-                                 f"found {ds.ndim}-D {ds.dtype}")
+                name = np.dtype(dtype).name
+                order = ds.dtype.newbyteorder("=") == dtype
+                raise InputError(f"{self.path}: /{key} must be {ndim}-D {name}, found "
+                                 f"{ds.ndim}-D {ds.dtype}" + (
+                                     f" (another byte order: store it as {name}, e.g. "
+                                     f"h5py's data=ds[()].astype('{name}'))" if order else ""))
         n = {k: self.f[k].shape[0] for k in want}
         if len(set(n.values())) != 1:
             raise InputError(f"{self.path}: row counts disagree: {n}")
@@ -377,8 +402,8 @@ class H5Dataset:
             raw = self.f.attrs["format_version"]
             shown = (int(version.ravel()[0]) if version is not None and version.size == 1
                      else raw.tolist() if hasattr(raw, "tolist") else raw)
-            raise InputError(f"{self.path}: attribute format_version {shown} is not "
-                             f"{FORMAT_VERSION}")
+            raise InputError(f"{self.path}: attribute format_version {shown!r} is not "
+                             f"the integer {FORMAT_VERSION}")
         cards_arr = _attr_ints(self.f.attrs, "cardinalities")
         if cards_arr is None or cards_arr.ndim != 1:
             raise InputError(f"{self.path}: attribute cardinalities must be a 1-D array of "
@@ -455,6 +480,14 @@ def _stamp(st: os.stat_result) -> tuple:
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
+def _change(was: tuple, now: tuple | None, here: tuple | None) -> str | None:
+    """How a file stamped ``was`` changed: ``now`` its open file's stamp, ``here`` the
+    (device, inode) at its path (None: removed); None if it did not."""
+    return ("removed" if here is None else "replaced by another file"
+            if here != was[:2] else f"now {now[2]} bytes, was {was[2]}"
+            if now[2] != was[2] else "rewritten" if now != was else None)
+
+
 def check_bags(f, path: str, name: str, n_rows: int):
     """``(values, offsets)`` datasets of multi-hot field ``name``: 1-D int64, offsets of
     ``n_rows + 1`` entries from 0 to len(values)."""
@@ -462,7 +495,10 @@ def check_bags(f, path: str, name: str, n_rows: int):
     for key in ("values", "offsets"):
         ds = f.get(f"multi_hot/{name}/{key}")
         if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype != np.int64:
-            raise InputError(f"{path}: /multi_hot/{name}/{key} must be a 1-D int64 dataset")
+            found = "missing" if ds is None else f"found {ds.__class__.__name__.lower()}" + (
+                f" of {ds.ndim}-D {ds.dtype}" if isinstance(ds, h5py.Dataset) else "")
+            raise InputError(f"{path}: /multi_hot/{name}/{key} must be a 1-D int64 dataset "
+                             f"({found})")
         got.append(ds)
     values, offsets = got
     if offsets.shape[0] != n_rows + 1 or offsets[0] != 0 or offsets[-1] != values.shape[0]:

@@ -3,8 +3,8 @@ descriptor, straight into the caller's buffer, at the byte offsets HDF5 gives fo
 dataset's chunks (or its contiguous storage): the bytes an HDF5 read of those rows
 returns, without HDF5's per-call work (the chunk's lookup, the selection's iteration) and
 without a copy through an intermediate buffer. A compressed or filtered dataset, another
-file driver, or a layout that does not check out keeps HDF5's reads (``raw_rows`` gives
-None); a chunk HDF5 has not allocated is read through HDF5 (its fill value). Also the
+file driver, data kept in another file, a stored type of its own or a layout that does not
+check out keeps HDF5's reads (``raw_rows`` gives None); a chunk HDF5 has not allocated is read through HDF5 (its fill value). Also the
 handles HDF5's own direct reads use (``h5_handles``)."""
 
 from __future__ import annotations
@@ -124,15 +124,15 @@ def scan_rows(ds, start: int, stop: int, n: int):
 def raw_rows(part, handles=None) -> list[RawRows] | None:
     """[label, dense, sparse] ``RawRows`` of an opened ``H5Dataset`` (``handles``: its
     ``h5_handles``, whose dataset ids read the unallocated chunks; made if None), or None
-    if any of them must be read by HDF5: a filter, a non-native dtype, a file driver without a
-    POSIX descriptor, or a first or last row that differs from HDF5's read of it."""
+    if any of them must be read by HDF5 (``_hdf5_only``), or has a first or last row that
+    differs from HDF5's read of it."""
     try:
         fd = part.f.id.get_vfd_handle()
         if not isinstance(fd, int):
             return None
         handles, out = handles or h5_handles(part), []
         for dsid, _, _ in handles:
-            if dsid.get_create_plist().get_nfilters() or not dsid.dtype.isnative:
+            if _hdf5_only(dsid, part.f.id):
                 return None
             raw = RawRows(fd, dsid, dsid.shape, dsid.dtype)
             for r in {0, dsid.shape[0] - 1} if dsid.shape[0] else ():
@@ -146,3 +146,18 @@ def raw_rows(part, handles=None) -> list[RawRows] | None:
         return out
     except (AttributeError, OSError, RuntimeError, TypeError, ValueError):
         return None  # an h5py without chunk queries, a driver without a descriptor
+
+
+def _hdf5_only(dsid, fid) -> bool:
+    """True where the bytes at the offsets HDF5 gives are not the rows as read: a filter;
+    data in another file (an external link, external storage, a virtual dataset) or not in
+    chunks or one block (compact); a stored type other than the native one of its NumPy
+    dtype (another byte order, a precision or bit offset of its own)."""
+    from h5py import h5d, h5i, h5t
+
+    plist = dsid.get_create_plist()
+    return bool(plist.get_nfilters() or plist.get_external_count()
+                or plist.get_layout() not in (h5d.CHUNKED, h5d.CONTIGUOUS)
+                or h5i.get_file_id(dsid).fileno != fid.fileno
+                or not dsid.dtype.isnative
+                or not dsid.get_type().equal(h5t.py_create(dsid.dtype)))

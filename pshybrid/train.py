@@ -282,7 +282,7 @@ def _open_data(cfg, topo, dataset, opened):
                 continue
             if d is data and n < G:
                 raise InputError(f"{getattr(d, 'path', 'the dataset')}: {n} row{'s' * (n != 1)}"
-                                 f", fewer than one global batch ({topo.n_workers} workers x "
+                                 f", fewer than one global batch ({topo.n_workers} worker{'s' * (topo.n_workers != 1)} x "
                                  f"--batch-size {cfg.batch_size} = {G})")
             if topo.is_worker and hasattr(d, "validate"):  # each worker scans its share
                 W, w = topo.n_workers, topo.worker_index

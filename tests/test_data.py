@@ -102,6 +102,12 @@ def test_planted_symlink_at_the_temporary_name_is_never_followed(tmp_path, monke
     (lambda f: f.attrs.__setitem__("cardinalities", np.array([2**62, 2**62], np.uint64)),
      "beyond the int64 ids"),
     (lambda f: f.attrs.__setitem__("format_version", "one"), "attribute format_version"),
+    (lambda f: f.attrs.__setitem__("format_version", "1"),
+     "attribute format_version '1' is not the integer 1"),
+    (lambda f: (f.__delitem__("label"), f.__setitem__("label", h5py.SoftLink("/gone"))),
+     "/label is a broken link"),
+    (lambda f: (f.__delitem__("sparse"), f.create_dataset("sparse", data=np.zeros((50, 1), ">i8"))),
+     "/sparse must be 2-D int64, found 2-D >i8 (another byte order: store it as int64"),
 ])
 def test_structure_errors_name_file_and_key(tmp_path, corrupt, needle):
     p = tmp_path / "d.h5"

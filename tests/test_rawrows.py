@@ -149,6 +149,74 @@ def test_a_read_past_a_truncated_end_names_the_file(tmp_path, monkeypatch):
     assert os.path.getsize(p) == cut
 
 
+def elsewhere(path, tmp_path, how):
+    """A contiguous file whose bytes at HDF5's offsets are not its rows, as ``how``:
+    ``external link`` (/label links to another file's; the deleted /label's bytes stay where
+    HDF5 says the linked one's are), ``own type`` (/sparse stored 48 bits wide at bit 8),
+    ``external storage`` (/dense in a raw file beside). Rows 0 and N-1 read the same either
+    way. Returns h5py's rows."""
+    write(path, 2000, "contiguous")
+    with h5py.File(path, "r+") as f:
+        if how == "external link":
+            label = f["label"][()]
+            label[1:-1] = 1 - label[1:-1]
+            with h5py.File(tmp_path / "other.h5", "w") as g:
+                g["label"] = label
+            del f["label"]
+            f["label"] = h5py.ExternalLink(str(tmp_path / "other.h5"), "/label")
+        elif how == "own type":
+            ids = f["sparse"][()]
+            ids[[0, -1]] = 0  # zero bytes in both types
+            del f["sparse"]
+            t = h5py.h5t.STD_I64LE.copy()
+            t.set_precision(48)
+            t.set_offset(8)
+            d = h5py.h5d.create(f.id, b"sparse", t, h5py.h5s.create_simple(ids.shape))
+            d.write(h5py.h5s.ALL, h5py.h5s.ALL, ids)
+        else:
+            dense = f["dense"][()]
+            del f["dense"]
+            f.create_dataset("dense", data=dense, external=[(str(tmp_path / "raw.bin"), 0,
+                                                             h5py.h5f.UNLIMITED)])
+        return {k: f[k][()] for k in ("label", "dense", "sparse")}
+
+
+@pytest.mark.parametrize("how", ["external link", "own type", "external storage"])
+def test_rows_kept_elsewhere_or_in_a_type_of_their_own_keep_hdf5s_reads(tmp_path, monkeypatch,
+                                                                        how):
+    """The direct reads would read other bytes (the stale ones, or the stored type's):
+    such a file is read by HDF5, and its batches and opening scan are h5py's rows."""
+    p = tmp_path / "d.h5"
+    want = elsewhere(p, tmp_path, how)
+    ds = H5Dataset(p)
+    assert raw_rows(ds, h5_handles(ds)) is None
+    plan = BatchPlan(ds.n_rows, 600, True, seed=2)
+    for i, got in enumerate(batches_of(ds, plan, 1, 600, True, monkeypatch)[0]):
+        rows = np.concatenate([np.arange(s, e) for s, e in plan.ranges(
+            plan.steps_per_epoch - 2 + i, 0, 600)])
+        for g, k in zip(got, ("label", "dense", "sparse")):
+            np.testing.assert_array_equal(g, want[k][rows] + ([0, 3, 8] if k == "sparse" else 0))
+    for a, *got in scan_rows(ds, 0, ds.n_rows, 700):
+        for g, k in zip(got, ("label", "dense", "sparse")):
+            np.testing.assert_array_equal(g, want[k][a:a + 700])
+    ds.close()
+
+
+def test_a_linked_file_changed_while_read_names_it(tmp_path, monkeypatch):
+    """The file an external link reads from is watched as the file itself: truncated, the
+    next read names it (HDF5 would read zeros past its end)."""
+    p = tmp_path / "d.h5"
+    elsewhere(p, tmp_path, "external link")
+    ds = H5Dataset(p)
+    ds.rows(0, 500)
+    os.truncate(tmp_path / "other.h5", 3000)
+    with pytest.raises(InputError) as e:
+        ds.rows(500, 1000)
+    assert str(e.value).startswith(f"{tmp_path / 'other.h5'} (/label of {p}): the dataset "
+                                   "changed while it was read (now 3000 bytes"), e.value
+    ds.close()
+
+
 @pytest.mark.parametrize("layout", ["chunks", "lzf"])
 def test_the_opening_scan_reads_the_rows_and_names_a_bad_one(tmp_path, monkeypatch, layout):
     """``scan_rows`` (direct reads into reused buffers, or HDF5's for a compressed file)

@@ -48,8 +48,9 @@ def _open(path, G: int, s):
     try:
         ds = H5Dataset(path) if isinstance(path, (str, os.PathLike)) else path
         if getattr(ds, "n_rows", G) < G:
-            raise InputError(f"{path}: {ds.n_rows} rows, fewer than one global batch "
-                             f"({s.topo.n_workers} workers x batch_size {G // s.topo.n_workers})")
+            W = s.topo.n_workers
+            raise InputError(f"{path}: {ds.n_rows} row{'s' * (ds.n_rows != 1)}, fewer than one "
+                             f"global batch ({W} worker{'s' * (W != 1)} x batch_size {G // W})")
     except InputError as e:
         err = e
     agree(s.topo.workers, err)  # Wire: verdict allgather over the workers
