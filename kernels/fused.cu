@@ -15,10 +15,11 @@
 //                     The step's scalars (the scheduled rate, Adam's bias corrections) come
 //                     as arguments, computed on the host as the CPU kernels get them.
 //
-// bias_act<T>:       y (rows, d) in place: y[i] = y[i] + b[i % d], then max(., 0) if relu
-//                     (a Linear layer's bias and ReLU after its GEMM; twin: x @ W + b, then
-//                     y * (y > 0): layers.Linear on NumPy)
-// relu_grad<T>:       dx[i] = y[i] > 0 ? dy[i] : 0, y the ReLU's output (twin: dy * (y > 0))
+// bias_act<T>:       y (rows, d) in place: y[i] = y[i] + b[i % d], then times (y[i] > 0) if
+//                     relu (a Linear layer's bias and ReLU after its GEMM; twin: x @ W + b,
+//                     then y * (y > 0): layers.Linear on NumPy). A product, as the twin's,
+//                     not a select: a NaN or -inf stays NaN, so a diverging run is seen.
+// relu_grad<T>:       dx[i] = dy[i] * (y[i] > 0), y the ReLU's output (twin: the same)
 //
 // Layout: 1-D blocks, a grid-stride loop over the n elements (the grid is bounded by the
 // caller: any n fits).
@@ -94,7 +95,7 @@ __global__ void bias_act(T* __restrict__ y, const T* __restrict__ b, long long n
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
         const T v = y[i] + b[i % d];
-        y[i] = (relu && !(v > T(0))) ? T(0) : v;
+        y[i] = relu ? v * T(v > T(0)) : v;
     }
 }
 
@@ -103,7 +104,7 @@ __global__ void relu_grad(const T* __restrict__ dy, const T* __restrict__ y,
                           T* __restrict__ dx, long long n) {
     const long long stride = (long long)gridDim.x * blockDim.x;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride)
-        dx[i] = y[i] > T(0) ? dy[i] : T(0);
+        dx[i] = dy[i] * T(y[i] > T(0));
 }
 
 // Explicit instantiations, so that nvcc (.ci/run) compiles every kernel pshybrid/cuda.py

@@ -59,6 +59,7 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
     opened = []
     try:
         data = _open(cfg, pc, dataset, opened)
+        finite = getattr(data, "n_rows", None) is not None  # (--epochs counts its rows)
         params = ParamSpace()
         model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,
                                     cfg.dtype, cfg.cross_layers)
@@ -84,7 +85,7 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         probe_s, trial_s = time.perf_counter() - t0, None
         steps = trials.trial_steps(cfg, getattr(data, "n_rows", None), pc.size)
         if trial is not None and steps:
-            key, trial_s = trials.settle(rows, lambda r: chosen_config(cfg, _alt(r)), trial,
+            key, trial_s = trials.settle(rows, lambda r: chosen_config(cfg, _alt(r), finite), trial,
                                          comm, data, steps, cfg.batch_size)
             row = next(r for r in rows if r["key"] == key)
             alt = _alt(row)
@@ -92,7 +93,7 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         for d in opened:
             d.close()
         pc.Free()
-    chosen = chosen_config(cfg, alt)
+    chosen = chosen_config(cfg, alt, finite)
     record = dict(choice=alt.key, predicted_step_s=row["step"],
                   predicted_samples_per_s=row["samples_per_s"], alternatives=rows,
                   rates=asdict(rates), unique_ids=shape.U, memory_bytes=memory,
@@ -109,13 +110,13 @@ def _alt(row: dict) -> planner.Alternative:
                                row["workers"], row["servers"])
 
 
-def chosen_config(cfg, alt):
-    """``cfg`` resolved to ``alt`` (validated)."""
+def chosen_config(cfg, alt, finite_data: bool = False):
+    """``cfg`` resolved to ``alt`` (validated; ``finite_data`` as ``TrainConfig.validate``)."""
     colocated = is_colocated(alt.placement)
     c = replace(cfg, mode=alt.mode, replicate_rows=alt.replicate_rows,
                 placement=placement_name(colocated),
                 servers=alt.servers if MODES[alt.mode].needs_servers and not colocated else None)
-    c.validate()
+    c.validate(finite_data)
     return c
 
 

@@ -170,8 +170,9 @@ def _keyed(cls, d: dict, source: str) -> tuple[dict, dict]:
     return values, where
 
 
-def _build(cls, values: dict, where: dict):
-    """Defaults overlaid with ``values``; every field type-, choice- and range-checked."""
+def _build(cls, values: dict, where: dict, **checks):
+    """Defaults overlaid with ``values``; every field type-, choice- and range-checked; then
+    the class's ``validate(**checks)``."""
     kwargs = {}
     for f, base, optional in _fields(cls):
         label = where.get(f.name, f.name)
@@ -190,7 +191,7 @@ def _build(cls, values: dict, where: dict):
     cfg = cls(**kwargs)
     if hasattr(cfg, "validate"):
         try:
-            cfg.validate()
+            cfg.validate(**checks)
         except ConfigError as e:  # name the file of each option the message names that a
             defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # file set
             files = [where[n].replace(" (in ", " in ")[:-1] for n in values
@@ -228,9 +229,11 @@ def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: 
     """The ``cls`` instance of defaults < ``base`` (e.g. a resumed checkpoint's options, read
     from ``base_source``) < ``--config`` TOML file < command-line options. A class may
     define ``layer(values, given)`` to settle options that replace each other (``given``:
-    the names set by the TOML file or the command line)."""
+    the names set by the TOML file or the command line), and ``settle(values, given, where)``
+    to check the final values against every name either set."""
     values, where = _keyed(cls, base, base_source) if base else ({}, {})
     layer = getattr(cls, "layer", lambda values, given: None)
+    toml: dict = {}
     if getattr(ns, "config", None) is not None:
         toml, at = _keyed(cls, _read_toml(ns.config), ns.config)
         values.update(toml)
@@ -243,6 +246,7 @@ def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: 
             values[f.name] = _from_text(getattr(ns, f.name), kind, optional, where[f.name])
             given.add(f.name)
     layer(values, given)  # the command line over both
+    getattr(cls, "settle", lambda *a: None)(values, given | set(toml), where)
     return _build(cls, values, where)
 
 
@@ -273,10 +277,11 @@ def to_toml(cfg) -> str:
                    for f in dataclasses.fields(cfg))
 
 
-def from_dict(cls, d: dict, source: str):
-    """Inverse of ``to_dict`` (e.g. a config stored in a checkpoint), checked like a TOML file;
-    ``source`` names where ``d`` came from in error messages. Missing keys take defaults."""
-    return _build(cls, *_keyed(cls, d, source))
+def from_dict(cls, d: dict, source: str, **checks):
+    """Inverse of ``to_dict`` (e.g. a config stored in a checkpoint), checked like a TOML file
+    (``checks``: for ``validate``); ``source`` names where ``d`` came from in error messages.
+    Missing keys take defaults."""
+    return _build(cls, *_keyed(cls, d, source), **checks)
 
 
 # -- checks ---------------------------------------------------------------------------------
@@ -434,10 +439,6 @@ class TrainConfig:
         ``--checkpoint-dir none`` / ``--eval-data none`` / ``--data none`` given drop the
         options that need them, unless those are given too. (Values are still as given:
         ``none`` is text here.)"""
-        chosen = [k for k in ("placement", "replicate_rows") if k in given]
-        if values.get("mode") == "auto" and chosen:  # even at their defaults: auto's to pick
-            raise _error(f"--mode auto chooses --placement and --replicate-rows: drop "
-                         f"{' and '.join(option_flag(k) for k in chosen)} (or pick a mode)")
         if {"steps", "epochs"} <= given and values["epochs"] not in (None, "none"):
             raise _error(f"--steps {values['steps']} and --epochs {values['epochs']}: give "
                          "one (--epochs counts passes over --data, --steps the steps)")
@@ -449,9 +450,20 @@ class TrainConfig:
             if key in given and values[key] in (None, "none") and other not in given:
                 values[other] = off
 
-    def validate(self) -> None:
-        """Cross-field rules."""
-        if self.epochs is not None and self.data is None:
+    @staticmethod
+    def settle(values: dict, given: set, where: dict) -> None:
+        """After every layer (``given``: the names the TOML file or the command line set,
+        ``where`` says which): ``--mode auto`` chooses ``--placement`` and
+        ``--replicate-rows``, so neither may be given, even at its default."""
+        chosen = [where[k] for k in ("placement", "replicate_rows") if k in given]
+        if values.get("mode") == "auto" and chosen:
+            raise _error(f"--mode auto chooses --placement and --replicate-rows: drop "
+                         f"{' and '.join(chosen)} (or pick a mode)")
+
+    def validate(self, finite_data: bool = False) -> None:
+        """Cross-field rules (``finite_data``: a Python dataset with ``n_rows`` is trained on,
+        which ``--epochs`` counts as it counts ``--data``)."""
+        if self.epochs is not None and self.data is None and not finite_data:
             raise _error("--epochs needs --data; the synthetic stream is endless: use --steps")
         if self.checkpoint_every and self.checkpoint_dir is None:
             raise _error("--checkpoint-every needs --checkpoint-dir")

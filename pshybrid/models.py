@@ -198,9 +198,41 @@ class Registry(dict):
 
     def __setitem__(self, name, cls):
         if name in self.builtin and cls is not self.builtin[name]:
-            raise ConfigError(f"models.MODELS[{name!r}]: {name!r} is a built-in model; register "
-                              "yours under another name")
+            self._refuse(name)
         super().__setitem__(name, cls)
+
+    def _refuse(self, name):
+        raise ConfigError(f"models.MODELS[{name!r}]: {name!r} is a built-in model; register "
+                          "yours under another name")
+
+    def update(self, *args, **kw):  # (dict's own skip __setitem__)
+        for name, cls in dict(*args, **kw).items():
+            self[name] = cls
+
+    def __ior__(self, other):
+        self.update(other)
+        return self
+
+    def setdefault(self, name, cls=None):
+        if name not in self:
+            self[name] = cls
+        return self[name]
+
+    def __delitem__(self, name):
+        if name in self.builtin:
+            self._refuse(name)
+        super().__delitem__(name)
+
+    def pop(self, name, *default):
+        if name in self.builtin:
+            self._refuse(name)
+        return super().pop(name, *default)
+
+    def popitem(self):
+        raise ConfigError("models.MODELS: the built-in models stay; del MODELS[name] "
+                          "removes yours")
+
+    clear = popitem
 
 
 MODELS = Registry({"wdl": WDL, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM})

@@ -24,6 +24,7 @@ import os
 
 from . import checkpoint_files, limits, safeio, tboard
 from .batches import BatchPlan, global_batch
+from .data import SHUFFLE_BLOCK
 from .errors import ConfigError, InputError, PshybridError
 from .files import dataset_paths
 from .report import metrics_problem
@@ -106,6 +107,24 @@ def _ranks_here(topo) -> tuple[int, int]:
             sum(1 for r in here if r in topo.server_ranks))
 
 
+def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
+    """Worker 0: what a resume reads other than where the checkpoint stopped."""
+    (was, G), W = (meta.get("global_batch"), global_batch(cfg, topo.n_workers)), topo.n_workers
+    if was not in (None, G):
+        out.write(f"resume: warning: {step_dir} was trained with a global batch of {was:,}, "
+                  f"this run's is {G:,} ({W} worker{'s' * (W != 1)} x --batch-size "
+                  f"{cfg.batch_size}): step {start} goes on at batch {start} of {G:,} rows, so "
+                  "the rows read next and the steps --epochs counts are not where it stopped; "
+                  f"a global batch of {was:,} continues on the same rows\n")
+    older = was is None and "front_end" not in meta  # (a train run's, before global_batch)
+    if older and cfg.shuffle and n_rows and n_rows % SHUFFLE_BLOCK:
+        out.write(f"resume: warning: {step_dir} was written by an earlier pshybrid, whose "
+                  f"shuffle kept the last, partial block of --data's {n_rows:,} rows last in "
+                  "every epoch: the rest of this epoch reads the rows in this version's "
+                  "order, so some of them twice and others not\n")
+    out.flush()
+
+
 def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
               score: bool = False) -> bool:
     """Run the checks above on every rank (collective: one verdict); True when a resumed
@@ -133,14 +152,8 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
     except PshybridError as e:
         err = e
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
-    (was, G), W = (meta.get("global_batch"), global_batch(cfg, topo.n_workers)), topo.n_workers
-    if was not in (None, G) and not score and topo.rank == topo.worker_ranks[0] and out:
-        out.write(f"resume: warning: {step_dir} was trained with a global batch of {was:,}, "
-                  f"this run's is {G:,} ({W} worker{'s' * (W != 1)} x --batch-size "
-                  f"{cfg.batch_size}): step {start} goes on at batch {start} of {G:,} rows, so "
-                  "the rows read next and the steps --epochs counts are not where it stopped; "
-                  f"a global batch of {was:,} continues on the same rows\n")
-        out.flush()
+    if cfg.resume and not score and topo.rank == topo.worker_ranks[0] and out:
+        _resume_warnings(cfg, topo, meta, step_dir, start, getattr(data, "n_rows", None), out)
     if cfg.resume and start >= steps and not collect:
         if topo.rank == topo.worker_ranks[0] and out is not None:
             until = (f"--epochs {cfg.epochs} ({steps} steps)" if cfg.epochs

@@ -259,9 +259,9 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
-def _memory_line(cfg, schema, W: int, S: int) -> str:
+def _memory_line(cfg, schema, W: int, S: int, eval_rows: int) -> str:
     """The plan's memory of one worker and one server, as ``preflight`` estimates it."""
-    per = limits.per_rank(limits.on_host(cfg, limits.estimate(cfg, schema, W, S)))
+    per = limits.per_rank(limits.on_host(cfg, limits.estimate(cfg, schema, W, S, eval_rows)))
     return (f"  memory (the large arrays, as checked before step 1"
             f"{'; host only' if cfg.device == 'cuda' else ''}): {limits.gib(per['worker'])} "
             "per worker" + (f", {limits.gib(per['server'])} per server" if S else ""))
@@ -287,14 +287,14 @@ def _data_notes(cfg, rows: int, F: int, n_rows: int | None, G: int) -> list[str]
 
 
 def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
-           compression: str | None = None) -> str:
+           compression: str | None = None, eval_rows: int = 0) -> str:
     """What the run is about to do, printed by worker 0 before the tables are built: who is
     a worker and who serves, the global batch, the tables' rows and bytes (per server),
     the dense parameters, a checkpoint's size, the sparse optimizer's threads (sized on
     worker 0 as for a server on server 0's node: every rank sizes its own by the same rule);
     a warning when the tables have more rows than the data has ids (most would never train),
-    a note when the training data is compressed (``compression``: its filter), when a
-    hot-row cache can never serve under the consistency given, and when numba compiles."""
+    a note when the training data is compressed (``compression``: its filter; ``eval_rows``:
+    the --eval-data file's, in the memory), when a hot-row cache can never serve under the consistency given, and when numba compiles."""
     W, S, s = topo.n_workers, topo.n_servers, np.dtype(cfg.dtype).itemsize
     P, E = limits.model_size(cfg, schema)
     rows, F = int(sum(schema.cardinalities)), len(schema.cardinalities)
@@ -319,7 +319,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
              f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
              f"  dense: {_n(P, 'parameter')}; a checkpoint holds about "
              f"{limits.gib(table + P * s * (1 + dslots))}"]
-    lines.append(_memory_line(cfg, schema, W, S))
+    lines.append(_memory_line(cfg, schema, W, S, eval_rows))
     here = topo.dedicated_servers_on(topo.node_of_rank[topo.server_ranks[0]]) if S else 0
     T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)
     holder = ("each rank" if topo.colocated else "each server" if sharded else "each worker")

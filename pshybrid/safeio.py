@@ -340,8 +340,9 @@ def replaceable(command: str, overwrite: bool):
     and with it unless ``output_kind`` is ``command`` (an earlier output of that command)."""
     def why(path: str) -> str | None:
         if not overwrite:
-            return (f"{path} exists; pass --overwrite (from Python: overwrite=True) to replace "
-                    f"an earlier output of {command}")
+            python = " (from Python: overwrite=True)" if command in ("export", "predict") else ""
+            return (f"{path} exists; pass --overwrite{python} to replace an earlier output of "
+                    f"{command}")
         if output_kind(path) != command:
             return (f"{path} exists and is not an output of pshybrid {command} (no "
                     f"{OUTPUT_ATTR} = {command!r} attribute): not replaced, even with "

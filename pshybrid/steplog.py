@@ -13,6 +13,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from . import checkpoint_files
 from .backend import to_host
 from .batches import read_ids
 from .data import EVAL_BATCH
@@ -40,8 +41,13 @@ def check_loss(job, loss_sum: float, rows: int, when: str) -> None:
     what = f"{mean:.3g} per sample (above 1e6 x log 2 = {DIVERGED:.3g}: diverging)" \
         if math.isfinite(mean) else f"{loss_sum}"
     ck = job.cfg.checkpoint_dir
-    where = f"{ck}/latest names the last good checkpoint" if ck else \
-        "no checkpoint directory was given"
+    try:
+        latest = checkpoint_files.read_latest(ck) if ck else None
+    except PshybridError:
+        latest = None
+    where = (f"{ck}/latest names the last good checkpoint ({latest})" if latest else
+             f"no checkpoint was written in {ck} yet" if ck else
+             "no checkpoint directory was given")
     raise TrainingDiverged(f"loss is {what} {when} on worker {job.topo.worker_index}: "
                            f"training stopped; {where}")
 

@@ -17,7 +17,7 @@ import gc
 import resource
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 from mpi4py import MPI
@@ -87,10 +87,9 @@ def train(cfg: TrainConfig, comm: MPI.Comm, dataset=None, collect: bool = False,
 def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
     with abort_on_error(comm):
         try:
-            d, err = to_dict(cfg), None
-            finite = getattr(dataset, "n_rows", None) is not None  # --epochs count its rows
-            cfg = from_dict(TrainConfig, dict(d, epochs=None) if finite else d, "TrainConfig")
-            cfg = replace(cfg, epochs=d["epochs"]) if finite else cfg
+            err = None
+            cfg = from_dict(TrainConfig, to_dict(cfg), "TrainConfig",
+                            finite_data=getattr(dataset, "n_rows", None) is not None)
         except ConfigError as e:   # (a registry differing between ranks: not the same verdict)
             err = e
         agree(comm, err)  # Wire: verdict allgather; every rank raises, or none
@@ -111,7 +110,7 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
             if cfg.checkpoint_dir and not idle:  # released by ``opened``'s close below
                 lock_checkpoint_dir(cfg, topo, out, opened)
             if topo.rank == topo.worker_ranks[0] and not idle:
-                _announce(cfg, topo, data, out)
+                _announce(cfg, topo, data, evdata, out)
             job = setup(cfg, topo, data, evdata, out)
             job.auto = planned
             if idle:  # --eval-data: evaluate the resumed model
@@ -198,7 +197,8 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
                                 cfg.dtype, cfg.cross_layers, cfg.pooling)
     if cfg.device == "cuda" and cfg.cuda_graphs == "on" and data.schema.multi_hot:
         raise ConfigError("--cuda-graphs on: the data has multi-hot fields, whose pooling "
-                          "differs batch by batch and cannot be captured; use auto or off")
+                          "differs batch by batch and cannot be captured; use auto or off",
+                          collective=True)  # (every rank reads the same schema)
     xp = _use_gpu(topo) if cfg.device == "cuda" else np
     params.build(xp, np.dtype(cfg.dtype), cfg.seed)
     dense_lr = cfg.sparse_lr if cfg.dense_lr is None else cfg.dense_lr
@@ -244,11 +244,11 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     return job
 
 
-def _announce(cfg, topo, data, out) -> None:
+def _announce(cfg, topo, data, evdata, out) -> None:
     """Worker 0, before the tables are built: the run's plan (``report.banner``)."""
     n_rows = getattr(data, "n_rows", None)
     out.write(banner(cfg, topo, data.schema, total_steps(cfg, n_rows, topo.n_workers), n_rows,
-                     getattr(data, "compression", None)))
+                     getattr(data, "compression", None), getattr(evdata, "n_rows", 0)))
     out.flush()
 
 

@@ -720,3 +720,14 @@ def test_a_resume_with_another_global_batch_says_what_changes(tmp_path, capsys):
         assert ("resume: warning: " in out) == warned, out
     assert ("was trained with a global batch of 64, this run's is 32 (1 worker x "
             "--batch-size 32): step 2 goes on at batch 2 of 32 rows") in out, out
+    # a checkpoint of a version before global_batch, whose shuffle kept the partial block
+    # (all 256 rows here) last: the rest of its epoch is read in another order
+    del meta["global_batch"]
+    with open(tmp_path / "ck" / "step-2" / "meta.json", "w") as f:
+        json.dump(meta, f)
+    for flag, warned in (("--shuffle", True), ("--no-shuffle", False)):
+        assert main(["train", "--resume", str(tmp_path / "ck"), "--steps", "3",
+                     "--checkpoint-dir", "none", flag]) == 0
+        out = capsys.readouterr().out
+        assert ("whose shuffle kept the last, partial block of --data's 256 rows last" in out
+                ) == warned, out

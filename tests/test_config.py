@@ -169,6 +169,22 @@ def test_toml_errors(tmp_path, text, message):
     assert fails(parse, TrainConfig, "--config", path) == message.format(path=path)
 
 
+def test_auto_and_the_options_it_chooses_are_checked_after_every_layer(tmp_path):
+    """A file's ``mode = "auto"`` with its ``placement`` is refused naming the file, and the
+    command line's --mode overrides it; a file's placement under the command line's auto
+    is refused too."""
+    path = toml(tmp_path, 'mode = "auto"\nplacement = "dedicated"\nreplicate_rows = 0\n')
+    assert fails(parse, TrainConfig, "--config", path) == (
+        f"--mode auto chooses --placement and --replicate-rows: drop placement (in {path}) "
+        f"and replicate_rows (in {path}) (or pick a mode)")
+    cfg = parse(TrainConfig, "--config", path, "--mode", "hybrid")
+    assert (cfg.mode, cfg.placement, cfg.replicate_rows) == ("hybrid", "dedicated", 0)
+    path = toml(tmp_path, 'placement = "colocated"\n')
+    assert fails(parse, TrainConfig, "--config", path, "--mode", "auto") == (
+        f"--mode auto chooses --placement and --replicate-rows: drop placement (in {path}) "
+        "(or pick a mode)")
+
+
 def test_unreadable_or_invalid_toml(tmp_path):
     missing = str(tmp_path / "missing.toml")
     assert fails(parse, TrainConfig, "--config", missing) == \

@@ -102,6 +102,11 @@ def test_epochs_over_a_python_dataset_equal_epochs_over_its_file(files):
     ds.close()
     assert got.summary["steps"] == ref.summary["steps"] == 2 * (ds.n_rows // 96)
     assert np.array_equal(got.dense, ref.dense) and np.array_equal(got.table, ref.table)
+    ds = open_dataset(whole)  # --mode auto's choice is checked the same way (it was refused)
+    got = train(replace(cfg, mode="auto", servers=None, auto_trial_steps=0), MPI.COMM_SELF,
+                dataset=ds, collect=True, out=io.StringIO())
+    ds.close()
+    assert got.summary["steps"] == 2 * (ds.n_rows // 96)
 
 
 def test_training_on_several_files_or_a_directory_equals_the_one_file(files, tmp_path):

@@ -208,3 +208,20 @@ def test_a_loss_far_above_its_start_is_divergence_on_cpu_and_gpu(monkeypatch):
     with pytest.raises(steplog.TrainingDiverged, match="loss is 1.25e.29 per sample .* in "
                        "the steps up to 4 "):
         log.add(4, 0.0, y)
+
+
+def test_a_diverged_run_names_its_last_checkpoint_or_says_there_is_none(tmp_path):
+    """(It named DIR/latest before any checkpoint was written, where there was none.)"""
+    from pshybrid import steplog
+
+    job = _fake_job(log_every=2, steps=4, checkpoint_every=2)
+    job.cfg.checkpoint_dir = str(tmp_path / "ck")
+    for latest, want in ((None, f"no checkpoint was written in {tmp_path / 'ck'} yet"),
+                         ("step-2", f"{tmp_path / 'ck'}/latest names the last good checkpoint "
+                                    "(step-2)")):
+        if latest:
+            (tmp_path / "ck").mkdir()
+            (tmp_path / "ck" / "latest").write_text(latest + "\n")
+        with pytest.raises(steplog.TrainingDiverged) as e:
+            steplog.check_loss(job, float("nan"), 4, "at step 3")
+        assert str(e.value).endswith("training stopped; " + want), e.value

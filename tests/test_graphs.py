@@ -172,8 +172,9 @@ def test_multi_hot_fields_run_eagerly_and_refuse_graphs_on(monkeypatch, tmp_path
     got = train(replace(cfg, device="cuda"), MPI.COMM_SELF, collect=True, out=io.StringIO())
     assert got.summary["cuda_graphs"] == "off: multi-hot fields"
     assert _rel(got.dense, ref.dense) < 1e-9 and _rel(got.table, ref.table) < 1e-9
-    with pytest.raises(ConfigError, match="multi-hot"):
+    with pytest.raises(ConfigError, match="multi-hot") as e:
         train(replace(cfg, device="cuda", cuda_graphs="on"), MPI.COMM_SELF, out=io.StringIO())
+    assert e.value.collective  # every rank raises it: not one rank's failure (MPI_Abort)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -148,5 +148,12 @@ def test_a_built_in_model_name_cannot_be_given_another_class(monkeypatch):
 
     with pytest.raises(ConfigError, match=r"MODELS\['wdl'\]: 'wdl' is a built-in model"):
         models.MODELS["wdl"] = models.DCN
+    for change in (lambda m: m.update(wdl=models.DCN), lambda m: m.update({"dcn": models.WDL}),
+                   lambda m: m.__ior__({"dlrm": models.DCN}), lambda m: m.pop("wdl"),
+                   lambda m: m.__delitem__("deepfm"), lambda m: m.popitem(), lambda m: m.clear()):
+        with pytest.raises(ConfigError, match="built-in model"):  # (dict's own skipped it)
+            change(models.MODELS)
+    assert all(models.MODELS[k] is v for k, v in models.MODELS.builtin.items())
+    assert models.MODELS.setdefault("wdl", models.DCN) is models.WDL
     assert models.MODELS["wdl"] is models.WDL
     monkeypatch.setitem(models.MODELS, "wdl_too", models.WDL)   # another name: fine

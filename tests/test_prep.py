@@ -175,7 +175,8 @@ def test_an_existing_out_is_replaced_only_with_overwrite_and_only_if_prep_wrote_
             assert listing(tmp_path) == before
     earlier_output(tmp_path / "out.h5")
     earlier = listing(tmp_path)["out.h5"]
-    with pytest.raises(ConfigError, match="pass --overwrite"):
+    with pytest.raises(ConfigError, match="pass --overwrite to replace an earlier output of "
+                       "prep$"):  # (prep has no Python call with an overwrite=)
         run(*argv(tmp_path / "out.h5"))
     assert listing(tmp_path)["out.h5"] == earlier
     for _ in range(2):

@@ -55,6 +55,12 @@ def test_banner_names_the_roles_the_global_batch_and_the_bytes():
     text = banner(replace(cfg, server_threads=3), topo(3, 2), SCHEMA, 500)
     assert text.splitlines()[-1] == \
         "  sparse optimizer: 3 threads on each server's rows (--server-threads)"
+    # --eval-data's rows: the logits it keeps and its larger activation batch, as checked
+    big = {r: sum(p.nbytes for p in parts) for r, parts in estimate(
+        cfg, SCHEMA, 3, 2, eval_rows=10**7).items()}
+    assert big["worker"] > per["worker"] + 16 * 10**7 - 1
+    assert f"{gib(big['worker'])} per worker" in banner(cfg, topo(3, 2), SCHEMA, 500,
+                                                       eval_rows=10**7)
 
 
 def test_banner_placements_and_the_small_data_warning():

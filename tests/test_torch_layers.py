@@ -155,3 +155,37 @@ def test_a_second_optimizer_replaces_the_first(job):
     assert s.optimizer is second and first.hooks == []
     with pytest.raises(ConfigError, match="a newer DistributedOptimizer replaced this one"):
         first.step()
+
+
+def test_a_second_optimizer_of_a_resumed_session_keeps_the_weights_as_trained(tmp_path):
+    """The checkpoint a session resumes is loaded by its first ``DistributedOptimizer``:
+    a second one (a new phase) starts from the weights the first trained (it reloaded the
+    checkpoint's, losing the phase)."""
+    tables = [pt.Table("a", rows=20, dim=3, lr=LR, dtype=torch.float64)]
+
+    def phase(opt, model, emb, steps=1):
+        for _ in range(steps):
+            opt.zero_grad()
+            model(emb(torch.tensor([1, 4, 19]))).square().sum().backward()
+            opt.step()
+
+    def start(**kw):
+        pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, tables=tables, **kw)
+        model, emb = torch.nn.Linear(3, 1).double(), pt.Embedding("a")
+        return model, emb, pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                                   model)
+
+    model, emb, opt = start()
+    phase(opt, model, emb)
+    pt.checkpoint(str(tmp_path / "ck"))
+    pt.shutdown()
+    try:
+        model, emb, opt = start(resume=str(tmp_path / "ck"))
+        resumed = model.weight.detach().clone()
+        phase(opt, model, emb, 3)
+        trained = model.weight.detach().clone()
+        assert not torch.equal(trained, resumed)
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), model)
+        assert torch.equal(model.weight.detach(), trained)
+    finally:
+        pt.shutdown()

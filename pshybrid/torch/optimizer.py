@@ -80,7 +80,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # Wire: Bcast of the flat dense parameters from worker 0 over the workers
         s.topo.workers.Bcast(self.params.flat, root=0)
         self._to_params(self.params.flat)
-        if s.resume_dir is not None:
+        if s.resume_dir is not None and s.optimizer is None:  # (a later phase: as trained)
             err = None
             try:
                 self._load(s.resume_dir)
