@@ -85,8 +85,8 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         probe_s, trial_s = time.perf_counter() - t0, None
         steps = trials.trial_steps(cfg, getattr(data, "n_rows", None), pc.size)
         if trial is not None and steps:
-            key, trial_s = trials.settle(rows, lambda r: chosen_config(cfg, _alt(r), finite), trial,
-                                         comm, data, steps, cfg.batch_size)
+            key, trial_s = trials.settle(rows, lambda r: chosen_config(cfg, _alt(r), finite),
+                                         trial, comm, data, steps, cfg.batch_size)
             row = next(r for r in rows if r["key"] == key)
             alt = _alt(row)
     finally:

@@ -27,7 +27,7 @@ import numpy as np
 
 from .errors import InputError
 from .rawrows import scan_rows
-from .rowcheck import check_bag_rows, check_rows
+from .rowcheck import check_bag_rows, check_bags, check_rows
 from .schema import Schema, names_problem
 
 FORMAT_VERSION = 1
@@ -458,7 +458,8 @@ class H5Dataset:
         return self.f["sparse"].compression
 
     def rows(self, start: int, stop: int):
-        """Rows ``[start, stop)``: label (n,) float32, dense (n, F_d) float32, sparse (n, F_s) int64."""
+        """Rows ``[start, stop)``: label (n,) float32, dense (n, F_d) float32, sparse (n, F_s)
+        int64."""
         return self._read(lambda: (self.f["label"][start:stop], self.f["dense"][start:stop],
                                    self.f["sparse"][start:stop]))
 
@@ -486,22 +487,3 @@ def _change(was: tuple, now: tuple | None, here: tuple | None) -> str | None:
     return ("removed" if here is None else "replaced by another file"
             if here != was[:2] else f"now {now[2]} bytes, was {was[2]}"
             if now[2] != was[2] else "rewritten" if now != was else None)
-
-
-def check_bags(f, path: str, name: str, n_rows: int):
-    """``(values, offsets)`` datasets of multi-hot field ``name``: 1-D int64, offsets of
-    ``n_rows + 1`` entries from 0 to len(values)."""
-    got = []
-    for key in ("values", "offsets"):
-        ds = f.get(f"multi_hot/{name}/{key}")
-        if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype != np.int64:
-            found = "missing" if ds is None else f"found {ds.__class__.__name__.lower()}" + (
-                f" of {ds.ndim}-D {ds.dtype}" if isinstance(ds, h5py.Dataset) else "")
-            raise InputError(f"{path}: /multi_hot/{name}/{key} must be a 1-D int64 dataset "
-                             f"({found})")
-        got.append(ds)
-    values, offsets = got
-    if offsets.shape[0] != n_rows + 1 or offsets[0] != 0 or offsets[-1] != values.shape[0]:
-        raise InputError(f"{path}: /multi_hot/{name}/offsets must hold {n_rows + 1} entries "
-                         f"from 0 to {values.shape[0]} (the length of values)")
-    return values, offsets

@@ -12,9 +12,9 @@ the communication terms are a message latency times the messages plus the bytes 
 measured bandwidth of the operation that moves them (``Link``); ``server`` is the owners'
 sparse (and ``ps``'s dense) optimizer, hidden on dedicated servers behind what the workers
 do meanwhile (the Allreduce, the dense optimizer, the next batch), inside every rank's step
-when colocated; ``sync`` the step's sync points (the
-workers' collectives, the owners' step), a measured Barrier each. The alternatives are ranked by seconds
-per sample (step / (W * b)): placements change the number of workers W.
+when colocated; ``sync`` the step's sync points (the workers' collectives, the owners'
+step), a measured Barrier each. The alternatives are ranked by seconds per sample
+(step / (W * b)): placements change the number of workers W.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@ dataset's chunks (or its contiguous storage): the bytes an HDF5 read of those ro
 returns, without HDF5's per-call work (the chunk's lookup, the selection's iteration) and
 without a copy through an intermediate buffer. A compressed or filtered dataset, another
 file driver, data kept in another file, a stored type of its own or a layout that does not
-check out keeps HDF5's reads (``raw_rows`` gives None); a chunk HDF5 has not allocated is read through HDF5 (its fill value). Also the
-handles HDF5's own direct reads use (``h5_handles``)."""
+check out keeps HDF5's reads (``raw_rows`` gives None); a chunk HDF5 has not allocated is
+read through HDF5 (its fill value). Also the handles HDF5's own direct reads use
+(``h5_handles``)."""
 
 from __future__ import annotations
 

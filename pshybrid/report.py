@@ -293,8 +293,9 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     the dense parameters, a checkpoint's size, the sparse optimizer's threads (sized on
     worker 0 as for a server on server 0's node: every rank sizes its own by the same rule);
     a warning when the tables have more rows than the data has ids (most would never train),
-    a note when the training data is compressed (``compression``: its filter; ``eval_rows``:
-    the --eval-data file's, in the memory), when a hot-row cache can never serve under the consistency given, and when numba compiles."""
+    a note when the training data is compressed (``compression``: its filter), when a
+    hot-row cache can never serve under the consistency given, and when numba compiles.
+    ``eval_rows``: the --eval-data file's rows, in the memory line as in the check."""
     W, S, s = topo.n_workers, topo.n_servers, np.dtype(cfg.dtype).itemsize
     P, E = limits.model_size(cfg, schema)
     rows, F = int(sum(schema.cardinalities)), len(schema.cardinalities)

@@ -2,10 +2,11 @@
 their field's range, multi-hot rows with at least one id; an ``InputError`` names the
 dataset, the key (the field) and the first bad row. ``data.H5Dataset.validate`` scans a
 file's rows with them when it is opened; ``batches.checked`` checks a custom dataset's
-every batch."""
+every batch. Also the structure of a multi-hot field's keys (``check_bags``)."""
 
 from __future__ import annotations
 
+import h5py
 import numpy as np
 
 from .errors import InputError
@@ -60,3 +61,22 @@ def check_bag_rows(where: str, schema: Schema, bags, row_of) -> None:
             r = row_of(int(np.searchsorted(np.cumsum(lengths), i, side="right")))
             raise InputError(f"{at}/values row {r} has an id outside [0, cardinality): "
                              f"{values[i]}, cardinality {card}")
+
+
+def check_bags(f, path: str, name: str, n_rows: int):
+    """``(values, offsets)`` datasets of multi-hot field ``name``: 1-D int64, offsets of
+    ``n_rows + 1`` entries from 0 to len(values)."""
+    got = []
+    for key in ("values", "offsets"):
+        ds = f.get(f"multi_hot/{name}/{key}")
+        if not isinstance(ds, h5py.Dataset) or ds.ndim != 1 or ds.dtype != np.int64:
+            found = "missing" if ds is None else f"found {ds.__class__.__name__.lower()}" + (
+                f" of {ds.ndim}-D {ds.dtype}" if isinstance(ds, h5py.Dataset) else "")
+            raise InputError(f"{path}: /multi_hot/{name}/{key} must be a 1-D int64 dataset "
+                             f"({found})")
+        got.append(ds)
+    values, offsets = got
+    if offsets.shape[0] != n_rows + 1 or offsets[0] != 0 or offsets[-1] != values.shape[0]:
+        raise InputError(f"{path}: /multi_hot/{name}/offsets must hold {n_rows + 1} entries "
+                         f"from 0 to {values.shape[0]} (the length of values)")
+    return values, offsets

@@ -43,7 +43,7 @@ class _Table:
     spec: TableSpec
     itemsize: int
     base: MPI.Datatype
-    offsets: dict[str, int]  # slot -> byte offset of its region on this server (same layout rule on all)
+    offsets: dict[str, int]  # slot -> byte offset of its region on this server (one rule on all)
 
 
 @dataclass
@@ -336,7 +336,7 @@ class EmbeddingStore:
             if self._views is not None and self._views[s] is not None:
                 self._gather_owner(t, plan, s, slot, buf)
                 continue
-            # Wire: one indexed Get of (rows, dim) from server `rank`; origin buf stays alive until Flush.
+            # Wire: one indexed Get of (rows, dim) from server `rank`; buf lives until Flush.
             self.win.Get([buf[sl], t.base], rank, [self._remote[s][t.spec.name][slot], 1, dt])
             self.traffic.get_bytes += buf[sl].nbytes
             self.traffic.get_ops += 1
@@ -432,7 +432,8 @@ class EmbeddingStore:
         if scale != 1.0:
             sums *= np.asarray(scale, dtype=t.spec.dtype)
         for s, rank, sl, dt in plan.targets:
-            # Wire: one indexed Accumulate(SUM) of (rows, dim) into server `rank`; no one waits but us (Flush).
+            # Wire: one indexed Accumulate(SUM) of (rows, dim) into server `rank`; we wait
+            # (Flush), nobody else.
             self.win.Accumulate([sums[sl], t.base], rank, [self._remote[s][table][slot], 1, dt],
                                 op=MPI.SUM)
         self.traffic.acc_bytes += sums.nbytes

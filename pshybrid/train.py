@@ -281,8 +281,9 @@ def _open_data(cfg, topo, dataset, opened):
             if n is None:
                 continue
             if d is data and n < G:
+                W = topo.n_workers
                 raise InputError(f"{getattr(d, 'path', 'the dataset')}: {n} row{'s' * (n != 1)}"
-                                 f", fewer than one global batch ({topo.n_workers} worker{'s' * (topo.n_workers != 1)} x "
+                                 f", fewer than one global batch ({W} worker{'s' * (W != 1)} x "
                                  f"--batch-size {cfg.batch_size} = {G})")
             if topo.is_worker and hasattr(d, "validate"):  # each worker scans its share
                 W, w = topo.n_workers, topo.worker_index

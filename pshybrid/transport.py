@@ -199,8 +199,9 @@ def agree(comm: MPI.Comm, error: BaseException | None) -> None:
     """Collective verdict: if any rank has an error, raise on every rank.
 
     Every rank raises the same ``PshybridError`` carrying the lowest failing rank's
-    message (marked ``collective``), so a check that fails on one rank alone cannot leave the others hanging
-    in the next collective. Wire: one allgather of (rank, message or None); all wait.
+    message (marked ``collective``), so a check that fails on one rank alone cannot leave
+    the others hanging in the next collective. Wire: one allgather of (rank, message or
+    None); all wait.
     """
     msgs = comm.allgather(None if error is None else str(error))
     for rank, msg in enumerate(msgs):
