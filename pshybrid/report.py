@@ -165,8 +165,10 @@ class Reporter:
     def evaluation(self, rec: dict) -> None:
         if self.bar:
             self.out.write("\n")
-        self.out.write(f"eval at step {rec['step']}: auc {rec['auc']:.4f}  logloss "
-                       f"{rec['logloss']:.4f}  ({rec['rows']} rows)\n")
+        a, n = rec["auc"], rec["rows"]
+        shown = f"{a:.4f}" if math.isfinite(a) else "n/a (one class)"  # (written null)
+        self.out.write(f"eval at step {rec['step']}: auc {shown}  logloss "
+                       f"{rec['logloss']:.4f}  ({_n(n, 'row')})\n")
         self.out.flush()
         self._write(rec)
 

@@ -133,8 +133,8 @@ class StepLog:
 
 
 def evaluate(job, step: int) -> None:
-    """Exact AUC and logloss over the whole eval file: worker w scores rows
-    [n*w/W, n*(w+1)/W); logits and labels are gathered to worker 0, which reports them."""
+    """Exact AUC and logloss over the whole eval file, scored by ``score_rows``; worker 0
+    reports them."""
     allz, ally = score_rows(job, step)
     if allz is not None:
         rec = {"eval": True, "step": step, "auc": auc(allz, ally),
@@ -145,11 +145,15 @@ def evaluate(job, step: int) -> None:
 
 def score_rows(job, step: int):
     """Workers (collective): the model's logits and the labels of every row of
-    ``job.evdata``, in row order, as float64 on worker 0; (None, None) on the others."""
+    ``job.evdata``, in row order, as float64 on worker 0; (None, None) on the others. The
+    rows go in batches of ``EVAL_BATCH`` from row 0, worker w taking batches ``[C*w/W,
+    C*(w+1)/W)`` of the C: a row is scored in the same batch whatever the worker count, so
+    its logit is the same to the bit (a matrix product's rounding depends on its rows)."""
     mode, topo, ev = job.mode, job.topo, job.evdata
     mode.begin(step)  # ps: pull the current dense weights
     W, w, n = topo.n_workers, topo.worker_index, ev.n_rows
-    a, b = n * w // W, n * (w + 1) // W
+    C = -(-n // EVAL_BATCH)
+    a, b = (min(n, C * k // W * EVAL_BATCH) for k in (w, w + 1))
     zs, ys = [np.zeros(0)], [np.zeros(0)]
     for s in range(a, b, EVAL_BATCH):
         label, dense, ids, *bags = read_ids(ev, [(s, min(b, s + EVAL_BATCH))],

@@ -105,6 +105,37 @@ def test_eval_equals_training_eval_and_predict_equals_forward(comm, trained):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_rows_logit_does_not_depend_on_the_worker_count(comm, mpi_tmp_path, monkeypatch):
+    """Rows are scored in batches from row 0, each worker taking whole batches: a row is
+    scored in the same batch on any number of workers, so its float32 logit is one
+    process's to the bit (it differed in the last bits: a matrix product rounds by its
+    rows, and worker ranges [n*w/W, n*(w+1)/W) cut the batches elsewhere)."""
+    from pshybrid import steplog
+    from pshybrid.scoring import score
+    from pshybrid.synthetic import write_synthetic
+
+    monkeypatch.setattr(steplog, "EVAL_BATCH", 48)
+    t, v = str(mpi_tmp_path / "t32.h5"), str(mpi_tmp_path / "v32.h5")
+    if comm.rank == 0:
+        write_synthetic(t, 900, valid_fraction=1 / 3, valid_out=v, seed=4, n_dense=3,
+                        cardinalities=(7, 30, 200, 5))
+    comm.Barrier()
+    ck = str(mpi_tmp_path / "ck32")
+    train(replace(CFG, dtype="float32", mlp=(64, 32), servers=1, data=t, eval_every=0,
+                  checkpoint_dir=ck), comm, out=io.StringIO())
+    outs = [str(mpi_tmp_path / f"p{k}.h5") for k in ("all", comm.rank)]
+    score(ck, v, comm, out=outs[0])
+    score(ck, v, MPI.COMM_SELF, out=outs[1])  # one process
+    comm.Barrier()
+    got = []
+    for p in outs:
+        with h5py.File(p, "r") as f:
+            got.append(f["logit"][...])
+    assert_all(comm, got[0].size == 300 and np.array_equal(got[0], got[1]),
+               f"max difference {np.abs(got[0] - got[1]).max()}")
+
+
+@pytest.mark.mpi(min_size=2)
 def test_eval_and_predict_take_a_list_or_a_directory_as_eval_data_does(comm, trained):
     """DATA as two files (a comma list, or their directory) scores the rows of their
     concatenation: the same AUC, logloss and per-row logits, in row order, as one file
