@@ -189,7 +189,14 @@ class Reporter:
     def _write(self, rec: dict) -> None:
         self.stamp(rec, rec["steps"] if rec.get("summary") else rec["step"])
         if self.tboard:  # the records' scalars (the config record above has none)
-            self.tboard.add(rec)
+            try:
+                self.tboard.add(rec)
+            except OSError as e:  # as --metrics: say so once, train on without events
+                self._stopped(f"--tensorboard {self.cfg.tensorboard}: {e.strerror or e}",
+                              "events")
+                with contextlib.suppress(OSError):
+                    self.tboard.close()
+                self.tboard = None
         self._line(rec)
 
     def _line(self, rec: dict) -> None:
@@ -199,11 +206,14 @@ class Reporter:
             self.metrics.write(json.dumps(_finite(rec), allow_nan=False) + "\n")
             self.metrics.flush()
         except OSError as e:  # a full disk: say so once, train on without metrics
-            self.failed = f"--metrics {self.cfg.metrics}: {e.strerror or e}"
-            sys.stderr.write(f"pshybrid: warning: {self.failed}: no more metrics are written; "
-                             "training goes on (exit status 1 at the end)\n")
-            sys.stderr.flush()
+            self._stopped(f"--metrics {self.cfg.metrics}: {e.strerror or e}", "metrics")
             self._close_metrics()
+
+    def _stopped(self, why: str, what: str) -> None:
+        self.failed = why
+        sys.stderr.write(f"pshybrid: warning: {why}: no more {what} are written; training "
+                         "goes on (exit status 1 at the end)\n")
+        sys.stderr.flush()
 
     def close(self, summary: dict) -> None:
         if self.bar:
@@ -228,8 +238,12 @@ class Reporter:
         """Close the metrics file and the TensorBoard events (also when training fails)."""
         self._close_metrics()
         if self.tboard:
-            self.tboard.close()
-            self.tboard = None
+            tb, self.tboard = self.tboard, None
+            try:
+                tb.close()
+            except OSError as e:
+                self._stopped(f"--tensorboard {self.cfg.tensorboard}: {e.strerror or e}",
+                              "events")
 
     def _close_metrics(self) -> None:
         if self.metrics:

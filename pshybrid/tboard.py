@@ -9,6 +9,9 @@ record), ``eval/auc``, ``eval/logloss``.
 
 from __future__ import annotations
 
+import os
+import time
+
 from .errors import ConfigError
 
 NEEDS = "--tensorboard needs tensorboardX: pip install 'pshybrid[tensorboard]'"
@@ -24,34 +27,47 @@ def check() -> None:
 
 class TensorBoard:
     """One run's event file in ``logdir`` (created if missing); ``add(rec)`` takes each
-    --metrics record (step, evaluation or summary), ``close()`` flushes it."""
+    --metrics record (step, evaluation or summary) and flushes it, ``close()`` closes it.
+    Written on the calling thread (tensorboardX's ``EventsWriter``): a write that fails
+    (a full disk) raises ``OSError`` here. (tensorboardX's ``SummaryWriter`` writes on a
+    thread of its own, which such an error ends; the training thread then blocked on the
+    writer's full queue, deaf to SIGTERM.)"""
 
     def __init__(self, logdir: str):
         check()
-        from tensorboardX import SummaryWriter
+        from tensorboardX.event_file_writer import EventsWriter
 
-        self.writer = SummaryWriter(logdir=logdir)
+        os.makedirs(logdir, exist_ok=True)
+        self.events = EventsWriter(os.path.join(logdir, "events"))
         self._last: tuple[int, dict] | None = None  # (step, cumulative phase seconds)
+
+    def _scalar(self, tag: str, value: float, step: int) -> None:
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
+
+        self.events.write_event(Event(summary=scalar(tag, value), step=step,
+                                      wall_time=time.time()))
 
     def add(self, rec: dict) -> None:
         if rec.get("summary"):
             return
-        step, add = rec["step"], self.writer.add_scalar
+        step, add = rec["step"], self._scalar
         if rec.get("eval"):
             add("eval/auc", rec["auc"], step)
             add("eval/logloss", rec["logloss"], step)
-            return
-        add("train/loss", rec["loss"], step)
-        add("train/samples_per_s", rec["samples_per_s"], step)
-        if rec.get("lr") is not None:
-            add("train/lr", rec["lr"], step)
-        seconds = rec.get("seconds") or {}
-        if self._last is not None and step > self._last[0]:
-            done, before = step - self._last[0], self._last[1]
-            for phase, s in seconds.items():
-                add(f"time/{phase}_ms_per_step", 1e3 * (s - before.get(phase, 0.0)) / done,
-                    step)
-        self._last = (step, dict(seconds))
+        else:
+            add("train/loss", rec["loss"], step)
+            add("train/samples_per_s", rec["samples_per_s"], step)
+            if rec.get("lr") is not None:
+                add("train/lr", rec["lr"], step)
+            seconds = rec.get("seconds") or {}
+            if self._last is not None and step > self._last[0]:
+                done, before = step - self._last[0], self._last[1]
+                for phase, s in seconds.items():
+                    add(f"time/{phase}_ms_per_step",
+                        1e3 * (s - before.get(phase, 0.0)) / done, step)
+            self._last = (step, dict(seconds))
+        self.events.flush()
 
     def close(self) -> None:
-        self.writer.close()
+        self.events.close()

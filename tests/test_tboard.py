@@ -82,3 +82,34 @@ def test_without_tensorboardx_the_run_is_refused_before_it_starts(tmp_path, monk
     assert run(main, argv) == 2
     assert capsys.readouterr().err == f"pshybrid: error: {NEEDS}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_full_disk_under_the_events_is_one_warning_and_training_goes_on(tmp_path,
+                                                                          monkeypatch, capsys):
+    """The events are written on the training thread: a failed write (ENOSPC from the 5th
+    record on) is one warning, training ends normally and says so in its status, as for
+    --metrics. (tensorboardX's writer thread died of it, and training then blocked for
+    good on its full queue, deaf to SIGTERM.)"""
+    pytest.importorskip("tensorboardX")
+    import errno
+
+    from tensorboardX import record_writer
+
+    from pshybrid.train import train
+
+    calls, write = [0], record_writer.RecordWriter.write
+
+    def full(self, data):
+        calls[0] += 1
+        if calls[0] > 4:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        write(self, data)
+
+    monkeypatch.setattr(record_writer.RecordWriter, "write", full)
+    cfg = replace(CFG, steps=40, log_every=1, tensorboard=str(tmp_path / "tb"))
+    res = train(cfg, MPI.COMM_SELF, dataset=SyntheticCTR(seed=2), out=io.StringIO())
+    assert res.summary["steps"] == 40 and res.metrics_failed
+    err = capsys.readouterr().err
+    assert err == (f"pshybrid: warning: --tensorboard {tmp_path / 'tb'}: No space left on "
+                   "device: no more events are written; training goes on (exit status 1 at "
+                   "the end)\n"), err
