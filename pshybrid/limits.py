@@ -27,6 +27,7 @@ import math
 import os
 from dataclasses import dataclass
 
+from . import safeio
 from .errors import ConfigError
 from .data import EVAL_BATCH
 from .optim import SLOTS
@@ -256,6 +257,37 @@ def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int |
         f"least {gib(need)} but "
         f"{gib(memory_bytes)} is available; the largest part is the {part.what}, "
         f"{gib(part.nbytes)} per {role}, set by {part.by}: {part.advice}", collective=True)
+
+
+WINDOW_PARTS = ("shard of the embedding table", "shard of the dense table")  # MPI windows
+SHM = "/dev/shm"
+
+
+def check_shared_memory(est: dict, servers_here: int, shared: bool) -> None:
+    """Raise ``ConfigError`` (collective) if the shards of this node's ``servers_here``
+    shard holders, MPI windows that the MPI library maps from files in ``shm``, do not fit
+    its free space (a touch past it is a SIGBUS, with no message: Docker gives 64 MiB), or,
+    where the window is shared among the node's ranks (``shared``: one file), the file size
+    limit (``ulimit -f``)."""
+    total, shm = servers_here * sum(p.nbytes for p in est["server"] if p.what in WINDOW_PARTS), SHM
+    if not total or not os.path.isdir(shm):
+        return
+    problem = safeio.room_problem(shm, total, total if shared else 0)
+    if problem:
+        raise ConfigError(
+            f"{shm} on this node cannot hold the {servers_here} shard"
+            f"{'s' * (servers_here != 1)} its ranks hold ({gib(total)}; the MPI library maps "
+            f"them from files there): {problem}; give the job more shared memory (a "
+            "container: --shm-size), spread the table over more --servers on more nodes, or "
+            "lower --embedding-dim", collective=True)
+
+
+def largest_checkpoint_file(est: dict, rows: int, n_servers: int) -> int:
+    """Bytes of a checkpoint's largest file, about: a shard's rows, slots and ids (in
+    allreduce mode the whole table's)."""
+    table = [p.nbytes for p in est["server"] if p.what == WINDOW_PARTS[0]] or \
+        [p.nbytes for p in est["worker"] if p.what == "embedding table"]
+    return max(table, default=0) + 8 * -(-rows // max(n_servers, 1))
 
 
 def _read_int(path: str) -> int | None:

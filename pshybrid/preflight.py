@@ -146,9 +146,18 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
             checkpoint_files.check_run_dir(cfg.checkpoint_dir, step_dir, start)
         check_outputs(cfg, topo)
         workers, servers = _ranks_here(topo)
-        limits.check_sizes(cfg.stateless() if score else cfg, data.schema, topo.n_workers,
-                           topo.n_servers, limits.available_memory(), workers, servers,
-                           getattr(evdata, "n_rows", 0) if evdata is not None else 0)
+        est = limits.check_sizes(cfg.stateless() if score else cfg, data.schema,
+                                 topo.n_workers, topo.n_servers, limits.available_memory(),
+                                 workers, servers,
+                                 getattr(evdata, "n_rows", 0) if evdata is not None else 0)
+        shared = cfg.shared_memory == "on" or (cfg.shared_memory == "auto" and topo.n_nodes == 1)
+        limits.check_shared_memory(est, servers, shared)
+        if cfg.checkpoint_dir and not score:  # (ulimit -f: free space is checked per write)
+            problem = safeio.room_problem(cfg.checkpoint_dir, 0, limits.largest_checkpoint_file(
+                est, int(sum(data.schema.cardinalities)), topo.n_servers))
+            if problem:
+                raise ConfigError(f"--checkpoint-dir {cfg.checkpoint_dir}: its checkpoints "
+                                  f"cannot be written: {problem}")
     except PshybridError as e:
         err = e
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same

@@ -89,3 +89,80 @@ def test_estimate_counts_dcn_cross_layers_without_registering_them():
 def test_available_memory_is_known_here():
     mem = available_memory()
     assert mem is not None and mem > 2**20
+
+
+def _statvfs_free(monkeypatch, free: int):
+    import os
+
+    real = os.statvfs
+
+    class Small:
+        def __init__(self, st):
+            self.f_frsize, self.f_bavail = 4096, free // 4096
+
+    monkeypatch.setattr(os, "statvfs", lambda p: Small(real(p)))
+
+
+def test_shards_beyond_the_shared_memory_are_refused_before_they_are_touched(monkeypatch,
+                                                                           tmp_path):
+    """The servers' windows are files in /dev/shm: 64 MiB (Docker's default) cannot hold a
+    node's two 54 MiB shards, nor can a file size limit the one shared window (both were a
+    SIGBUS at the first touch past it, no message); allreduce (no windows) passes."""
+    import resource
+
+    import pshybrid.limits as limits
+
+    monkeypatch.setattr(limits, "SHM", str(tmp_path))
+    est = check_sizes(BASE, SCHEMA, 2, 2, None)  # the default table over 2 servers
+    shard = next(p.nbytes for p in est["server"] if p.what == "shard of the embedding table")
+    assert 50 * 2**20 < shard < 60 * 2**20
+    _statvfs_free(monkeypatch, 64 * 2**20)
+    limits.check_shared_memory(est, 1, True)  # one shard fits
+    with pytest.raises(ConfigError) as e:
+        limits.check_shared_memory(est, 2, False)
+    assert e.value.collective and str(e.value).startswith(
+        f"{tmp_path} on this node cannot hold the 2 shards its ranks hold (109.0 MiB; the MPI "
+        "library maps them from files there): about 109.0 MiB is needed, its disk has 64.0 MiB "
+        "free (No space left on device); give the job more shared memory"), e.value
+    _statvfs_free(monkeypatch, 2**40)
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (
+        32 * 2**20 if r == resource.RLIMIT_FSIZE else resource.RLIM_INFINITY,) * 2)
+    limits.check_shared_memory(est, 1, False)  # a window of its own: no one file
+    with pytest.raises(ConfigError, match=r"exceeds the file size limit \(ulimit -f\) of 32.0 "):
+        limits.check_shared_memory(est, 1, True)
+    whole = check_sizes(replace(BASE, mode="allreduce"), SCHEMA, 2, 0, None)
+    limits.check_shared_memory(whole, 2, True)
+    rows = sum(SCHEMA.cardinalities)  # a checkpoint's largest file: a shard, with its ids
+    table = next(p.nbytes for p in whole["worker"] if p.what == "embedding table")
+    assert limits.largest_checkpoint_file(whole, rows, 0) == table + 8 * rows
+    assert limits.largest_checkpoint_file(est, rows, 2) == shard + 8 * -(-rows // 2)
+
+
+def test_a_run_is_refused_before_step_1_where_its_shards_or_checkpoints_cannot_fit(
+        monkeypatch, tmp_path):
+    """preflight: the shared-memory check on the node's shard holders (one colocated rank
+    here), and a checkpoint's largest file against ``ulimit -f`` (it failed at the first
+    checkpoint, the compute lost)."""
+    import io
+    import resource
+
+    from mpi4py import MPI
+
+    import pshybrid.limits as limits
+    from pshybrid.train import train
+
+    cfg = TrainConfig(placement="colocated", steps=2, embedding_dim=4, mlp=(8,),
+                      progress="none")
+    monkeypatch.setattr(limits, "SHM", str(tmp_path))
+    _statvfs_free(monkeypatch, 2**20)
+    with pytest.raises(ConfigError, match=f"^{tmp_path} on this node cannot hold the 1 shard"):
+        train(cfg, MPI.COMM_SELF, out=io.StringIO())
+    _statvfs_free(monkeypatch, 2**40)
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (
+        2**20 if r == resource.RLIMIT_FSIZE else resource.RLIM_INFINITY,) * 2)
+    monkeypatch.setattr(limits, "SHM", str(tmp_path / "none"))  # (no /dev/shm: not checked)
+    ck = tmp_path / "ck"
+    with pytest.raises(ConfigError, match=f"^--checkpoint-dir {ck}: its checkpoints cannot be "
+                       r"written: a file of about .* exceeds the file size limit \(ulimit -f\)"):
+        train(replace(cfg, checkpoint_dir=str(ck)), MPI.COMM_SELF, out=io.StringIO())
+    assert not ck.exists()
