@@ -316,6 +316,13 @@ class H5Dataset:
         try:
             self.f = h5py.File(self.path, "r")
         except OSError as e:
+            if e.errno == errno.EMFILE:  # (the file is fine)
+                import resource
+
+                limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+                raise InputError(f"{self.path}: cannot open: too many open files (ulimit -n "
+                                 f"{limit}): every dataset file stays open while the run "
+                                 "reads it; raise ulimit -n, or merge the files") from None
             raise InputError(f"{self.path}: not a readable HDF5 file ({e})") from None
         try:
             self.stamp = _stamp(os.fstat(self.f.id.get_vfd_handle()))

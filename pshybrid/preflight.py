@@ -143,7 +143,14 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
                                               os.path.join(step_dir, "meta.json"))
             start = meta["step"]
         if cfg.checkpoint_dir:
-            checkpoint_files.check_run_dir(cfg.checkpoint_dir, step_dir, start)
+            try:
+                checkpoint_files.check_run_dir(cfg.checkpoint_dir, step_dir, start)
+            except InputError as e:
+                if cfg.checkpoint_dir != meta.get("config", {}).get("checkpoint_dir"):
+                    raise
+                raise InputError(f"{e} ({step_dir}/meta.json names it: a resume saves where "
+                                 "its checkpoint's run did; --checkpoint-dir none saves "
+                                 "nothing)") from None
         check_outputs(cfg, topo)
         workers, servers = _ranks_here(topo)
         est = limits.check_sizes(cfg.stateless() if score else cfg, data.schema,

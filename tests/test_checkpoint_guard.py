@@ -731,3 +731,30 @@ def test_a_resume_with_another_global_batch_says_what_changes(tmp_path, capsys):
         out = capsys.readouterr().out
         assert ("whose shuffle kept the last, partial block of --data's 256 rows last" in out
                 ) == warned, out
+
+
+def test_a_copied_checkpoint_resumed_names_where_its_checkpoint_dir_came_from(tmp_path,
+                                                                            capsys):
+    """A copy of a step resumed without --checkpoint-dir takes the stored one, which holds
+    the original history: refused, saying meta.json named it and how to save nothing (the
+    user had given no --checkpoint-dir)."""
+    import shutil
+
+    from pshybrid.cli import main
+    from pshybrid.launch import run
+
+    ck = tmp_path / "ck"
+    assert main(["train", "--mode", "allreduce", "--servers", "0", "--embedding-dim", "4",
+                 "--mlp", "8", "--steps", "2", "--progress", "none",
+                 "--checkpoint-dir", str(ck)]) == 0
+    shutil.copytree(ck / "step-2", tmp_path / "copy" / "step-2")
+    capsys.readouterr()
+    assert run(main, ["train", "--resume", str(tmp_path / "copy" / "step-2"),
+                      "--steps", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"pshybrid: error: --checkpoint-dir {ck} already holds checkpoints (latest: "
+                   f"step-2): continue them with --resume {ck}, or choose another directory "
+                   f"({tmp_path / 'copy' / 'step-2'}/meta.json names it: a resume saves where "
+                   "its checkpoint's run did; --checkpoint-dir none saves nothing)\n"), err
+    assert run(main, ["train", "--resume", str(tmp_path / "copy" / "step-2"), "--steps", "3",
+                      "--checkpoint-dir", "none", "--progress", "none"]) == 0

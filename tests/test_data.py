@@ -587,3 +587,30 @@ def test_field_names_a_checkpoint_cannot_hold_are_refused_by_writer_and_reader(t
         f.attrs["field_names"] = np.array(dense + sparse, dtype=h5py.string_dtype())
     with pytest.raises(InputError, match="attribute field_names: .*" + needle):
         H5Dataset(path)
+
+
+def test_too_many_open_files_says_so_not_that_the_file_is_unreadable(tmp_path):
+    """(A directory of more files than ``ulimit -n`` named a sound file "not a readable HDF5
+    file".)"""
+    import resource
+
+    import shutil
+
+    write(tmp_path / "d.h5")
+    paths = [tmp_path / f"d{i}.h5" for i in range(64)]  # (HDF5 shares one file's handle)
+    for p in paths:
+        shutil.copy(tmp_path / "d.h5", p)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+        with pytest.raises(InputError) as e:
+            for p in paths:
+                held.append(H5Dataset(p))
+    finally:
+        for d in held:
+            d.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert str(e.value) == (f"{p}: cannot open: too many open files (ulimit -n 64): every "
+                            "dataset file stays open while the run reads it; raise ulimit -n, "
+                            "or merge the files"), e.value
