@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import glob
 import os
+import sys
+import tempfile
 import threading
 
 import numpy as np
@@ -208,13 +210,41 @@ _JITTED = ("_ftz", "_nb_gather", "_nb_uniform_rows", "_nb_sgd_rows", "_nb_adagra
 
 def numba_cache_cold() -> bool:
     """True when this process will compile the CPU kernels: numba serves them and none of
-    this package's compiled kernels is cached on disk yet (a first run in this environment,
-    a few seconds longer). False where numba is missing or ``NUMBA_CACHE_DIR`` moves the
-    cache (not looked for there)."""
-    if os.environ.get("NUMBA_CACHE_DIR") or not numba_active():
+    this package's compiled kernels is cached yet where numba keeps them (its locator's
+    directory: the package's ``__pycache__``, or ``NUMBA_CACHE_DIR``'s): a first run in
+    this environment, a few seconds longer. False where numba is missing."""
+    if not numba_active():
         return False
-    cache = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
+    from numba.core import caching
+
+    cache = caching.FunctionCache(_nb_gather.py_func)._cache_path
     return not glob.glob(os.path.join(cache, "kernels.*.nbi"))
+
+
+def _cache_somewhere(numba) -> bool:
+    """Whether numba can cache this package's kernels: where it has nowhere to write (a
+    read-only install and a read-only HOME: a container; ``njit(cache=True)`` then raised
+    "no locator available"), ``NUMBA_CACHE_DIR`` is pointed at a directory of this user's
+    in the temporary directory; False (with a warning) if even that cannot be made."""
+    from numba.core import caching
+
+    try:
+        caching.FunctionCache(_nb_gather)  # finds a locator as njit(cache=True) does
+        return True
+    except RuntimeError:
+        path = os.path.join(tempfile.gettempdir(), f"pshybrid-numba-{os.getuid()}")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise PermissionError(path)
+    except OSError as e:
+        sys.stderr.write(f"pshybrid: warning: numba has nowhere to cache its kernels (the "
+                         f"package's directory, HOME and {path} are read-only: {e}): the CPU "
+                         "kernels run as NumPy, slower; set NUMBA_CACHE_DIR to a writable "
+                         "directory\n")
+        return False
+    numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"] = path
+    return True
 
 
 def numba_active() -> bool:
@@ -234,6 +264,9 @@ def numba_active() -> bool:
                 except Exception:  # not installed, or does not support this NumPy/Python
                     _NUMBA = False
                 else:
+                    if not _cache_somewhere(numba):
+                        _NUMBA = False
+                        return _NUMBA
                     # error_model="numpy": no per-division zero check (it kept the
                     # optimizer loops from vectorising); no kernel divides by zero.
                     jit = numba.njit(cache=True, nogil=True, error_model="numpy")

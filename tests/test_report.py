@@ -113,22 +113,56 @@ def test_banner_notes_a_first_run_where_numba_compiles(monkeypatch):
         "cached for later runs)")
 
 
-def test_numba_cache_cold_looks_for_the_package_kernels_cache(tmp_path, monkeypatch):
-    """Cold while no ``kernels.*.nbi`` index sits in the package's ``__pycache__``; never
-    cold where NUMBA_CACHE_DIR moves the cache elsewhere (not looked for)."""
+def test_numba_cache_cold_looks_where_numba_keeps_the_kernels(tmp_path, monkeypatch):
+    """Cold while no ``kernels.*.nbi`` index sits where numba's own locator keeps this
+    package's cache: the package's ``__pycache__``, or under ``NUMBA_CACHE_DIR`` (where the
+    note was never given: also where pshybrid points numba for a read-only install)."""
     import os
 
     if not kernels.numba_active():
         pytest.skip("numba is not installed")
-    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    monkeypatch.setattr(kernels, "__file__", str(tmp_path / "kernels.py"))
+    import numba
+    from numba.core import caching
+
+    monkeypatch.setattr(numba.config, "CACHE_DIR", str(tmp_path))
+    path = caching.FunctionCache(kernels._nb_gather.py_func)._cache_path
+    assert path.startswith(str(tmp_path))
     assert COLD()
-    (tmp_path / "__pycache__").mkdir()
-    (tmp_path / "__pycache__" / "kernels._nb_x-1.py311.nbi").write_bytes(b"")
+    os.makedirs(path, exist_ok=True)
+    open(os.path.join(path, "kernels._nb_x-1.py311.nbi"), "wb").close()
     assert not COLD()
-    monkeypatch.setitem(os.environ, "NUMBA_CACHE_DIR", str(tmp_path))
-    os.remove(tmp_path / "__pycache__" / "kernels._nb_x-1.py311.nbi")
-    assert not COLD()
+
+
+def test_numba_with_nowhere_to_cache_caches_in_the_temporary_directory(tmp_path, monkeypatch,
+                                                                       capsys):
+    """A read-only install and HOME (no numba locator: ``njit(cache=True)`` raised "no
+    locator available", a traceback on every rank): NUMBA_CACHE_DIR goes to this user's
+    directory in the temporary directory; where even that cannot be made, the kernels run
+    as NumPy, with one warning."""
+    import os
+    import tempfile
+
+    numba = pytest.importorskip("numba")
+    from numba.core import caching
+
+    def nowhere(func):
+        raise RuntimeError(f"cannot cache function {func.__name__!r}: no locator available")
+
+    monkeypatch.setattr(caching, "FunctionCache", nowhere)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    monkeypatch.setattr(numba.config, "CACHE_DIR", numba.config.CACHE_DIR)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", "")
+    assert kernels._cache_somewhere(numba)
+    path = tmp_path / f"pshybrid-numba-{os.getuid()}"
+    assert numba.config.CACHE_DIR == os.environ["NUMBA_CACHE_DIR"] == str(path)
+    assert path.is_dir()
+
+    def refused(*a, **k):
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(os, "makedirs", refused)
+    assert not kernels._cache_somewhere(numba)
+    assert "pshybrid: warning: numba has nowhere to cache its kernels" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("consistency, noted", [("bsp", True), ("ssp:0", True), ("ssp:1", True),
