@@ -65,6 +65,11 @@ def run(main, argv=None) -> int:
         _abort(2)
     except SystemExit:
         raise
+    except MemoryError as exc:  # (one process; under MPI, abort_on_error's line)
+        from .transport import out_of_memory
+
+        sys.stderr.write(f"pshybrid: error: {out_of_memory(exc)}\n")
+        return 2
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step)
         world = _world()
         where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""

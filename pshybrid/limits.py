@@ -282,6 +282,44 @@ def check_shared_memory(est: dict, servers_here: int, shared: bool) -> None:
             "lower --embedding-dim", collective=True)
 
 
+def check_address_space(est: dict, worker: bool, server: bool, node_windows: int,
+                        shared: bool) -> None:
+    """Raise ``ConfigError`` if this rank's large arrays (a worker's, a server's, both for a
+    colocated rank; with a ``shared`` window also the ``node_windows`` bytes of its node's
+    shards, which every rank there maps) do not fit what ``ulimit -v`` leaves this process
+    (its limit less what it maps already); nothing where there is no such limit. A rank
+    checks itself: the verdict is agreed by the caller."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    used = _vm_size()
+    if limit == resource.RLIM_INFINITY or used is None:
+        return
+    per = per_rank(est)
+    need = per["worker"] * worker + per["server"] * server
+    if shared:  # (its own shard is in the node's segment, counted once)
+        need += node_windows - server * sum(p.nbytes for p in est["server"]
+                                            if p.what in WINDOW_PARTS)
+    if need > limit - used:
+        raise ConfigError(
+            f"not enough address space (ulimit -v {limit // 1024}): this "
+            f"{'worker' if worker else 'server'} needs about {gib(need)} more, its limit leaves "
+            f"{gib(max(0, limit - used))} (it maps {gib(used)} already); raise ulimit -v, "
+            "lower --batch-size or --embedding-dim, or use more --servers on more nodes")
+
+
+def _vm_size() -> int | None:
+    """This process's mapped bytes (``VmSize``, what ``ulimit -v`` limits), None if unknown."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def largest_checkpoint_file(est: dict, rows: int, n_servers: int) -> int:
     """Bytes of a checkpoint's largest file, about: a shard's rows, slots and ids (in
     allreduce mode the whole table's)."""

@@ -107,6 +107,26 @@ def _ranks_here(topo) -> tuple[int, int]:
             sum(1 for r in here if r in topo.server_ranks))
 
 
+def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
+    """This rank's node: memory, /dev/shm for its shards; this rank: ``ulimit -v``; the
+    checkpoints' largest file: ``ulimit -f`` (free disk is checked at each write)."""
+    workers, servers = _ranks_here(topo)
+    est = limits.check_sizes(cfg.stateless() if score else cfg, schema, topo.n_workers,
+                             topo.n_servers, limits.available_memory(), workers, servers,
+                             eval_rows)
+    shared = cfg.shared_memory == "on" or (cfg.shared_memory == "auto" and topo.n_nodes == 1)
+    limits.check_shared_memory(est, servers, shared)
+    windows = servers * sum(p.nbytes for p in est["server"] if p.what in limits.WINDOW_PARTS)
+    limits.check_address_space(est, topo.is_worker, topo.rank in topo.server_ranks, windows,
+                               shared)
+    if cfg.checkpoint_dir and not score:
+        problem = safeio.room_problem(cfg.checkpoint_dir, 0, limits.largest_checkpoint_file(
+            est, int(sum(schema.cardinalities)), topo.n_servers))
+        if problem:
+            raise ConfigError(f"--checkpoint-dir {cfg.checkpoint_dir}: its checkpoints "
+                              f"cannot be written: {problem}")
+
+
 def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
     """Worker 0: what a resume reads other than where the checkpoint stopped."""
     (was, G), W = (meta.get("global_batch"), global_batch(cfg, topo.n_workers)), topo.n_workers
@@ -152,19 +172,8 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
                                  "its checkpoint's run did; --checkpoint-dir none saves "
                                  "nothing)") from None
         check_outputs(cfg, topo)
-        workers, servers = _ranks_here(topo)
-        est = limits.check_sizes(cfg.stateless() if score else cfg, data.schema,
-                                 topo.n_workers, topo.n_servers, limits.available_memory(),
-                                 workers, servers,
-                                 getattr(evdata, "n_rows", 0) if evdata is not None else 0)
-        shared = cfg.shared_memory == "on" or (cfg.shared_memory == "auto" and topo.n_nodes == 1)
-        limits.check_shared_memory(est, servers, shared)
-        if cfg.checkpoint_dir and not score:  # (ulimit -f: free space is checked per write)
-            problem = safeio.room_problem(cfg.checkpoint_dir, 0, limits.largest_checkpoint_file(
-                est, int(sum(data.schema.cardinalities)), topo.n_servers))
-            if problem:
-                raise ConfigError(f"--checkpoint-dir {cfg.checkpoint_dir}: its checkpoints "
-                                  f"cannot be written: {problem}")
+        _check_resources(cfg, topo, data.schema, getattr(evdata, "n_rows", 0) if evdata
+                         is not None else 0, score)
     except PshybridError as e:
         err = e
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same

@@ -130,6 +130,16 @@ class Plan:
         self._targets, self._freed = [], True
 
 
+
+def _allocate(nbytes: int, comm, shared: bool):
+    """This rank's window; the MPI library's refusal is a ``MemoryError`` naming it."""
+    try:
+        return (MPI.Win.Allocate_shared if shared else MPI.Win.Allocate)(nbytes, 1, comm=comm)
+    except MPI.Exception as e:
+        why = e.Get_error_string().strip().splitlines()[-1].split(":", 1)[-1].strip()
+        raise MemoryError(f"the MPI library could not allocate this rank's {nbytes / 2**20:,.1f}"
+                          f" MiB window of the tables' shard ({why})") from None
+
 class EmbeddingStore:
     """Sharded embedding tables. Collective construction over ``topo.world``.
 
@@ -184,12 +194,11 @@ class EmbeddingStore:
         elif shared_memory and topo.n_nodes > 1:
             raise ConfigError(f"shared-memory pulls need every rank on one node; this job "
                               f"spans {topo.n_nodes} nodes", collective=True)
+        self.win = _allocate(nbytes, topo.world, shared_memory)
         if shared_memory:
-            self.win = MPI.Win.Allocate_shared(nbytes, 1, comm=topo.world)
             self._views = [np.frombuffer(self.win.Shared_query(r)[0], np.uint8)
                            for r in topo.server_ranks]
         else:
-            self.win = MPI.Win.Allocate(nbytes, 1, comm=topo.world)
             self._views = self._node_views() if auto and topo.is_worker else None
         # a server of no rows (more servers than a table's rows) holds an empty window
         self._mem = (np.frombuffer(self.win.tomemory(), dtype=np.uint8) if nbytes else

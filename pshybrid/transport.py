@@ -246,6 +246,17 @@ def abort(comm: MPI.Comm, code: int) -> None:
     raise SystemExit(code)
 
 
+def out_of_memory(exc: BaseException) -> str:
+    """One line for an allocation that failed (``MemoryError``; the MPI library's window):
+    what failed, this process's address-space limit if it has one, what to change."""
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    where = f" (ulimit -v {limit // 1024})" if limit != resource.RLIM_INFINITY else ""
+    return (f"out of memory{where}: {exc or 'an allocation failed'}: lower --batch-size, "
+            "--embedding-dim or --mlp, or spread the table over more --servers on more nodes")
+
+
 @contextlib.contextmanager
 def abort_on_error(comm: MPI.Comm):
     """Run a block so that one failing rank can never leave the others waiting: a
@@ -260,6 +271,11 @@ def abort_on_error(comm: MPI.Comm):
         if exc.collective or comm.size == 1:
             raise
         err.write(f"pshybrid: error (rank {comm.rank}/{comm.size}): {exc}\n")
+        abort(comm, 2)
+    except MemoryError as exc:  # past what the check before step 1 counts: one line
+        if comm.size == 1:
+            raise
+        err.write(f"pshybrid: error (rank {comm.rank}/{comm.size}): {out_of_memory(exc)}\n")
         abort(comm, 2)
     except Exception:
         if comm.size == 1:

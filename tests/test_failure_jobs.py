@@ -130,3 +130,28 @@ def test_a_torch_script_refused_ends_in_one_line_per_worker():
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert "pshybrid: error (rank 0/2): a refusal of this test" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr, p.stderr
+
+
+def test_out_of_memory_is_one_line_per_rank_not_a_traceback():
+    """An allocation past what the check before step 1 counts (a MemoryError; the MPI
+    library refusing a window, here made to fail as a full /dev/shm or ulimit -v does) ends
+    the job with one line naming the window, exit status 2 (it printed a 57-line traceback
+    on every rank, status 1)."""
+    script = ("from mpi4py import MPI\n"
+              "import pshybrid.store as store\n"
+              "from pshybrid.transport import abort_on_error\n"
+              "from types import SimpleNamespace as NS\n"
+              "def no_room(*a, **k):\n"
+              "    raise MPI.Exception(MPI.ERR_NO_MEM)\n"
+              "store.MPI = NS(Win=NS(Allocate=no_room), Exception=MPI.Exception)\n"
+              "with abort_on_error(MPI.COMM_WORLD):\n"
+              "    store._allocate(3 * 2**20, MPI.COMM_WORLD, False)\n")
+    p = run_job(2, [sys.executable, "-c", script], timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr
+    line = [ln for ln in p.stderr.splitlines() if ln.startswith("pshybrid: error")][0]
+    assert line.startswith("pshybrid: error (rank ") and (
+        "): out of memory: the MPI library could not allocate this rank's 3.0 MiB window of "
+        "the tables' shard (") in line and line.endswith(
+        "lower --batch-size, --embedding-dim or --mlp, or spread the table over more "
+        "--servers on more nodes"), line

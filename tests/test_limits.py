@@ -166,3 +166,32 @@ def test_a_run_is_refused_before_step_1_where_its_shards_or_checkpoints_cannot_f
                        r"written: a file of about .* exceeds the file size limit \(ulimit -f\)"):
         train(replace(cfg, checkpoint_dir=str(ck)), MPI.COMM_SELF, out=io.StringIO())
     assert not ck.exists()
+
+
+def test_ulimit_v_is_checked_per_rank_with_the_node_window_it_maps(monkeypatch):
+    """``ulimit -v`` caps a process's address space: a rank's own arrays, and with a shared
+    window every shard of its node (each rank maps the node's segment), must fit what the
+    limit leaves (the check before step 1 ignored it: tracebacks at the allocation)."""
+    import resource
+
+    import pshybrid.limits as limits
+
+    est = check_sizes(replace(BASE, embedding_dim=256), SCHEMA, 1, 1, None)
+    per = limits.per_rank(est)
+    shard = next(p.nbytes for p in est["server"] if p.what == "shard of the embedding table")
+    used = 300 * 2**20
+    monkeypatch.setattr(limits, "_vm_size", lambda: used)
+    limit = [resource.RLIM_INFINITY]
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (
+        limit[0] if r == resource.RLIMIT_AS else resource.RLIM_INFINITY,) * 2)
+    limits.check_address_space(est, True, False, shard, True)  # no limit: nothing checked
+    limit[0] = used + per["worker"] + shard + 2**20
+    limits.check_address_space(est, True, False, shard, True)   # the worker, with the window
+    limits.check_address_space(est, False, True, shard, True)   # the server: its own shard
+    limit[0] -= 2 * 2**20
+    with pytest.raises(ConfigError) as e:
+        limits.check_address_space(est, True, False, shard, True)
+    assert str(e.value).startswith(f"not enough address space (ulimit -v {limit[0] // 1024}): "
+                                   f"this worker needs about {limits.gib(per['worker'] + shard)}"
+                                   " more"), e.value
+    limits.check_address_space(est, True, False, shard, False)  # own window: none mapped
