@@ -30,6 +30,7 @@ class TrainingDiverged(PshybridError):
 # of logit 0). Binary cross-entropy of logit z is at most |z| + log 2: a trained model's
 # logits are never near 10^6, a run with --lr 1e30 reached 2e30 and exited 0.
 DIVERGED = 1e6 * math.log(2)
+STEP_SECONDS_KEPT = 4096  # TrainResult.step_seconds: the first steps' (bounded: long runs)
 
 
 def check_loss(job, loss_sum: float, rows: int, when: str) -> None:
@@ -67,8 +68,8 @@ class StepLog:
     def add(self, done: int, loss_sum, label) -> None:
         job, xp = self.job, self.job.mode.xp
         now = time.perf_counter()
-        if job.reporter:
-            job.result.step_seconds.append(now - self.t_step)
+        if job.reporter and len(job.result.step_seconds) < STEP_SECONDS_KEPT:
+            job.result.step_seconds.append(now - self.t_step)  # (what --mode auto's trials time)
         self.t_step = now
         if xp is np:
             self.acc += (loss_sum, job.cfg.batch_size, float(label.sum()))

@@ -17,6 +17,7 @@ import gc
 import resource
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,12 +47,14 @@ from .topology import Topology
 from .transport import abort_on_error, agree
 
 
+LOG_KEPT = 10_000  # TrainResult.log: the last logged steps' dicts (--metrics has them all)
+
 @dataclass
 class TrainResult:
     role: str
-    log: list = field(default_factory=list)      # reporter only: one dict per logged step
+    log: deque = field(default_factory=lambda: deque(maxlen=LOG_KEPT))  # reporter: the last
     evals: list = field(default_factory=list)    # reporter only: one dict per evaluation
-    step_seconds: list = field(default_factory=list)  # reporter only: wall time of each step
+    step_seconds: list = field(default_factory=list)  # reporter: the first steps' wall times
     summary: dict = field(default_factory=dict)  # reporter only
     preempted: int | None = None                 # the step a signal stopped the run at
     signal: int = 0                              # ... and that signal's number
@@ -365,7 +368,8 @@ def _preempted(job: Job, done: int, log) -> None:
         job.save(done)
     job.result.preempted = done
     if job.reporter:
-        job.reporter.out.write(f"\n{notice(job.stop.agreed, done, job.cfg.checkpoint_dir)}\n")
+        end = "\n" if job.reporter.bar else ""  # (a bar's line is open: end it first)
+        job.reporter.out.write(f"{end}{notice(job.stop.agreed, done, job.cfg.checkpoint_dir)}\n")
 
 
 def _batches(job: Job):
