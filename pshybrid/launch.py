@@ -65,11 +65,15 @@ def run(main, argv=None) -> int:
         _abort(2)
     except SystemExit:
         raise
-    except MemoryError as exc:  # (one process; under MPI, abort_on_error's line)
+    except MemoryError as exc:  # (abort_on_error's line where one was around it)
         from .transport import out_of_memory
 
-        sys.stderr.write(f"pshybrid: error: {out_of_memory(exc)}\n")
-        return 2
+        world = _world()
+        where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
+        sys.stderr.write(f"pshybrid: error{where}: {out_of_memory(exc)}\n")
+        if world.size == 1:
+            return 2
+        _abort(2)  # the other ranks may wait in a collective: end them too
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step)
         world = _world()
         where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""

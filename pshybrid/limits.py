@@ -263,13 +263,18 @@ WINDOW_PARTS = ("shard of the embedding table", "shard of the dense table")  # M
 SHM = "/dev/shm"
 
 
+def window_bytes(est: dict) -> int:
+    """Bytes of one shard holder's MPI windows (``WINDOW_PARTS``)."""
+    return sum(p.nbytes for p in est["server"] if p.what in WINDOW_PARTS)
+
+
 def check_shared_memory(est: dict, servers_here: int, shared: bool) -> None:
     """Raise ``ConfigError`` (collective) if the shards of this node's ``servers_here``
-    shard holders, MPI windows that the MPI library maps from files in ``shm``, do not fit
+    shard holders, MPI windows that the MPI library maps from files in ``SHM``, do not fit
     its free space (a touch past it is a SIGBUS, with no message: Docker gives 64 MiB), or,
     where the window is shared among the node's ranks (``shared``: one file), the file size
     limit (``ulimit -f``)."""
-    total, shm = servers_here * sum(p.nbytes for p in est["server"] if p.what in WINDOW_PARTS), SHM
+    total, shm = servers_here * window_bytes(est), SHM
     if not total or not os.path.isdir(shm):
         return
     problem = safeio.room_problem(shm, total, total if shared else 0)
@@ -298,8 +303,7 @@ def check_address_space(est: dict, worker: bool, server: bool, node_windows: int
     per = per_rank(est)
     need = per["worker"] * worker + per["server"] * server
     if shared:  # (its own shard is in the node's segment, counted once)
-        need += node_windows - server * sum(p.nbytes for p in est["server"]
-                                            if p.what in WINDOW_PARTS)
+        need += node_windows - server * window_bytes(est)
     if need > limit - used:
         raise ConfigError(
             f"not enough address space (ulimit -v {limit // 1024}): this "

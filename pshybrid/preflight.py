@@ -116,9 +116,8 @@ def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
                              eval_rows)
     shared = cfg.shared_memory == "on" or (cfg.shared_memory == "auto" and topo.n_nodes == 1)
     limits.check_shared_memory(est, servers, shared)
-    windows = servers * sum(p.nbytes for p in est["server"] if p.what in limits.WINDOW_PARTS)
-    limits.check_address_space(est, topo.is_worker, topo.rank in topo.server_ranks, windows,
-                               shared)
+    limits.check_address_space(est, topo.is_worker, topo.rank in topo.server_ranks,
+                               servers * limits.window_bytes(est), shared)
     if cfg.checkpoint_dir and not score:
         problem = safeio.room_problem(cfg.checkpoint_dir, 0, limits.largest_checkpoint_file(
             est, int(sum(schema.cardinalities)), topo.n_servers))

@@ -130,7 +130,6 @@ class Plan:
         self._targets, self._freed = [], True
 
 
-
 def _allocate(nbytes: int, comm, shared: bool):
     """This rank's window; the MPI library's refusal is a ``MemoryError`` naming it."""
     try:
@@ -139,6 +138,7 @@ def _allocate(nbytes: int, comm, shared: bool):
         why = e.Get_error_string().strip().splitlines()[-1].split(":", 1)[-1].strip()
         raise MemoryError(f"the MPI library could not allocate this rank's {nbytes / 2**20:,.1f}"
                           f" MiB window of the tables' shard ({why})") from None
+
 
 class EmbeddingStore:
     """Sharded embedding tables. Collective construction over ``topo.world``.

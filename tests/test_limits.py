@@ -195,3 +195,17 @@ def test_ulimit_v_is_checked_per_rank_with_the_node_window_it_maps(monkeypatch):
                                    f"this worker needs about {limits.gib(per['worker'] + shard)}"
                                    " more"), e.value
     limits.check_address_space(est, True, False, shard, False)  # own window: none mapped
+
+
+def test_an_allocation_that_fails_is_one_line_and_status_2(capsys):
+    """(A MemoryError printed a traceback and exited 1.)"""
+    from pshybrid.launch import run
+
+    def main(argv):
+        raise MemoryError("Unable to allocate 824. MiB for an array")
+
+    assert run(main, []) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pshybrid: error: out of memory") and err.endswith(
+        ": Unable to allocate 824. MiB for an array: lower --batch-size, --embedding-dim or "
+        "--mlp, or spread the table over more --servers on more nodes\n"), err

@@ -5,9 +5,9 @@ One process, no MPI. Each IN is a regular file or ``-`` (standard input, copied 
 unnamed temporary file where it must be read twice), plain text or gzip (told by its first
 bytes, read and handed back without a seek; ``prep csv`` also reads Parquet with pyarrow,
 as the CSV text pyarrow writes for it, booleans as 1/0 and lists joined by ``|``:
-``prep.parquet``); the inputs are read one after the other as one
-table, read twice where a first pass is needed (see rows). It is streamed in blocks of whole lines of
-about ``read.BLOCK_BYTES``, each parsed with NumPy at once, so memory stays bounded whatever
+``prep.parquet``); the inputs are read one after the other as one table, read twice where
+a first pass is needed (see rows). It is streamed in blocks of whole lines of about
+``read.BLOCK_BYTES``, each parsed with NumPy at once, so memory stays bounded whatever
 the input size (a ``--min-count`` vocabulary grows with the number of distinct values). Rows
 are written with ``DatasetWriter``: published atomically at the end, removed on any error, so
 a failed run (a bad option, a bad IN, a full disk, SIGTERM) leaves no OUT, valid or temporary

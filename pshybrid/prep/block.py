@@ -86,8 +86,9 @@ NL = 10
 
 def split_lines(data: bytes, sep: int, n_fields: int):
     """Unquoted lines split at ``sep``: ``(block, s, L, whole, shape_why)``, ``s``/``L``
-    (whole lines, n_fields) the fields' offsets and lengths, ``whole`` (lines,) the lines with the right
-    number of fields and no NUL byte, ``shape_why(i)`` why line i is not whole."""
+    (whole lines, n_fields) the fields' offsets and lengths, ``whole`` (lines,) the lines
+    with the right number of fields and no NUL byte, ``shape_why(i)`` why line i is not
+    whole."""
     block = Block(data)
     buf = block.buf[8:8 + len(data)]
     ends = np.flatnonzero((buf == sep) | (buf == NL))
