@@ -53,14 +53,16 @@ def default_servers(n_nodes: int, world_size: int) -> int:
 def place_servers(node_of_rank: list[int], n_servers: int) -> list[int]:
     """Pick ``n_servers`` world ranks, spread over nodes first. Pure.
 
-    Round-robin over nodes (in order of their lowest rank); on each node take the
-    highest rank not yet taken, so world rank 0 stays a worker whenever possible.
-    Returns the chosen world ranks sorted ascending (server index = position).
+    Round-robin over nodes (in order of their lowest rank, rank 0's node last in each
+    round); on each node take the highest rank not yet taken, so world rank 0 stays a
+    worker whenever possible. Returns the chosen world ranks sorted ascending (server
+    index = position).
     """
     nodes: dict[int, list[int]] = {}
     for rank, node in enumerate(node_of_rank):
         nodes.setdefault(node, []).append(rank)
     free = [sorted(r, reverse=True) for _, r in sorted(nodes.items(), key=lambda kv: kv[1][0])]
+    free = free[1:] + free[:1]  # (rank 0 alone on its node is taken only when it must be)
     chosen: list[int] = []
     while len(chosen) < n_servers:
         progressed = False

@@ -67,9 +67,13 @@ def test_bad_partition_arguments():
 def test_place_servers_spreads_over_nodes_first():
     nodes = [0] * 4 + [1] * 4 + [2] * 4  # 3 nodes x 4 ranks
     assert place_servers(nodes, 3) == [3, 7, 11]        # one per node, highest local rank
-    assert place_servers(nodes, 4) == [2, 3, 7, 11]     # second round starts at node 0
+    assert place_servers(nodes, 4) == [3, 6, 7, 11]     # a second round: node 0 last again
     assert place_servers(nodes, 0) == []
     assert place_servers([0, 0, 0, 0], 1) == [3]        # rank 0 stays a worker
+    assert place_servers([0, 1, 2], 1) == [1]           # ... also alone on its node (it was
+    assert place_servers([0, 1, 2], 2) == [1, 2]        # the server: node 0 came first)
+    assert place_servers([0, 1, 1, 1], 1) == [3]
+    assert place_servers([0, 1, 2], 3) == [0, 1, 2]     # one per node: rank 0 must serve
     # interleaved node order (ranks round-robin over nodes)
     assert place_servers([0, 1, 0, 1], 2) == [2, 3]
     with pytest.raises(ConfigError):
