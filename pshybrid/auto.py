@@ -38,7 +38,7 @@ from .optim import Optimizer
 from .partition import group_by_owner
 from .synthetic import SyntheticCTR
 from .threads import rank_server_threads
-from .topology import default_servers
+from .topology import default_servers, place_servers
 from .transport import agree
 
 REPEATS = 7  # timed repeats of each probe (after one untimed warm-up); the median counts
@@ -340,21 +340,27 @@ def _wire(comm, shape, dt):
 # -- memory ---------------------------------------------------------------------------------
 
 def refusals(cfg, schema, alts, nodes: int, ranks: int, memory) -> dict:
-    """{alternative key: why it does not fit} for those whose ranks on the fullest node
-    need more than ``MEMORY_SHARE`` of ``memory`` (None: unknown, nothing refused)."""
+    """{alternative key: why it does not fit} for those whose ranks on some node need more
+    than ``MEMORY_SHARE`` of ``memory`` (None: unknown, nothing refused): each node's
+    workers and servers as the run would place them (``place_servers``) on ``ranks`` spread
+    evenly over ``nodes`` in blocks, the check before step 1's count on each."""
     out = {}
     if memory is None:
         return out
-    here = -(-ranks // nodes)
+    layout = [r * nodes // ranks for r in range(ranks)]
     for a in alts:
         c = replace(cfg, mode=a.mode, replicate_rows=a.replicate_rows, servers=a.servers,
                     placement=placement_name(is_colocated(a.placement)))
-        colocated = is_colocated(a.placement)
-        w_here = here if colocated else min(here, -(-a.workers // nodes))
-        s_here = here if colocated else min(here, -(-a.servers // nodes))
+        if is_colocated(a.placement):  # every rank a worker and a shard holder
+            counts = {(n, n) for n in map(layout.count, set(layout))}
+        else:
+            servers = set(place_servers(layout, a.servers))
+            counts = {(sum(1 for r in range(ranks) if layout[r] == k and r not in servers),
+                       sum(1 for r in servers if layout[r] == k)) for k in set(layout)}
         try:
-            check_sizes(c, schema, a.workers, a.servers, int(memory * planner.MEMORY_SHARE),
-                        w_here, s_here)
+            for w_here, s_here in sorted(counts, reverse=True):
+                check_sizes(c, schema, a.workers, a.servers,
+                            int(memory * planner.MEMORY_SHARE), w_here, s_here)
         except ConfigError as e:
             out[a.key] = str(e)
     return out

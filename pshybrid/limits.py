@@ -287,13 +287,12 @@ def check_shared_memory(est: dict, servers_here: int, shared: bool) -> None:
             "lower --embedding-dim", collective=True)
 
 
-def check_address_space(est: dict, worker: bool, server: bool, node_windows: int,
-                        shared: bool) -> None:
+def check_address_space(est: dict, worker: bool, server: bool, node_windows: int) -> None:
     """Raise ``ConfigError`` if this rank's large arrays (a worker's, a server's, both for a
-    colocated rank; with a ``shared`` window also the ``node_windows`` bytes of its node's
-    shards, which every rank there maps) do not fit what ``ulimit -v`` leaves this process
-    (its limit less what it maps already); nothing where there is no such limit. A rank
-    checks itself: the verdict is agreed by the caller."""
+    colocated rank; and the ``node_windows`` bytes of its node's shards, which the MPI
+    library maps into every rank there, shared window or not) do not fit what ``ulimit -v``
+    leaves this process (its limit less what it maps already); nothing where there is no
+    such limit. A rank checks itself: the verdict is agreed by the caller."""
     import resource
 
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
@@ -301,9 +300,8 @@ def check_address_space(est: dict, worker: bool, server: bool, node_windows: int
     if limit == resource.RLIM_INFINITY or used is None:
         return
     per = per_rank(est)
-    need = per["worker"] * worker + per["server"] * server
-    if shared:  # (its own shard is in the node's segment, counted once)
-        need += node_windows - server * window_bytes(est)
+    need = per["worker"] * worker + per["server"] * server  # (its own shard: counted once)
+    need += node_windows - server * window_bytes(est)
     if need > limit - used:
         raise ConfigError(
             f"not enough address space (ulimit -v {limit // 1024}): this "

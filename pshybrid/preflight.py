@@ -28,6 +28,7 @@ from .data import SHUFFLE_BLOCK
 from .errors import ConfigError, InputError, PshybridError
 from .files import dataset_paths
 from .report import metrics_problem
+from .topology import shared_memory_refusal
 from .transport import agree
 
 
@@ -114,10 +115,12 @@ def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
     est = limits.check_sizes(cfg.stateless() if score else cfg, schema, topo.n_workers,
                              topo.n_servers, limits.available_memory(), workers, servers,
                              eval_rows)
+    if cfg.shared_memory == "on" and topo.n_nodes > 1 and limits.window_bytes(est):
+        raise ConfigError(shared_memory_refusal(topo.n_nodes))
     shared = cfg.shared_memory == "on" or (cfg.shared_memory == "auto" and topo.n_nodes == 1)
     limits.check_shared_memory(est, servers, shared)
     limits.check_address_space(est, topo.is_worker, topo.rank in topo.server_ranks,
-                               servers * limits.window_bytes(est), shared)
+                               servers * limits.window_bytes(est))
     if cfg.checkpoint_dir and not score:
         problem = safeio.room_problem(cfg.checkpoint_dir, 0, limits.largest_checkpoint_file(
             est, int(sum(schema.cardinalities)), topo.n_servers))

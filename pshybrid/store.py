@@ -32,7 +32,7 @@ from .errors import ConfigError, InputError, PshybridError
 from .initializers import uniform_rows
 from .kernels import gather, min_max, scatter_add
 from .schema import TableSpec
-from .topology import Topology
+from .topology import Topology, shared_memory_refusal
 from .transport import agree, idle_barrier, mpi_type, rows_type
 
 _ALIGN = 64  # bytes; each region starts on a cache line
@@ -192,8 +192,7 @@ class EmbeddingStore:
             shared_memory = topo.n_nodes == 1
         # Wire: collective window creation over world; servers expose their shards.
         elif shared_memory and topo.n_nodes > 1:
-            raise ConfigError(f"shared-memory pulls need every rank on one node; this job "
-                              f"spans {topo.n_nodes} nodes", collective=True)
+            raise ConfigError(shared_memory_refusal(topo.n_nodes), collective=True)
         self.win = _allocate(nbytes, topo.world, shared_memory)
         if shared_memory:
             self._views = [np.frombuffer(self.win.Shared_query(r)[0], np.uint8)

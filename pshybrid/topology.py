@@ -50,6 +50,14 @@ def default_servers(n_nodes: int, world_size: int) -> int:
     return max(0, min(n_nodes, world_size - 1))
 
 
+def shared_memory_refusal(nodes: int) -> str:
+    """Why ``--shared-memory on`` cannot serve a job on ``nodes`` nodes (checked before
+    step 1, and here)."""
+    return (f"--shared-memory on: shared-memory pulls need every rank on one node; this job "
+            f"spans {nodes} nodes: use --shared-memory auto (each node's servers through "
+            "shared memory, the others' by RMA) or off")
+
+
 def place_servers(node_of_rank: list[int], n_servers: int) -> list[int]:
     """Pick ``n_servers`` world ranks, spread over nodes first. Pure.
 

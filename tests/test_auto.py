@@ -94,6 +94,23 @@ def test_alternatives_follow_the_ranks():
     assert gpu == []
 
 
+def test_memory_refusals_count_each_nodes_own_ranks():
+    """One rank per node (3 nodes): each node holds a worker or a server, never both, so an
+    alternative that fits one of either fits (it was charged a worker and a server on every
+    node, and refused); on one node the same memory refuses it."""
+    from pshybrid.limits import estimate
+
+    schema = SyntheticCTR(n_dense=3, cardinalities=(2000,) * 8).schema
+    cfg = TrainConfig(embedding_dim=8, mlp=(16,))
+    alt = planner.Alternative("hybrid", "dedicated", 0, 1, 2)
+    per = {r: sum(p.nbytes for p in parts)
+           for r, parts in estimate(cfg, schema, 1, 2).items()}
+    memory = (max(per.values()) + 4096) / planner.MEMORY_SHARE
+    assert per["worker"] + per["server"] > memory * planner.MEMORY_SHARE
+    assert auto.refusals(cfg, schema, [alt], 3, 3, memory) == {}
+    assert "not enough memory" in auto.refusals(cfg, schema, [alt], 1, 3, memory)[alt.key]
+
+
 @pytest.mark.parametrize("extra", [dict(placement="colocated"), dict(replicate_rows=8)])
 def test_auto_refuses_the_options_it_chooses(extra):
     with pytest.raises(ConfigError, match="chooses --placement and --replicate-rows"):

@@ -169,9 +169,10 @@ def test_a_run_is_refused_before_step_1_where_its_shards_or_checkpoints_cannot_f
 
 
 def test_ulimit_v_is_checked_per_rank_with_the_node_window_it_maps(monkeypatch):
-    """``ulimit -v`` caps a process's address space: a rank's own arrays, and with a shared
-    window every shard of its node (each rank maps the node's segment), must fit what the
-    limit leaves (the check before step 1 ignored it: tracebacks at the allocation)."""
+    """``ulimit -v`` caps a process's address space: a rank's own arrays and every shard of
+    its node (the MPI library maps the node's windows into each rank, shared or not) must
+    fit what the limit leaves (the check before step 1 ignored it: tracebacks at the
+    allocation)."""
     import resource
 
     import pshybrid.limits as limits
@@ -184,17 +185,17 @@ def test_ulimit_v_is_checked_per_rank_with_the_node_window_it_maps(monkeypatch):
     limit = [resource.RLIM_INFINITY]
     monkeypatch.setattr(resource, "getrlimit", lambda r: (
         limit[0] if r == resource.RLIMIT_AS else resource.RLIM_INFINITY,) * 2)
-    limits.check_address_space(est, True, False, shard, True)  # no limit: nothing checked
+    limits.check_address_space(est, True, False, shard)  # no limit: nothing checked
     limit[0] = used + per["worker"] + shard + 2**20
-    limits.check_address_space(est, True, False, shard, True)   # the worker, with the window
-    limits.check_address_space(est, False, True, shard, True)   # the server: its own shard
+    limits.check_address_space(est, True, False, shard)   # the worker, with the node's window
+    limits.check_address_space(est, False, True, shard)   # the server: its own shard, once
     limit[0] -= 2 * 2**20
     with pytest.raises(ConfigError) as e:
-        limits.check_address_space(est, True, False, shard, True)
+        limits.check_address_space(est, True, False, shard)
     assert str(e.value).startswith(f"not enough address space (ulimit -v {limit[0] // 1024}): "
                                    f"this worker needs about {limits.gib(per['worker'] + shard)}"
                                    " more"), e.value
-    limits.check_address_space(est, True, False, shard, False)  # own window: none mapped
+    limits.check_address_space(est, True, False, 0)  # no shard on its node: its own arrays
 
 
 def test_an_allocation_that_fails_is_one_line_and_status_2(capsys):
@@ -209,3 +210,21 @@ def test_an_allocation_that_fails_is_one_line_and_status_2(capsys):
     assert err.startswith("pshybrid: error: out of memory") and err.endswith(
         ": Unable to allocate 824. MiB for an array: lower --batch-size, --embedding-dim or "
         "--mlp, or spread the table over more --servers on more nodes\n"), err
+
+
+def test_shared_memory_on_over_several_nodes_is_refused_before_step_1():
+    """(It was refused only when the store was built, after the plan and --mode auto's
+    probe, without naming the ways out.)"""
+    from types import SimpleNamespace as NS
+
+    from pshybrid import preflight
+
+    topo = NS(n_nodes=2, node_of_rank=[0, 1, 1], rank=0, worker_ranks=[0, 1], server_ranks=[2],
+              n_workers=2, n_servers=1, is_worker=True)
+    cfg = replace(BASE, shared_memory="on")
+    with pytest.raises(ConfigError, match=r"^--shared-memory on: shared-memory pulls need "
+                       r"every rank on one node; this job spans 2 nodes: use --shared-memory "
+                       r"auto .* or off$"):
+        preflight._check_resources(cfg, topo, SCHEMA, 0, False)
+    preflight._check_resources(replace(cfg, shared_memory="auto"), topo, SCHEMA, 0, False)
+    preflight._check_resources(replace(cfg, mode="allreduce"), topo, SCHEMA, 0, False)
