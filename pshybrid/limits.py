@@ -232,9 +232,10 @@ def per_rank(est: dict) -> dict:
 
 def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int | None,
                 workers_here: int | None = None, servers_here: int | None = None,
-                eval_rows: int = 0) -> dict:
+                eval_rows: int = 0, node: str = "this node") -> dict:
     """Raise ``ConfigError`` (collective) if ``workers_here`` workers and ``servers_here``
-    servers (default: the whole job, on one node) need more than ``memory_bytes``; the
+    servers (default: the whole job, on one node: ``node`` names it) need more than
+    ``memory_bytes``; the
     message names the largest part, the options that set it and what to change.
     ``memory_bytes`` None (unknown): nothing is refused. Returns the estimate."""
     est = estimate(cfg, schema, n_workers, n_servers, eval_rows)
@@ -253,7 +254,7 @@ def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int |
     ranks = " and ".join(f"{n} {r}{'s' if n != 1 else ''}" for r, n in
                          (("worker", nw), ("server", ns)) if n)
     raise ConfigError(
-        f"not enough memory: the {ranks} on this node need{'s' if nw + ns == 1 else ''} at "
+        f"not enough memory: the {ranks} on {node} need{'s' if nw + ns == 1 else ''} at "
         f"least {gib(need)} but "
         f"{gib(memory_bytes)} is available; the largest part is the {part.what}, "
         f"{gib(part.nbytes)} per {role}, set by {part.by}: {part.advice}", collective=True)
@@ -268,7 +269,8 @@ def window_bytes(est: dict) -> int:
     return sum(p.nbytes for p in est["server"] if p.what in WINDOW_PARTS)
 
 
-def check_shared_memory(est: dict, servers_here: int, shared: bool) -> None:
+def check_shared_memory(est: dict, servers_here: int, shared: bool,
+                        node: str = "this node") -> None:
     """Raise ``ConfigError`` (collective) if the shards of this node's ``servers_here``
     shard holders, MPI windows that the MPI library maps from files in ``SHM``, do not fit
     its free space (a touch past it is a SIGBUS, with no message: Docker gives 64 MiB), or,
@@ -280,7 +282,7 @@ def check_shared_memory(est: dict, servers_here: int, shared: bool) -> None:
     problem = safeio.room_problem(shm, total, total if shared else 0)
     if problem:
         raise ConfigError(
-            f"{shm} on this node cannot hold the {servers_here} shard"
+            f"{shm} on {node} cannot hold the {servers_here} shard"
             f"{'s' * (servers_here != 1)} its ranks hold ({gib(total)}; the MPI library maps "
             f"them from files there): {problem}; give the job more shared memory (a "
             "container: --shm-size), spread the table over more --servers on more nodes, or "

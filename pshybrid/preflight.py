@@ -112,13 +112,14 @@ def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
     """This rank's node: memory, /dev/shm for its shards; this rank: ``ulimit -v``; the
     checkpoints' largest file: ``ulimit -f`` (free disk is checked at each write)."""
     workers, servers = _ranks_here(topo)
+    node = f"node {topo.node_names[topo.node_of_rank[topo.rank]]}"  # (others print rank 0's)
     est = limits.check_sizes(cfg.stateless() if score else cfg, schema, topo.n_workers,
                              topo.n_servers, limits.available_memory(), workers, servers,
-                             eval_rows)
+                             eval_rows, node)
     if cfg.shared_memory == "on" and topo.n_nodes > 1 and limits.window_bytes(est):
         raise ConfigError(shared_memory_refusal(topo.n_nodes))
     shared = cfg.shared_memory == "on" or (cfg.shared_memory == "auto" and topo.n_nodes == 1)
-    limits.check_shared_memory(est, servers, shared)
+    limits.check_shared_memory(est, servers, shared, node)
     limits.check_address_space(est, topo.is_worker, topo.rank in topo.server_ranks,
                                servers * limits.window_bytes(est))
     if cfg.checkpoint_dir and not score:

@@ -155,7 +155,10 @@ def test_a_run_is_refused_before_step_1_where_its_shards_or_checkpoints_cannot_f
                       progress="none")
     monkeypatch.setattr(limits, "SHM", str(tmp_path))
     _statvfs_free(monkeypatch, 2**20)
-    with pytest.raises(ConfigError, match=f"^{tmp_path} on this node cannot hold the 1 shard"):
+    import socket
+
+    with pytest.raises(ConfigError, match=f"^{tmp_path} on node {socket.gethostname()} cannot "
+                       "hold the 1 shard"):  # (its host: every rank prints the first's)
         train(cfg, MPI.COMM_SELF, out=io.StringIO())
     _statvfs_free(monkeypatch, 2**40)
     monkeypatch.setattr(resource, "getrlimit", lambda r: (
@@ -220,7 +223,7 @@ def test_shared_memory_on_over_several_nodes_is_refused_before_step_1():
     from pshybrid import preflight
 
     topo = NS(n_nodes=2, node_of_rank=[0, 1, 1], rank=0, worker_ranks=[0, 1], server_ranks=[2],
-              n_workers=2, n_servers=1, is_worker=True)
+              n_workers=2, n_servers=1, is_worker=True, node_names=["a", "b"])
     cfg = replace(BASE, shared_memory="on")
     with pytest.raises(ConfigError, match=r"^--shared-memory on: shared-memory pulls need "
                        r"every rank on one node; this job spans 2 nodes: use --shared-memory "
