@@ -1,5 +1,6 @@
 """``python -m pshybrid <command>``: every entry point runs abort-on-error (launch.run)."""
 
+import signal
 import sys
 
 from .threads import apply_thread_limits
@@ -11,7 +12,29 @@ from .launch import run  # noqa: E402
 
 
 def main(argv=None) -> int:
-    return run(_cli_main, argv)
+    from . import cli
+
+    cli.EXITS_AFTER = True  # (train keeps its signal catcher to the exit)
+    try:
+        return run(_cli_main, argv)
+    finally:
+        _finish_quietly()
+
+
+def _finish_quietly() -> None:
+    """After train (its catcher still installed): MPI finalized now, while a signal is
+    still the same request (mpi4py finalizes it at the interpreter's very end, after
+    Python has put the signals' default actions back: a SIGTERM then killed the rank and
+    left the job's shared memory), then the three signals ignored to the exit."""
+    from .preempt import CAUGHT, SIGNALS
+
+    if not CAUGHT.installed:
+        return
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()  # Wire: every rank of the job finalizes (each after its command)
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 if __name__ == "__main__":

@@ -124,36 +124,52 @@ def _thread_cells(blas, apply, applies: bool) -> tuple[str, str, str]:
     return ("-" if nb is None else str(nb)), str(na), rule
 
 
+EXITS_AFTER = False  # set by ``python -m pshybrid``: the process ends after the command
+
+
 def cmd_train(args) -> int:
-    from mpi4py import MPI
+    from mpi4py import MPI  # (MPI_Init: MPICH sets a SIGUSR1 handler of its own)
 
+    from .preempt import CAUGHT
+
+    CAUGHT.install()  # a signal from here on is a stop request (it was lost to MPICH's)
+    CAUGHT.signum = None  # (a catcher kept by an earlier call in this process: not ours)
+    stopped = False
+    try:
+        status, stopped = _train_command(args, MPI.COMM_WORLD)
+        return status
+    finally:
+        # The catcher stays to the exit of a process that ends after this command
+        # (``python -m pshybrid``): a signal after the last step boundary, or forwarded
+        # again while MPI finalizes, changes nothing (its default action exited 15 and left
+        # the job's shared memory behind). A caller of ``main`` that goes on gets its
+        # handlers back, unless the run stopped on a signal (the same request, forwarded
+        # again, must not end it).
+        if not EXITS_AFTER and not stopped:
+            CAUGHT.uninstall()
+
+
+def _train_command(args, comm) -> tuple[int, bool]:
+    """train's work: the options resolved and checked, then ``--print-config`` or the run;
+    (the exit status, whether a signal stopped the run)."""
     from .errors import ConfigError
-    from .preempt import CAUGHT, exit_status
+    from .preempt import exit_status
     from .safeio import same_file
+    from .train import train
 
-    cfg = _resolve_train(args, MPI.COMM_WORLD.rank == 0)
+    cfg = _resolve_train(args, comm.rank == 0)
     conf = getattr(args, "config", None)
     if conf and cfg.metrics and same_file(conf, cfg.metrics):  # the same on every rank
         raise ConfigError(f"--metrics {cfg.metrics} is the same file as --config {conf}: an "
                           "input is never written over", collective=True)
     if args.print_config:
-        if MPI.COMM_WORLD.rank == 0:
+        if comm.rank == 0:
             sys.stdout.write(to_toml(cfg))
-        return 0
-    CAUGHT.install()  # a signal during the imports below is a stop request too
-    result = None
-    try:
-        from .train import train
-
-        result = train(cfg, MPI.COMM_WORLD)
-    finally:
-        if result is None or result.preempted is None:
-            CAUGHT.uninstall()
-    # A stopped run keeps its catcher to the exit: a signal forwarded again while MPI
-    # finalizes is the same request, not the default action (exit 15, not 75 or 143).
+        return 0, False
+    result = train(cfg, comm)
     if result.preempted is not None:
-        return exit_status(result.signal, bool(cfg.checkpoint_dir))
-    return 1 if result.metrics_failed else 0
+        return exit_status(result.signal, bool(cfg.checkpoint_dir)), True
+    return (1 if result.metrics_failed else 0), False
 
 
 def _resolve_train(args, say: bool):

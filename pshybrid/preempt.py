@@ -19,10 +19,15 @@ Signals within ``SAME_REQUEST_S`` of a rank's first are the same request (a laun
 forwarding what the batch system already sent every rank). A later one ends that rank at
 once (the signal's default action, after removing the job's shared memory on its node):
 the job then ends without a new checkpoint, and ``latest`` still names a complete one.
+Each signal is timed when it arrives (a thread reads the numbers Python's C-level handler
+writes to the wakeup fd), not when Python runs its handler: that waits for the main thread
+to come back from a wait in MPI, seconds later while a server writes its checkpoint, which
+made a repeat within the window look like a later signal.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import threading
@@ -49,6 +54,12 @@ class Signals:
         self.first = 0.0
         self._old: dict = {}
         self._depth = 0
+        self._pipe: tuple[int, int] | None = None  # (read, write): the watcher's wakeup fd
+        self._old_fd = -1
+
+    @property
+    def installed(self) -> bool:
+        return self._depth > 0
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
@@ -56,6 +67,7 @@ class Signals:
         if self._depth == 0:
             self.signum = None
             self._old = {sig: signal.signal(sig, self._caught) for sig in SIGNALS}
+            self._watch()
         self._depth += 1
 
     def uninstall(self) -> None:
@@ -65,21 +77,61 @@ class Signals:
         if self._depth == 0:
             for sig, old in self._old.items():
                 signal.signal(sig, signal.SIG_DFL if old is None else old)
+            if self._pipe is not None:  # the watcher reads the end of its pipe and ends
+                signal.set_wakeup_fd(self._old_fd)
+                os.close(self._pipe[1])
+                self._pipe = None
             self._old, self.signum = {}, None
 
+    def _watch(self) -> None:
+        """Time each signal as it arrives: Python's C-level handler writes its number to the
+        wakeup fd at once, which a thread reads (else the handler classifies, when it runs)."""
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        try:
+            self._old_fd = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            os.close(r)
+            os.close(w)
+            return
+        self._pipe = (r, w)
+        threading.Thread(target=self._read, args=(r,), name="pshybrid-signals",
+                         daemon=True).start()
+
+    def _read(self, r: int) -> None:
+        try:
+            while data := os.read(r, 64):
+                for signum in data:
+                    if signum in SIGNALS:
+                        self._arrived(signum, time.monotonic())
+        finally:
+            os.close(r)
+
     def _caught(self, signum, frame) -> None:
-        now = time.monotonic()
+        if self._pipe is None or self.signum is None:  # (else the watcher timed it)
+            self._arrived(signum, time.monotonic())
+
+    def _arrived(self, signum: int, now: float) -> None:
         if self.signum is None:
             self.signum, self.first = signum, now
             return
         if now - self.first <= SAME_REQUEST_S:
             return  # the same request, forwarded once more
-        # A later signal: end this rank now (os.write: no buffered I/O inside a handler).
+        # A later signal: end this rank now (os.write: no buffered I/O in a handler).
         os.write(2, f"pshybrid: {signal.Signals(signum).name} again "
                     f"{now - self.first:.1f} s after the first: ending now\n".encode())
         release_shared_memory()
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
+        _default_action(signum)
+
+
+def _default_action(signum: int) -> None:
+    """End this process by ``signum``'s default action (from any thread: the C library's
+    ``signal``, where Python's may only be called on the main thread)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.signal.argtypes, libc.signal.restype = [ctypes.c_int, ctypes.c_void_p], ctypes.c_void_p
+    libc.signal(signum, None)  # SIG_DFL
+    os.kill(os.getpid(), signum)
+    time.sleep(1)  # (delivered at once; never past this)
 
 
 CAUGHT = Signals()
