@@ -26,14 +26,13 @@ def _finish_quietly() -> None:
     still the same request (mpi4py finalizes it at the interpreter's very end, after
     Python has put the signals' default actions back: a SIGTERM then killed the rank and
     left the job's shared memory), then the three signals ignored to the exit."""
-    from .preempt import CAUGHT, SIGNALS
-
-    if not CAUGHT.installed:
+    preempt = sys.modules.get("pshybrid.preempt")  # (importing it would start MPI)
+    if preempt is None or not preempt.CAUGHT.installed:
         return
     MPI = sys.modules.get("mpi4py.MPI")
     if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
         MPI.Finalize()  # Wire: every rank of the job finalizes (each after its command)
-    for sig in SIGNALS:
+    for sig in preempt.SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
 

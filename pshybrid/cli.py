@@ -11,6 +11,7 @@ from .commands import add_out, add_scoring_commands
 from .config import ArgumentParser, TrainConfig, add_arguments, resolve, to_toml
 from .prep import add_prep_commands
 from .registry import DEDICATED, MODES, PLACEMENTS, is_colocated, refusal
+from .stopping import ended_by_signals
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "(/dense/<param>, /embeddings/<field>, optimizer state)")
     export.add_argument("ckpt", help="checkpoint directory (its 'latest') or a step-N directory")
     add_out(export)
-    export.set_defaults(func=cmd_export)
+    export.set_defaults(func=ended_by_signals(cmd_export))
     add_scoring_commands(sub)
     info = sub.add_parser("info", help="topology, MPI library, CUDA-awareness, devices, "
                           "per-rank roles")

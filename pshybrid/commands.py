@@ -6,6 +6,8 @@ from __future__ import annotations
 import os
 import sys
 
+from .stopping import ended_by_signals
+
 CKPT_HELP = "checkpoint directory (its 'latest') or a step-N directory"
 
 
@@ -19,14 +21,14 @@ def add_scoring_commands(sub) -> None:
     ev.add_argument("--metrics", metavar="FILE", default=None,
                     help="also write the evaluation as one JSON line to FILE (after a "
                     "config record; an existing --metrics file is appended to)")
-    ev.set_defaults(func=cmd_eval)
+    ev.set_defaults(func=ended_by_signals(cmd_eval))
     pr = _scoring_parser(sub, "predict", "one score per row of a dataset file from a "
                          "checkpoint, to HDF5 (/score, /logit)", "Score every row of a "
                          "dataset file with a checkpoint's model; OUT.h5 gets /score (the "
                          "predicted click probability) and /logit, float64, one per row in "
                          "row order. Written atomically.")
     add_out(pr)
-    pr.set_defaults(func=cmd_predict)
+    pr.set_defaults(func=ended_by_signals(cmd_predict))
     pl = sub.add_parser("plot", help="loss, samples/s and AUC curves of --metrics files "
                         "(needs matplotlib)",
                         description="Draw --metrics files' training loss, samples/s and "
@@ -39,7 +41,7 @@ def add_scoring_commands(sub) -> None:
                     "if it exists, unless --overwrite)")
     pl.add_argument("--overwrite", action="store_true", help="replace an existing image OUT "
                     "(never another kind of file)")
-    pl.set_defaults(func=cmd_plot)
+    pl.set_defaults(func=ended_by_signals(cmd_plot))
 
 
 def add_out(p) -> None:

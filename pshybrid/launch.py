@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from types import SimpleNamespace
@@ -63,7 +64,14 @@ def run(main, argv=None) -> int:
             sys.stderr.flush()
             return 2
         _abort(2)
-    except SystemExit:
+    except SystemExit as exc:  # (a command ended by a signal: stopping)
+        if isinstance(exc.code, int) and exc.code > 128:
+            world = _world()
+            where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
+            sys.stderr.write(f"pshybrid: stopped by {signal.Signals(exc.code - 128).name}"
+                             f"{where}: nothing published (exit status {exc.code})\n")
+            if world.size > 1:
+                _abort(exc.code)  # the other ranks may wait in a collective: end them too
         raise
     except MemoryError as exc:  # (abort_on_error's line where one was around it)
         from .transport import out_of_memory

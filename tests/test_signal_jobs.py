@@ -260,3 +260,34 @@ def test_release_shared_memory_unlinks_what_this_process_maps_and_nothing_else()
             f.close()
             if os.path.exists(f.name):
                 os.unlink(f.name)
+
+
+@pytest.mark.parametrize("sig, raised", [(signal.SIGTERM, SystemExit), (signal.SIGUSR1,
+                                         SystemExit), (signal.SIGINT, KeyboardInterrupt)])
+def test_other_commands_end_by_signals_where_they_are_even_when_swallowed(sig, raised):
+    """``export``, ``eval``, ``predict``, ``plot`` and ``prep``: a signal is an exception
+    where the command is (its temporary files removed on the way: SIGTERM and SIGUSR1 had
+    killed export and predict, leaving them); one swallowed on the way (h5py's callbacks
+    drop it: an export then finished and exited 0) ends the command when it returns."""
+    from pshybrid import cli, stopping
+
+    def command(args, swallow):
+        try:
+            os.kill(os.getpid(), sig)
+            time.sleep(5)
+        except (SystemExit, KeyboardInterrupt):
+            if not swallow:
+                raise
+        return 0
+
+    for swallow in (False, True):
+        recorded = []
+        with pytest.raises(raised) as e:
+            stopping.ended_by_signals(lambda a: command(a, swallow), recorded.append)(None)
+        assert raised is KeyboardInterrupt or e.value.code == 128 + sig
+        assert recorded == [sig, None]
+    assert signal.getsignal(sig) in (signal.SIG_DFL, signal.default_int_handler)
+    parser = cli.build_parser()
+    for argv in (["export", "c", "o"], ["eval", "c", "d"], ["predict", "c", "d", "o"],
+                 ["plot", "r", "o"], ["prep", "synthetic", "o"]):
+        assert hasattr(parser.parse_args(argv).func, "__wrapped__"), argv  # (the wrapper)

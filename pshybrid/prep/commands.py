@@ -3,12 +3,11 @@ the converters are imported when a command runs: option errors and ``--help`` an
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
 
 from ..config import ArgumentParser, add_arguments, resolve
 from ..errors import ConfigError, InputError
+from ..stopping import ended_by_signals
 from .options import DEFAULT_BUCKETS, CsvOptions, SyntheticOptions, TableOptions, separator
 
 CRITEO_DENSE = [f"I{i}" for i in range(1, 14)]
@@ -145,27 +144,13 @@ def _columns(text: str | None, option: str, names: list[str], header: bool, path
 
 
 def _ended_by_signals(func):
-    """``func(args)`` with SIGTERM and SIGHUP (a job's time limit, a closed terminal) raised
-    as ``SystemExit(128 + signal)``, so that the ``with`` blocks remove the temporary files;
-    recorded too (``stop_writing``): where that exception is swallowed, the dataset writers
-    raise it again before they write or publish anything more."""
-    def run(args) -> int:
-        if threading.current_thread() is not threading.main_thread():
-            return func(args)
+    """``func(args)`` ended by signals (``stopping``), each recorded for the dataset writers
+    too (``data.stop_writing``): they raise it again before they write or publish more."""
+    def record(sig):
         from ..data import stop_writing  # (NumPy, h5py: loaded when a command runs)
 
-        def stop(sig, _frame):
-            stop_writing(sig)
-            raise SystemExit(128 + sig)
-
-        old = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGHUP)}
-        try:
-            return func(args)
-        finally:
-            for sig, handler in old.items():
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
-            stop_writing(None)
-    return run
+        stop_writing(sig)
+    return ended_by_signals(func, record)
 
 
 def _command(formats, name: str, options, func, help: str, description: str) -> None:
