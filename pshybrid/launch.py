@@ -65,7 +65,7 @@ def run(main, argv=None) -> int:
             return 2
         _abort(2)
     except SystemExit as exc:  # (a command ended by a signal: stopping)
-        if isinstance(exc.code, int) and exc.code > 128:
+        if isinstance(exc.code, int) and exc.code - 128 in set(signal.Signals):
             world = _world()
             where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
             sys.stderr.write(f"pshybrid: stopped by {signal.Signals(exc.code - 128).name}"
