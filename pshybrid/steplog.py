@@ -31,6 +31,8 @@ class TrainingDiverged(PshybridError):
 # logits are never near 10^6, a run with --lr 1e30 reached 2e30 and exited 0.
 DIVERGED = 1e6 * math.log(2)
 STEP_SECONDS_KEPT = 4096  # TrainResult.step_seconds: the first steps' (bounded: long runs)
+LOG_KEPT = 10_000  # TrainResult.log: at least the last this many records, at most twice
+#                    (--metrics has them all; every one kept grew for good on long runs)
 
 
 def check_loss(job, loss_sum: float, rows: int, when: str) -> None:
@@ -107,6 +109,8 @@ class StepLog:
             rec["reads"] = job.mode.stale.log(job.topo.workers)
         if job.reporter:
             job.result.log.append(rec)
+            if len(job.result.log) > 2 * LOG_KEPT:
+                del job.result.log[:-LOG_KEPT]
             job.reporter.step(rec)
         self.acc[:] = 0
         self.t_log = now

@@ -17,7 +17,6 @@ import gc
 import resource
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -47,12 +46,10 @@ from .topology import Topology
 from .transport import abort_on_error, agree
 
 
-LOG_KEPT = 10_000  # TrainResult.log: the last logged steps' dicts (--metrics has them all)
-
 @dataclass
 class TrainResult:
     role: str
-    log: deque = field(default_factory=lambda: deque(maxlen=LOG_KEPT))  # reporter: the last
+    log: list = field(default_factory=list)  # reporter: the last logged steps (steplog.LOG_KEPT)
     evals: list = field(default_factory=list)    # reporter only: one dict per evaluation
     step_seconds: list = field(default_factory=list)  # reporter: the first steps' wall times
     summary: dict = field(default_factory=dict)  # reporter only
