@@ -194,7 +194,10 @@ def _build(cls, values: dict, where: dict, **checks):
             cfg.validate(**checks)
         except ConfigError as e:  # name the file of each option the message names that a
             defaults = {f.name: f.default for f in dataclasses.fields(cls)}  # file set
-            files = [where[n].replace(" (in ", " in ")[:-1] for n in values
+            optional = {f.name for f, _, opt in _fields(cls) if opt}
+            files = [where[n].replace(" (in ", " in ")[:-1] + (  # a stored option: how to drop
+                f": {option_flag(n)} none drops it" if n in optional
+                and where[n].endswith("meta.json)") else "") for n in values
                      if where.get(n, "").endswith(")") and " (in " in where[n]
                      and getattr(cfg, n) != defaults.get(n)
                      and re.search(re.escape(option_flag(n)) + r"(?![\w-])", str(e))]

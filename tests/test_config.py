@@ -293,6 +293,21 @@ def test_a_lower_layer_yields_to_what_the_command_line_gives(base, argv, want):
     assert {k: getattr(cfg, k) for k in want} == want
 
 
+def test_a_stored_option_in_the_way_says_how_to_drop_it():
+    """A checkpoint's --servers 2 under the command line's --placement colocated: refused
+    naming meta.json, and that --servers none drops it (the user never typed --servers)."""
+    parser = ArgumentParser(prog="prog")
+    add_arguments(parser, TrainConfig)
+    ns = parser.parse_args(["--placement", "colocated"])
+    with pytest.raises(ConfigError) as e:
+        resolve(TrainConfig, ns, {"servers": 2}, "ck/step-4/meta.json")
+    assert str(e.value).endswith("drop --servers 2 (from servers in ck/step-4/meta.json: "
+                                 "--servers none drops it)"), e.value
+    cfg = resolve(TrainConfig, parser.parse_args(["--placement", "colocated", "--servers",
+                                                  "none"]), {"servers": 2}, "ck/step-4/meta.json")
+    assert cfg.servers is None and cfg.placement == "colocated"
+
+
 def test_steps_and_epochs_given_together_are_refused():
     with pytest.raises(ConfigError, match="--steps 5 and --epochs 2: give one"):
         parse(TrainConfig, "--data", "d.h5", "--steps", "5", "--epochs", "2")
