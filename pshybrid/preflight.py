@@ -28,7 +28,7 @@ from .data import SHUFFLE_BLOCK
 from .errors import ConfigError, InputError, PshybridError
 from .files import dataset_paths
 from .report import metrics_problem
-from .topology import shared_memory_refusal
+from .topology import SHARED_MEMORY, shared_window
 from .transport import agree
 
 
@@ -116,9 +116,8 @@ def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
     est = limits.check_sizes(cfg.stateless() if score else cfg, schema, topo.n_workers,
                              topo.n_servers, limits.available_memory(), workers, servers,
                              eval_rows, node)
-    if cfg.shared_memory == "on" and topo.n_nodes > 1 and limits.window_bytes(est):
-        raise ConfigError(shared_memory_refusal(topo.n_nodes))
-    shared = cfg.shared_memory == "on" or (cfg.shared_memory == "auto" and topo.n_nodes == 1)
+    shared = limits.window_bytes(est) > 0 and shared_window(SHARED_MEMORY[cfg.shared_memory],
+                                                           topo.n_nodes)  # (no windows: no)
     limits.check_shared_memory(est, servers, shared, node)
     limits.check_address_space(est, topo.is_worker, topo.rank in topo.server_ranks,
                                servers * limits.window_bytes(est))

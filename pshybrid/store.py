@@ -32,7 +32,7 @@ from .errors import ConfigError, InputError, PshybridError
 from .initializers import uniform_rows
 from .kernels import gather, min_max, scatter_add
 from .schema import TableSpec
-from .topology import Topology, shared_memory_refusal
+from .topology import Topology, shared_window
 from .transport import agree, idle_barrier, mpi_type, rows_type
 
 _ALIGN = 64  # bytes; each region starts on a cache line
@@ -188,11 +188,8 @@ class EmbeddingStore:
         layouts = topo.world.allgather({n: t.offsets for n, t in self.tables.items()})
         self._remote = [layouts[r] for r in topo.server_ranks]
         auto = shared_memory is None
-        if auto:
-            shared_memory = topo.n_nodes == 1
+        shared_memory = shared_window(shared_memory, topo.n_nodes)
         # Wire: collective window creation over world; servers expose their shards.
-        elif shared_memory and topo.n_nodes > 1:
-            raise ConfigError(shared_memory_refusal(topo.n_nodes), collective=True)
         self.win = _allocate(nbytes, topo.world, shared_memory)
         if shared_memory:
             self._views = [np.frombuffer(self.win.Shared_query(r)[0], np.uint8)

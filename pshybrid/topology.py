@@ -50,12 +50,21 @@ def default_servers(n_nodes: int, world_size: int) -> int:
     return max(0, min(n_nodes, world_size - 1))
 
 
-def shared_memory_refusal(nodes: int) -> str:
-    """Why ``--shared-memory on`` cannot serve a job on ``nodes`` nodes (checked before
-    step 1, and here)."""
-    return (f"--shared-memory on: shared-memory pulls need every rank on one node; this job "
-            f"spans {nodes} nodes: use --shared-memory auto (each node's servers through "
-            "shared memory, the others' by RMA) or off")
+SHARED_MEMORY = {"auto": None, "on": True, "off": False}  # --shared-memory: the store's
+
+
+def shared_window(setting: bool | None, n_nodes: int) -> bool:
+    """Whether the servers' shards are one window shared by a node's ranks
+    (``Allocate_shared``) for ``--shared-memory`` ``setting`` (``SHARED_MEMORY``; None:
+    auto, on a single-node job); on over several nodes is a ``ConfigError`` (collective)."""
+    if setting is None:
+        return n_nodes == 1
+    if setting and n_nodes > 1:
+        raise ConfigError(f"--shared-memory on: shared-memory pulls need every rank on one "
+                          f"node; this job spans {n_nodes} nodes: use --shared-memory auto "
+                          "(each node's servers through shared memory, the others' by RMA) "
+                          "or off", collective=True)
+    return setting
 
 
 def place_servers(node_of_rank: list[int], n_servers: int) -> list[int]:

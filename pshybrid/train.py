@@ -42,7 +42,7 @@ from .report import Reporter, banner, summarize
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .synthetic import SyntheticCTR
 from .threads import rank_cores
-from .topology import Topology
+from .topology import SHARED_MEMORY, Topology
 from .transport import abort_on_error, agree
 
 
@@ -213,7 +213,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
                       Optimizer(opt.sparse_optimizer, cfg.sparse_lr, l2=opt.l2, schedule=sched),
                       Optimizer(opt.dense_optimizer, dense_lr, l2=opt.l2, schedule=sched), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
-                      shared_memory={"auto": None, "on": True, "off": False}[cfg.shared_memory],
+                      shared_memory=SHARED_MEMORY[cfg.shared_memory],
                       cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged
                       hot_rows=hot, consistency=cfg.consistency, cache_rows=cfg.cache_rows,
                       apply_threads=cfg.server_threads)  # None: one per core of the rank
