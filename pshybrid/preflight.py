@@ -27,7 +27,7 @@ from .batches import BatchPlan, global_batch
 from .data import SHUFFLE_BLOCK
 from .errors import ConfigError, InputError, PshybridError
 from .files import dataset_paths
-from .report import metrics_problem
+from .report import counted, metrics_problem
 from .topology import SHARED_MEMORY, shared_window
 from .transport import agree
 
@@ -131,10 +131,10 @@ def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
 
 def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
     """Worker 0: what a resume reads other than where the checkpoint stopped."""
-    (was, G), W = (meta.get("global_batch"), global_batch(cfg, topo.n_workers)), topo.n_workers
+    was, G = meta.get("global_batch"), global_batch(cfg, topo.n_workers)
     if was not in (None, G):
         out.write(f"resume: warning: {step_dir} was trained with a global batch of {was:,}, "
-                  f"this run's is {G:,} ({W} worker{'s' * (W != 1)} x --batch-size "
+                  f"this run's is {G:,} ({counted(topo.n_workers, 'worker')} x --batch-size "
                   f"{cfg.batch_size}): step {start} goes on at batch {start} of {G:,} rows, so "
                   "the rows read next and the steps --epochs counts are not where it stopped; "
                   f"a global batch of {was:,} continues on the same rows\n")
@@ -174,8 +174,7 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
                                  "its checkpoint's run did; --checkpoint-dir none saves "
                                  "nothing)") from None
         check_outputs(cfg, topo)
-        _check_resources(cfg, topo, data.schema, getattr(evdata, "n_rows", 0) if evdata
-                         is not None else 0, score)
+        _check_resources(cfg, topo, data.schema, getattr(evdata, "n_rows", 0), score)
     except PshybridError as e:
         err = e
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same

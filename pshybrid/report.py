@@ -168,7 +168,7 @@ class Reporter:
         a, n = rec["auc"], rec["rows"]
         shown = f"{a:.4f}" if math.isfinite(a) else "n/a (one class)"  # (written null)
         self.out.write(f"eval at step {rec['step']}: auc {shown}  logloss "
-                       f"{rec['logloss']:.4f}  ({_n(n, 'row')})\n")
+                       f"{rec['logloss']:.4f}  ({counted(n, 'row')})\n")
         self.out.flush()
         self._write(rec)
 
@@ -270,7 +270,7 @@ def span(ranks: list[int]) -> str:
     return ",".join(map(str, ranks))
 
 
-def _n(count: int, noun: str) -> str:
+def counted(count: int, noun: str) -> str:
     """``1 worker``, ``2 workers``."""
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
@@ -288,8 +288,8 @@ def _data_notes(cfg, rows: int, F: int, n_rows: int | None, G: int) -> list[str]
     drops a sizeable share of its rows (the last partial global batch)."""
     out = []
     if n_rows is not None and rows > n_rows * F:
-        out.append(f"  warning: the tables have {_n(rows, 'row')}, the data "
-                   f"{_n(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids: most rows can "
+        out.append(f"  warning: the tables have {counted(rows, 'row')}, the data "
+                   f"{counted(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids: most rows can "
                    "never train (prep sizes them: criteo|csv --buckets or --min-count K, "
                    "synthetic --max-cardinality)")
     dropped = n_rows % G if n_rows is not None and n_rows >= G else 0
@@ -320,27 +320,27 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     ranks = lambda rs: f"rank{'s' if len(rs) > 1 else ''} {span(rs)}"  # noqa: E731
     sharded = S and MODES[cfg.mode].sparse_on_servers    # (else a copy on every worker)
     if topo.colocated:
-        who = f"{_n(W, 'worker')}, each owning a shard"
+        who = f"{counted(W, 'worker')}, each owning a shard"
     elif S:
-        who = (f"{_n(W, 'worker')} ({ranks(topo.worker_ranks)}), {_n(S, 'server')} "
+        who = (f"{counted(W, 'worker')} ({ranks(topo.worker_ranks)}), {counted(S, 'server')} "
                f"({ranks(topo.server_ranks)})")
     else:
-        who = f"{_n(W, 'worker')}, no server"
+        who = f"{counted(W, 'worker')}, no server"
     where = (f"{limits.gib(-(-table // S))} per {'rank' if topo.colocated else 'server'}"
              if sharded else "all of it on every worker")
-    lines = [f"plan: {cfg.mode} {cfg.model} on {_n(topo.size, 'rank')}, "
-             f"{_n(topo.n_nodes, 'node')}: {who}",
-             f"  global batch {global_batch(cfg, W):,} = {_n(W, 'worker')} x --batch-size "
-             f"{cfg.batch_size}; {_n(steps, 'step')}",
-             f"  tables: {_n(F, 'field')}, {_n(rows, 'row')} x {E} {cfg.dtype} + "
+    lines = [f"plan: {cfg.mode} {cfg.model} on {counted(topo.size, 'rank')}, "
+             f"{counted(topo.n_nodes, 'node')}: {who}",
+             f"  global batch {global_batch(cfg, W):,} = {counted(W, 'worker')} x --batch-size "
+             f"{cfg.batch_size}; {counted(steps, 'step')}",
+             f"  tables: {counted(F, 'field')}, {counted(rows, 'row')} x {E} {cfg.dtype} + "
              f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
-             f"  dense: {_n(P, 'parameter')}; a checkpoint holds about "
+             f"  dense: {counted(P, 'parameter')}; a checkpoint holds about "
              f"{limits.gib(table + P * s * (1 + dslots))}"]
     lines.append(_memory_line(cfg, schema, W, S, eval_rows))
     here = topo.dedicated_servers_on(topo.node_of_rank[topo.server_ranks[0]]) if S else 0
     T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)
     holder = ("each rank" if topo.colocated else "each server" if sharded else "each worker")
-    lines.append(f"  sparse optimizer: {_n(T, 'thread')} on {holder}'s rows ({rule})")
+    lines.append(f"  sparse optimizer: {counted(T, 'thread')} on {holder}'s rows ({rule})")
     lines += _data_notes(cfg, rows, F, n_rows, global_batch(cfg, W))
     for option, n in (("--cache-rows", cfg.cache_rows), ("--replicate-rows", cfg.replicate_rows)):
         if n > rows:

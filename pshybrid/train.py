@@ -38,7 +38,7 @@ from .optim import Optimizer, Schedule
 from .preempt import CAUGHT, Preemption, notice
 from .preflight import lock_checkpoint_dir, preflight, total_steps
 from .registry import is_colocated
-from .report import Reporter, banner, summarize
+from .report import Reporter, banner, counted, summarize
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .synthetic import SyntheticCTR
 from .threads import rank_cores
@@ -281,10 +281,10 @@ def _open_data(cfg, topo, dataset, opened):
             if n is None:
                 continue
             if d is data and n < G:
-                W = topo.n_workers
-                raise InputError(f"{getattr(d, 'path', 'the dataset')}: {n} row{'s' * (n != 1)}"
-                                 f", fewer than one global batch ({W} worker{'s' * (W != 1)} x "
-                                 f"--batch-size {cfg.batch_size} = {G})")
+                W = counted(topo.n_workers, "worker")
+                raise InputError(f"{getattr(d, 'path', 'the dataset')}: {counted(n, 'row')}"
+                                 f", fewer than one global batch ({W} x --batch-size "
+                                 f"{cfg.batch_size} = {G})")
             if topo.is_worker and hasattr(d, "validate"):  # each worker scans its share
                 W, w = topo.n_workers, topo.worker_index
                 d.validate(n * w // W, n * (w + 1) // W)
