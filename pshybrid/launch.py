@@ -57,38 +57,31 @@ def run(main, argv=None) -> int:
     try:
         return main(argv) or 0
     except PshybridError as exc:
-        world = _world()
-        where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
-        sys.stderr.write(f"pshybrid: error{where}: {exc}\n")
-        if exc.collective or world.size == 1:
-            sys.stderr.flush()
-            return 2
-        _abort(2)
+        return _report("pshybrid: error", f": {exc}", 2, exc.collective)
     except SystemExit as exc:  # (a command ended by a signal: stopping)
         if isinstance(exc.code, int) and exc.code - 128 in set(signal.Signals):
-            world = _world()
-            where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
-            sys.stderr.write(f"pshybrid: stopped by {signal.Signals(exc.code - 128).name}"
-                             f"{where}: nothing published (exit status {exc.code})\n")
-            if world.size > 1:
-                _abort(exc.code)  # the other ranks may wait in a collective: end them too
+            _report(f"pshybrid: stopped by {signal.Signals(exc.code - 128).name}",
+                    f": nothing published (exit status {exc.code})", exc.code)
         raise
     except MemoryError as exc:  # (abort_on_error's line where one was around it)
         from .transport import out_of_memory
 
-        world = _world()
-        where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
-        sys.stderr.write(f"pshybrid: error{where}: {out_of_memory(exc)}\n")
-        if world.size == 1:
-            return 2
-        _abort(2)  # the other ranks may wait in a collective: end them too
+        return _report("pshybrid: error", f": {out_of_memory(exc)}", 2)
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step)
-        world = _world()
-        where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
-        sys.stderr.write(f"pshybrid: interrupted by SIGINT{where}\n")
-        if world.size == 1:
-            return 130
-        _abort(130)
+        return _report("pshybrid: interrupted by SIGINT", "", 130)
     except BaseException:
         excepthook(*sys.exc_info())
     return 1
+
+
+def _report(head: str, tail: str, code: int, every_rank: bool = False) -> int:
+    """Print ``head`` (this rank, of several) ``tail``; return ``code`` where this process
+    alone ends the job (one rank, or ``every_rank`` stopping at the same point), else end
+    every rank: the others may wait in a collective."""
+    world = _world()
+    where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
+    sys.stderr.write(f"{head}{where}{tail}\n")
+    sys.stderr.flush()
+    if not every_rank and world.size > 1:
+        _abort(code)
+    return code

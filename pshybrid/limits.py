@@ -315,13 +315,9 @@ def check_address_space(est: dict, worker: bool, server: bool, node_windows: int
 def _vm_size() -> int | None:
     """This process's mapped bytes (``VmSize``, what ``ulimit -v`` limits), None if unknown."""
     try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmSize:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
+        return int(safeio.proc_status("VmSize")) * 1024
+    except (TypeError, ValueError):  # (none, or not a number)
         return None
-    return None
 
 
 def largest_checkpoint_file(est: dict, rows: int, n_servers: int) -> int:

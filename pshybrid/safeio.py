@@ -38,16 +38,25 @@ STEP_RE = re.compile(r"step-([0-9]+)")  # a checkpoint's step directory (``check
 OUTPUT_ATTR = "pshybrid_output"  # HDF5 attribute on every output: the command that wrote it
 
 
-def _umask() -> int:
-    """The process umask, read without changing it (Linux /proc), else the usual 022."""
+def proc_status(key: str) -> str | None:
+    """This process's ``key`` in Linux's /proc/self/status (its first word: ``Umask`` 0022,
+    ``VmSize`` 123456), None where there is none."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
+                if line.startswith(key + ":"):
+                    return line.split()[1]
+    except (OSError, IndexError):
         pass
-    return 0o022
+    return None
+
+
+def _umask() -> int:
+    """The process umask, read without changing it (Linux /proc), else the usual 022."""
+    try:
+        return int(proc_status("Umask"), 8)
+    except (TypeError, ValueError):  # (none, or not a number)
+        return 0o022
 
 
 def _fsync(path: str, flags: int) -> None:
