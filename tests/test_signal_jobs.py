@@ -13,6 +13,7 @@ import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 
 import pytest
@@ -105,11 +106,16 @@ def test_a_signal_after_the_last_step_changes_nothing(tmp_path):
             "train", "--steps", "20", "--checkpoint-dir", "ck", *SMALL[:-2],
             "--progress", "lines")], cwd=tmp_path, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL, start_new_session=True)
-        for line in p.stdout:
-            if line.startswith("done:"):
-                p.send_signal(signal.SIGTERM)
-                break
-        rc, out, err = _finish(p)
+        watchdog = threading.Timer(JOB_TIMEOUT, os.killpg, (p.pid, signal.SIGKILL))
+        watchdog.start()  # (a job that never prints its summary is ended, not waited on)
+        try:
+            for line in p.stdout:
+                if line.startswith("done:"):
+                    p.send_signal(signal.SIGTERM)
+                    break
+            rc, out, err = _finish(p)
+        finally:
+            watchdog.cancel()
         assert rc == 0, (rc, out, err)
         assert read_latest(str(tmp_path / "ck")) == "step-20"
         subprocess.run(["rm", "-rf", str(tmp_path / "ck")], check=True)
