@@ -38,7 +38,7 @@ from .optim import Optimizer
 from .partition import group_by_owner
 from .synthetic import SyntheticCTR
 from .threads import rank_server_threads
-from .topology import default_servers, place_servers
+from .topology import default_servers, place_servers, roles_per_node
 from .transport import agree
 
 REPEATS = 7  # timed repeats of each probe (after one untimed warm-up); the median counts
@@ -352,11 +352,11 @@ def refusals(cfg, schema, alts, nodes: int, ranks: int, memory) -> dict:
         c = replace(cfg, mode=a.mode, replicate_rows=a.replicate_rows, servers=a.servers,
                     placement=placement_name(is_colocated(a.placement)))
         if is_colocated(a.placement):  # every rank a worker and a shard holder
-            counts = {(n, n) for n in map(layout.count, set(layout))}
+            workers = servers = range(ranks)
         else:
-            servers = set(place_servers(layout, a.servers))
-            counts = {(sum(1 for r in range(ranks) if layout[r] == k and r not in servers),
-                       sum(1 for r in servers if layout[r] == k)) for k in set(layout)}
+            servers = place_servers(layout, a.servers)
+            workers = [r for r in range(ranks) if r not in servers]
+        counts = set(roles_per_node(layout, workers, servers).values())
         try:
             for w_here, s_here in sorted(counts, reverse=True):
                 check_sizes(c, schema, a.workers, a.servers,

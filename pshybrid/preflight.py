@@ -28,7 +28,7 @@ from .data import SHUFFLE_BLOCK
 from .errors import ConfigError, InputError, PshybridError
 from .files import dataset_paths
 from .report import counted, metrics_problem
-from .topology import SHARED_MEMORY, shared_window
+from .topology import SHARED_MEMORY, roles_per_node, shared_window
 from .transport import agree
 
 
@@ -100,18 +100,11 @@ def lock_checkpoint_dir(cfg, topo, out, held: list) -> None:
     agree(topo.world, err)  # Wire: verdict allgather; nobody trains unless worker 0 holds it
 
 
-def _ranks_here(topo) -> tuple[int, int]:
-    """(workers, servers) on this rank's node; a colocated rank is both."""
-    mine = topo.node_of_rank[topo.rank]
-    here = [r for r, n in enumerate(topo.node_of_rank) if n == mine]
-    return (sum(1 for r in here if r in topo.worker_ranks),
-            sum(1 for r in here if r in topo.server_ranks))
-
-
 def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
     """This rank's node: memory, /dev/shm for its shards; this rank: ``ulimit -v``; the
     checkpoints' largest file: ``ulimit -f`` (free disk is checked at each write)."""
-    workers, servers = _ranks_here(topo)
+    workers, servers = roles_per_node(topo.node_of_rank, topo.worker_ranks,
+                                      topo.server_ranks)[topo.node_of_rank[topo.rank]]
     node = f"node {topo.node_names[topo.node_of_rank[topo.rank]]}"  # (others print rank 0's)
     est = limits.check_sizes(cfg.stateless() if score else cfg, schema, topo.n_workers,
                              topo.n_servers, limits.available_memory(), workers, servers,

@@ -93,6 +93,18 @@ def place_servers(node_of_rank: list[int], n_servers: int) -> list[int]:
     return sorted(chosen)
 
 
+def roles_per_node(node_of_rank: list[int], workers, servers) -> dict[int, tuple[int, int]]:
+    """{node: (workers, servers) on it}, from the roles' world ranks (a colocated rank is
+    in both). Pure: the check before step 1 counts its own node, ``--mode auto`` every
+    node of a layout it assumes."""
+    workers, servers = set(workers), set(servers)
+    out: dict[int, tuple[int, int]] = {}
+    for rank, node in enumerate(node_of_rank):
+        w, s = out.get(node, (0, 0))
+        out[node] = (w + (rank in workers), s + (rank in servers))
+    return out
+
+
 @dataclass
 class Topology:
     world: MPI.Comm          # Dup of the caller's communicator; RMA windows live here

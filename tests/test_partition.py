@@ -5,7 +5,7 @@ import pytest
 
 from pshybrid import partition
 from pshybrid.errors import ConfigError
-from pshybrid.topology import check_servers, default_servers, place_servers
+from pshybrid.topology import check_servers, default_servers, place_servers, roles_per_node
 
 CASES = [(rows, S) for rows in (0, 1, 2, 7, 10, 13, 100, 1001) for S in (1, 2, 3, 5, 16)]
 
@@ -78,6 +78,15 @@ def test_place_servers_spreads_over_nodes_first():
     assert place_servers([0, 1, 0, 1], 2) == [2, 3]
     with pytest.raises(ConfigError):
         place_servers([0, 0], 3)
+
+
+def test_roles_per_node_counts_each_role_and_colocated_ranks_in_both():
+    nodes = [0, 0, 0, 1, 1, 2]
+    servers = place_servers(nodes, 2)                         # [4, 5]: rank 0's node last
+    workers = [r for r in range(6) if r not in servers]
+    assert roles_per_node(nodes, workers, servers) == {0: (3, 0), 1: (1, 1), 2: (0, 1)}
+    assert roles_per_node(nodes, range(6), range(6)) == {0: (3, 3), 1: (2, 2), 2: (1, 1)}
+    assert sum(w for w, _ in roles_per_node(nodes, workers, servers).values()) == 4
 
 
 @pytest.mark.parametrize("S,N,need,ok", [
