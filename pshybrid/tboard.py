@@ -36,17 +36,17 @@ class TensorBoard:
     def __init__(self, logdir: str):
         check()
         from tensorboardX.event_file_writer import EventsWriter
+        from tensorboardX.proto.event_pb2 import Event
+        from tensorboardX.summary import scalar
 
+        self._event, self._summary = Event, scalar
         os.makedirs(logdir, exist_ok=True)
         self.events = EventsWriter(os.path.join(logdir, "events"))
         self._last: tuple[int, dict] | None = None  # (step, cumulative phase seconds)
 
     def _scalar(self, tag: str, value: float, step: int) -> None:
-        from tensorboardX.proto.event_pb2 import Event
-        from tensorboardX.summary import scalar
-
-        self.events.write_event(Event(summary=scalar(tag, value), step=step,
-                                      wall_time=time.time()))
+        self.events.write_event(self._event(summary=self._summary(tag, value), step=step,
+                                            wall_time=time.time()))
 
     def add(self, rec: dict) -> None:
         if rec.get("summary"):
