@@ -186,8 +186,11 @@ def _resolve_train(args, say: bool):
                     else (None, ""))
     if base is None:  # no resume; or preflight names what is wrong with the checkpoint
         return resolve(TrainConfig, args)
-    new, old = resolve(TrainConfig, args, base, source), from_dict(TrainConfig, base, source)
-    changed = [f"{option_flag(k)} {shown(v)} (was {shown(getattr(old, k))})"
+    old = from_dict(TrainConfig, base, source)
+    base, moved = _saves_beside(base, os.path.dirname(os.path.dirname(source)) or ".")
+    new = resolve(TrainConfig, args, base, source)
+    changed = [f"{option_flag(k)} {shown(v)} (was {shown(getattr(old, k))}"
+               f"{moved if k == 'checkpoint_dir' and v == base[k] else ''})"
                for k, v in vars(new).items() if k != "resume" and v != getattr(old, k)]
     changed += [f"{option_flag(k)} {shown(getattr(old, k))} no longer counts ({by} decides)"
                 for k, by in new.replaced_by().items() if k not in old.replaced_by()]
@@ -195,6 +198,17 @@ def _resolve_train(args, say: bool):
         print(f"resume: the options of {source}" + (f", changed: {', '.join(changed)}"
                                                      if changed else ", unchanged"))
     return new
+
+
+def _saves_beside(base: dict, root: str) -> tuple[dict, str]:
+    """The stored options with ``--checkpoint-dir`` the directory that holds the resumed
+    checkpoint now, ``root``, where the stored one is another directory (the checkpoints were
+    moved, copied, or named relative to another working directory: the stored name would
+    start a second history elsewhere), and the note for the changed option."""
+    stored = base.get("checkpoint_dir")
+    if not isinstance(stored, str) or os.path.realpath(stored) == os.path.realpath(root):
+        return base, ""
+    return dict(base, checkpoint_dir=root), ": the resumed checkpoint is in this directory now"
 
 
 def cmd_export(args) -> int:

@@ -25,6 +25,7 @@ import stat
 import h5py
 import numpy as np
 
+from . import safeio
 from .errors import InputError
 from .rawrows import scan_rows
 from .rowcheck import check_bag_rows, check_bags, check_rows
@@ -41,7 +42,7 @@ def _create_temp(path: str) -> tuple[str, int]:
     O_NOFOLLOW): never an existing file or a planted symbolic link; umask applies."""
     d, name = os.path.split(os.path.abspath(path))
     for _ in range(16):
-        tmp = os.path.join(d, f".{name[:200]}.{secrets.token_hex(6)}.tmp")
+        tmp = os.path.join(d, f"{safeio.temp_prefix(name)}{secrets.token_hex(6)}.tmp")
         try:
             return tmp, os.open(tmp, _CREATE, 0o666)
         except FileExistsError:
@@ -155,6 +156,7 @@ class DatasetWriter:
         filters = {"lzf": {"compression": "lzf"}, "gzip": {"compression": "gzip"},
                    "none": {}}[compression]
         rows = SHUFFLE_BLOCK if filters else CHUNK_ROWS
+        self.was = safeio.identity(self.path)  # (what publish may replace: prep checked it)
         try:
             self.tmp, fd = _create_temp(self.path)
         except OSError as exc:
@@ -250,7 +252,7 @@ class DatasetWriter:
         """Rename the finished temporary file to ``path`` (atomic)."""
         _check_stop()
         try:
-            os.replace(self.tmp, self.path)
+            safeio.publish_as(self.tmp, self.path, self.was)
         except OSError as exc:
             raise self._error(exc) from None
 

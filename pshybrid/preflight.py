@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 
-from . import checkpoint_files, limits, safeio, tboard
+from . import checkpoint_files, dirlock, limits, safeio, tboard
 from .batches import BatchPlan, global_batch
 from .data import SHUFFLE_BLOCK
 from .errors import ConfigError, InputError, PshybridError
@@ -81,12 +81,12 @@ def check_outputs(cfg, topo) -> None:
 
 
 def lock_checkpoint_dir(cfg, topo, out, held: list) -> None:
-    """Hold ``--checkpoint-dir`` for this job (``safeio.DirLock``, appended to ``held``, whose
+    """Hold ``--checkpoint-dir`` for this job (``dirlock.DirLock``, appended to ``held``, whose
     ``close`` releases it): the checkpoint writer (worker 0) takes it, every rank learns the
     verdict. A stale lock taken over is named in one line on ``out``."""
     err, notice = None, None
     if topo.rank == topo.worker_ranks[0]:
-        lock = safeio.DirLock(cfg.checkpoint_dir)
+        lock = dirlock.DirLock(cfg.checkpoint_dir)
         try:
             notice = lock.acquire()
             held.append(lock)

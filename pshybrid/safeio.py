@@ -5,8 +5,10 @@ Pure Python (no MPI). The rules every writer in pshybrid follows:
 - A temporary file or directory always gets a fresh unique name, created by the call that
   makes it (``tempfile.mkstemp``/``mkdtemp``: ``O_CREAT|O_EXCL``, mode 0600/0700), in the
   directory of its final name; it is published with ``os.rename``/``os.replace``, which
-  replaces a link at the final name instead of following it. A fixed name such as
-  ``latest.tmp`` is never opened, so a link planted there redirects nothing.
+  replaces a link at the final name instead of following it, and only while the final
+  name holds what the output guard saw there (``publish_as``; nothing: atomically). A
+  fixed name such as ``latest.tmp`` is never opened, so a link planted there redirects
+  nothing.
 - A name read back from disk (``latest``) is opened with ``O_NOFOLLOW`` and must be a
   regular file; what it names is checked against a pattern (``step-N``) before use.
 - ``remove_tree`` removes only a real directory (never a link, never through one).
@@ -18,9 +20,7 @@ Pure Python (no MPI). The rules every writer in pshybrid follows:
   checkpoint directory, never a non-regular file (a device such as ``/dev/null``, a FIFO,
   a directory); an existing file is replaced only when asked (``--overwrite``) and only
   when it is an earlier output of the same command (``output_kind``).
-- ``DirLock`` holds a directory for one job: a lock file created with ``O_CREAT|O_EXCL``
-  naming host, pid and the process's start time; a stale one (same host, that process
-  gone) is taken over, one from another host is never judged.
+- One job holds a directory at a time: ``dirlock.DirLock``.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import stat
 import tempfile
 
@@ -144,32 +143,114 @@ def read_small_text(path: str, limit: int = 4096) -> str:
     return data.decode("utf-8")
 
 
+def temp_prefix(name: str) -> str:
+    """``.<name>.`` for a temporary beside file ``name``, cut to 200 bytes of the name so
+    that the random part and ``.tmp`` fit a file name's 255 bytes."""
+    raw = os.fsencode(name)[:200]
+    for cut in range(4):  # (not through a UTF-8 character)
+        try:
+            raw[:len(raw) - cut].decode()
+        except UnicodeDecodeError:
+            continue
+        raw = raw[:len(raw) - cut]
+        break
+    return "." + os.fsdecode(raw) + "."
+
+
 def new_temp_file(path: str) -> str:
     """A fresh empty file ``.<name>.<random>.tmp`` beside ``path`` (created exclusively,
     mode 0600), to be written and then published with ``publish_file``."""
     d, base = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{base}.", suffix=".tmp", dir=d)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(base), suffix=".tmp", dir=d)
     os.close(fd)
     return tmp
 
 
-def publish_file(tmp: str, path: str) -> None:
-    """Give ``tmp`` the usual permissions and rename it to ``path`` (a link there is
-    replaced, never followed)."""
+# What check_output let be written at each path: its identity then (None: nothing there).
+_APPROVED: dict[str, tuple | None] = {}
+
+
+def identity(path: str) -> tuple | None:
+    """(device, inode, size, modification time) of the name ``path`` itself (a link is not
+    followed), None if nothing is there."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+class OutputChanged(FileExistsError):
+    """The output's name changed hands while the command ran: nothing was replaced."""
+
+    def __str__(self) -> str:
+        return f"{self.filename}: {self.strerror}"
+
+
+def publish_as(tmp: str, path: str, was: tuple | None) -> None:
+    """Rename ``tmp`` to ``path`` if the name still holds what it held when the command
+    checked it, ``was`` (``identity``; None: nothing), else raise ``OutputChanged`` (another
+    process wrote or replaced it meanwhile: its file stays). A new name is taken atomically
+    (no rename over a file that appears at the last moment); a link is replaced, never
+    followed."""
+    if identity(path) != was:
+        raise OutputChanged(17, "another process wrote it while this command ran: "
+                                "not replaced (choose another name)", path)
+    if was is not None:
+        os.replace(tmp, path)
+    elif not _rename_new(tmp, path):
+        raise OutputChanged(17, "another process wrote it at the same moment: not "
+                                "replaced (choose another name)", path)
+    _APPROVED[os.path.abspath(path)] = identity(path)
+
+
+def _rename_new(tmp: str, path: str) -> bool:
+    """Rename ``tmp`` to the new name ``path``; False if something took the name first.
+    Linux's renameat2(RENAME_NOREPLACE), else a hard link, else a check then a rename."""
+    import ctypes
+    import errno
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    rename2 = getattr(libc, "renameat2", None)
+    if rename2 is not None:  # (AT_FDCWD = -100, RENAME_NOREPLACE = 1)
+        if rename2(-100, os.fsencode(tmp), -100, os.fsencode(path), 1) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            return False
+        if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+            raise OSError(err, os.strerror(err), path)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        return False
+    except OSError:  # (no hard links here)
+        if os.path.lexists(path):
+            return False
+        os.rename(tmp, path)
+        return True
+    os.unlink(tmp)
+    return True
+
+
+def publish_file(tmp: str, path: str, was: tuple | None) -> None:
+    """Give ``tmp`` the usual permissions and publish it as ``path`` (``publish_as``)."""
     os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, path)
+    publish_as(tmp, path, was)
 
 
 @contextlib.contextmanager
 def atomic_output(path: str):
     """``with atomic_output(out) as tmp:`` write the file ``tmp`` (a fresh unique name beside
     ``out``); on success it is renamed to ``out`` (replacing a link there, never following
-    it), on any error it is removed, so a failed write leaves no partial file and an existing
+    it) if ``out`` still holds what ``check_output`` saw there (else ``OutputChanged``); on
+    any error it is removed, so a failed write leaves no partial file and an existing
     ``out`` unchanged."""
+    was = _APPROVED.get(os.path.abspath(path), identity(path))
     tmp = new_temp_file(path)
     try:
         yield tmp
-        publish_file(tmp, path)
+        publish_file(tmp, path, was)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
@@ -341,7 +422,10 @@ def check_output(path: str, option: str, inputs=(), checkpoint_dirs=(),
     if ck is not None:
         return (f"{name} lies inside the checkpoint directory {ck}: write outputs elsewhere "
                 "(a checkpoint's files are never written over)")
-    return existing(path) if st is not None and existing is not None else None
+    why = existing(path) if st is not None and existing is not None else None
+    if why is None:
+        _APPROVED[os.path.abspath(path)] = identity(path)
+    return why
 
 
 def replaceable(command: str, overwrite: bool):
@@ -358,141 +442,3 @@ def replaceable(command: str, overwrite: bool):
                     "--overwrite; remove it yourself or choose another name")
         return None
     return why
-
-
-# -- one job per directory ---------------------------------------------------------------------
-
-LOCK_NAME = ".pshybrid-lock"
-# A batch job's id, kept by a requeue: a lock of the same id and fewer restarts
-# (SLURM_RESTART_COUNT) is the job's own earlier run.
-BATCH_JOB_VARS = ("SLURM_JOB_ID", "PBS_JOBID", "LSB_JOBID", "FLUX_JOB_ID")
-
-
-def _stat_field(pid: int, i: int) -> str | None:
-    """Field ``i`` after the command name of ``/proc/PID/stat`` (0: state, 19: start
-    time), None if unknown."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[i]
-    except (OSError, IndexError):
-        return None
-
-
-def _start_time(pid: int) -> str | None:
-    """When process ``pid`` started (clock ticks since boot), None if unknown."""
-    return _stat_field(pid, 19)
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` runs: it exists and is not a zombie (a killed job's rank
-    whose parent, killed too, has not been reaped yet holds no lock)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # EPERM: someone else's process
-        pass
-    return _stat_field(pid, 0) not in ("Z", "X")
-
-
-def _earlier_run(theirs: str, mine: str) -> bool:
-    """Whether lock job token ``theirs`` (``id#restarts``) is an earlier run of this batch
-    job: the same id, restarted fewer times (Slurm's SLURM_RESTART_COUNT after a requeue)."""
-    (tid, _, tn), (mid, _, mn) = theirs.partition("#"), mine.partition("#")
-    return mid != "-" and tid == mid and tn.isdigit() and int(tn) < int(mn)
-
-
-class DirLock:
-    """An exclusive hold on directory ``root`` for one job: ``acquire()`` creates
-    ``root/.pshybrid-lock`` with ``O_CREAT|O_EXCL`` (the directory too, if missing) holding
-    ``host pid start-time batch-job-id``; ``release()`` removes it (only if it is still this
-    process's) and the directory if acquire made it and it is empty. Stale: a holder on this
-    host that is gone (or whose pid now runs another process), or the same batch job's
-    earlier run (restarted fewer times: a requeue, on any host)."""
-
-    def __init__(self, root: str):
-        self.root, self.path = root, os.path.join(root, LOCK_NAME)
-        job = "_".join(next((os.environ[v] for v in BATCH_JOB_VARS if os.environ.get(v)),
-                            "-").split()).replace("#", "_") or "-"
-        restarts = os.environ.get("SLURM_RESTART_COUNT", "0")
-        self.job = f"{job}#{restarts if restarts.isdigit() else 0}"
-        self.mine = f"{socket.gethostname()} {os.getpid()} {_start_time(os.getpid())} {self.job}\n"
-        self.held = self.made = False
-
-    def acquire(self) -> str | None:
-        """Take the lock; returns a one-line notice when a stale lock was taken over. Raises
-        FileExistsError with the reason when another job holds it, OSError otherwise."""
-        if not os.path.isdir(self.root):
-            os.makedirs(self.root)
-            self.made = True
-        notice = None
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                             0o644)
-            except FileExistsError:
-                notice = self._take_over() or notice
-                continue
-            with os.fdopen(fd, "w") as f:
-                f.write(self.mine)
-                f.flush()
-                os.fsync(f.fileno())
-            self.held = True
-            return notice
-        raise FileExistsError(f"{self.path}: another job took it at the same moment")
-
-    def _take_over(self) -> str | None:
-        """Move a stale lock away (raising FileExistsError naming a live holder)."""
-        try:
-            text = read_small_text(self.path, 512)
-        except (OSError, ValueError):
-            text = ""
-        why = self._stale(text)
-        aside = f"{self.path}.{os.getpid()}.stale"
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:  # another job moved it first: try to create it again
-            return None
-        if read_small_text(aside, 512) != text:  # another job's fresh lock: put it back
-            with contextlib.suppress(OSError):
-                os.link(aside, self.path)
-            os.unlink(aside)
-            raise FileExistsError(f"{self.root} is in use by another job ({self.path})")
-        os.unlink(aside)
-        return f"pshybrid: note: {self.path}: stale lock of {why}: taken over"
-
-    def _stale(self, text: str) -> str:
-        """Why the lock holding ``text`` is stale; FileExistsError if it may be held."""
-        try:
-            host, pid, start, *job = text.split()
-            pid_n = int(pid)
-        except ValueError:
-            raise FileExistsError(f"{self.root} is locked ({self.path} names no holder): if no "
-                                  f"job uses it, remove {self.path}") from None
-        if job and _earlier_run(job[0], self.job):
-            return (f"pid {pid} on {host}, an earlier run of batch job "
-                    f"{job[0].split('#')[0]} (requeued)")
-        if host != socket.gethostname():
-            raise FileExistsError(f"{self.root} is in use by pid {pid} on host {host} "
-                                  f"({self.path}); it is not judged from here: if no job runs "
-                                  f"there, remove {self.path}")
-        if not _alive(pid_n):
-            return f"pid {pid} on {host}, which is gone"
-        if start != str(_start_time(pid_n)):
-            return f"pid {pid} on {host}, now another process (another start time)"
-        raise FileExistsError(f"{self.root} is in use by another job: pid {pid} on host {host} "
-                              f"holds {self.path}; choose another --checkpoint-dir or wait "
-                              "for it to end")
-
-    def release(self) -> None:
-        if self.held:
-            self.held = False
-            with contextlib.suppress(OSError, ValueError):
-                if read_small_text(self.path, 512) == self.mine:
-                    os.unlink(self.path)
-        if self.made:
-            self.made = False
-            with contextlib.suppress(OSError):
-                os.rmdir(self.root)  # only if empty: no checkpoint was written
-
-    close = release

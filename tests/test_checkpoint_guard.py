@@ -442,11 +442,11 @@ def test_metrics_file_of_another_kind_is_refused_not_truncated(tmp_path):
 def _plant_lock(root, pid, start=None):
     import socket
 
-    from pshybrid import safeio
+    from pshybrid import dirlock
 
     os.makedirs(root, exist_ok=True)
-    text = f"{socket.gethostname()} {pid} {start or safeio._start_time(pid)}\n"
-    with open(os.path.join(root, safeio.LOCK_NAME), "w") as f:
+    text = f"{socket.gethostname()} {pid} {start or dirlock._start_time(pid)}\n"
+    with open(os.path.join(root, dirlock.LOCK_NAME), "w") as f:
         f.write(text)
     return text
 
@@ -462,13 +462,13 @@ def test_a_checkpoint_dir_held_by_a_live_job_is_refused_before_step_1(tmp_path):
 
 
 def test_a_stale_lock_is_named_and_taken_over_and_every_run_releases_its_lock(tmp_path):
-    from pshybrid import safeio
+    from pshybrid import dirlock
 
     ck = str(tmp_path / "ck")
     _plant_lock(ck, os.getppid(), start="1")  # that pid now runs another process
     res, out = run(checkpoint_dir=ck)
     assert "stale lock" in out and "now another process" in out, out
-    assert not os.path.exists(os.path.join(ck, safeio.LOCK_NAME))
+    assert not os.path.exists(os.path.join(ck, dirlock.LOCK_NAME))
 
     def fail(done):  # an error after step 5, on every rank: the lock is released
         if done == 5:
@@ -733,28 +733,31 @@ def test_a_resume_with_another_global_batch_says_what_changes(tmp_path, capsys):
                 ) == warned, out
 
 
-def test_a_copied_checkpoint_resumed_names_where_its_checkpoint_dir_came_from(tmp_path,
-                                                                            capsys):
-    """A copy of a step resumed without --checkpoint-dir takes the stored one, which holds
-    the original history: refused, saying meta.json named it and how to save nothing (the
-    user had given no --checkpoint-dir)."""
+def test_a_moved_or_copied_checkpoint_resumed_saves_where_it_is_now(tmp_path, capsys):
+    """Oracle: the directories' contents. A checkpoint directory renamed (or a step copied
+    elsewhere) and resumed without --checkpoint-dir saves beside the checkpoint it resumed,
+    and says so; before, the stored name made a second history at the old path (a moved
+    directory: silently, while the new ``latest`` stayed behind) or was refused (a copy)."""
     import shutil
 
     from pshybrid.cli import main
     from pshybrid.launch import run
 
-    ck = tmp_path / "ck"
-    assert main(["train", "--mode", "allreduce", "--servers", "0", "--embedding-dim", "4",
-                 "--mlp", "8", "--steps", "2", "--progress", "none",
-                 "--checkpoint-dir", str(ck)]) == 0
+    small = ["--mode", "allreduce", "--servers", "0", "--embedding-dim", "4", "--mlp", "8",
+             "--progress", "none"]
+    ck, moved = tmp_path / "ck", tmp_path / "moved"
+    assert main(["train", *small, "--steps", "2", "--checkpoint-dir", str(ck)]) == 0
     shutil.copytree(ck / "step-2", tmp_path / "copy" / "step-2")
+    ck.rename(moved)
     capsys.readouterr()
+    assert run(main, ["train", "--resume", str(moved), "--steps", "3"]) == 0
+    out = capsys.readouterr().out
+    assert (f"--checkpoint-dir {moved} (was {ck}: the resumed checkpoint is in this "
+            "directory now)") in out, out
+    assert not ck.exists() and (moved / "latest").read_text().strip() == "step-3"
     assert run(main, ["train", "--resume", str(tmp_path / "copy" / "step-2"),
-                      "--steps", "3"]) == 2
-    err = capsys.readouterr().err
-    assert err == (f"pshybrid: error: --checkpoint-dir {ck} already holds checkpoints (latest: "
-                   f"step-2): continue them with --resume {ck}, or choose another directory "
-                   f"({tmp_path / 'copy' / 'step-2'}/meta.json names it: a resume saves where "
-                   "its checkpoint's run did; --checkpoint-dir none saves nothing)\n"), err
-    assert run(main, ["train", "--resume", str(tmp_path / "copy" / "step-2"), "--steps", "3",
-                      "--checkpoint-dir", "none", "--progress", "none"]) == 0
+                      "--steps", "4"]) == 0
+    assert sorted(os.listdir(tmp_path / "copy")) == ["latest", "step-2", "step-4"]
+    assert sorted(os.listdir(moved)) == ["latest", "step-2", "step-3"]
+    assert run(main, ["train", "--resume", str(moved / "step-2"), "--steps", "5"]) == 2
+    assert f"--checkpoint-dir {moved} holds step-3" in capsys.readouterr().err  # a branch

@@ -434,7 +434,7 @@ def test_two_jobs_sharing_one_checkpoint_dir(tmp_path):
     import signal
     import time
 
-    from pshybrid.safeio import LOCK_NAME
+    from pshybrid.dirlock import LOCK_NAME
 
     argv = pshybrid("train", *ONE, *MODEL, "--steps", "100000", "--checkpoint-dir", "ck2",
                     "--checkpoint-every", "1", "--keep-last", "1", "--progress", "none")

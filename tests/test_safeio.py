@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from pshybrid import safeio
+from pshybrid import dirlock, safeio
 
 
 def victim(tmp_path, text="precious\n"):
@@ -42,6 +42,50 @@ def test_atomic_output_replaces_a_link_at_the_output(tmp_path):
     with safeio.atomic_output(str(out)) as tmp:
         open(tmp, "w").write("new")
     assert v.read_text() == "precious\n" and out.read_text() == "new" and not out.is_symlink()
+
+
+@pytest.mark.parametrize("fallback", ["renameat2", "link", "check"])
+def test_an_output_that_appears_or_changes_while_the_command_runs_is_never_replaced(
+        tmp_path, monkeypatch, fallback):
+    """Oracle: the user's file, byte for byte. A file written at the output's name after the
+    command checked it (another prep, predict or export; an editor) stays, the command
+    fails naming it, and no temporary is left; before, the rename replaced it. Each way of
+    taking a new name (renameat2, a hard link, a check then a rename) refuses it."""
+    import ctypes
+
+    if fallback != "renameat2":  # (a libc without renameat2, then a filesystem without links)
+        monkeypatch.setattr(ctypes, "CDLL", lambda *a, **k: object())
+    if fallback == "check":
+        monkeypatch.setattr(os, "link", lambda *a: (_ for _ in ()).throw(PermissionError()))
+    out = tmp_path / "out.h5"
+    assert safeio.check_output(str(out), "OUT") is None  # nothing there: a new name
+    with pytest.raises(safeio.OutputChanged, match="another process wrote it"):
+        with safeio.atomic_output(str(out)) as tmp:
+            open(tmp, "w").write("mine")
+            out.write_text("precious\n")  # appears meanwhile
+    assert out.read_text() == "precious\n" and os.listdir(tmp_path) == ["out.h5"]
+    assert safeio.check_output(str(out), "OUT", existing=lambda p: None) is None  # approved
+    with pytest.raises(safeio.OutputChanged):
+        with safeio.atomic_output(str(out)) as tmp:
+            open(tmp, "w").write("mine")
+            (tmp_path / "other").write_text("another\n")
+            os.replace(tmp_path / "other", out)  # replaced by another file meanwhile
+    assert out.read_text() == "another\n" and os.listdir(tmp_path) == ["out.h5"]
+    fresh = tmp_path / "fresh.h5"
+    with safeio.atomic_output(str(fresh)) as tmp:
+        open(tmp, "w").write("mine")
+    assert fresh.read_text() == "mine" and sorted(os.listdir(tmp_path)) == ["fresh.h5", "out.h5"]
+
+
+def test_a_temporary_fits_a_file_name_however_long_the_output_name(tmp_path):
+    """A 250-byte output name (the limit is 255): export wrote all its data, then failed to
+    make ``.<name>.<random>.tmp``; multi-byte names are cut between characters."""
+    for name in ("x" * 250 + ".h5", "é" * 125 + ".h5"):
+        out = tmp_path / name
+        with safeio.atomic_output(str(out)) as tmp:
+            assert len(os.fsencode(os.path.basename(tmp))) <= 255
+            open(tmp, "w").write("ok")
+        assert out.read_text() == "ok"
 
 
 def test_remove_tree_never_goes_through_a_link(tmp_path):
@@ -144,7 +188,7 @@ def test_overwrite_replaces_only_an_earlier_output_of_the_same_command(tmp_path)
 def _lock_text(pid, start=None, host=None):
     import socket
 
-    return f"{host or socket.gethostname()} {pid} {start or safeio._start_time(pid)}\n"
+    return f"{host or socket.gethostname()} {pid} {start or dirlock._start_time(pid)}\n"
 
 
 def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path, monkeypatch):
@@ -155,17 +199,17 @@ def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path, monkeypatch):
     import subprocess
     import sys
 
-    for var in (*safeio.BATCH_JOB_VARS, "SLURM_RESTART_COUNT"):
+    for var in (*dirlock.BATCH_JOB_VARS, "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(var, raising=False)
     root = tmp_path / "ck"
-    lock = safeio.DirLock(str(root))
+    lock = dirlock.DirLock(str(root))
     assert lock.acquire() is None and root.is_dir()
     with pytest.raises(FileExistsError, match=f"pid {os.getpid()} on host"):
-        safeio.DirLock(str(root)).acquire()
+        dirlock.DirLock(str(root)).acquire()
     lock.release()
     assert not root.exists()  # it made the directory and nothing else was written there
     root.mkdir()
-    path = root / safeio.LOCK_NAME
+    path = root / dirlock.LOCK_NAME
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     refused = {_lock_text(os.getppid()): "in use by another job",
@@ -179,13 +223,56 @@ def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path, monkeypatch):
     for text, why in refused.items():
         path.write_text(text)
         with pytest.raises(FileExistsError, match=why) as e:
-            safeio.DirLock(str(root)).acquire()
+            dirlock.DirLock(str(root)).acquire()
         assert str(path) in str(e.value) and path.read_text() == text
     stale[_lock_text(1, host="elsewhere").strip() + " 42#0\n"] = "earlier run of batch job 42"
     for text, why in stale.items():
         path.write_text(text)
-        lock = safeio.DirLock(str(root))
+        lock = dirlock.DirLock(str(root))
         notice = lock.acquire()
         assert why in notice and str(path) in notice and path.read_text() == lock.mine
         lock.release()
         assert os.listdir(root) == []
+
+
+def test_dir_lock_held_by_a_process_this_host_cannot_see_is_refused(tmp_path, monkeypatch):
+    """Oracle: the holder's flock. A holder in another PID namespace (a container; here: a
+    lock naming a pid that is gone, while another process holds the file's flock) and one
+    that /proc hides (hidepid: alive, start time unknown) are refused, not taken over as
+    "gone" or "another process", which let a second job write into a running job's
+    checkpoints. Once the flock's process ends, the same lock is stale."""
+    import subprocess
+    import sys
+
+    for var in (*dirlock.BATCH_JOB_VARS, "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(var, raising=False)
+    root = tmp_path / "ck"
+    root.mkdir()
+    path = root / dirlock.LOCK_NAME
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    path.write_text(_lock_text(gone, start="1"))
+    holder = subprocess.Popen(  # holds the flock as a live holder does, then waits
+        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+         str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert dirlock.flock_held(str(path)) is True
+        with pytest.raises(FileExistsError, match="in use by another job"):
+            dirlock.DirLock(str(root)).acquire()
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert dirlock.flock_held(str(path)) is False
+    path.write_text(_lock_text(os.getppid()))
+    monkeypatch.setattr(dirlock, "_start_time", lambda pid: None)  # /proc hides it
+    with pytest.raises(FileExistsError, match="start time cannot be read"):
+        dirlock.DirLock(str(root)).acquire()
+    monkeypatch.undo()
+    path.write_text(_lock_text(gone, start="1"))
+    lock = dirlock.DirLock(str(root))
+    assert "which is gone" in lock.acquire()
+    assert dirlock.flock_held(str(path)) is True  # the new holder's own flock
+    lock.release()
+    assert os.listdir(root) == [] and lock.fd is None
