@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 import sys
 import tempfile
 import threading
@@ -235,13 +236,18 @@ def _cache_somewhere(numba) -> bool:
         path = os.path.join(tempfile.gettempdir(), f"pshybrid-numba-{os.getuid()}")
     try:
         os.makedirs(path, mode=0o700, exist_ok=True)
+        st = os.lstat(path)  # numba's index files are pickles: a directory another user
+        if (not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid()  # made or can write
+                or st.st_mode & 0o022):                                 # could plant code
+            raise PermissionError(f"{path} is not a directory of this user's that only it "
+                                  "can write")
         if not os.access(path, os.W_OK | os.X_OK):
             raise PermissionError(path)
     except OSError as e:
         sys.stderr.write(f"pshybrid: warning: numba has nowhere to cache its kernels (the "
-                         f"package's directory, HOME and {path} are read-only: {e}): the CPU "
-                         "kernels run as NumPy, slower; set NUMBA_CACHE_DIR to a writable "
-                         "directory\n")
+                         f"package's directory and HOME are read-only; {path}: {e}): the "
+                         "CPU kernels run as NumPy, slower; set NUMBA_CACHE_DIR to a "
+                         "writable directory of your own\n")
         return False
     numba.config.CACHE_DIR = os.environ["NUMBA_CACHE_DIR"] = path
     return True

@@ -138,7 +138,8 @@ def test_numba_with_nowhere_to_cache_caches_in_the_temporary_directory(tmp_path,
     """A read-only install and HOME (no numba locator: ``njit(cache=True)`` raised "no
     locator available", a traceback on every rank): NUMBA_CACHE_DIR goes to this user's
     directory in the temporary directory; where even that cannot be made, the kernels run
-    as NumPy, with one warning."""
+    as NumPy, with one warning; so do they where that directory is another user's or open
+    to all (it was used as found)."""
     import os
     import tempfile
 
@@ -156,6 +157,15 @@ def test_numba_with_nowhere_to_cache_caches_in_the_temporary_directory(tmp_path,
     path = tmp_path / f"pshybrid-numba-{os.getuid()}"
     assert numba.config.CACHE_DIR == os.environ["NUMBA_CACHE_DIR"] == str(path)
     assert path.is_dir()
+
+    path.chmod(0o777)  # planted by another user (numba's cache holds pickles: code) ...
+    assert not kernels._cache_somewhere(numba)
+    assert "only it can write" in capsys.readouterr().err
+    path.rmdir()
+    (tmp_path / "theirs").mkdir()
+    path.symlink_to(tmp_path / "theirs")  # ... or a link to their directory
+    assert not kernels._cache_somewhere(numba)
+    assert "only it can write" in capsys.readouterr().err
 
     def refused(*a, **k):
         raise PermissionError(13, "Read-only file system")
