@@ -327,7 +327,7 @@ class H5Dataset:
                                  "reads it; raise ulimit -n, or merge the files") from None
             raise InputError(f"{self.path}: not a readable HDF5 file ({e})") from None
         try:
-            self.stamp = _stamp(os.fstat(self.f.id.get_vfd_handle()))
+            self.stamp = safeio.file_stamp(os.fstat(self.f.id.get_vfd_handle()))
             self._check()
             self.linked = self._linked()
         except BaseException:
@@ -335,25 +335,25 @@ class H5Dataset:
             raise
 
     def check_unchanged(self, error: Exception | None = None) -> None:
-        """``InputError`` naming the file if it changed since it was opened (size, mtime, or
+        """``InputError`` naming the file if it changed since it was opened (its size, or
         another file at its path), or for ``error`` (a failed read). Cheap: fstat + stat."""
         try:
-            now = _stamp(os.fstat(self.f.id.get_vfd_handle()))
+            now = safeio.file_stamp(os.fstat(self.f.id.get_vfd_handle()))
         except (OSError, ValueError) as e:  # (a closed file)
             now, error = self.stamp, error or e
         try:
-            here = _stamp(os.stat(self.path))[:2]
+            here = safeio.file_stamp(os.stat(self.path))[:2]
         except OSError:  # (removed)
             here = None
-        how = _change(self.stamp, now, here)
+        how = safeio.file_change(self.stamp, now, here, self.path)
         if how is not None:
             raise InputError(f"{self.path}: the dataset changed while it was read ({how})")
         for path, (key, stamp) in self.linked.items():
             try:
-                now = _stamp(os.stat(path))
+                now = safeio.file_stamp(os.stat(path))
             except OSError:
                 now = None
-            how = _change(stamp, now, now and now[:2])
+            how = safeio.file_change(stamp, now, now and now[:2], path)
             if how is not None:
                 raise InputError(f"{path} (/{key} of {self.path}): the dataset changed while "
                                  f"it was read ({how})")
@@ -369,7 +369,7 @@ class H5Dataset:
         for key in keys:
             other = self.f[key].file
             if other.id.fileno != self.f.id.fileno and other.filename not in out:
-                out[other.filename] = (key, _stamp(os.fstat(other.id.get_vfd_handle())))
+                out[other.filename] = (key, safeio.file_stamp(os.fstat(other.id.get_vfd_handle())))
         return out
 
     def _read(self, read):
@@ -483,16 +483,3 @@ class H5Dataset:
 
     def close(self) -> None:
         self.f.close()
-
-
-def _stamp(st: os.stat_result) -> tuple:
-    """A file's identity and state: (device, inode, size, modification time in ns)."""
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-def _change(was: tuple, now: tuple | None, here: tuple | None) -> str | None:
-    """How a file stamped ``was`` changed: ``now`` its open file's stamp, ``here`` the
-    (device, inode) at its path (None: removed); None if it did not."""
-    return ("removed" if here is None else "replaced by another file"
-            if here != was[:2] else f"now {now[2]} bytes, was {was[2]}"
-            if now[2] != was[2] else "rewritten" if now != was else None)
