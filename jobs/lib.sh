@@ -3,17 +3,23 @@
 # pshybrid_env            activate the software: `module load $PSHYBRID_MODULES` (if set, e.g.
 #                         "openmpi/4.1.6 cuda/12.4"), then the virtual environment
 #                         $PSHYBRID_VENV (default: .venv in the submit directory) if it exists.
-# pshybrid_resume DIR     prints "--resume DIR" when DIR/latest exists (a requeued or rerun job
+# pshybrid_resume DIR     prints "--resume=DIR" when DIR/latest exists (a requeued or rerun job
 #                         continues from its newest complete checkpoint), else nothing.
 # pshybrid_run CMD...     runs CMD in the background, forwards SIGUSR1, SIGTERM and SIGINT to
 #                         it (srun and mpiexec pass them to every rank: the workers checkpoint
 #                         at the next step boundary and exit 75, 130 for SIGINT), waits, and
-#                         returns CMD's status. srun takes one SIGINT as a request for its
-#                         tasks' status (two in a second kill them), so inside a Slurm job a
-#                         SIGINT goes to the job's steps by scancel --signal=INT instead.
-# pshybrid_requeue STATUS exit status 75 (stopped by a signal after its checkpoint): requeue this
-#                         Slurm job (scontrol requeue) and succeed; any other status: keep it.
+#                         returns CMD's status; the signal this script caught is left in
+#                         PSHYBRID_SIGNAL. srun takes one SIGINT as a request for its tasks'
+#                         status (two in a second kill them), so inside a Slurm job a SIGINT
+#                         goes to the job's steps by scancel --signal=INT instead.
+# pshybrid_requeue STATUS exit status 75 (stopped after its checkpoint) after a SIGUSR1 (the
+#                         time limit's --signal=B:USR1, or scancel --signal=USR1): requeue this
+#                         Slurm job (scontrol requeue) and succeed. After a SIGTERM (scancel,
+#                         or Slurm preempting or requeueing the job, which then requeues it
+#                         itself) nothing is requeued here. Any status but 0 is kept, so an
+#                         afterok dependency waits for the run that finishes.
 PSHYBRID_PREEMPTED=75
+PSHYBRID_SIGNAL=
 
 pshybrid_env() {
   if [ -n "${PSHYBRID_MODULES:-}" ]; then
@@ -29,7 +35,7 @@ pshybrid_env() {
 
 pshybrid_resume() {
   if [ -f "$1/latest" ]; then
-    printf '%s\n' --resume "$1"
+    printf '%s\n' "--resume=$1"  # (one word: a DIR that starts with "-" stays a value)
   fi
 }
 
@@ -37,9 +43,9 @@ pshybrid_run() {
   local pid status
   "$@" &
   pid=$!
-  trap 'kill -USR1 "$pid" 2>/dev/null || true' USR1
-  trap 'kill -TERM "$pid" 2>/dev/null || true' TERM
-  trap 'pshybrid_interrupt "$pid"' INT
+  trap 'PSHYBRID_SIGNAL=USR1; kill -USR1 "$pid" 2>/dev/null || true' USR1
+  trap 'PSHYBRID_SIGNAL=TERM; kill -TERM "$pid" 2>/dev/null || true' TERM
+  trap 'PSHYBRID_SIGNAL=INT; pshybrid_interrupt "$pid"' INT
   while :; do
     status=0
     wait "$pid" || status=$?
@@ -58,11 +64,21 @@ pshybrid_interrupt() {
 }
 
 pshybrid_requeue() {
-  if [ "$1" -eq "$PSHYBRID_PREEMPTED" ] && [ -n "${SLURM_JOB_ID:-}" ]; then
-    echo "pshybrid: job $SLURM_JOB_ID stopped after its checkpoint: requeueing it"
-    # (a preemption with PreemptMode=REQUEUE is requeued by Slurm itself: then this may refuse)
-    scontrol requeue "$SLURM_JOB_ID" || echo "pshybrid: scontrol requeue refused; resubmit to continue"
+  if [ "$1" -ne "$PSHYBRID_PREEMPTED" ] || [ -z "${SLURM_JOB_ID:-}" ]; then
+    return "$1"
+  fi
+  if [ "$PSHYBRID_SIGNAL" = TERM ]; then
+    echo "pshybrid: job $SLURM_JOB_ID stopped by SIGTERM after its checkpoint (scancel, or Slurm" \
+      "preempting or requeueing it): not requeued by this script; a job Slurm requeues" \
+      "restarts by itself, a cancelled one continues when submitted again"
+    return "$1"
+  fi
+  echo "pshybrid: job $SLURM_JOB_ID stopped after its checkpoint: requeueing it"
+  if scontrol requeue "$SLURM_JOB_ID"; then
     return 0
   fi
+  echo "pshybrid: scontrol requeue refused (a job submitted with --no-requeue, or one Slurm" \
+    "requeued already: squeue -j $SLURM_JOB_ID); if it is not pending, submit it again to" \
+    "continue from its checkpoint"
   return "$1"
 }

@@ -2,7 +2,8 @@
 # bash jobs/local.sh [N] [train options...]   — train on this machine with N ranks (default 4)
 # One server per node by default (here: 1 server, N-1 workers); any `train` option passes through,
 # e.g.  bash jobs/local.sh 4 --mode ps --steps 500 --config jobs/local.toml --checkpoint-dir ck
-# With --checkpoint-dir DIR (or CKPT=DIR in the environment) a rerun resumes from DIR/latest,
+# With --checkpoint-dir DIR (or CKPT=DIR in the environment) a rerun resumes from DIR/latest
+# (unless the command line names its own --resume),
 # and SIGUSR1 or SIGTERM (kill -USR1 <this script's pid>) makes every rank stop at the next step
 # boundary after writing that step's checkpoint: exit status 75 (Ctrl-C: 130); run the same
 # command again to continue.
@@ -11,17 +12,19 @@ N="${1:-4}"
 shift || true
 args=("$@")
 ckpt="${CKPT:-}"
+resume=
 for ((i = 0; i < ${#args[@]}; i++)); do
   case "${args[i]}" in
     --checkpoint-dir) ckpt="${args[i + 1]:-}" ;;
     --checkpoint-dir=*) ckpt="${args[i]#*=}" ;;
+    --resume | --resume=*) resume=given ;;  # (the user's own: not replaced by DIR/latest)
   esac
 done
 if [ -n "${CKPT:-}" ] && [ "$ckpt" = "$CKPT" ]; then
-  args+=(--checkpoint-dir "$CKPT")
+  args+=("--checkpoint-dir=$CKPT")
 fi
-if [ -n "$ckpt" ] && [ -f "$ckpt/latest" ]; then
-  args+=(--resume "$ckpt")
+if [ -n "$ckpt" ] && [ -z "$resume" ] && [ -f "$ckpt/latest" ]; then
+  args+=("--resume=$ckpt")  # (one word: a DIR that starts with "-" stays a value)
 fi
 # exec: a signal sent to this script's pid reaches mpiexec, which passes it to every rank
 # (${a[@]+"${a[@]}"}: an empty array under set -u, which bash before 4.4 calls unbound)

@@ -13,19 +13,24 @@
 # One server per node (the last rank of each node, host memory only); the 4 workers of each
 # node pin GPU local_rank % 4 (--device cuda, docs/gpu.md). Submit from the repository root.
 # Environment as jobs/slurm_cpu.sh (PSHYBRID_MODULES: e.g. "openmpi/4.1.6 cuda/12.4" for a
-# CUDA-aware system MPI, docs/clusters.md; CONFIG default jobs/slurm_gpu.toml; CKPT; SRUN_MPI);
-# DEVICE=cpu trains on the CPUs of the same layout. Preemption and the time limit: SIGUSR1 ->
-# checkpoint at the next step boundary -> exit 75 -> requeue -> resume from $CKPT/latest.
+# CUDA-aware system MPI, docs/clusters.md; CONFIG default jobs/slurm_gpu.toml; CKPT; SRUN_MPI:
+# pmi2 by default, pmix for Open MPI); DEVICE=cpu trains on the CPUs of the same layout. The
+# time limit: SIGUSR1 -> checkpoint at the next step boundary -> exit 75 -> requeue -> resume
+# from $CKPT/latest; a SIGTERM (scancel, a preemption) checkpoints and is not requeued here.
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
 . jobs/lib.sh
 pshybrid_env
 export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"
 export OPENBLAS_NUM_THREADS="$OMP_NUM_THREADS" MKL_NUM_THREADS="$OMP_NUM_THREADS"
-CKPT="${CKPT:-checkpoints/${SLURM_JOB_NAME:-pshybrid-gpu}}"
+# (a job array's tasks: one directory each, or each would resume the first's run)
+CKPT="${CKPT:-checkpoints/${SLURM_JOB_NAME:-pshybrid-gpu}${SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}}"
+SRUN_MPI="${SRUN_MPI-pmi2}"  # (set empty: the cluster's default, MpiDefault)
 mapfile -t resume < <(pshybrid_resume "$CKPT")
 status=0
-pshybrid_run srun --mpi="${SRUN_MPI:-pmix}" --cpu-bind=cores python -m pshybrid train \
+# (srun takes no --cpus-per-task from sbatch since Slurm 22.05: without it, one core a rank)
+pshybrid_run srun ${SRUN_MPI:+--mpi="$SRUN_MPI"} --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
+  --cpu-bind=cores python -m pshybrid train \
   --config "${CONFIG:-jobs/slurm_gpu.toml}" --servers "${SLURM_JOB_NUM_NODES:-1}" \
   --device "${DEVICE:-cuda}" --checkpoint-dir "$CKPT" \
   --metrics "pshybrid-${SLURM_JOB_ID:-local}.jsonl" ${resume[@]+"${resume[@]}"} "$@" || status=$?

@@ -14,6 +14,8 @@ rank``, ``is_server`` and ``is_worker`` both true.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 from mpi4py import MPI
@@ -65,6 +67,26 @@ def shared_window(setting: bool | None, n_nodes: int) -> bool:
                           "(each node's servers through shared memory, the others' by RMA) "
                           "or off", collective=True)
     return setting
+
+
+# What a launcher tells each process it starts of the job's size: (variable, launcher).
+_LAUNCHED = (("PMI_SIZE", "mpiexec"), ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun"),
+             ("SLURM_STEP_NUM_TASKS", "srun"))
+
+
+def launch_mismatch(size: int, environ=os.environ) -> str | None:
+    """Why a process the MPI library runs as a job of ``size`` == 1 rank was started as one
+    of several (the library does not speak its launcher's interface: each rank runs alone),
+    or None."""
+    for var, launcher in _LAUNCHED if size == 1 else ():
+        n = environ.get(var, "")
+        if n.isdigit():
+            return None if int(n) <= 1 else (
+                f"{launcher} started {n} tasks, but the MPI library sees a job of 1 rank: "
+                f"{'its --mpi' if launcher == 'srun' else 'it'} does not match the MPI library "
+                "(the mpich wheel: srun --mpi=pmi2 or its own mpiexec; a system MPI: "
+                "MPI4PY_LIBMPI), so each rank runs alone")
+    return None
 
 
 def place_servers(node_of_rank: list[int], n_servers: int) -> list[int]:
@@ -122,6 +144,9 @@ class Topology:
         """Collective over ``comm``. ``n_servers=None``: one per node (default_servers).
         ``colocated``: every rank is a worker that owns a shard (``n_servers`` unused)."""
         world = comm.Dup()
+        mismatch = launch_mismatch(world.size)
+        if mismatch:
+            sys.stderr.write(f"pshybrid: warning: {mismatch}\n")
         if colocated:
             n_servers = world.size
         elif n_servers is not None:

@@ -46,8 +46,11 @@ def test_every_script_parses_and_its_toml_config_is_valid():
     for name in ("slurm_cpu", "slurm_gpu"):
         text = open(os.path.join(JOBS, f"{name}.sh")).read()
         for needle in ("#SBATCH --signal=B:USR1@", "#SBATCH --requeue", f"jobs/{name}.toml",
-                       "pshybrid_env", "pshybrid_resume", "pshybrid_run srun --mpi=",
-                       "pshybrid_requeue"):
+                       "pshybrid_env", "pshybrid_resume", "pshybrid_requeue",
+                       'pshybrid_run srun ${SRUN_MPI:+--mpi="$SRUN_MPI"}',  # pmi2: the wheel
+                       'SRUN_MPI="${SRUN_MPI-pmi2}"',  # (srun --mpi=pmix: MPI_Init fails)
+                       '--cpus-per-task="${SLURM_CPUS_PER_TASK:-1}"',  # (22.05: else 1 core)
+                       "${SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}"):  # (array: one each)
             assert needle in text, (name, needle)
 
 
@@ -55,7 +58,7 @@ def _signalled_run(cmd: str, up, sig, env) -> str:
     """``pshybrid_run CMD`` in bash; once CMD has made the file ``up``, ``sig`` to the bash;
     its output (``status=N`` last)."""
     p = subprocess.Popen(["bash", "-c", f". {JOBS}/lib.sh; status=0; pshybrid_run {cmd} || "
-                          "status=$?; echo status=$status"],
+                          "status=$?; echo status=$status signal=$PSHYBRID_SIGNAL"],
                          stdout=subprocess.PIPE, text=True, env=env)
     deadline = time.time() + 20
     while not up.exists() and time.time() < deadline:
@@ -67,28 +70,35 @@ def _signalled_run(cmd: str, up, sig, env) -> str:
 def test_lib_forwards_signals_resumes_and_requeues(tmp_path):
     """pshybrid_run passes SIGUSR1 on to its command and returns the command's status (not
     the trap's); pshybrid_resume names DIR only once DIR/latest exists; pshybrid_requeue
-    requeues on 75 (a fake scontrol records it) and passes any other status through."""
+    requeues on 75 (a fake scontrol records it) unless the script caught a SIGTERM (a plain
+    scancel requeued the job the user cancelled), keeps 75 where the requeue is refused, and
+    passes any other status through."""
     child = tmp_path / "child.sh"
     child.write_text("trap 'echo got-usr1; exit 75' USR1\n"
                      f"echo started > {tmp_path}/up\n"
                      "for i in $(seq 200); do sleep 0.05; done\nexit 0\n")
     out = _signalled_run(f"bash {child}", tmp_path / "up", signal.SIGUSR1, ENV)
-    assert "got-usr1" in out and "status=75" in out, out
+    assert "got-usr1" in out and "status=75 signal=USR1" in out, out
     assert bash(f"pshybrid_resume {tmp_path}/ck").stdout == ""
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "latest").write_text("step-4\n")
-    assert bash(f"pshybrid_resume {tmp_path}/ck").stdout.split() == ["--resume",
-                                                                      f"{tmp_path}/ck"]
+    assert bash(f"pshybrid_resume {tmp_path}/ck").stdout.split() == [f"--resume={tmp_path}/ck"]
     fake = tmp_path / "bin"
     fake.mkdir()
-    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/scontrol\n")
+    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/scontrol\n"
+                                   "[ -z \"$REFUSE\" ]\n")
     (fake / "scontrol").chmod(0o755)
     env = {"PATH": f"{fake}{os.pathsep}{ENV['PATH']}", "SLURM_JOB_ID": "123"}
-    assert bash("pshybrid_requeue 75", env).returncode == 0
-    assert (tmp_path / "scontrol").read_text().split() == ["requeue", "123"]
-    (tmp_path / "scontrol").unlink()
+    for caught in ("", "PSHYBRID_SIGNAL=USR1; "):  # (USR1 to the ranks alone, or to the script)
+        assert bash(f"{caught}pshybrid_requeue 75", env).returncode == 0
+        assert (tmp_path / "scontrol").read_text().split() == ["requeue", "123"]
+        (tmp_path / "scontrol").unlink()
+    p = bash("PSHYBRID_SIGNAL=TERM; pshybrid_requeue 75", env)  # scancel; a preemption
+    assert p.returncode == 75 and "not requeued by this script" in p.stdout, p.stdout
     assert bash("pshybrid_requeue 3", env).returncode == 3
     assert not (tmp_path / "scontrol").exists()
+    p = bash("pshybrid_requeue 75", dict(env, REFUSE="1"))  # --no-requeue: afterok must wait
+    assert p.returncode == 75 and "scontrol requeue refused" in p.stdout, p.stdout
 
 
 def test_lib_sends_a_ctrl_c_to_the_slurm_steps_by_scancel(tmp_path):
@@ -120,6 +130,31 @@ def test_lib_sends_a_ctrl_c_to_the_slurm_steps_by_scancel(tmp_path):
             assert "got-int" not in out, out
         else:
             assert "got-int" in out and not (tmp_path / "scancel").exists(), out
+
+
+def test_local_script_resumes_unless_told_otherwise_and_keeps_odd_names_values(tmp_path):
+    """jobs/local.sh (a fake mpiexec prints what it got): DIR/latest adds --resume=DIR, one
+    word, so a DIR named "-ck" stays a value (the rerun failed "--resume: expected one
+    argument"); a --resume on the command line is the user's and is not outranked by it
+    (the script's, appended last, won)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "mpiexec").write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    (fake / "mpiexec").chmod(0o755)
+    (tmp_path / "-ck").mkdir()
+    (tmp_path / "-ck" / "latest").write_text("step-4\n")
+    env = dict(ENV, PATH=f"{fake}{os.pathsep}{ENV['PATH']}")
+
+    def argv(*args):
+        p = subprocess.run(["bash", os.path.join(JOBS, "local.sh"), "2", *args], cwd=tmp_path,
+                           capture_output=True, text=True, env=env, timeout=30)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.splitlines()[6:]  # (after: -n 2 python -m pshybrid train)
+
+    assert argv("--checkpoint-dir=-ck") == ["--checkpoint-dir=-ck", "--resume=-ck"]
+    assert argv("--checkpoint-dir", "-ck", "--resume", "-ck/step-2") == [
+        "--checkpoint-dir", "-ck", "--resume", "-ck/step-2"]
+    assert argv("--checkpoint-dir", "new") == ["--checkpoint-dir", "new"]
 
 
 def _local(args):

@@ -5,7 +5,8 @@ import pytest
 
 from pshybrid import partition
 from pshybrid.errors import ConfigError
-from pshybrid.topology import check_servers, default_servers, place_servers, roles_per_node
+from pshybrid.topology import (check_servers, default_servers, launch_mismatch, place_servers,
+                               roles_per_node)
 
 CASES = [(rows, S) for rows in (0, 1, 2, 7, 10, 13, 100, 1001) for S in (1, 2, 3, 5, 16)]
 
@@ -87,6 +88,17 @@ def test_roles_per_node_counts_each_role_and_colocated_ranks_in_both():
     assert roles_per_node(nodes, workers, servers) == {0: (3, 0), 1: (1, 1), 2: (0, 1)}
     assert roles_per_node(nodes, range(6), range(6)) == {0: (3, 3), 1: (2, 2), 2: (1, 1)}
     assert sum(w for w, _ in roles_per_node(nodes, workers, servers).values()) == 4
+
+
+def test_a_launcher_that_started_several_tasks_of_one_rank_each_is_named():
+    """srun --mpi=none (or pmix) with the mpich wheel, or Open MPI's mpirun starting it:
+    every process is a job of one rank. The launcher's own count says so."""
+    assert "srun started 4 tasks" in launch_mismatch(1, {"SLURM_STEP_NUM_TASKS": "4"})
+    assert "mpirun started 2" in launch_mismatch(1, {"OMPI_COMM_WORLD_SIZE": "2"})
+    assert launch_mismatch(4, {"SLURM_STEP_NUM_TASKS": "4"}) is None  # (the job it started)
+    assert launch_mismatch(1, {"SLURM_STEP_NUM_TASKS": "1"}) is None
+    assert launch_mismatch(1, {"PMI_SIZE": "1", "SLURM_STEP_NUM_TASKS": "2"}) is None  # hydra
+    assert launch_mismatch(1, {}) is None  # (python alone)
 
 
 @pytest.mark.parametrize("S,N,need,ok", [
