@@ -33,7 +33,7 @@ from .initializers import uniform_rows
 from .kernels import gather, min_max, scatter_add
 from .schema import TableSpec
 from .topology import Topology, shared_window
-from .transport import agree, idle_barrier, mpi_type, rows_type
+from .transport import agree, idle_barrier, mpi_type, reserve_shared_memory, rows_type
 
 _ALIGN = 64  # bytes; each region starts on a cache line
 
@@ -223,13 +223,16 @@ class EmbeddingStore:
         return partition.shard_ids(t.spec.rows, self.topo.n_servers, self.topo.server_index)
 
     def _init_shards(self) -> None:
-        """Servers initialise their shards; collective (a server that fails fails all)."""
+        """Servers reserve and initialise their shards; collective (one failing fails all)."""
         err = None
         try:
+            if self.topo.is_server and self._mem.size:  # its pages now: a shortage is a
+                reserve_shared_memory(self._mem)  # MemoryError, not a SIGBUS at the writes
             for name in (self.tables if self.topo.is_server else ()):
                 self._init_shard(name)
         except Exception as e:  # noqa: BLE001 - any failure: every rank learns it, none waits
             err = e if isinstance(e, PshybridError) else PshybridError(
+                str(e) if isinstance(e, MemoryError) else
                 f"initialising the shard: {type(e).__name__}: {e}")
         # Wire: verdict allgather (a barrier) so no worker reads a shard before its server
         # initialised it, and a server that failed fails every rank.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import sys
 import time
@@ -229,6 +230,75 @@ def release_shared_memory() -> list[str]:
                 os.unlink(p)
                 removed.append(p)
     return removed
+
+
+MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, an error instead of SIGBUS
+_SHORT = (errno.ENOSPC, errno.EFAULT, errno.ENOMEM)  # (EFAULT: the touch would be a SIGBUS)
+
+
+def _shm_maps(lo: int, hi: int) -> list[tuple[int, int, int, str]]:
+    """[(start, end, file offset of start, /proc/self/map_files name)] of this process's
+    mappings of files in ``/dev/shm`` (linked or not), clipped to the addresses [lo, hi)."""
+    out = []
+    try:
+        with open("/proc/self/maps") as f:
+            lines = [ln.split(None, 5) for ln in f if " /dev/shm/" in ln]
+    except OSError:
+        return out
+    for fields in lines:
+        a, b = (int(x, 16) for x in fields[0].split("-"))
+        if len(fields) == 6 and fields[5].startswith("/dev/shm/") and a < hi and lo < b:
+            start = max(a, lo)
+            out.append((start, min(b, hi), int(fields[2], 16) + start - a, fields[0]))
+    return out
+
+
+def _reserve(start: int, end: int, offset: int, name: str) -> int:
+    """Allocate the pages of the /dev/shm-backed addresses [start, end) now -> 0, or the
+    errno of a shortage (``_SHORT``). MADV_POPULATE_WRITE where the kernel has it (any
+    user); else posix_fallocate on the file, reached through /proc/self/map_files (MPICH
+    has unlinked it and closed its descriptor; opening that needs CAP_SYS_ADMIN); neither:
+    0, nothing reserved."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    lo = start // page * page  # (a window need not start on a page: its neighbour's is ours)
+    err = 0 if libc.madvise(lo, end - lo, MADV_POPULATE_WRITE) == 0 else ctypes.get_errno()
+    if err != errno.EINVAL:  # done, short, or another error (not ours to judge: none)
+        return err if err in _SHORT else 0
+    try:  # (EINVAL: a kernel older than 5.14)
+        fd = os.open(f"/proc/self/map_files/{name}", os.O_RDWR)
+    except OSError:
+        return 0
+    try:
+        os.posix_fallocate(fd, offset, end - start)
+    except OSError as e:
+        return e.errno if e.errno in _SHORT else 0
+    finally:
+        os.close(fd)
+    return 0
+
+
+def reserve_shared_memory(buf) -> None:
+    """Allocate now the pages of ``buf`` (a rank's window: an MPI library maps it from a
+    file in ``/dev/shm``, whose pages exist only once touched) so that a ``/dev/shm`` filled
+    since the check before step 1 (another job starting beside this one) is a
+    ``MemoryError`` here, not a SIGBUS without a message at the first write. Memory not
+    backed by a file there (anonymous, another MPI library): nothing."""
+    mem = np.frombuffer(buf, np.uint8)
+    lo = mem.ctypes.data
+    for start, end, offset, name in _shm_maps(lo, lo + mem.nbytes):
+        err = _reserve(start, end, offset, name)
+        if err:
+            free = os.statvfs("/dev/shm")
+            why = os.strerror(errno.ENOSPC if err == errno.EFAULT else err)
+            raise MemoryError(
+                f"/dev/shm cannot hold this rank's {mem.nbytes / 2**20:,.1f} MiB shard of the "
+                f"tables (the MPI library maps it from a file there; {why}, "
+                f"{free.f_bavail * free.f_frsize / 2**20:,.1f} MiB free now: another job may "
+                "have taken it since the check before step 1); give the job more shared "
+                "memory (a container: --shm-size), spread the table over more --servers on "
+                "more nodes, or lower --embedding-dim")
 
 
 def abort(comm: MPI.Comm, code: int) -> None:
