@@ -11,6 +11,8 @@ the run's exit status is 1 (``Reporter.failed``).
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import math
 import os
@@ -20,8 +22,9 @@ import time
 
 import numpy as np
 
-from . import __version__, kernels, limits
+from . import __version__, dirlock, kernels, limits
 from .batches import global_batch
+from .errors import ConfigError
 from .optim import SLOTS
 from .registry import MODES, cache_serves, parse_consistency
 from .tboard import TensorBoard
@@ -97,6 +100,11 @@ def config_record(cfg, command: str, start: int, workers: int, servers: int) -> 
             "start_step": start, "workers": workers, "servers": servers}
 
 
+def in_use(path: str) -> str:
+    return (f"--metrics {path} is being written by another run (it holds a lock on it): "
+            "choose another name")
+
+
 def metrics_problem(path: str) -> str | None:
     """Why the existing file ``path`` is not a --metrics file a run may append to (None: it
     is one, or it is empty): its first line must be a config record of pshybrid."""
@@ -105,6 +113,8 @@ def metrics_problem(path: str) -> str | None:
             first = fh.readline(1 << 20)
     except OSError as e:
         return f"--metrics {path}: cannot read: {e.strerror or e}"
+    if dirlock.flock_held(path):
+        return in_use(path)
     if not first.strip():
         return None
     try:
@@ -118,9 +128,18 @@ def metrics_problem(path: str) -> str | None:
 
 
 def open_metrics(path: str):
-    """``path`` opened for appending (created if missing), never through a link; a last
-    line cut short (a job killed while writing it) is ended first, so it stays alone."""
+    """``path`` opened for appending (created if missing), never through a link, and held
+    (an exclusive ``flock``, where the filesystem has locks) while the run writes it: a
+    second job given the same file is refused (``dirlock.flock_held``; its lines and this
+    run's interleaved, every step twice); a last line cut short (a job killed while writing
+    it) is ended first, so it stays alone."""
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            os.close(fd)
+            raise ConfigError(in_use(path)) from None
     size = os.fstat(fd).st_size
     if size and os.pread(fd, 1, size - 1) != b"\n":
         os.write(fd, b"\n")

@@ -41,7 +41,8 @@ class TensorBoard:
 
         self._event, self._summary = Event, scalar
         os.makedirs(logdir, exist_ok=True)
-        self.events = EventsWriter(os.path.join(logdir, "events"))
+        self.events = EventsWriter(os.path.join(logdir, "events"),  # (a file of its own:
+                                   f".{os.getpid()}")  # another run's in that second: its)
         self._last: tuple[int, dict] | None = None  # (step, cumulative phase seconds)
 
     def _scalar(self, tag: str, value: float, step: int) -> None:

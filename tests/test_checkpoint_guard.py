@@ -461,6 +461,37 @@ def test_a_checkpoint_dir_held_by_a_live_job_is_refused_before_step_1(tmp_path):
     assert snapshot(tmp_path) == before
 
 
+def test_a_metrics_file_another_run_writes_is_refused_before_step_1(tmp_path):
+    """Oracle: the file's bytes. Two jobs given one --metrics file (jobs/local.toml names
+    one) interleaved their lines, every step twice, with nothing to tell them apart. The
+    writer holds the file's flock; a run that finds it held is refused before step 1 and
+    the file is unchanged; once the holder has ended, the same run appends to it."""
+    import subprocess
+    import sys
+
+    from pshybrid.report import open_metrics
+
+    m = tmp_path / "m.jsonl"
+    res, _ = run(metrics=str(m), steps=2)
+    before = m.read_bytes()
+    holder = subprocess.Popen(  # another run writing it (what open_metrics holds)
+        [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
+         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); sys.stdin.read()",
+         str(m)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConfigError, match="is being written by another run"):
+            run(metrics=str(m), steps=2)
+        with pytest.raises(ConfigError, match="is being written by another run"):
+            open_metrics(str(m))  # (two starting at once: the second to open it)
+        assert m.read_bytes() == before
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    run(metrics=str(m), steps=2)
+    assert m.read_bytes().startswith(before) and len(m.read_bytes()) > len(before)
+
+
 def test_a_stale_lock_is_named_and_taken_over_and_every_run_releases_its_lock(tmp_path):
     from pshybrid import dirlock
 
