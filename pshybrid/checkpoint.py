@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import os
 
-import h5py
 import numpy as np
 
 from . import safeio
@@ -79,7 +78,7 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
     rows), dense.h5 and meta.json (worker 0, which has ``dense``). Each exclusive, fsync'ed."""
     if ids is not None:
         shard = os.path.join(tmp, f"shard-{max(topo.server_index, 0):05d}.h5")
-        with h5py.File(shard, "x") as f:  # exclusive: never over anything
+        with safeio.h5_file(shard, "x") as f:  # exclusive: never over anything
             for k, a in (("ids", ids), *sparse.items()):
                 f[k] = a
                 f[k].attrs[CRC_ATTR] = crc32(a)
@@ -88,7 +87,7 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
         return
     flat, state = dense
     dpath = os.path.join(tmp, "dense.h5")
-    with h5py.File(dpath, "x") as f:
+    with safeio.h5_file(dpath, "x") as f:
         for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items())):
             f[k] = a
             f[k].attrs[CRC_ATTR] = crc32(a)

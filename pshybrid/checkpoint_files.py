@@ -235,7 +235,7 @@ def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
 
 def _h5(path: str):
     try:
-        return h5py.File(path, "r")
+        return safeio.h5_file(path)
     except OSError as e:
         raise InputError(f"{path}: unreadable checkpoint file ({e})") from None
 

@@ -316,7 +316,7 @@ class H5Dataset:
                 "a directory" if stat.S_ISDIR(st.st_mode) else
                 "not a regular file (a FIFO, device or socket)"))
         try:
-            self.f = h5py.File(self.path, "r")
+            self.f = safeio.h5_file(self.path)
         except OSError as e:
             if e.errno == errno.EMFILE:  # (the file is fine)
                 import resource

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 
-import h5py
 import numpy as np
 
 from . import safeio
@@ -105,7 +104,7 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
                                       checksums=has_checksums(step_dir, meta))
     table = arrays.pop("w")
     try:
-        with safeio.atomic_output(out) as tmp, h5py.File(tmp, "w") as o:
+        with safeio.atomic_output(out) as tmp, safeio.h5_file(tmp, "w") as o:
             for pname, off, shape in params:
                 n = int(np.prod(shape))
                 o[f"dense/{pname}"] = flat[off:off + n].reshape(shape)

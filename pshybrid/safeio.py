@@ -26,6 +26,7 @@ Pure Python (no MPI). The rules every writer in pshybrid follows:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import shutil
@@ -406,15 +407,32 @@ def checkpoint_holding(path: str, also=()) -> str | None:
         d = parent
 
 
+def h5_file(path: str, mode: str = "r"):
+    """``h5py.File(path, mode)`` on any filesystem. A file this process creates (``w``, ``x``:
+    a temporary or a checkpoint's file, which no other process opens) skips HDF5's file
+    lock; a file read is locked as HDF5 does, and read without its lock where the filesystem
+    has no locks (an NFS mount without its lock daemon: the lock fails with an error, not
+    EWOULDBLOCK), which failed every read and, after the last step, every checkpoint."""
+    import h5py
+
+    if mode != "r":
+        return h5py.File(path, mode, locking=False)
+    try:
+        return h5py.File(path, mode)
+    except OSError as e:
+        held = re.search(r"unable to lock file, errno = (\d+)", str(e))
+        if held is None or int(held.group(1)) in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise  # (not a lock; or another process holds it: it writes the file)
+        return h5py.File(path, mode, locking=False)
+
+
 def output_kind(path: str) -> str | None:
     """The command that wrote the HDF5 file ``path`` (its ``OUTPUT_ATTR``), or None."""
     try:
-        import h5py
-
         with open(path, "rb") as fh:
             if fh.read(8) != b"\x89HDF\r\n\x1a\n":
                 return None
-        with h5py.File(path, "r") as f:
+        with h5_file(path) as f:
             kind = f.attrs.get(OUTPUT_ATTR)
     except (OSError, ValueError, ImportError):
         return None

@@ -18,7 +18,6 @@ import io
 import os
 from dataclasses import replace
 
-import h5py
 import numpy as np
 
 from . import checkpoint_files, safeio
@@ -110,7 +109,7 @@ def _write(job, out: str, step_dir: str) -> None:
     err = None
     if z is not None:
         try:
-            with safeio.atomic_output(out) as tmp, h5py.File(tmp, "w") as f:
+            with safeio.atomic_output(out) as tmp, safeio.h5_file(tmp, "w") as f:
                 f["score"] = 0.5 * (1.0 + np.tanh(0.5 * z))  # sigmoid, no overflow
                 f["logit"] = z
                 f.attrs["checkpoint"] = os.path.abspath(step_dir)
