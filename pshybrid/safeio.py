@@ -31,7 +31,6 @@ import os
 import re
 import shutil
 import stat
-import sys
 import tempfile
 
 _PROBE_BYTES = 4096
@@ -168,30 +167,6 @@ def new_temp_file(path: str) -> str:
     return tmp
 
 
-def file_stamp(st: os.stat_result) -> tuple:
-    """A file's identity and state: (device, inode, size, modification time in ns)."""
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
-_TOUCHED: set = set()  # (device, inode) of the files whose new modification time was told
-
-
-def file_change(was: tuple, now: tuple | None, here: tuple | None, name: str) -> str | None:
-    """How file ``name`` stamped ``was`` changed: ``now`` its open file's stamp, ``here`` the
-    (device, inode) at its path (None: removed); None if it did not. A new modification
-    time alone is one warning per file: ``touch`` (which keeps scratch files from a purge)
-    changes nothing read, and a run stopped for it lost its work since its checkpoint."""
-    if here is not None and here == was[:2] and now[2] == was[2]:
-        if now[3] != was[3] and was[:2] not in _TOUCHED:
-            _TOUCHED.add(was[:2])
-            sys.stderr.write(f"pshybrid: warning: {name}: its modification time changed while "
-                             "it was read (the same file and size: touch?); training goes on "
-                             "with its rows as they are\n")
-        return None
-    return ("removed" if here is None else "replaced by another file"
-            if here != was[:2] else f"now {now[2]} bytes, was {was[2]}")
-
-
 # What check_output let be written at each path: its identity then (None: nothing there).
 _APPROVED: dict[str, tuple | None] = {}
 
@@ -200,9 +175,10 @@ def identity(path: str) -> tuple | None:
     """(device, inode, size, modification time) of the name ``path`` itself (a link is not
     followed), None if nothing is there."""
     try:
-        return file_stamp(os.lstat(path))
+        st = os.lstat(path)
     except FileNotFoundError:
         return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 
 class OutputChanged(FileExistsError):
@@ -292,15 +268,19 @@ def _nearest_existing(path: str) -> str:
     return p
 
 
-def check_writable_dir(path: str) -> str | None:
+def check_writable_dir(path: str, deepest: str = "") -> str | None:
     """Why files cannot be created in directory ``path`` (created later if missing), or
     None. Probes the directory, or its nearest existing ancestor, by writing a nameless
-    temporary file (removed at once; nothing is left behind)."""
+    temporary file (removed at once; nothing is left behind). ``deepest``: the longest
+    relative path it will hold, whose full path must fit the system's limits."""
     if os.path.lexists(path) and not os.path.isdir(path):
         return f"{path} exists and is not a directory"
     base = _nearest_existing(path)
     if not os.path.isdir(base):
         return f"{base} is not a directory, so {path} cannot be created"
+    too_long = _too_long(path, os.path.join(path, deepest), base)
+    if too_long:
+        return too_long
     try:
         with tempfile.TemporaryFile(dir=base) as f:
             f.write(b"\0" * _PROBE_BYTES)
@@ -309,6 +289,26 @@ def check_writable_dir(path: str) -> str | None:
         what = "cannot be created" if base != os.path.abspath(path) else "is not writable"
         return f"{path} {what} ({base}: {e.strerror or e})"
     return None
+
+
+def _too_long(path: str, full: str, base: str) -> str | None:
+    """Why ``full`` (a path under directory ``path``; ``base``: its nearest existing
+    ancestor) is longer than the filesystem takes (PATH_MAX, or a name over NAME_MAX)."""
+    def conf(name: str, default: int) -> int:
+        try:
+            return os.pathconf(base, name) or default
+        except (OSError, ValueError):
+            return default
+
+    n, limit, name_max = len(os.fsencode(full)), conf("PC_PATH_MAX", 4096), conf(
+        "PC_NAME_MAX", 255)
+    if n >= limit:
+        return (f"{path}: the files it will hold have paths of {n} bytes, over the {limit - 1} "
+                "this system takes (PATH_MAX): choose a shorter path")
+    long = next((c for c in full.split(os.sep) if len(os.fsencode(c)) > name_max), None)
+    return None if long is None else (
+        f"{path}: the name {long[:40]}... is {len(os.fsencode(long))} bytes, over the "
+        f"{name_max} a name may have here (NAME_MAX)")
 
 
 def check_writable_file(path: str) -> str | None:

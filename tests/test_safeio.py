@@ -130,6 +130,23 @@ def test_writable_checks_name_the_problem_and_create_nothing(tmp_path):
     assert sorted(os.listdir(tmp_path)) == before
 
 
+def test_a_checkpoint_dir_whose_files_would_not_fit_path_max_is_refused_first(tmp_path):
+    """A 4,070-byte --checkpoint-dir passed the checks and failed at the first checkpoint
+    (ENAMETOOLONG on .step-10.<random>.tmp/dense.h5), after the work; a name over NAME_MAX
+    too. Oracle: the system's own refusal of the same path."""
+    deep = os.path.join(".step-99.abcdefgh.tmp", "shard-00000.h5")
+    long, target = str(tmp_path), os.pathconf(tmp_path, "PC_PATH_MAX") - 20  # (fits alone)
+    while len(long) + 201 < target:
+        long = os.path.join(long, "d" * 200)
+    long = os.path.join(long, "e" * (target - len(long) - 1))
+    assert safeio.check_writable_dir(long) is None  # (the directory's own name fits)
+    assert "PATH_MAX" in safeio.check_writable_dir(long, deep)
+    with pytest.raises(OSError, match="too long"):
+        os.makedirs(os.path.join(long, os.path.dirname(deep)))
+    assert "NAME_MAX" in safeio.check_writable_dir(str(tmp_path / ("n" * 256)), deep)
+    assert safeio.check_writable_dir(str(tmp_path / "ck"), deep) is None
+
+
 def _checkpoint(tmp_path):
     """ck/ as pshybrid lays it out: latest -> step-2 (meta.json, dense.h5)."""
     ck = tmp_path / "ck"
