@@ -93,15 +93,27 @@ def _methods(proto) -> list[str]:
                    for n, v in vars(base).items() if callable(v) and not n.startswith("_")})
 
 
-def test_the_staleness_wrapper_is_a_sparse_strategy():
+def test_the_staleness_and_hot_row_wrappers_are_sparse_strategies():
+    """Also as Python 3.12's isinstance sees them: each protocol member found statically
+    (``inspect.getattr_static``), not through ``__getattr__`` (3.12+ stopped every
+    --replicate-rows run on ``Mode``'s assert)."""
+    import inspect
+
     from pshybrid.modes import SparseStrategy
+    from pshybrid.modes.hot import HotReplicated
     from pshybrid.modes.sparse import ServerSparse
     from pshybrid.modes.stale import StaleReads
 
     inner = ServerSparse.__new__(ServerSparse)  # its flags, as its __init__ sets them
     inner.live, inner.server_step = False, True
+    members = [n for c in SparseStrategy.__mro__ if c.__module__ == SparseStrategy.__module__
+               for n in (*vars(c), *c.__annotations__) if not n.startswith("_")]
+    assert "grads_for" in members and "live" in members
+    for wrapped in (StaleReads(inner, None, None), HotReplicated(inner, None)):
+        assert isinstance(wrapped, SparseStrategy)
+        for name in members:
+            inspect.getattr_static(wrapped, name)  # (AttributeError: only by __getattr__)
     wrapped = StaleReads(inner, None, None)
-    assert isinstance(wrapped, SparseStrategy)
     assert (wrapped.live, wrapped.server_step, wrapped.prepare_uses_mpi) == (False, True, True)
     assert wrapped.grads_for.__func__ is ServerSparse.grads_for  # the inner's
     assert wrapped.state.__func__ is ServerSparse.state

@@ -16,6 +16,7 @@ import numpy as np
 from ..batches import read_ids
 from ..kernels import gather, scatter_add
 from ..transport import iallreduce
+from .strategy import SparseStrategy, delegate
 
 SAMPLE_STEPS = 32  # global batches counted to find the hot rows
 
@@ -104,6 +105,7 @@ class HotReplicated:
         self.live, self.server_step = inner.live, inner.server_step
         self.prepare_uses_mpi = inner.prepare_uses_mpi
         self._cold = None  # the step's cold gradient rows, from ``start`` to ``finish``
+        delegate(self, inner, SparseStrategy)
 
     def __getattr__(self, name):  # the rest: the wrapped strategy's
         return getattr(self.inner, name)

@@ -36,6 +36,7 @@ from mpi4py import MPI
 from ..kernels import gather
 from ..registry import parse_consistency
 from ..store import Plan
+from .strategy import SparseStrategy, delegate
 
 ASP_AGE = 32  # asp: a cached row is refreshed once it is this many steps old
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -52,8 +53,7 @@ class StaleReads:
         self.inner, self.pipeline, self.timers = inner, pipeline, timers
         self.live, self.server_step = inner.live, inner.server_step
         self.prepare_uses_mpi = inner.prepare_uses_mpi
-        for name in ("prepare", "stage", "start", "finish", "grads_for"):  # the step's calls:
-            setattr(self, name, getattr(inner, name))  # bound once, no lookup per step
+        delegate(self, inner, SparseStrategy)  # (prepare, stage, start, finish, grads_for, ...)
 
     def __getattr__(self, name):  # the rest: the wrapped strategy's
         return getattr(self.inner, name)

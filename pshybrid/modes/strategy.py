@@ -66,3 +66,17 @@ class DenseStrategy(Strategy, Protocol):
     def weights(self): ...                                      # (P,) host
     def state_full(self): ...                                   # (flat (P,), {slot: (P,)})
     def load(self, flat, state: dict) -> None: ...
+
+
+def delegate(wrapper, inner, protocol) -> None:
+    """Bind onto ``wrapper`` the methods of ``protocol`` its class does not define, taken from
+    ``inner`` (the strategy it wraps), once: a wrapper that offered them only through
+    ``__getattr__`` failed ``isinstance(wrapper, protocol)`` from Python 3.12 on, whose check
+    reads attributes statically (every --replicate-rows run stopped on the assert in
+    ``Mode``), and the step's calls skip a lookup each."""
+    for cls in protocol.__mro__:
+        if cls.__module__ == __name__:
+            for name, member in vars(cls).items():
+                if callable(member) and not name.startswith("_") and not hasattr(type(wrapper),
+                                                                                 name):
+                    setattr(wrapper, name, getattr(inner, name))
