@@ -83,8 +83,8 @@ def time_batches(batches, b: int, rows: int, servers: int, n: int) -> dict:
         times["cpu"].append((time.thread_time() - c0) * 1e3)
         for _, _, dt in types:
             dt.Free()
-        for k, a, b in zip(PIECES, (t0, t1, t2, t3), (t1, t2, t3, t4)):
-            times[k].append((b - a) * 1e3)
+        for piece, begun, ended in zip(PIECES, (t0, t1, t2, t3), (t1, t2, t3, t4)):
+            times[piece].append((ended - begun) * 1e3)  # (b stays the batch size: below)
     out = {k: statistics.median(v) for k, v in times.items()}
     k = max(1, WINDOW_ROWS // b)  # input, cpu: the median of the means of windows of k batches
     for key in ("input", "cpu"):

