@@ -34,6 +34,6 @@ status=0
 pshybrid_run srun ${SRUN_MPI:+--mpi="$SRUN_MPI"} --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
   --cpu-bind=cores python -m pshybrid train \
   --config "${CONFIG:-jobs/slurm_cpu.toml}" --servers "${SLURM_JOB_NUM_NODES:-1}" \
-  --checkpoint-dir "$CKPT" --metrics "pshybrid-${SLURM_JOB_ID:-local}.jsonl" \
+  --checkpoint-dir="$CKPT" --metrics "pshybrid-${SLURM_JOB_ID:-local}.jsonl" \
   ${resume[@]+"${resume[@]}"} "$@" || status=$?
 pshybrid_requeue "$status"

@@ -13,8 +13,9 @@
 # One server per node (the last rank of each node, host memory only); the 4 workers of each
 # node pin GPU local_rank % 4 (--device cuda, docs/gpu.md). Submit from the repository root.
 # Environment as jobs/slurm_cpu.sh (PSHYBRID_MODULES: e.g. "openmpi/4.1.6 cuda/12.4" for a
-# CUDA-aware system MPI, docs/clusters.md; CONFIG default jobs/slurm_gpu.toml; CKPT; SRUN_MPI:
-# pmi2 by default, pmix for Open MPI); DEVICE=cpu trains on the CPUs of the same layout. The
+# CUDA-aware system MPI, docs/clusters.md, with SRUN_MPI=pmix and MPI4PY_LIBMPI; CONFIG default
+# jobs/slurm_gpu.toml; CKPT; SRUN_MPI: pmi2 by default, for the mpich wheel and MPICH-family
+# MPIs); DEVICE=cpu trains on the CPUs of the same layout. The
 # time limit: SIGUSR1 -> checkpoint at the next step boundary -> exit 75 -> requeue -> resume
 # from $CKPT/latest; a SIGTERM (scancel, a preemption) checkpoints and is not requeued here.
 set -euo pipefail
@@ -32,6 +33,6 @@ status=0
 pshybrid_run srun ${SRUN_MPI:+--mpi="$SRUN_MPI"} --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
   --cpu-bind=cores python -m pshybrid train \
   --config "${CONFIG:-jobs/slurm_gpu.toml}" --servers "${SLURM_JOB_NUM_NODES:-1}" \
-  --device "${DEVICE:-cuda}" --checkpoint-dir "$CKPT" \
+  --device "${DEVICE:-cuda}" --checkpoint-dir="$CKPT" \
   --metrics "pshybrid-${SLURM_JOB_ID:-local}.jsonl" ${resume[@]+"${resume[@]}"} "$@" || status=$?
 pshybrid_requeue "$status"

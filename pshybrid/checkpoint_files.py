@@ -106,7 +106,7 @@ def check_run_dir(root: str, resume_dir: str | None, resume_step: int | None,
     inside = False
     if resume_dir is not None:
         try:
-            inside = os.path.samefile(os.path.dirname(os.path.abspath(resume_dir)), root)
+            inside = os.path.samefile(os.path.dirname(os.path.realpath(resume_dir)), root)
         except OSError:
             inside = False
     if not inside:

@@ -187,7 +187,7 @@ def _resolve_train(args, say: bool):
     if base is None:  # no resume; or preflight names what is wrong with the checkpoint
         return resolve(TrainConfig, args)
     old = from_dict(TrainConfig, base, source)
-    base, moved = _saves_beside(base, os.path.dirname(os.path.dirname(source)) or ".")
+    base, moved = _saves_beside(base, os.path.dirname(source))
     new = resolve(TrainConfig, args, base, source)
     changed = [f"{option_flag(k)} {shown(v)} (was {shown(getattr(old, k))}"
                f"{moved if k == 'checkpoint_dir' and v == base[k] else ''})"
@@ -200,14 +200,17 @@ def _resolve_train(args, say: bool):
     return new
 
 
-def _saves_beside(base: dict, root: str) -> tuple[dict, str]:
+def _saves_beside(base: dict, step_dir: str) -> tuple[dict, str]:
     """The stored options with ``--checkpoint-dir`` the directory that holds the resumed
-    checkpoint now, ``root``, where the stored one is another directory (the checkpoints were
-    moved, copied, or named relative to another working directory: the stored name would
-    start a second history elsewhere), and the note for the changed option."""
-    stored = base.get("checkpoint_dir")
-    if not isinstance(stored, str) or os.path.realpath(stored) == os.path.realpath(root):
+    checkpoint ``step_dir`` now (its real parent: a link to a step is followed), where the
+    stored one is another directory (the checkpoints were moved, copied, or named relative
+    to another working directory: the stored name would start a second history elsewhere),
+    and the note for the changed option."""
+    stored, real = base.get("checkpoint_dir"), os.path.dirname(os.path.realpath(step_dir))
+    if not isinstance(stored, str) or os.path.realpath(stored) == real:
         return base, ""
+    given = os.path.dirname(os.path.normpath(step_dir)) or "."  # (as the user named it)
+    root = given if os.path.realpath(given) == real else real
     return dict(base, checkpoint_dir=root), ": the resumed checkpoint is in this directory now"
 
 

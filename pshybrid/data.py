@@ -28,7 +28,7 @@ import numpy as np
 from . import safeio
 from .errors import InputError
 from .rawrows import scan_rows
-from .rowcheck import check_bag_rows, check_bags, check_rows, file_change, file_stamp
+from .rowcheck import check_bag_rows, check_bags, check_rows, file_change
 from .schema import Schema, names_problem
 
 FORMAT_VERSION = 1
@@ -156,7 +156,7 @@ class DatasetWriter:
         filters = {"lzf": {"compression": "lzf"}, "gzip": {"compression": "gzip"},
                    "none": {}}[compression]
         rows = SHUFFLE_BLOCK if filters else CHUNK_ROWS
-        self.was = safeio.identity(self.path)  # (what publish may replace: prep checked it)
+        self.was = safeio.approved(self.path)  # (what publish may replace: prep checked it)
         try:
             self.tmp, fd = _create_temp(self.path)
         except OSError as exc:
@@ -327,7 +327,7 @@ class H5Dataset:
                                  "reads it; raise ulimit -n, or merge the files") from None
             raise InputError(f"{self.path}: not a readable HDF5 file ({e})") from None
         try:
-            self.stamp = file_stamp(os.fstat(self.f.id.get_vfd_handle()))
+            self.stamp = safeio.file_stamp(os.fstat(self.f.id.get_vfd_handle()))
             self._check()
             self.linked = self._linked()
         except BaseException:
@@ -338,11 +338,11 @@ class H5Dataset:
         """``InputError`` naming the file if it changed since it was opened (its size, or
         another file at its path), or for ``error`` (a failed read). Cheap: fstat + stat."""
         try:
-            now = file_stamp(os.fstat(self.f.id.get_vfd_handle()))
+            now = safeio.file_stamp(os.fstat(self.f.id.get_vfd_handle()))
         except (OSError, ValueError) as e:  # (a closed file)
             now, error = self.stamp, error or e
         try:
-            here = file_stamp(os.stat(self.path))[:2]
+            here = safeio.file_stamp(os.stat(self.path))[:2]
         except OSError:  # (removed)
             here = None
         how = file_change(self.stamp, now, here, self.path)
@@ -350,7 +350,7 @@ class H5Dataset:
             raise InputError(f"{self.path}: the dataset changed while it was read ({how})")
         for path, (key, stamp) in self.linked.items():
             try:
-                now = file_stamp(os.stat(path))
+                now = safeio.file_stamp(os.stat(path))
             except OSError:
                 now = None
             how = file_change(stamp, now, now and now[:2], path)
@@ -369,7 +369,8 @@ class H5Dataset:
         for key in keys:
             other = self.f[key].file
             if other.id.fileno != self.f.id.fileno and other.filename not in out:
-                out[other.filename] = (key, file_stamp(os.fstat(other.id.get_vfd_handle())))
+                handle = other.id.get_vfd_handle()
+                out[other.filename] = (key, safeio.file_stamp(os.fstat(handle)))
         return out
 
     def _read(self, read):

@@ -109,8 +109,18 @@ class DirLock:
                 continue
             with contextlib.suppress(OSError):  # (a filesystem without locks: the file alone)
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # before its text: a reader
-            os.write(fd, self.mine.encode())                   # who sees a holder sees it held
-            os.fsync(fd)
+            try:                                               # who sees a holder sees it held
+                os.write(fd, self.mine.encode())
+                os.fsync(fd)
+                if not os.path.samestat(os.fstat(fd), os.stat(self.path)):  # (taken as empty
+                    raise FileExistsError(f"{self.path}: another job took it at the same "
+                                          "moment")  # by a job that came before the flock)
+            except BaseException:  # (a full disk: no empty lock left behind to refuse others)
+                with contextlib.suppress(OSError):
+                    if os.path.samestat(os.fstat(fd), os.stat(self.path)):
+                        os.unlink(self.path)
+                os.close(fd)
+                raise
             self.fd, self.held = fd, True
             return notice
         raise FileExistsError(f"{self.path}: another job took it at the same moment")
@@ -137,15 +147,19 @@ class DirLock:
 
     def _stale(self, text: str) -> str:
         """Why the lock holding ``text`` is stale; FileExistsError if it may be held."""
+        held = flock_held(self.path)  # True: its process runs, wherever its pid is visible
         try:
             host, pid, start, *job = text.split()
             pid_n = int(pid)
         except ValueError:
-            raise FileExistsError(f"{self.root} is locked ({self.path} names no holder): if no "
-                                  f"job uses it, remove {self.path}") from None
+            if held is False:  # (a holder that ended between making the file and writing it)
+                return "no holder named, and none holding it"
+            raise FileExistsError(f"{self.root} is locked ({self.path} names no holder"
+                                  f"{', and a process holds it' if held else ''}): if no job "
+                                  f"uses it, remove {self.path}") from None
         in_use = (f"{self.root} is in use by another job: pid {pid} on host {host} holds "
                   f"{self.path}; choose another --checkpoint-dir or wait for it to end")
-        if flock_held(self.path):  # (its process runs, wherever its pid is visible)
+        if held:
             raise FileExistsError(in_use)
         if job and _earlier_run(job[0], self.job):
             return (f"pid {pid} on {host}, an earlier run of batch job "

@@ -7,7 +7,6 @@ file changed while it was read (``file_change``)."""
 
 from __future__ import annotations
 
-import os
 import sys
 
 import h5py
@@ -86,25 +85,21 @@ def check_bags(f, path: str, name: str, n_rows: int):
     return values, offsets
 
 
-def file_stamp(st: os.stat_result) -> tuple:
-    """A file's identity and state: (device, inode, size, modification time in ns)."""
-    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
-
-
 _TOUCHED: set = set()  # (device, inode) of the files whose new modification time was told
 
 
 def file_change(was: tuple, now: tuple | None, here: tuple | None, name: str) -> str | None:
     """How file ``name`` stamped ``was`` changed: ``now`` its open file's stamp, ``here`` the
     (device, inode) at its path (None: removed); None if it did not. A new modification
-    time alone is one warning per file: ``touch`` (which keeps scratch files from a purge)
-    changes nothing read, and a run stopped for it lost its work since its checkpoint."""
+    time alone is one warning per file and process: ``touch`` (which keeps scratch files
+    from a purge) changes nothing read, and a run stopped for it lost its work since its
+    checkpoint."""
     if here is not None and here == was[:2] and now[2] == was[2]:
         if now[3] != was[3] and was[:2] not in _TOUCHED:
             _TOUCHED.add(was[:2])
             sys.stderr.write(f"pshybrid: warning: {name}: its modification time changed while "
                              "it was read (the same file and size: touch?); training goes on "
-                             "with its rows as they are\n")
+                             "reading it as it is now\n")
         return None
     return ("removed" if here is None else "replaced by another file"
             if here != was[:2] else f"now {now[2]} bytes, was {was[2]}")

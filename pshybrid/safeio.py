@@ -175,10 +175,20 @@ def identity(path: str) -> tuple | None:
     """(device, inode, size, modification time) of the name ``path`` itself (a link is not
     followed), None if nothing is there."""
     try:
-        st = os.lstat(path)
+        return file_stamp(os.lstat(path))
     except FileNotFoundError:
         return None
+
+
+def file_stamp(st: os.stat_result) -> tuple:
+    """A file's identity and state: (device, inode, size, modification time in ns)."""
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def approved(path: str) -> tuple | None:
+    """What ``check_output`` saw at ``path`` (``identity``), or what is there now if it
+    did not look: what publishing may replace."""
+    return _APPROVED.get(os.path.abspath(path), identity(path))
 
 
 class OutputChanged(FileExistsError):
@@ -209,7 +219,6 @@ def _rename_new(tmp: str, path: str) -> bool:
     """Rename ``tmp`` to the new name ``path``; False if something took the name first.
     Linux's renameat2(RENAME_NOREPLACE), else a hard link, else a check then a rename."""
     import ctypes
-    import errno
 
     libc = ctypes.CDLL(None, use_errno=True)
     rename2 = getattr(libc, "renameat2", None)
@@ -247,7 +256,7 @@ def atomic_output(path: str):
     it) if ``out`` still holds what ``check_output`` saw there (else ``OutputChanged``); on
     any error it is removed, so a failed write leaves no partial file and an existing
     ``out`` unchanged."""
-    was = _APPROVED.get(os.path.abspath(path), identity(path))
+    was = approved(path)
     tmp = new_temp_file(path)
     try:
         yield tmp
@@ -300,8 +309,8 @@ def _too_long(path: str, full: str, base: str) -> str | None:
         except (OSError, ValueError):
             return default
 
-    n, limit, name_max = len(os.fsencode(full)), conf("PC_PATH_MAX", 4096), conf(
-        "PC_NAME_MAX", 255)
+    n, limit, name_max = len(os.fsencode(os.path.abspath(full))), conf(  # (written so)
+        "PC_PATH_MAX", 4096), conf("PC_NAME_MAX", 255)
     if n >= limit:
         return (f"{path}: the files it will hold have paths of {n} bytes, over the {limit - 1} "
                 "this system takes (PATH_MAX): choose a shorter path")

@@ -82,10 +82,10 @@ def launch_mismatch(size: int, environ=os.environ) -> str | None:
         n = environ.get(var, "")
         if n.isdigit():
             return None if int(n) <= 1 else (
-                f"{launcher} started {n} tasks, but the MPI library sees a job of 1 rank: "
-                f"{'its --mpi' if launcher == 'srun' else 'it'} does not match the MPI library "
-                "(the mpich wheel: srun --mpi=pmi2 or its own mpiexec; a system MPI: "
-                "MPI4PY_LIBMPI), so each rank runs alone")
+                f"{launcher} started {n} tasks, and the MPI library sees a job of 1 rank: if "
+                f"they are meant as one job, {'its --mpi' if launcher == 'srun' else 'it'} "
+                "does not match the MPI library (the mpich wheel: srun --mpi=pmi2 or its own "
+                "mpiexec; a system MPI: MPI4PY_LIBMPI), so each runs alone")
     return None
 
 
@@ -146,7 +146,7 @@ class Topology:
         world = comm.Dup()
         mismatch = launch_mismatch(world.size)
         if mismatch:
-            sys.stderr.write(f"pshybrid: warning: {mismatch}\n")
+            sys.stderr.write(f"pshybrid: note: {mismatch}\n")
         if colocated:
             n_servers = world.size
         elif n_servers is not None:

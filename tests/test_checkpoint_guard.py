@@ -764,7 +764,8 @@ def test_a_resume_with_another_global_batch_says_what_changes(tmp_path, capsys):
                 ) == warned, out
 
 
-def test_a_moved_or_copied_checkpoint_resumed_saves_where_it_is_now(tmp_path, capsys):
+def test_a_moved_or_copied_checkpoint_resumed_saves_where_it_is_now(tmp_path, capsys,
+                                                                  monkeypatch):
     """Oracle: the directories' contents. A checkpoint directory renamed (or a step copied
     elsewhere) and resumed without --checkpoint-dir saves beside the checkpoint it resumed,
     and says so; before, the stored name made a second history at the old path (a moved
@@ -777,6 +778,7 @@ def test_a_moved_or_copied_checkpoint_resumed_saves_where_it_is_now(tmp_path, ca
     small = ["--mode", "allreduce", "--servers", "0", "--embedding-dim", "4", "--mlp", "8",
              "--progress", "none"]
     ck, moved = tmp_path / "ck", tmp_path / "moved"
+    monkeypatch.chdir(tmp_path)  # (restored after the test: it changes directory below)
     assert main(["train", *small, "--steps", "2", "--checkpoint-dir", str(ck)]) == 0
     shutil.copytree(ck / "step-2", tmp_path / "copy" / "step-2")
     ck.rename(moved)
@@ -792,3 +794,11 @@ def test_a_moved_or_copied_checkpoint_resumed_saves_where_it_is_now(tmp_path, ca
     assert sorted(os.listdir(moved)) == ["latest", "step-2", "step-3"]
     assert run(main, ["train", "--resume", str(moved / "step-2"), "--steps", "5"]) == 2
     assert f"--checkpoint-dir {moved} holds step-3" in capsys.readouterr().err  # a branch
+    os.symlink(moved / "step-3", tmp_path / "best")  # a link to a step: its real directory
+    os.chdir(tmp_path / "copy")
+    assert run(main, ["train", "--resume", str(tmp_path / "best"), "--steps", "6"]) == 0
+    assert sorted(os.listdir(moved)) == ["latest", "step-2", "step-3", "step-6"]
+    os.chdir(moved / "step-6")  # a step named from inside it
+    assert run(main, ["train", "--resume", ".", "--steps", "7"]) == 0
+    assert (moved / "latest").read_text().strip() == "step-7"
+    assert sorted(os.listdir(tmp_path / "copy")) == ["latest", "step-2", "step-4"]

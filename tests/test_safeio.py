@@ -64,6 +64,13 @@ def test_an_output_that_appears_or_changes_while_the_command_runs_is_never_repla
             open(tmp, "w").write("mine")
             out.write_text("precious\n")  # appears meanwhile
     assert out.read_text() == "precious\n" and os.listdir(tmp_path) == ["out.h5"]
+    seen = safeio.identity  # ... and at the last moment, after the name was found free:
+    monkeypatch.setattr(safeio, "identity", lambda p: None if p == str(out) else seen(p))
+    with pytest.raises(safeio.OutputChanged, match="at the same moment"):
+        with safeio.atomic_output(str(out)) as tmp:
+            open(tmp, "w").write("mine")
+    monkeypatch.setattr(safeio, "identity", seen)
+    assert out.read_text() == "precious\n" and os.listdir(tmp_path) == ["out.h5"]
     assert safeio.check_output(str(out), "OUT", existing=lambda p: None) is None  # approved
     with pytest.raises(safeio.OutputChanged):
         with safeio.atomic_output(str(out)) as tmp:
@@ -337,3 +344,38 @@ def test_hdf5_files_are_read_and_written_where_the_filesystem_has_no_locks(tmp_p
         assert any(n.startswith("embeddings/") for n in names), names
         for n in names:
             np.testing.assert_array_equal(a[n][...], b[n][...], err_msg=n)
+
+
+def test_dir_lock_that_cannot_be_written_leaves_nothing_and_an_empty_free_one_is_stale(
+        tmp_path, monkeypatch):
+    """A lock whose text could not be written (a full disk) was left empty, its descriptor
+    open, and refused every later run ("names no holder: remove it"). Now it is removed; an
+    empty lock that no process holds (its holder ended between making and writing it) is
+    stale, and one a process holds is in use."""
+    import errno
+
+    root = tmp_path / "ck"
+    root.mkdir()
+    path = root / dirlock.LOCK_NAME
+    fds = len(os.listdir("/proc/self/fd"))
+    real_write = os.write
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match="No space"):
+        dirlock.DirLock(str(root)).acquire()
+    monkeypatch.setattr(os, "write", real_write)
+    assert not path.exists() and len(os.listdir("/proc/self/fd")) == fds
+    path.write_text("")  # empty, nobody holding it
+    lock = dirlock.DirLock(str(root))
+    assert "no holder named, and none holding it" in lock.acquire()
+    lock.release()
+    path.write_text("")
+    import fcntl
+
+    with open(path) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)  # (another open file description: "another process")
+        with pytest.raises(FileExistsError, match="a process holds it"):
+            dirlock.DirLock(str(root)).acquire()
