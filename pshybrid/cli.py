@@ -190,7 +190,7 @@ def _resolve_train(args, say: bool):
     base, moved = _saves_beside(base, os.path.dirname(source))
     new = resolve(TrainConfig, args, base, source)
     changed = [f"{option_flag(k)} {shown(v)} (was {shown(getattr(old, k))}"
-               f"{moved if k == 'checkpoint_dir' and v == base[k] else ''})"
+               f"{moved if k == 'checkpoint_dir' and v == base.get(k) else ''})"
                for k, v in vars(new).items() if k != "resume" and v != getattr(old, k)]
     changed += [f"{option_flag(k)} {shown(getattr(old, k))} no longer counts ({by} decides)"
                 for k, by in new.replaced_by().items() if k not in old.replaced_by()]
