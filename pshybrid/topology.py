@@ -144,7 +144,7 @@ class Topology:
         """Collective over ``comm``. ``n_servers=None``: one per node (default_servers).
         ``colocated``: every rank is a worker that owns a shard (``n_servers`` unused)."""
         world = comm.Dup()
-        mismatch = launch_mismatch(world.size)
+        mismatch = launch_mismatch(MPI.COMM_WORLD.size)  # (not comm's: a job's subgroup)
         if mismatch:
             sys.stderr.write(f"pshybrid: note: {mismatch}\n")
         if colocated:
