@@ -36,9 +36,11 @@ def growth(win, op, n: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ops", type=int, default=200_000)
+    p.add_argument("--ops", type=int, default=200_000, help="operations timed (>= 5)")
     p.add_argument("--rows", type=int, default=50)
     a = p.parse_args()
+    if a.ops < 5 or a.rows < 1:  # (every rank: --ops 0 failed on rank 0 alone; rank 1 hung)
+        p.error("--ops must be >= 5 and --rows >= 1")
     comm, dim, table = MPI.COMM_WORLD, 8, 10_000
     if comm.size != 2:
         raise SystemExit("run with mpiexec -n 2")

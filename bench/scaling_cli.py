@@ -383,12 +383,35 @@ def write_png(path: str, proj: dict, lks: dict, ks: list, nodes: list, compute: 
     print(f"wrote {path}")
 
 
+def _counts(ap, *lists) -> list[int]:
+    """The integers of comma lists (None: none), or ``ap.error`` naming the bad one."""
+    try:
+        return [int(x) for text in lists if text for x in text.split(",")]
+    except ValueError as e:
+        ap.error(f"--nodes / --workers-per-node: {e}")
+
+
+def _run(ap, path: str) -> dict:
+    """A modes_bench JSON file's content, or ``ap.error`` saying why it is not one."""
+    try:
+        run = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        ap.error(f"RUN {path}: not a readable JSON file ({e})")
+    if not isinstance(run, dict) or not isinstance(run.get("results"), dict):
+        ap.error(f"RUN {path}: not a modes_bench output (no 'results')")
+    return run
+
+
 def main(argv=None) -> int:
     """Parse, calibrate, check, project, print, write."""
     ap = parser()
     a = ap.parse_args(argv)
-    check_outputs(ap, a.json, a.png, [("RUN", p) for p in a.runs])
-    runs = [(p, json.loads(Path(p).read_text())) for p in a.runs]
+    check_outputs(ap, a.json, a.png, [("RUN", p) for p in a.runs] + [
+        ("--cross", p) for p in a.cross] + [(o, p) for o, p in (
+            ("--servers-from", a.servers_from), ("--compute-from", a.compute_from)) if p])
+    if any(n < 1 for n in _counts(ap, a.nodes, a.workers_per_node)):
+        ap.error("--nodes and --workers-per-node: counts of at least 1")
+    runs = [(p, _run(ap, p)) for p in a.runs]
     name0, run0 = runs[0]
     modes = [m for m in MODES if m in run0["results"]]
     c0 = calibrate(run0, modes[0], a.row_width)

@@ -24,6 +24,9 @@ def description(doc: str) -> str:
 IMAGE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "ps", "eps")
 
 
+_OUTPUT_BYTES = 64 << 20  # an earlier JSON output or image is smaller than this
+
+
 def check_outputs(parser, json_path=None, image_path=None, inputs=()) -> None:
     """Before a benchmark runs (every rank, the same verdict, before any collective): its
     ``--json`` may be a new file or an earlier JSON output, its image a new file or an
@@ -37,9 +40,10 @@ def check_outputs(parser, json_path=None, image_path=None, inputs=()) -> None:
 
     def earlier(path, what, ok):
         try:
-            with open(path, "rb") as fh:
-                if ok(fh.read()):
-                    return None
+            with open(path, "rb") as fh:  # (a bounded read: a multi-GB dataset given by
+                raw = fh.read(_OUTPUT_BYTES + 1)  # mistake is refused without loading it)
+            if len(raw) <= _OUTPUT_BYTES and ok(raw):
+                return None
         except OSError:
             pass
         return (f"{path} exists and is not {what}: not replaced; remove it yourself or "

@@ -873,3 +873,33 @@ def test_auto_picks_the_fastest_mode_that_fits():
     assert sc.auto_picks(proj, 1e9, 10e9) == {"eth25": {"2": ["allreduce", "allreduce", "ps"]}}
     # two workers' whole tables (2 x 4.5 GB) over 80% of 10 GB: allreduce is refused
     assert sc.auto_picks(proj, 4.5e9, 10e9) == {"eth25": {"2": ["ps", "hybrid", "ps"]}}
+
+
+def test_scaling_never_writes_over_an_input_and_names_a_bad_run_file(tmp_path):
+    """``--json`` naming a ``--cross`` (or ``--servers-from``, ``--compute-from``) file wrote
+    over it; a missing, non-JSON or foreign run file was a traceback. Oracle: the input's
+    bytes, and one ``error:`` line with exit status 2 before any work."""
+    import shutil
+    import subprocess
+
+    run = tmp_path / "m.json"
+    shutil.copy(os.path.join(BENCH, "sample_modes.json"), run)
+    other = tmp_path / "in2.json"
+    shutil.copy(run, other)
+    before = other.read_bytes()
+    (tmp_path / "e.json").write_text("{}")
+
+    def scaling(*args):
+        return subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), *args],
+                              capture_output=True, text=True, timeout=120, cwd=tmp_path)
+
+    for opt in ("--cross", "--servers-from", "--compute-from"):
+        p = scaling(str(run), opt, str(other), "--json", str(other))
+        assert p.returncode == 2 and f"same file as {opt}" in p.stderr, p.stderr
+        assert other.read_bytes() == before
+    for bad, why in (("no.json", "not a readable JSON file"), ("e.json", "not a modes_bench"),
+                     (os.path.join(BENCH, "scaling.py"), "not a readable JSON file")):
+        p = scaling(bad)
+        assert p.returncode == 2 and why in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p = scaling(str(run), "--nodes", "0,3")
+    assert p.returncode == 2 and "at least 1" in p.stderr, p.stderr
