@@ -61,6 +61,17 @@ def _earlier_run(theirs: str, mine: str) -> bool:
     return mid != "-" and tid == mid and tn.isdigit() and int(tn) < int(mn)
 
 
+def hold(fd: int) -> bool:
+    """Take an exclusive ``flock`` on open file ``fd`` for as long as it stays open: False if
+    another process holds one; True once held, or where the filesystem has no locks (the
+    file alone tells then)."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        return e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN)
+    return True
+
+
 def flock_held(path: str) -> bool | None:
     """Whether another process holds a ``flock`` on ``path``: True, False, or None where
     this filesystem cannot tell (no locks: some NFS mounts) or the file cannot be opened."""
@@ -107,9 +118,8 @@ class DirLock:
             except FileExistsError:
                 notice = self._take_over() or notice
                 continue
-            with contextlib.suppress(OSError):  # (a filesystem without locks: the file alone)
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # before its text: a reader
-            try:                                               # who sees a holder sees it held
+            hold(fd)  # before its text: a reader who sees a holder named sees it held
+            try:
                 os.write(fd, self.mine.encode())
                 os.fsync(fd)
                 if not os.path.samestat(os.fstat(fd), os.stat(self.path)):  # (taken as empty

@@ -11,8 +11,6 @@ the run's exit status is 1 (``Reporter.failed``).
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import math
 import os
@@ -134,12 +132,9 @@ def open_metrics(path: str):
     run's interleaved, every step twice); a last line cut short (a job killed while writing
     it) is ended first, so it stays alone."""
     fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            os.close(fd)
-            raise ConfigError(in_use(path)) from None
+    if not dirlock.hold(fd):
+        os.close(fd)
+        raise ConfigError(in_use(path))
     size = os.fstat(fd).st_size
     if size and os.pread(fd, 1, size - 1) != b"\n":
         os.write(fd, b"\n")
