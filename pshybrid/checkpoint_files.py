@@ -45,6 +45,9 @@ _CHUNK = 1 << 18
 STEP_RE = safeio.STEP_RE
 SHARD_RE = re.compile(r"shard-[0-9]{5,}\.h5")
 TEMP_RE = re.compile(r"\.step-[0-9]+\.(?:[A-Za-z0-9_]+\.)?tmp")  # ours, and the old fixed name
+# The longest path a checkpoint writes in its directory: a shard in a step's temporary
+# directory (``.step-N.<mkdtemp's 8 characters>.tmp``, N of up to 20 digits).
+DEEPEST = os.path.join(f".step-{'9' * 20}.{'x' * 8}.tmp", "shard-00000.h5")
 def list_steps(root: str) -> dict[int, str]:
     """{N: path} of every entry ``step-N`` in ``root`` (of any kind); {} if there is none."""
     try:

@@ -59,9 +59,8 @@ def check_outputs(cfg, topo) -> None:
     in a checkpoint directory or a non-regular file; an existing file only when it is a
     ``--metrics`` file of pshybrid, appended to). Raises ConfigError naming the option;
     nothing is created or changed."""
-    if cfg.checkpoint_dir:  # (its deepest file: a step's temporary directory's shard)
-        problem = safeio.check_writable_dir(cfg.checkpoint_dir, os.path.join(
-            f".step-{'9' * 20}.{'x' * 8}.tmp", "shard-00000.h5"))
+    if cfg.checkpoint_dir:
+        problem = safeio.check_writable_dir(cfg.checkpoint_dir, checkpoint_files.DEEPEST)
         if problem:
             raise ConfigError(f"--checkpoint-dir: {problem}")
     ckdirs = [d for d in (cfg.checkpoint_dir, cfg.resume) if d]

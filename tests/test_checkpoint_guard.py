@@ -802,3 +802,11 @@ def test_a_moved_or_copied_checkpoint_resumed_saves_where_it_is_now(tmp_path, ca
     assert run(main, ["train", "--resume", ".", "--steps", "7"]) == 0
     assert (moved / "latest").read_text().strip() == "step-7"
     assert sorted(os.listdir(tmp_path / "copy")) == ["latest", "step-2", "step-4"]
+
+
+def test_the_deepest_checkpoint_path_is_named_as_checkpoints_name_their_files():
+    """``checkpoint_files.DEEPEST``, what the check before step 1 measures against PATH_MAX,
+    is a step's temporary directory and a shard as the writer names them."""
+    tmp, shard = os.path.split(checkpoint_files.DEEPEST)
+    assert checkpoint_files.TEMP_RE.fullmatch(tmp) and checkpoint_files.SHARD_RE.fullmatch(shard)
+    assert len(tmp) >= len(f".step-{2**63}.abcdefgh.tmp")
