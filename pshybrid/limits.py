@@ -269,6 +269,10 @@ def window_bytes(est: dict) -> int:
     return sum(p.nbytes for p in est["server"] if p.what in WINDOW_PARTS)
 
 
+SHM_WAYS_OUT = ("give the job more shared memory (a container: --shm-size), spread the table "
+                "over more --servers on more nodes, or lower --embedding-dim")
+
+
 def check_shared_memory(est: dict, servers_here: int, shared: bool,
                         node: str = "this node") -> None:
     """Raise ``ConfigError`` (collective) if the shards of this node's ``servers_here``
@@ -284,9 +288,7 @@ def check_shared_memory(est: dict, servers_here: int, shared: bool,
         raise ConfigError(
             f"{shm} on {node} cannot hold the {servers_here} shard"
             f"{'s' * (servers_here != 1)} its ranks hold ({gib(total)}; the MPI library maps "
-            f"them from files there): {problem}; give the job more shared memory (a "
-            "container: --shm-size), spread the table over more --servers on more nodes, or "
-            "lower --embedding-dim", collective=True)
+            f"them from files there): {problem}; {SHM_WAYS_OUT}", collective=True)
 
 
 def check_address_space(est: dict, worker: bool, server: bool, node_windows: int) -> None:

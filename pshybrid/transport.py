@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from .backend import array_module, synchronize
 from .errors import PshybridError
+from .limits import SHM_WAYS_OUT
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
 
@@ -219,13 +220,8 @@ def release_shared_memory() -> list[str]:
     a job that is about to die (abort, a second signal) leaves none behind; the mappings
     stay valid until the processes end. Returns the paths removed (Linux; elsewhere none)."""
     removed = []
-    try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split(None, 5)[5].strip() for line in f if " /dev/shm/" in line}
-    except (OSError, IndexError):
-        return removed
-    for p in sorted(paths):
-        if p.startswith("/dev/shm/") and not p.endswith("(deleted)"):
+    for p in sorted({m[4] for m in _shm_maps(0, 1 << 64)}):
+        if not p.endswith("(deleted)"):
             with contextlib.suppress(OSError):
                 os.unlink(p)
                 removed.append(p)
@@ -236,9 +232,10 @@ MADV_POPULATE_WRITE = 23  # Linux 5.14+: fault pages in writable, an error inste
 _SHORT = (errno.ENOSPC, errno.EFAULT, errno.ENOMEM)  # (EFAULT: the touch would be a SIGBUS)
 
 
-def _shm_maps(lo: int, hi: int) -> list[tuple[int, int, int, str]]:
-    """[(start, end, file offset of start, /proc/self/map_files name)] of this process's
-    mappings of files in ``/dev/shm`` (linked or not), clipped to the addresses [lo, hi)."""
+def _shm_maps(lo: int, hi: int) -> list[tuple[int, int, int, str, str]]:
+    """[(start, end, file offset of start, /proc/self/map_files name, path)] of this
+    process's mappings of files in ``/dev/shm`` (linked or not: a path ending in
+    `` (deleted)``), clipped to the addresses [lo, hi)."""
     out = []
     try:
         with open("/proc/self/maps") as f:
@@ -249,7 +246,8 @@ def _shm_maps(lo: int, hi: int) -> list[tuple[int, int, int, str]]:
         a, b = (int(x, 16) for x in fields[0].split("-"))
         if len(fields) == 6 and fields[5].startswith("/dev/shm/") and a < hi and lo < b:
             start = max(a, lo)
-            out.append((start, min(b, hi), int(fields[2], 16) + start - a, fields[0]))
+            out.append((start, min(b, hi), int(fields[2], 16) + start - a, fields[0],
+                        fields[5].strip()))
     return out
 
 
@@ -287,7 +285,7 @@ def reserve_shared_memory(buf) -> None:
     backed by a file there (anonymous, another MPI library): nothing."""
     mem = np.frombuffer(buf, np.uint8)
     lo = mem.ctypes.data
-    for start, end, offset, name in _shm_maps(lo, lo + mem.nbytes):
+    for start, end, offset, name, _ in _shm_maps(lo, lo + mem.nbytes):
         err = _reserve(start, end, offset, name)
         if err:
             free = os.statvfs("/dev/shm")
@@ -296,9 +294,7 @@ def reserve_shared_memory(buf) -> None:
                 f"/dev/shm cannot hold this rank's {mem.nbytes / 2**20:,.1f} MiB shard of the "
                 f"tables (the MPI library maps it from a file there; {why}, "
                 f"{free.f_bavail * free.f_frsize / 2**20:,.1f} MiB free now: another job may "
-                "have taken it since the check before step 1); give the job more shared "
-                "memory (a container: --shm-size), spread the table over more --servers on "
-                "more nodes, or lower --embedding-dim")
+                f"have taken it since the check before step 1); {SHM_WAYS_OUT}")
 
 
 def abort(comm: MPI.Comm, code: int) -> None:
