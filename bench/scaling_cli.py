@@ -383,10 +383,10 @@ def write_png(path: str, proj: dict, lks: dict, ks: list, nodes: list, compute: 
     print(f"wrote {path}")
 
 
-def _counts(ap, *lists) -> list[int]:
-    """The integers of comma lists (None: none), or ``ap.error`` naming the bad one."""
+def _counts(ap, text: str | None) -> list[int]:
+    """The integers of a comma list (None: none), or ``ap.error`` naming it."""
     try:
-        return [int(x) for text in lists if text for x in text.split(",")]
+        return [int(x) for x in text.split(",")] if text else []
     except ValueError as e:
         ap.error(f"--nodes / --workers-per-node: {e}")
 
@@ -409,7 +409,8 @@ def main(argv=None) -> int:
     check_outputs(ap, a.json, a.png, [("RUN", p) for p in a.runs] + [
         ("--cross", p) for p in a.cross] + [(o, p) for o, p in (
             ("--servers-from", a.servers_from), ("--compute-from", a.compute_from)) if p])
-    if any(n < 1 for n in _counts(ap, a.nodes, a.workers_per_node)):
+    nodes, given_ks = _counts(ap, a.nodes), _counts(ap, a.workers_per_node)
+    if any(n < 1 for n in nodes + given_ks):
         ap.error("--nodes and --workers-per-node: counts of at least 1")
     runs = [(p, _run(ap, p)) for p in a.runs]
     name0, run0 = runs[0]
@@ -417,8 +418,7 @@ def main(argv=None) -> int:
     c0 = calibrate(run0, modes[0], a.row_width)
     calib = calibrations(a, run0, name0)
     srv_notes = servers_from(a, calib, name0)
-    ks = [int(x) for x in a.workers_per_node.split(",")] if a.workers_per_node else [c0.workers]
-    nodes = [int(x) for x in a.nodes.split(",")]
+    ks = given_ks or [c0.workers]
     lks = links(a)
     kw = dict(overlap=a.overlap, ps_server_dense=a.ps_server_dense,
               ps_local_dense=a.ps_local_dense,
