@@ -235,7 +235,7 @@ def test_dir_lock_is_exclusive_and_judges_stale_holders(tmp_path, monkeypatch):
     root.mkdir()
     path = root / dirlock.LOCK_NAME
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     refused = {_lock_text(os.getppid()): "in use by another job",
                _lock_text(1, host="elsewhere"): "on host elsewhere",
                _lock_text(1, host="elsewhere").strip() + " 41#0\n": "on host elsewhere",
@@ -274,7 +274,7 @@ def test_dir_lock_held_by_a_process_this_host_cannot_see_is_refused(tmp_path, mo
     root.mkdir()
     path = root / dirlock.LOCK_NAME
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+                          capture_output=True, text=True, check=True, timeout=60).stdout.strip()
     path.write_text(_lock_text(gone, start="1"))
     holder = subprocess.Popen(  # holds the flock as a live holder does, then waits
         [sys.executable, "-c", "import fcntl, sys; f = open(sys.argv[1], 'a'); "
