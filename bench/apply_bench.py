@@ -2,8 +2,9 @@
 """python bench/apply_bench.py [--threads 1 2] [--kinds adagrad adam] [--parts 0 1 2]
                               [--memory window numpy] [--sweep]
 
-A server's optimizer apply on several threads (``pshybrid.pool``), one process, no MPI: a
-shard of ``--rows`` rows of ``--dim`` floats with its optimizer state, in ``--memory``
+A server's optimizer apply on several threads (``pshybrid.pool``), one process, no MPI.
+
+The shard: ``--rows`` rows of ``--dim`` floats with its optimizer state, in ``--memory``
 (``window``: shared memory, where a server's shard lives, an MPI window; ``numpy``: NumPy's
 own allocation, on huge pages where the kernel gives them: ``shard_array``); each step updates
 ``--touched`` distinct random rows (sorted, as the segment sum leaves them). Rows/s is the
@@ -39,7 +40,7 @@ import numpy as np
 from pshybrid import kernels, pool
 from pshybrid.modes.sparse import ServerSparse
 from pshybrid.optim import Optimizer
-from timing import description  # bench/timing.py (a sibling: python bench/X.py)
+from timing import at_least, description  # bench/timing.py (a sibling: python bench/X.py)
 
 OPTIMIZERS = {"sgd": Optimizer("sgd", lr=0.05, l2=1e-5),  # sgd with L2: a server step
               "adagrad": Optimizer("adagrad", lr=0.05), "adam": Optimizer("adam", lr=0.001)}
@@ -185,7 +186,9 @@ def report(a) -> None:
                 kind, t, dim=a.dim, touched=a.touched, repeat=a.repeat, parts=parts,
                 shard=shards[kind, m], seed=1000 * r))
         ref.append(memcpy_rows_per_s(a.touched, a.dim, a.dtype, a.repeat))
-    head = " ".join(f"{f'{t} thr':>8}" for t in a.threads)
+    used = {t: len(pool.spans(a.touched, t, pool.MIN_ROWS_PER_THREAD)) for t in a.threads}
+    head = " ".join(f"{f'{t} thr' if used[t] == t else f'{t}({used[t]}) thr':>8}"
+                    for t in a.threads)
     print(f"{'optimizer':<9} {'memory':<6} {'parts':>5} | {head} | {f'x {a.threads[-1]}':>6}")
     for kind in a.kinds:
         for m in a.memory:
@@ -195,6 +198,9 @@ def report(a) -> None:
                 print(f"{kind:<9} {m:<6} {parts:>5} | {cells} | {med[-1] / med[0]:>6.2f}")
     print(f"{'memcpy':<9} {'':<6} {'':>5} | {statistics.median(ref) / 1e6:>8.1f}  (the same "
           "rows' bytes, one copy)")
+    if any(used[t] != t for t in a.threads):
+        print(f"T(U) thr: T threads given, U used: below {pool.MIN_ROWS_PER_THREAD:,} rows a "
+              "thread the pool keeps the work on fewer (--sweep forces them)")
     print(load_elsewhere(before, time.perf_counter() - t0), flush=True)
 
 
@@ -223,25 +229,29 @@ def sweep(a) -> None:
 def parser() -> argparse.ArgumentParser:
     """The flags (``--help``: the docstring's summary line)."""
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--threads", type=at_least(1), nargs="+", default=[1, 2])
     ap.add_argument("--kinds", nargs="+", default=["adagrad", "adam"], choices=list(OPTIMIZERS))
-    ap.add_argument("--parts", type=int, nargs="+", default=[0, 1, 2],
+    ap.add_argument("--parts", type=at_least(0), nargs="+", default=[0, 1, 2],
                     help="0: the optimizer step alone; P: server_apply on P workers' parts")
     ap.add_argument("--memory", nargs="+", default=["window"], choices=MEMORY,
                     help="where the shard lives: window (shared memory, as the servers' "
                     "shards), numpy (NumPy's allocation); --sweep: the first")
-    ap.add_argument("--rows", type=int, default=2_000_000, help="rows of the shard")
-    ap.add_argument("--dim", type=int, default=17)
+    ap.add_argument("--rows", type=at_least(1), default=2_000_000, help="rows of the shard")
+    ap.add_argument("--dim", type=at_least(1), default=17)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    ap.add_argument("--touched", type=int, default=65536, help="distinct rows a step")
-    ap.add_argument("--repeat", type=int, default=5, help="steps a round")
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--touched", type=at_least(1), default=65536, help="distinct rows a step")
+    ap.add_argument("--repeat", type=at_least(1), default=5, help="steps a round")
+    ap.add_argument("--rounds", type=at_least(1), default=7)
     ap.add_argument("--sweep", action="store_true", help="1 vs 2 threads by touched rows")
     return ap
 
 
 def main(argv=None) -> int:
-    a = parser().parse_args(argv)
+    ap = parser()
+    a = ap.parse_args(argv)
+    if a.touched > a.rows:
+        ap.error(f"--touched {a.touched} is more than the shard's --rows {a.rows}: the rows a "
+                 "step updates are distinct")
     kernels.numba_active()
     apply_rows_per_s("sgd", 1, rows=64, touched=8, repeat=1, parts=2)  # compile, untimed
     (sweep if a.sweep else report)(a)

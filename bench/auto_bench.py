@@ -39,7 +39,7 @@ from pshybrid.config import TrainConfig
 from pshybrid.registry import MODES, is_colocated, placement_name
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
 from pshybrid.train import train
-from timing import check_outputs, description  # bench/timing.py (a sibling: python bench/X.py)
+from timing import at_least, check_outputs, description  # bench/timing.py (a sibling)
 
 KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
           27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
@@ -77,10 +77,10 @@ def timed(cfg, comm, data, warmup: int):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--workload", choices=tuple(WORKLOADS), default="light")
-    ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--warmup", type=int, default=30)
-    ap.add_argument("--repeat", type=int, default=2)
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--steps", type=at_least(1), default=150)
+    ap.add_argument("--warmup", type=at_least(0), default=30)
+    ap.add_argument("--repeat", type=at_least(1), default=2)
+    ap.add_argument("--batch-size", type=at_least(1), default=256)
     ap.add_argument("--no-hot", action="store_true",
                     help="leave out the --replicate-rows alternatives (faster)")
     ap.add_argument("--json", default=None)

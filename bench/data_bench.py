@@ -48,7 +48,7 @@ from pshybrid.data import DatasetWriter, H5Dataset  # noqa: E402
 from pshybrid.files import H5Files
 from pshybrid.schema import FusedTable  # noqa: E402
 from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR  # noqa: E402
-from timing import description  # noqa: E402  (bench/timing.py)
+from timing import at_least, description  # noqa: E402  (bench/timing.py)
 
 
 
@@ -145,11 +145,11 @@ def compressed_copies(h5: H5Dataset, tmp: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--rows", type=int, default=300_000, help="rows of the HDF5 file")
-    ap.add_argument("--batch-size", type=int, default=256)
-    ap.add_argument("--steps", type=int, default=256, help="batches per timed run")
-    ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--max-cardinality", type=int, default=1_000_000)
+    ap.add_argument("--rows", type=at_least(1), default=300_000, help="rows of the HDF5 file")
+    ap.add_argument("--batch-size", type=at_least(1), default=256)
+    ap.add_argument("--steps", type=at_least(1), default=256, help="batches per timed run")
+    ap.add_argument("--repeat", type=at_least(1), default=5)
+    ap.add_argument("--max-cardinality", type=at_least(1), default=1_000_000)
     ap.add_argument("--quick", action="store_true", help="the compression cases only")
     a = ap.parse_args(argv)
     b = a.batch_size

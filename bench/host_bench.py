@@ -51,7 +51,7 @@ from pshybrid.data import H5Dataset  # noqa: E402
 from pshybrid.schema import field_offsets  # noqa: E402
 from pshybrid.store import ids_in_range, owner_types  # noqa: E402
 from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR, write_synthetic  # noqa: E402
-from timing import check_outputs, description  # noqa: E402  (bench/timing.py)
+from timing import at_least, check_outputs, description  # noqa: E402  (bench/timing.py)
 
 TARGET_MS = {256: 0.25, 4096: 1.5}  # the aim: input + planning per batch, one core
 DIM = 16
@@ -188,15 +188,15 @@ SECTIONS = {"input": (input_planning, print_input),  # name: (rows of args, prin
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 4096])
-    ap.add_argument("--steps", type=int, nargs="+", default=[320, 60],
+    ap.add_argument("--batch-sizes", type=at_least(1), nargs="+", default=[256, 4096])
+    ap.add_argument("--steps", type=at_least(1), nargs="+", default=[320, 60],
                     help="timed batches per batch size (one value: all)")
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--servers", type=int, default=1, help="owners of the table's rows")
-    ap.add_argument("--max-cardinality", type=int, default=1_000_000)
-    ap.add_argument("--rounds", type=int, default=5, help="apply: interleaved rounds")
-    ap.add_argument("--shard-rows", type=int, default=2_000_000, help="apply: the shard")
-    ap.add_argument("--touched", type=int, default=65536, help="apply: rows a step")
+    ap.add_argument("--warmup", type=at_least(0), default=10)
+    ap.add_argument("--servers", type=at_least(1), default=1, help="owners of the table's rows")
+    ap.add_argument("--max-cardinality", type=at_least(1), default=1_000_000)
+    ap.add_argument("--rounds", type=at_least(1), default=5, help="apply: interleaved rounds")
+    ap.add_argument("--shard-rows", type=at_least(1), default=2_000_000, help="apply: the shard")
+    ap.add_argument("--touched", type=at_least(1), default=65536, help="apply: rows a step")
     ap.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=list(SECTIONS))
     ap.add_argument("--json", help="write every section's rows to this file")
     a = ap.parse_args(argv)

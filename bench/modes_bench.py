@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 # mpiexec -n 3 python bench/modes_bench.py [--workload paper|light --data FILE --eval-data FILE --shared-memory --steps 80 --warmup 20 --repeat 3 --bucket-mb 1 --consistency bsp,ssp:1 --cache-rows 0,N --wire-only --json bench_modes.json --png bench_modes.png]
 """Mode benchmark: the same model, data, seed and workers trained in hybrid, ps and
-allreduce -- and a compute-only run (same workers, no communication at all) as the floor --
-one after another in one invocation, for the claim of the reference hybrid-vs-parameter-server
-result (hybrid 48% faster than TensorFlow-PS at 16 nodes; docs/benchmarks.md).
+allreduce, and a compute-only run (same workers, no communication at all) as the floor, one
+after another in one invocation.
+
+It checks the claim of the reference hybrid-vs-parameter-server result (hybrid 48% faster
+than TensorFlow-PS at 16 nodes; docs/benchmarks.md).
 
 Workloads: ``paper`` (default) mirrors the reference result's workload: WDL, 26 Criteo-like
 tables (Criteo Kaggle cardinalities capped at 10**6: 5.6M rows), dim 16, MLP 1024-512-256,
@@ -19,8 +21,9 @@ median step time). Per mode: samples/s from the median step time after warm-up, 
 workers' per-phase split after warm-up (medians per step, with ``other``: the step no phase
 timer covers, and ``apply``: the servers' optimizer, which overlaps the workers' phases;
 the PNG stacks the means, which sum to the mean step), bytes per step per worker by kind
-(the library's own counters) beside the analytic formula computed from the data, peak RSS
-per role. Rank 0 prints a table with the Hybrid/PS and Hybrid/AllReduce ratios and writes
+(the library's own counters, over every step, warm-up included) beside the analytic
+formula computed from the data (its unique ids averaged over the timed steps only, as the
+phases' costs per id are), peak RSS per role. Rank 0 prints a table with the Hybrid/PS and Hybrid/AllReduce ratios and writes
 JSON (and a PNG with matplotlib).
 
 Per-step phases (JSON, for ``bench/scaling.py``): each rank's phase timers are also read at
@@ -92,7 +95,7 @@ from modes_report import (
     print_wire_bytes,
     write,
 )
-from timing import StepTimers, check_outputs, description, timed_stats
+from timing import StepTimers, at_least, check_outputs, description, timed_stats
 from wire import WIRE, wire_only
 
 
@@ -153,8 +156,9 @@ def _variants(modes, consistency: str, cache_rows: str, wire: bool = False) -> d
 def ideal_hit_rate(batches, bound: int | None) -> float:
     """The hit rate of an unbounded cache under the same rule (``batches``: worker 0's
     distinct rows per step): a row read at step t is a hit when it was pulled for an earlier
-    step with version v >= t - bound (a pull for step t has version t - 1, one step ahead;
-    asp: bound 32). What any cache of any size could serve: the reference for a run's."""
+    step with version v >= t - bound (a pull for step t >= 1 has version t - 1, issued one
+    step ahead; step 0's, the first, version 0; asp: bound 32). What any cache of any size
+    could serve: the reference for a run's."""
     from pshybrid.modes.stale import ASP_AGE
 
     K = ASP_AGE if bound is None else bound
@@ -165,7 +169,7 @@ def ideal_hit_rate(batches, bound: int | None) -> float:
             if K and v is not None and t - v <= K:
                 hits += 1
             else:
-                version[r] = t - (1 if K else 0)
+                version[r] = max(t - 1, 0) if K else t
         reads += len(rows)
     return hits / max(reads, 1)
 
@@ -173,18 +177,18 @@ def ideal_hit_rate(batches, bound: int | None) -> float:
 def parser() -> argparse.ArgumentParser:
     """The flags (``--help``: the first line of this file's docstring)."""
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--steps", type=int, default=80)
-    ap.add_argument("--warmup", type=int, default=20)
-    ap.add_argument("--batch-size", type=int, default=256)
+    ap.add_argument("--steps", type=at_least(1), default=80)
+    ap.add_argument("--warmup", type=at_least(0), default=20)
+    ap.add_argument("--batch-size", type=at_least(1), default=256)
     ap.add_argument("--workload", choices=tuple(WORKLOADS), default="paper",
                     help="paper: MLP 1024-512-256 (compute-heavy on a CPU); light: MLP 64-32 "
                          "(~1 ms fwd_bwd: the GPU-like regime)")
     ap.add_argument("--mlp", default=None, help="hidden sizes (default: the workload's)")
     ap.add_argument("--data", default=None, help="train from this dataset file instead of "
                     "the synthetic stream (pshybrid prep ...)")
-    ap.add_argument("--max-cardinality", type=int, default=1_000_000)
+    ap.add_argument("--max-cardinality", type=at_least(1), default=1_000_000)
     ap.add_argument("--modes", default="hybrid,ps,allreduce,compute")
-    ap.add_argument("--repeat", type=int, default=3,
+    ap.add_argument("--repeat", type=at_least(1), default=3,
                     help="rounds of all modes, interleaved; each mode reports its median run "
                          "(2 shared cores drift by +-10%% between runs)")
     ap.add_argument("--sparse-optimizer", default="adagrad")
@@ -196,7 +200,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--placement", choices=("dedicated", "colocated"), default="dedicated",
                     help="colocated: every rank a worker owning a shard (server modes), and "
                          "the other modes on every rank too")
-    ap.add_argument("--replicate-rows", type=int, default=0,
+    ap.add_argument("--replicate-rows", type=at_least(0), default=0,
                     help="hybrid: the N hottest rows on every worker (exact; docs/placement.md)")
     ap.add_argument("--consistency", default="bsp",
                     help="comma-separated: hybrid and ps also run with each (ssp:K, asp)")

@@ -31,8 +31,8 @@ import time  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from pshybrid.cli import main  # noqa: E402
-from timing import description  # noqa: E402  (bench/timing.py)
+from pshybrid.cli import main as pshybrid  # noqa: E402
+from timing import at_least, description  # noqa: E402  (bench/timing.py)
 
 CARDINALITIES = [1400, 550, 300_000, 200_000, 300, 24, 12_000, 630, 3, 90_000, 5500, 250_000,
                  3200, 27, 14_000, 180_000, 10, 5600, 2200, 4, 220_000, 18, 15, 140_000, 100,
@@ -73,7 +73,7 @@ def prep(command: str, *argv: str) -> float:
     swallowed, OUT removed afterwards, its size kept)."""
     t0 = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        main(["prep", command, *argv])
+        pshybrid(["prep", command, *argv])
     sec = time.perf_counter() - t0
     SIZES[_name_of(command, argv)] = os.path.getsize(argv[1])
     os.remove(argv[1])
@@ -164,10 +164,17 @@ def generate_ratings(path: str, rows: int, seed: int = 0) -> None:
                             for x, y, z in zip(u.tolist(), m.tolist(), r.tolist())))
 
 
-if __name__ == "__main__":
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--rows", type=int, default=1_000_000, help="input lines (default: 1000000)")
-    ap.add_argument("--repeats", type=int, default=2, help="runs of each, best kept (default: 2)")
-    args = ap.parse_args()
+    ap.add_argument("--rows", type=at_least(1), default=1_000_000,
+                    help="input lines (default: 1000000)")
+    ap.add_argument("--repeats", type=at_least(1), default=2,
+                    help="runs of each, best kept (default: 2)")
+    args = ap.parse_args(argv)
     os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})  # one core
     run(args.rows, args.repeats)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -17,6 +17,8 @@ import argparse
 import numpy as np
 from mpi4py import MPI
 
+from timing import at_least, description  # bench/timing.py (a sibling)
+
 
 def rss_kb() -> int:
     with open("/proc/self/status") as f:
@@ -35,12 +37,11 @@ def growth(win, op, n: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ops", type=int, default=200_000, help="operations timed (>= 5)")
-    p.add_argument("--rows", type=int, default=50)
+    p = argparse.ArgumentParser(description=description(__doc__))
+    # (every rank refuses alike: --ops 0 failed on rank 0 alone, and rank 1 hung)
+    p.add_argument("--ops", type=at_least(5), default=200_000, help="operations timed")
+    p.add_argument("--rows", type=at_least(1), default=50)
     a = p.parse_args()
-    if a.ops < 5 or a.rows < 1:  # (every rank: --ops 0 failed on rank 0 alone; rank 1 hung)
-        p.error("--ops must be >= 5 and --rows >= 1")
     comm, dim, table = MPI.COMM_WORLD, 8, 10_000
     if comm.size != 2:
         raise SystemExit("run with mpiexec -n 2")

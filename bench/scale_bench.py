@@ -18,7 +18,7 @@ import sys
 import tempfile
 import threading
 
-from timing import description  # bench/timing.py (a sibling: python bench/X.py)
+from timing import at_least, description  # bench/timing.py (a sibling: python bench/X.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -62,13 +62,13 @@ def one_run(rows: int, steps: int) -> None:
                                       **status(), "peak_anon_mb": peak_anon[0]}))
 
 
-def main() -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--rows", type=int, default=100_000_000)
-    ap.add_argument("--small-rows", type=int, default=1_000_000)
-    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--rows", type=at_least(1), default=100_000_000)
+    ap.add_argument("--small-rows", type=at_least(1), default=1_000_000)
+    ap.add_argument("--steps", type=at_least(1), default=50)
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     if a.one:
         one_run(a.one, a.steps)
         return 0

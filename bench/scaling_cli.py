@@ -240,13 +240,18 @@ def print_cross(paths, run0: dict, row_width: int, name0: str, c0) -> dict:
 def print_bytes(calib: dict, run0: dict) -> None:
     """Bytes per worker per step: the model's beside the library's counters."""
     print("bytes per worker per step, model vs the library's counters:")
+    unknown = False
     for m, c in calib.items():
         got = counted_bytes(run0["results"][m]["bytes_per_step"])
         mb = model_bytes(c)
         for kind in sorted(set(got) | set(mb)):
             g, x = got.get(kind, 0.0), mb.get(kind, 0.0)
             note = f"{x / g - 1:+.2%}" if g and x else "NOT IN THE MODEL" if g else "model only"
+            unknown |= bool(g and not x)
             print(f"  {m:<10}{kind:<12}{x:>13,.0f}{g:>13,.0f}  {note}")
+    if unknown:  # (bench/sample_modes.json: its pushes were RMA Accumulates, now messages)
+        print("  (bytes NOT IN THE MODEL: the run's library moved them another way than this "
+              "version does, so the kinds beside them differ too: a run from an older version?)")
 
 
 def entries(calib: dict, hit_rate: float | None) -> list:

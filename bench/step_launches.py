@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
-from timing import check_outputs, description  # noqa: E402  (bench/timing.py)
+from timing import at_least, check_outputs, description  # noqa: E402  (bench/timing.py)
 
 TIMEOUT = 240  # seconds for the mpiexec run
 # (mode, placement, what runs): hybrid and ps use one CPU server rank beside the worker
@@ -108,15 +108,14 @@ def report(rows: list[dict]) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--steps", type=int, default=8, help="training steps per run (>= 5)")
+    ap.add_argument("--steps", type=at_least(5), default=8,
+                    help="training steps per run (2 warm-up steps, 1 steady, the last read back)")
     ap.add_argument("--mlp", default="1024,512,256",
                     help="the MLP's hidden sizes (a smaller one runs faster: the same counts "
                     "but for a layer's few kernels)")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--inside", action="store_true", help=argparse.SUPPRESS)  # under mpiexec
     args = ap.parse_args(argv)
-    if args.steps < 5:
-        ap.error("--steps: at least 5 (2 warm-up steps, 1 steady, the last read back)")
     if not args.inside:
         from mpi_util import mpiexec
 

@@ -22,7 +22,7 @@ import sys
 from types import SimpleNamespace
 
 import numpy as np
-from timing import description, median_time  # noqa: E402  (bench/timing.py)
+from timing import at_least, description, median_time  # noqa: E402  (bench/timing.py)
 from mpi4py import MPI
 
 from pshybrid import partition
@@ -40,12 +40,12 @@ def timeit(fn, warmup: int, repeat: int) -> float:
 def parser() -> argparse.ArgumentParser:
     """The flags (``--help``: the docstring's summary line)."""
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--rows", type=int, default=1_000_000)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--rows", type=at_least(1), default=1_000_000)
+    ap.add_argument("--dim", type=at_least(1), default=64)
+    ap.add_argument("--batch", type=at_least(1), default=4096)
     ap.add_argument("--zipf", type=float, default=1.05)
-    ap.add_argument("--warmup", type=int, default=5)
-    ap.add_argument("--repeat", type=int, default=30)
+    ap.add_argument("--warmup", type=at_least(1), default=5)
+    ap.add_argument("--repeat", type=at_least(1), default=30)
     return ap
 
 

@@ -70,6 +70,23 @@ def check_outputs(parser, json_path=None, image_path=None, inputs=()) -> None:
             parser.error(problem if problem.startswith(option) else f"{option}: {problem}")
 
 
+def at_least(lo: int):
+    """An argparse ``type``: an integer >= ``lo`` (a count of steps, repeats, rows), else the
+    option's one-line error (exit status 2) instead of a traceback after the setup."""
+    import argparse
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v}: must be >= {lo}")
+        return v
+    parse.__name__ = f"integer >= {lo}"
+    return parse
+
+
 def median_time(fn, warmup: int, repeat: int, clock=time.perf_counter) -> float:
     """Seconds: median of ``repeat`` timed calls of ``fn`` after ``warmup`` untimed ones."""
     for _ in range(warmup):

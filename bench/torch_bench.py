@@ -49,7 +49,7 @@ from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR
 from pshybrid.threads import rank_cores
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
-from timing import check_outputs, description  # bench/timing.py (a sibling: python bench/X.py)
+from timing import at_least, check_outputs, description  # bench/timing.py (a sibling)
 
 D = 16
 
@@ -185,13 +185,13 @@ def one_run(a) -> int:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=description(__doc__))
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--ranks", type=int, default=3, help="1 server + ranks-1 workers")
-    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--steps", type=at_least(1), default=60)
+    ap.add_argument("--warmup", type=at_least(0), default=10)
+    ap.add_argument("--repeat", type=at_least(1), default=3)
+    ap.add_argument("--ranks", type=at_least(1), default=3, help="1 server + ranks-1 workers")
+    ap.add_argument("--batch", type=at_least(1), default=256)
     ap.add_argument("--mlp", default="1024,512,256")
-    ap.add_argument("--max-cardinality", type=int, default=1_000_000)
+    ap.add_argument("--max-cardinality", type=at_least(1), default=1_000_000)
     ap.add_argument("--variants", default="native,torch,ddp")
     ap.add_argument("--variant", help="(internal) run this one variant under mpiexec")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")

@@ -142,3 +142,78 @@ def test_a_benchmarks_outputs_never_replace_what_they_did_not_write(tmp_path):
     with pytest.raises(SystemExit) as e:
         host_bench.main(["--sections", "input", "--json", str(data)])
     assert e.value.code == 2 and data.read_bytes() == before
+
+
+@pytest.mark.parametrize("script,flag", [
+    ("data_bench", "--steps"), ("kernels_bench", "--repeat"), ("host_bench", "--rounds"),
+    ("apply_bench", "--repeat"), ("modes_bench", "--steps"), ("store_bench", "--warmup"),
+    ("auto_bench", "--repeat"), ("prep_bench", "--repeats"), ("scale_bench", "--steps"),
+    ("torch_bench", "--steps"), ("step_launches", "--steps")])
+def test_a_count_below_its_least_is_one_usage_error_before_any_work(script, flag, capsys):
+    """``--steps 0`` and the like were tracebacks after the setup (an empty median, a
+    division by zero). Oracle: exit status 2 and argparse's line naming the option, which
+    it prints before anything runs."""
+    if script == "torch_bench":
+        pytest.importorskip("torch")
+    import importlib
+
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(script).main([flag, "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {flag}: 0: must be >= " in err, err
+
+
+def test_at_least_parses_integers_from_its_least():
+    import argparse
+
+    from timing import at_least
+
+    assert at_least(0)("0") == 0 and at_least(5)("5") == 5
+    for bad in ("4", "x", "1.5"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            at_least(5)(bad)
+
+
+def test_apply_bench_refuses_more_touched_rows_than_the_shard_has(capsys):
+    import apply_bench
+
+    with pytest.raises(SystemExit) as e:
+        apply_bench.main(["--rows", "100", "--touched", "101"])
+    assert e.value.code == 2 and "--touched 101 is more than" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("bound", [1, 2, None])
+def test_ideal_hit_rate_is_what_an_unbounded_cache_serves(bound):
+    """modes_bench's "ideal" hit rate was below the measured one under ssp:1 (it gave step
+    0's pull, which is not ahead, version -1). Oracle: the worker's own ``Pipeline`` with a
+    cache no two rows share a slot of (so nothing is evicted), over a fake store, serves
+    exactly that share of the reads."""
+    from types import SimpleNamespace
+
+    from pshybrid.modes.stale import Pipeline, RowCache
+    from pshybrid.store import Plan
+
+    import modes_bench
+
+    rng = np.random.default_rng(3)
+    ids = rng.choice(10**6, 60, replace=False)
+    n = 1 << 16
+    assert np.unique(RowCache(n, 1, np.float32).slots(ids)).size == ids.size  # no collision
+    steps = [np.unique(rng.choice(ids, rng.integers(1, 20))) for _ in range(40)]
+    steps[1] = np.union1d(steps[1], steps[0][:2])  # (ssp:1 serves only these: step 0's pull)
+    store = SimpleNamespace(pull_start=lambda name, plan: plan,
+                            pull_wait=lambda plan: np.zeros((plan.unique.size, 1), np.float32))
+    sparse = SimpleNamespace(store=store, name="t", pull_types=True,
+                             layout=SimpleNamespace(table=SimpleNamespace(dim=1,
+                                                                          dtype=np.float32)))
+    pipe = Pipeline(sparse, bound, n)
+    batches = [SimpleNamespace(plan=Plan(store, "t", u, u, np.arange(u.size),
+                                         np.array([0, u.size])), inverse=np.arange(u.size))
+               for u in steps]
+    for t, b in enumerate(batches):
+        pipe.begin(t)
+        pipe.upcoming = batches[t + 1] if t + 1 < len(batches) else None
+        pipe.lookup(b)
+    served, pulled = pipe.total[:2]
+    assert served > 0
+    assert modes_bench.ideal_hit_rate(steps, bound) == served / (served + pulled)
