@@ -7,6 +7,9 @@
 # and SIGUSR1 or SIGTERM (kill -USR1 <this script's pid>) makes every rank stop at the next step
 # boundary after writing that step's checkpoint: exit status 75 (Ctrl-C: 130); run the same
 # command again to continue.
+# MPIEXEC: the launcher and its own options, as words (default: the mpiexec first on PATH, the
+# mpich wheel's in its venv), e.g. for a system Open MPI (docs/clusters.md):
+#   MPI4PY_LIBMPI=libmpi.so.40 MPIEXEC="mpiexec.openmpi -x MPI4PY_LIBMPI" bash jobs/local.sh 4
 set -euo pipefail
 N="${1:-4}"
 shift || true
@@ -26,6 +29,7 @@ fi
 if [ -n "$ckpt" ] && [ -z "$resume" ] && [ -f "$ckpt/latest" ]; then
   args+=("--resume=$ckpt")  # (one word: a DIR that starts with "-" stays a value)
 fi
+read -ra launcher <<< "${MPIEXEC:-mpiexec}"
 # exec: a signal sent to this script's pid reaches mpiexec, which passes it to every rank
 # (${a[@]+"${a[@]}"}: an empty array under set -u, which bash before 4.4 calls unbound)
-exec mpiexec -n "$N" python -m pshybrid train ${args[@]+"${args[@]}"}
+exec "${launcher[@]}" -n "$N" python -m pshybrid train ${args[@]+"${args[@]}"}

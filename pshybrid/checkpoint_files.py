@@ -30,10 +30,10 @@ import sys
 import h5py
 import numpy as np
 
-from . import partition, safeio
+from . import dirlock, partition, safeio
 from .checksums import CRC_ATTR, Sums
 from .config import TrainConfig, from_dict
-from .errors import InputError, PshybridError
+from .errors import ConfigError, InputError, PshybridError
 from .models import MODELS
 from .schema import Schema, names_problem
 
@@ -106,6 +106,9 @@ def check_run_dir(root: str, resume_dir: str | None, resume_step: int | None,
     has_latest = os.path.lexists(os.path.join(root, "latest"))
     if not steps and not has_latest:
         return
+    busy = dirlock.in_use(root)  # (a running job's checkpoints: its lock says why, first)
+    if busy:
+        raise ConfigError(f"{option}: {busy}")
     inside = False
     if resume_dir is not None:
         try:

@@ -203,3 +203,20 @@ class DirLock:
                 os.rmdir(self.root)  # only if empty: no checkpoint was written
 
     close = release
+
+
+def in_use(root: str) -> str | None:
+    """Why another job holds ``root`` (what ``DirLock(root).acquire`` would raise), without
+    taking or moving anything; None when nobody does (no lock, or a stale one)."""
+    lock = DirLock(root)
+    try:
+        text = read_small_text(lock.path, 512)
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        text = ""
+    try:
+        lock._stale(text)
+    except FileExistsError as e:
+        return str(e)
+    return None

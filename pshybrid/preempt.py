@@ -241,3 +241,17 @@ def notice(signum: int, step: int, checkpoint_dir: str | None) -> str:
     return (f"pshybrid: stopped by {name} at step {step}: checkpoint "
             f"{checkpoint_dir}/step-{step} written; continue with --resume {checkpoint_dir} "
             f"(exit status {exit_status(signum, True)})")
+
+
+def launcher_grace(environ) -> str | None:
+    """Why a signal to this job's launcher cannot leave a checkpoint, or None: Open MPI 4's
+    ``mpirun`` (ORTE: ``OMPI_MCA_orte_hnp_uri`` in its ranks) passes a SIGTERM or SIGINT on
+    as SIGTERM and kills the ranks ``odls_base_sigkill_timeout`` seconds later, 1 unless
+    set (a set value is the user's choice)."""
+    if "OMPI_MCA_orte_hnp_uri" not in environ or \
+            "OMPI_MCA_odls_base_sigkill_timeout" in environ:
+        return None
+    return ("Open MPI's mpirun passes a SIGTERM or SIGINT on to the ranks 1 s late and kills "
+            "them 1 s after that, too soon to write a checkpoint: stop the job with SIGUSR1 "
+            "(passed on at once), or launch with --mca odls_base_sigkill_timeout S, S the "
+            "seconds a checkpoint needs (docs/clusters.md)")

@@ -21,12 +21,14 @@ at or past the last step): it printed one line saying so, and the caller returns
 from __future__ import annotations
 
 import os
+import sys
 
 from . import checkpoint_files, dirlock, limits, safeio, tboard
 from .batches import BatchPlan, global_batch
 from .data import SHUFFLE_BLOCK
 from .errors import ConfigError, InputError, PshybridError
 from .files import dataset_paths
+from .preempt import launcher_grace
 from .report import counted, metrics_problem
 from .topology import SHARED_MEMORY, roles_per_node, shared_window
 from .transport import agree
@@ -83,9 +85,13 @@ def check_outputs(cfg, topo) -> None:
 def lock_checkpoint_dir(cfg, topo, out, held: list) -> None:
     """Hold ``--checkpoint-dir`` for this job (``dirlock.DirLock``, appended to ``held``, whose
     ``close`` releases it): the checkpoint writer (worker 0) takes it, every rank learns the
-    verdict. A stale lock taken over is named in one line on ``out``."""
+    verdict. A stale lock taken over is named in one line on ``out``; a launcher that kills
+    the ranks too soon after a SIGTERM for a checkpoint, in a note on stderr."""
     err, notice = None, None
     if topo.rank == topo.worker_ranks[0]:
+        grace = launcher_grace(os.environ)
+        if grace:
+            sys.stderr.write(f"pshybrid: note: {grace}\n")
         lock = dirlock.DirLock(cfg.checkpoint_dir)
         try:
             notice = lock.acquire()

@@ -33,7 +33,13 @@ PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server
 # --progress auto: a rank whose parent is one of these proxies (or a launcher itself) prints a
 # bar when the launcher a generation or two up has a terminal as its stdout.
 PROXIES = ("hydra_pmi_proxy", "orted", "prted")
-LAUNCHERS = ("mpiexec", "mpiexec.hydra", "mpirun", "orterun", "prterun")
+LAUNCHERS = ("mpiexec", "mpirun", "orterun", "prterun")  # and NAME.suffix: mpiexec.openmpi
+
+
+def _launcher(name: str) -> bool:
+    """A launcher's command name, also under a distribution's alternatives (``mpiexec.hydra``,
+    ``mpiexec.openmpi``, ``mpirun.mpich``)."""
+    return name.split(".", 1)[0] in LAUNCHERS
 
 
 def _proc(pid: int, root: str) -> tuple[str, int]:
@@ -78,10 +84,10 @@ def interactive(out, environ=None, root: str = "/proc") -> bool:
     try:
         name, pid = _proc(os.getpid(), root)
         name, ppid = _proc(pid, root)
-        if name not in PROXIES + LAUNCHERS:
+        if name not in PROXIES and not _launcher(name):
             return False
         for _ in range(3):
-            if name in LAUNCHERS:
+            if _launcher(name):
                 return _on_terminal(pid, root)
             pid = ppid
             name, ppid = _proc(pid, root)

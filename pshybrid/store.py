@@ -33,7 +33,8 @@ from .initializers import uniform_rows
 from .kernels import gather, min_max, scatter_add
 from .schema import TableSpec
 from .topology import Topology, shared_window
-from .transport import agree, idle_barrier, mpi_type, reserve_shared_memory, rows_type
+from .transport import (agree, allocate_window, idle_barrier, mpi_type, reserve_shared_memory,
+                        rows_type)
 
 _ALIGN = 64  # bytes; each region starts on a cache line
 
@@ -130,16 +131,6 @@ class Plan:
         self._targets, self._freed = [], True
 
 
-def _allocate(nbytes: int, comm, shared: bool):
-    """This rank's window; the MPI library's refusal is a ``MemoryError`` naming it."""
-    try:
-        return (MPI.Win.Allocate_shared if shared else MPI.Win.Allocate)(nbytes, 1, comm=comm)
-    except MPI.Exception as e:
-        why = e.Get_error_string().strip().splitlines()[-1].split(":", 1)[-1].strip()
-        raise MemoryError(f"the MPI library could not allocate this rank's {nbytes / 2**20:,.1f}"
-                          f" MiB window of the tables' shard ({why})") from None
-
-
 class EmbeddingStore:
     """Sharded embedding tables. Collective construction over ``topo.world``.
 
@@ -190,7 +181,7 @@ class EmbeddingStore:
         auto = shared_memory is None
         shared_memory = shared_window(shared_memory, topo.n_nodes)
         # Wire: collective window creation over world; servers expose their shards.
-        self.win = _allocate(nbytes, topo.world, shared_memory)
+        self.win = allocate_window(nbytes, topo.world, shared_memory)
         if shared_memory:
             self._views = [np.frombuffer(self.win.Shared_query(r)[0], np.uint8)
                            for r in topo.server_ranks]

@@ -80,12 +80,18 @@ def launch_mismatch(size: int, environ=os.environ) -> str | None:
     or None."""
     for var, launcher in _LAUNCHED if size == 1 else ():
         n = environ.get(var, "")
-        if n.isdigit():
-            return None if int(n) <= 1 else (
-                f"{launcher} started {n} tasks, and the MPI library sees a job of 1 rank: if "
+        if not n.isdigit():
+            continue
+        if int(n) <= 1:
+            return None
+        fix = ("the mpich wheel: srun --mpi=pmi2 or its own mpiexec; a system MPI: "
+               "MPI4PY_LIBMPI")
+        if environ.get("MPI4PY_LIBMPI") and launcher == "mpiexec":  # Hydra, another libmpi
+            fix = (f"MPI4PY_LIBMPI={environ['MPI4PY_LIBMPI']} is set: start it with that "
+                   "MPI's own launcher, e.g. mpiexec.openmpi; jobs/local.sh: MPIEXEC=...")
+        return (f"{launcher} started {n} tasks, and the MPI library sees a job of 1 rank: if "
                 f"they are meant as one job, {'its --mpi' if launcher == 'srun' else 'it'} "
-                "does not match the MPI library (the mpich wheel: srun --mpi=pmi2 or its own "
-                "mpiexec; a system MPI: MPI4PY_LIBMPI), so each runs alone")
+                f"does not match the MPI library ({fix}), so each runs alone")
     return None
 
 

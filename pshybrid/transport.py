@@ -323,6 +323,35 @@ def out_of_memory(exc: BaseException) -> str:
             "--embedding-dim or --mlp, or spread the table over more --servers on more nodes")
 
 
+def allocate_window(nbytes: int, comm, shared: bool):
+    """This rank's window of ``nbytes`` (``shared``: ``Win.Allocate_shared``, else
+    ``Win.Allocate``), collective over ``comm``. The MPI library's refusal is a
+    ``MemoryError`` naming it where it says memory, else an error naming its words and the
+    likely ways out."""
+    try:
+        return (MPI.Win.Allocate_shared if shared else MPI.Win.Allocate)(nbytes, 1, comm=comm)
+    except MPI.Exception as e:
+        why = e.Get_error_string().strip().splitlines()[-1].split(":", 1)[-1].strip()
+        what = f"this rank's {nbytes / 2**20:,.1f} MiB window of the tables' shard ({why})"
+        if e.Get_error_class() == MPI.ERR_NO_MEM:
+            raise MemoryError(f"the MPI library could not allocate {what}") from None
+        raise PshybridError(window_refused(what, shared)) from None
+
+
+def window_refused(what: str, shared: bool) -> str:
+    """One line for a window the MPI library refused for a reason other than memory:
+    ``what`` it refused (with its words), and the ways out. Open MPI 4's one-sided
+    component for networks without RDMA (``osc pt2pt``, plain TCP) refuses every window
+    under ``MPI_THREAD_MULTIPLE``, the level mpi4py asks for by default."""
+    how = [f"if {'/dev/shm' if shared else 'memory'} is short: {SHM_WAYS_OUT}"]
+    if (MPI.Query_thread() == MPI.THREAD_MULTIPLE
+            and MPI.Get_library_version().startswith("Open MPI")):
+        how.insert(0, "if Open MPI said above that its osc pt2pt (no UCX, no RDMA) does not "
+                   "support MPI_THREAD_MULTIPLE: set MPI4PY_RC_THREAD_LEVEL=serialized in every "
+                   "rank's environment (docs/clusters.md)")
+    return f"the MPI library refused {what}; " + "; ".join(how)
+
+
 @contextlib.contextmanager
 def abort_on_error(comm: MPI.Comm):
     """Run a block so that one failing rank can never leave the others waiting: a

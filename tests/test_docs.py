@@ -811,6 +811,9 @@ def test_progress_auto_draws_a_bar_on_the_launching_terminal(tmp_path):
     ([("hydra_pmi_proxy", None), ("mpiexec", "/dev/pts/3")], True),  # MPICH, on a terminal
     ([("hydra_pmi_proxy", None), ("mpiexec", "pipe:[7]")], False),   # mpiexec ... | tee
     ([("mpirun", "/dev/tty1")], True),                               # Open MPI: its child
+    ([("mpiexec.openmpi", "/dev/tty1")], True),                      # Debian's name for it
+    ([("orted", None), ("mpirun.mpich", "/dev/pts/3")], True),       # (and MPICH's)
+    ([("mpiexecutor", "/dev/tty1")], False),                         # no launcher
     ([("hydra_pmi_proxy", None), ("sshd", "/dev/pts/3")], False),    # another node
     ([("bash", None), ("mpiexec", "/dev/pts/3")], False),            # not the launcher's pipe
     ([("hydra_pmi_proxy", None), ("a", None), ("b", None), ("mpiexec", "/dev/pts/3")], False),

@@ -138,14 +138,15 @@ def test_out_of_memory_is_one_line_per_rank_not_a_traceback():
     the job with one line naming the window, exit status 2 (it printed a 57-line traceback
     on every rank, status 1)."""
     script = ("from mpi4py import MPI\n"
-              "import pshybrid.store as store\n"
+              "import pshybrid.transport as transport\n"
               "from pshybrid.transport import abort_on_error\n"
               "from types import SimpleNamespace as NS\n"
               "def no_room(*a, **k):\n"
               "    raise MPI.Exception(MPI.ERR_NO_MEM)\n"
-              "store.MPI = NS(Win=NS(Allocate=no_room), Exception=MPI.Exception)\n"
+              "transport.MPI = NS(Win=NS(Allocate=no_room), Exception=MPI.Exception,\n"
+              "                   ERR_NO_MEM=MPI.ERR_NO_MEM)\n"
               "with abort_on_error(MPI.COMM_WORLD):\n"
-              "    store._allocate(3 * 2**20, MPI.COMM_WORLD, False)\n")
+              "    transport.allocate_window(3 * 2**20, MPI.COMM_WORLD, False)\n")
     p = run_job(2, [sys.executable, "-c", script], timeout=60)
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr

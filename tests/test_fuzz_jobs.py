@@ -452,6 +452,10 @@ def test_two_jobs_sharing_one_checkpoint_dir(tmp_path):
         assert lock.read_text() == held
         while not (tmp_path / "ck2" / "latest").exists() and time.time() < deadline:
             time.sleep(0.05)  # the first job is in its loop: SIGTERM stops it at a step
+        # once it has published a step too (it said "already holds checkpoints ... continue
+        # them with --resume": a resume would then write into the running job's history)
+        rc, text = run(1, argv[3:], tmp_path)
+        assert rc == 2 and "in use by another job" in text and "--resume" not in text, text
     finally:
         first.send_signal(signal.SIGTERM)
         out, err = first.communicate(timeout=TIMEOUT)

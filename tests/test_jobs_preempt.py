@@ -155,6 +155,11 @@ def test_local_script_resumes_unless_told_otherwise_and_keeps_odd_names_values(t
     assert argv("--checkpoint-dir", "-ck", "--resume", "-ck/step-2") == [
         "--checkpoint-dir", "-ck", "--resume", "-ck/step-2"]
     assert argv("--checkpoint-dir", "new") == ["--checkpoint-dir", "new"]
+    env["MPIEXEC"] = f"{fake / 'mpiexec'} -x MPI4PY_LIBMPI"  # another launcher, with its options
+    p = subprocess.run(["bash", os.path.join(JOBS, "local.sh"), "2", "--steps", "3"],
+                       cwd=tmp_path, capture_output=True, text=True, env=env, timeout=30)
+    assert p.stdout.splitlines() == ["-x", "MPI4PY_LIBMPI", "-n", "2", "python", "-m",
+                                     "pshybrid", "train", "--steps", "3"], (p.stdout, p.stderr)
 
 
 def _local(args):

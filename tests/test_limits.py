@@ -231,3 +231,37 @@ def test_shared_memory_on_over_several_nodes_is_refused_before_step_1():
         preflight._check_resources(cfg, topo, SCHEMA, 0, False)
     preflight._check_resources(replace(cfg, shared_memory="auto"), topo, SCHEMA, 0, False)
     preflight._check_resources(replace(cfg, mode="allreduce"), topo, SCHEMA, 0, False)
+
+
+@pytest.mark.parametrize("library,shared,hint", [
+    ("Open MPI v4.1.4, package: Debian", False, "set MPI4PY_RC_THREAD_LEVEL=serialized"),
+    ("Open MPI v4.1.4, package: Debian", True, "; if /dev/shm is short: give the job more"),
+    ("MPICH Version:      5.0.2", True, "if /dev/shm is short: give the job more shared"),
+    ("MPICH Version:      5.0.2", False, "if memory is short: give the job more shared")])
+def test_a_window_refused_for_another_reason_than_memory_names_its_way_out(
+        monkeypatch, library, shared, hint):
+    """Every refusal of the store's window was 'out of memory ... lower --batch-size', also
+    Open MPI's over plain TCP (its osc pt2pt refuses windows under MPI_THREAD_MULTIPLE).
+    Oracle: the error class decides: ERR_NO_MEM stays a MemoryError, any other is one
+    line with the library's words and the hint for that library and window."""
+    from types import SimpleNamespace as NS
+
+    from mpi4py import MPI
+
+    from pshybrid import transport
+    from pshybrid.errors import PshybridError
+
+    def refuse(cls):
+        def allocate(*a, **k):
+            raise MPI.Exception(cls)
+        return allocate
+
+    for cls, expect in ((MPI.ERR_NO_MEM, MemoryError), (MPI.ERR_WIN, PshybridError)):
+        monkeypatch.setattr(transport, "MPI", NS(
+            Win=NS(Allocate=refuse(cls), Allocate_shared=refuse(cls)), Exception=MPI.Exception,
+            ERR_NO_MEM=MPI.ERR_NO_MEM, THREAD_MULTIPLE=MPI.THREAD_MULTIPLE,
+            Query_thread=lambda: MPI.THREAD_MULTIPLE, Get_library_version=lambda: library))
+        with pytest.raises(expect) as e:
+            transport.allocate_window(3 << 20, None, shared)
+        assert "this rank's 3.0 MiB window of the tables' shard (" in str(e.value), e.value
+        assert (hint in str(e.value)) == (expect is PshybridError), e.value

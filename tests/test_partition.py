@@ -99,6 +99,9 @@ def test_a_launcher_that_started_several_tasks_of_one_rank_each_is_named():
     assert launch_mismatch(1, {"SLURM_STEP_NUM_TASKS": "1"}) is None
     assert launch_mismatch(1, {"PMI_SIZE": "1", "SLURM_STEP_NUM_TASKS": "2"}) is None  # hydra
     assert launch_mismatch(1, {}) is None  # (python alone)
+    # the wheel's mpiexec (Hydra) starting ranks told to load another libmpi: the launcher
+    hydra = launch_mismatch(1, {"PMI_SIZE": "3", "MPI4PY_LIBMPI": "libmpi.so.40"})
+    assert "MPI4PY_LIBMPI=libmpi.so.40 is set: start it with that MPI's own launcher" in hydra
 
 
 @pytest.mark.parametrize("S,N,need,ok", [
