@@ -95,6 +95,23 @@ def launch_mismatch(size: int, environ=os.environ) -> str | None:
     return None
 
 
+# A system MPI's environment (module load, setvars.sh): (variable, its library's version
+# text starts with, its name). Within the MPICH family another launcher runs the wheel's
+# library as one job without a word: only the library's name tells.
+_LOADED = (("I_MPI_ROOT", "Intel", "Intel MPI", "libmpi.so.12 (under $I_MPI_ROOT/lib)"),)
+
+
+def library_mismatch(library: str, environ=os.environ) -> str | None:
+    """Why the MPI ``library`` mpi4py loaded is not the one the environment set up (and no
+    ``MPI4PY_LIBMPI`` chose it), or None."""
+    for var, prefix, name, lib in () if environ.get("MPI4PY_LIBMPI") else _LOADED:
+        if environ.get(var) and not library.startswith(prefix):
+            return (f"{name} is set up here ({var}), but mpi4py loaded another MPI library "
+                    f"({' '.join(library.split()[:3])}): to run on {name}, set MPI4PY_LIBMPI "
+                    f"to its {lib} (docs/clusters.md)")
+    return None
+
+
 def place_servers(node_of_rank: list[int], n_servers: int) -> list[int]:
     """Pick ``n_servers`` world ranks, spread over nodes first. Pure.
 
@@ -150,7 +167,8 @@ class Topology:
         """Collective over ``comm``. ``n_servers=None``: one per node (default_servers).
         ``colocated``: every rank is a worker that owns a shard (``n_servers`` unused)."""
         world = comm.Dup()
-        mismatch = launch_mismatch(MPI.COMM_WORLD.size)  # (not comm's: a job's subgroup)
+        mismatch = launch_mismatch(MPI.COMM_WORLD.size) or (  # (not comm's: a subgroup's)
+            MPI.COMM_WORLD.rank == 0 and library_mismatch(MPI.Get_library_version()))
         if mismatch:
             sys.stderr.write(f"pshybrid: note: {mismatch}\n")
         if colocated:

@@ -115,6 +115,7 @@ def test_source_checkout_kernels_are_found():
     assert "gather_rows" in cuda.source() and "scatter_add_rows" in cuda.source()
 
 
+@pytest.mark.timeout(360)  # (its subprocess's own 300 s, not the suite's 120 s)
 def test_installed_package_ships_the_kernels(tmp_path):
     """``pip install .`` (not editable) into a fresh venv installs share/pshybrid/kernels/*.cu,
     and pshybrid.cuda imported from that install finds them there (not in a checkout)."""
@@ -150,6 +151,7 @@ def test_installed_package_ships_the_kernels(tmp_path):
     assert text == cuda.source()
 
 
+@pytest.mark.timeout(360)  # (its subprocess's own 300 s, not the suite's 120 s)
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not found")
 def test_nvcc_compiles_the_kernels():
     """What .ci/run does: every .cu for sm_90 and sm_80 (no device needed)."""

@@ -213,6 +213,7 @@ def test_graph_workers_equal_one_process_waiting_once_a_step(comm, monkeypatch, 
     assert_all(comm, ok, msg)
 
 
+@pytest.mark.timeout(360)  # (its subprocess's own 300 s, not the suite's 120 s)
 def test_step_launches_bench_counts_every_mode_within_12_with_graphs(tmp_path):
     """``bench/step_launches.py`` (it runs itself under mpiexec -n 2, with a timeout): every
     mode and placement, one host wait a step, graphs on within 12 launches and fewer than

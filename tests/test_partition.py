@@ -5,8 +5,8 @@ import pytest
 
 from pshybrid import partition
 from pshybrid.errors import ConfigError
-from pshybrid.topology import (check_servers, default_servers, launch_mismatch, place_servers,
-                               roles_per_node)
+from pshybrid.topology import (check_servers, default_servers, launch_mismatch, library_mismatch,
+                               place_servers, roles_per_node)
 
 CASES = [(rows, S) for rows in (0, 1, 2, 7, 10, 13, 100, 1001) for S in (1, 2, 3, 5, 16)]
 
@@ -101,6 +101,13 @@ def test_a_launcher_that_started_several_tasks_of_one_rank_each_is_named():
     assert launch_mismatch(1, {}) is None  # (python alone)
     # the wheel's mpiexec (Hydra) starting ranks told to load another libmpi: the launcher
     hydra = launch_mismatch(1, {"PMI_SIZE": "3", "MPI4PY_LIBMPI": "libmpi.so.40"})
+    # Intel MPI set up, the wheel's MPICH loaded (Intel's mpiexec runs it as one job)
+    intel = {"I_MPI_ROOT": "/opt/intel/mpi"}
+    assert "set MPI4PY_LIBMPI to its libmpi.so.12" in library_mismatch("MPICH Version: 5.0.2",
+                                                                       intel)
+    assert library_mismatch("Intel(R) MPI Library 2021.19", intel) is None
+    assert library_mismatch("MPICH Version: 5.0.2", {**intel, "MPI4PY_LIBMPI": "x"}) is None
+    assert library_mismatch("MPICH Version: 5.0.2", {}) is None
     assert "MPI4PY_LIBMPI=libmpi.so.40 is set: start it with that MPI's own launcher" in hydra
 
 

@@ -302,6 +302,7 @@ def test_dir_lock_held_by_a_process_this_host_cannot_see_is_refused(tmp_path, mo
     assert os.listdir(root) == [] and lock.fd is None
 
 
+@pytest.mark.timeout(360)  # (its subprocess's own 300 s, not the suite's 120 s)
 def test_hdf5_files_are_read_and_written_where_the_filesystem_has_no_locks(tmp_path):
     """Oracle: the same commands' results with and without locks. An NFS mount without its
     lock daemon (emulated: flock() fails with ENOLCK, through LD_PRELOAD) made every
