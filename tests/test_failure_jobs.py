@@ -121,6 +121,19 @@ def test_python_api_dataset_raising_on_one_worker_ends_the_job():
     assert time.time() - t0 < 60, f"{time.time() - t0:.0f}s"
 
 
+@pytest.mark.parametrize("mode,n", [("allreduce", 2), ("hybrid", 3)])
+def test_a_torch_exception_inside_try_finally_shutdown_ends_the_job(mode, n):
+    """``try: ... finally: pt.shutdown()`` on the worker that raised ran shutdown's
+    collectives while the others stepped: the job hung (allreduce), or a server's assert
+    ended it (hybrid). Oracle: the exception's traceback, a non-zero status, in time."""
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(__file__), "jobs", "torch_raise_in_finally.py")
+    p = run_job(n, [sys.executable, script, mode], timeout=120)
+    assert p.returncode not in (0, 124, 137), (p.returncode, p.stderr)
+    assert "ValueError: the last worker's bug" in p.stderr, p.stderr
+    assert "workers out of step" not in p.stderr and "not reached" not in p.stdout, p.stderr
+
+
 def test_a_torch_script_refused_ends_in_one_line_per_worker():
     """pshybrid.torch's hook: a PshybridError left uncaught on a worker is one line, as on
     the command line (it printed the whole traceback), and every rank ends with status 2."""

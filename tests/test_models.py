@@ -126,7 +126,50 @@ def test_grad_buckets_start_only_final_gradients(name, monkeypatch):
             assert len(started) >= 3, started  # really overlapped, not one bucket at the end
 
 
+@pytest.mark.parametrize("min_bytes", [1, 40, 1 << 20])
+def test_grad_buckets_start_the_same_spans_in_the_same_order_whatever_finishes(min_bytes):
+    """Nonblocking collectives must match in order and size on every worker; the buckets
+    were cut where each worker's finished suffix reached min_bytes, so a parameter that one
+    worker's batch left unused (a branch, a torch model) cut them elsewhere there: the job
+    hung. Oracle: the spans started, in order, by a worker finishing every parameter in
+    reverse, one finishing them in a shuffled order and one leaving parameters unused are
+    the same list, and it covers the buffer once."""
+    from mpi4py import MPI
+
+    from pshybrid.modes.buckets import GradBuckets
+
+    params = ParamSpace()
+    for i, shape in enumerate([(3, 4), (4,), (4, 2), (2,), (5, 5), (1,)]):
+        params.add(f"p{i}", shape, "zeros")
+    params.build(np, np.float64, seed=0)
+    base = params.flat_grad.__array_interface__["data"][0]
+    names = list(params.names)
+
+    def starts(order):
+        got = []
+
+        def start(buf):
+            lo = (buf.__array_interface__["data"][0] - base) // buf.itemsize
+            got.append((lo, lo + buf.size))
+            return MPI.REQUEST_NULL
+        buckets = GradBuckets(params, start, min_bytes)
+        for n in order:
+            buckets.ready([n])
+        buckets.finish()
+        return got
+
+    rng = np.random.default_rng(0)
+    every = starts(names[::-1])
+    assert every[0][1] == params.size and every[-1][0] == 0
+    assert all(a[0] == b[1] for a, b in zip(every, every[1:])), every
+    for order in (list(rng.permutation(names)), names[::-1][:2] + names[::-1][3:], names[:1],
+                  []):
+        assert starts(order) == every, order
+
+
 def test_grad_buckets_refuse_a_parameter_finished_twice():
+    from mpi4py import MPI
+
     from pshybrid.errors import ConfigError
     from pshybrid.layers import Linear
     from pshybrid.modes.buckets import GradBuckets
@@ -134,7 +177,7 @@ def test_grad_buckets_refuse_a_parameter_finished_twice():
     params = ParamSpace()
     lin = Linear(params, "tied", 2, 2)
     params.build(np, np.float64, seed=0)
-    params.on_grads_ready = GradBuckets(params, lambda buf: None, min_bytes=1 << 20).ready
+    params.on_grads_ready = GradBuckets(params, lambda buf: MPI.REQUEST_NULL, 1 << 20).ready
     x = np.ones((1, 2))
     lin.forward(x)
     lin.backward(x)

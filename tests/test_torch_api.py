@@ -258,3 +258,57 @@ def test_a_hybrid_session_without_room_for_a_server_names_the_api_arguments(serv
     pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF,
             tables=[pt.Table("t", rows=10, dim=2)])
     pt.shutdown()
+
+
+def test_add_param_group_is_refused_and_schedulers_that_cycle_momentum_run(job):
+    """``opt.add_param_group`` put a group after "embeddings" (whose lr then went to the
+    servers) and its parameters were never stepped nor averaged; OneCycleLR (cycle_momentum)
+    failed with KeyError 'betas' on the embeddings group. Oracle: the refusal's words;
+    OneCycleLR's first step sets the dense and embedding rates to max_lr / div_factor."""
+    from pshybrid.errors import ConfigError
+
+    model = torch.nn.Linear(3, 1).double()
+    opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), model)
+    with pytest.raises(ConfigError, match="add_param_group: its parameters would not be"):
+        opt.add_param_group({"params": [torch.nn.Parameter(torch.zeros(2))], "lr": 0.5})
+    assert [g.get("name") for g in opt.param_groups] == [None, "embeddings"]
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.4, total_steps=4)
+    assert [g["lr"] for g in opt.param_groups] == pytest.approx([0.4 / 25] * 2, rel=1e-12)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+        opt.step()
+        sched.step()
+
+
+def test_a_sparse_gradient_and_a_second_synchronize_are_named(job):
+    """``nn.Embedding(sparse=True)`` beside the tables failed deep in the gradient hook
+    ('Cannot access data pointer of Tensor that doesn't have storage')."""
+    from pshybrid.errors import ConfigError
+
+    emb = torch.nn.Embedding(5, 2, sparse=True).double()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(emb.parameters(), lr=0.1), emb)
+    with pytest.raises(ConfigError, match="'weight' has a sparse gradient .*sparse=False"):
+        emb(torch.tensor([1, 2])).sum().backward()
+    dense = torch.nn.Linear(2, 1).double()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(dense.parameters(), lr=0.1), dense)
+    dense(torch.ones(1, 2, dtype=torch.float64)).sum().backward()
+    opt.synchronize()
+    with pytest.raises(ConfigError, match="synchronize: once per step"):
+        opt.synchronize()
+    opt.step()
+
+
+def test_a_checkpoint_of_a_model_with_buffers_says_they_are_not_in_it(job, tmp_path, capfd):
+    """A BatchNorm's running statistics were silently lost across a resume (the checkpoint
+    holds ``named_parameters`` only). Oracle: one note naming them, once per session."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)).double()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(4, 3, dtype=torch.float64)).sum().backward()
+        opt.step()
+        pt.checkpoint(str(tmp_path / "ck"))
+    err = capfd.readouterr().err
+    assert err.count("pshybrid: note: pt.checkpoint holds the model's parameters, not its "
+                     "buffers (1.running_mean, 1.running_var, 1.num_batches_tracked)") == 1, err

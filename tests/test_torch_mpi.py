@@ -176,3 +176,19 @@ def test_steplr_on_distributed_optimizer_matches_native_pytorch(comm):
         err = torch_steplr.rel(np.mean(got, axis=0), res[1])
         ok, msg = err < 1e-9, f"losses: relative error {err} > 1e-9"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode,servers", [("hybrid", 1), ("allreduce", 0)])
+@pytest.mark.parametrize("sync", [False, True])
+def test_loop_habits_match_native_pytorch(comm, mode, servers, sync):
+    """``model.zero_grad()``, a dense layer only some workers' batches reach in some steps
+    (a bucket per parameter: the buckets were cut where each worker's backward finished,
+    so they differed and the job hung; the layer's earlier gradient was applied again
+    where ``.grad`` was None), and ``clip_grad_norm_`` after ``opt.synchronize()`` (before
+    it, ``.grad`` is a worker's own): == plain PyTorch with the global batch, to 1e-9
+    (``tests/torch_habits.py``)."""
+    import torch_habits
+
+    ok, msg = torch_habits.run(comm, mode, servers, sync)
+    assert_all(comm, ok, msg)

@@ -12,12 +12,15 @@ class GradBuckets:
     """Starts the dense gradient's Allreduce in buckets while backward still runs.
 
     Parameters sit in ``flat_grad`` in registration order and backward mostly finishes them
-    in reverse, so a *suffix* of the buffer becomes final first. ``ready(names)`` (the
-    ParamSpace callback) grows the final suffix; once it holds ``min_bytes`` not yet sent,
-    that span's Iallreduce starts (in place). ``finish()`` starts whatever is left, in one
-    last bucket, and returns every request of the step. Each element is reduced exactly once
-    whatever order layers finish in; the buckets only decide how early. Every worker starts
-    the same buckets in the same order (same model, same backward).
+    in reverse, so a *suffix* of the buffer becomes final first. The buckets are cut once,
+    from the end, at the first parameter boundary where each holds ``min_bytes``; the last
+    (the buffer's start) holds the rest. ``ready(names)`` (the ParamSpace callback) grows
+    the final suffix and starts, in order, each bucket it now covers (an Iallreduce, in
+    place). ``finish()`` starts the buckets left, in order, and returns every request of the
+    step. Each element is reduced exactly once whatever order layers finish in, and every
+    worker starts the same buckets in the same order, also when their backward passes
+    differ (a parameter one worker's batch leaves unused holds its bucket, and the later
+    ones, until ``finish``): nonblocking collectives must match in order and size.
 
     ``deferred`` (GPU workers): the callback fires when backward's kernels are *launched*,
     not finished, and an MPI call on the buffer would need a host wait for the stream in the
@@ -30,12 +33,21 @@ class GradBuckets:
         self.params, self.start, self.min_bytes = params, start, min_bytes
         self.deferred = deferred
         self.spans = sorted((params.offset(n), n) for n in params.names)  # (first element, name)
-        self.itemsize = params.flat_grad.dtype.itemsize
+        itemsize = params.flat_grad.dtype.itemsize
+        self.cuts = []  # (k, lo) in start order: a bucket is flat_grad[lo:the previous lo]
+        end = params.size
+        for k in range(len(self.spans) - 1, 0, -1):
+            if (end - self.spans[k][0]) * itemsize >= min_bytes:
+                end = self.spans[k][0]
+                self.cuts.append((k, end))
+        if end > 0:
+            self.cuts.append((0, 0))
         self._reset()
 
     def _reset(self) -> None:
         self.done: set[str] = set()
         self.k = len(self.spans)     # spans[k:] are final
+        self.next = 0                # cuts[next:] not started yet
         self.sent = self.params.size     # flat_grad[sent:] has been started
         self.reqs = []
 
@@ -48,23 +60,23 @@ class GradBuckets:
         self.done.update(names)
         while self.k > 0 and self.spans[self.k - 1][1] in self.done:
             self.k -= 1
-        lo = self.spans[self.k][0] if self.k < len(self.spans) else self.params.size
-        if (self.sent - lo) * self.itemsize >= self.min_bytes:
-            self._send(lo)
+        self._send_until(self.k)
         if self.reqs and not self.deferred:  # drive the started buckets (MPI progresses)
             MPI.Request.Testall([getattr(r, "req", r) for r in self.reqs])
 
-    def _send(self, lo: int) -> None:
-        # Wire: Iallreduce(SUM) of flat_grad[lo:sent] over the workers, in place (deferred:
-        # none here; the span is started after the step's stream sync).
-        self.reqs.append(slice(lo, self.sent) if self.deferred
-                         else self.start(self.params.flat_grad[lo:self.sent]))
-        self.sent = lo
+    def _send_until(self, k: int) -> None:
+        """Start, in order, every bucket not yet started whose parameters are ``spans[k:]``'s."""
+        while self.next < len(self.cuts) and self.cuts[self.next][0] >= k:
+            lo = self.cuts[self.next][1]
+            # Wire: Iallreduce(SUM) of flat_grad[lo:sent] over the workers, in place
+            # (deferred: none here; the span is started after the step's stream sync).
+            self.reqs.append(slice(lo, self.sent) if self.deferred
+                             else self.start(self.params.flat_grad[lo:self.sent]))
+            self.sent, self.next = lo, self.next + 1
 
     def finish(self) -> list:
-        """Start the last bucket -> every request of the step (deferred: every span)."""
-        if self.sent > 0:
-            self._send(0)
+        """Start the buckets left -> every request of the step (deferred: every span)."""
+        self._send_until(0)
         reqs = self.reqs
         self._reset()
         return reqs

@@ -96,8 +96,14 @@ class AllreduceDense:
                       else [self._iallreduce(self.params.flat_grad)])
 
     def sync(self, step: int) -> bool:
-        timers = self.ctx.timers
-        with timers.time("allreduce"):
+        self.wait()
+        with self.ctx.kernel_timers.time("dense_apply"):  # GPU: device time, no wait
+            self.apply(step)
+        return True
+
+    def wait(self) -> None:
+        """Complete the Allreduce ``start`` started: the sums are in ``flat_grad``."""
+        with self.ctx.timers.time("allreduce"):
             for r in self._reqs:
                 r.Wait()  # every worker has contributed: the step's sync point
         self._reqs = []
@@ -105,9 +111,6 @@ class AllreduceDense:
             # (pinned source; read again only by the next step's D2H, queued after it)
             self.params.flat_grad.set(self._back, stream=self.ctx.xp.cuda.get_current_stream())
             self._back = None
-        with self.ctx.kernel_timers.time("dense_apply"):  # GPU: device time, no wait
-            self.apply(step)
-        return True
 
     def apply(self, step: int) -> None:
         """The dense optimizer's step on the summed gradients (``pshybrid.torch``: the torch

@@ -8,7 +8,9 @@ steps accumulate straight into it) and reports it to ``GradBuckets``, which star
 Allreduce in buckets while backward still runs, in reverse order, as the native path does.
 ``step()`` runs ``Mode.update``: the servers get the step's embedding-row gradient sums,
 the Allreduce completes, the gradients are averaged over the workers and the torch
-optimizer steps, and the step returns once every update is visible (BSP).
+optimizer steps, and the step returns once every update is visible (BSP). Until then a
+parameter's ``.grad`` holds this worker's own gradient; ``synchronize()`` completes the
+Allreduce early, so that ``.grad`` holds the average (to clip it) before ``step()``.
 
 Loss convention: each worker's loss is the mean over its local batch, so the sum over
 workers divided by W is the global batch's mean: dense and embedding gradients are both
@@ -45,10 +47,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, torch_optimizer, model: torch.nn.Module, bucket_mb: float = 1.0):
         s = session()
+        self.built = False  # (torch's __init__ adds the groups through add_param_group)
         super().__init__(torch_optimizer.param_groups, torch_optimizer.defaults)
         self.state = torch_optimizer.state  # shared: the torch optimizer's step fills it
         self.sparse_lr = s.sparse_opt.lr
-        self.param_groups.append({"params": [], "lr": self.sparse_lr, "name": "embeddings"})
+        emb = {"params": [], "lr": self.sparse_lr, "name": "embeddings"}
+        for key in ("betas", "momentum"):  # (a scheduler cycling them expects every group's;
+            if key in torch_optimizer.defaults:  # the servers' optimizer does not read them)
+                emb[key] = torch_optimizer.defaults[key]
+        self.param_groups.append(emb)
         self.s, self.opt, self.model = s, torch_optimizer, model
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         dtypes = {p.dtype for _, p in self.named}
@@ -63,6 +70,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.on_cpu = all(p.device.type == "cpu" for _, p in self.named)
         self.flat_grad = torch.from_numpy(params.flat_grad)
         self.reduced: set[str] = set()  # parameters whose gradient this step has (``step``)
+        self.synced = False  # this step's Allreduce completed by ``synchronize``
         s.mode.dense.use(self, params, int(bucket_mb * 2**20))  # the mode's TorchDense
         if s.optimizer is not None:   # replaced (a new phase): its hooks would still fire
             s.optimizer.close()
@@ -71,6 +79,16 @@ class DistributedOptimizer(torch.optim.Optimizer):
         with abort_on_error(s.topo.world):
             self._start()
         s.optimizer = self
+        self.built = True
+
+    def add_param_group(self, param_group) -> None:
+        """(torch's ``__init__`` only: a group added later would not be reduced.)"""
+        if self.built:
+            raise ConfigError("DistributedOptimizer.add_param_group: its parameters would not "
+                              "be averaged over the workers: add the group to the torch "
+                              "optimizer and make a new DistributedOptimizer of it (a new "
+                              "phase)")
+        super().add_param_group(param_group)
 
     # -- start: the same weights on every worker ------------------------------------------
     def _start(self) -> None:
@@ -128,6 +146,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         view = view.reshape(self.params.shape(name))
 
         def hook(p):
+            if p.grad.is_sparse:
+                raise ConfigError(f"DistributedOptimizer: parameter {name!r} has a sparse "
+                                  "gradient (nn.Embedding(sparse=True)): dense parameters are "
+                                  "averaged as dense arrays; use sparse=False, or pt.Table and "
+                                  "pt.Embedding for a large table")
             if name in self.reduced:  # its first gradient may be on the wire already
                 raise ConfigError(f"DistributedOptimizer: a second backward pass reached "
                                   f"parameter {name!r} before opt.step(): call opt.step() "
@@ -148,6 +171,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         the embedding gradients of lookups whose backward already ran (a forward pass made
         before ``zero_grad`` keeps its lookups for the coming backward)."""
         self.params.zero_grad()
+        self.synced = False
         if not self.on_cpu:
             self.opt.zero_grad(set_to_none=False)
         keep = []
@@ -177,13 +201,40 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 s.mode.set_sparse_lr(lr)
                 self.sparse_lr = lr
             batch, demb, used = self._sparse_batch()
+            if not self.synced:
+                self._unreached_zero()
             s.mode.update(batch, demb, s.step + 1)
             for b in used:
                 b.release()
             s.entries = []
             self.reduced.clear()
+            self.synced = False
             s.step += 1
         return loss
+
+    def synchronize(self) -> None:
+        """Workers, collectively, after backward and before ``step()``: complete the dense
+        gradients' Allreduce now and average it, so each parameter's ``.grad`` holds what
+        ``step()`` applies (the same on every worker) and can be read or changed first:
+        ``torch.nn.utils.clip_grad_norm_`` clips the global gradient after this call (before
+        it, ``.grad`` is this worker's own, and a bucket may be on the wire)."""
+        s = self.s
+        with abort_on_error(s.topo.world):
+            if s.optimizer is not self or self.synced:
+                raise ConfigError("DistributedOptimizer.synchronize: once per step, on the "
+                                  "session's newest DistributedOptimizer", collective=True)
+            self._unreached_zero()
+            s.mode.dense.reduce_now(s.step + 1)
+            self._average()
+            self.synced = True
+
+    def _unreached_zero(self) -> None:
+        """Zero the gradient spans of the parameters this step's backward did not reach:
+        they hold an earlier step's where ``model.zero_grad()`` (not ``opt.zero_grad()``)
+        dropped the ``.grad`` tensors, and would be reduced and applied again."""
+        for n, _ in self.named:
+            if n not in self.reduced:
+                self.params.grad(n)[...] = 0
 
     def _sparse_batch(self):
         """The step's lookups as one Batch and its (n, E) gradients (scaled by 1/W)."""
@@ -208,7 +259,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return batch, demb, used
 
     def apply_dense(self) -> None:
-        """At the sync point: the summed gradients averaged, the torch optimizer's step."""
+        """At the sync point: the summed gradients averaged (unless ``synchronize`` did),
+        the torch optimizer's step."""
+        if not self.synced:
+            self._average()
+        self.opt.step()
+
+    def _average(self) -> None:
+        """The reduced sums / W into every parameter's ``.grad``."""
         W = self.s.topo.n_workers
         if W > 1:
             self.flat_grad.mul_(1.0 / W)
@@ -216,9 +274,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for n, p in self.named:
                 p.grad = torch.from_numpy(self.params.grad(n)).to(p.device)  # H2D
         for n, p in self.named:
-            if p.grad is None:  # unused this step: a zero gradient, as native
+            if p.grad is None:  # unused by this worker: the workers' average (zero if none)
                 p.grad = torch.from_numpy(self.params.grad(n)).to(p.device)
-        self.opt.step()
 
     # -- checkpoints ----------------------------------------------------------------------
     def _kind(self):

@@ -51,6 +51,22 @@ class TorchDense(AllreduceDense):
         self.bind(params, bucket_bytes)
         self.owner = owner
 
+    def start(self, step: int) -> None:
+        if not self.owner.synced:  # (``synchronize`` started and completed it)
+            super().start(step)
+
+    def sync(self, step: int) -> bool:
+        if self.owner.synced:
+            with self.ctx.kernel_timers.time("dense_apply"):
+                self.apply(step)
+            return True
+        return super().sync(step)
+
+    def reduce_now(self, step: int) -> None:
+        """``DistributedOptimizer.synchronize``: start and complete the Allreduce now."""
+        super().start(step)
+        self.wait()
+
     def apply(self, step: int) -> None:
         self.owner.apply_dense()
 
@@ -127,6 +143,7 @@ class Session:
         self.resume_dir: str | None = None
         self.resume_step: int | None = None
         self.roots: set = set()  # the directories this session has written checkpoints in
+        self.buffers_noted = False  # pt.checkpoint's note on the model's buffers: once
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None]
         self.optimizer = None  # the DistributedOptimizer, once made
         self.closed = False
@@ -317,6 +334,13 @@ def checkpoint_to(root: str) -> str:
                               "checkpoint holds the model's dense parameters)", collective=True)
         s.optimizer.checkpoint_optimizer()  # refused here, before the servers are asked
         _check_root(s, str(root))
+        buffers = [n for n, b in s.optimizer.model.named_buffers() if b is not None]
+        if buffers and s.topo.worker_index == 0 and not s.buffers_noted:
+            s.buffers_noted = True
+            sys.stderr.write(f"pshybrid: note: pt.checkpoint holds the model's parameters, not "
+                             f"its buffers ({', '.join(buffers[:3])}"
+                             f"{', ...' if len(buffers) > 3 else ''}): a resumed model starts "
+                             "them anew; keep them yourself (docs/torch.md)\n")
         s.optimizer.sync_params()
         s.mode.request_checkpoint(s.step)
         return _save(s, str(root), s.step)
@@ -341,10 +365,16 @@ def _check_root(s: Session, root: str) -> None:
 
 
 def shutdown() -> None:
-    """Workers, collectively: stop the servers (they exit), free the store."""
+    """Workers, collectively: stop the servers (they exit), free the store. Called while
+    an exception propagates (a ``finally:``, an ``except:``), where the other workers need
+    not be here: that exception ends the whole job, as an uncaught one does."""
     s = _session
     if s is None or s.closed:
         return
+    kind, exc, tb = sys.exc_info()
+    if exc is not None and s.topo.world.size > 1 and not (
+            isinstance(exc, SystemExit) and exc.code in (0, None)):
+        _excepthook(s.topo.world)(kind, exc, tb)  # one line or the traceback; the abort
     with abort_on_error(s.topo.world):
         s.closed = True
         for _, batch, _ in s.entries:
