@@ -134,6 +134,25 @@ def test_a_torch_exception_inside_try_finally_shutdown_ends_the_job(mode, n):
     assert "workers out of step" not in p.stderr and "not reached" not in p.stdout, p.stderr
 
 
+@pytest.mark.parametrize("case,want", [
+    ("steps", "the workers are out of step: worker 0 asked for a step while worker 1 asked "
+              "for the end (shutdown)"),
+    ("batch", "batches: batch_size=4 on worker 1, batch_size=2 on worker 0: every worker")])
+def test_torch_workers_that_call_differently_end_in_one_line(tmp_path, case, want):
+    """A worker one step short (a DataLoader of its own) ended the job with the server's
+    AssertionError traceback; a batch_size that differs between workers read overlapping
+    rows. Oracle: the line, status 2, in time."""
+    pytest.importorskip("torch")
+    from pshybrid.synthetic import write_synthetic
+
+    data = tmp_path / "d.h5"
+    write_synthetic(str(data), 64, seed=1, n_dense=2, cardinalities=(5, 7))
+    script = os.path.join(os.path.dirname(__file__), "jobs", "torch_out_of_step.py")
+    p = run_job(3, [sys.executable, script, case, str(data)], timeout=120)
+    assert p.returncode == 2 and want in p.stderr, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr and "not reached" not in p.stdout, p.stderr
+
+
 def test_a_torch_script_refused_ends_in_one_line_per_worker():
     """pshybrid.torch's hook: a PshybridError left uncaught on a worker is one line, as on
     the command line (it printed the whole traceback), and every rank ends with status 2."""

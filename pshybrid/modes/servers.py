@@ -26,10 +26,13 @@ from __future__ import annotations
 import numpy as np
 from mpi4py import MPI
 
+from ..errors import PshybridError
 from ..threads import rank_cores
 from ..transport import Pacer, mpi_type, poll_recv
 
 TAG_STEP, TAG_STOP, TAG_CKPT, TAG_GRAD, TAG_LR = 101, 102, 103, 104, 105
+_CALLS = {TAG_STEP: "a step", TAG_STOP: "the end (shutdown)", TAG_CKPT: "a checkpoint",
+          TAG_LR: "a learning rate"}  # what a worker's message to the servers asks for
 TAG_SIGNAL = 106  # the other way, server -> worker: a signal reached it (``preempt``)
 TAG_ACK = 107     # server -> worker: the step is applied (zero bytes)
 _NOTHING = np.empty(0, np.uint8)  # an acknowledgement's (empty) buffer
@@ -188,7 +191,12 @@ def serve(topo, mode, start_step: int, on_checkpoint, on_wait=None) -> None:
         with timers.time("wait"):
             msgs = _receive(topo, width, dtype, pacer, on_wait)
         tags = {tag for _, tag, _ in msgs}
-        assert len(tags) == 1, f"workers out of step: tags {tags}"
+        if len(tags) > 1:  # (pshybrid.torch: a script whose workers call differently)
+            asked = " while ".join(f"worker {w} asked for {_CALLS.get(t, t)}"
+                                   for w, (_, t, _) in enumerate(msgs) if t != msgs[0][1])
+            raise PshybridError(f"the workers are out of step: worker 0 asked for "
+                                f"{_CALLS.get(msgs[0][1], msgs[0][1])} while {asked}: every "
+                                "worker makes the same steps, checkpoints and shutdown")
         tag = tags.pop()
         if tag != TAG_STEP:
             pacer.forget()  # the pause before a checkpoint or the end is not a step's gap
