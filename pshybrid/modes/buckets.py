@@ -30,7 +30,7 @@ class GradBuckets:
     """
 
     def __init__(self, params: ParamSpace, start, min_bytes: int, deferred: bool = False):
-        self.params, self.start, self.min_bytes = params, start, min_bytes
+        self.params, self.start = params, start
         self.deferred = deferred
         self.spans = sorted((params.offset(n), n) for n in params.names)  # (first element, name)
         itemsize = params.flat_grad.dtype.itemsize
