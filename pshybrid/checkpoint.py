@@ -85,10 +85,11 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
         safeio.fsync_file(shard)
     if dense is None:
         return
-    flat, state = dense
+    flat, state, *more = dense  # (more: pshybrid.torch's {name: module buffer})
+    extra = [(f"buffers/{k}", a) for k, a in (more[0] if more else {}).items()]
     dpath = os.path.join(tmp, "dense.h5")
     with safeio.h5_file(dpath, "x") as f:
-        for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items())):
+        for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items()), *extra):
             f[k] = a
             f[k].attrs[CRC_ATTR] = crc32(a)
         f.attrs["params"] = json.dumps([(n, params.offset(n), list(params.shape(n)))
@@ -135,7 +136,8 @@ def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridE
     no file exceeds ``ulimit -f``), found before HDF5 writes anything."""
     files = [0 if ids is None else ids.nbytes + sum(a.nbytes for a in sparse.values())]
     if dense is not None:
-        files.append(dense[0].nbytes * (1 + len(dense[1])))
+        files.append(dense[0].nbytes * (1 + len(dense[1]))
+                     + sum(a.nbytes for a in (dense[2] if len(dense) > 2 else {}).values()))
     mine = sum(files) + (1 << 16) * len(files)  # + HDF5 metadata, meta.json
     total = topo.world.allreduce(mine)  # Wire: allreduce of one int (bytes); all ranks wait
     problem = safeio.room_problem(tmp, total, max(files) + (1 << 16))

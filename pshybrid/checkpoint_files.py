@@ -8,7 +8,8 @@ Layout of ``DIR`` (``--checkpoint-dir``)::
     DIR/step-N/meta.json       format_version, step, mode, servers, seed, the resolved
                                config, the dataset schema, shard file names
     DIR/step-N/dense.h5        /flat (P,) dense parameters; /state/<slot> (P,) dense
-                               optimizer state; attrs params (JSON: name, offset, shape)
+                               optimizer state; attrs params (JSON: name, offset, shape);
+                               pshybrid.torch: /buffers/<name> the model's buffers
     DIR/step-N/shard-SSSSS.h5  per server s (one file in allreduce mode): /ids (n,) the
                                global rows of the fused table it holds; /w (n, E) their
                                weights; /<slot> (n, E) sparse optimizer state
@@ -389,6 +390,25 @@ def _dense_sums(fpath: str, flat, state: dict) -> None:
     with _h5(fpath) as f:
         sums.read(f)
     sums.check()
+
+
+def read_buffers(step_dir: str) -> dict:
+    """{name: array} of ``dense.h5``'s /buffers (a torch model's buffers; none in a native
+    checkpoint or one written before they were kept), each against its checksum."""
+    fpath = os.path.join(step_dir, "dense.h5")
+    out = {}
+    with _h5(fpath) as f:
+        grp = f.get("buffers", {})
+        for name in (grp.keys() if isinstance(grp, h5py.Group) else ()):
+            d = grp[name]
+            if not isinstance(d, h5py.Dataset) or d.dtype.kind not in "fiub":
+                raise _bad(fpath, f"/buffers/{name}", "is not a numeric dataset")
+            out[name] = d[...]
+            sums = Sums(fpath, True)  # (written with them from the first)
+            sums.add(f"buffers/{name}", out[name])
+            sums.read(f)
+            sums.check()
+    return out
 
 
 def read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,

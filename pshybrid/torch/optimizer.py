@@ -24,7 +24,7 @@ import zlib
 import numpy as np
 import torch
 
-from pshybrid.checkpoint_files import read_dense
+from pshybrid.checkpoint_files import read_buffers, read_dense
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
 from pshybrid.torch.session import DTYPES, session
@@ -298,8 +298,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                   "state would be lost); use it without", collective=True)
         return name, float(self.opt.param_groups[0]["lr"])
 
+    def _buffers(self) -> dict:
+        """The model's buffers a ``state_dict`` holds (a BatchNorm's running statistics)."""
+        kept = self.model.state_dict(keep_vars=True)
+        return {n: b for n, b in self.model.named_buffers() if n in kept and b is not None}
+
     def dense_state(self):
-        """(flat (P,), {slot: (P,)}) host arrays for the checkpoint."""
+        """(flat (P,), {slot: (P,)}, {buffer name: array}) host arrays for the checkpoint."""
         _, keys = self._kind()
         self.sync_params()
         state = {}
@@ -311,7 +316,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     o = self.params.offset(n)
                     arr[o:o + p.numel()] = st[key].detach().cpu().reshape(-1).numpy()
             state[slot] = arr
-        return self.params.flat.copy(), state
+        buffers = {n: b.detach().cpu().numpy().copy() for n, b in self._buffers().items()}
+        return self.params.flat.copy(), state, buffers
 
     def _load(self, step_dir: str) -> None:
         _, keys = self._kind()
@@ -333,6 +339,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     for slot, key in keys.items():
                         st[key] = torch.from_numpy(state[slot][o:o + k].astype(
                             self.params.flat.dtype)).reshape(p.shape).to(p.device)
+        self._load_buffers(step_dir)
+
+    def _load_buffers(self, step_dir: str) -> None:
+        """The model's buffers from the checkpoint (one that holds none, a native one or
+        one written before they were kept, leaves them as they are)."""
+        saved = read_buffers(step_dir)
+        for n, b in self._buffers().items() if saved else ():
+            if n not in saved or saved[n].shape != tuple(b.shape):
+                got = saved[n].shape if n in saved else "missing"
+                raise InputError(f"{step_dir}/dense.h5: buffer {n!r} is {got}, the model's is "
+                                 f"{tuple(b.shape)}")
+            with torch.no_grad():
+                b.copy_(torch.from_numpy(saved[n]))
 
     def close(self) -> None:
         for h in self.hooks:

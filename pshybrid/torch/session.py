@@ -143,7 +143,6 @@ class Session:
         self.resume_dir: str | None = None
         self.resume_step: int | None = None
         self.roots: set = set()  # the directories this session has written checkpoints in
-        self.buffers_noted = False  # pt.checkpoint's note on the model's buffers: once
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None]
         self.optimizer = None  # the DistributedOptimizer, once made
         self.closed = False
@@ -334,13 +333,6 @@ def checkpoint_to(root: str) -> str:
                               "checkpoint holds the model's dense parameters)", collective=True)
         s.optimizer.checkpoint_optimizer()  # refused here, before the servers are asked
         _check_root(s, str(root))
-        buffers = [n for n, b in s.optimizer.model.named_buffers() if b is not None]
-        if buffers and s.topo.worker_index == 0 and not s.buffers_noted:
-            s.buffers_noted = True
-            sys.stderr.write(f"pshybrid: note: pt.checkpoint holds the model's parameters, not "
-                             f"its buffers ({', '.join(buffers[:3])}"
-                             f"{', ...' if len(buffers) > 3 else ''}): a resumed model starts "
-                             "them anew; keep them yourself (docs/torch.md)\n")
         s.optimizer.sync_params()
         s.mode.request_checkpoint(s.step)
         return _save(s, str(root), s.step)
