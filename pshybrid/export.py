@@ -10,8 +10,8 @@ import os
 import numpy as np
 
 from . import safeio
-from .checkpoint_files import (TORCH, has_checksums, native_config, read_dense, read_meta,
-                               read_shards, resolve, row_width)
+from .checkpoint_files import (TORCH, has_checksums, native_config, read_buffers, read_dense,
+                               read_meta, read_shards, resolve, row_width)
 from .errors import InputError, PshybridError
 from .optim import SLOTS
 from .schema import field_offsets
@@ -102,6 +102,7 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
     read_shards(step_dir, meta, E, slots, lambda ids: np.ones(ids.shape, bool), take)
     flat, states, params = read_dense(step_dir, SLOTS[dense_opt],
                                       checksums=has_checksums(step_dir, meta))
+    buffers = read_buffers(step_dir)  # (a torch model's: a BatchNorm's statistics)
     table = arrays.pop("w")
     try:
         with safeio.atomic_output(out) as tmp, safeio.h5_file(tmp, "w") as o:
@@ -110,6 +111,8 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
                 o[f"dense/{pname}"] = flat[off:off + n].reshape(shape)
                 for k, st in states.items():
                     o[f"optimizer/dense/{k}/{pname}"] = st[off:off + n].reshape(shape)
+            for bname, b in buffers.items():
+                o[f"buffers/{bname}"] = b
             for fname, rows, D in fields:
                 o[f"embeddings/{fname}"] = table[rows, :D]
                 if linear:

@@ -335,6 +335,13 @@ def test_a_checkpoint_keeps_the_models_buffers(tmp_path):
         assert got["scratch"].item() == 1.0  # (not persistent: not in the checkpoint)
     finally:
         pt.shutdown()
+    from pshybrid.export import export
+
+    export(step, str(tmp_path / "e.h5"))
+    with h5py.File(tmp_path / "e.h5") as f:
+        assert sorted(f["buffers"]) == ["1.num_batches_tracked", "1.running_mean",
+                                         "1.running_var"]
+        assert np.array_equal(f["buffers/1.running_var"][...], saved["1.running_var"].numpy())
     pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, resume=step,
             tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
     try:
