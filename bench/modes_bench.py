@@ -23,8 +23,8 @@ timer covers, and ``apply``: the servers' optimizer, which overlaps the workers'
 the PNG stacks the means, which sum to the mean step), bytes per step per worker by kind
 (the library's own counters, over every step, warm-up included) beside the analytic
 formula computed from the data (its unique ids averaged over the timed steps only, as the
-phases' costs per id are), peak RSS per role. Rank 0 prints a table with the Hybrid/PS and Hybrid/AllReduce ratios and writes
-JSON (and a PNG with matplotlib).
+phases' costs per id are), peak RSS per role. Rank 0 prints a table with the Hybrid/PS and
+Hybrid/AllReduce ratios and writes JSON (and a PNG with matplotlib).
 
 Per-step phases (JSON, for ``bench/scaling.py``): each rank's phase timers are also read at
 every step boundary (``StepTimers``), so besides the totals over all steps
@@ -394,6 +394,8 @@ def main(argv=None) -> int:
     """Set up, warm up, time every variant, then rank 0 prints and writes."""
     ap = parser()
     a = ap.parse_args(argv)
+    if a.steps <= a.warmup:  # (every rank alike, before any collective)
+        ap.error(f"--steps {a.steps} leaves no timed step after --warmup {a.warmup}")
     check_outputs(ap, a.json, a.png, [("--data", p) for p in (a.data, a.eval_data) if p])
     b = setup(a)
     P = dense_params(b)

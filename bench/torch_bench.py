@@ -197,6 +197,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=900, help="seconds per run")
     ap.add_argument("--json", default="bench_torch.json")
     a = ap.parse_args(argv)
+    if a.steps <= a.warmup:
+        ap.error(f"--steps {a.steps} leaves no timed step after --warmup {a.warmup}")
     if a.variant:
         a.mlp = tuple(int(x) for x in a.mlp.split(","))
         return one_run(a)

@@ -109,7 +109,7 @@ def check_run_dir(root: str, resume_dir: str | None, resume_step: int | None,
         return
     busy = dirlock.in_use(root)  # (a running job's checkpoints: its lock says why, first)
     if busy:
-        raise ConfigError(f"{option}: {busy}")
+        raise ConfigError(f"{option.rstrip(':')}: {busy}")
     inside = False
     if resume_dir is not None:
         try:

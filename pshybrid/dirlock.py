@@ -215,6 +215,8 @@ def in_use(root: str) -> str | None:
         return None
     except (OSError, ValueError):
         text = ""
+    if text == lock.mine:  # (this process's own)
+        return None
     try:
         lock._stale(text)
     except FileExistsError as e:

@@ -133,28 +133,36 @@ def test_grad_buckets_start_the_same_spans_in_the_same_order_whatever_finishes(m
     worker's batch left unused (a branch, a torch model) cut them elsewhere there: the job
     hung. Oracle: the spans started, in order, by a worker finishing every parameter in
     reverse, one finishing them in a shuffled order and one leaving parameters unused are
-    the same list, and it covers the buffer once."""
+    the same list, and it covers the buffer once; and no bucket starts before every
+    parameter in it is reported (a zero-element parameter, sorted by name after the next
+    one at its offset, started that one's bucket early: weights drifted apart)."""
     from mpi4py import MPI
 
     from pshybrid.modes.buckets import GradBuckets
 
     params = ParamSpace()
-    for i, shape in enumerate([(3, 4), (4,), (4, 2), (2,), (5, 5), (1,)]):
-        params.add(f"p{i}", shape, "zeros")
+    for name, shape in [("p0", (3, 4)), ("zz", (0,)), ("p1", (4,)), ("p2", (4, 2)),
+                        ("p3", (2,)), ("p4", (5, 5)), ("p5", (1,)), ("zy", (0,))]:
+        params.add(name, shape, "zeros")
     params.build(np, np.float64, seed=0)
     base = params.flat_grad.__array_interface__["data"][0]
     names = list(params.names)
 
     def starts(order):
-        got = []
+        got, reported, finishing = [], set(), []
 
         def start(buf):
             lo = (buf.__array_interface__["data"][0] - base) // buf.itemsize
             got.append((lo, lo + buf.size))
+            inside = {n for n in names if lo <= params.offset(n) < lo + buf.size
+                      and np.prod(params.shape(n)) > 0}
+            assert finishing or inside <= reported, (inside, reported)  # (finish: all go)
             return MPI.REQUEST_NULL
         buckets = GradBuckets(params, start, min_bytes)
         for n in order:
+            reported.add(n)
             buckets.ready([n])
+        finishing.append(True)
         buckets.finish()
         return got
 
@@ -163,7 +171,7 @@ def test_grad_buckets_start_the_same_spans_in_the_same_order_whatever_finishes(m
     assert every[0][1] == params.size and every[-1][0] == 0
     assert all(a[0] == b[1] for a, b in zip(every, every[1:])), every
     for order in (list(rng.permutation(names)), names[::-1][:2] + names[::-1][3:], names[:1],
-                  []):
+                  [], [n for n in names[::-1] if n != "p1"]):  # (p1: after zz, at its offset)
         assert starts(order) == every, order
 
 

@@ -45,7 +45,8 @@ def test_info_and_training_run_on_the_system_open_mpi(tmp_path):
     for name in ("openmpi", "mpich"):
         out = str(tmp_path / f"{name}.jsonl")
         argv = ["-m", "pshybrid", *TRAIN, "--metrics", out]
-        p = openmpi(3, argv) if name == "openmpi" else run_job(3, pshybrid(*TRAIN, "--metrics", out))
+        p = (openmpi(3, argv) if name == "openmpi"
+             else run_job(3, pshybrid(*TRAIN, "--metrics", out)))
         assert p.returncode == 0, (name, p.stdout, p.stderr)
         summary[name] = json.loads(open(out).read().splitlines()[-1])
     a, b = summary["openmpi"]["final_loss"], summary["mpich"]["final_loss"]

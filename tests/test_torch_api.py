@@ -351,3 +351,17 @@ def test_a_checkpoint_keeps_the_models_buffers(tmp_path):
             pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
     finally:
         pt.shutdown()
+
+
+def test_a_new_distributed_optimizer_between_backward_and_step_is_refused(job):
+    """Its buckets' requests were dropped: the next step applied the gradient's sum, W
+    times too large (zeros on a GPU after synchronize)."""
+    from pshybrid.errors import ConfigError
+
+    model = torch.nn.Linear(3, 1).double()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    model(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+    with pytest.raises(ConfigError, match="has not been stepped"):
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    opt.step()
+    pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)  # (now fine)

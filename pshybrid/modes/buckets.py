@@ -32,7 +32,9 @@ class GradBuckets:
     def __init__(self, params: ParamSpace, start, min_bytes: int, deferred: bool = False):
         self.params, self.start = params, start
         self.deferred = deferred
-        self.spans = sorted((params.offset(n), n) for n in params.names)  # (first element, name)
+        # (first element, name) in buffer order; a zero-element parameter shares its offset
+        # with the next one, and stays before it (sorted by offset alone, stable)
+        self.spans = sorted(((params.offset(n), n) for n in params.names), key=lambda s: s[0])
         itemsize = params.flat_grad.dtype.itemsize
         self.cuts = []  # (k, lo) in start order: a bucket is flat_grad[lo:the previous lo]
         end = params.size

@@ -92,10 +92,10 @@ def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
     s = session()
     W, w = s.topo.n_workers, s.topo.worker_index
     with abort_on_error(s.topo.world):
-        _check(batch_size, epoch, start)
         _same_on_every_worker(s.topo.workers, batch_size=batch_size, epochs=epochs,
                               steps=steps, shuffle=bool(shuffle), seed=seed, epoch=epoch,
                               start=start)
+        _check(batch_size, epoch, start)  # (the same on every worker: collective)
         ds = _open(path, W * batch_size, s)
     plan = BatchPlan(getattr(ds, "n_rows", None), W * batch_size, shuffle,
                      s.seed if seed is None else seed)

@@ -47,6 +47,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, torch_optimizer, model: torch.nn.Module, bucket_mb: float = 1.0):
         s = session()
+        if s.optimizer is not None and s.optimizer.reduced:
+            with abort_on_error(s.topo.world):  # (this worker's backward: not collective)
+                raise ConfigError("DistributedOptimizer: a backward of the current one has "
+                                  "not been stepped (its Allreduce may be on the wire): call "
+                                  "its opt.step() first, then make the new one")
         self.built = False  # (torch's __init__ adds the groups through add_param_group)
         super().__init__(torch_optimizer.param_groups, torch_optimizer.defaults)
         self.state = torch_optimizer.state  # shared: the torch optimizer's step fills it
@@ -301,7 +306,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _buffers(self) -> dict:
         """The model's buffers a ``state_dict`` holds (a BatchNorm's running statistics)."""
         kept = self.model.state_dict(keep_vars=True)
-        return {n: b for n, b in self.model.named_buffers() if n in kept and b is not None}
+        return {n: b for n, b in self.model.named_buffers() if n in kept}
 
     def dense_state(self):
         """(flat (P,), {slot: (P,)}, {buffer name: array}) host arrays for the checkpoint."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -54,13 +55,6 @@ class TorchDense(AllreduceDense):
     def start(self, step: int) -> None:
         if not self.owner.synced:  # (``synchronize`` started and completed it)
             super().start(step)
-
-    def sync(self, step: int) -> bool:
-        if self.owner.synced:
-            with self.ctx.kernel_timers.time("dense_apply"):
-                self.apply(step)
-            return True
-        return super().sync(step)
 
     def reduce_now(self, step: int) -> None:
         """``DistributedOptimizer.synchronize``: start and complete the Allreduce now."""
@@ -145,6 +139,7 @@ class Session:
         self.roots: set = set()  # the directories this session has written checkpoints in
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None]
         self.optimizer = None  # the DistributedOptimizer, once made
+        self.arrivals = None  # workers: shutdown's communicator (``_workers_here``)
         self.closed = False
 
     # -- the checkpoint's description of this job (meta.json; export reads it) -----------
@@ -273,6 +268,7 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
             s.step = s.resume_step = _load_sparse(s, resume)
             s.resume_dir = resolve(resume) if topo.is_worker else None
         if topo.is_worker:
+            s.arrivals = topo.workers.Dup()  # (shutdown's own: ``_workers_here``)
             s.mode.ready()
             atexit.register(shutdown)
             return True
@@ -356,16 +352,34 @@ def _check_root(s: Session, root: str) -> None:
     s.roots.add(real)
 
 
+SHUTDOWN_WAIT_S = 30.0  # shutdown during an exception: how long the other workers may take
+
+
+def _workers_here(s: Session) -> bool:
+    """Whether every worker reaches ``shutdown`` within ``SHUTDOWN_WAIT_S`` (all handled
+    the same exception, or all end alike), on a communicator of its own: the others may
+    be blocked in a step's collective on the session's (the exception was one worker's)."""
+    if s.topo.n_workers == 1:
+        return True
+    # Wire: Ibarrier over the workers (their shutdown communicator), polled with a deadline
+    req, end = s.arrivals.Ibarrier(), time.monotonic() + SHUTDOWN_WAIT_S
+    while not req.Test():
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def shutdown() -> None:
     """Workers, collectively: stop the servers (they exit), free the store. Called while
-    an exception propagates (a ``finally:``, an ``except:``), where the other workers need
-    not be here: that exception ends the whole job, as an uncaught one does."""
+    an exception propagates or is handled (a ``finally:``, an ``except:``), the other
+    workers need not come: unless every one reaches ``shutdown`` within ``SHUTDOWN_WAIT_S``,
+    that exception ends the whole job, as an uncaught one does."""
     s = _session
     if s is None or s.closed:
         return
     kind, exc, tb = sys.exc_info()
-    if exc is not None and s.topo.world.size > 1 and not (
-            isinstance(exc, SystemExit) and exc.code in (0, None)):
+    if exc is not None and not _workers_here(s):
         _excepthook(s.topo.world)(kind, exc, tb)  # one line or the traceback; the abort
     with abort_on_error(s.topo.world):
         s.closed = True
@@ -375,6 +389,8 @@ def shutdown() -> None:
         if s.optimizer is not None:
             s.optimizer.close()
         s.mode.finish()
+        if s.arrivals is not None:
+            s.arrivals.Free()
         s.topo.free()
     sys.excepthook = s.prev_hook
 

@@ -1,8 +1,12 @@
-"""A ``pshybrid.torch`` script whose worker 1 raises inside ``try: ... finally:
-pt.shutdown()`` while worker 0 goes on to its next step (a collective): the exception ends
-the whole job (it hung: shutdown's collectives on worker 1, the step's on worker 0).
+"""``pt.shutdown()`` called while an exception is about (mpiexec -n N python THIS MODE CASE):
 
-mpiexec -n 2 python tests/jobs/torch_raise_in_finally.py [hybrid|allreduce]
+- ``one``: the last worker raises inside ``try: ... finally: pt.shutdown()`` while the
+  others go on to their next step (a collective): the exception ends the whole job (it
+  hung: shutdown's collectives on one worker, the step's on the others);
+- ``all``: every worker raises the same early stop and handles it with ``pt.shutdown()``
+  in its ``except``: the job ends normally (status 0);
+- ``exit``: every worker calls ``sys.exit(3)`` inside ``try: ... finally: pt.shutdown()``:
+  status 3.
 """
 
 import sys
@@ -10,19 +14,35 @@ import sys
 import torch
 
 import pshybrid.torch as pt
+import pshybrid.torch.session
 
-mode = sys.argv[1] if len(sys.argv) > 1 else "allreduce"
+pshybrid.torch.session.SHUTDOWN_WAIT_S = 3.0  # (the test's: 30 s by default)
+mode, case = sys.argv[1], sys.argv[2]
+
+
+class EarlyStop(Exception):
+    pass
+
+
 if pt.init(servers=1 if mode == "hybrid" else 0, mode=mode,
            tables=[pt.Table("t", rows=8, dim=2)]):
     model = torch.nn.Linear(2, 1)
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
     try:
         for step in range(3):
-            if step == 1 and pt.worker_index() == pt.num_workers() - 1:
+            if step == 1 and case == "exit":
+                sys.exit(3)
+            if step == 1 and case == "all":
+                raise EarlyStop()
+            if step == 1 and case == "one" and pt.worker_index() == pt.num_workers() - 1:
                 raise ValueError("the last worker's bug")
             opt.zero_grad()
             model(torch.ones(4, 2)).sum().backward()
             opt.step()
+    except EarlyStop:
+        pt.shutdown()
+        print("stopped early")
     finally:
         pt.shutdown()
-    print("not reached")
+    if case == "one":
+        print("not reached")
