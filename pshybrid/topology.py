@@ -95,9 +95,9 @@ def launch_mismatch(size: int, environ=os.environ) -> str | None:
     return None
 
 
-# A system MPI's environment (module load, setvars.sh): (variable, what its library's version
-# text starts with, its name, where its libmpi is). Within the MPICH family another launcher runs the wheel's
-# library as one job without a word: only the library's name tells.
+# A system MPI's environment (module load, setvars.sh): (variable, what its library's
+# version text starts with, its name, where its libmpi is). Within the MPICH family another
+# launcher runs the wheel's library as one job without a word: only the library's name tells.
 _LOADED = (("I_MPI_ROOT", "Intel", "Intel MPI", "libmpi.so.12 (under $I_MPI_ROOT/lib)"),)
 
 
