@@ -83,7 +83,6 @@ def at_least(lo: int):
         if v < lo:
             raise argparse.ArgumentTypeError(f"{v}: must be >= {lo}")
         return v
-    parse.__name__ = f"integer >= {lo}"
     return parse
 
 

@@ -85,11 +85,11 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
         safeio.fsync_file(shard)
     if dense is None:
         return
-    flat, state, *more = dense  # (more: pshybrid.torch's {name: module buffer})
-    extra = [(f"buffers/{k}", a) for k, a in (more[0] if more else {}).items()]
+    flat, state, buffers = dense
     dpath = os.path.join(tmp, "dense.h5")
     with safeio.h5_file(dpath, "x") as f:
-        for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items()), *extra):
+        for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items()),
+                     *((f"buffers/{k}", a) for k, a in buffers.items())):
             f[k] = a
             f[k].attrs[CRC_ATTR] = crc32(a)
         f.attrs["params"] = json.dumps([(n, params.offset(n), list(params.shape(n)))
@@ -137,7 +137,7 @@ def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridE
     files = [0 if ids is None else ids.nbytes + sum(a.nbytes for a in sparse.values())]
     if dense is not None:
         files.append(dense[0].nbytes * (1 + len(dense[1]))
-                     + sum(a.nbytes for a in (dense[2] if len(dense) > 2 else {}).values()))
+                     + sum(a.nbytes for a in dense[2].values()))
     mine = sum(files) + (1 << 16) * len(files)  # + HDF5 metadata, meta.json
     total = topo.world.allreduce(mine)  # Wire: allreduce of one int (bytes); all ranks wait
     problem = safeio.room_problem(tmp, total, max(files) + (1 << 16))
@@ -156,7 +156,8 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema) -> 
     tmp = _make_temp(root, step, topo, writer_rank)
     holds_sparse = topo.is_server or (writer and topo.n_servers == 0)
     ids, sparse = mode.sparse_state() if holds_sparse else (None, {})
-    dense = mode.dense_state_full() if writer else None
+    # (flat, {slot: state}, {name: buffer}): only pshybrid.torch's model has buffers
+    dense = (*mode.dense_state_full(), {})[:3] if writer else None
     try:
         agree(topo.world, _check_finite(step, sparse, dense))  # Wire: verdict allgather
         # Wire: verdict allgather; no rank starts an HDF5 write the disk has no room for
