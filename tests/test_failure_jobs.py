@@ -141,23 +141,45 @@ def test_a_torch_exception_inside_try_finally_shutdown_ends_the_job(mode, n):
     assert p.returncode == 3 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
 
 
-@pytest.mark.parametrize("case,want", [
-    ("steps", "the workers are out of step: worker 0 asked for a step while worker 1 asked "
-              "for the end (shutdown)"),
-    ("batch", "batches: batch_size=4 on worker 1, batch_size=2 on worker 0: every worker")])
-def test_torch_workers_that_call_differently_end_in_one_line(tmp_path, case, want):
+@pytest.mark.parametrize("case,mode,n,want", [
+    ("steps", "hybrid", 3, "the workers are out of step: worker 0 asked for a step while "
+                           "worker 1 asked for the end (shutdown)"),
+    ("batch", "hybrid", 3, "batches: batch_size=4 on worker 1, batch_size=2 on worker 0: "
+                           "every worker"),
+    ("phase", "allreduce", 2, "the workers are out of step: worker 0 in pt.checkpoint at "
+                              "step 2, worker 1 in pt.batches() at step 2"),
+    ("steps", "allreduce", 2, "(rank 0/2, worker 0): 3 s inside opt.step() at step 3, waiting"),
+    ("checkpoint", "allreduce", 2, "(rank 0/2, worker 0): 3 s inside pt.checkpoint at step 2"),
+    ("checkpoint", "hybrid", 3, "(rank 0/3, worker 0): 3 s inside pt.checkpoint at step 2")])
+def test_torch_workers_that_call_differently_end_in_one_line(tmp_path, case, mode, n, want):
     """A worker one step short (a DataLoader of its own) ended the job with the server's
-    AssertionError traceback; a batch_size that differs between workers read overlapping
-    rows. Oracle: the line, status 2, in time."""
+    AssertionError traceback (hybrid) or waited for good (allreduce); a batch_size that
+    differs between workers read overlapping rows; pt.checkpoint on worker 0 alone waited
+    for good, or (allreduce) matched the others' step collectives and died on garbage.
+    Oracle: the line, status 2, in time (pt.init's timeout: 3 s)."""
     pytest.importorskip("torch")
     from pshybrid.synthetic import write_synthetic
 
     data = tmp_path / "d.h5"
     write_synthetic(str(data), 64, seed=1, n_dense=2, cardinalities=(5, 7))
     script = os.path.join(os.path.dirname(__file__), "jobs", "torch_out_of_step.py")
-    p = run_job(3, [sys.executable, script, case, str(data)], timeout=120)
+    p = run_job(n, [sys.executable, script, case, mode, str(data), "3"], timeout=120)
     assert p.returncode == 2 and want in p.stderr, (p.returncode, p.stderr)
-    assert "Traceback" not in p.stderr and "not reached" not in p.stdout, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_slow_torch_worker_is_named_in_a_warning_and_the_job_goes_on(tmp_path):
+    """The time limit's warning, at stall.WARN_S (0.5 s here), names the call the waiting
+    worker is inside; a worker slower than that, within the timeout, ends the job as usual.
+    Oracle: the warning on worker 1, both workers' "done", status 0."""
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(__file__), "jobs", "torch_out_of_step.py")
+    p = run_job(3, [sys.executable, script, "slow", "hybrid", str(tmp_path / "none"), "60"],
+                timeout=120)
+    assert p.returncode == 0 and p.stdout.count("done") == 2, (p.returncode, p.stderr)
+    assert ("pshybrid: warning (rank 1/3, worker 1): " in p.stderr
+            and " s inside opt.step() at step 3, waiting for the other workers" in p.stderr
+            and "the job ends at 60 s" in p.stderr), p.stderr
 
 
 def test_a_torch_script_refused_ends_in_one_line_per_worker():

@@ -260,6 +260,20 @@ def test_a_hybrid_session_without_room_for_a_server_names_the_api_arguments(serv
     pt.shutdown()
 
 
+@pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), True, "600"])
+def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_refused(timeout):
+    """pt.init(timeout=...): seconds > 0 or None; anything else one ConfigError naming it
+    (True would have been a one-second limit), and nothing started."""
+    from pshybrid.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"pt.init: timeout=.*: seconds > 0, or None"):
+        pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, timeout=timeout,
+                tables=[pt.Table("t", rows=10, dim=2)])
+    pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, timeout=None,
+            tables=[pt.Table("t", rows=10, dim=2)])
+    pt.shutdown()
+
+
 def test_add_param_group_is_refused_and_schedulers_that_cycle_momentum_run(job):
     """``opt.add_param_group`` put a group after "embeddings" (whose lr then went to the
     servers) and its parameters were never stepped nor averaged; OneCycleLR (cycle_momentum)

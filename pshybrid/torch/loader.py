@@ -22,7 +22,7 @@ from pshybrid.data import H5Dataset
 from pshybrid.errors import InputError
 from pshybrid.schema import Schema
 from pshybrid.threads import rank_cores
-from pshybrid.torch.session import session
+from pshybrid.torch.session import census, session
 from pshybrid.transport import abort_on_error, agree
 
 
@@ -92,6 +92,7 @@ def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
     s = session()
     W, w = s.topo.n_workers, s.topo.worker_index
     with abort_on_error(s.topo.world):
+        census(s, "pt.batches()", s.step)
         _same_on_every_worker(s.topo.workers, batch_size=batch_size, epochs=epochs,
                               steps=steps, shuffle=bool(shuffle), seed=seed, epoch=epoch,
                               start=start)

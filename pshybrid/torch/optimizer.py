@@ -27,7 +27,7 @@ import torch
 from pshybrid.checkpoint_files import read_buffers, read_dense
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
-from pshybrid.torch.session import DTYPES, session
+from pshybrid.torch.session import DTYPES, census, session
 from pshybrid.transport import abort_on_error, agree
 
 # torch optimizers whose state maps onto the checkpoint's dense slots: name, {slot: key}
@@ -82,6 +82,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_done(n))
                       for n, p in self.named]
         with abort_on_error(s.topo.world):
+            census(s, "DistributedOptimizer()", s.step)
             self._start()
         s.optimizer = self
         self.built = True
@@ -196,7 +197,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         s = self.s
-        with abort_on_error(s.topo.world):
+        with abort_on_error(s.topo.world), s.watch.inside("opt.step()", s.step + 1):
             if s.optimizer is not self:
                 raise ConfigError("DistributedOptimizer.step: a newer DistributedOptimizer "
                                   "replaced this one in the session; step that one",
@@ -224,7 +225,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``torch.nn.utils.clip_grad_norm_`` clips the global gradient after this call (before
         it, ``.grad`` is this worker's own, and a bucket may be on the wire)."""
         s = self.s
-        with abort_on_error(s.topo.world):
+        with abort_on_error(s.topo.world), s.watch.inside("opt.synchronize()", s.step + 1):
             if s.optimizer is not self or self.synced:
                 raise ConfigError("DistributedOptimizer.synchronize: once per step, on the "
                                   "session's newest DistributedOptimizer", collective=True)

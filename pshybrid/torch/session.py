@@ -17,6 +17,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from mpi4py import MPI
 
@@ -30,6 +31,7 @@ from pshybrid.modes.dense import AllreduceDense
 from pshybrid.optim import SLOTS, SPARSE_LR, Optimizer
 from pshybrid.registry import MODES
 from pshybrid.schema import FusedTable, Schema, names_problem
+from pshybrid.stall import Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
 from pshybrid.transport import abort, abort_on_error, agree
@@ -139,7 +141,8 @@ class Session:
         self.roots: set = set()  # the directories this session has written checkpoints in
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None]
         self.optimizer = None  # the DistributedOptimizer, once made
-        self.arrivals = None  # workers: shutdown's communicator (``_workers_here``)
+        self.arrivals = None  # workers: ``census``'s communicator
+        self.watch = None  # workers: the time limit on their collective calls (``stall``)
         self.closed = False
 
     # -- the checkpoint's description of this job (meta.json; export reads it) -----------
@@ -243,10 +246,13 @@ def _excepthook(comm):
 
 
 def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
-         resume: str | None = None, comm=None, exit_servers: bool = True) -> bool:
+         resume: str | None = None, comm=None, exit_servers: bool = True,
+         timeout: float | None = 600.0) -> bool:
     """Collective over ``comm`` (default: every rank). Server ranks serve here until the
     workers call ``shutdown`` and then exit the process with status 0 (``exit_servers``
-    False: they return False instead, for a program that goes on; workers return True)."""
+    False: they return False instead, for a program that goes on; workers return True).
+    A worker inside one collective call (``opt.step()``, ``pt.checkpoint``, ...) for
+    ``timeout`` seconds ends the job naming it (None: it waits for good)."""
     global _session
     comm = MPI.COMM_WORLD if comm is None else comm
     prev_hook, sys.excepthook = sys.excepthook, _excepthook(comm)
@@ -257,6 +263,10 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
         _check_tables(tables, mode, servers, comm.size)
         if not isinstance(seed, int) or seed_check(seed):  # the tables' key takes 32 bits
             raise ConfigError(f"pt.init: seed {seed!r}: {SEED_RANGE}", collective=True)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+                timeout, (int, float)) or not timeout > 0):
+            raise ConfigError(f"pt.init: timeout={timeout!r}: seconds > 0, or None (no limit)",
+                              collective=True)
         if not any(v in os.environ for v in THREAD_VARS):  # one pool of this rank's cores
             torch.set_num_threads(max(1, int(rank_cores())))
         S = servers if MODES[mode].needs_servers else 0
@@ -268,7 +278,9 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
             s.step = s.resume_step = _load_sparse(s, resume)
             s.resume_dir = resolve(resume) if topo.is_worker else None
         if topo.is_worker:
-            s.arrivals = topo.workers.Dup()  # (shutdown's own: ``_workers_here``)
+            s.arrivals = topo.workers.Dup()  # (``census``'s own)
+            s.watch = Watch(comm, f"rank {comm.rank}/{comm.size}, worker {topo.worker_index}",
+                            timeout)
             s.mode.ready()
             atexit.register(shutdown)
             return True
@@ -328,6 +340,7 @@ def checkpoint_to(root: str) -> str:
             raise ConfigError("pt.checkpoint: make the pt.DistributedOptimizer first (the "
                               "checkpoint holds the model's dense parameters)", collective=True)
         s.optimizer.checkpoint_optimizer()  # refused here, before the servers are asked
+        census(s, "pt.checkpoint", s.step)
         _check_root(s, str(root))
         s.optimizer.sync_params()
         s.mode.request_checkpoint(s.step)
@@ -353,21 +366,46 @@ def _check_root(s: Session, root: str) -> None:
 
 
 SHUTDOWN_WAIT_S = 30.0  # shutdown during an exception: how long the other workers may take
+CALLS = ("pt.shutdown()", "pt.checkpoint", "pt.batches()", "DistributedOptimizer()")
 
 
-def _workers_here(s: Session) -> bool:
-    """Whether every worker reaches ``shutdown`` within ``SHUTDOWN_WAIT_S`` (all handled
-    the same exception, or all end alike), on a communicator of its own: the others may
-    be blocked in a step's collective on the session's (the exception was one worker's)."""
+def census(s: Session, call: str, step: int, wait_s: float | None = None) -> bool:
+    """Workers, collectively, first thing in each collective call but the step's: every
+    worker is inside ``call`` at ``step``, else a ``ConfigError`` naming where each is. It
+    runs on a communicator of its own (``s.arrivals``), so a call the others do not make
+    waits here (up to ``pt.init``'s timeout) instead of matching their step's collectives
+    (which gave garbage). ``wait_s``: False when not every worker came within it (shutdown
+    during an exception: the others may be blocked in a step)."""
     if s.topo.n_workers == 1:
         return True
-    # Wire: Ibarrier over the workers (their shutdown communicator), polled with a deadline
-    req, end = s.arrivals.Ibarrier(), time.monotonic() + SHUTDOWN_WAIT_S
-    while not req.Test():
-        if time.monotonic() > end:
-            return False
-        time.sleep(0.01)
+    mine = np.array([CALLS.index(call), step], np.int64)
+    every = np.empty((s.topo.n_workers, 2), np.int64)
+    # Wire: Iallgather of (call, step), 16 B a worker, over the workers (their own copy)
+    req = s.arrivals.Iallgather(mine, every)
+    if wait_s is None:
+        with s.watch.inside(call, step):
+            req.Wait()
+    else:
+        end = time.monotonic() + wait_s
+        while not req.Test():
+            if time.monotonic() > end:
+                return False
+            time.sleep(0.01)
+    if (every != every[0]).any():
+        where = ", ".join(f"worker {w} in {CALLS[c]} at step {t}" for w, (c, t) in
+                          enumerate(every.tolist()))
+        raise ConfigError(f"the workers are out of step: {where}: every worker makes the same "
+                          "steps, checkpoints and shutdown", collective=True)
     return True
+
+
+def _all_here(s: Session) -> bool:
+    """Shutdown during an exception: whether every worker calls it (all handled the same
+    exception) within ``SHUTDOWN_WAIT_S``."""
+    try:
+        return census(s, "pt.shutdown()", s.step, SHUTDOWN_WAIT_S)
+    except ConfigError:  # (another is in another call)
+        return False
 
 
 def shutdown() -> None:
@@ -379,9 +417,9 @@ def shutdown() -> None:
     if s is None or s.closed:
         return
     kind, exc, tb = sys.exc_info()
-    if exc is not None and not _workers_here(s):
+    if exc is not None and not _all_here(s):
         _excepthook(s.topo.world)(kind, exc, tb)  # one line or the traceback; the abort
-    with abort_on_error(s.topo.world):
+    with abort_on_error(s.topo.world), s.watch.inside("pt.shutdown()", s.step):
         s.closed = True
         for _, batch, _ in s.entries:
             batch.release()
@@ -389,9 +427,9 @@ def shutdown() -> None:
         if s.optimizer is not None:
             s.optimizer.close()
         s.mode.finish()
-        if s.arrivals is not None:
-            s.arrivals.Free()
+        s.arrivals.Free()
         s.topo.free()
+    s.watch.close()
     sys.excepthook = s.prev_hook
 
 

@@ -1,31 +1,47 @@
-"""A ``pshybrid.torch`` script whose workers call differently (hybrid, 1 server):
+"""A ``pshybrid.torch`` script whose workers call differently:
 
 - ``steps``: the last worker makes one step fewer, then shuts down;
-- ``batch``: the last worker passes another ``batch_size`` to ``pt.batches``.
+- ``batch``: the last worker passes another ``batch_size`` to ``pt.batches``;
+- ``checkpoint``: worker 0 alone calls ``pt.checkpoint`` (a DDP habit), then steps on;
+- ``phase``: worker 0 calls ``pt.checkpoint`` where the others start a ``pt.batches`` pass;
+- ``slow``: worker 0 takes 2 s before its last step (in step: a warning after
+  ``stall.WARN_S``, set to 0.5 s here, and the job ends as usual).
 
-Each ends the job with one line naming what differs (it was the server's assertion
-traceback, or overlapping rows read for many steps).
+In ``hybrid`` mode the servers see the first and end the job with one line naming what
+differs (it was their assertion traceback); the second and ``phase`` are one line from
+the workers' census (it read overlapping rows for many steps); the rest (they waited for
+good) end at ``pt.init``'s ``timeout`` (seconds), naming the call each worker is inside.
 
-mpiexec -n 3 python tests/jobs/torch_out_of_step.py steps|batch DATA.h5
+mpiexec -n N python tests/jobs/torch_out_of_step.py CASE hybrid|allreduce DATA TIMEOUT
 """
 
 import sys
+import time
 
 import torch
 
+import pshybrid.stall
 import pshybrid.torch as pt
 
-case, data = sys.argv[1], sys.argv[2]
-if pt.init(servers=1, tables=[pt.Table("t", rows=8, dim=2)]):
-    last = pt.worker_index() == pt.num_workers() - 1
+case, mode, data, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
+pshybrid.stall.WARN_S = 0.5 if case == "slow" else pshybrid.stall.WARN_S
+if pt.init(servers=1 if mode == "hybrid" else 0, mode=mode, timeout=timeout,
+           tables=[pt.Table("t", rows=8, dim=2)]):
+    first, last = pt.worker_index() == 0, pt.worker_index() == pt.num_workers() - 1
     model = torch.nn.Linear(2, 1)
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
     emb = pt.Embedding("t")
     if case == "batch":
         next(iter(pt.batches(data, 4 if last else 2)))
-    for step in range(2 if last else 3):
+    for step in range(2 if last and case == "steps" else 3):
+        if case == "slow" and first and step == 2:
+            time.sleep(2.0)
         opt.zero_grad()
         (model(emb(torch.tensor([1, 2]))).sum()).backward()
         opt.step()
+        if case in ("checkpoint", "phase") and first and step == 1:
+            pt.checkpoint(data + ".ckpt")
+        elif case == "phase" and step == 1:
+            next(iter(pt.batches(data, 2)))
     pt.shutdown()
-    print("not reached")
+    print("done")

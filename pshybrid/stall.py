@@ -1,0 +1,97 @@
+"""A time limit on the collective calls of a program that drives the workers itself
+(``pshybrid.torch``): workers that call them out of step (one makes fewer steps, or calls
+``pt.checkpoint`` where the others step) would otherwise wait in them for good.
+
+``Watch`` is a daemon thread over one slot, the call this rank is inside (its name, its step
+and since when); the calls set and clear it (``inside``: two attribute writes a call). A call
+that lasts ``WARN_S`` gets one warning line naming it; one that lasts ``timeout`` seconds
+ends the job with one line naming it (exit status 2), as ``torch.distributed``'s timeout
+does. The thread makes no MPI call but ``MPI_Abort``, and that only under
+``MPI_THREAD_MULTIPLE``; at a lower thread level it ends this process (``os._exit``) and
+the launcher ends the others."""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+
+from mpi4py import MPI
+
+from .transport import abort, release_shared_memory
+
+WARN_S = 60.0  # the warning's delay (none when the timeout comes first)
+
+ADVICE = ("workers out of step wait for each other: every worker must make the same number "
+          "of steps and call opt.step(), opt.synchronize(), pt.checkpoint and pt.shutdown "
+          "alike")
+
+
+class Watch:
+    """Times the calls of this rank made ``with watch.inside(name, step):``."""
+
+    def __init__(self, comm: MPI.Comm, who: str, timeout: float | None):
+        self.comm, self.who, self.timeout, self.warn_s = comm, who, timeout, WARN_S
+        self._slot = None  # (name, step, since) of the call this rank is inside
+        self._name = self._step = None
+        self._stop = threading.Event()
+        limits = [t for t in (timeout, self.warn_s) if t]
+        self._thread = None
+        if limits and comm.size > 1:
+            self._poll = min(1.0, min(limits) / 10)
+            self._thread = threading.Thread(target=self._run, name="pshybrid-stall",
+                                            daemon=True)
+            self._thread.start()
+
+    def inside(self, name: str, step: int) -> "Watch":
+        self._name, self._step = name, step
+        return self
+
+    def __enter__(self):
+        self._slot = (self._name, self._step, time.monotonic())
+        return self
+
+    def __exit__(self, *exc):
+        self._slot = None
+        return False
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _run(self) -> None:
+        warned = None
+        while not self._stop.wait(self._poll):
+            slot = self._slot
+            if slot is None:
+                continue
+            waited = time.monotonic() - slot[2]
+            if self.timeout and waited >= self.timeout:
+                self._end(slot, waited)
+            if self.warn_s and waited >= self.warn_s and warned is not slot and (
+                    not self.timeout or self.warn_s < self.timeout):
+                warned = slot
+                self._write(f"pshybrid: warning ({self.who}): {self._where(slot, waited)}; "
+                            f"the job ends at {self.timeout:g} s" if self.timeout else
+                            f"pshybrid: warning ({self.who}): {self._where(slot, waited)}")
+
+    def _where(self, slot, waited: float) -> str:
+        name, step, _ = slot
+        return (f"{waited:.0f} s inside {name} at step {step}, waiting for the other workers "
+                f"({ADVICE})")
+
+    def _write(self, line: str) -> None:
+        err = sys.__stderr__ or sys.stderr
+        err.write(line + "\n")
+        err.flush()
+
+    def _end(self, slot, waited: float) -> None:
+        self._write(f"pshybrid: error ({self.who}): {self._where(slot, waited)}; "
+                    f"pt.init(timeout=...) sets this limit")
+        if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+            abort(self.comm, 2)  # Wire: MPI_Abort ends every rank; nobody waits
+        release_shared_memory()  # (what abort does first; the launcher ends the others)
+        time.sleep(0.3)
+        os._exit(2)
