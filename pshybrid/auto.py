@@ -210,7 +210,9 @@ def id_stats(cfg, data, layout, N: int, S: int, nodes: int, P: int):
             touched[(W, n)] = float(np.mean([(p < n).sum() for p in by_w[W]]))
     shape = planner.Shape(ranks=N, nodes=nodes, servers=S, batch=b, E=layout.table.dim, P=P,
                           itemsize=np.dtype(cfg.dtype).itemsize,
-                          server_opt=cfg.sparse_optimizer != "sgd", cuda=cfg.device == "cuda",
+                          server_opt=Optimizer(cfg.sparse_optimizer, cfg.sparse_lr,
+                                               l2=cfg.l2).needs_weights,
+                          cuda=cfg.device == "cuda",
                           U=float(np.mean([u.size for u in worker])), union=union,
                           hot_share=share, hot_touched=touched)
     return shape, lambda: read_ids(data, plan.ranges(0, 0, b), layout.offsets)
@@ -246,7 +248,7 @@ def measure(comm, cfg, model, params, layout, shape, read, cores: int):
         params.zero_grad()
         model.backward(dz * (1.0 / dz.size))
 
-    dense_opt = Optimizer(cfg.dense_optimizer, cfg.sparse_lr)
+    dense_opt = Optimizer(cfg.dense_optimizer, cfg.sparse_lr, l2=cfg.l2)
     state = {k: np.zeros_like(params.flat) for k in dense_opt.slots}
     comm.Barrier()  # every rank computes at once, as in training
     compute = _typical(fwd_bwd)
@@ -254,7 +256,7 @@ def measure(comm, cfg, model, params, layout, shape, read, cores: int):
     n = max(1, int(max(shape.union.values(), default=shape.U)))
     R = min(max(4 * n, 1024), layout.table.rows)
     rows = np.sort(rng.choice(R, size=min(n, R), replace=False)).astype(np.int64)
-    sparse_opt = Optimizer(cfg.sparse_optimizer, cfg.sparse_lr)
+    sparse_opt = Optimizer(cfg.sparse_optimizer, cfg.sparse_lr, l2=cfg.l2)
     w, g = np.zeros((R, shape.E), dt), np.zeros((R, shape.E), dt)
     sstate = {k: np.zeros_like(w) for k in sparse_opt.slots}
     threads = rank_server_threads(cfg.server_threads)[0]  # as a rank applies in training

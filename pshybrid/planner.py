@@ -161,6 +161,7 @@ def price(alt: Alternative, r: Rates, s: Shape) -> dict:
         if r.acc_owner and acc_in:  # every worker Accumulates into every owner at once: an
             #   owner takes in W/S workers' shares, at its measured crowded rate
             t["push"] = max(t["push"], W * acc_in / S / r.acc_owner)
+        if spec.dense_on_servers:  # ps: the owners' dense optimizer, each over its P / S
             sparse += r.dense_apply / S
     # collectives over the workers: each is a sync point where a busy node's ranks wait for
     # the slowest (a measured Barrier each): the mode's (``worker_syncs``), the hot rows'

@@ -353,3 +353,31 @@ def test_id_stats_count_each_workers_own_batch(tmp_path, source):
         assert shape.union[W] == pytest.approx(np.mean([np.unique(g[:W * b]).size
                                                         for g in glob]))
     np.testing.assert_array_equal(read()[2], glob[0][:b])
+
+
+def test_the_owners_dense_optimizer_is_ps_alone():
+    """ps: the owners run the dense optimizer, each over its P / S (the server term holds
+    dense_apply / S, whether or not a crowded owner's Accumulate rate was measured);
+    hybrid's runs on the workers (in compute): with plain SGD its owners apply nothing
+    (it was charged dense_apply / S on them as well)."""
+    rows_free = replace(RATES, acc_owner=1e6, row_apply=0.0)
+    sgd = replace(SHAPE, server_opt=False)
+    for rates in (rows_free, replace(rows_free, acc_owner=0.0)):
+        hyb = planner.price(planner.Alternative("hybrid", "colocated", 0, 4, 4), rates, sgd)
+        ps = planner.price(planner.Alternative("ps", "colocated", 0, 4, 4), rates, sgd)
+        assert hyb["server"] == 0.0 and ps["server"] == pytest.approx(RATES.dense_apply / 4)
+
+
+@pytest.mark.parametrize("sparse,l2,owners_step", [("sgd", 0.0, False), ("sgd", 0.01, True),
+                                                   ("adagrad", 0.0, True)])
+def test_plain_sgd_with_l2_is_priced_as_the_owners_step_it_trains_with(sparse, l2, owners_step):
+    """L2 reads the weights it changes, so SGD with --l2 trains with the owners' step
+    (``Optimizer.needs_weights``), not a blind Accumulate: the price follows (it was
+    priced as plain SGD: no owners' apply, one barrier fewer)."""
+    from pshybrid.layers import ParamSpace
+    from pshybrid.models import build_model
+
+    cfg = TrainConfig(batch_size=8, embedding_dim=4, mlp=(8,), sparse_optimizer=sparse, l2=l2)
+    _, layout = build_model(cfg.model, DATA.schema, 4, (8,), ParamSpace(), "float32", 0)
+    shape, _ = auto.id_stats(cfg, DATA, layout, 3, 1, 1, 1000)
+    assert shape.server_opt is owners_step
