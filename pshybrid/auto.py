@@ -82,11 +82,12 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         params.build(np, np.dtype(cfg.dtype), cfg.seed)
         rates = measure(pc, cfg, model, params, layout, shape, read, cores)
         alt, row, rows = planner.choose(alts, rates, shape, refused)
-        probe_s, trial_s = time.perf_counter() - t0, None
+        probe_s, trial_s, key = time.perf_counter() - t0, None, None
         steps = trials.trial_steps(cfg, getattr(data, "n_rows", None), pc.size)
         if trial is not None and steps:
             key, trial_s = trials.settle(rows, lambda r: chosen_config(cfg, _alt(r), finite),
                                          trial, comm, data, steps, cfg.batch_size)
+        if key is not None:
             row = next(r for r in rows if r["key"] == key)
             alt = _alt(row)
     finally:
@@ -97,7 +98,8 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
     record = dict(choice=alt.key, predicted_step_s=row["step"],
                   predicted_samples_per_s=row["samples_per_s"], alternatives=rows,
                   rates=asdict(rates), unique_ids=shape.U, memory_bytes=memory,
-                  probe_seconds=probe_s, measured=trial_s is not None,
+                  probe_seconds=probe_s, measured=key is not None,
+                  trials_stopped=trial_s is not None and key is None,
                   measured_step_s=row.get("measured_step"), trial_seconds=trial_s)
     if comm.rank == 0 and out is not None:
         out.write(describe(record))
@@ -130,9 +132,13 @@ def describe(record: dict) -> str:
               f"worker batch; Allreduce {_link(r['allreduce'])}, Get {_link(r['get'])}, "
               f"Accumulate {_link(r['acc'])}")]
     if record.get("measured"):
-        lines.append(f"auto: {len([x for x in record['alternatives'] if x.get('measured_step')])}"
-                     f" alternatives trained for {record['trial_seconds']:.2f} s; the fastest "
-                     "measured per sample is chosen")
+        tried = [x for x in record["alternatives"] if x.get("measured_step") is not None]
+        lines.append(f"auto: {len(tried)} alternatives trained for "
+                     f"{record['trial_seconds']:.2f} s; the fastest measured per sample is "
+                     "chosen")
+    elif record.get("trials_stopped"):
+        lines.append(f"auto: a signal stopped the trials after {record['trial_seconds']:.2f} "
+                     "s: the cost model's choice (the run stops at its first step boundary)")
     for x in record["alternatives"]:
         mark = ("  <- chosen" + (" (measured)" if record.get("measured") else "")
                 if x["key"] == record["choice"] else "")

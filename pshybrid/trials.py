@@ -63,19 +63,23 @@ def trial_steps(cfg, n_rows: int | None, ranks: int) -> int:
 
 def trial_config(cfg, steps: int):
     """``cfg`` (already one alternative's options) as a trial: ``WARM + steps`` steps from
-    step 0, and nothing written: no evaluation, checkpoint, resume, metrics or progress."""
+    step 0, and nothing written: no evaluation, checkpoint, resume, metrics, TensorBoard
+    events or progress."""
     return replace(cfg, steps=WARM + steps, epochs=None, eval_data=None, eval_every=0,
                    checkpoint_dir=None, checkpoint_every=0, resume=None, metrics=None,
-                   progress="none", auto_trial_steps=0)
+                   tensorboard=None, progress="none", auto_trial_steps=0)
 
 
-def measure(rows: list[dict], configure, train_fn, comm, dataset, steps: int) -> dict:
+def measure(rows: list[dict], configure, train_fn, comm, dataset, steps: int):
     """Collective over ``comm``: {key: median seconds of a timed step} of each candidate
-    (``configure(row)`` -> its TrainConfig), the same on every rank."""
+    (``configure(row)`` -> its TrainConfig), the same on every rank; None where a signal
+    stopped a trial (a stop request: the run, not its trials, takes it; ``preempt``)."""
     out = {}
     for row in candidates(rows):
         r = train_fn(trial_config(configure(row), steps), comm, dataset=dataset,
                      out=io.StringIO())
+        if r.preempted is not None:  # (the same on every rank: ``Preemption.outcome``)
+            return None
         timed = r.step_seconds[WARM:]
         mine = statistics.median(timed) if timed else 0.0  # only the reporter holds steps
         # Wire: Allreduce(MAX) of one double, every rank: the reporter's median to all.
@@ -84,10 +88,13 @@ def measure(rows: list[dict], configure, train_fn, comm, dataset, steps: int) ->
 
 
 def settle(rows: list[dict], configure, train_fn, comm, dataset, steps: int, batch: int):
-    """Collective: (the key of the fastest measured alternative, seconds the trials took);
-    each row of ``rows`` gains ``measured_step`` (seconds, or None where not tried)."""
+    """Collective: (the key of the fastest measured alternative, or None where a signal
+    stopped the trials, seconds the trials took); each row of ``rows`` gains
+    ``measured_step`` (seconds, or None where not tried)."""
     t0 = time.perf_counter()
     measured = measure(rows, configure, train_fn, comm, dataset, steps)
+    if measured is None:
+        return None, time.perf_counter() - t0
     for r in rows:
         r["measured_step"] = measured.get(r["key"])
     best = min((r for r in rows if r["measured_step"] is not None),

@@ -180,10 +180,37 @@ def test_auto_trains_no_trial_longer_than_the_run():
 
     def fake_train(cfg, comm, dataset=None, out=None):
         seen.append(cfg.steps)
-        return SimpleNamespace(step_seconds=[1e-3] * min(cfg.steps, 100))
+        return SimpleNamespace(step_seconds=[1e-3] * min(cfg.steps, 100), preempted=None)
     cfg = replace(BASE, mode="auto", steps=5, auto_trial_steps=10**6)
     auto.resolve(cfg, MPI.COMM_SELF, DATA, io.StringIO(), trial=fake_train)
     assert seen and set(seen) == {trials.WARM + 5}, seen
+
+
+def test_a_signal_during_the_trials_ends_them_and_keeps_the_models_pick():
+    """A trial a signal stopped (``TrainResult.preempted``) ends the trials: the choice is
+    the cost model's, nothing measured is kept, the record and the printout say so (every
+    later trial recorded 0.000 ms, the first of them was "chosen (measured)")."""
+    from types import SimpleNamespace
+
+    from mpi4py import MPI
+
+    seen = []
+
+    def fake_train(cfg, comm, dataset=None, out=None):
+        seen.append(cfg.mode)
+        stopped = 5 if len(seen) == 2 else None  # the signal arrives in the second trial
+        return SimpleNamespace(step_seconds=[1e-3] * cfg.steps, preempted=stopped)
+    cfg = replace(BASE, mode="auto", steps=50, auto_trial_steps=5)
+    shown = io.StringIO()
+    chosen, record, _ = auto.resolve(cfg, MPI.COMM_SELF, DATA, shown, trial=fake_train)
+    assert chosen.mode == record["choice"].split()[0]
+    assert len(seen) == 2 and record["trials_stopped"] and not record["measured"]
+    assert all(r.get("measured_step") is None for r in record["alternatives"])
+    assert record["choice"] == min(
+        (r for r in record["alternatives"] if r["refused"] is None),
+        key=lambda r: r["step"] / r["workers"])["key"]
+    assert "a signal stopped the trials" in shown.getvalue()
+    assert "(measured)" not in shown.getvalue(), shown.getvalue()
 
 
 @pytest.mark.mpi(min_size=2)
@@ -302,9 +329,9 @@ def test_trials_pick_the_least_measured_per_sample_and_write_nothing(comm, mpi_t
     candidates, each with a measured step; the choice is the one with the least measured
     seconds per sample (the oracle: the recorded measurements); no trial writes a metrics
     file or a checkpoint."""
-    metrics, ck = mpi_tmp_path / "m.jsonl", mpi_tmp_path / "ck"
+    metrics, ck, tb = mpi_tmp_path / "m.jsonl", mpi_tmp_path / "ck", mpi_tmp_path / "tb"
     cfg = replace(BASE, mode="auto", auto_trial_steps=2, metrics=str(metrics),
-                  checkpoint_dir=str(ck), checkpoint_every=1)
+                  checkpoint_dir=str(ck), checkpoint_every=1, tensorboard=str(tb))
     chosen, record, _ = auto.resolve(cfg, comm, DATA, trial=train)
     rows = record["alternatives"]
     tried = {r["key"] for r in rows if r["measured_step"] is not None}
@@ -318,7 +345,7 @@ def test_trials_pick_the_least_measured_per_sample_and_write_nothing(comm, mpi_t
         and all(r["measured_step"] > 0 for r in rows if r["key"] in tried) and \
         record["measured_step_s"] == next(r["measured_step"] for r in rows
                                           if r["key"] == best) and \
-        not metrics.exists() and not ck.exists()
+        not metrics.exists() and not ck.exists() and not tb.exists()
     assert_all(comm, ok, f"{mine}, best measured {best}, files {list(mpi_tmp_path.iterdir())}")
 
 
