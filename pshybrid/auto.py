@@ -38,7 +38,7 @@ from .optim import Optimizer
 from .partition import group_by_owner
 from .synthetic import SyntheticCTR
 from .threads import rank_server_threads
-from .topology import default_servers, place_servers, roles_per_node
+from .topology import check_servers, default_servers, place_servers, roles_per_node
 from .transport import agree
 
 REPEATS = 7  # timed repeats of each probe (after one untimed warm-up); the median counts
@@ -64,7 +64,13 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,
                                     cfg.dtype, cfg.cross_layers)
         nodes = pc.allreduce(int(_local_rank(pc) == 0))
+        if cfg.servers is not None:  # (0: colocated and allreduce alone)
+            check_servers(cfg.servers, pc.size, need_servers=False)
         S = cfg.servers if cfg.servers is not None else default_servers(nodes, pc.size)
+        short = _short(cfg, data, pc.size - S if S else pc.size)
+        if short:
+            raise ConfigError(f"--mode auto: no alternative fits: {short} (the fewest "
+                              "workers of any)", collective=True)
         shape, read = id_stats(cfg, data, layout, pc.size, S, nodes, params.size)
         mem = available_memory()
         # Wire: Allreduce(MIN) of the available memory and of a node's cores: all wait.
@@ -73,12 +79,16 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         memory = memory if memory >= 0 else None
         alts = planner.alternatives(shape)
         refused = refusals(cfg, data.schema, alts, nodes, pc.size, memory)
-        if len(refused) == len(alts):   # before the probe allocates a model and a batch
+        short = {a.key: _short(cfg, data, a.workers) for a in alts
+                 if _short(cfg, data, a.workers)}
+        if len(refused.keys() | short.keys()) == len(alts):  # before the probe allocates
+            within = (f" (it plans within {planner.MEMORY_SHARE:.0%} of the {gib(memory)} a "
+                      "node has available, the 'available' below)" if refused else "")
             raise ConfigError(
-                f"--mode auto (it plans within {planner.MEMORY_SHARE:.0%} of the "
-                f"{gib(memory)} a node has available, the 'available' below): no "
-                "alternative fits: " + "; ".join(f"{a.key}: {refused[a.key]}" for a in alts),
+                f"--mode auto{within}: no alternative fits: " + "; ".join(
+                    f"{a.key}: {short.get(a.key) or refused[a.key]}" for a in alts),
                 collective=True)
+        refused = {**refused, **short}
         params.build(np, np.dtype(cfg.dtype), cfg.seed)
         rates = measure(pc, cfg, model, params, layout, shape, read, cores)
         alt, row, rows = planner.choose(alts, rates, shape, refused)
@@ -105,6 +115,16 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         out.write(describe(record))
         out.flush()
     return chosen, record, (None if opened else data)
+
+
+def _short(cfg, data, W: int) -> str | None:
+    """Why the data's rows hold no global batch of ``W`` workers (``train`` refuses such a
+    run), or None."""
+    n, G = getattr(data, "n_rows", None), W * cfg.batch_size
+    if n is None or G <= n:
+        return None
+    return (f"{getattr(data, 'path', 'the dataset')}: {n:,} rows, fewer than one global "
+            f"batch ({W} x --batch-size {cfg.batch_size} = {G:,})")
 
 
 def _alt(row: dict) -> planner.Alternative:
@@ -188,14 +208,16 @@ def id_stats(cfg, data, layout, N: int, S: int, nodes: int, P: int):
     the global batch) and per global batch of each worker count the alternatives have, and
     for each --replicate-rows candidate the share of a worker's distinct ids among the
     hottest rows of the sample and the hot rows a global batch touches."""
-    b = cfg.batch_size
-    plan = BatchPlan(getattr(data, "n_rows", None), N * b, cfg.shuffle, cfg.seed)
+    b, n_rows = cfg.batch_size, getattr(data, "n_rows", None)
+    # the workers sampled: as many as the data holds batches for (``_short``: the rest)
+    fit = N if n_rows is None else max(1, min(N, n_rows // b))
+    plan = BatchPlan(n_rows, fit * b, cfg.shuffle, cfg.seed)
     steps = STAT_STEPS if plan.steps_per_epoch is None else max(1, min(STAT_STEPS,
                                                                       plan.steps_per_epoch))
-    Ws = sorted({w for w in (N, N - S) if w >= 1})
+    Ws = sorted({w for w in (N, N - S) if 1 <= w <= fit})
     # each step's fused ids per worker (flat: multi-hot fields' ids included)
     per = [[read_ids(data, plan.ranges(t, w * b, b), layout.offsets)[2].ravel()
-            for w in range(N)] for t in range(steps)]
+            for w in range(fit)] for t in range(steps)]
     rows, counts = np.unique(np.concatenate([x for g in per for x in g]), return_counts=True)
     heat = np.empty(rows.size, np.int64)  # each sampled row's place in the hottest-first order
     heat[np.lexsort((rows, -counts))] = np.arange(rows.size)  # as modes.hot: count, then id

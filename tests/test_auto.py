@@ -214,6 +214,38 @@ def test_a_signal_during_the_trials_ends_them_and_keeps_the_models_pick():
 
 
 @pytest.mark.mpi(min_size=2)
+def test_data_short_of_a_global_batch_refuses_those_alternatives(comm, mpi_tmp_path):
+    """A file of (N - 1) * b + b / 2 rows holds a global batch of the dedicated
+    alternatives' N - 1 workers, not of the N of colocated and allreduce: those are refused
+    naming the rows, the choice is a dedicated one (the probe divided by zero steps per
+    epoch: a traceback on every rank); with b larger than the file, one ConfigError naming
+    it and the fewest workers' batch."""
+    from pshybrid.files import open_dataset
+    from pshybrid.synthetic import write_synthetic
+
+    b, N = 8, comm.size
+    path = str(mpi_tmp_path / "short.h5")
+    if comm.rank == 0:
+        write_synthetic(path, (N - 1) * b + b // 2, seed=1, n_dense=3,
+                        cardinalities=(7, 30, 200, 5))
+    comm.Barrier()
+    data = open_dataset(path)
+    try:
+        cfg = replace(BASE, mode="auto", data=path, batch_size=b, auto_trial_steps=0)
+        chosen, record, _ = auto.resolve(cfg, comm, data, io.StringIO())
+        with pytest.raises(ConfigError, match=r"no alternative fits: .*short.h5: \d+ rows, "
+                           r"fewer than one global batch \(\d+ x --batch-size 80"):
+            auto.resolve(replace(cfg, batch_size=80), comm, data, io.StringIO())
+    finally:
+        data.close()
+    rows = {r["key"]: r for r in record["alternatives"]}
+    ok = chosen.placement == "dedicated" and all(
+        ("fewer than one global batch" in (r["refused"] or "")) == (r["workers"] == N)
+        for r in rows.values())
+    assert_all(comm, ok, f"{chosen.placement}: {[(k, r['refused']) for k, r in rows.items()]}")
+
+
+@pytest.mark.mpi(min_size=2)
 def test_auto_trains_as_the_fixed_choice(comm, mpi_tmp_path):
     """Training under auto == training with the options it picked (BSP, float64), both
     resumed from a checkpoint that a fixed ``ps`` run wrote: auto may pick another mode and
@@ -408,3 +440,14 @@ def test_plain_sgd_with_l2_is_priced_as_the_owners_step_it_trains_with(sparse, l
     _, layout = build_model(cfg.model, DATA.schema, 4, (8,), ParamSpace(), "float32", 0)
     shape, _ = auto.id_stats(cfg, DATA, layout, 3, 1, 1, 1000)
     assert shape.server_opt is owners_step
+
+
+@pytest.mark.parametrize("servers", [1, 5, -1])
+def test_servers_that_leave_no_worker_are_refused_under_auto_too(servers):
+    """--servers S >= ranks (or < 0) under auto: the fixed modes' one error (auto silently
+    dropped every dedicated alternative and trained another placement)."""
+    from mpi4py import MPI
+
+    with pytest.raises(ConfigError, match="leaves no worker|must be >= 0"):
+        auto.resolve(replace(BASE, mode="auto", servers=servers, auto_trial_steps=0),
+                     MPI.COMM_SELF, DATA, io.StringIO())
