@@ -189,11 +189,13 @@ def _resolve_train(args, say: bool):
     old = from_dict(TrainConfig, base, source)
     base, moved = _saves_beside(base, os.path.dirname(source))
     new = resolve(TrainConfig, args, base, source)
+    dropped = {k: by for k, by in new.replaced_by().items() if k not in old.replaced_by()}
     changed = [f"{option_flag(k)} {shown(v)} (was {shown(getattr(old, k))}"
                f"{moved if k == 'checkpoint_dir' and v == base.get(k) else ''})"
-               for k, v in vars(new).items() if k != "resume" and v != getattr(old, k)]
+               for k, v in vars(new).items()
+               if k != "resume" and k not in dropped and v != getattr(old, k)]
     changed += [f"{option_flag(k)} {shown(getattr(old, k))} no longer counts ({by} decides)"
-                for k, by in new.replaced_by().items() if k not in old.replaced_by()]
+                for k, by in dropped.items()]
     if say:
         print(f"resume: the options of {source}" + (f", changed: {', '.join(changed)}"
                                                      if changed else ", unchanged"))

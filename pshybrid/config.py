@@ -457,11 +457,17 @@ class TrainConfig:
     def settle(values: dict, given: set, where: dict) -> None:
         """After every layer (``given``: the names the TOML file or the command line set,
         ``where`` says which): ``--mode auto`` chooses ``--placement`` and
-        ``--replicate-rows``, so neither may be given, even at its default."""
+        ``--replicate-rows``, so neither may be given, even at its default; a resumed
+        checkpoint's (what auto chose for the run that wrote it) gives way."""
+        if values.get("mode") != "auto":
+            return
         chosen = [where[k] for k in ("placement", "replicate_rows") if k in given]
-        if values.get("mode") == "auto" and chosen:
+        if chosen:
             raise _error(f"--mode auto chooses --placement and --replicate-rows: drop "
                          f"{' and '.join(chosen)} (or pick a mode)")
+        for k in ("placement", "replicate_rows"):  # (defaults, then auto's choice)
+            values.pop(k, None)
+            where.pop(k, None)
 
     def validate(self, finite_data: bool = False) -> None:
         """Cross-field rules (``finite_data``: a Python dataset with ``n_rows`` is trained on,

@@ -283,6 +283,10 @@ def test_print_config_of_an_epochs_run_reads_back_and_the_command_line_wins(tmp_
     ({"eval_data": "v.h5", "eval_every": 4}, ["--eval-data", "none"], {"eval_every": 0}),
     ({"data": "d.h5", "epochs": 1}, ["--data", "none"], {"data": None, "epochs": None}),
     ({"lr": 0.5, "mlp": [4, 2]}, ["--lr", "0.25"], {"lr": 0.25, "mlp": (4, 2)}),
+    # what --mode auto chose for the run that wrote the checkpoint gives way to auto's
+    # choice now (it was refused: "drop placement (from placement in meta.json)")
+    ({"mode": "hybrid", "placement": "colocated", "replicate_rows": 8}, ["--mode", "auto"],
+     {"mode": "auto", "placement": "dedicated", "replicate_rows": 0}),
 ])
 def test_a_lower_layer_yields_to_what_the_command_line_gives(base, argv, want):
     """``resolve(..., base)`` (a resumed checkpoint's options): the command line wins, and
@@ -306,6 +310,10 @@ def test_a_stored_option_in_the_way_says_how_to_drop_it():
     cfg = resolve(TrainConfig, parser.parse_args(["--placement", "colocated", "--servers",
                                                   "none"]), {"servers": 2}, "ck/step-4/meta.json")
     assert cfg.servers is None and cfg.placement == "colocated"
+    with pytest.raises(ConfigError, match="--mode auto chooses --placement and "
+                                          "--replicate-rows: drop --placement"):
+        resolve(TrainConfig, parser.parse_args(["--mode", "auto", "--placement", "colocated"]),
+                {"mode": "ps", "placement": "colocated"}, "ck/step-4/meta.json")
 
 
 def test_steps_and_epochs_given_together_are_refused():
