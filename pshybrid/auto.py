@@ -36,6 +36,7 @@ from .registry import MODES, is_colocated, placement_name
 from .models import build_model
 from .optim import Optimizer
 from .partition import group_by_owner
+from .preflight import before_probe
 from .synthetic import SyntheticCTR
 from .threads import rank_server_threads
 from .topology import check_servers, default_servers, place_servers, roles_per_node
@@ -59,6 +60,7 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
     opened = []
     try:
         data = _open(cfg, pc, dataset, opened)
+        start = before_probe(cfg, pc, data.schema)  # (what step 1's check refuses, first)
         finite = getattr(data, "n_rows", None) is not None  # (--epochs counts its rows)
         params = ParamSpace()
         model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,
@@ -93,7 +95,7 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         rates = measure(pc, cfg, model, params, layout, shape, read, cores)
         alt, row, rows = planner.choose(alts, rates, shape, refused)
         probe_s, trial_s, key = time.perf_counter() - t0, None, None
-        steps = trials.trial_steps(cfg, getattr(data, "n_rows", None), pc.size)
+        steps = trials.trial_steps(cfg, getattr(data, "n_rows", None), pc.size, start)
         if trial is not None and steps:
             key, trial_s = trials.settle(rows, lambda r: chosen_config(cfg, _alt(r), finite),
                                          trial, comm, data, steps, cfg.batch_size)

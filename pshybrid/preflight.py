@@ -27,7 +27,7 @@ from . import checkpoint_files, dirlock, limits, safeio, tboard
 from .batches import BatchPlan, global_batch
 from .data import SHUFFLE_BLOCK
 from .errors import ConfigError, InputError, PshybridError
-from .files import dataset_paths
+from .files import dataset_paths, open_dataset
 from .preempt import launcher_grace
 from .report import counted, metrics_problem
 from .topology import SHARED_MEMORY, roles_per_node, shared_window
@@ -55,9 +55,9 @@ def run_inputs(cfg) -> list[tuple[str, str]]:
     return named
 
 
-def check_outputs(cfg, topo) -> None:
+def check_outputs(cfg, writer: bool) -> None:
     """This rank's outputs can be written: ``--checkpoint-dir`` (every rank writes there;
-    created later if missing) and ``--metrics`` (worker 0 writes it: never an input, a file
+    created later if missing) and, on the ``writer`` (worker 0), ``--metrics`` (never an input, a file
     in a checkpoint directory or a non-regular file; an existing file only when it is a
     ``--metrics`` file of pshybrid, appended to). Raises ConfigError naming the option;
     nothing is created or changed."""
@@ -66,14 +66,14 @@ def check_outputs(cfg, topo) -> None:
         if problem:
             raise ConfigError(f"--checkpoint-dir: {problem}")
     ckdirs = [d for d in (cfg.checkpoint_dir, cfg.resume) if d]
-    if cfg.metrics and topo.rank == topo.worker_ranks[0]:
+    if cfg.metrics and writer:
         problem = (safeio.check_output(cfg.metrics, "--metrics", run_inputs(cfg), ckdirs,
                                        existing=metrics_problem)
                    or safeio.check_writable_file(cfg.metrics))
         if problem:
             raise ConfigError(problem if problem.startswith("--metrics") else
                               f"--metrics: {problem}")
-    if cfg.tensorboard and topo.rank == topo.worker_ranks[0]:
+    if cfg.tensorboard and writer:
         tboard.check()
         ck = safeio.checkpoint_holding(os.path.join(cfg.tensorboard, "events"), ckdirs)
         problem = (f"{cfg.tensorboard} lies inside the checkpoint directory {ck}: write "
@@ -146,6 +146,44 @@ def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
     out.flush()
 
 
+def _check_run(cfg, schema, writer: bool):
+    """The resume point (``--resume``: readable, of this model), the checkpoint directory
+    (one history) and the outputs (``check_outputs``) -> (step_dir, meta, start step)."""
+    step_dir, meta, start = None, {}, 0
+    if cfg.resume:
+        step_dir = checkpoint_files.resolve(cfg.resume)
+        meta = checkpoint_files.read_meta(step_dir)
+        checkpoint_files.check_compatible(meta, cfg, schema, os.path.join(step_dir, "meta.json"))
+        start = meta["step"]
+    if cfg.checkpoint_dir:
+        try:
+            checkpoint_files.check_run_dir(cfg.checkpoint_dir, step_dir, start)
+        except InputError as e:
+            if cfg.checkpoint_dir != meta.get("config", {}).get("checkpoint_dir"):
+                raise
+            raise InputError(f"{e} ({step_dir}/meta.json names it: a resume saves where "
+                             "its checkpoint's run did; --checkpoint-dir none saves "
+                             "nothing)") from None
+    check_outputs(cfg, writer)
+    return step_dir, meta, start
+
+
+def before_probe(cfg, comm, schema) -> int:
+    """Collective: ``--mode auto``'s probe and trials take seconds to minutes, so what the
+    check before step 1 would refuse of the resume point, the checkpoint directory, the
+    outputs and ``--eval-data`` (it opens) is refused before them, with one verdict (rank 0
+    is worker 0 in every placement). -> the step the run starts at (``--resume``'s)."""
+    err, start = None, 0
+    try:
+        start = _check_run(cfg, schema, comm.rank == 0)[2]
+        if cfg.eval_data:
+            open_dataset(cfg.eval_data).close()
+    except PshybridError as e:
+        err = e
+    agree(comm, err)  # Wire: allgather of each rank's verdict; everyone raises the same
+    return start
+
+
 def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
               score: bool = False) -> bool:
     """Run the checks above on every rank (collective: one verdict); True when a resumed
@@ -157,22 +195,7 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
     try:
         if evdata is not None and getattr(evdata, "n_rows", 1) == 0:
             raise InputError(f"{evdata.path}: --eval-data holds no rows: nothing to evaluate")
-        if cfg.resume:
-            step_dir = checkpoint_files.resolve(cfg.resume)
-            meta = checkpoint_files.read_meta(step_dir)
-            checkpoint_files.check_compatible(meta, cfg, data.schema,
-                                              os.path.join(step_dir, "meta.json"))
-            start = meta["step"]
-        if cfg.checkpoint_dir:
-            try:
-                checkpoint_files.check_run_dir(cfg.checkpoint_dir, step_dir, start)
-            except InputError as e:
-                if cfg.checkpoint_dir != meta.get("config", {}).get("checkpoint_dir"):
-                    raise
-                raise InputError(f"{e} ({step_dir}/meta.json names it: a resume saves where "
-                                 "its checkpoint's run did; --checkpoint-dir none saves "
-                                 "nothing)") from None
-        check_outputs(cfg, topo)
+        step_dir, meta, start = _check_run(cfg, data.schema, topo.rank == topo.worker_ranks[0])
         _check_resources(cfg, topo, data.schema, getattr(evdata, "n_rows", 0), score)
     except PshybridError as e:
         err = e

@@ -52,13 +52,14 @@ def candidates(rows: list[dict], leaders: int = LEADERS, family: float = FAMILY)
     return [r for r in ok if r["key"] in keep]
 
 
-def trial_steps(cfg, n_rows: int | None, ranks: int) -> int:
-    """The timed steps of each trial: ``--auto-trial-steps``, at most the run's own steps
-    (``--steps``; with ``--epochs``, the epochs' steps with every rank a worker, the fewest
-    any alternative has), so a trial never trains longer than the run it prepares."""
+def trial_steps(cfg, n_rows: int | None, ranks: int, start: int = 0) -> int:
+    """The timed steps of each trial: ``--auto-trial-steps``, at most the steps the run has
+    left after ``start`` (a resumed checkpoint's step) of its own (``--steps``; with
+    ``--epochs``, the epochs' steps with every rank a worker, the fewest any alternative
+    has), so a trial never trains longer than the run it prepares."""
     run = cfg.steps if cfg.epochs is None else \
         cfg.epochs * max((n_rows or 0) // (ranks * cfg.batch_size), 1)
-    return max(min(cfg.auto_trial_steps, run), 0)
+    return max(min(cfg.auto_trial_steps, run - start), 0)
 
 
 def trial_config(cfg, steps: int):

@@ -15,7 +15,7 @@ from mpi_util import SHARED_MEMORY, assert_all
 
 from pshybrid import auto, planner, trials
 from pshybrid.config import TrainConfig
-from pshybrid.errors import ConfigError
+from pshybrid.errors import ConfigError, PshybridError
 from pshybrid.synthetic import SyntheticCTR
 from pshybrid.train import train
 
@@ -166,6 +166,13 @@ def test_auto_picks_the_same_on_every_rank(comm):
 ])
 def test_trial_steps_are_bounded_by_the_runs_steps(extra, n_rows, ranks, timed):
     assert trials.trial_steps(replace(BASE, **extra), n_rows, ranks) == timed
+
+
+@pytest.mark.parametrize("steps,start,timed", [(42, 41, 1), (42, 42, 0), (5000, 41, 20)])
+def test_trial_steps_of_a_resumed_run_are_bounded_by_the_steps_left(steps, start, timed):
+    """Resumed at step 41 of 42, 5 alternatives x 23 steps prepared the 1 step left."""
+    cfg = replace(BASE, steps=steps, auto_trial_steps=20)
+    assert trials.trial_steps(cfg, None, 3, start) == timed
 
 
 def test_auto_trains_no_trial_longer_than_the_run():
@@ -451,3 +458,20 @@ def test_servers_that_leave_no_worker_are_refused_under_auto_too(servers):
     with pytest.raises(ConfigError, match="leaves no worker|must be >= 0"):
         auto.resolve(replace(BASE, mode="auto", servers=servers, auto_trial_steps=0),
                      MPI.COMM_SELF, DATA, io.StringIO())
+
+
+@pytest.mark.parametrize("extra,match", [
+    (dict(metrics="/nonexistent/dir/m.jsonl"), "--metrics: directory /nonexistent/dir"),
+    (dict(eval_data="nope.h5"), "nope.h5: no such dataset file"),
+    (dict(resume="nockpt"), "nockpt: not a checkpoint")])
+def test_what_step_1s_check_refuses_is_refused_before_the_probe(monkeypatch, extra, match):
+    """Outputs, --eval-data and --resume that the check before step 1 refuses were found
+    only after the probe and every trial (14 s of them on the light workload, minutes on
+    a large table). Oracle: the same refusal, and no probe measured."""
+    from mpi4py import MPI
+
+    def probed(*a, **k):
+        raise AssertionError("the probe ran before the refusal")
+    monkeypatch.setattr(auto, "measure", probed)
+    with pytest.raises(PshybridError, match=match):
+        auto.resolve(replace(BASE, mode="auto", **extra), MPI.COMM_SELF, DATA, io.StringIO())
