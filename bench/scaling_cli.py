@@ -404,7 +404,23 @@ def _run(ap, path: str) -> dict:
         ap.error(f"RUN {path}: not a readable JSON file ({e})")
     if not isinstance(run, dict) or not isinstance(run.get("results"), dict):
         ap.error(f"RUN {path}: not a modes_bench output (no 'results')")
+    measured = [m for m in MODES if m in run["results"]]
+    if not measured:
+        ap.error(f"RUN {path}: 'results' holds none of the modes {', '.join(MODES)}")
+    for m in measured:  # (what the calibration reads; older runs: the phase means)
+        r = run["results"][m]
+        lack = [k for k in RESULT_KEYS + (() if isinstance(r, dict) and "timed_series" in r
+                                          else LEGACY_KEYS)
+                if not isinstance(r, dict) or k not in r]
+        if lack:
+            ap.error(f"RUN {path}: results.{m} lacks {', '.join(lack)} (not a modes_bench "
+                     "output)")
     return run
+
+
+RESULT_KEYS = ("workers", "servers", "unique_ids_per_worker_step", "bytes_per_step",
+               "dense_params")
+LEGACY_KEYS = ("phase_seconds_per_step", "step_seconds_median", "server_apply_seconds_per_step")
 
 
 def main(argv=None) -> int:

@@ -888,6 +888,10 @@ def test_scaling_never_writes_over_an_input_and_names_a_bad_run_file(tmp_path):
     shutil.copy(run, other)
     before = other.read_bytes()
     (tmp_path / "e.json").write_text("{}")
+    (tmp_path / "r.json").write_text('{"results": {}}')  # (an IndexError traceback)
+    short = json.loads(run.read_text())
+    del short["results"]["hybrid"]["workers"]  # (a KeyError traceback)
+    (tmp_path / "k.json").write_text(json.dumps(short))
 
     def scaling(*args):
         return subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), *args],
@@ -898,6 +902,8 @@ def test_scaling_never_writes_over_an_input_and_names_a_bad_run_file(tmp_path):
         assert p.returncode == 2 and f"same file as {opt}" in p.stderr, p.stderr
         assert other.read_bytes() == before
     for bad, why in (("no.json", "not a readable JSON file"), ("e.json", "not a modes_bench"),
+                     ("r.json", "'results' holds none of the modes"),
+                     ("k.json", "results.hybrid lacks workers"),
                      (os.path.join(BENCH, "scaling.py"), "not a readable JSON file")):
         p = scaling(bad)
         assert p.returncode == 2 and why in p.stderr and "Traceback" not in p.stderr, p.stderr
