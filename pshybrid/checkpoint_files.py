@@ -240,6 +240,11 @@ def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
                          f"data: {why}")
 
 
+# what h5py raises reading a damaged file: RuntimeError where its internal structure is hit
+# ("wrong B-tree signature", "bad heap free list"), the others where a value or a key is
+_DAMAGE = (KeyError, OSError, ValueError, IndexError, TypeError, RuntimeError)
+
+
 def _h5(path: str):
     try:
         return safeio.h5_file(path)
@@ -361,7 +366,7 @@ def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], o
                     if sel.size:
                         take(ids[sel], vals)
                 sums.read(f)
-            except (KeyError, OSError, ValueError, IndexError, TypeError) as e:
+            except _DAMAGE as e:
                 raise InputError(f"{fpath}: corrupt or truncated shard ({e})") from None
         checks.append(sums)
     rows.check_complete(where)
@@ -398,16 +403,19 @@ def read_buffers(step_dir: str) -> dict:
     fpath = os.path.join(step_dir, "dense.h5")
     out = {}
     with _h5(fpath) as f:
-        grp = f.get("buffers", {})
-        for name in (grp.keys() if isinstance(grp, h5py.Group) else ()):
-            d = grp[name]
-            if not isinstance(d, h5py.Dataset) or d.dtype.kind not in "fiub":
-                raise _bad(fpath, f"/buffers/{name}", "is not a numeric dataset")
-            out[name] = d[...]
-            sums = Sums(fpath, True)  # (written with them from the first)
-            sums.add(f"buffers/{name}", out[name])
-            sums.read(f)
-            sums.check()
+        try:
+            grp = f.get("buffers", {})
+            for name in (grp.keys() if isinstance(grp, h5py.Group) else ()):
+                d = grp[name]
+                if not isinstance(d, h5py.Dataset) or d.dtype.kind not in "fiub":
+                    raise _bad(fpath, f"/buffers/{name}", "is not a numeric dataset")
+                out[name] = d[...]
+                sums = Sums(fpath, True)  # (written with them from the first)
+                sums.add(f"buffers/{name}", out[name])
+                sums.read(f)
+                sums.check()
+        except _DAMAGE as e:
+            raise InputError(f"{fpath}: corrupt or truncated ({e})") from None
     return out
 
 
@@ -461,7 +469,7 @@ def read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
                 state[k] = d[...]
                 if not np.isfinite(state[k]).all():
                     raise _bad(fpath, f"/state/{k}", "has a non-finite value")
-        except (KeyError, OSError, ValueError, TypeError) as e:
+        except _DAMAGE as e:
             raise InputError(f"{fpath}: corrupt or truncated ({e})") from None
     if checksums:
         _dense_sums(fpath, flat, state)

@@ -57,9 +57,9 @@ def run_inputs(cfg) -> list[tuple[str, str]]:
 
 def check_outputs(cfg, writer: bool) -> None:
     """This rank's outputs can be written: ``--checkpoint-dir`` (every rank writes there;
-    created later if missing) and, on the ``writer`` (worker 0), ``--metrics`` (never an input, a file
-    in a checkpoint directory or a non-regular file; an existing file only when it is a
-    ``--metrics`` file of pshybrid, appended to). Raises ConfigError naming the option;
+    created later if missing) and, on the ``writer`` (worker 0), ``--metrics`` (never an
+    input, a file in a checkpoint directory or a non-regular file; an existing file only
+    when it is a ``--metrics`` file of pshybrid, appended to). Raises ConfigError naming the option;
     nothing is created or changed."""
     if cfg.checkpoint_dir:
         problem = safeio.check_writable_dir(cfg.checkpoint_dir, checkpoint_files.DEEPEST)

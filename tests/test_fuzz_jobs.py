@@ -93,6 +93,21 @@ def truncate(rel):
     return edit
 
 
+def signature(rel, sig, nth=0):
+    """Damage HDF5's own structure, not a value: the ``nth`` ``sig`` (b"TREE": a B-tree
+    node, b"HEAP": a local heap; dense.h5's second TREE is /state's) overwritten; h5py then
+    raises RuntimeError, not OSError (a traceback)."""
+    def edit(w):
+        data = (w / rel).read_bytes()
+        at = -1
+        for _ in range(nth + 1):
+            at = data.index(sig, at + 1)
+        with open(w / rel, "r+b") as fh:
+            fh.seek(at)
+            fh.write(b"XXXX")
+    return edit
+
+
 def unwritable():
     from pshybrid.safeio import check_writable_dir
 
@@ -172,6 +187,12 @@ CASES = {
     "resume_truncated_shard": (1, truncate(SHARD), ["train", *ONE, *MODEL, "--data", "d.h5",
                                                     "--resume", "ck", "--steps", "6"],
                                "shard-00000.h5"),
+    "resume_shard_btree": (1, signature(SHARD, b"TREE"), ["train", *ONE, *MODEL, "--data",
+                                                          "d.h5", "--resume", "ck", "--steps",
+                                                          "6"], "shard-00000.h5: corrupt"),
+    "resume_dense_heap": (1, signature(DENSE, b"HEAP", 1), ["train", *ONE, *MODEL, "--data", "d.h5",
+                                                        "--resume", "ck", "--steps", "6"],
+                          "ck/step-4/dense.h5: "),
     "resume_other_model": (1, None, ["train", *ONE, *MODEL, "--data", "d.h5", "--resume", "ck",
                                      "--embedding-dim", "5"], "embedding_dim = 4"),
     # export
@@ -188,6 +209,10 @@ CASES = {
                                 ["export", "ck", "x.h5"], "is outside the table's rows"),
     "export_row_missing": (1, h5edit(SHARD, drop_last_row), ["export", "ck", "x.h5"],
                            "rows"),
+    "export_shard_btree": (1, signature(SHARD, b"TREE"), ["export", "ck", "x.h5"],
+                           "shard-00000.h5: corrupt"),
+    "export_dense_btree": (1, signature(DENSE, b"TREE", 1), ["export", "ck", "x.h5"],
+                           "ck/step-4/dense.h5: "),
     "export_meta_not_json": (1, write("ck/step-4/meta.json", "{"), ["export", "ck", "x.h5"],
                              "meta.json"),
     # every rank exits (2 ranks: a worker and a server)
