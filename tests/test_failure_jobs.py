@@ -46,6 +46,20 @@ def test_rank_raising_mid_training_ends_job_fast():
     assert not [p for p in shm[0] if os.path.exists(p)], shm  # none), none left behind
 
 
+def test_the_holder_raising_releases_the_checkpoint_directory_lock(tmp_path):
+    """Worker 0 (world rank 0, which holds --checkpoint-dir's lock) raises alone: the lock
+    is released as the exception leaves train, before the abort (docs/checkpoints.md; an
+    error on another rank kills worker 0 holding it, for the next run to take over).
+    Oracle: the checkpoints written are there, the lock is not."""
+    script = os.path.join(os.path.dirname(__file__), "jobs", "train_with_fault.py")
+    ck = tmp_path / "ck"
+    p = run_job(3, [sys.executable, script, "0", "4", "--steps", "50", "--checkpoint-dir",
+                    str(ck), "--checkpoint-every", "2", *SMALL], timeout=120)
+    assert p.returncode != 0 and "injected fault at step 4" in p.stderr, p.stderr
+    assert (ck / "step-2").is_dir() and not (ck / ".pshybrid-lock").exists(), \
+        sorted(os.listdir(ck))
+
+
 def test_nan_loss_stops_with_last_good_checkpoint(tmp_path):
     ckpt = tmp_path / "ck"
     p = run_job(3, pshybrid("train", "--steps", "60", "--checkpoint-dir", str(ckpt),
