@@ -9,6 +9,7 @@ import sys
 from . import __version__
 from .commands import add_out, add_scoring_commands
 from .config import ArgumentParser, TrainConfig, add_arguments, resolve, to_toml
+from .errors import ConfigError
 from .prep import add_prep_commands
 from .registry import DEDICATED, MODES, PLACEMENTS, is_colocated, refusal
 from .stopping import ended_by_signals
@@ -60,7 +61,6 @@ def cmd_info(args) -> int:
     from mpi4py import MPI
 
     from .devices import cuda_aware_mpi, pick_device
-    from .errors import ConfigError
     from .threads import rank_blas_threads, rank_server_threads
     from .topology import Topology
 
@@ -187,7 +187,8 @@ def _resolve_train(args, say: bool):
     if base is None:  # no resume; or preflight names what is wrong with the checkpoint
         return resolve(TrainConfig, args)
     old = from_dict(TrainConfig, base, source)
-    base, moved = _saves_beside(base, os.path.dirname(source))
+    base, moved = _saves_beside(base, os.path.dirname(source),
+                                given(TrainConfig, args, "checkpoint_dir") is not None)
     new = resolve(TrainConfig, args, base, source)
     dropped = {k: by for k, by in new.replaced_by().items() if k not in old.replaced_by()}
     changed = [f"{option_flag(k)} {shown(v)} (was {shown(getattr(old, k))}"
@@ -202,15 +203,24 @@ def _resolve_train(args, say: bool):
     return new
 
 
-def _saves_beside(base: dict, step_dir: str) -> tuple[dict, str]:
+def _saves_beside(base: dict, step_dir: str, dir_given: bool) -> tuple[dict, str]:
     """The stored options with ``--checkpoint-dir`` the directory that holds the resumed
     checkpoint ``step_dir`` now (its real parent: a link to a step is followed), where the
     stored one is another directory (the checkpoints were moved, copied, or named relative
     to another working directory: the stored name would start a second history elsewhere),
-    and the note for the changed option."""
+    and the note for the changed option. A step directory not named ``step-N`` (a step
+    copied as ``best``) is no checkpoint directory's: its parent (a home, a working
+    directory) is not made one; unless ``dir_given``, a ConfigError asks for one."""
     stored, real = base.get("checkpoint_dir"), os.path.dirname(os.path.realpath(step_dir))
-    if not isinstance(stored, str) or os.path.realpath(stored) == real:
+    if not isinstance(stored, str) or os.path.realpath(stored) == real or dir_given:
         return base, ""
+    name = os.path.basename(os.path.realpath(step_dir))
+    if not (name.startswith("step-") and name[5:].isdigit()):
+        raise ConfigError(f"--resume {step_dir}: a step directory named {name!r}, not step-N, "
+                          f"away from its run's --checkpoint-dir {stored}: this run's "
+                          "checkpoints would go beside it, in "
+                          f"{os.path.dirname(step_dir) or '.'}; give --checkpoint-dir DIR "
+                          "for them (or none)", collective=True)
     given = os.path.dirname(os.path.normpath(step_dir)) or "."  # (as the user named it)
     root = given if os.path.realpath(given) == real else real
     return dict(base, checkpoint_dir=root), ": the resumed checkpoint is in this directory now"

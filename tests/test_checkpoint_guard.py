@@ -802,6 +802,17 @@ def test_a_moved_or_copied_checkpoint_resumed_saves_where_it_is_now(tmp_path, ca
     assert run(main, ["train", "--resume", ".", "--steps", "7"]) == 0
     assert (moved / "latest").read_text().strip() == "step-7"
     assert sorted(os.listdir(tmp_path / "copy")) == ["latest", "step-2", "step-4"]
+    # a step copied under another name (best/): its parent is no checkpoint directory (it
+    # was made one: latest, step-N and the lock in a home or working directory)
+    shutil.copytree(moved / "step-7", tmp_path / "home" / "best")
+    os.chdir(tmp_path / "home")
+    capsys.readouterr()
+    assert run(main, ["train", "--resume", "best", "--steps", "8"]) == 2
+    assert ("--resume best: a step directory named 'best', not step-N" in
+            capsys.readouterr().err and sorted(os.listdir(".")) == ["best"])
+    assert run(main, ["train", "--resume", "best", "--steps", "8", "--checkpoint-dir",
+                      "runs"]) == 0
+    assert sorted(os.listdir(".")) == ["best", "runs"] and os.path.isdir("runs/step-8")
 
 
 def test_the_deepest_checkpoint_path_is_named_as_checkpoints_name_their_files():
