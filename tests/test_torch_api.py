@@ -313,7 +313,7 @@ def test_a_sparse_gradient_and_a_second_synchronize_are_named(job):
     opt.step()
 
 
-def test_a_checkpoint_keeps_the_models_buffers(tmp_path):
+def test_a_checkpoint_keeps_the_models_buffers(tmp_path, capsys):
     """A BatchNorm's running statistics were lost across a resume (the checkpoint held
     ``named_parameters`` only): eval predictions of the resumed model were 3% off. Oracle:
     save -> load == identity, buffer by buffer (a state_dict's: non-persistent ones are
@@ -363,6 +363,19 @@ def test_a_checkpoint_keeps_the_models_buffers(tmp_path):
                                     torch.nn.BatchNorm1d(2, affine=False)).double()
         with pytest.raises(InputError, match="buffer '2.running_mean' is missing"):
             pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    finally:
+        pt.shutdown()
+    # a checkpoint written before buffers were kept: they stay as the model made them,
+    # and worker 0 says so in one line (it resumed silently with the statistics reset)
+    with h5py.File(f"{step}/dense.h5", "a") as f:
+        del f["buffers"]
+    capsys.readouterr()
+    model, _ = session(step)
+    try:
+        assert model[1].running_mean.abs().sum() == 0 and model[1].num_batches_tracked == 0
+        err = capsys.readouterr().err
+        assert ("dense.h5 holds none of the model's 3 buffers (1.running_mean, "
+                "1.running_var, 1.num_batches_tracked)" in err and "start over" in err), err
     finally:
         pt.shutdown()
 

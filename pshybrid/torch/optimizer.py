@@ -19,6 +19,7 @@ scaled by 1/W, and W workers x batch b == 1 worker x batch W*b.
 
 from __future__ import annotations
 
+import sys
 import zlib
 
 import numpy as np
@@ -350,8 +351,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def _load_buffers(self, step_dir: str) -> None:
         """The model's buffers from the checkpoint (one that holds none, a native one or
         one written before they were kept, leaves them as they are)."""
-        saved = read_buffers(step_dir)
-        for n, b in self._buffers().items() if saved else ():
+        saved, mine = read_buffers(step_dir), self._buffers()
+        if mine and not saved and self.s.topo.worker_index == 0:
+            names = ", ".join(list(mine)[:3]) + (", ..." if len(mine) > 3 else "")
+            sys.stderr.write(f"pshybrid: warning: {step_dir}/dense.h5 holds none of the "
+                             f"model's {len(mine)} buffers ({names}): a checkpoint written "
+                             "before they were kept, or a native one; they keep the values "
+                             "the model has now (a BatchNorm's running statistics start "
+                             "over)\n")
+        for n, b in mine.items() if saved else ():
             if n not in saved or saved[n].shape != tuple(b.shape):
                 got = saved[n].shape if n in saved else "missing"
                 raise InputError(f"{step_dir}/dense.h5: buffer {n!r} is {got}, the model's is "
