@@ -141,7 +141,12 @@ def resolve(path: str) -> str:
             raise InputError(f"{path}/latest names {latest!r}, which is not a complete "
                              "checkpoint directory")
         return step_dir
-    raise InputError(f"{path}: not a checkpoint (no 'latest' file and no meta.json)")
+    steps = sorted((int(n[5:]), n) for n in (os.listdir(path) if os.path.isdir(path) else ())
+                   if n.startswith("step-") and n[5:].isdigit()
+                   and os.path.isfile(os.path.join(path, n, "meta.json")))
+    hint = (f"; it holds {', '.join(n for _, n in steps[-3:])} (name one: "
+            f"{os.path.join(path, steps[-1][1])})" if steps else "")
+    raise InputError(f"{path}: not a checkpoint (no 'latest' file and no meta.json){hint}")
 
 
 def _bad(path: str, key: str, what: str) -> InputError:

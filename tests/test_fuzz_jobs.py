@@ -199,6 +199,8 @@ CASES = {
     "export_to_dir": (1, None, ["export", "ck", "ck"], "is a directory"),
     "export_to_missing_dir": (1, None, ["export", "ck", "no/x.h5"], "does not exist"),
     "export_missing_ckpt": (1, None, ["export", "nope", "x.h5"], "not a checkpoint"),
+    "export_no_latest": (1, lambda w: os.remove(w / "ck/latest"), ["export", "ck", "x.h5"],
+                         "it holds step-2, step-4 (name one: ck/step-4)"),
     "export_no_flat": (1, h5edit(DENSE, lambda f: f.__delitem__("flat")),
                        ["export", "ck", "x.h5"], "dense.h5: /flat"),
     "export_params_missing": (1, h5edit(DENSE, lambda f: f.attrs.__delitem__("params")),
