@@ -134,13 +134,13 @@ def _failed(root: str, step: int, why: str) -> PshybridError:
 def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridError | None:
     """Whether the disk of ``tmp`` has room for every rank's files of this checkpoint (and
     no file exceeds ``ulimit -f``), found before HDF5 writes anything."""
-    files = [0 if ids is None else ids.nbytes + sum(a.nbytes for a in sparse.values())]
+    files = [] if ids is None else [ids.nbytes + sum(a.nbytes for a in sparse.values())]
     if dense is not None:
         files.append(dense[0].nbytes * (1 + len(dense[1]))
                      + sum(a.nbytes for a in dense[2].values()))
-    mine = sum(files) + (1 << 16) * len(files)  # + HDF5 metadata, meta.json
+    mine = sum(files) + (1 << 16) * len(files)  # + HDF5 metadata, meta.json (writers only)
     total = topo.world.allreduce(mine)  # Wire: allreduce of one int (bytes); all ranks wait
-    problem = safeio.room_problem(tmp, total, max(files) + (1 << 16))
+    problem = safeio.room_problem(tmp, total, max(files, default=0) + (1 << 16))
     return _failed(root, step, problem) if problem else None
 
 
