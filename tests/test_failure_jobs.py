@@ -196,6 +196,20 @@ def test_a_slow_torch_worker_is_named_in_a_warning_and_the_job_goes_on(tmp_path)
             and "the job ends at 60 s" in p.stderr), p.stderr
 
 
+@pytest.mark.parametrize("case,want", [
+    ("rows", "pt.init: tables=[Table(name='t', rows=278, "),
+    ("mode", "pt.init: mode='allreduce' on rank 2, mode='hybrid' on rank 0")])
+def test_pt_init_arguments_that_differ_between_ranks_end_in_one_line(case, want):
+    """A table 2 rows smaller on the server ran to the end, its workers reading and updating
+    rows past the server's shard; a mode that differed hung. Oracle: the line naming the
+    argument and the rank, status 2, in time."""
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(__file__), "jobs", "torch_init_differs.py")
+    p = run_job(3, [sys.executable, script, case], timeout=120)
+    assert p.returncode == 2 and want in p.stderr, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr and "not reached" not in p.stdout, p.stderr
+
+
 def test_a_torch_script_refused_ends_in_one_line_per_worker():
     """pshybrid.torch's hook: a PshybridError left uncaught on a worker is one line, as on
     the command line (it printed the whole traceback), and every rank ends with status 2."""

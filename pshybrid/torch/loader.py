@@ -22,7 +22,7 @@ from pshybrid.data import H5Dataset
 from pshybrid.errors import InputError
 from pshybrid.schema import Schema
 from pshybrid.threads import rank_cores
-from pshybrid.torch.session import census, session
+from pshybrid.torch.session import census, same_arguments, session
 from pshybrid.transport import abort_on_error, agree
 
 
@@ -65,20 +65,6 @@ def _check(batch_size: int, epoch: int, start: int) -> None:
                              collective=True)
 
 
-def _same_on_every_worker(workers, **args) -> None:
-    """Each worker reads its slice of the same global batches: a ``batch_size`` (or pass)
-    that differs between workers read overlapping rows, then the workers' step counts
-    differed. An ``InputError`` on every worker naming the first argument that differs."""
-    # Wire: allgather of this call's arguments (a few numbers) over the workers
-    every = workers.allgather(tuple(args.items()))
-    for w, theirs in enumerate(every):
-        for (name, mine), (_, other) in zip(every[0], theirs):
-            if mine != other:
-                raise InputError(f"batches: {name}={other!r} on worker {w}, {name}={mine!r} on "
-                                 "worker 0: every worker passes the same arguments",
-                                 collective=True)
-
-
 def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
             shuffle: bool = False, seed: int | None = None, epoch: int = 0, start: int = 0):
     """Collective over the workers. Yields ``Batch`` for global batches ``start .. n-1`` of
@@ -93,9 +79,11 @@ def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
     W, w = s.topo.n_workers, s.topo.worker_index
     with abort_on_error(s.topo.world):
         census(s, "pt.batches()", s.step)
-        _same_on_every_worker(s.topo.workers, batch_size=batch_size, epochs=epochs,
-                              steps=steps, shuffle=bool(shuffle), seed=seed, epoch=epoch,
-                              start=start)
+        # (each worker reads its slice of the same global batches: a batch_size or a pass
+        # that differs between workers read overlapping rows, and their step counts differed)
+        same_arguments(s.topo.workers, "batches", "worker", batch_size=batch_size,
+                       epochs=epochs, steps=steps, shuffle=bool(shuffle), seed=seed,
+                       epoch=epoch, start=start)
         _check(batch_size, epoch, start)  # (the same on every worker: collective)
         ds = _open(path, W * batch_size, s)
     plan = BatchPlan(getattr(ds, "n_rows", None), W * batch_size, shuffle,

@@ -162,7 +162,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise ConfigError(f"DistributedOptimizer: a second backward pass reached "
                                   f"parameter {name!r} before opt.step(): call opt.step() "
                                   "after each loss.backward() (gradients are reduced as "
-                                  "backward runs; a step skipped mixes two batches)")
+                                  "backward runs; a step skipped mixes two batches, and "
+                                  "opt.zero_grad() cannot take a backward back: to skip a "
+                                  "batch, skip its backward)")
             if self.on_cpu:
                 if p.grad.data_ptr() != view.data_ptr():
                     view.copy_(p.grad)

@@ -229,6 +229,22 @@ def _check_memory(topo: Topology, tables: list[Table]) -> None:
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
 
 
+def same_arguments(comm, call: str, who: str, **args) -> None:
+    """Collective over ``comm``: every rank passed ``call`` the same ``args`` (compared by
+    ``repr``), else one ``ConfigError`` on every rank naming the first that differs (ranks
+    that differ went different ways: one waited for good, or read other rows)."""
+    mine = tuple((k, repr(v)) for k, v in args.items())
+    # Wire: allgather of this call's arguments (their reprs) over ``comm``
+    every = comm.allgather(mine)
+    for r, theirs in enumerate(every):
+        for (name, first), (_, other) in zip(every[0], theirs):
+            if first != other:
+                cut = [v if len(v) <= 160 else v[:157] + "..." for v in (other, first)]
+                raise ConfigError(f"{call}: {name}={cut[0]} on {who} {r}, {name}={cut[1]} on "
+                                  f"{who} 0: every {who} passes the same arguments",
+                                  collective=True)
+
+
 def _excepthook(comm):
     """An uncaught exception on any rank ends the whole job (as the command line does): a
     ``PshybridError`` (a refusal, a bad input) as one line, anything else with its
@@ -260,6 +276,8 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
         if _session is not None and not _session.closed:
             raise ConfigError("pt.init was already called in this process", collective=True)
         tables = list(tables)
+        same_arguments(comm, "pt.init", "rank", mode=mode, servers=servers, tables=tables,
+                       seed=seed, timeout=timeout)
         _check_tables(tables, mode, servers, comm.size)
         if not isinstance(seed, int) or seed_check(seed):  # the tables' key takes 32 bits
             raise ConfigError(f"pt.init: seed {seed!r}: {SEED_RANGE}", collective=True)
