@@ -153,16 +153,24 @@ def cmd_train(args) -> int:
 def _train_command(args, comm) -> tuple[int, bool]:
     """train's work: the options resolved and checked, then ``--print-config`` or the run;
     (the exit status, whether a signal stopped the run)."""
-    from .errors import ConfigError
+    from .errors import PshybridError
     from .preempt import exit_status
     from .safeio import same_file
     from .train import train
+    from .transport import agree
 
-    cfg = _resolve_train(args, comm.rank == 0)
-    conf = getattr(args, "config", None)
-    if conf and cfg.metrics and same_file(conf, cfg.metrics):  # the same on every rank
-        raise ConfigError(f"--metrics {cfg.metrics} is the same file as --config {conf}: an "
-                          "input is never written over", collective=True)
+    err, cfg = None, None
+    try:
+        cfg = _resolve_train(args, comm.rank == 0)
+        conf = getattr(args, "config", None)
+        if conf and cfg.metrics and same_file(conf, cfg.metrics):
+            raise ConfigError(f"--metrics {cfg.metrics} is the same file as --config {conf}: "
+                              "an input is never written over")
+    except PshybridError as e:
+        err = e
+    # Wire: allgather of each rank's verdict on its options (an MPMD launch may give some
+    # ranks others, refused there alone: the rest waited for them for good)
+    agree(comm, err)
     if args.print_config:
         if comm.rank == 0:
             sys.stdout.write(to_toml(cfg))

@@ -24,6 +24,7 @@ import os
 import sys
 
 from . import checkpoint_files, dirlock, limits, safeio, tboard
+from .config import to_dict
 from .batches import BatchPlan, global_batch
 from .data import SHUFFLE_BLOCK
 from .errors import ConfigError, InputError, PshybridError
@@ -31,7 +32,7 @@ from .files import dataset_paths, open_dataset
 from .preempt import launcher_grace
 from .report import counted, metrics_problem
 from .topology import SHARED_MEMORY, roles_per_node, shared_window
-from .transport import agree
+from .transport import agree, same_arguments
 
 
 def total_steps(cfg, n_rows: int | None, n_workers: int) -> int:
@@ -184,6 +185,20 @@ def before_probe(cfg, comm, schema) -> int:
     return start
 
 
+def _same_everywhere(cfg, topo, data, evdata) -> None:
+    """Collective: every rank was given the same options (an MPMD launch, an option from an
+    environment variable) and reads the same data (a path on node-local disks whose files
+    differ between nodes): ranks that differ made different step counts and waited for
+    good, or trained on what they each read."""
+    same_arguments(topo.world, "train", "rank", "every rank is given the same options",
+                   **to_dict(cfg))
+    for option, d in (("--data", data), ("--eval-data", evdata)):
+        if d is not None:
+            same_arguments(topo.world, getattr(d, "path", option), "rank",
+                           f"every rank reads the same {option} (files that differ between "
+                           "nodes?)", fields=d.schema, rows=getattr(d, "n_rows", None))
+
+
 def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
               score: bool = False) -> bool:
     """Run the checks above on every rank (collective: one verdict); True when a resumed
@@ -192,6 +207,7 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
     scoring run, which keeps no optimizer state (``train.setup(score=True)``)."""
     err, start, step_dir, meta = None, 0, None, {}
     steps = total_steps(cfg, getattr(data, "n_rows", None), topo.n_workers)
+    _same_everywhere(cfg, topo, data, evdata)
     try:
         if evdata is not None and getattr(evdata, "n_rows", 1) == 0:
             raise InputError(f"{evdata.path}: --eval-data holds no rows: nothing to evaluate")

@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import array_module, synchronize
-from .errors import PshybridError
+from .errors import ConfigError, PshybridError
 from .limits import SHM_WAYS_OUT
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
@@ -212,6 +212,23 @@ def agree(comm: MPI.Comm, error: BaseException | None) -> None:
                 error.collective = True
                 raise error
             raise PshybridError(f"rank {rank}: {msg}", collective=True)
+
+
+def same_arguments(comm: MPI.Comm, call: str, who: str, rule: str = "", **args) -> None:
+    """Collective over ``comm``: every rank passed ``call`` the same ``args`` (compared by
+    ``repr``), else one ``PshybridError`` (``ConfigError``) on every rank naming the first
+    that differs, the rank, and ``rule`` (default: "every <who> passes the same
+    arguments"): ranks that differ go different ways (one waits for good, or reads other
+    rows). Wire: one allgather of the arguments' reprs; all wait."""
+    mine = tuple((k, repr(v)) for k, v in args.items())
+    every = comm.allgather(mine)
+    for r, theirs in enumerate(every):
+        for (name, first), (_, other) in zip(every[0], theirs):
+            if first != other:
+                cut = [v if len(v) <= 160 else v[:157] + "..." for v in (other, first)]
+                raise ConfigError(f"{call}: {name}={cut[0]} on {who} {r}, {name}={cut[1]} on "
+                                  f"{who} 0: {rule or f'every {who} passes the same arguments'}",
+                                  collective=True)
 
 
 def release_shared_memory() -> list[str]:

@@ -34,7 +34,7 @@ from pshybrid.schema import FusedTable, Schema, names_problem
 from pshybrid.stall import Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
-from pshybrid.transport import abort, abort_on_error, agree
+from pshybrid.transport import abort, abort_on_error, agree, same_arguments
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
@@ -227,22 +227,6 @@ def _check_memory(topo: Topology, tables: list[Table]) -> None:
             f"available; the largest is pt.Table {big.name!r} of {big.rows:,} rows: give it "
             "fewer rows (hash the ids) or more servers")
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
-
-
-def same_arguments(comm, call: str, who: str, **args) -> None:
-    """Collective over ``comm``: every rank passed ``call`` the same ``args`` (compared by
-    ``repr``), else one ``ConfigError`` on every rank naming the first that differs (ranks
-    that differ went different ways: one waited for good, or read other rows)."""
-    mine = tuple((k, repr(v)) for k, v in args.items())
-    # Wire: allgather of this call's arguments (their reprs) over ``comm``
-    every = comm.allgather(mine)
-    for r, theirs in enumerate(every):
-        for (name, first), (_, other) in zip(every[0], theirs):
-            if first != other:
-                cut = [v if len(v) <= 160 else v[:157] + "..." for v in (other, first)]
-                raise ConfigError(f"{call}: {name}={cut[0]} on {who} {r}, {name}={cut[1]} on "
-                                  f"{who} 0: every {who} passes the same arguments",
-                                  collective=True)
 
 
 def _excepthook(comm):
