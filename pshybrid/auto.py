@@ -66,13 +66,7 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,
                                     cfg.dtype, cfg.cross_layers)
         nodes = pc.allreduce(int(_local_rank(pc) == 0))
-        if cfg.servers is not None:  # (0: colocated and allreduce alone)
-            check_servers(cfg.servers, pc.size, need_servers=False)
-        S = cfg.servers if cfg.servers is not None else default_servers(nodes, pc.size)
-        short = _short(cfg, data, pc.size - S if S else pc.size)
-        if short:
-            raise ConfigError(f"--mode auto: no alternative fits: {short} (the fewest "
-                              "workers of any)", collective=True)
+        S = _servers(cfg, data, nodes, pc.size)
         shape, read = id_stats(cfg, data, layout, pc.size, S, nodes, params.size)
         mem = available_memory()
         # Wire: Allreduce(MIN) of the available memory and of a node's cores: all wait.
@@ -80,17 +74,7 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
                                      op=MPI.MIN)
         memory = memory if memory >= 0 else None
         alts = planner.alternatives(shape)
-        refused = refusals(cfg, data.schema, alts, nodes, pc.size, memory)
-        short = {a.key: _short(cfg, data, a.workers) for a in alts
-                 if _short(cfg, data, a.workers)}
-        if len(refused.keys() | short.keys()) == len(alts):  # before the probe allocates
-            within = (f" (it plans within {planner.MEMORY_SHARE:.0%} of the {gib(memory)} a "
-                      "node has available, the 'available' below)" if refused else "")
-            raise ConfigError(
-                f"--mode auto{within}: no alternative fits: " + "; ".join(
-                    f"{a.key}: {short.get(a.key) or refused[a.key]}" for a in alts),
-                collective=True)
-        refused = {**refused, **short}
+        refused = _unfit(cfg, data, alts, nodes, pc.size, memory)
         params.build(np, np.dtype(cfg.dtype), cfg.seed)
         rates = measure(pc, cfg, model, params, layout, shape, read, cores)
         alt, row, rows = planner.choose(alts, rates, shape, refused)
@@ -117,6 +101,33 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         out.write(describe(record))
         out.flush()
     return chosen, record, (None if opened else data)
+
+
+def _servers(cfg, data, nodes: int, ranks: int) -> int:
+    """S of the dedicated alternatives: ``--servers`` (checked as the fixed modes check it;
+    0: colocated and allreduce alone) or one per node; a ConfigError where the data holds
+    no global batch of the fewest workers any alternative has."""
+    if cfg.servers is not None:
+        check_servers(cfg.servers, ranks, need_servers=False)
+    S = cfg.servers if cfg.servers is not None else default_servers(nodes, ranks)
+    short = _short(cfg, data, ranks - S if S else ranks)
+    if short:
+        raise ConfigError(f"--mode auto: no alternative fits: {short} (the fewest workers of "
+                          "any)", collective=True)
+    return S
+
+
+def _unfit(cfg, data, alts, nodes: int, ranks: int, memory) -> dict:
+    """{key: why} of the alternatives memory (``refusals``) or the data's rows (``_short``)
+    rule out; a ConfigError naming each when none is left (before the probe allocates)."""
+    refused = refusals(cfg, data.schema, alts, nodes, ranks, memory)
+    short = {a.key: why for a in alts if (why := _short(cfg, data, a.workers))}
+    if len(refused.keys() | short.keys()) == len(alts):
+        within = (f" (it plans within {planner.MEMORY_SHARE:.0%} of the {gib(memory)} a "
+                  "node has available, the 'available' below)" if refused else "")
+        raise ConfigError(f"--mode auto{within}: no alternative fits: " + "; ".join(
+            f"{a.key}: {short.get(a.key) or refused[a.key]}" for a in alts), collective=True)
+    return {**refused, **short}
 
 
 def _short(cfg, data, W: int) -> str | None:

@@ -24,7 +24,6 @@ import os
 import sys
 
 from . import checkpoint_files, dirlock, limits, safeio, tboard
-from .config import to_dict
 from .batches import BatchPlan, global_batch
 from .data import SHUFFLE_BLOCK
 from .errors import ConfigError, InputError, PshybridError
@@ -185,13 +184,10 @@ def before_probe(cfg, comm, schema) -> int:
     return start
 
 
-def _same_everywhere(cfg, topo, data, evdata) -> None:
-    """Collective: every rank was given the same options (an MPMD launch, an option from an
-    environment variable) and reads the same data (a path on node-local disks whose files
-    differ between nodes): ranks that differ made different step counts and waited for
-    good, or trained on what they each read."""
-    same_arguments(topo.world, "train", "rank", "every rank is given the same options",
-                   **to_dict(cfg))
+def _same_data(topo, data, evdata) -> None:
+    """Collective: every rank reads the same data (``train`` checked the options first): a
+    path on node-local disks whose files differ between nodes made ranks count other steps
+    and wait for good, or train on what they each read."""
     for option, d in (("--data", data), ("--eval-data", evdata)):
         if d is not None:
             same_arguments(topo.world, getattr(d, "path", option), "rank",
@@ -207,7 +203,7 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
     scoring run, which keeps no optimizer state (``train.setup(score=True)``)."""
     err, start, step_dir, meta = None, 0, None, {}
     steps = total_steps(cfg, getattr(data, "n_rows", None), topo.n_workers)
-    _same_everywhere(cfg, topo, data, evdata)
+    _same_data(topo, data, evdata)
     try:
         if evdata is not None and getattr(evdata, "n_rows", 1) == 0:
             raise InputError(f"{evdata.path}: --eval-data holds no rows: nothing to evaluate")

@@ -6,7 +6,7 @@
 and since when); the calls set and clear it (``inside``: two attribute writes a call). A call
 that lasts ``WARN_S`` gets one warning line naming it; one that lasts ``timeout`` seconds
 ends the job with one line naming it (exit status 2), as ``torch.distributed``'s timeout
-does. The thread makes no MPI call but ``MPI_Abort``, and that only under
+does (not one marked ``ends=False``: a wait by design). The thread makes no MPI call but ``MPI_Abort``, and that only under
 ``MPI_THREAD_MULTIPLE``; at a lower thread level it ends this process (``os._exit``) and
 the launcher ends the others."""
 
@@ -33,8 +33,9 @@ class Watch:
 
     def __init__(self, comm: MPI.Comm, who: str, timeout: float | None):
         self.comm, self.who, self.timeout, self.warn_s = comm, who, timeout, WARN_S
-        self._slot = None  # (name, step, since) of the call this rank is inside
+        self._slot = None  # (name, step, since, ends) of the call this rank is inside
         self._name = self._step = None
+        self._ends = True
         self._stop = threading.Event()
         limits = [t for t in (timeout, self.warn_s) if t]
         self._thread = None
@@ -44,12 +45,14 @@ class Watch:
                                             daemon=True)
             self._thread.start()
 
-    def inside(self, name: str, step: int) -> "Watch":
-        self._name, self._step = name, step
+    def inside(self, name: str, step: int, ends: bool = True) -> "Watch":
+        """``ends`` False: a call that may wait long by design (``pt.shutdown`` while worker
+        0 evaluates alone) gets the warning, never the end."""
+        self._name, self._step, self._ends = name, step, ends
         return self
 
     def __enter__(self):
-        self._slot = (self._name, self._step, time.monotonic())
+        self._slot = (self._name, self._step, time.monotonic(), self._ends)
         return self
 
     def __exit__(self, *exc):
@@ -67,18 +70,17 @@ class Watch:
             slot = self._slot
             if slot is None:
                 continue
-            waited = time.monotonic() - slot[2]
-            if self.timeout and waited >= self.timeout:
+            waited, ends = time.monotonic() - slot[2], self.timeout if slot[3] else None
+            if ends and waited >= ends:
                 self._end(slot, waited)
             if self.warn_s and waited >= self.warn_s and warned is not slot and (
-                    not self.timeout or self.warn_s < self.timeout):
+                    not ends or self.warn_s < ends):
                 warned = slot
-                self._write(f"pshybrid: warning ({self.who}): {self._where(slot, waited)}; "
-                            f"the job ends at {self.timeout:g} s" if self.timeout else
-                            f"pshybrid: warning ({self.who}): {self._where(slot, waited)}")
+                self._write(f"pshybrid: warning ({self.who}): {self._where(slot, waited)}"
+                            + (f"; the job ends at {ends:g} s" if ends else ""))
 
     def _where(self, slot, waited: float) -> str:
-        name, step, _ = slot
+        name, step = slot[:2]
         return (f"{waited:.0f} s inside {name} at step {step}, waiting for the other workers "
                 f"({ADVICE})")
 

@@ -43,7 +43,7 @@ from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows
 from .synthetic import SyntheticCTR
 from .threads import rank_cores
 from .topology import SHARED_MEMORY, Topology
-from .transport import abort_on_error, agree
+from .transport import abort_on_error, agree, same_arguments
 
 
 @dataclass
@@ -93,6 +93,9 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
         except ConfigError as e:   # (a registry differing between ranks: not the same verdict)
             err = e
         agree(comm, err)  # Wire: verdict allgather; every rank raises, or none
+        # Wire: allgather of the options (an MPMD launch may give ranks others: they part)
+        same_arguments(comm, "train", "rank", "every rank is given the same options",
+                       **to_dict(cfg))
         planned = None
         if MODES[cfg.mode].chosen:  # --mode auto: probe, price, pick; the same on every rank
             cfg, planned, dataset = auto.resolve(cfg, comm, dataset, out or sys.stdout,

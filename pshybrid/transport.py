@@ -224,8 +224,10 @@ def same_arguments(comm: MPI.Comm, call: str, who: str, rule: str = "", **args) 
     every = comm.allgather(mine)
     for r, theirs in enumerate(every):
         for (name, first), (_, other) in zip(every[0], theirs):
-            if first != other:
-                cut = [v if len(v) <= 160 else v[:157] + "..." for v in (other, first)]
+            if first != other:  # (long reprs: around where they part)
+                at = max(len(os.path.commonprefix([first, other])) - 40, 0)
+                cut = [("..." if at else "") + v[at:at + 120]
+                       + ("..." if len(v) > at + 120 else "") for v in (other, first)]
                 raise ConfigError(f"{call}: {name}={cut[0]} on {who} {r}, {name}={cut[1]} on "
                                   f"{who} 0: {rule or f'every {who} passes the same arguments'}",
                                   collective=True)

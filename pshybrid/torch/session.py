@@ -403,9 +403,9 @@ def census(s: Session, call: str, step: int, wait_s: float | None = None) -> boo
 
 def _all_here(s: Session) -> bool:
     """Shutdown during an exception: whether every worker calls it (all handled the same
-    exception) within ``SHUTDOWN_WAIT_S``."""
+    exception, a Ctrl-C: maybe a step apart) within ``SHUTDOWN_WAIT_S``."""
     try:
-        return census(s, "pt.shutdown()", s.step, SHUTDOWN_WAIT_S)
+        return census(s, "pt.shutdown()", -1, SHUTDOWN_WAIT_S)
     except ConfigError:  # (another is in another call)
         return False
 
@@ -421,7 +421,7 @@ def shutdown() -> None:
     kind, exc, tb = sys.exc_info()
     if exc is not None and not _all_here(s):
         _excepthook(s.topo.world)(kind, exc, tb)  # one line or the traceback; the abort
-    with abort_on_error(s.topo.world), s.watch.inside("pt.shutdown()", s.step):
+    with abort_on_error(s.topo.world), s.watch.inside("pt.shutdown()", s.step, ends=False):
         s.closed = True
         for _, batch, _ in s.entries:
             batch.release()

@@ -5,7 +5,9 @@
 - ``checkpoint``: worker 0 alone calls ``pt.checkpoint`` (a DDP habit), then steps on;
 - ``phase``: worker 0 calls ``pt.checkpoint`` where the others start a ``pt.batches`` pass;
 - ``slow``: worker 0 takes 2 s before its last step (in step: a warning after
-  ``stall.WARN_S``, set to 0.5 s here, and the job ends as usual).
+  ``stall.WARN_S``, set to 0.5 s here, and the job ends as usual);
+- ``eval``: worker 0 takes 4 s alone after the loop (scoring a validation file, say)
+  while the others wait in ``pt.shutdown()``: past ``TIMEOUT``, a warning and no end.
 
 In ``hybrid`` mode the servers see the first and end the job with one line naming what
 differs (it was their assertion traceback); the second and ``phase`` are one line from
@@ -24,7 +26,7 @@ import pshybrid.stall
 import pshybrid.torch as pt
 
 case, mode, data, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-pshybrid.stall.WARN_S = 0.5 if case == "slow" else pshybrid.stall.WARN_S
+pshybrid.stall.WARN_S = 0.5 if case in ("slow", "eval") else pshybrid.stall.WARN_S
 if pt.init(servers=1 if mode == "hybrid" else 0, mode=mode, timeout=timeout,
            tables=[pt.Table("t", rows=8, dim=2)]):
     first, last = pt.worker_index() == 0, pt.worker_index() == pt.num_workers() - 1
@@ -43,5 +45,7 @@ if pt.init(servers=1 if mode == "hybrid" else 0, mode=mode, timeout=timeout,
             pt.checkpoint(data + ".ckpt")
         elif case == "phase" and step == 1:
             next(iter(pt.batches(data, 2)))
+    if case == "eval" and first:
+        time.sleep(4.0)
     pt.shutdown()
     print("done")
