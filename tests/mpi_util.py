@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -38,12 +39,21 @@ def run_job(n: int, args: list[str], timeout: float = JOB_TIMEOUT, env=None):
     """
     cmd = [mpiexec(), "-n", str(n)] + args
     full_env = dict(os.environ, **(env or {}))
+    # a session of its own: a hung job is killed whole (killing mpiexec alone orphaned its
+    # ranks, which busy-poll in MPI and slowed every later test and benchmark)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=full_env, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=full_env, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, signal.SIGKILL)
+        out, err = p.communicate()
         raise AssertionError(f"job hung: {' '.join(cmd)} ran past {timeout}s\n"
-                             f"stdout: {exc.stdout}\nstderr: {exc.stderr}") from None
+                             f"stdout: {out}\nstderr: {err}") from None
+    finally:
+        if p.poll() is None:  # (an exception here: pytest-timeout's, a KeyboardInterrupt)
+            os.killpg(p.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
 
 def pshybrid(*args: str) -> list[str]:
