@@ -141,11 +141,10 @@ def resolve(path: str) -> str:
             raise InputError(f"{path}/latest names {latest!r}, which is not a complete "
                              "checkpoint directory")
         return step_dir
-    steps = sorted((int(n[5:]), n) for n in (os.listdir(path) if os.path.isdir(path) else ())
-                   if n.startswith("step-") and n[5:].isdigit()
-                   and os.path.isfile(os.path.join(path, n, "meta.json")))
-    hint = (f"; it holds {', '.join(n for _, n in steps[-3:])} (name one: "
-            f"{os.path.join(path, steps[-1][1])})" if steps else "")
+    steps = [d for _, d in sorted(list_steps(path).items())
+             if os.path.isfile(os.path.join(d, "meta.json"))]
+    hint = (f"; it holds {', '.join(os.path.basename(d) for d in steps[-3:])} (name one: "
+            f"{steps[-1]})" if steps else "")
     raise InputError(f"{path}: not a checkpoint (no 'latest' file and no meta.json){hint}")
 
 

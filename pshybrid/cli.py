@@ -12,6 +12,7 @@ from .config import ArgumentParser, TrainConfig, add_arguments, resolve, to_toml
 from .errors import ConfigError
 from .prep import add_prep_commands
 from .registry import DEDICATED, MODES, PLACEMENTS, is_colocated, refusal
+from .safeio import STEP_RE
 from .stopping import ended_by_signals
 
 
@@ -223,7 +224,7 @@ def _saves_beside(base: dict, step_dir: str, dir_given: bool) -> tuple[dict, str
     if not isinstance(stored, str) or os.path.realpath(stored) == real or dir_given:
         return base, ""
     name = os.path.basename(os.path.realpath(step_dir))
-    if not (name.startswith("step-") and name[5:].isdigit()):
+    if not STEP_RE.fullmatch(name):
         raise ConfigError(f"--resume {step_dir}: a step directory named {name!r}, not step-N, "
                           f"away from its run's --checkpoint-dir {stored}: this run's "
                           "checkpoints would go beside it, in "

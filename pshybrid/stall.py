@@ -6,9 +6,9 @@
 and since when); the calls set and clear it (``inside``: two attribute writes a call). A call
 that lasts ``WARN_S`` gets one warning line naming it; one that lasts ``timeout`` seconds
 ends the job with one line naming it (exit status 2), as ``torch.distributed``'s timeout
-does (not one marked ``ends=False``: a wait by design). The thread makes no MPI call but ``MPI_Abort``, and that only under
-``MPI_THREAD_MULTIPLE``; at a lower thread level it ends this process (``os._exit``) and
-the launcher ends the others."""
+does (not one marked ``ends=False``: a wait by design). The thread makes no MPI call but
+``MPI_Abort``, and that only under ``MPI_THREAD_MULTIPLE``; at a lower thread level it
+ends this process (``os._exit``) and the launcher ends the others."""
 
 from __future__ import annotations
 
@@ -34,8 +34,7 @@ class Watch:
     def __init__(self, comm: MPI.Comm, who: str, timeout: float | None):
         self.comm, self.who, self.timeout, self.warn_s = comm, who, timeout, WARN_S
         self._slot = None  # (name, step, since, ends) of the call this rank is inside
-        self._name = self._step = None
-        self._ends = True
+        self._next = None  # (name, step, ends) of the call ``inside`` names, until entered
         self._stop = threading.Event()
         limits = [t for t in (timeout, self.warn_s) if t]
         self._thread = None
@@ -48,11 +47,12 @@ class Watch:
     def inside(self, name: str, step: int, ends: bool = True) -> "Watch":
         """``ends`` False: a call that may wait long by design (``pt.shutdown`` while worker
         0 evaluates alone) gets the warning, never the end."""
-        self._name, self._step, self._ends = name, step, ends
+        self._next = (name, step, ends)
         return self
 
     def __enter__(self):
-        self._slot = (self._name, self._step, time.monotonic(), self._ends)
+        name, step, ends = self._next
+        self._slot = (name, step, time.monotonic(), ends)
         return self
 
     def __exit__(self, *exc):
