@@ -87,7 +87,8 @@ def test_bad_input_names_the_table(job):
 
 def test_misuse_is_one_error_naming_the_argument(job):
     """NumPy ids and an unknown table used to surface as AttributeError / KeyError from
-    inside the lookup; a skipped ``opt.step()`` as an error about a layer applied twice."""
+    inside the lookup; a skipped ``opt.step()`` as an error about a layer applied twice;
+    ``opt.no_sync()`` after a backward outside it is named too."""
     from pshybrid.errors import ConfigError
 
     with pytest.raises(InputError, match=r"^pt.Embedding\('a'\): ids must be a torch tensor of "
@@ -108,6 +109,12 @@ def test_misuse_is_one_error_naming_the_argument(job):
                        r"before opt.step\(\): call opt.step\(\) after each loss.backward\(\)"):
         model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
     opt.step()  # the first backward's step still runs
+    model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
+    with pytest.raises(ConfigError, match="no_sync: a backward outside it already started "
+                       "this step's Allreduce: run the step's earlier backward passes inside"):
+        with opt.no_sync():
+            pass
+    opt.step()
 
 
 def test_a_table_beyond_the_nodes_memory_is_refused_before_allocation():

@@ -180,15 +180,16 @@ def test_steplr_on_distributed_optimizer_matches_native_pytorch(comm):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode,servers", [("hybrid", 1), ("allreduce", 0)])
-@pytest.mark.parametrize("sync", [False, True])
-def test_loop_habits_match_native_pytorch(comm, mode, servers, sync):
+@pytest.mark.parametrize("sync,accum", [(False, 1), (True, 1), (True, 3)])
+def test_loop_habits_match_native_pytorch(comm, mode, servers, sync, accum):
     """``model.zero_grad()``, a dense layer only some workers' batches reach in some steps
     (a bucket per parameter: the buckets were cut where each worker's backward finished,
     so they differed and the job hung; the layer's earlier gradient was applied again
-    where ``.grad`` was None), and ``clip_grad_norm_`` after ``opt.synchronize()`` (before
-    it, ``.grad`` is a worker's own): == plain PyTorch with the global batch, to 1e-9
+    where ``.grad`` was None), ``clip_grad_norm_`` after ``opt.synchronize()`` (before
+    it, ``.grad`` is a worker's own), and gradient accumulation over 3 micro-batches with
+    ``opt.no_sync()`` (it was refused): == plain PyTorch with the global batch, to 1e-9
     (``tests/torch_habits.py``)."""
     import torch_habits
 
-    ok, msg = torch_habits.run(comm, mode, servers, sync)
+    ok, msg = torch_habits.run(comm, mode, servers, sync, accum)
     assert_all(comm, ok, msg)

@@ -6,7 +6,11 @@ global batch in one process (float64; shared by ``tests/test_torch_mpi.py``):
   branch: worker 0 every step, the others every other step), with the Allreduce cut into a
   bucket per parameter;
 - with ``sync``: ``opt.synchronize()``, then ``clip_grad_norm_`` of the dense parameters
-  (tight enough to bind every step), then ``opt.step()``.
+  (tight enough to bind every step), then ``opt.step()``;
+- with ``accum`` > 1: gradient accumulation, each worker's batch in ``accum`` micro-batches
+  of B rows (each loss / ``accum``), all but the last backward inside ``opt.no_sync()``;
+  the side branch's rows are worker 0's first micro-batch's, so on odd steps that layer
+  is reached only inside ``no_sync``.
 
 The model: logit = Linear(4 -> 1)(relu(Linear([dense, emb(ids) flattened]))) + side(dense)
 on the rows whose first dense value is positive. Dense: Adam (lr 0.02); table: Adagrad (lr
@@ -14,6 +18,8 @@ on the rows whose first dense value is positive. Dense: Adam (lr 0.02); table: A
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import numpy as np
 import torch
@@ -59,7 +65,7 @@ class Model(torch.nn.Module):
         return [p for name, p in self.named_parameters() if not name.startswith("emb.")]
 
 
-def run(comm, mode: str, servers: int, sync: bool):
+def run(comm, mode: str, servers: int, sync: bool, accum: int = 1):
     """Every rank: (ok, message); each worker compares its final parameters and losses with
     the native run on the global batch."""
     torch.set_default_dtype(torch.float64)
@@ -78,17 +84,22 @@ def run(comm, mode: str, servers: int, sync: bool):
         ref.emb.weight.copy_(torch.from_numpy(table0))
         for p, q in zip(ref.dense_parameters(), model.dense_parameters()):
             p.copy_(q)
-    gb = global_batches(W * B)
+    gb = global_batches(W * B * accum)
     losses = []
-    for dense, ids, label in [tuple(x[w * B:(w + 1) * B] for x in b) for b in gb]:
+    for b in gb:
         model.zero_grad()
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, ids), label)
-        loss.backward()
+        losses.append(0.0)
+        for j in range(accum):  # worker w's micro-batch j: the global rows (w * accum + j) * B
+            dense, ids, label = (x[(w * accum + j) * B:][:B] for x in b)
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(
+                model(dense, ids), label) / accum
+            with opt.no_sync() if j < accum - 1 else contextlib.nullcontext():
+                loss.backward()
+            losses[-1] += loss.item()
         if sync:
             opt.synchronize()
             torch.nn.utils.clip_grad_norm_(model.dense_parameters(), CLIP)
         opt.step()
-        losses.append(loss.item())
     table = session().mode.full_table()
     dense = [p.detach().clone() for p in model.dense_parameters()]
     # Wire: every worker's local losses (their mean is the global batch's loss)

@@ -11,6 +11,8 @@ the Allreduce completes, the gradients are averaged over the workers and the tor
 optimizer steps, and the step returns once every update is visible (BSP). Until then a
 parameter's ``.grad`` holds this worker's own gradient; ``synchronize()`` completes the
 Allreduce early, so that ``.grad`` holds the average (to clip it) before ``step()``.
+Backward passes inside ``no_sync()`` accumulate without reporting (gradient accumulation):
+the step's last backward, outside it, reports the sums.
 
 Loss convention: each worker's loss is the mean over its local batch, so the sum over
 workers divided by W is the global batch's mean: dense and embedding gradients are both
@@ -19,6 +21,7 @@ scaled by 1/W, and W workers x batch b == 1 worker x batch W*b.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import zlib
 
@@ -76,6 +79,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.on_cpu = all(p.device.type == "cpu" for _, p in self.named)
         self.flat_grad = torch.from_numpy(params.flat_grad)
         self.reduced: set[str] = set()  # parameters whose gradient this step has (``step``)
+        self.held: set[str] = set()  # ... reached only by backward passes inside ``no_sync``
+        self.accumulating = False  # inside ``no_sync``: gradients stay on this worker
         self.synced = False  # this step's Allreduce completed by ``synchronize``
         s.mode.dense.use(self, params, int(bucket_mb * 2**20))  # the mode's TorchDense
         if s.optimizer is not None:   # replaced (a new phase): its hooks would still fire
@@ -164,22 +169,46 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                   "after each loss.backward() (gradients are reduced as "
                                   "backward runs; a step skipped mixes two batches, and "
                                   "opt.zero_grad() cannot take a backward back: to skip a "
-                                  "batch, skip its backward)")
+                                  "batch, skip its backward); to accumulate micro-batches, "
+                                  "run all but the step's last backward inside "
+                                  "`with opt.no_sync():`")
             if self.on_cpu:
                 if p.grad.data_ptr() != view.data_ptr():
                     view.copy_(p.grad)
                     p.grad = view  # later backward passes accumulate straight into it
             else:
-                view.copy_(p.grad)  # GPU: D2H of the finished gradient
+                view.copy_(p.grad)  # GPU: D2H of the gradient accumulated so far
+            if self.accumulating:  # (``no_sync``: the step's last backward reports it)
+                self.held.add(name)
+                return
             self.reduced.add(name)
             self.params.grads_ready(name)
         return hook
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Gradient accumulation, as DDP's ``model.no_sync()``: backward passes inside the
+        context accumulate this worker's gradients (dense and embedding) and start no
+        Allreduce; the step's last backward, outside it, sends the sum, and ``step()``
+        applies it. Not collective (the workers may differ in how many micro-batches they
+        accumulate); divide each micro-batch's loss by their number, as in plain PyTorch."""
+        if self.reduced:
+            with abort_on_error(self.s.topo.world):  # (this worker's backward: not collective)
+                raise ConfigError("DistributedOptimizer.no_sync: a backward outside it already "
+                                  "started this step's Allreduce: run the step's earlier "
+                                  "backward passes inside no_sync and its last one after it")
+        self.accumulating = True
+        try:
+            yield
+        finally:
+            self.accumulating = False
 
     def zero_grad(self, set_to_none: bool = False) -> None:
         """Zero the dense gradients (in place: they are the Allreduce's buffer) and drop
         the embedding gradients of lookups whose backward already ran (a forward pass made
         before ``zero_grad`` keeps its lookups for the coming backward)."""
         self.params.zero_grad()
+        self.held.clear()
         self.synced = False
         if not self.on_cpu:
             self.opt.zero_grad(set_to_none=False)
@@ -217,6 +246,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 b.release()
             s.entries = []
             self.reduced.clear()
+            self.held.clear()
             self.synced = False
             s.step += 1
         return loss
@@ -242,7 +272,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         they hold an earlier step's where ``model.zero_grad()`` (not ``opt.zero_grad()``)
         dropped the ``.grad`` tensors, and would be reduced and applied again."""
         for n, _ in self.named:
-            if n not in self.reduced:
+            if n not in self.reduced and n not in self.held:
                 self.params.grad(n)[...] = 0
 
     def _sparse_batch(self):
