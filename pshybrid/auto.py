@@ -168,7 +168,8 @@ def describe(record: dict) -> str:
         tried = [x for x in record["alternatives"] if x.get("measured_step") is not None]
         lines.append(f"auto: {len(tried)} alternatives trained for "
                      f"{record['trial_seconds']:.2f} s; the fastest measured per sample is "
-                     "chosen")
+                     f"chosen (those within {trials.TIE:.0%} of it are tied: the first below "
+                     "wins)")
     elif record.get("trials_stopped"):
         lines.append(f"auto: a signal stopped the trials after {record['trial_seconds']:.2f} "
                      "s: the cost model's choice (the run stops at its first step boundary)")

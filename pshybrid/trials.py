@@ -9,7 +9,10 @@ path (``train.train``, handed in by the caller: this layer does not import it) o
 communicator and data, with no evaluation, checkpoint, metrics file or output; each step
 after the warm-up is timed on the reporter, the median is shared (the largest over the
 ranks: only the reporter holds one) and the alternative with the least measured seconds
-per sample (median step / (workers * batch): placements change the workers) is chosen.
+per sample (median step / (workers * batch): placements change the workers) is chosen;
+those within ``TIE`` of it count as tied, and the first of them in the table's fixed order
+(``planner.alternatives``: hybrid before ps before allreduce, fewer replicated rows first)
+is chosen, so that a few percent of a busy node's noise does not flip the pick run to run.
 Nothing a trial trains persists, and the real run starts at step 0 of the data's order
 as before (the data is read by position, never consumed).
 """
@@ -26,6 +29,7 @@ from mpi4py import MPI
 WARM = 3      # untimed steps of each trial (first-use compilation, page faults, caches)
 LEADERS = 3   # the model's best alternatives that are always tried
 FAMILY = 3.0  # ... and each (mode, placement)'s best predicted within this factor
+TIE = 0.05    # measured within this share of the fastest per sample: tied (the first wins)
 
 
 def per_sample(row: dict, batch: int, step: float) -> float:
@@ -89,15 +93,18 @@ def measure(rows: list[dict], configure, train_fn, comm, dataset, steps: int):
 
 
 def settle(rows: list[dict], configure, train_fn, comm, dataset, steps: int, batch: int):
-    """Collective: (the key of the fastest measured alternative, or None where a signal
-    stopped the trials, seconds the trials took); each row of ``rows`` gains
-    ``measured_step`` (seconds, or None where not tried)."""
+    """Collective: (the key of the chosen alternative, or None where a signal stopped the
+    trials, seconds the trials took); each row of ``rows`` (in the table's fixed order)
+    gains ``measured_step`` (seconds, or None where not tried). The choice: the first row
+    measured within ``TIE`` of the least seconds per sample."""
     t0 = time.perf_counter()
     measured = measure(rows, configure, train_fn, comm, dataset, steps)
     if measured is None:
         return None, time.perf_counter() - t0
     for r in rows:
         r["measured_step"] = measured.get(r["key"])
-    best = min((r for r in rows if r["measured_step"] is not None),
-               key=lambda r: per_sample(r, batch, r["measured_step"]))
+    tried = [(r, per_sample(r, batch, r["measured_step"])) for r in rows
+             if r["measured_step"] is not None]
+    fastest = min(t for _, t in tried)
+    best = next(r for r, t in tried if t <= fastest * (1 + TIE))
     return best["key"], time.perf_counter() - t0
