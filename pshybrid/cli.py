@@ -10,6 +10,7 @@ from . import __version__
 from .commands import add_out, add_scoring_commands
 from .config import ArgumentParser, TrainConfig, add_arguments, resolve, to_toml
 from .errors import ConfigError
+from .launch import launched, launched_alone
 from .prep import add_prep_commands
 from .registry import DEDICATED, MODES, PLACEMENTS, is_colocated, refusal
 from .safeio import STEP_RE
@@ -245,5 +246,34 @@ def cmd_export(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     return args.func(args)
+
+
+def _parse(argv):
+    """The command line; in a process an MPI launcher started that ends after the command
+    (``python -m pshybrid``), the ranks' outcomes are shared first: an MPMD launch may give
+    some ranks a line the parser refuses (they ended alone, and the others waited for them
+    for good). Then every rank ends if one does: those refused with the parser's line, the
+    others with one line naming the first of them, status 2 (0 where each asked for
+    ``--help``)."""
+    try:
+        args, stop = build_parser().parse_args(argv), None
+    except (SystemExit, ConfigError) as e:
+        args, stop = None, e
+    if EXITS_AFTER and launched() and not launched_alone():
+        from mpi4py import MPI
+
+        code = None if stop is None else 2 if isinstance(stop, ConfigError) else stop.code or 0
+        # Wire: allgather of each rank's parse outcome (None, or its exit status); all wait
+        codes = MPI.COMM_WORLD.allgather(code)
+        bad = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
+        if stop is None and any(c is not None for c in codes):
+            raise ConfigError(f"rank {bad}'s command line is refused (its line says why): no "
+                              "rank runs" if bad is not None else
+                              "another rank was given --help: no rank runs", collective=True)
+        if code == 0 and bad is not None:
+            raise SystemExit(2)
+    if stop is not None:
+        raise stop
+    return args

@@ -23,14 +23,26 @@ from .errors import PshybridError
 
 # Set by the MPI launchers (Hydra/MPICH, Open MPI, PMIx/Slurm) in every rank they start.
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
+_SIZE_VARS = ("PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "SLURM_STEP_NUM_TASKS")
 _SERIAL = SimpleNamespace(rank=0, size=1)
+
+
+def launched() -> bool:
+    """Whether an MPI launcher started this process (it may have started others)."""
+    return any(v in os.environ for v in _LAUNCHER_VARS)
+
+
+def launched_alone() -> bool:
+    """Whether the launcher says this process is its job's only rank (Hydra, Open MPI,
+    Slurm's srun set the job's size; PMIx alone does not: then not known to be alone)."""
+    return any(os.environ.get(v, "").strip() == "1" for v in _SIZE_VARS)
 
 
 def _world():
     """COMM_WORLD; a one-rank stand-in in a process that has not loaded MPI and was not
     started by an MPI launcher (a serial command such as ``prep``): MPI_Init would tell
     nothing more there, and can itself fail (it creates files: not on a full disk)."""
-    if "mpi4py.MPI" not in sys.modules and not any(v in os.environ for v in _LAUNCHER_VARS):
+    if "mpi4py.MPI" not in sys.modules and not launched():
         return _SERIAL
     from mpi4py import MPI
 

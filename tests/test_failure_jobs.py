@@ -217,10 +217,11 @@ def test_pt_init_arguments_that_differ_between_ranks_end_in_one_line(case, want)
     assert "Traceback" not in p.stderr and "not reached" not in p.stdout, p.stderr
 
 
-@pytest.mark.parametrize("case", ["options", "refused", "rows", "fields"])
+@pytest.mark.parametrize("case", ["options", "refused", "parser", "rows", "fields"])
 def test_ranks_given_other_options_or_data_end_in_one_line(tmp_path, case):
     """An MPMD launch whose ranks differ in their options hung (other step counts), or,
-    where the others' were refused, waited for them for good; a --data path whose file
+    where the others' were refused (also by the parser: an invalid choice), waited for
+    them for good; a --data path whose file
     differs between nodes (here: each rank's working directory) hung with other row
     counts, or ended in 'loss is nan' with other fields. Oracle: the line naming the
     option or the file on every rank, status 2, in time."""
@@ -231,13 +232,16 @@ def test_ranks_given_other_options_or_data_end_in_one_line(tmp_path, case):
         os.mkdir(tmp_path / d)
         write_synthetic(str(tmp_path / d / "x.h5"), rows, seed=1, n_dense=2, cardinalities=cards)
     train = ["train", "--data", "x.h5", "--epochs", "1", *SMALL]
-    other = {"options": ["--batch-size", "8"], "refused": ["--steps", "3"]}.get(case, [])
+    other = {"options": ["--batch-size", "8"], "refused": ["--steps", "3"],
+             "parser": ["--mode", "bogus"]}.get(case, [])
     p = run_job(1, ["-wdir", str(tmp_path / "a"), *pshybrid(*train),
                     ":", "-n", "2", "-wdir", str(tmp_path / "b"), *pshybrid(*train, *other)],
                 timeout=120)
     want = {"options": "train: batch_size=8 on rank 1, batch_size=16 on rank 0: every rank "
                        "is given the same options",
             "refused": "(rank 0/3): rank 1: --steps 3 and --epochs 1: give one",
+            "parser": "(rank 0/3): rank 1's command line is refused (its line says why): no "
+                      "rank runs",
             "rows": "x.h5: rows=400 on rank 1, rows=600 on rank 0: every rank reads the same "
                     "--data (files that differ between nodes?)",
             "fields": "x.h5: fields=Schema(n_dense=2, cardinalities=(5, 7, 9)"}[case]
