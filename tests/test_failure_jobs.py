@@ -205,7 +205,8 @@ def test_a_slow_torch_worker_is_named_in_a_warning_and_the_job_goes_on(tmp_path,
 
 @pytest.mark.parametrize("case,want", [
     ("rows", "pt.init: tables=[Table(name='t', rows=278, "),
-    ("mode", "pt.init: mode='allreduce' on rank 2, mode='hybrid' on rank 0")])
+    ("mode", "pt.init: mode='allreduce' on rank 2, mode='hybrid' on rank 0"),
+    ("bucket", "DistributedOptimizer: bucket_mb=0.5 on worker 1, bucket_mb=1.0 on worker 0")])
 def test_pt_init_arguments_that_differ_between_ranks_end_in_one_line(case, want):
     """A table 2 rows smaller on the server ran to the end, its workers reading and updating
     rows past the server's shard; a mode that differed hung. Oracle: the line naming the

@@ -180,16 +180,18 @@ def test_steplr_on_distributed_optimizer_matches_native_pytorch(comm):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode,servers", [("hybrid", 1), ("allreduce", 0)])
-@pytest.mark.parametrize("sync,accum", [(False, 1), (True, 1), (True, 3)])
-def test_loop_habits_match_native_pytorch(comm, mode, servers, sync, accum):
+@pytest.mark.parametrize("sync,accum,unused", [(False, 1, False), (True, 1, False),
+                                               (True, 3, False), (False, 2, True)])
+def test_loop_habits_match_native_pytorch(comm, mode, servers, sync, accum, unused):
     """``model.zero_grad()``, a dense layer only some workers' batches reach in some steps
     (a bucket per parameter: the buckets were cut where each worker's backward finished,
     so they differed and the job hung; the layer's earlier gradient was applied again
     where ``.grad`` was None), ``clip_grad_norm_`` after ``opt.synchronize()`` (before
-    it, ``.grad`` is a worker's own), and gradient accumulation over 3 micro-batches with
-    ``opt.no_sync()`` (it was refused): == plain PyTorch with the global batch, to 1e-9
-    (``tests/torch_habits.py``)."""
+    it, ``.grad`` is a worker's own), gradient accumulation over 3 micro-batches with
+    ``opt.no_sync()`` (it was refused), and a layer no worker reaches in some steps with
+    ``find_unused_parameters`` (Adam moved it): == plain PyTorch with the global batch, to
+    1e-9 (``tests/torch_habits.py``)."""
     import torch_habits
 
-    ok, msg = torch_habits.run(comm, mode, servers, sync, accum)
+    ok, msg = torch_habits.run(comm, mode, servers, sync, accum, unused)
     assert_all(comm, ok, msg)

@@ -10,7 +10,10 @@ global batch in one process (float64; shared by ``tests/test_torch_mpi.py``):
 - with ``accum`` > 1: gradient accumulation, each worker's batch in ``accum`` micro-batches
   of B rows (each loss / ``accum``), all but the last backward inside ``opt.no_sync()``;
   the side branch's rows are worker 0's first micro-batch's, so on odd steps that layer
-  is reached only inside ``no_sync``.
+  is reached only inside ``no_sync``;
+- with ``unused``: every third step no worker reaches the side branch, and
+  ``find_unused_parameters=True`` leaves its ``.grad`` None, so Adam skips it as plain
+  PyTorch does (without it, Adam's moments move it).
 
 The model: logit = Linear(4 -> 1)(relu(Linear([dense, emb(ids) flattened]))) + side(dense)
 on the rows whose first dense value is positive. Dense: Adam (lr 0.02); table: Adagrad (lr
@@ -32,13 +35,14 @@ ROWS, D, F, N_DENSE, STEPS, B = 40, 4, 3, 3, 6, 6
 LR_DENSE, LR_EMB, CLIP = 0.02, 0.1, 0.05
 
 
-def global_batches(G: int) -> list:
-    """The side branch's rows: worker 0's every step, the other workers' on even steps."""
+def global_batches(G: int, unused: bool = False) -> list:
+    """The side branch's rows: worker 0's every step, the other workers' on even steps;
+    with ``unused``, none on every third step."""
     rng = np.random.default_rng(12)
     out = []
     for t in range(STEPS):
         dense = rng.standard_normal((G, N_DENSE))
-        reach = (np.arange(G) < B) | (t % 2 == 0)
+        reach = ((np.arange(G) < B) | (t % 2 == 0)) & (not unused or t % 3 != 2)
         dense[:, 0] = np.abs(dense[:, 0]) * np.where(reach, 1, -1)
         out.append((torch.from_numpy(dense), torch.from_numpy(rng.integers(0, ROWS, (G, F))),
                     torch.from_numpy(rng.integers(0, 2, G).astype(np.float64))))
@@ -65,7 +69,7 @@ class Model(torch.nn.Module):
         return [p for name, p in self.named_parameters() if not name.startswith("emb.")]
 
 
-def run(comm, mode: str, servers: int, sync: bool, accum: int = 1):
+def run(comm, mode: str, servers: int, sync: bool, accum: int = 1, unused: bool = False):
     """Every rank: (ok, message); each worker compares its final parameters and losses with
     the native run on the global batch."""
     torch.set_default_dtype(torch.float64)
@@ -76,7 +80,8 @@ def run(comm, mode: str, servers: int, sync: bool, accum: int = 1):
     torch.manual_seed(2)
     model = Model(pt.Embedding("t"))
     opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LR_DENSE), model,
-                                  bucket_mb=1e-9)  # (a bucket per parameter)
+                                  bucket_mb=1e-9,  # (a bucket per parameter)
+                                  find_unused_parameters=unused)
     W, w = pt.num_workers(), pt.worker_index()
     table0 = session().mode.full_table().copy()
     ref = Model(torch.nn.Embedding(ROWS, D))
@@ -84,7 +89,7 @@ def run(comm, mode: str, servers: int, sync: bool, accum: int = 1):
         ref.emb.weight.copy_(torch.from_numpy(table0))
         for p, q in zip(ref.dense_parameters(), model.dense_parameters()):
             p.copy_(q)
-    gb = global_batches(W * B * accum)
+    gb = global_batches(W * B * accum, unused)
     losses = []
     for b in gb:
         model.zero_grad()

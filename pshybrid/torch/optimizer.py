@@ -27,12 +27,13 @@ import zlib
 
 import numpy as np
 import torch
+from mpi4py import MPI
 
 from pshybrid.checkpoint_files import read_buffers, read_dense
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
 from pshybrid.torch.session import DTYPES, census, session
-from pshybrid.transport import abort_on_error, agree
+from pshybrid.transport import abort_on_error, agree, same_arguments
 
 # torch optimizers whose state maps onto the checkpoint's dense slots: name, {slot: key}
 CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}),
@@ -47,9 +48,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
     the rates of both, and the servers' sparse optimizer steps with the embeddings group's
     ``lr`` of the moment. Construction (collective over the workers) broadcasts worker 0's
     parameters and, after ``pt.init(resume=...)``, loads the checkpoint's dense weights and
-    state."""
+    state. ``find_unused_parameters`` (as DDP's): each step, a parameter that no worker's
+    backward reached gets ``.grad`` None, so the torch optimizer skips it as plain PyTorch
+    does (one small Allreduce a step); without it, it is stepped with a zero gradient."""
 
-    def __init__(self, torch_optimizer, model: torch.nn.Module, bucket_mb: float = 1.0):
+    def __init__(self, torch_optimizer, model: torch.nn.Module, bucket_mb: float = 1.0,
+                 find_unused_parameters: bool = False):
         s = session()
         if s.optimizer is not None and s.optimizer.reduced:
             with abort_on_error(s.topo.world):  # (this worker's backward: not collective)
@@ -81,6 +85,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.reduced: set[str] = set()  # parameters whose gradient this step has (``step``)
         self.held: set[str] = set()  # ... reached only by backward passes inside ``no_sync``
         self.accumulating = False  # inside ``no_sync``: gradients stay on this worker
+        self.unused: set[str] = set()  # no worker reached these this step (``_find_unused``)
+        self.reach = None  # ``find_unused_parameters``' communicator (the workers' own copy)
         self.synced = False  # this step's Allreduce completed by ``synchronize``
         s.mode.dense.use(self, params, int(bucket_mb * 2**20))  # the mode's TorchDense
         if s.optimizer is not None:   # replaced (a new phase): its hooks would still fire
@@ -89,6 +95,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
                       for n, p in self.named]
         with abort_on_error(s.topo.world):
             census(s, "DistributedOptimizer()", s.step)
+            same_arguments(s.topo.workers, "DistributedOptimizer", "worker",
+                           bucket_mb=bucket_mb, find_unused_parameters=find_unused_parameters)
+            if find_unused_parameters:
+                self.reach = s.topo.workers.Dup()
             self._start()
         s.optimizer = self
         self.built = True
@@ -241,6 +251,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             batch, demb, used = self._sparse_batch()
             if not self.synced:
                 self._unreached_zero()
+                self._find_unused()
             s.mode.update(batch, demb, s.step + 1)
             for b in used:
                 b.release()
@@ -263,6 +274,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise ConfigError("DistributedOptimizer.synchronize: once per step, on the "
                                   "session's newest DistributedOptimizer", collective=True)
             self._unreached_zero()
+            self._find_unused()
             s.mode.dense.reduce_now(s.step + 1)
             self._average()
             self.synced = True
@@ -274,6 +286,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for n, _ in self.named:
             if n not in self.reduced and n not in self.held:
                 self.params.grad(n)[...] = 0
+
+    def _find_unused(self) -> None:
+        """With ``find_unused_parameters``: the parameters no worker reached this step."""
+        if self.reach is None:
+            return
+        reached = np.array([n in self.reduced or n in self.held for n, _ in self.named],
+                           np.int32)
+        # Wire: Allreduce(MAX) of one int32 a parameter over the workers (their own copy of
+        # the workers' communicator: never matched with a step's buckets); all wait
+        self.reach.Allreduce(MPI.IN_PLACE, reached, op=MPI.MAX)
+        self.unused = {n for (n, _), r in zip(self.named, reached.tolist()) if not r}
 
     def _sparse_batch(self):
         """The step's lookups as one Batch and its (n, E) gradients (scaled by 1/W)."""
@@ -313,7 +336,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for n, p in self.named:
                 p.grad = torch.from_numpy(self.params.grad(n)).to(p.device)  # H2D
         for n, p in self.named:
-            if p.grad is None:  # unused by this worker: the workers' average (zero if none)
+            if n in self.unused:  # reached by no worker: skipped, as plain PyTorch does
+                p.grad = None
+            elif p.grad is None:  # unused by this worker: the workers' average (zero if none)
                 p.grad = torch.from_numpy(self.params.grad(n)).to(p.device)
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -403,6 +428,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for h in self.hooks:
             h.remove()
         self.hooks = []
+        if self.reach is not None:
+            self.reach.Free()  # (collective: the next DistributedOptimizer's construction)
+            self.reach = None
 
     # -- torch's optimizer state ------------------------------------------------------------
     def state_dict(self):
