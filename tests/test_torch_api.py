@@ -6,6 +6,8 @@ sizes: ``tests/test_torch_mpi.py``."""
 
 from __future__ import annotations
 
+import copy
+
 import h5py
 import numpy as np
 import pytest
@@ -402,3 +404,27 @@ def test_a_new_distributed_optimizer_between_backward_and_step_is_refused(job):
         pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
     opt.step()
     pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)  # (now fine)
+
+
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_a_parameter_no_backward_reaches_is_stepped_as_plain_pytorch_steps_it(job, set_to_none):
+    """With ``find_unused_parameters``: after ``opt.zero_grad(set_to_none)`` a layer the
+    step's backward does not reach is skipped (None) or stepped with a zero gradient (Adam's
+    moments move it), as plain PyTorch does with the same ``zero_grad``; oracle: a plain
+    PyTorch twin, to 1e-12. The second step reaches the ``b`` layer no more."""
+    torch.manual_seed(3)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(3, 1), "b": torch.nn.Linear(3, 1)}).double()
+    twin = copy.deepcopy(model)
+    opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1), model,
+                                  find_unused_parameters=True)
+    ref = torch.optim.Adam(twin.parameters(), lr=0.1)
+    x = torch.ones(2, 3, dtype=torch.float64)
+    for step in range(3):
+        for m, o in ((model, opt), (twin, ref)):
+            o.zero_grad(set_to_none=set_to_none)
+            y = m["a"](x) + (m["b"](x) if step == 0 else 0)
+            y.sum().backward()
+            o.step()
+    moved = (model["b"].weight - twin["b"].weight).abs().max().item()
+    assert all(torch.allclose(p, q, rtol=1e-12, atol=0) for p, q in
+               zip(model.parameters(), twin.parameters())), moved

@@ -86,6 +86,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.held: set[str] = set()  # ... reached only by backward passes inside ``no_sync``
         self.accumulating = False  # inside ``no_sync``: gradients stay on this worker
         self.unused: set[str] = set()  # no worker reached these this step (``_find_unused``)
+        self.none = True  # the last ``zero_grad``'s set_to_none (a new one's grads are None)
         self.reach = None  # ``find_unused_parameters``' communicator (the workers' own copy)
         self.synced = False  # this step's Allreduce completed by ``synchronize``
         s.mode.dense.use(self, params, int(bucket_mb * 2**20))  # the mode's TorchDense
@@ -213,11 +214,15 @@ class DistributedOptimizer(torch.optim.Optimizer):
         finally:
             self.accumulating = False
 
-    def zero_grad(self, set_to_none: bool = False) -> None:
+    def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the dense gradients (in place: they are the Allreduce's buffer) and drop
         the embedding gradients of lookups whose backward already ran (a forward pass made
-        before ``zero_grad`` keeps its lookups for the coming backward)."""
+        before ``zero_grad`` keeps its lookups for the coming backward). ``set_to_none``
+        (torch's default): with ``find_unused_parameters``, a parameter no worker reaches
+        before the step then has ``.grad`` None (skipped), else zero (stepped), as in
+        plain PyTorch."""
         self.params.zero_grad()
+        self.none = set_to_none
         self.held.clear()
         self.synced = False
         if not self.on_cpu:
@@ -332,13 +337,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         W = self.s.topo.n_workers
         if W > 1:
             self.flat_grad.mul_(1.0 / W)
-        if not self.on_cpu:
-            for n, p in self.named:
-                p.grad = torch.from_numpy(self.params.grad(n)).to(p.device)  # H2D
         for n, p in self.named:
-            if n in self.unused:  # reached by no worker: skipped, as plain PyTorch does
-                p.grad = None
-            elif p.grad is None:  # unused by this worker: the workers' average (zero if none)
+            if n in self.unused and (self.none or p.grad is None):
+                p.grad = None  # reached by no worker, .grad None: skipped, as in plain PyTorch
+            elif not self.on_cpu or p.grad is None:  # (GPU: H2D; a worker that did not
+                #   reach it: the workers' average, zero where none did)
                 p.grad = torch.from_numpy(self.params.grad(n)).to(p.device)
 
     # -- checkpoints ----------------------------------------------------------------------
