@@ -253,10 +253,10 @@ def main(argv=None) -> int:
 def _parse(argv):
     """The command line; in a process an MPI launcher started that ends after the command
     (``python -m pshybrid``), the ranks' outcomes are shared first: an MPMD launch may give
-    some ranks a line the parser refuses (they ended alone, and the others waited for them
-    for good). Then every rank ends if one does: those refused with the parser's line, the
-    others with one line naming the first of them, status 2 (0 where each asked for
-    ``--help``)."""
+    some ranks a line the parser refuses, or another command (they ended alone, or went
+    another way, and the others waited for them for good). Then every rank ends if one
+    does: those refused with the parser's line, the others with one line naming the first
+    of them, status 2 (0 where each asked for ``--help`` or ``--version``)."""
     try:
         args, stop = build_parser().parse_args(argv), None
     except (SystemExit, ConfigError) as e:
@@ -265,15 +265,20 @@ def _parse(argv):
         from mpi4py import MPI
 
         code = None if stop is None else 2 if isinstance(stop, ConfigError) else stop.code or 0
-        # Wire: allgather of each rank's parse outcome (None, or its exit status); all wait
-        codes = MPI.COMM_WORLD.allgather(code)
-        bad = next((r for r, c in enumerate(codes) if c not in (None, 0)), None)
-        if stop is None and any(c is not None for c in codes):
+        # Wire: allgather of each rank's parse outcome (None, or its exit status) and
+        # command; all wait
+        every = MPI.COMM_WORLD.allgather((code, getattr(args, "command", None)))
+        bad = next((r for r, (c, _) in enumerate(every) if c not in (None, 0)), None)
+        if stop is None and any(c is not None for c, _ in every):
             raise ConfigError(f"rank {bad}'s command line is refused (its line says why): no "
-                              "rank runs" if bad is not None else
-                              "another rank was given --help: no rank runs", collective=True)
+                              "rank runs" if bad is not None else "another rank was given "
+                              "--help or --version: no rank runs", collective=True)
         if code == 0 and bad is not None:
             raise SystemExit(2)
+        other = next((r for r, (_, cmd) in enumerate(every) if cmd != every[0][1]), None)
+        if stop is None and other is not None:
+            raise ConfigError(f"rank {other} runs {every[other][1]}, rank 0 {every[0][1]}: "
+                              "every rank runs the same command", collective=True)
     if stop is not None:
         raise stop
     return args

@@ -33,9 +33,11 @@ def launched() -> bool:
 
 
 def launched_alone() -> bool:
-    """Whether the launcher says this process is its job's only rank (Hydra, Open MPI,
-    Slurm's srun set the job's size; PMIx alone does not: then not known to be alone)."""
-    return any(os.environ.get(v, "").strip() == "1" for v in _SIZE_VARS)
+    """Whether the launcher says this process is its job's only rank: the first of Hydra's,
+    Open MPI's and srun's size variables that is set (PMIx alone sets none: not known to
+    be alone). Only the first: an ``mpiexec`` inside a Slurm step inherits the step's."""
+    size = next((os.environ[v] for v in _SIZE_VARS if v in os.environ), "")
+    return size.strip() == "1"
 
 
 def _world():

@@ -249,6 +249,30 @@ def test_ranks_given_other_options_or_data_end_in_one_line(tmp_path, case):
     assert p.returncode == 2 and want in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("env,alone", [({"PMI_SIZE": "1"}, True), ({"PMI_SIZE": "3"}, False),
+                                       ({"PMI_SIZE": "2", "SLURM_STEP_NUM_TASKS": "1"}, False),
+                                       ({"SLURM_STEP_NUM_TASKS": "1"}, True),
+                                       ({"PMIX_RANK": "0"}, False)])
+def test_a_rank_is_alone_by_its_launchers_first_size_variable(monkeypatch, env, alone):
+    """An ``mpiexec`` inside a one-task Slurm step inherits SLURM_STEP_NUM_TASKS=1: read
+    alone, its ranks skipped the parse verdict and an MPMD refusal hung again."""
+    from pshybrid import launch
+
+    for v in launch._SIZE_VARS:
+        monkeypatch.delenv(v, raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert launch.launched_alone() is alone
+
+
+def test_ranks_given_other_commands_end_in_one_line(tmp_path):
+    """Two commands that both parse (plot on rank 0, train on rank 1) went their own ways."""
+    p = run_job(1, ["-wdir", str(tmp_path), *pshybrid("plot", "m.jsonl", "m.png"), ":", "-n",
+                    "1", "-wdir", str(tmp_path), *pshybrid("train", *SMALL)], timeout=120)
+    assert p.returncode == 2 and "(rank 1/2): rank 1 runs train, rank 0 plot: every rank " \
+        "runs the same command" in p.stderr, p.stderr
+
+
 def test_a_torch_script_refused_ends_in_one_line_per_worker():
     """pshybrid.torch's hook: a PshybridError left uncaught on a worker is one line, as on
     the command line (it printed the whole traceback), and every rank ends with status 2."""
