@@ -6,6 +6,7 @@ sizes: ``tests/test_torch_mpi.py``."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import h5py
@@ -428,3 +429,81 @@ def test_a_parameter_no_backward_reaches_is_stepped_as_plain_pytorch_steps_it(jo
     moved = (model["b"].weight - twin["b"].weight).abs().max().item()
     assert all(torch.allclose(p, q, rtol=1e-12, atol=0) for p, q in
                zip(model.parameters(), twin.parameters())), moved
+
+
+def test_a_grad_scaler_is_refused_without_synchronize_and_a_table_overflow_skips(job):
+    """``scaler.step(opt)`` without ``opt.synchronize(scaler)`` trained the tables on
+    gradients ``scale`` times too large: refused, and so is ``synchronize`` after
+    ``scaler.unscale_``. A table gradient that overflows while the dense ones do not skips
+    the whole step (the dense gradients made NaN: every worker's scaler agrees): nothing
+    moves, the scale halves; after ``opt.zero_grad()`` the next step is taken."""
+    from pshybrid.errors import ConfigError
+    from pshybrid.torch.session import session
+
+    lin = torch.nn.Linear(3, 1).double()
+    emb = pt.Embedding("t")
+    opt = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin)
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    x, ids = torch.ones(2, 3, dtype=torch.float64), torch.tensor([1, 2])
+
+    def backward(big: float):
+        opt.zero_grad()
+        scaler.scale(lin(x).sum() + (emb(ids) * big).sum()).backward()
+
+    backward(1.0)
+    with pytest.raises(ConfigError, match=r"call opt.synchronize\(scaler\) after the backward"):
+        scaler.step(opt)
+    scaler.unscale_(opt)
+    with pytest.raises(ConfigError, match=r"synchronize\(scaler\): call it before "
+                       r"scaler.unscale_\(opt\)"):
+        opt.synchronize(scaler)
+    opt.step()  # (the refused step's own, to go on)
+    scaler.update()
+    table, weight = session().mode.full_table().copy(), lin.weight.detach().clone()
+    scale = scaler.get_scale()
+    backward(1e308)  # (d loss / d rows = scale * 1e308: not finite; the dense ones are)
+    opt.synchronize(scaler)
+    scaler.step(opt)
+    scaler.update()
+    assert (pt.steps_done(), scaler.get_scale()) == (1, scale / 2)
+    assert np.array_equal(session().mode.full_table(), table)
+    assert torch.equal(lin.weight, weight)
+    lin.zero_grad()  # (not the optimizer's: the skipped step is still pending)
+    with pytest.raises(ConfigError, match=r"call opt.zero_grad\(\), not model.zero_grad"):
+        lin(x).sum().backward()
+    backward(1.0)
+    opt.synchronize(scaler)
+    scaler.step(opt)
+    assert pt.steps_done() == 2 and not torch.equal(lin.weight, weight)
+    rows = session().mode.full_table()[1:3, :2] - table[1:3, :2]
+    assert np.allclose(rows, -0.05 * 1.0, rtol=1e-12), rows  # sgd's rate, unscaled gradient
+
+
+def test_accumulation_habits_match_plain_pytorch(job):
+    """Gradient accumulation in one process against a plain PyTorch twin, to 1e-12: nested
+    ``no_sync`` contexts (the inner one's exit ended the outer one: its next backward was
+    reduced, and the step's last refused), and ``model.zero_grad()`` between micro-batches
+    (a layer reached only by the dropped micro-batch was still stepped)."""
+    torch.manual_seed(5)
+    model = torch.nn.ModuleDict({"a": torch.nn.Linear(3, 1), "b": torch.nn.Linear(3, 1)}).double()
+    twin = copy.deepcopy(model)
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    ref = torch.optim.SGD(twin.parameters(), lr=0.1)
+    x = torch.ones(2, 3, dtype=torch.float64)
+    for m, o in ((model, opt), (twin, ref)):
+        sync = opt.no_sync if o is opt else contextlib.nullcontext
+        o.zero_grad()
+        with sync():
+            with sync():
+                (m["a"](x) + m["b"](x)).sum().backward()
+            (2 * m["a"](x)).sum().backward()
+        m["a"](x).sum().backward()
+        o.step()
+        o.zero_grad()
+        with sync():
+            (m["a"](x) + m["b"](x)).sum().backward()
+        m.zero_grad()  # (drops b's gradient: plain PyTorch skips b)
+        m["a"](x).sum().backward()
+        o.step()
+    assert all(torch.allclose(p, q, rtol=1e-12, atol=0) for p, q in
+               zip(model.parameters(), twin.parameters()))

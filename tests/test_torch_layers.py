@@ -88,7 +88,8 @@ def test_bad_input_names_the_table(job):
 def test_misuse_is_one_error_naming_the_argument(job):
     """NumPy ids and an unknown table used to surface as AttributeError / KeyError from
     inside the lookup; a skipped ``opt.step()`` as an error about a layer applied twice;
-    ``opt.no_sync()`` after a backward outside it is named too."""
+    ``opt.no_sync()`` after a backward outside it, or a backward after ``synchronize()``
+    (it added this worker's own gradient to the average), is named too."""
     from pshybrid.errors import ConfigError
 
     with pytest.raises(InputError, match=r"^pt.Embedding\('a'\): ids must be a torch tensor of "
@@ -110,10 +111,20 @@ def test_misuse_is_one_error_naming_the_argument(job):
         model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
     opt.step()  # the first backward's step still runs
     model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
-    with pytest.raises(ConfigError, match="no_sync: a backward outside it already started "
-                       "this step's Allreduce: run the step's earlier backward passes inside"):
+    with pytest.raises(ConfigError, match=r"no_sync: a backward outside it \(or "
+                       r"opt.synchronize\(\)\) already started this step's Allreduce"):
         with opt.no_sync():
             pass
+    opt.step()
+    with opt.no_sync():  # (all of a step's backward passes inside no_sync, then synchronize)
+        model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
+    opt.synchronize()
+    with pytest.raises(ConfigError, match=r"already started this step's Allreduce"):
+        with opt.no_sync():
+            pass
+    with pytest.raises(ConfigError, match=r"a backward pass after opt.synchronize\(\) and "
+                       r"before opt.step\(\): step first"):
+        model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
     opt.step()
 
 

@@ -195,3 +195,17 @@ def test_loop_habits_match_native_pytorch(comm, mode, servers, sync, accum, unus
 
     ok, msg = torch_habits.run(comm, mode, servers, sync, accum, unused)
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode,servers", [("hybrid", 1), ("allreduce", 0)])
+@pytest.mark.parametrize("clip", [False, True])
+def test_a_grad_scaler_matches_native_pytorch(comm, mode, servers, clip):
+    """``torch.amp.GradScaler`` with ``opt.synchronize(scaler)``: a step whose gradients
+    are NaN on one worker is skipped by every worker, the scale follows the twin's, and
+    the tables are trained on unscaled gradients: == plain PyTorch with a GradScaler and
+    the global batch, to 1e-9 (``tests/torch_amp.py``)."""
+    import torch_amp
+
+    ok, msg = torch_amp.run(comm, mode, servers, clip)
+    assert_all(comm, ok, msg)

@@ -32,6 +32,7 @@ from mpi4py import MPI
 from pshybrid.checkpoint_files import read_buffers, read_dense
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
+from pshybrid.torch.amp import drop_scaled, stage, unscale_tables
 from pshybrid.torch.session import DTYPES, census, session
 from pshybrid.transport import abort_on_error, agree, same_arguments
 
@@ -87,8 +88,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.accumulating = False  # inside ``no_sync``: gradients stay on this worker
         self.unused: set[str] = set()  # no worker reached these this step (``_find_unused``)
         self.none = True  # the last ``zero_grad``'s set_to_none (a new one's grads are None)
-        self.reach = None  # ``find_unused_parameters``' communicator (the workers' own copy)
+        self.flags = None  # the workers' own copy: small Allreduces outside the step's order
+        self.find_unused = find_unused_parameters
         self.synced = False  # this step's Allreduce completed by ``synchronize``
+        self.scaled = None  # ``synchronize(scaler)``: the step's (batch, table grads, batches)
         s.mode.dense.use(self, params, int(bucket_mb * 2**20))  # the mode's TorchDense
         if s.optimizer is not None:   # replaced (a new phase): its hooks would still fire
             s.optimizer.close()
@@ -97,10 +100,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         with abort_on_error(s.topo.world):
             census(s, "DistributedOptimizer()", s.step)
             same_arguments(s.topo.workers, "DistributedOptimizer", "worker",
-                           bucket_mb=bucket_mb, find_unused_parameters=find_unused_parameters)
-            if find_unused_parameters:
-                self.reach = s.topo.workers.Dup()
+                           bucket_mb=float(bucket_mb),
+                           find_unused_parameters=bool(find_unused_parameters))
             self._start()
+            self.flags = s.topo.workers.Dup()
         s.optimizer = self
         self.built = True
 
@@ -169,6 +172,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         view = view.reshape(self.params.shape(name))
 
         def hook(p):
+            if self.synced:  # (its gradient would be this worker's own plus the average)
+                raise ConfigError("DistributedOptimizer: a backward pass after "
+                                  "opt.synchronize() and before opt.step(): step first (where "
+                                  "a GradScaler skipped the step, call opt.zero_grad(), not "
+                                  "model.zero_grad(), before the next backward)")
             if p.grad.is_sparse:
                 raise ConfigError(f"DistributedOptimizer: parameter {name!r} has a sparse "
                                   "gradient (nn.Embedding(sparse=True)): dense parameters are "
@@ -203,16 +211,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
         Allreduce; the step's last backward, outside it, sends the sum, and ``step()``
         applies it. Not collective (the workers may differ in how many micro-batches they
         accumulate); divide each micro-batch's loss by their number, as in plain PyTorch."""
-        if self.reduced:
+        if self.reduced or self.synced:
             with abort_on_error(self.s.topo.world):  # (this worker's backward: not collective)
-                raise ConfigError("DistributedOptimizer.no_sync: a backward outside it already "
-                                  "started this step's Allreduce: run the step's earlier "
-                                  "backward passes inside no_sync and its last one after it")
-        self.accumulating = True
+                raise ConfigError("DistributedOptimizer.no_sync: a backward outside it (or "
+                                  "opt.synchronize()) already started this step's Allreduce: "
+                                  "run the step's earlier backward passes inside no_sync and "
+                                  "its last one after it")
+        before, self.accumulating = self.accumulating, True
         try:
             yield
         finally:
-            self.accumulating = False
+            self.accumulating = before
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the dense gradients (in place: they are the Allreduce's buffer) and drop
@@ -224,6 +233,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.params.zero_grad()
         self.none = set_to_none
         self.held.clear()
+        if self.synced:  # a step not taken (a GradScaler's skip): nothing is on the wire
+            self.reduced.clear()
+            drop_scaled(self)
         self.synced = False
         if not self.on_cpu:
             self.opt.zero_grad(set_to_none=False)
@@ -253,7 +265,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if lr != self.sparse_lr:  # a scheduler changed it: the servers' optimizer too
                 s.mode.set_sparse_lr(lr)
                 self.sparse_lr = lr
-            batch, demb, used = self._sparse_batch()
+            batch, demb, used = self.scaled or self._sparse_batch()
+            self.scaled = None
             if not self.synced:
                 self._unreached_zero()
                 self._find_unused()
@@ -267,40 +280,69 @@ class DistributedOptimizer(torch.optim.Optimizer):
             s.step += 1
         return loss
 
-    def synchronize(self) -> None:
+    def synchronize(self, scaler=None) -> None:
         """Workers, collectively, after backward and before ``step()``: complete the dense
         gradients' Allreduce now and average it, so each parameter's ``.grad`` holds what
         ``step()`` applies (the same on every worker) and can be read or changed first:
         ``torch.nn.utils.clip_grad_norm_`` clips the global gradient after this call (before
-        it, ``.grad`` is this worker's own, and a bucket may be on the wire)."""
+        it, ``.grad`` is this worker's own, and a bucket may be on the wire).
+
+        ``scaler`` (a ``torch.amp.GradScaler``, before ``scaler.step(opt)``): the tables'
+        gradients are unscaled here (the scaler unscales the dense ones), and a non-finite
+        one on any worker makes the dense gradients non-finite on every worker, so that every
+        worker's scaler skips the step and changes its scale alike."""
         s = self.s
         with abort_on_error(s.topo.world), s.watch.inside("opt.synchronize()", s.step + 1):
             if s.optimizer is not self or self.synced:
                 raise ConfigError("DistributedOptimizer.synchronize: once per step, on the "
                                   "session's newest DistributedOptimizer", collective=True)
+            scaling = scaler is not None and scaler.is_enabled()
+            if scaling and stage(scaler, self) != "READY":
+                raise ConfigError("DistributedOptimizer.synchronize(scaler): call it before "
+                                  "scaler.unscale_(opt) and scaler.step(opt) (they would read "
+                                  "each worker's own gradients)", collective=True)
             self._unreached_zero()
             self._find_unused()
             s.mode.dense.reduce_now(s.step + 1)
             self._average()
             self.synced = True
+            if scaling:
+                self.scaled = unscale_tables(self, float(scaler.get_scale()))
+
+    @property
+    def _step_supports_amp_scaling(self) -> bool:
+        """``torch.amp.GradScaler.step`` asks this first: refused unless ``synchronize
+        (scaler)`` ran (unscaling each worker's own, partly reduced gradients, and the
+        tables' not at all, trained on gradients ``scale`` times too large)."""
+        if self.scaled is None and sys._getframe(1).f_globals.get("__name__", "").startswith(
+                "torch.amp"):
+            with abort_on_error(self.s.topo.world):
+                raise ConfigError("DistributedOptimizer with a GradScaler: call "
+                                  "opt.synchronize(scaler) after the backward and before "
+                                  "scaler.unscale_(opt) / scaler.step(opt)", collective=True)
+        return False
 
     def _unreached_zero(self) -> None:
         """Zero the gradient spans of the parameters this step's backward did not reach:
         they hold an earlier step's where ``model.zero_grad()`` (not ``opt.zero_grad()``)
         dropped the ``.grad`` tensors, and would be reduced and applied again."""
-        for n, _ in self.named:
-            if n not in self.reduced and n not in self.held:
+        for n, p in self.named:
+            if not self._reached(n, p):
                 self.params.grad(n)[...] = 0
+
+    def _reached(self, name: str, p) -> bool:
+        """Whether this step's backward reached ``name`` (inside ``no_sync`` too, unless
+        ``model.zero_grad()`` dropped that gradient since)."""
+        return name in self.reduced or (name in self.held and p.grad is not None)
 
     def _find_unused(self) -> None:
         """With ``find_unused_parameters``: the parameters no worker reached this step."""
-        if self.reach is None:
+        if not self.find_unused:
             return
-        reached = np.array([n in self.reduced or n in self.held for n, _ in self.named],
-                           np.int32)
+        reached = np.array([self._reached(n, p) for n, p in self.named], np.int32)
         # Wire: Allreduce(MAX) of one int32 a parameter over the workers (their own copy of
         # the workers' communicator: never matched with a step's buckets); all wait
-        self.reach.Allreduce(MPI.IN_PLACE, reached, op=MPI.MAX)
+        self.flags.Allreduce(MPI.IN_PLACE, reached, op=MPI.MAX)
         self.unused = {n for (n, _), r in zip(self.named, reached.tolist()) if not r}
 
     def _sparse_batch(self):
@@ -431,9 +473,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for h in self.hooks:
             h.remove()
         self.hooks = []
-        if self.reach is not None:
-            self.reach.Free()  # (collective: the next DistributedOptimizer's construction)
-            self.reach = None
+        if self.flags is not None:
+            self.flags.Free()  # (collective: the next DistributedOptimizer's construction)
+            self.flags = None
 
     # -- torch's optimizer state ------------------------------------------------------------
     def state_dict(self):
@@ -449,3 +491,4 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.param_groups[:-1] = self.opt.param_groups
         self.state = self.opt.state
         self.param_groups[-1].update(emb)
+
