@@ -395,7 +395,8 @@ def test_a_resume_without_the_models_buffers_says_so(tmp_path, capsys):
 
 def test_a_new_distributed_optimizer_between_backward_and_step_is_refused(job):
     """Its buckets' requests were dropped: the next step applied the gradient's sum, W
-    times too large (zeros on a GPU after synchronize)."""
+    times too large (zeros on a GPU after synchronize); gradients accumulated under
+    ``no_sync`` were applied unaveraged. ``synchronize`` inside ``no_sync`` is refused."""
     from pshybrid.errors import ConfigError
 
     model = torch.nn.Linear(3, 1).double()
@@ -404,15 +405,27 @@ def test_a_new_distributed_optimizer_between_backward_and_step_is_refused(job):
     with pytest.raises(ConfigError, match="has not been stepped"):
         pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
     opt.step()
+    with opt.no_sync():  # (held gradients: the new one would apply this worker's own sum)
+        model(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+        with pytest.raises(ConfigError, match="synchronize: once per step, after its last "
+                           r"backward \(outside no_sync\)"):
+            opt.synchronize()
+    with pytest.raises(ConfigError, match="accumulated under no_sync"):
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    model(torch.ones(2, 3, dtype=torch.float64)).sum().backward()
+    opt.step()
     pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)  # (now fine)
 
 
+@pytest.mark.parametrize("who", ["opt", "model"])
 @pytest.mark.parametrize("set_to_none", [True, False])
-def test_a_parameter_no_backward_reaches_is_stepped_as_plain_pytorch_steps_it(job, set_to_none):
-    """With ``find_unused_parameters``: after ``opt.zero_grad(set_to_none)`` a layer the
-    step's backward does not reach is skipped (None) or stepped with a zero gradient (Adam's
-    moments move it), as plain PyTorch does with the same ``zero_grad``; oracle: a plain
-    PyTorch twin, to 1e-12. The second step reaches the ``b`` layer no more."""
+def test_a_parameter_no_backward_reaches_is_stepped_as_plain_pytorch_steps_it(job, who,
+                                                                             set_to_none):
+    """With ``find_unused_parameters``: after ``opt.zero_grad(set_to_none)`` or
+    ``model.zero_grad(set_to_none)`` a layer the step's backward does not reach is skipped
+    (None) or stepped with a zero gradient (Adam's moments move it), as plain PyTorch does
+    with the same ``zero_grad``; oracle: a plain PyTorch twin, to 1e-12. The second step
+    reaches the ``b`` layer no more."""
     torch.manual_seed(3)
     model = torch.nn.ModuleDict({"a": torch.nn.Linear(3, 1), "b": torch.nn.Linear(3, 1)}).double()
     twin = copy.deepcopy(model)
@@ -422,7 +435,7 @@ def test_a_parameter_no_backward_reaches_is_stepped_as_plain_pytorch_steps_it(jo
     x = torch.ones(2, 3, dtype=torch.float64)
     for step in range(3):
         for m, o in ((model, opt), (twin, ref)):
-            o.zero_grad(set_to_none=set_to_none)
+            (o if who == "opt" else m).zero_grad(set_to_none=set_to_none)
             y = m["a"](x) + (m["b"](x) if step == 0 else 0)
             y.sum().backward()
             o.step()
@@ -507,3 +520,27 @@ def test_accumulation_habits_match_plain_pytorch(job):
         o.step()
     assert all(torch.allclose(p, q, rtol=1e-12, atol=0) for p, q in
                zip(model.parameters(), twin.parameters()))
+
+
+def test_a_new_phase_goes_on_at_the_tables_rate_of_the_moment(job):
+    """A second ``DistributedOptimizer`` reported the ``pt.Table`` rate while the servers
+    trained at the one a scheduler had set last. Oracle: a row's change / its gradient
+    (plain SGD on the table, gradient 1)."""
+    from pshybrid.torch.session import session
+
+    lin, emb = torch.nn.Linear(2, 1).double(), pt.Embedding("t")
+    ids = torch.tensor([1, 2])
+
+    def step(opt):
+        before = session().mode.full_table()[1:3, :2].copy()
+        opt.zero_grad()
+        (lin(emb(ids)).sum() * 0 + emb(ids).sum()).backward()
+        opt.step()
+        return before - session().mode.full_table()[1:3, :2]
+
+    first = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin)
+    first.param_groups[-1]["lr"] = 0.02  # (as a scheduler sets it)
+    assert np.allclose(step(first), 0.02, rtol=1e-12)
+    second = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin)
+    assert second.param_groups[-1]["lr"] == 0.02
+    assert np.allclose(step(second), 0.02, rtol=1e-12)

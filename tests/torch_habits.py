@@ -80,7 +80,7 @@ def run(comm, mode: str, servers: int, sync: bool, accum: int = 1, unused: bool 
     torch.manual_seed(2)
     model = Model(pt.Embedding("t"))
     opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LR_DENSE), model,
-                                  bucket_mb=1e-9,  # (a bucket per parameter)
+                                  bucket_mb=1e-6,  # (1 byte: a bucket per parameter)
                                   find_unused_parameters=unused)
     W, w = pt.num_workers(), pt.worker_index()
     table0 = session().mode.full_table().copy()

@@ -56,15 +56,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def __init__(self, torch_optimizer, model: torch.nn.Module, bucket_mb: float = 1.0,
                  find_unused_parameters: bool = False):
         s = session()
-        if s.optimizer is not None and s.optimizer.reduced:
+        if s.optimizer is not None and (s.optimizer.reduced or s.optimizer.held):
             with abort_on_error(s.topo.world):  # (this worker's backward: not collective)
                 raise ConfigError("DistributedOptimizer: a backward of the current one has "
-                                  "not been stepped (its Allreduce may be on the wire): call "
-                                  "its opt.step() first, then make the new one")
+                                  "not been stepped (its Allreduce may be on the wire, or "
+                                  "its gradients accumulated under no_sync): call its "
+                                  "opt.step() first, then make the new one")
         self.built = False  # (torch's __init__ adds the groups through add_param_group)
         super().__init__(torch_optimizer.param_groups, torch_optimizer.defaults)
         self.state = torch_optimizer.state  # shared: the torch optimizer's step fills it
-        self.sparse_lr = s.sparse_opt.lr
+        # (the tables' rate of the moment: a new phase goes on from the previous one's)
+        self.sparse_lr = s.sparse_opt.lr if s.optimizer is None else s.optimizer.sparse_lr
         emb = {"params": [], "lr": self.sparse_lr, "name": "embeddings"}
         for key in ("betas", "momentum"):  # (a scheduler cycling them expects every group's;
             if key in torch_optimizer.defaults:  # the servers' optimizer does not read them)
@@ -87,12 +89,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.held: set[str] = set()  # ... reached only by backward passes inside ``no_sync``
         self.accumulating = False  # inside ``no_sync``: gradients stay on this worker
         self.unused: set[str] = set()  # no worker reached these this step (``_find_unused``)
-        self.none = True  # the last ``zero_grad``'s set_to_none (a new one's grads are None)
         self.flags = None  # the workers' own copy: small Allreduces outside the step's order
         self.find_unused = find_unused_parameters
         self.synced = False  # this step's Allreduce completed by ``synchronize``
         self.scaled = None  # ``synchronize(scaler)``: the step's (batch, table grads, batches)
-        s.mode.dense.use(self, params, int(bucket_mb * 2**20))  # the mode's TorchDense
+        bucket_bytes = max(int(bucket_mb * 2**20), 1) if bucket_mb > 0 else 0
+        s.mode.dense.use(self, params, bucket_bytes)  # the mode's TorchDense
         if s.optimizer is not None:   # replaced (a new phase): its hooks would still fire
             s.optimizer.close()
         self.hooks = [p.register_post_accumulate_grad_hook(self._grad_done(n))
@@ -227,18 +229,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Zero the dense gradients (in place: they are the Allreduce's buffer) and drop
         the embedding gradients of lookups whose backward already ran (a forward pass made
         before ``zero_grad`` keeps its lookups for the coming backward). ``set_to_none``
-        (torch's default): with ``find_unused_parameters``, a parameter no worker reaches
-        before the step then has ``.grad`` None (skipped), else zero (stepped), as in
-        plain PyTorch."""
+        (torch's default) matters with ``find_unused_parameters`` alone: ``.grad`` is set to
+        None, so a parameter no worker reaches before the step is skipped, as in plain
+        PyTorch (otherwise ``.grad`` stays the buffer's span, zeroed: no copy per step)."""
         self.params.zero_grad()
-        self.none = set_to_none
+        none = set_to_none and self.find_unused
+        if none and self.on_cpu:
+            for _, p in self.named:
+                p.grad = None  # (the next backward's hook points it at the buffer again)
         self.held.clear()
         if self.synced:  # a step not taken (a GradScaler's skip): nothing is on the wire
             self.reduced.clear()
             drop_scaled(self)
         self.synced = False
         if not self.on_cpu:
-            self.opt.zero_grad(set_to_none=False)
+            self.opt.zero_grad(set_to_none=none)
         keep = []
         for entry in self.s.entries:
             if entry[2] is None:
@@ -293,9 +298,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         worker's scaler skips the step and changes its scale alike."""
         s = self.s
         with abort_on_error(s.topo.world), s.watch.inside("opt.synchronize()", s.step + 1):
-            if s.optimizer is not self or self.synced:
-                raise ConfigError("DistributedOptimizer.synchronize: once per step, on the "
-                                  "session's newest DistributedOptimizer", collective=True)
+            if s.optimizer is not self or self.synced or self.accumulating:
+                raise ConfigError("DistributedOptimizer.synchronize: once per step, after its "
+                                  "last backward (outside no_sync), on the session's newest "
+                                  "DistributedOptimizer", collective=True)
             scaling = scaler is not None and scaler.is_enabled()
             if scaling and stage(scaler, self) != "READY":
                 raise ConfigError("DistributedOptimizer.synchronize(scaler): call it before "
@@ -380,7 +386,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if W > 1:
             self.flat_grad.mul_(1.0 / W)
         for n, p in self.named:
-            if n in self.unused and (self.none or p.grad is None):
+            if n in self.unused and p.grad is None:
                 p.grad = None  # reached by no worker, .grad None: skipped, as in plain PyTorch
             elif not self.on_cpu or p.grad is None:  # (GPU: H2D; a worker that did not
                 #   reach it: the workers' average, zero where none did)
