@@ -85,7 +85,7 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
         safeio.fsync_file(shard)
     if dense is None:
         return
-    flat, state, buffers = dense
+    flat, state, buffers, steps = dense
     dpath = os.path.join(tmp, "dense.h5")
     with safeio.h5_file(dpath, "x") as f:
         for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items()),
@@ -94,6 +94,8 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
             f[k].attrs[CRC_ATTR] = crc32(a)
         f.attrs["params"] = json.dumps([(n, params.offset(n), list(params.shape(n)))
                                         for n in params.names])
+        if steps:  # (pshybrid.torch's Adam: each parameter's own step count)
+            f.attrs["param_steps"] = json.dumps(steps)
     safeio.fsync_file(dpath)
     meta = {"format_version": FORMAT_VERSION, "step": step, "mode": cfg.mode,
             "servers": topo.n_servers, "seed": cfg.seed, **_described(cfg),
@@ -156,8 +158,9 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema) -> 
     tmp = _make_temp(root, step, topo, writer_rank)
     holds_sparse = topo.is_server or (writer and topo.n_servers == 0)
     ids, sparse = mode.sparse_state() if holds_sparse else (None, {})
-    # (flat, {slot: state}, {name: buffer}): only pshybrid.torch's model has buffers
-    dense = (*mode.dense_state_full(), {})[:3] if writer else None
+    # (flat, {slot: state}, {name: buffer}, {name: steps}): only pshybrid.torch's model has
+    # buffers, and per-parameter step counts
+    dense = (*mode.dense_state_full(), {}, {})[:4] if writer else None
     try:
         agree(topo.world, _check_finite(step, sparse, dense))  # Wire: verdict allgather
         # Wire: verdict allgather; no rank starts an HDF5 write the disk has no room for

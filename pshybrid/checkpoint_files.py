@@ -401,6 +401,23 @@ def _dense_sums(fpath: str, flat, state: dict) -> None:
     sums.check()
 
 
+def read_param_steps(step_dir: str) -> dict | None:
+    """{name: steps} of ``dense.h5``'s attribute param_steps (``pshybrid.torch``'s Adam:
+    each parameter's own step count, fewer than the run's where a step did not reach it);
+    None where absent (a native checkpoint, or one written before they were kept)."""
+    fpath = os.path.join(step_dir, "dense.h5")
+    with _h5(fpath) as f:
+        if "param_steps" not in f.attrs:
+            return None
+        try:
+            steps = json.loads(f.attrs["param_steps"])
+        except (ValueError, TypeError):
+            steps = None
+    if not (isinstance(steps, dict) and all(_int(v) and v >= 0 for v in steps.values())):
+        raise _bad(fpath, "attribute param_steps", "is not a JSON object of counts >= 0")
+    return steps
+
+
 def read_buffers(step_dir: str) -> dict:
     """{name: array} of ``dense.h5``'s /buffers (a torch model's buffers; none in a native
     checkpoint or one written before they were kept), each against its checksum."""

@@ -544,3 +544,34 @@ def test_a_new_phase_goes_on_at_the_tables_rate_of_the_moment(job):
     second = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin)
     assert second.param_groups[-1]["lr"] == 0.02
     assert np.allclose(step(second), 0.02, rtol=1e-12)
+
+
+def _two_layer_run(root, steps, resume=None):
+    """``steps`` Adam steps (``find_unused_parameters``) of layers a (every step) and b
+    (steps 0 and 3 alone) from ``resume``; -> (step dir of a checkpoint, parameters)."""
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, resume=resume,
+            tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
+    try:
+        torch.manual_seed(5)
+        model = torch.nn.ModuleDict({"a": torch.nn.Linear(3, 1),
+                                     "b": torch.nn.Linear(3, 1)}).double()
+        opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1), model,
+                                      find_unused_parameters=True)
+        x = torch.ones(2, 3, dtype=torch.float64)
+        for t in range(pt.steps_done(), steps):
+            opt.zero_grad()
+            (model["a"](x) + (model["b"](x) if t in (0, 3) else 0)).sum().backward()
+            opt.step()
+        return pt.checkpoint(str(root)), [p.detach().clone() for p in model.parameters()]
+    finally:
+        pt.shutdown()
+
+
+def test_a_resume_keeps_each_parameters_own_adam_step(tmp_path):
+    """A layer no step reached since step 0 resumed with Adam's step the run's (2, not 1)
+    and its bias correction went wrong at its next step (find_unused_parameters; 1.1%
+    off). Oracle: checkpoint at step 2 -> resume -> step 4 == 4 steps uninterrupted."""
+    _, want = _two_layer_run(tmp_path / "whole", 4)
+    step, _ = _two_layer_run(tmp_path / "part", 2)
+    _, got = _two_layer_run(tmp_path / "part", 4, resume=step)
+    assert all(torch.allclose(p, q, rtol=1e-13, atol=0) for p, q in zip(got, want))

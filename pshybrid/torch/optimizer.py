@@ -29,10 +29,10 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
-from pshybrid.checkpoint_files import read_buffers, read_dense
-from pshybrid.errors import ConfigError, InputError, PshybridError
+from pshybrid.errors import ConfigError, PshybridError
 from pshybrid.layers import ParamSpace
 from pshybrid.torch.amp import drop_scaled, stage, unscale_tables
+from pshybrid.torch.restore import load_dense
 from pshybrid.torch.session import DTYPES, census, session
 from pshybrid.transport import abort_on_error, agree, same_arguments
 
@@ -129,7 +129,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if s.resume_dir is not None and s.optimizer is None:  # (a later phase: as trained)
             err = None
             try:
-                self._load(s.resume_dir)
+                load_dense(self, s.resume_dir)
             except PshybridError as e:
                 err = e
             agree(s.topo.workers, err)  # Wire: verdict allgather over the workers
@@ -419,9 +419,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return {n: b for n, b in self.model.named_buffers() if n in kept}
 
     def dense_state(self):
-        """(flat (P,), {slot: (P,)}, {buffer name: array}) host arrays for the checkpoint."""
+        """(flat (P,), {slot: (P,)}, {buffer name: array}, {name: its optimizer's step
+        count}) host arrays for the checkpoint (the counts: Adam's, per parameter)."""
         _, keys = self._kind()
         self.sync_params()
+        steps = {n: int(self.opt.state.get(p, {}).get("step", 0)) for n, p in self.named}
         state = {}
         for slot, key in keys.items():
             arr = np.zeros_like(self.params.flat)
@@ -432,48 +434,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     arr[o:o + p.numel()] = st[key].detach().cpu().reshape(-1).numpy()
             state[slot] = arr
         buffers = {n: b.detach().cpu().numpy().copy() for n, b in self._buffers().items()}
-        return self.params.flat.copy(), state, buffers
-
-    def _load(self, step_dir: str) -> None:
-        _, keys = self._kind()
-        flat, state, entries = read_dense(step_dir, tuple(keys), None)
-        where = {n: (o, tuple(shape)) for n, o, shape in entries}
-        for n, p in self.named:
-            if n not in where or where[n][1] != tuple(p.shape):
-                got = where[n][1] if n in where else "missing"
-                raise InputError(f"{step_dir}/dense.h5: parameter {n!r} is {got}, the model's "
-                                 f"is {tuple(p.shape)}")
-        with torch.no_grad():
-            for n, p in self.named:
-                o, k = where[n][0], p.numel()
-                p.copy_(torch.from_numpy(flat[o:o + k].astype(self.params.flat.dtype))
-                        .reshape(p.shape))
-                if keys:
-                    st = self.opt.state[p]
-                    st["step"] = torch.tensor(float(self.s.step))
-                    for slot, key in keys.items():
-                        st[key] = torch.from_numpy(state[slot][o:o + k].astype(
-                            self.params.flat.dtype)).reshape(p.shape).to(p.device)
-        self._load_buffers(step_dir)
-
-    def _load_buffers(self, step_dir: str) -> None:
-        """The model's buffers from the checkpoint (one that holds none, a native one or
-        one written before they were kept, leaves them as they are)."""
-        saved, mine = read_buffers(step_dir), self._buffers()
-        if mine and not saved and self.s.topo.worker_index == 0:
-            names = ", ".join(list(mine)[:3]) + (", ..." if len(mine) > 3 else "")
-            sys.stderr.write(f"pshybrid: warning: {step_dir}/dense.h5 holds none of the "
-                             f"model's {len(mine)} buffers ({names}): a checkpoint written "
-                             "before they were kept, or a native one; they keep the values "
-                             "the model has now (a BatchNorm's running statistics start "
-                             "over)\n")
-        for n, b in mine.items() if saved else ():
-            if n not in saved or saved[n].shape != tuple(b.shape):
-                got = saved[n].shape if n in saved else "missing"
-                raise InputError(f"{step_dir}/dense.h5: buffer {n!r} is {got}, the model's is "
-                                 f"{tuple(b.shape)}")
-            with torch.no_grad():
-                b.copy_(torch.from_numpy(saved[n]))
+        return self.params.flat.copy(), state, buffers, steps if keys else {}
 
     def close(self) -> None:
         for h in self.hooks:
