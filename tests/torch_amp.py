@@ -17,12 +17,11 @@ twin skips both its optimizers where any gradient is not finite: one optimizer's
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 import pshybrid.torch as pt
 from pshybrid.torch.session import session
-from torch_habits import B, CLIP, LR_DENSE, LR_EMB, ROWS, STEPS, D, Model, global_batches
+from torch_habits import B, CLIP, LR_DENSE, LR_EMB, STEPS, global_batches, start
 from torch_steplr import rel
 
 SCALER = dict(init_scale=2.0 ** 10, growth_interval=2, growth_factor=4.0, backoff_factor=0.5)
@@ -37,19 +36,11 @@ def batches(W: int) -> list:
 
 def run(comm, mode: str, servers: int, clip: bool):
     """Every rank: (ok, message)."""
-    torch.set_default_dtype(torch.float64)
-    if not pt.init(servers=servers, mode=mode, seed=4, comm=comm, exit_servers=False,
-                   tables=[pt.Table("t", rows=ROWS, dim=D, optimizer="adagrad", lr=LR_EMB,
-                                    dtype=torch.float64)]):
+    started = start(comm, mode, servers)
+    if started is None:
         return True, ""
-    torch.manual_seed(2)
-    model, ref = Model(pt.Embedding("t")), Model(torch.nn.Embedding(ROWS, D))
-    opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LR_DENSE), model)
+    model, ref, opt = started
     W, w = pt.num_workers(), pt.worker_index()
-    with torch.no_grad():
-        ref.emb.weight.copy_(torch.from_numpy(session().mode.full_table()))
-        for p, q in zip(ref.dense_parameters(), model.dense_parameters()):
-            p.copy_(q)
     gb, scaler, scales = batches(W), torch.amp.GradScaler("cpu", **SCALER), []
     for dense, ids, label in [tuple(x[w * B:(w + 1) * B] for x in b) for b in gb]:
         opt.zero_grad()

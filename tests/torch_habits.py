@@ -69,26 +69,34 @@ class Model(torch.nn.Module):
         return [p for name, p in self.named_parameters() if not name.startswith("emb.")]
 
 
-def run(comm, mode: str, servers: int, sync: bool, accum: int = 1, unused: bool = False):
-    """Every rank: (ok, message); each worker compares its final parameters and losses with
-    the native run on the global batch."""
+def start(comm, mode: str, servers: int, **opt_args):
+    """Workers: (the model, its plain PyTorch twin with the session's table and the same
+    dense weights, the ``DistributedOptimizer`` with ``opt_args``); servers: None."""
     torch.set_default_dtype(torch.float64)
     if not pt.init(servers=servers, mode=mode, seed=4, comm=comm, exit_servers=False,
                    tables=[pt.Table("t", rows=ROWS, dim=D, optimizer="adagrad", lr=LR_EMB,
                                     dtype=torch.float64)]):
-        return True, ""
+        return None
     torch.manual_seed(2)
-    model = Model(pt.Embedding("t"))
+    model, ref = Model(pt.Embedding("t")), Model(torch.nn.Embedding(ROWS, D))
     opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=LR_DENSE), model,
-                                  bucket_mb=1e-6,  # (1 byte: a bucket per parameter)
-                                  find_unused_parameters=unused)
-    W, w = pt.num_workers(), pt.worker_index()
-    table0 = session().mode.full_table().copy()
-    ref = Model(torch.nn.Embedding(ROWS, D))
+                                  **opt_args)
     with torch.no_grad():
-        ref.emb.weight.copy_(torch.from_numpy(table0))
+        ref.emb.weight.copy_(torch.from_numpy(session().mode.full_table()))
         for p, q in zip(ref.dense_parameters(), model.dense_parameters()):
             p.copy_(q)
+    return model, ref, opt
+
+
+def run(comm, mode: str, servers: int, sync: bool, accum: int = 1, unused: bool = False):
+    """Every rank: (ok, message); each worker compares its final parameters and losses with
+    the native run on the global batch."""
+    started = start(comm, mode, servers, find_unused_parameters=unused,
+                    bucket_mb=1e-6)  # (1 byte: a bucket per parameter)
+    if started is None:
+        return True, ""
+    model, ref, opt = started
+    W, w = pt.num_workers(), pt.worker_index()
     gb = global_batches(W * B * accum, unused)
     losses = []
     for b in gb:
