@@ -386,10 +386,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if W > 1:
             self.flat_grad.mul_(1.0 / W)
         for n, p in self.named:
-            if n in self.unused and p.grad is None:
-                p.grad = None  # reached by no worker, .grad None: skipped, as in plain PyTorch
-            elif not self.on_cpu or p.grad is None:  # (GPU: H2D; a worker that did not
-                #   reach it: the workers' average, zero where none did)
+            if p.grad is None and n in self.unused:
+                continue  # reached by no worker, .grad None: skipped, as in plain PyTorch
+            if not self.on_cpu or p.grad is None:  # (GPU: H2D; a worker that did not reach
+                #   it: the workers' average, zero where none did)
                 p.grad = torch.from_numpy(self.params.grad(n)).to(p.device)
 
     # -- checkpoints ----------------------------------------------------------------------
@@ -458,4 +458,3 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.param_groups[:-1] = self.opt.param_groups
         self.state = self.opt.state
         self.param_groups[-1].update(emb)
-
