@@ -401,10 +401,10 @@ def _dense_sums(fpath: str, flat, state: dict) -> None:
     sums.check()
 
 
-def read_param_steps(step_dir: str) -> dict | None:
+def read_param_steps(step_dir: str, names) -> dict | None:
     """{name: steps} of ``dense.h5``'s attribute param_steps (``pshybrid.torch``'s Adam:
-    each parameter's own step count, fewer than the run's where a step did not reach it);
-    None where absent (a native checkpoint, or one written before they were kept)."""
+    each parameter's own step count), each name one of ``names`` (attribute params'); None
+    where absent (a native checkpoint, or one written before they were kept)."""
     fpath = os.path.join(step_dir, "dense.h5")
     with _h5(fpath) as f:
         if "param_steps" not in f.attrs:
@@ -415,6 +415,9 @@ def read_param_steps(step_dir: str) -> dict | None:
             steps = None
     if not (isinstance(steps, dict) and all(_int(v) and v >= 0 for v in steps.values())):
         raise _bad(fpath, "attribute param_steps", "is not a JSON object of counts >= 0")
+    other = sorted(set(steps) - set(names))
+    if other:
+        raise _bad(fpath, "attribute param_steps", f"names {other[0]!r}, not a parameter")
     return steps
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import safeio
 from .checkpoint_files import (TORCH, has_checksums, native_config, read_buffers, read_dense,
-                               read_meta, read_shards, resolve, row_width)
+                               read_meta, read_param_steps, read_shards, resolve, row_width)
 from .errors import InputError, PshybridError
 from .optim import SLOTS
 from .schema import field_offsets
@@ -103,6 +103,7 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
     flat, states, params = read_dense(step_dir, SLOTS[dense_opt],
                                       checksums=has_checksums(step_dir, meta))
     buffers = read_buffers(step_dir)  # (a torch model's: a BatchNorm's statistics)
+    steps = read_param_steps(step_dir, [p[0] for p in params])  # (a torch model's Adam)
     table = arrays.pop("w")
     try:
         with safeio.atomic_output(out) as tmp, safeio.h5_file(tmp, "w") as o:
@@ -121,6 +122,8 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
                     o[f"optimizer/embeddings/{fname}/{k}"] = st[rows, :E if linear else D]
             o.attrs["config"] = json.dumps(meta["config"])
             o.attrs["step"] = meta["step"]
+            if steps:
+                o.attrs["param_steps"] = json.dumps(steps)
             o.attrs["field_names"] = json.dumps(meta["schema"]["dense_names"]
                                                + [f[0] for f in fields])
             o.attrs[safeio.OUTPUT_ATTR] = "export"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
 
 import h5py
 import numpy as np
@@ -485,7 +486,11 @@ def test_a_grad_scaler_is_refused_without_synchronize_and_a_table_overflow_skips
     with pytest.raises(ConfigError, match=r"call opt.zero_grad\(\), not model.zero_grad"):
         lin(x).sum().backward()
     backward(1.0)
+    with pytest.raises(ConfigError, match=r"call opt.synchronize\(scaler\) after the "):
+        scaler.step(opt)  # (the skipped step's synchronize counts no more)
     opt.synchronize(scaler)
+    with pytest.raises(ConfigError, match=r"call scaler.step\(opt\) .*, not opt.step\(\)"):
+        opt.step()
     scaler.step(opt)
     assert pt.steps_done() == 2 and not torch.equal(lin.weight, weight)
     rows = session().mode.full_table()[1:3, :2] - table[1:3, :2]
@@ -541,9 +546,10 @@ def test_a_new_phase_goes_on_at_the_tables_rate_of_the_moment(job):
     first = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin)
     first.param_groups[-1]["lr"] = 0.02  # (as a scheduler sets it)
     assert np.allclose(step(first), 0.02, rtol=1e-12)
+    first.param_groups[-1]["lr"] = 0.01  # (after the step: opt.step(); sched.step())
     second = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin)
-    assert second.param_groups[-1]["lr"] == 0.02
-    assert np.allclose(step(second), 0.02, rtol=1e-12)
+    assert second.param_groups[-1]["lr"] == 0.01
+    assert np.allclose(step(second), 0.01, rtol=1e-12)
 
 
 def _two_layer_run(root, steps, resume=None):
@@ -571,7 +577,23 @@ def test_a_resume_keeps_each_parameters_own_adam_step(tmp_path):
     """A layer no step reached since step 0 resumed with Adam's step the run's (2, not 1)
     and its bias correction went wrong at its next step (find_unused_parameters; 1.1%
     off). Oracle: checkpoint at step 2 -> resume -> step 4 == 4 steps uninterrupted."""
+    from pshybrid.errors import InputError
+
     _, want = _two_layer_run(tmp_path / "whole", 4)
     step, _ = _two_layer_run(tmp_path / "part", 2)
     _, got = _two_layer_run(tmp_path / "part", 4, resume=step)
     assert all(torch.allclose(p, q, rtol=1e-13, atol=0) for p, q in zip(got, want))
+    from pshybrid.export import export
+
+    export(step, str(tmp_path / "e.h5"))  # (the counts go with the export)
+    with h5py.File(tmp_path / "e.h5") as f:
+        assert json.loads(f.attrs["param_steps"]) == {"a.weight": 2, "a.bias": 2,
+                                                      "b.weight": 1, "b.bias": 1}
+    for bad, why in (('{"a.weight": -1}', "is not a JSON object of counts >= 0"),
+                     ('{"c.weight": 1}', "names 'c.weight', not a parameter")):
+        with h5py.File(f"{step}/dense.h5", "a") as f:
+            f.attrs["param_steps"] = bad
+        with pytest.raises(InputError, match=f"attribute param_steps {why}"):
+            _two_layer_run(tmp_path / "part", 4, resume=step)
+        with pytest.raises(InputError, match=f"attribute param_steps {why}"):
+            export(step, str(tmp_path / "e2.h5"))

@@ -209,3 +209,30 @@ def test_a_grad_scaler_matches_native_pytorch(comm, mode, servers, clip):
 
     ok, msg = torch_amp.run(comm, mode, servers, clip)
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=3)
+def test_a_table_overflow_on_one_worker_skips_the_step_on_every_worker(comm):
+    """``hybrid``, 1 server: worker 1's table gradient alone is not finite (the dense ones
+    are, on every worker): every worker's scaler must skip the step and halve its scale
+    (one worker stepping alone waited for the others: ended by the timeout)."""
+    torch = pytest.importorskip("torch")
+    import pshybrid.torch as pt
+
+    if not pt.init(servers=1, mode="hybrid", seed=4, comm=comm, exit_servers=False, timeout=60,
+                   tables=[pt.Table("t", rows=8, dim=2, optimizer="sgd", dtype=torch.float64)]):
+        assert_all(comm, True, "")
+        return
+    lin, emb = torch.nn.Linear(3, 1).double(), pt.Embedding("t")
+    opt = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin)
+    scaler, weight = torch.amp.GradScaler("cpu", init_scale=4.0), lin.weight.detach().clone()
+    big = 1e308 if pt.worker_index() == 1 else 1.0
+    x, ids = torch.ones(2, 3, dtype=torch.float64), torch.tensor([1, 2])
+    opt.zero_grad()
+    scaler.scale(lin(x).sum() + (emb(ids) * big).sum()).backward()
+    opt.synchronize(scaler)
+    scaler.step(opt)
+    scaler.update()
+    got = (pt.steps_done(), scaler.get_scale(), torch.equal(lin.weight, weight))
+    pt.shutdown()
+    assert_all(comm, got == (0, 2.0, True), f"steps, scale, weights unchanged: {got}")

@@ -92,7 +92,7 @@ def run(comm, mode: str, servers: int, sync: bool, accum: int = 1, unused: bool 
     """Every rank: (ok, message); each worker compares its final parameters and losses with
     the native run on the global batch."""
     started = start(comm, mode, servers, find_unused_parameters=unused,
-                    bucket_mb=1e-6)  # (1 byte: a bucket per parameter)
+                    bucket_mb=1e-9)  # (rounds up to 1 byte: a bucket per parameter)
     if started is None:
         return True, ""
     model, ref, opt = started

@@ -22,7 +22,6 @@ scaled by 1/W, and W workers x batch b == 1 worker x batch W*b.
 from __future__ import annotations
 
 import contextlib
-import sys
 import zlib
 
 import numpy as np
@@ -31,7 +30,7 @@ from mpi4py import MPI
 
 from pshybrid.errors import ConfigError, PshybridError
 from pshybrid.layers import ParamSpace
-from pshybrid.torch.amp import drop_scaled, stage, unscale_tables
+import pshybrid.torch.amp as amp
 from pshybrid.torch.restore import load_dense
 from pshybrid.torch.session import DTYPES, census, session
 from pshybrid.transport import abort_on_error, agree, same_arguments
@@ -61,13 +60,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise ConfigError("DistributedOptimizer: a backward of the current one has "
                                   "not been stepped (its Allreduce may be on the wire, or "
                                   "its gradients accumulated under no_sync): call its "
-                                  "opt.step() first, then make the new one")
+                                  "opt.step() first (opt.zero_grad() where a GradScaler "
+                                  "skipped the step), then make the new one")
         self.built = False  # (torch's __init__ adds the groups through add_param_group)
         super().__init__(torch_optimizer.param_groups, torch_optimizer.defaults)
         self.state = torch_optimizer.state  # shared: the torch optimizer's step fills it
-        # (the tables' rate of the moment: a new phase goes on from the previous one's)
+        # (a new phase: the previous one's rate, as its scheduler left it; step() sends it)
         self.sparse_lr = s.sparse_opt.lr if s.optimizer is None else s.optimizer.sparse_lr
-        emb = {"params": [], "lr": self.sparse_lr, "name": "embeddings"}
+        self.flag = torch.zeros(1)  # (``amp``: the GradScaler's check of the tables)
+        emb = {"params": [self.flag], "name": "embeddings",
+               "lr": self.sparse_lr if s.optimizer is None else
+               s.optimizer.param_groups[-1]["lr"]}
         for key in ("betas", "momentum"):  # (a scheduler cycling them expects every group's;
             if key in torch_optimizer.defaults:  # the servers' optimizer does not read them)
                 emb[key] = torch_optimizer.defaults[key]
@@ -93,6 +96,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.find_unused = find_unused_parameters
         self.synced = False  # this step's Allreduce completed by ``synchronize``
         self.scaled = None  # ``synchronize(scaler)``: the step's (batch, table grads, batches)
+        self.scaler = None  # ... and its scaler
         bucket_bytes = max(int(bucket_mb * 2**20), 1) if bucket_mb > 0 else 0
         s.mode.dense.use(self, params, bucket_bytes)  # the mode's TorchDense
         if s.optimizer is not None:   # replaced (a new phase): its hooks would still fire
@@ -240,7 +244,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.held.clear()
         if self.synced:  # a step not taken (a GradScaler's skip): nothing is on the wire
             self.reduced.clear()
-            drop_scaled(self)
+            amp.drop_scaled(self)
         self.synced = False
         if not self.on_cpu:
             self.opt.zero_grad(set_to_none=none)
@@ -270,8 +274,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if lr != self.sparse_lr:  # a scheduler changed it: the servers' optimizer too
                 s.mode.set_sparse_lr(lr)
                 self.sparse_lr = lr
+            amp.check_stepped_by_scaler(self)
             batch, demb, used = self.scaled or self._sparse_batch()
-            self.scaled = None
+            used = used + [e[1] for e in s.entries]  # (lookups since synchronize too)
+            self.scaled = self.scaler = self.flag.grad = None
             if not self.synced:
                 self._unreached_zero()
                 self._find_unused()
@@ -292,10 +298,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         ``torch.nn.utils.clip_grad_norm_`` clips the global gradient after this call (before
         it, ``.grad`` is this worker's own, and a bucket may be on the wire).
 
-        ``scaler`` (a ``torch.amp.GradScaler``, before ``scaler.step(opt)``): the tables'
-        gradients are unscaled here (the scaler unscales the dense ones), and a non-finite
-        one on any worker makes the dense gradients non-finite on every worker, so that every
-        worker's scaler skips the step and changes its scale alike."""
+        ``scaler``: a ``torch.amp.GradScaler``'s loop (``pshybrid.torch.amp``)."""
         s = self.s
         with abort_on_error(s.topo.world), s.watch.inside("opt.synchronize()", s.step + 1):
             if s.optimizer is not self or self.synced or self.accumulating:
@@ -303,25 +306,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                   "last backward (outside no_sync), on the session's newest "
                                   "DistributedOptimizer", collective=True)
             scaling = scaler is not None and scaler.is_enabled()
-            if scaling and stage(scaler, self) != "READY":
-                raise ConfigError("DistributedOptimizer.synchronize(scaler): call it before "
-                                  "scaler.unscale_(opt) and scaler.step(opt) (they would read "
-                                  "each worker's own gradients)", collective=True)
+            if scaling:
+                amp.check_ready(scaler, self)
             self._unreached_zero()
             self._find_unused()
             s.mode.dense.reduce_now(s.step + 1)
             self._average()
             self.synced = True
             if scaling:
-                self.scaled = unscale_tables(self, float(scaler.get_scale()))
+                self.scaled = amp.unscale_tables(self, float(scaler.get_scale()))
+                self.scaler = scaler
 
     @property
     def _step_supports_amp_scaling(self) -> bool:
         """``torch.amp.GradScaler.step`` asks this first: refused unless ``synchronize
         (scaler)`` ran (unscaling each worker's own, partly reduced gradients, and the
         tables' not at all, trained on gradients ``scale`` times too large)."""
-        if self.scaled is None and sys._getframe(1).f_globals.get("__name__", "").startswith(
-                "torch.amp"):
+        if self.scaled is None and amp.called_by_a_scaler():
             with abort_on_error(self.s.topo.world):
                 raise ConfigError("DistributedOptimizer with a GradScaler: call "
                                   "opt.synchronize(scaler) after the backward and before "
@@ -440,6 +441,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for h in self.hooks:
             h.remove()
         self.hooks = []
+        amp.drop_scaled(self)  # (a step the scaler skipped, at shutdown)
         if self.flags is not None:
             self.flags.Free()  # (collective: the next DistributedOptimizer's construction)
             self.flags = None

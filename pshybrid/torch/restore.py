@@ -23,7 +23,7 @@ def load_dense(opt, step_dir: str) -> None:
             got = where[n][1] if n in where else "missing"
             raise InputError(f"{step_dir}/dense.h5: parameter {n!r} is {got}, the model's "
                              f"is {tuple(p.shape)}")
-    steps = read_param_steps(step_dir) or {}  # (none kept: the run's step for each)
+    steps = read_param_steps(step_dir, where) or {}  # (none kept: the run's step for each)
     with torch.no_grad():
         for n, p in opt.named:
             o, k = where[n][0], p.numel()
