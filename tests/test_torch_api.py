@@ -597,3 +597,24 @@ def test_a_resume_keeps_each_parameters_own_adam_step(tmp_path):
             _two_layer_run(tmp_path / "part", 4, resume=step)
         with pytest.raises(InputError, match=f"attribute param_steps {why}"):
             export(step, str(tmp_path / "e2.h5"))
+
+
+def test_a_grad_scaler_step_that_reaches_the_tables_alone(job):
+    """With ``find_unused_parameters`` every dense ``.grad`` stays None on a step whose
+    loss reaches the tables alone: the scaler found nothing to check and raised ('No inf
+    checks were recorded'). The tables' rows move by the unscaled gradient (sgd, 0.05)."""
+    from pshybrid.torch.session import session
+
+    lin, emb = torch.nn.Linear(3, 1).double(), pt.Embedding("t")
+    opt = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin,
+                                  find_unused_parameters=True)
+    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    table, weight = session().mode.full_table().copy(), lin.weight.detach().clone()
+    opt.zero_grad()
+    scaler.scale(emb(torch.tensor([3])).sum()).backward()
+    opt.synchronize(scaler)
+    scaler.step(opt)
+    scaler.update()
+    moved = table[3, :2] - session().mode.full_table()[3, :2]
+    assert pt.steps_done() == 1 and torch.equal(lin.weight, weight) and lin.weight.grad is None
+    assert np.allclose(moved, 0.05, rtol=1e-12), moved
