@@ -20,6 +20,7 @@ from mpi4py import MPI
 
 import pshybrid.torch as pt
 from pshybrid.synthetic import write_synthetic
+from torch_amp import cpu_scaler
 
 ROWS, B = 50, 8  # 6 global batches of 8 rows an epoch (2 rows dropped)
 
@@ -457,7 +458,7 @@ def test_a_grad_scaler_is_refused_without_synchronize_and_a_table_overflow_skips
     lin = torch.nn.Linear(3, 1).double()
     emb = pt.Embedding("t")
     opt = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin)
-    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    scaler = cpu_scaler(init_scale=4.0)
     x, ids = torch.ones(2, 3, dtype=torch.float64), torch.tensor([1, 2])
 
     def backward(big: float):
@@ -608,7 +609,7 @@ def test_a_grad_scaler_step_that_reaches_the_tables_alone(job):
     lin, emb = torch.nn.Linear(3, 1).double(), pt.Embedding("t")
     opt = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin,
                                   find_unused_parameters=True)
-    scaler = torch.amp.GradScaler("cpu", init_scale=8.0)
+    scaler = cpu_scaler(init_scale=8.0)
     table, weight = session().mode.full_table().copy(), lin.weight.detach().clone()
     opt.zero_grad()
     scaler.scale(emb(torch.tensor([3])).sum()).backward()

@@ -218,14 +218,16 @@ def test_a_table_overflow_on_one_worker_skips_the_step_on_every_worker(comm):
     (one worker stepping alone waited for the others: ended by the timeout)."""
     torch = pytest.importorskip("torch")
     import pshybrid.torch as pt
+    from torch_amp import cpu_scaler
 
+    scaler = cpu_scaler(init_scale=4.0)
     if not pt.init(servers=1, mode="hybrid", seed=4, comm=comm, exit_servers=False, timeout=60,
                    tables=[pt.Table("t", rows=8, dim=2, optimizer="sgd", dtype=torch.float64)]):
         assert_all(comm, True, "")
         return
     lin, emb = torch.nn.Linear(3, 1).double(), pt.Embedding("t")
     opt = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.1), lin)
-    scaler, weight = torch.amp.GradScaler("cpu", init_scale=4.0), lin.weight.detach().clone()
+    weight = lin.weight.detach().clone()
     big = 1e308 if pt.worker_index() == 1 else 1.0
     x, ids = torch.ones(2, 3, dtype=torch.float64), torch.tensor([1, 2])
     opt.zero_grad()

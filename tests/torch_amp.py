@@ -17,6 +17,7 @@ twin skips both its optimizers where any gradient is not finite: one optimizer's
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 import pshybrid.torch as pt
@@ -28,6 +29,14 @@ SCALER = dict(init_scale=2.0 ** 10, growth_interval=2, growth_factor=4.0, backof
 BAD_STEP = 2
 
 
+def cpu_scaler(**kw):
+    """A GradScaler on CPU tensors; before any collective call, so that every rank skips
+    alike where this torch has none (torch < 2.3: ``torch.cuda.amp.GradScaler`` alone)."""
+    if not hasattr(torch.amp, "GradScaler"):
+        pytest.skip("torch.amp.GradScaler('cpu') needs torch >= 2.3")
+    return torch.amp.GradScaler("cpu", **kw)
+
+
 def batches(W: int) -> list:
     gb = global_batches(W * B)
     gb[BAD_STEP][0][W * B - 1, 1] = float("inf")  # the last worker's last row
@@ -36,12 +45,13 @@ def batches(W: int) -> list:
 
 def run(comm, mode: str, servers: int, clip: bool):
     """Every rank: (ok, message)."""
+    scaler, twin = cpu_scaler(**SCALER), cpu_scaler(**SCALER)
     started = start(comm, mode, servers)
     if started is None:
         return True, ""
     model, ref, opt = started
     W, w = pt.num_workers(), pt.worker_index()
-    gb, scaler, scales = batches(W), torch.amp.GradScaler("cpu", **SCALER), []
+    gb, scales = batches(W), []
     for dense, ids, label in [tuple(x[w * B:(w + 1) * B] for x in b) for b in gb]:
         opt.zero_grad()
         loss = torch.nn.functional.binary_cross_entropy_with_logits(model(dense, ids), label)
@@ -58,7 +68,7 @@ def run(comm, mode: str, servers: int, clip: bool):
     pt.shutdown()
     adam = torch.optim.Adam(ref.dense_parameters(), lr=LR_DENSE)
     adagrad = torch.optim.Adagrad(ref.emb.parameters(), lr=LR_EMB, eps=1e-8)
-    twin, want = torch.amp.GradScaler("cpu", **SCALER), []
+    want = []
     for dense_g, ids_g, label_g in gb:
         adam.zero_grad()
         adagrad.zero_grad()
