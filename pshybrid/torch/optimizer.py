@@ -270,11 +270,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise ConfigError("DistributedOptimizer.step: a newer DistributedOptimizer "
                                   "replaced this one in the session; step that one",
                                   collective=True)
+            amp.check_stepped_by_scaler(self)  # (before anything reaches the servers)
             lr = float(self.param_groups[-1]["lr"])
             if lr != self.sparse_lr:  # a scheduler changed it: the servers' optimizer too
                 s.mode.set_sparse_lr(lr)
                 self.sparse_lr = lr
-            amp.check_stepped_by_scaler(self)
             batch, demb, used = self.scaled or self._sparse_batch()
             used = used + [e[1] for e in s.entries]  # (lookups since synchronize too)
             self.scaled = self.scaler = self.flag.grad = None
