@@ -424,7 +424,8 @@ class TrainConfig:
                           "into one per row: their sum or their mean", choices=("sum", "mean"))
     auto_trial_steps: int = option(20, "--mode auto: train the cost model's leading "
                                    "alternatives this many timed steps each (after 3 warm-up "
-                                   "steps) and pick the fastest measured (0: the model alone)",
+                                   "steps) and pick the fastest measured (within 5%: the "
+                                   "first in the table's order; 0: the model alone)",
                                    check=_at_least(0))
 
     def replaced_by(self) -> dict:
