@@ -1,6 +1,5 @@
 """``python -m pshybrid <command>``: every entry point runs abort-on-error (launch.run)."""
 
-import signal
 import sys
 
 from .threads import apply_thread_limits
@@ -22,18 +21,10 @@ def main(argv=None) -> int:
 
 
 def _finish_quietly() -> None:
-    """After train (its catcher still installed): MPI finalized now, while a signal is
-    still the same request (mpi4py finalizes it at the interpreter's very end, after
-    Python has put the signals' default actions back: a SIGTERM then killed the rank and
-    left the job's shared memory), then the three signals ignored to the exit."""
+    """After train, its catcher still installed: ``preempt.finish_quietly``."""
     preempt = sys.modules.get("pshybrid.preempt")  # (importing it would start MPI)
-    if preempt is None or not preempt.CAUGHT.installed:
-        return
-    MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
-        MPI.Finalize()  # Wire: every rank of the job finalizes (each after its command)
-    for sig in preempt.SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+    if preempt is not None and preempt.CAUGHT.installed:
+        preempt.finish_quietly()
 
 
 if __name__ == "__main__":

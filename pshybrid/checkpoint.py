@@ -149,7 +149,7 @@ def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridE
 def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema) -> str:
     """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``); ``cfg``:
     the run's ``TrainConfig``, or a front end's run (``mode``, ``seed``, ``keep_last`` and
-    ``meta()``: ``pshybrid.torch.session.TorchRun``). A write
+    ``meta()``: ``pshybrid.torch.restore.TorchRun``). A write
     that fails (a full disk) removes the temporary directory and raises one
     ``PshybridError`` on every rank; ``latest`` keeps naming the previous checkpoint."""
     writer_rank = topo.worker_ranks[0]

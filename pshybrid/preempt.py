@@ -51,6 +51,7 @@ class Signals:
 
     def __init__(self):
         self.signum: int | None = None
+        self.signals: tuple = SIGNALS  # those the outermost ``install`` catches
         self.first = 0.0
         self._old: dict = {}
         self._depth = 0
@@ -61,12 +62,13 @@ class Signals:
     def installed(self) -> bool:
         return self._depth > 0
 
-    def install(self) -> None:
+    def install(self, signals: tuple = SIGNALS) -> None:
+        """Catch ``signals`` (the outermost call's; a nested one keeps them)."""
         if threading.current_thread() is not threading.main_thread():
             return
         if self._depth == 0:
-            self.signum = None
-            self._old = {sig: signal.signal(sig, self._caught) for sig in SIGNALS}
+            self.signum, self.signals = None, tuple(signals)
+            self._old = {sig: signal.signal(sig, self._caught) for sig in self.signals}
             self._watch()
         self._depth += 1
 
@@ -101,8 +103,8 @@ class Signals:
     def _read(self, r: int) -> None:
         try:
             while data := os.read(r, 64):
-                for signum in data:
-                    if signum in SIGNALS:
+                for signum in data:  # (every signal Python handles: SIGINT too)
+                    if signum in self.signals:
                         self._arrived(signum, time.monotonic())
         finally:
             os.close(r)
@@ -135,6 +137,17 @@ def _default_action(signum: int) -> None:
 
 
 CAUGHT = Signals()
+
+
+def finish_quietly() -> None:
+    """A process that ends after a run, its catcher still installed: MPI finalized now,
+    while a signal is still the same request (mpi4py finalizes it at the interpreter's very
+    end, after Python has put the signals' default actions back: a SIGTERM then killed the
+    rank and left the job's shared memory), then ``SIGNALS`` ignored to the exit."""
+    if MPI.Is_initialized() and not MPI.Is_finalized():
+        MPI.Finalize()  # Wire: every rank of the job finalizes (each after its run)
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class Preemption:

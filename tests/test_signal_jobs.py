@@ -16,6 +16,7 @@ import textwrap
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from mpi_util import JOB_TIMEOUT, mpiexec, pshybrid
@@ -155,6 +156,85 @@ def test_sigint_to_mpiexec_exits_130_after_the_checkpoint(tmp_path):
     m = re.search(r"stopped by SIGINT at step (\d+): checkpoint ck/step-\1 written", out)
     assert m and "Traceback" not in err and "KeyboardInterrupt" not in err, (out, err)
     assert read_latest(str(tmp_path / "ck")) == f"step-{m.group(1)}"
+
+
+TORCH_JOB = os.path.join(os.path.dirname(__file__), "jobs", "torch_preempt.py")
+
+
+def _torch_job(tmp_path, n, mode, case, *args):
+    """``mpiexec -n n python tests/jobs/torch_preempt.py``; ``check``/``ignore`` return it
+    running once worker 0 made 3 steps, the others (to a step count) its result."""
+    cmd = [mpiexec(), "-n", str(n), sys.executable, TORCH_JOB, mode, case, str(tmp_path), *args]
+    if case in ("resume", "fresh"):
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    _STARTED.append(p)
+    deadline = time.time() + JOB_TIMEOUT
+    while p.poll() is None and time.time() < deadline and not (tmp_path / "stepped").exists():
+        time.sleep(0.05)
+    assert p.poll() is None, p.communicate()
+    return p
+
+
+@pytest.mark.parametrize("mode, n, sig, rank", [("hybrid", 3, signal.SIGTERM, None),
+                                                ("allreduce", 2, signal.SIGUSR1, 1)])
+def test_a_torch_script_checkpoints_where_it_is_told_to_stop_and_resumes_exactly(
+        tmp_path, mode, n, sig, rank):
+    """pshybrid.torch: SIGTERM to mpiexec (every rank), or SIGUSR1 to one worker alone.
+    pt.stop_requested() becomes True at the same step on every worker; the script's
+    pt.checkpoint there; every rank exits 75 after one line (the default action had ended
+    the job at once, nothing saved: the servers died with the workers mid-step). Oracle:
+    the stopped run resumed to step N + 3 == an uninterrupted run to N + 3 (the table's rows
+    and the parameters, float64, to 1e-12)."""
+    pytest.importorskip("torch")
+    p = _torch_job(tmp_path, n, mode, "check")
+    os.kill(p.pid if rank is None else _rank_pid(p.pid, rank), sig)
+    rc, out, err = _finish(p)
+    name = signal.Signals(sig).name
+    m = re.search(rf"pshybrid: stopped by {name} at step (\d+): checkpoint \S+/ck/step-\1 "
+                  r"written; continue with pt.init\(resume='\S+/ck'\) \(exit status 75\)", out)
+    assert rc == 75 and m and "after shutdown" not in out and "Traceback" not in err, \
+        (rc, out, err)
+    step = int(m.group(1))
+    assert read_latest(str(tmp_path / "ck")) == f"step-{step}"
+    for case in ("resume", "fresh"):
+        r = _torch_job(tmp_path, n, mode, case, str(step + 3))
+        assert r.returncode == 0 and "after shutdown False" in r.stdout, (r.stdout, r.stderr)
+    resumed, fresh = np.load(tmp_path / "resume.npz"), np.load(tmp_path / "fresh.npz")
+    for key in fresh.files:
+        np.testing.assert_allclose(resumed[key], fresh[key], rtol=1e-12, atol=1e-14)
+
+
+def test_a_torch_script_that_never_asks_is_stopped_a_step_later_with_143(tmp_path):
+    """SIGTERM to the server rank alone; the script never calls pt.stop_requested(): the
+    step after the agreed one ends every rank (its notice reaches the workers first), one
+    line naming both steps, status 143, nothing after pt.shutdown() runs."""
+    pytest.importorskip("torch")
+    p = _torch_job(tmp_path, 3, "hybrid", "ignore")
+    os.kill(_rank_pid(p.pid, 2), signal.SIGTERM)  # one node: the last rank serves
+    rc, out, err = _finish(p)
+    m = re.search(r"pshybrid: stopped by SIGTERM at step (\d+) \(pt.stop_requested\(\) was "
+                  r"True from step (\d+): .*\); no pt.checkpoint since, so nothing was saved "
+                  r"\(exit status 143\)", out)
+    assert rc == 143 and m and int(m.group(1)) == int(m.group(2)) + 1, (rc, out, err)
+    assert "after shutdown" not in out and "Traceback" not in err, (out, err)
+    assert not (tmp_path / "ck").exists()
+
+
+def test_a_signal_after_a_torch_scripts_last_step_changes_nothing(tmp_path):
+    """SIGTERM to mpiexec (every rank), then once more 0.3 s later (a launcher forwarding
+    it), after the script's last opt.step(): no step boundary is left to stop at, so the
+    run ends as it would have, status 0 (the code after pt.shutdown() runs), and the servers'
+    notices are received (no message outlives the run)."""
+    pytest.importorskip("torch")
+    p = _torch_job(tmp_path, 3, "hybrid", "late")
+    p.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    p.send_signal(signal.SIGTERM)
+    rc, out, err = _finish(p)
+    assert rc == 0 and "after shutdown False" in out and "stopped by" not in out, (rc, out, err)
 
 
 CATCHER = textwrap.dedent("""

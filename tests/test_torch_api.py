@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import re
 
 import h5py
 import numpy as np
@@ -205,12 +206,14 @@ def test_a_torch_checkpoint_directory_keeps_one_history(tmp_path):
     """As train's --checkpoint-dir: a session writes on in the directory it wrote in or
     resumed from; another session's checkpoint there (``latest`` would go back to its
     step), one inside a step directory, one from a step older than the directory's newest,
-    and a second one at the same step are refused, and the directory is unchanged."""
+    and one at the step resumed from are refused, and the directory is unchanged; a second
+    one of its own at the same step (a periodic one, then the stop's) is the first's."""
     from mpi_util import snapshot
 
     ck = str(tmp_path / "ck")
-    assert _checkpoints(1, [ck, ck]) == [f"{ck}/step-1", f"pt.checkpoint: {ck} already "
-                                         "holds step-1 (no step since it was written)"]
+    assert _checkpoints(1, [ck, ck]) == [f"{ck}/step-1"] * 2
+    assert _checkpoints(0, [ck], resume=ck) == [f"pt.checkpoint: {ck} already holds step-1 "
+                                                "(no step since it was written)"]
     assert _checkpoints(1, [ck], resume=ck) == [f"{ck}/step-2"]
     before = snapshot(ck)
     fresh, inner, older = _checkpoints(3, [ck, f"{ck}/step-2", str(tmp_path / "x")])[:2] + \
@@ -619,3 +622,84 @@ def test_a_grad_scaler_step_that_reaches_the_tables_alone(job):
     moved = table[3, :2] - session().mode.full_table()[3, :2]
     assert pt.steps_done() == 1 and torch.equal(lin.weight, weight) and lin.weight.grad is None
     assert np.allclose(moved, 0.05, rtol=1e-12), moved
+
+
+def test_a_session_catches_the_batch_systems_signals_and_gives_them_back():
+    """pt.init catches SIGTERM and SIGUSR1 on its rank (a stop at a step boundary: whole
+    jobs in tests/test_signal_jobs.py) and leaves SIGINT to Python (KeyboardInterrupt); a
+    run no signal stopped gives back the handlers it found."""
+    import signal
+
+    def mine(signum, frame):
+        pass
+
+    before, ctrl_c = signal.signal(signal.SIGUSR1, mine), signal.getsignal(signal.SIGINT)
+    try:
+        pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
+                tables=[pt.Table("t", rows=10, dim=2)])
+        caught = signal.getsignal(signal.SIGTERM)
+        assert caught == signal.getsignal(signal.SIGUSR1) and caught not in (
+            mine, signal.SIG_DFL) and signal.getsignal(signal.SIGINT) == ctrl_c
+        model = torch.nn.Linear(2, 1).float()  # (the table's dtype)
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        model(pt.Embedding("t")(torch.tensor([1, 2]))).sum().backward()
+        opt.step()
+        assert not pt.stop_requested()
+        pt.shutdown()
+        assert signal.getsignal(signal.SIGUSR1) is mine
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR1, before)
+
+
+def test_a_checkpoint_keeps_the_scripts_state_and_every_groups_settings(tmp_path):
+    """save -> load == identity: ``pt.checkpoint(state=)`` -> ``pt.resumed_state()`` (tuples
+    come back as lists; ``{}`` on a fresh run), and each param group's settings as torch's
+    ``load_state_dict`` restores them (a StepLR's rates of that step, dense and embeddings,
+    so the resumed scheduler continues from them: they restarted at the code's rates). A
+    state that is not JSON is refused naming the place, nothing written."""
+    import os
+
+    from pshybrid.errors import ConfigError
+
+    ck = str(tmp_path / "ck")
+    state = {"epoch": 2, "pair": (1, 2.5), "name": "x", "nested": {"a": [True, None]}}
+
+    def start(resume=None):
+        pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, resume=resume,
+                tables=[pt.Table("t", rows=10, dim=2, lr=0.2, dtype=torch.float64)])
+        model = torch.nn.Linear(2, 1).double()
+        opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01,
+                                                       betas=(0.8, 0.9)), model)
+        return model, opt, torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+
+    model, opt, sched = start()
+    try:
+        for _ in range(2):
+            opt.zero_grad()
+            model(pt.Embedding("t")(torch.tensor([1, 3]))).sum().backward()
+            opt.step()
+            sched.step()
+        assert pt.resumed_state() == {}
+        for bad, want in [({"w": torch.ones(1)}, "state['w'] is a Tensor, not JSON"),
+                          ({"s": [{1: 2}]}, "state['s'][0]: key 1 is not a string"),
+                          ([1], "state must be a dict")]:
+            with pytest.raises(ConfigError, match=re.escape(want)):
+                pt.checkpoint(ck, state=bad)
+        assert not os.path.exists(ck)
+        pt.checkpoint(ck, state=dict(state, scheduler=sched.state_dict()))
+        rates = [g["lr"] for g in opt.param_groups]
+    finally:
+        pt.shutdown()
+    assert rates == [0.01 / 4, 0.2 / 4]
+    model, opt, sched = start(resume=ck)
+    try:
+        kept = pt.resumed_state()
+        sched.load_state_dict(kept.pop("scheduler"))
+        assert kept == dict(state, pair=[1, 2.5])
+        assert [g["lr"] for g in opt.param_groups] == rates
+        assert opt.param_groups[0]["betas"] == (0.8, 0.9)
+        sched.step()
+        assert [g["lr"] for g in opt.param_groups] == [r / 2 for r in rates]
+    finally:
+        pt.shutdown()

@@ -9,9 +9,12 @@ bucketed dense Allreduce (``docs/torch.md``). The only part of pshybrid that imp
     for batch in pt.batches("train.h5", batch_size=256):
         loss = loss_fn(model(batch), batch.label)
         opt.zero_grad(); loss.backward(); opt.step()
-    pt.shutdown()
+        if pt.stop_requested():          # SIGTERM / SIGUSR1 on any rank: the same step
+            pt.checkpoint("ck"); break   # on every worker
+    pt.shutdown()                        # after a stop: every rank exits 75
 
-Server ranks serve inside ``init`` and exit with status 0 once the workers shut down.
+Server ranks serve inside ``init`` and exit with status 0 once the workers shut down (the
+workers' status after a stop).
 """
 
 from __future__ import annotations
@@ -24,19 +27,23 @@ from pshybrid.torch.session import (
     checkpoint_to,
     init,
     num_workers,
+    resumed_state,
     shutdown,
     steps_done,
+    stop_requested,
     worker_index,
 )
 
 
-def checkpoint(directory) -> str:
+def checkpoint(directory, state: dict | None = None) -> str:
     """Workers, collectively: write checkpoint ``step-N`` (N: the steps done) under
     ``directory`` in the native format (``python -m pshybrid export`` reads it); returns
-    its path. ``pt.init(..., resume=directory)`` continues from it."""
-    return checkpoint_to(directory)
+    its path. ``pt.init(..., resume=directory)`` continues from it. ``state``: worker 0's
+    dict of JSON values kept with it (an lr scheduler's ``state_dict()``, the epoch), which
+    ``pt.resumed_state()`` returns after the resume."""
+    return checkpoint_to(directory, state)
 
 
 __all__ = ["Batch", "DistributedOptimizer", "Embedding", "EmbeddingBag", "Table", "batches",
-           "checkpoint", "init", "num_workers", "schema", "shutdown", "steps_done",
-           "worker_index"]
+           "checkpoint", "init", "num_workers", "resumed_state", "schema", "shutdown", "steps_done",
+           "stop_requested", "worker_index"]

@@ -31,8 +31,9 @@ from mpi4py import MPI
 from pshybrid.errors import ConfigError, PshybridError
 from pshybrid.layers import ParamSpace
 import pshybrid.torch.amp as amp
-from pshybrid.torch.restore import load_dense
-from pshybrid.torch.session import DTYPES, census, session
+import pshybrid.torch.preempt as stops
+from pshybrid.torch.restore import group_settings, load_dense
+from pshybrid.torch.session import DTYPES, census, session, shutdown
 from pshybrid.transport import abort_on_error, agree, same_arguments
 
 # torch optimizers whose state maps onto the checkpoint's dense slots: name, {slot: key}
@@ -289,6 +290,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.held.clear()
             self.synced = False
             s.step += 1
+            stepped_on = stops.after_step(s)  # Wire: the stop agreement (``preempt``)
+        if stepped_on:  # a stop was requested at an earlier step: the run ends here
+            shutdown()
         return loss
 
     def synchronize(self, scaler=None) -> None:
@@ -403,7 +407,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                           collective=True)
 
     def checkpoint_optimizer(self):
-        """(the checkpoint's dense_optimizer, its lr)."""
+        """(the checkpoint's dense_optimizer, its lr, every param group's settings)."""
         name, _ = self._kind()
         for i, group in enumerate(self.opt.param_groups):  # options that add state
             extra = ("momentum" if name == "sgd" and group.get("momentum", 0) else
@@ -412,7 +416,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 raise ConfigError(f"pt.checkpoint: torch.optim.{type(self.opt).__name__} with "
                                   f"{extra} (param group {i}) has no checkpoint form (its "
                                   "state would be lost); use it without", collective=True)
-        return name, float(self.opt.param_groups[0]["lr"])
+        return name, float(self.opt.param_groups[0]["lr"]), group_settings(self.param_groups)
 
     def _buffers(self) -> dict:
         """The model's buffers a ``state_dict`` holds (a BatchNorm's running statistics)."""

@@ -1,15 +1,55 @@
-"""Resuming ``DistributedOptimizer`` from a checkpoint's dense.h5: the model's parameters
+"""A torch run's checkpoints: what meta.json says of the run (``TorchRun``, the ``state``
+kept with it), and resuming ``DistributedOptimizer`` from dense.h5: the model's parameters
 by name, the torch optimizer's state (Adam's moments and each parameter's own step count)
 and the model's buffers."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import torch
 
-from pshybrid.checkpoint_files import read_buffers, read_dense, read_param_steps
+from pshybrid.checkpoint_files import read_buffers, read_dense, read_meta, read_param_steps
 from pshybrid.errors import InputError
+
+DTYPES = {torch.float32: "float32", torch.float64: "float64"}
+
+
+@dataclass(frozen=True)
+class TorchRun:
+    """What a torch checkpoint says of the run that wrote it: ``checkpoint.save`` reads
+    ``mode``, ``seed``, ``keep_last`` and ``meta()`` (meta.json's ``front_end`` and
+    ``config``: the tables, the fused width, the mode, the optimizers and their rates of the
+    moment; ``docs/checkpoints.md``)."""
+
+    mode: str
+    seed: int
+    servers: int
+    tables: tuple
+    width: int
+    lr: float               # the embeddings' rate now (a scheduler may have changed it)
+    dense_optimizer: str
+    dense_lr: float
+    keep_last: int = 0
+    groups: tuple = ()  # each param group's settings (``group_settings``)
+    state: dict | None = None  # ``pt.checkpoint``'s ``state=``: meta.json's ``user_state``
+
+    def meta(self) -> dict:
+        t0 = self.tables[0]
+        tables = [{"name": t.name, "rows": t.rows, "dim": t.dim, "optimizer": t.optimizer,
+                   "lr": t.lr, "dtype": DTYPES[t.dtype], "init_scale": t.init_scale}
+                  for t in self.tables]
+        meta = {"front_end": "torch", "config": {
+            "tables": tables, "width": self.width, "dtype": DTYPES[t0.dtype],
+            "sparse_optimizer": t0.optimizer, "lr": self.lr,
+            "dense_optimizer": self.dense_optimizer, "dense_lr": self.dense_lr,
+            "mode": self.mode, "servers": self.servers, "seed": self.seed}}
+        if self.groups:
+            meta["config"]["param_groups"] = list(self.groups)
+        if self.state is not None:
+            meta["user_state"] = self.state
+        return meta
 
 
 def load_dense(opt, step_dir: str) -> None:
@@ -37,6 +77,34 @@ def load_dense(opt, step_dir: str) -> None:
                     st[key] = torch.from_numpy(state[slot][o:o + k].astype(
                         opt.params.flat.dtype)).reshape(p.shape).to(p.device)
     _load_buffers(opt, step_dir)
+    _load_groups(opt, step_dir)
+
+
+def group_settings(groups) -> tuple:
+    """Each param group's settings with JSON values (all but its parameters: ``lr``,
+    ``betas``, a scheduler's ``initial_lr``, ...): the checkpoint's ``param_groups``."""
+    return tuple({k: list(v) if isinstance(v, tuple) else v for k, v in g.items()
+                  if k != "params" and state_problem(v) is None} for g in groups)
+
+
+def _load_groups(opt, step_dir: str) -> None:
+    """Each param group's settings as the checkpoint's step had them, as torch's
+    ``load_state_dict`` restores them (so a scheduler's ``load_state_dict`` continues from
+    the rate of that step); a checkpoint without them (native, older) leaves the code's."""
+    where = f"{step_dir}/meta.json"
+    saved = read_meta(step_dir)["config"].get("param_groups")
+    if saved is None:
+        return
+    if not isinstance(saved, list) or not all(isinstance(g, dict) for g in saved):
+        raise InputError(f"{where}: config param_groups is not a list of objects")
+    if len(saved) != len(opt.param_groups):
+        raise InputError(f"{where}: config param_groups: the checkpoint's torch optimizer had "
+                         f"{len(saved) - 1} param group(s), this one has "
+                         f"{len(opt.param_groups) - 1}")
+    for group, kept in zip(opt.param_groups, saved):
+        for k, v in kept.items():
+            if k in group or k == "initial_lr":
+                group[k] = tuple(v) if isinstance(group.get(k), tuple) else v
 
 
 def _load_buffers(opt, step_dir: str) -> None:
@@ -57,3 +125,32 @@ def _load_buffers(opt, step_dir: str) -> None:
                              f"{tuple(b.shape)}")
         with torch.no_grad():
             b.copy_(torch.from_numpy(saved[n]))
+
+
+def state_problem(value, where: str = "state") -> str | None:
+    """What keeps ``pt.checkpoint``'s ``state`` from meta.json (JSON: None, booleans,
+    numbers, strings, lists and tuples, dicts with string keys), naming the first place,
+    else None. Tuples come back as lists (``load_state_dict`` of torch's lr schedulers
+    takes either)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return None
+    if isinstance(value, (list, tuple)):
+        return next((p for i, v in enumerate(value) if (p := state_problem(v, f"{where}[{i}]"))),
+                    None)
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{where}: key {k!r} is not a string (JSON keys are)"
+            if p := state_problem(v, f"{where}[{k!r}]"):
+                return p
+        return None
+    return (f"{where} is a {type(value).__name__}, not JSON (None, booleans, numbers, strings, "
+            "lists, dicts with string keys)")
+
+
+def read_state(meta: dict, where: str) -> dict:
+    """A checkpoint's ``user_state`` (``{}`` where it has none), checked to be an object."""
+    state = meta.get("user_state", {})
+    if not isinstance(state, dict):
+        raise InputError(f"{where}: user_state is a {type(state).__name__}, not an object")
+    return state

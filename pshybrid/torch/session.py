@@ -12,6 +12,7 @@ the fused width).
 from __future__ import annotations
 
 import atexit
+import copy
 import os
 import sys
 import time
@@ -21,6 +22,7 @@ import numpy as np
 import torch
 from mpi4py import MPI
 
+import pshybrid.torch.preempt as stops
 from pshybrid import checkpoint
 from pshybrid.checkpoint_files import check_run_dir, read_meta, read_shards, resolve
 from pshybrid.config import SEED_RANGE, seed_check
@@ -34,9 +36,8 @@ from pshybrid.schema import FusedTable, Schema, names_problem
 from pshybrid.stall import Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
+from pshybrid.torch.restore import DTYPES, TorchRun, read_state, state_problem
 from pshybrid.transport import abort, abort_on_error, agree, same_arguments
-
-DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
 
 class TorchDense(AllreduceDense):
@@ -89,35 +90,6 @@ class Table:
             object.__setattr__(self, "lr", SPARSE_LR.get(self.optimizer))
 
 
-@dataclass(frozen=True)
-class TorchRun:
-    """What a torch checkpoint says of the run that wrote it: ``checkpoint.save`` reads
-    ``mode``, ``seed``, ``keep_last`` and ``meta()`` (meta.json's ``front_end`` and
-    ``config``: the tables, the fused width, the mode, the optimizers and their rates of the
-    moment; ``docs/checkpoints.md``)."""
-
-    mode: str
-    seed: int
-    servers: int
-    tables: tuple
-    width: int
-    lr: float               # the embeddings' rate now (a scheduler may have changed it)
-    dense_optimizer: str
-    dense_lr: float
-    keep_last: int = 0
-
-    def meta(self) -> dict:
-        t0 = self.tables[0]
-        tables = [{"name": t.name, "rows": t.rows, "dim": t.dim, "optimizer": t.optimizer,
-                   "lr": t.lr, "dtype": DTYPES[t.dtype], "init_scale": t.init_scale}
-                  for t in self.tables]
-        return {"front_end": "torch", "config": {
-            "tables": tables, "width": self.width, "dtype": DTYPES[t0.dtype],
-            "sparse_optimizer": t0.optimizer, "lr": self.lr,
-            "dense_optimizer": self.dense_optimizer, "dense_lr": self.dense_lr,
-            "mode": self.mode, "servers": self.servers, "seed": self.seed}}
-
-
 class Session:
     """What ``init`` built (one per process)."""
 
@@ -138,20 +110,26 @@ class Session:
         self.step = 0
         self.resume_dir: str | None = None
         self.resume_step: int | None = None
+        self.resumed_state: dict = {}  # the checkpoint resumed from: its ``state=``
         self.roots: set = set()  # the directories this session has written checkpoints in
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None]
         self.optimizer = None  # the DistributedOptimizer, once made
         self.arrivals = None  # workers: ``census``'s communicator
         self.watch = None  # workers: the time limit on their collective calls (``stall``)
+        self.stop = None  # the stop on a signal (``pshybrid.torch.preempt``)
+        self.stopped: int | None = None  # the step every worker learned of it
+        self.saved: tuple | None = None  # (step, directory) of the last checkpoint written
+        self.at_exit = False  # shutdown run by the interpreter's exit
         self.closed = False
 
     # -- the checkpoint's description of this job (meta.json; export reads it) -----------
-    def run(self, dense_optimizer: str = "sgd", dense_lr: float = 0.0) -> TorchRun:
+    def run(self, dense_optimizer: str = "sgd", dense_lr: float = 0.0, groups: tuple = (),
+            state: dict | None = None) -> TorchRun:
         opt = self.optimizer
         return TorchRun(self.mode_name, self.seed, self.topo.n_servers,
                         tuple(self.tables.values()), self.layout.table.dim,
                         self.sparse_opt.lr if opt is None else opt.sparse_lr,
-                        dense_optimizer, dense_lr)
+                        dense_optimizer, dense_lr, groups=groups, state=state)
 
 
 _session: Session | None = None
@@ -279,18 +257,22 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
         if resume is not None:
             s.step = s.resume_step = _load_sparse(s, resume)
             s.resume_dir = resolve(resume) if topo.is_worker else None
+        stops.start(s)  # SIGTERM, SIGUSR1: a request to stop at a step boundary
         if topo.is_worker:
             s.arrivals = topo.workers.Dup()  # (``census``'s own)
             s.watch = Watch(comm, f"rank {comm.rank}/{comm.size}, worker {topo.worker_index}",
                             timeout)
             s.mode.ready()
-            atexit.register(shutdown)
+            atexit.register(_shutdown_at_exit)
             return True
-        s.mode.serve(s.step, lambda step: _save(s, None, step))
+        s.mode.serve(s.step, lambda step: _save(s, None, step), s.stop.poll)
         s.mode.finish()
+        code = stops.status(s)
         topo.free()
         s.closed = True
     sys.excepthook = prev_hook
+    # stopped by a signal: exits with the workers' status
+    stops.leave(code, ends=exit_servers, returns=not exit_servers)
     if exit_servers:
         sys.exit(0)
     return False
@@ -312,6 +294,7 @@ def _load_sparse(s: Session, path: str) -> int:
             raise InputError(f"{where}: config sparse_optimizer is {saved!r}, the tables use "
                              f"{s.sparse_opt.kind!r}")
         step = int(meta["step"])
+        s.resumed_state = read_state(meta, where)
         if s.topo.is_server or s.topo.n_servers == 0:
             read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
                         s.mode.owns, s.mode.set_sparse_rows,
@@ -323,48 +306,60 @@ def _load_sparse(s: Session, path: str) -> int:
     return step
 
 
-def _save(s: Session, root: str | None, step: int) -> str:
+def _save(s: Session, root: str | None, step: int, state: dict | None = None) -> str:
     """Collective over the world (servers join from their loop): checkpoint ``step``."""
     topo = s.topo
     # Wire: worker 0 tells every rank the directory (servers learn it only here)
     root = topo.world.bcast(root, root=topo.worker_ranks[0])
     opt = s.optimizer  # (None on servers: worker 0 writes meta.json)
-    run = s.run(*opt.checkpoint_optimizer()) if opt is not None else s.run()
+    run = s.run(*opt.checkpoint_optimizer(), state) if opt is not None else s.run()
     params = opt.params if opt is not None else s.mode.dense.params
-    return checkpoint.save(root, step, run, topo, s.mode, params, s.schema)
+    written = checkpoint.save(root, step, run, topo, s.mode, params, s.schema)
+    s.saved = (step, root)
+    return written
 
 
-def checkpoint_to(root: str) -> str:
-    """Workers, collectively: write checkpoint ``step-N`` (N: steps done) under ``root``."""
+def checkpoint_to(root: str, state: dict | None = None) -> str:
+    """Workers, collectively: write checkpoint ``step-N`` (N: steps done) under ``root``,
+    worker 0's ``state`` (JSON) in its meta.json."""
     s = session()
     with abort_on_error(s.topo.world):
         if s.optimizer is None:
             raise ConfigError("pt.checkpoint: make the pt.DistributedOptimizer first (the "
                               "checkpoint holds the model's dense parameters)", collective=True)
         s.optimizer.checkpoint_optimizer()  # refused here, before the servers are asked
+        problem = "state must be a dict" if not isinstance(state, (dict, type(None))) else \
+            state_problem(state)
+        if problem:  # (the same call on every worker: every worker refuses it)
+            raise ConfigError(f"pt.checkpoint: {problem}", collective=True)
         census(s, "pt.checkpoint", s.step)
-        _check_root(s, str(root))
+        if _check_root(s, str(root)):  # this session wrote this step there: nothing changed
+            return os.path.join(str(root), f"step-{s.step}")
         s.optimizer.sync_params()
         s.mode.request_checkpoint(s.step)
-        return _save(s, str(root), s.step)
+        return _save(s, str(root), s.step, state)
 
 
-def _check_root(s: Session, root: str) -> None:
+def _check_root(s: Session, root: str) -> bool:
     """Workers, collectively: ``root`` may take checkpoint ``step-N`` now: as a run's
     ``--checkpoint-dir`` (``check_run_dir``: one history per directory) the first time this
-    session writes there, and never a step it already holds."""
+    session writes there, and never a step it already holds, unless this session wrote it
+    (a periodic checkpoint, then the stop's at the same step): True then."""
     err, real = None, os.path.realpath(root)
+    again = s.saved is not None and s.saved[0] == s.step and \
+        os.path.realpath(s.saved[1]) == real
     try:
         if real not in s.roots:
             check_run_dir(root, s.resume_dir, s.resume_step, "pt.checkpoint:",
                           "pt.init(resume=...) of")
-        if os.path.lexists(os.path.join(root, f"step-{s.step}")):
+        if not again and os.path.lexists(os.path.join(root, f"step-{s.step}")):
             raise InputError(f"pt.checkpoint: {root} already holds step-{s.step} (no step "
                              "since it was written)")
     except PshybridError as e:
         err = e
     agree(s.topo.workers, err)  # Wire: allgather of each worker's verdict; all raise alike
     s.roots.add(real)
+    return again
 
 
 SHUTDOWN_WAIT_S = 30.0  # shutdown during an exception: how long the other workers may take
@@ -429,10 +424,32 @@ def shutdown() -> None:
         if s.optimizer is not None:
             s.optimizer.close()
         s.mode.finish()
+        code = stops.status(s)
         s.arrivals.Free()
         s.topo.free()
     s.watch.close()
     sys.excepthook = s.prev_hook
+    stops.leave(code, ends=s.at_exit, at_exit=s.at_exit)  # stopped: every rank exits
+
+
+def _shutdown_at_exit() -> None:
+    if _session is not None:
+        _session.at_exit = True
+    shutdown()
+
+
+def stop_requested() -> bool:
+    """Whether a rank caught SIGTERM or SIGUSR1 and every worker learned it at the same
+    ``opt.step()`` (``pshybrid.torch.preempt``; on a returned server: the run stopped)."""
+    if _session is None:
+        raise ConfigError("pshybrid.torch: call pt.init(...) first")
+    return _session.stopped is not None
+
+
+def resumed_state() -> dict:
+    """The ``state`` that ``pt.checkpoint`` stored in the checkpoint ``pt.init(resume=...)``
+    loaded (``{}``: none, or a fresh run)."""
+    return copy.deepcopy(session().resumed_state)
 
 
 def steps_done() -> int:

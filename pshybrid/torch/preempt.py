@@ -1,0 +1,92 @@
+"""A batch system's signal stops a ``pshybrid.torch`` run at a step boundary, on every rank.
+
+``pt.init`` catches SIGTERM and SIGUSR1 on every rank, server or worker (``preempt.CAUGHT``:
+the handler only records the signal; SIGINT stays Python's ``KeyboardInterrupt``). Each
+``opt.step()`` ends with the workers' agreement (``preempt.Preemption``: an Iallreduce of
+one int started at one step and completed at the next; a server that caught the signal
+tells every worker), so ``pt.stop_requested()`` becomes True after the same step on every
+worker. The script then writes ``pt.checkpoint`` and leaves its loop, and ``pt.shutdown()``
+ends every rank with one status (``status``): 75 after a checkpoint of that step or a later
+one, else 128 + the signal's number. A script that steps on instead is ended at the end of
+its next ``opt.step()``, the same way. A signal after the last step changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from pshybrid.preempt import CAUGHT, Preemption, exit_status, finish_quietly
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+
+
+def start(s) -> None:
+    """Every rank, at the end of ``pt.init``: catch ``STOP_SIGNALS`` from now on."""
+    s.stop = Preemption(s.topo)
+    CAUGHT.install(STOP_SIGNALS)
+
+
+def after_step(s) -> bool:
+    """Workers, at the end of each ``opt.step()`` (collective over the workers: completes
+    the agreement started at the previous step, starts the next). True when the script
+    stepped on after ``pt.stop_requested()`` became True: the caller ends the run."""
+    if s.stopped is not None:
+        return True
+    if s.stop.stop():
+        s.stopped = s.step
+    return False
+
+
+def status(s) -> int | None:
+    """Every rank, after the last step (collective over the world: ``Preemption.outcome``):
+    the exit status of a run a signal stopped (worker 0 prints one line), else None."""
+    if s.stop is None:  # (pt.init refused before it began)
+        return None
+    s.stop.close()
+    stopped, sig = s.stop.outcome(s.stopped)
+    if not sig:
+        return None
+    s.stopped = stopped  # (servers learn it here)
+    saved = s.saved is not None and s.saved[0] >= stopped
+    code = exit_status(sig, saved)
+    if s.topo.rank == s.topo.worker_ranks[0]:
+        print(notice(sig, stopped, s.step, s.saved if saved else None, code), flush=True)
+    return code
+
+
+def notice(sig: int, stopped: int, ended: int, saved, code: int) -> str:
+    """Worker 0's line: the signal, the step the run ended at, the checkpoint or none."""
+    line = f"pshybrid: stopped by {signal.Signals(sig).name} at step {ended}"
+    if ended != stopped:
+        line += (f" (pt.stop_requested() was True from step {stopped}: check it after each "
+                 "opt.step() and write pt.checkpoint there)")
+    if saved is None:
+        return line + f"; no pt.checkpoint since, so nothing was saved (exit status {code})"
+    step, root = saved
+    return (line + f": checkpoint {root}/step-{step} written; continue with "
+            f"pt.init(resume={root!r}) (exit status {code})")
+
+
+def leave(code: int | None, ends: bool = False, at_exit: bool = False,
+          returns: bool = False) -> None:
+    """Every rank, after ``status``. A stopped run (``code``) ends the process with it,
+    MPI finalized first (``finish_quietly``); at the interpreter's exit (no
+    ``pt.shutdown()`` in the script) a ``SystemExit`` would not change the status:
+    ``os._exit`` does, after the output is flushed. ``returns``: a server rank that goes on
+    (``exit_servers=False``) is not ended. Otherwise the signals get their handlers back,
+    unless one reached this rank after the last step: then the catcher stays (the same
+    request forwarded again changes nothing), and a process that ``ends`` here finalizes
+    MPI before the interpreter puts the default actions back."""
+    if code is not None and not returns:
+        finish_quietly()
+        if at_exit:
+            for f in (sys.stdout, sys.stderr):
+                f.flush()
+            os._exit(code)
+        raise SystemExit(code)
+    if code is None and CAUGHT.signum is None:
+        CAUGHT.uninstall()
+    elif ends:
+        finish_quietly()

@@ -1,0 +1,61 @@
+"""A ``pshybrid.torch`` script that a signal stops (tests/test_signal_jobs.py):
+
+- ``check``: checks ``pt.stop_requested()`` after each step and writes ``pt.checkpoint(DIR/ck)``
+  there with the lr scheduler's state, as docs/torch.md shows; steps until stopped;
+- ``ignore``: never checks (a script written before the stop existed); steps until stopped;
+- ``resume``: resumes ``DIR/ck`` (and its scheduler's state) and steps to STEPS;
+- ``fresh``: steps to STEPS uninterrupted;
+- ``late``: 5 steps, then 2 s before ``pt.shutdown()`` (the test signals then).
+
+Worker 0 creates DIR/stepped after step 3 (``late``: after the last; the test signals then), prints "after shutdown"
+after ``pt.shutdown()``, and (``resume``, ``fresh``) writes the table's rows and the
+model's parameters to DIR/<case>.npz. A step's ids are drawn from a generator seeded by the
+step and the worker, so a resumed run reads what an uninterrupted one reads.
+
+mpiexec -n N python tests/jobs/torch_preempt.py hybrid|allreduce CASE DIR [STEPS]
+"""
+
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+import pshybrid.torch as pt
+
+mode, case, where = sys.argv[1:4]
+end = {"resume": 0, "fresh": 0, "late": 5}.get(case, 10**7) or int(sys.argv[-1])
+ck = os.path.join(where, "ck")
+pt.init(servers=1 if mode == "hybrid" else 0, mode=mode, seed=3,
+        resume=ck if case == "resume" else None,
+        tables=[pt.Table("t", rows=64, dim=4, optimizer="adam", dtype=torch.float64)])
+torch.manual_seed(0)
+emb, model = pt.Embedding("t"), torch.nn.Linear(4, 1).double()
+opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.01), model)
+sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.7)  # tables' rate too
+if case == "resume":
+    sched.load_state_dict(pt.resumed_state()["scheduler"])
+first = pt.worker_index() == 0
+while pt.steps_done() < end:
+    g = torch.Generator().manual_seed(1000 * pt.steps_done() + pt.worker_index())
+    opt.zero_grad()
+    model(emb(torch.randint(0, 64, (8,), generator=g))).pow(2).mean().backward()
+    opt.step()
+    sched.step()
+    if first and pt.steps_done() == 3 and case != "late":
+        open(os.path.join(where, "stepped"), "w").close()
+    if case == "check" and pt.stop_requested():
+        pt.checkpoint(ck, state={"scheduler": sched.state_dict()})
+        break
+if case == "late":
+    if first:
+        open(os.path.join(where, "stepped"), "w").close()
+    time.sleep(2.0)
+if case in ("resume", "fresh") and first:
+    with torch.no_grad():
+        np.savez(os.path.join(where, f"{case}.npz"), rows=emb(torch.arange(64)).numpy(),
+                 **{k: v.numpy() for k, v in model.state_dict().items()})
+pt.shutdown()
+if first:
+    print("after shutdown", pt.stop_requested())
