@@ -501,15 +501,19 @@ def test_a_grad_scaler_is_refused_without_synchronize_and_a_table_overflow_skips
     assert np.allclose(rows, -0.05 * 1.0, rtol=1e-12), rows  # sgd's rate, unscaled gradient
 
 
-def test_accumulation_habits_match_plain_pytorch(job):
+@pytest.mark.parametrize("staged", [False, True], ids=["cpu", "gpu-path"])
+def test_accumulation_habits_match_plain_pytorch(job, staged):
     """Gradient accumulation in one process against a plain PyTorch twin, to 1e-12: nested
     ``no_sync`` contexts (the inner one's exit ended the outer one: its next backward was
     reduced, and the step's last refused), and ``model.zero_grad()`` between micro-batches
-    (a layer reached only by the dropped micro-batch was still stepped)."""
+    (a layer reached only by the dropped micro-batch was still stepped). ``staged``: the
+    GPU path (each gradient copied to the host buffer once a step, ``b``'s, reached only
+    inside ``no_sync``, at the step), on CPU tensors."""
     torch.manual_seed(5)
     model = torch.nn.ModuleDict({"a": torch.nn.Linear(3, 1), "b": torch.nn.Linear(3, 1)}).double()
     twin = copy.deepcopy(model)
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+    opt.on_cpu = not staged
     ref = torch.optim.SGD(twin.parameters(), lr=0.1)
     x = torch.ones(2, 3, dtype=torch.float64)
     for m, o in ((model, opt), (twin, ref)):

@@ -180,9 +180,10 @@ def test_steplr_on_distributed_optimizer_matches_native_pytorch(comm):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("mode,servers", [("hybrid", 1), ("allreduce", 0)])
-@pytest.mark.parametrize("sync,accum,unused", [(False, 1, False), (True, 1, False),
-                                               (True, 3, False), (False, 2, True)])
-def test_loop_habits_match_native_pytorch(comm, mode, servers, sync, accum, unused):
+@pytest.mark.parametrize("sync,accum,unused,staged", [
+    (False, 1, False, False), (True, 1, False, False), (True, 3, False, False),
+    (False, 2, True, False), (False, 3, True, True)])
+def test_loop_habits_match_native_pytorch(comm, mode, servers, sync, accum, unused, staged):
     """``model.zero_grad()``, a dense layer only some workers' batches reach in some steps
     (a bucket per parameter: the buckets were cut where each worker's backward finished,
     so they differed and the job hung; the layer's earlier gradient was applied again
@@ -190,10 +191,12 @@ def test_loop_habits_match_native_pytorch(comm, mode, servers, sync, accum, unus
     it, ``.grad`` is a worker's own), gradient accumulation over 3 micro-batches with
     ``opt.no_sync()`` (it was refused), and a layer no worker reaches in some steps with
     ``find_unused_parameters`` (Adam moved it): == plain PyTorch with the global batch, to
-    1e-9 (``tests/torch_habits.py``)."""
+    1e-9 (``tests/torch_habits.py``). ``staged``: the GPU path's gradient staging (each
+    gradient copied to the host once a step, those reached only inside ``no_sync`` at the
+    step), run on CPU tensors."""
     import torch_habits
 
-    ok, msg = torch_habits.run(comm, mode, servers, sync, accum, unused)
+    ok, msg = torch_habits.run(comm, mode, servers, sync, accum, unused, staged)
     assert_all(comm, ok, msg)
 
 

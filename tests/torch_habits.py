@@ -88,14 +88,17 @@ def start(comm, mode: str, servers: int, **opt_args):
     return model, ref, opt
 
 
-def run(comm, mode: str, servers: int, sync: bool, accum: int = 1, unused: bool = False):
+def run(comm, mode: str, servers: int, sync: bool, accum: int = 1, unused: bool = False,
+        staged: bool = False):
     """Every rank: (ok, message); each worker compares its final parameters and losses with
-    the native run on the global batch."""
+    the native run on the global batch. ``staged``: the optimizer takes its GPU path
+    (gradients staged through the host buffer) on these CPU tensors."""
     started = start(comm, mode, servers, find_unused_parameters=unused,
                     bucket_mb=1e-9)  # (rounds up to 1 byte: a bucket per parameter)
     if started is None:
         return True, ""
     model, ref, opt = started
+    opt.on_cpu = not staged
     W, w = pt.num_workers(), pt.worker_index()
     gb = global_batches(W * B * accum, unused)
     losses = []

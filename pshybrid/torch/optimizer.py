@@ -202,8 +202,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if p.grad.data_ptr() != view.data_ptr():
                     view.copy_(p.grad)
                     p.grad = view  # later backward passes accumulate straight into it
-            else:
-                view.copy_(p.grad)  # GPU: D2H of the gradient accumulated so far
+            elif not self.accumulating:  # GPU: D2H of the micro-batches' sum, once a step
+                view.copy_(p.grad)  # (one reached only inside no_sync: ``_unreported``)
             if self.accumulating:  # (``no_sync``: the step's last backward reports it)
                 self.held.add(name)
                 return
@@ -280,7 +280,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             used = used + [e[1] for e in s.entries]  # (lookups since synchronize too)
             self.scaled = self.scaler = self.flag.grad = None
             if not self.synced:
-                self._unreached_zero()
+                self._unreported()
                 self._find_unused()
             s.mode.update(batch, demb, s.step + 1)
             for b in used:
@@ -312,7 +312,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             scaling = scaler is not None and scaler.is_enabled()
             if scaling:
                 amp.check_ready(scaler, self)
-            self._unreached_zero()
+            self._unreported()
             self._find_unused()
             s.mode.dense.reduce_now(s.step + 1)
             self._average()
@@ -333,13 +333,19 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                   "scaler.unscale_(opt) / scaler.step(opt)", collective=True)
         return False
 
-    def _unreached_zero(self) -> None:
-        """Zero the gradient spans of the parameters this step's backward did not reach:
-        they hold an earlier step's where ``model.zero_grad()`` (not ``opt.zero_grad()``)
-        dropped the ``.grad`` tensors, and would be reduced and applied again."""
+    def _unreported(self) -> None:
+        """The gradient spans of the parameters no backward outside ``no_sync`` reported:
+        zero where this step's backward did not reach them (they hold an earlier step's
+        where ``model.zero_grad()``, not ``opt.zero_grad()``, dropped the ``.grad``
+        tensors, and would be reduced and applied again); on a GPU, the sum of those
+        reached only inside ``no_sync``, copied now (their hooks left it on the device)."""
         for n, p in self.named:
+            if n in self.reduced:
+                continue
             if not self._reached(n, p):
                 self.params.grad(n)[...] = 0
+            elif not self.on_cpu:
+                self.params.grad(n)[...] = p.grad.detach().cpu().numpy()
 
     def _reached(self, name: str, p) -> bool:
         """Whether this step's backward reached ``name`` (inside ``no_sync`` too, unless
