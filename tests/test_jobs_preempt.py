@@ -225,3 +225,40 @@ def test_local_job_signalled_mid_run_resumes_to_the_uninterrupted_result(tmp_pat
     for n, x in want.items():
         assert got[n].shape == x.shape
         assert np.max(np.abs(got[n] - x)) <= 1e-9 * max(np.max(np.abs(x)), 1e-300), n
+
+
+def test_slurm_torch_script_checkpoints_on_the_time_limits_usr1_and_requeues(tmp_path):
+    """jobs/slurm_torch.sh under a stand-in Slurm (``srun``: mpiexec -n 3 of its command;
+    ``scontrol``: records its arguments). SIGUSR1 to the batch script (``--signal=B:USR1``)
+    reaches every rank through srun; the pshybrid.torch script (tests/jobs/torch_preempt.py)
+    writes its checkpoint in $CKPT at the stop, every rank exits 75, and the batch script
+    requeues the job and succeeds."""
+    pytest.importorskip("torch")
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/usr/bin/env bash\nwhile [[ "$1" == --* ]]; do shift; done\n'
+                               'exec mpiexec -n 3 "$@"\n')
+    (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/scontrol\n")
+    for f in ("srun", "scontrol"):
+        (fake / f).chmod(0o755)
+    env = dict(ENV, PATH=f"{fake}{os.pathsep}{ENV['PATH']}", SLURM_JOB_ID="77",
+               CKPT=str(tmp_path / "ck"), PSHYBRID_VENV=str(tmp_path / "none"))
+    script = os.path.join(os.path.dirname(__file__), "jobs", "torch_preempt.py")
+    p = subprocess.Popen(["bash", os.path.join(JOBS, "slurm_torch.sh"), script, "hybrid",
+                          "check", str(tmp_path)], cwd=os.path.join(JOBS, os.pardir), env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + JOB_TIMEOUT
+        while p.poll() is None and time.time() < deadline and \
+                not (tmp_path / "stepped").exists():
+            time.sleep(0.05)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    m = re.search(r"stopped by SIGUSR1 at step (\d+): checkpoint \S+/ck/step-\1 written", out)
+    assert p.returncode == 0 and m and "requeueing it" in out, (p.returncode, out, err)
+    assert (tmp_path / "scontrol").read_text().split() == ["requeue", "77"]
+    assert read_latest(str(tmp_path / "ck")) == f"step-{m.group(1)}"

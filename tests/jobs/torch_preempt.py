@@ -1,9 +1,9 @@
 """A ``pshybrid.torch`` script that a signal stops (tests/test_signal_jobs.py):
 
-- ``check``: checks ``pt.stop_requested()`` after each step and writes ``pt.checkpoint(DIR/ck)``
+- ``check``: checks ``pt.stop_requested()`` after each step and writes ``pt.checkpoint(CK)``
   there with the lr scheduler's state, as docs/torch.md shows; steps until stopped;
 - ``ignore``: never checks (a script written before the stop existed); steps until stopped;
-- ``resume``: resumes ``DIR/ck`` (and its scheduler's state) and steps to STEPS;
+- ``resume``: resumes ``CK`` (and its scheduler's state) and steps to STEPS;
 - ``fresh``: steps to STEPS uninterrupted;
 - ``late``: 5 steps, then 2 s before ``pt.shutdown()`` (the test signals then).
 
@@ -11,6 +11,8 @@ Worker 0 creates DIR/stepped after step 3 (``late``: after the last; the test si
 after ``pt.shutdown()``, and (``resume``, ``fresh``) writes the table's rows and the
 model's parameters to DIR/<case>.npz. A step's ids are drawn from a generator seeded by the
 step and the worker, so a resumed run reads what an uninterrupted one reads.
+
+CK: $PSHYBRID_CKPT (``jobs/slurm_torch.sh`` sets it), else DIR/ck.
 
 mpiexec -n N python tests/jobs/torch_preempt.py hybrid|allreduce CASE DIR [STEPS]
 """
@@ -26,7 +28,7 @@ import pshybrid.torch as pt
 
 mode, case, where = sys.argv[1:4]
 end = {"resume": 0, "fresh": 0, "late": 5}.get(case, 10**7) or int(sys.argv[-1])
-ck = os.path.join(where, "ck")
+ck = os.environ.get("PSHYBRID_CKPT") or os.path.join(where, "ck")  # (jobs/slurm_torch.sh's)
 pt.init(servers=1 if mode == "hybrid" else 0, mode=mode, seed=3,
         resume=ck if case == "resume" else None,
         tables=[pt.Table("t", rows=64, dim=4, optimizer="adam", dtype=torch.float64)])
