@@ -207,6 +207,26 @@ def test_a_torch_script_checkpoints_where_it_is_told_to_stop_and_resumes_exactly
         np.testing.assert_allclose(resumed[key], fresh[key], rtol=1e-12, atol=1e-14)
 
 
+@pytest.mark.parametrize("case", ["unended", "goes-on"])
+def test_a_stopped_torch_script_without_shutdown_or_that_goes_on(tmp_path, case):
+    """``unended``: no pt.shutdown(), so the stop ends the processes at the interpreter's
+    exit (os._exit, for the status): still 75, and worker 0's log file, never closed, holds
+    every step (its buffer was lost). ``goes-on``: exit_servers=False, every rank meets in a
+    world Barrier after the run (the stop had ended the workers and left the server
+    waiting there for good), then exits 75 itself."""
+    pytest.importorskip("torch")
+    p = _torch_job(tmp_path, 3, "hybrid", case)
+    p.send_signal(signal.SIGTERM)
+    rc, out, err = _finish(p)
+    m = re.search(r"stopped by SIGTERM at step (\d+): checkpoint \S+/ck/step-\1 written", out)
+    assert rc == 75 and m and "after shutdown True" in out, (rc, out, err)
+    step = int(m.group(1))
+    assert read_latest(str(tmp_path / "ck")) == f"step-{step}"
+    if case == "unended":
+        lines = (tmp_path / "log").read_text().splitlines()
+        assert lines == [f"step {i}" for i in range(1, step + 1)], lines
+
+
 def test_a_torch_script_that_never_asks_is_stopped_a_step_later_with_143(tmp_path):
     """SIGTERM to the server rank alone; the script never calls pt.stop_requested(): the
     step after the agreed one ends every rank (its notice reaches the workers first), one

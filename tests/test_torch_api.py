@@ -661,7 +661,9 @@ def test_a_checkpoint_keeps_the_scripts_state_and_every_groups_settings(tmp_path
     come back as lists; ``{}`` on a fresh run), and each param group's settings as torch's
     ``load_state_dict`` restores them (a StepLR's rates of that step, dense and embeddings,
     so the resumed scheduler continues from them: they restarted at the code's rates). A
-    state that is not JSON is refused naming the place, nothing written."""
+    state that is not JSON is refused naming the place, nothing written; a second
+    checkpoint at the step (a periodic one without state, then the stop's with it) puts its
+    state in (it returned the first's path and dropped it)."""
     import os
 
     from pshybrid.errors import ConfigError
@@ -691,7 +693,8 @@ def test_a_checkpoint_keeps_the_scripts_state_and_every_groups_settings(tmp_path
             with pytest.raises(ConfigError, match=re.escape(want)):
                 pt.checkpoint(ck, state=bad)
         assert not os.path.exists(ck)
-        pt.checkpoint(ck, state=dict(state, scheduler=sched.state_dict()))
+        assert pt.checkpoint(ck) == pt.checkpoint(ck, state=dict(
+            state, scheduler=sched.state_dict())) == os.path.join(ck, "step-2")
         rates = [g["lr"] for g in opt.param_groups]
     finally:
         pt.shutdown()
@@ -707,3 +710,43 @@ def test_a_checkpoint_keeps_the_scripts_state_and_every_groups_settings(tmp_path
         assert [g["lr"] for g in opt.param_groups] == [r / 2 for r in rates]
     finally:
         pt.shutdown()
+
+
+def test_a_scheduler_made_after_the_resume_gets_the_checkpoints_rates_back(tmp_path, capfd):
+    """LambdaLR's constructor sets every rate to ``initial_lr x lambda(0)``, over the rates
+    the resume's DistributedOptimizer restored: its ``load_state_dict`` does not put them
+    back, so the resumed run stepped at the base rate. ``opt.restore_settings()`` after it
+    does (plain PyTorch: ``opt.load_state_dict`` after making the scheduler); without it the
+    first step warns, naming the setting."""
+    ck = str(tmp_path / "ck")
+
+    def session(resume=None, restore=False):
+        pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, resume=resume,
+                tables=[pt.Table("t", rows=10, dim=2, dtype=torch.float64)])
+        try:
+            model = torch.nn.Linear(2, 1).double()
+            opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+            sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: 0.5 ** t)
+            if resume:
+                sched.load_state_dict(pt.resumed_state()["scheduler"])
+                if restore:
+                    opt.restore_settings()
+            for _ in range(1 if resume else 3):
+                rates = [g["lr"] for g in opt.param_groups]
+                opt.zero_grad()
+                model(pt.Embedding("t")(torch.tensor([1]))).sum().backward()
+                opt.step()
+                sched.step()
+            if not resume:
+                pt.checkpoint(ck, state={"scheduler": sched.state_dict()})
+            return rates
+        finally:
+            pt.shutdown()
+
+    session()
+    capfd.readouterr()
+    assert session(ck, restore=True) == [0.1 / 8, 0.05 / 8]  # step 4's rates
+    assert "warning" not in capfd.readouterr().err
+    assert session(ck) == [0.1, 0.05]
+    assert ("warning: at the first step after the resume, param group 0's lr is 0.1 where "
+            "the checkpoint's was 0.0125" in capfd.readouterr().err)

@@ -22,6 +22,7 @@ scaled by 1/W, and W workers x batch b == 1 worker x batch W*b.
 from __future__ import annotations
 
 import contextlib
+import sys
 import zlib
 
 import numpy as np
@@ -32,7 +33,7 @@ from pshybrid.errors import ConfigError, PshybridError
 from pshybrid.layers import ParamSpace
 import pshybrid.torch.amp as amp
 import pshybrid.torch.preempt as stops
-from pshybrid.torch.restore import group_settings, load_dense
+from pshybrid.torch.restore import apply_settings, group_settings, load_dense, settings_drift
 from pshybrid.torch.session import DTYPES, census, session, shutdown
 from pshybrid.transport import abort_on_error, agree, same_arguments
 
@@ -96,8 +97,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.flags = None  # the workers' own copy: small Allreduces outside the step's order
         self.find_unused = find_unused_parameters
         self.synced = False  # this step's Allreduce completed by ``synchronize``
-        self.scaled = None  # ``synchronize(scaler)``: the step's (batch, table grads, batches)
-        self.scaler = None  # ... and its scaler
+        self.scaled = self.scaler = None  # synchronize(scaler): (batch, grads, batches), scaler
+        self.kept_settings = None  # a resume: the checkpoint's param-group settings
         bucket_bytes = max(int(bucket_mb * 2**20), 1) if bucket_mb > 0 else 0
         s.mode.dense.use(self, params, bucket_bytes)  # the mode's TorchDense
         if s.optimizer is not None:   # replaced (a new phase): its hooks would still fire
@@ -272,6 +273,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                   "replaced this one in the session; step that one",
                                   collective=True)
             amp.check_stepped_by_scaler(self)  # (before anything reaches the servers)
+            self._check_settings()
             lr = float(self.param_groups[-1]["lr"])
             if lr != self.sparse_lr:  # a scheduler changed it: the servers' optimizer too
                 s.mode.set_sparse_lr(lr)
@@ -292,8 +294,28 @@ class DistributedOptimizer(torch.optim.Optimizer):
             s.step += 1
             stepped_on = stops.after_step(s)  # Wire: the stop agreement (``preempt``)
         if stepped_on:  # a stop was requested at an earlier step: the run ends here
+            stops.stepped_on(s)
             shutdown()
         return loss
+
+    def restore_settings(self) -> None:
+        """After a resume: each param group's settings as the checkpoint has them again (the
+        ``DistributedOptimizer`` set them when made; a scheduler made on it since reset
+        them): call it after ``sched.load_state_dict(...)``, as plain PyTorch loads the
+        optimizer's state after making the scheduler. Without a resume: nothing."""
+        if self.kept_settings is not None:
+            apply_settings(self.param_groups, self.kept_settings)
+
+    def _check_settings(self) -> None:
+        """The first step after a resume: worker 0 warns where a setting differs from the
+        checkpoint's (a scheduler's constructor reset it, ``restore_settings`` not called)."""
+        kept, self.kept_settings = self.kept_settings, None
+        drift = settings_drift(self.param_groups, kept) if kept else None
+        if drift and self.s.topo.worker_index == 0:
+            sys.stderr.write(f"pshybrid: warning: at the first step after the resume, {drift}: "
+                             "a scheduler made after the DistributedOptimizer resets the "
+                             "rates; call opt.restore_settings() after sched.load_state_dict"
+                             "(...) (a setting you changed on purpose: ignore this)\n")
 
     def synchronize(self, scaler=None) -> None:
         """Workers, collectively, after backward and before ``step()``: complete the dense

@@ -13,10 +13,13 @@ its next ``opt.step()``, the same way. A signal after the last step changes noth
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import io
 import os
 import signal
-import sys
 
+from pshybrid.errors import ConfigError
 from pshybrid.preempt import CAUGHT, Preemption, exit_status, finish_quietly
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
@@ -64,9 +67,19 @@ def notice(sig: int, stopped: int, ended: int, saved, code: int) -> str:
                  "opt.step() and write pt.checkpoint there)")
     if saved is None:
         return line + f"; no pt.checkpoint since, so nothing was saved (exit status {code})"
-    step, root = saved
+    step, root = saved[:2]
     return (line + f": checkpoint {root}/step-{step} written; continue with "
             f"pt.init(resume={root!r}) (exit status {code})")
+
+
+def stepped_on(s) -> None:
+    """Workers, collectively: the script stepped on after the stop. Where the processes
+    are not pshybrid's to end (``returns`` below), one error ends the job instead."""
+    if not s.owns:
+        raise ConfigError(f"stopped by {signal.Signals(s.stop.agreed).name}: "
+                          f"pt.stop_requested() was True from step {s.stopped}; with comm= "
+                          "a part of the job or exit_servers=False the script ends the run: "
+                          "check it after each opt.step()", collective=True)
 
 
 def leave(code: int | None, ends: bool = False, at_exit: bool = False,
@@ -74,19 +87,30 @@ def leave(code: int | None, ends: bool = False, at_exit: bool = False,
     """Every rank, after ``status``. A stopped run (``code``) ends the process with it,
     MPI finalized first (``finish_quietly``); at the interpreter's exit (no
     ``pt.shutdown()`` in the script) a ``SystemExit`` would not change the status:
-    ``os._exit`` does, after the output is flushed. ``returns``: a server rank that goes on
-    (``exit_servers=False``) is not ended. Otherwise the signals get their handlers back,
-    unless one reached this rank after the last step: then the catcher stays (the same
-    request forwarded again changes nothing), and a process that ``ends`` here finalizes
-    MPI before the interpreter puts the default actions back."""
+    ``os._exit`` does, after every open file is flushed (``_flush_files``). ``returns``:
+    the session is not the whole job (``pt.init``'s ``comm=``) or a server rank goes on
+    (``exit_servers=False``): nothing is ended, the script decides (``pt.stop_requested()``).
+    Otherwise the signals get their handlers back, unless one reached this rank after the
+    last step: then the catcher stays (the same request forwarded again changes nothing),
+    and a process that ``ends`` here finalizes MPI before the interpreter puts the default
+    actions back."""
     if code is not None and not returns:
         finish_quietly()
         if at_exit:
-            for f in (sys.stdout, sys.stderr):
-                f.flush()
+            _flush_files()
             os._exit(code)
         raise SystemExit(code)
     if code is None and CAUGHT.signum is None:
         CAUGHT.uninstall()
-    elif ends:
+    elif ends and not returns:
         finish_quietly()
+
+
+def _flush_files() -> None:
+    """Flush every open file object (the script's unclosed logs: ``os._exit`` drops
+    buffers that the interpreter's own exit would have written)."""
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            with contextlib.suppress(Exception):
+                if not obj.closed and obj.writable():
+                    obj.flush()

@@ -5,6 +5,8 @@ and the model's buffers."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from dataclasses import dataclass
 
@@ -12,6 +14,7 @@ import torch
 
 from pshybrid.checkpoint_files import read_buffers, read_dense, read_meta, read_param_steps
 from pshybrid.errors import InputError
+from pshybrid.safeio import atomic_write_text
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
 
@@ -89,8 +92,9 @@ def group_settings(groups) -> tuple:
 
 def _load_groups(opt, step_dir: str) -> None:
     """Each param group's settings as the checkpoint's step had them, as torch's
-    ``load_state_dict`` restores them (so a scheduler's ``load_state_dict`` continues from
-    the rate of that step); a checkpoint without them (native, older) leaves the code's."""
+    ``load_state_dict`` restores them (kept in ``opt.kept_settings`` for
+    ``opt.restore_settings()``: a scheduler's constructor resets them); a checkpoint without
+    them (native, older) leaves the code's."""
     where = f"{step_dir}/meta.json"
     saved = read_meta(step_dir)["config"].get("param_groups")
     if saved is None:
@@ -101,10 +105,26 @@ def _load_groups(opt, step_dir: str) -> None:
         raise InputError(f"{where}: config param_groups: the checkpoint's torch optimizer had "
                          f"{len(saved) - 1} param group(s), this one has "
                          f"{len(opt.param_groups) - 1}")
-    for group, kept in zip(opt.param_groups, saved):
+    opt.kept_settings = saved
+    apply_settings(opt.param_groups, saved)
+
+
+def apply_settings(groups, saved: list) -> None:
+    """``saved``'s settings into ``groups`` (tuples where the group has a tuple)."""
+    for group, kept in zip(groups, saved):
         for k, v in kept.items():
             if k in group or k == "initial_lr":
                 group[k] = tuple(v) if isinstance(group.get(k), tuple) else v
+
+
+def settings_drift(groups, saved: list) -> str | None:
+    """The first setting of ``groups`` that differs from ``saved``'s, in words, or None."""
+    for i, (group, kept) in enumerate(zip(groups, saved)):
+        for k, v in kept.items():
+            now = group.get(k)
+            if k in group and (list(now) if isinstance(now, tuple) else now) != v:
+                return f"param group {i}'s {k} is {now!r} where the checkpoint's was {v!r}"
+    return None
 
 
 def _load_buffers(opt, step_dir: str) -> None:
@@ -146,6 +166,13 @@ def state_problem(value, where: str = "state") -> str | None:
         return None
     return (f"{where} is a {type(value).__name__}, not JSON (None, booleans, numbers, strings, "
             "lists, dicts with string keys)")
+
+
+def rewrite_state(step_dir: str, state: dict) -> None:
+    """meta.json of ``step_dir`` with ``state`` as its ``user_state``, replaced atomically."""
+    meta = read_meta(step_dir)
+    meta["user_state"] = state
+    atomic_write_text(os.path.join(step_dir, "meta.json"), json.dumps(meta, indent=1))
 
 
 def read_state(meta: dict, where: str) -> dict:

@@ -36,7 +36,7 @@ from pshybrid.schema import FusedTable, Schema, names_problem
 from pshybrid.stall import Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
-from pshybrid.torch.restore import DTYPES, TorchRun, read_state, state_problem
+from pshybrid.torch.restore import DTYPES, TorchRun, read_state, rewrite_state, state_problem
 from pshybrid.transport import abort, abort_on_error, agree, same_arguments
 
 
@@ -120,6 +120,7 @@ class Session:
         self.stopped: int | None = None  # the step every worker learned of it
         self.saved: tuple | None = None  # (step, directory) of the last checkpoint written
         self.at_exit = False  # shutdown run by the interpreter's exit
+        self.owns = True  # a stop may end the processes (``pt.init``: comm, exit_servers)
         self.closed = False
 
     # -- the checkpoint's description of this job (meta.json; export reads it) -----------
@@ -239,7 +240,7 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
             raise ConfigError("pt.init was already called in this process", collective=True)
         tables = list(tables)
         same_arguments(comm, "pt.init", "rank", mode=mode, servers=servers, tables=tables,
-                       seed=seed, timeout=timeout)
+                       seed=seed, timeout=timeout, exit_servers=bool(exit_servers))
         _check_tables(tables, mode, servers, comm.size)
         if not isinstance(seed, int) or seed_check(seed):  # the tables' key takes 32 bits
             raise ConfigError(f"pt.init: seed {seed!r}: {SEED_RANGE}", collective=True)
@@ -254,6 +255,9 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
         _check_memory(topo, tables)
         s = _session = Session(topo, tables, mode, seed)
         s.prev_hook = prev_hook
+        # a stop on a signal ends the processes only where they are all the job's and end
+        s.owns = bool(exit_servers) and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (
+            MPI.IDENT, MPI.CONGRUENT)
         if resume is not None:
             s.step = s.resume_step = _load_sparse(s, resume)
             s.resume_dir = resolve(resume) if topo.is_worker else None
@@ -272,7 +276,7 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
         s.closed = True
     sys.excepthook = prev_hook
     # stopped by a signal: exits with the workers' status
-    stops.leave(code, ends=exit_servers, returns=not exit_servers)
+    stops.leave(code, ends=exit_servers, returns=not s.owns)
     if exit_servers:
         sys.exit(0)
     return False
@@ -315,7 +319,7 @@ def _save(s: Session, root: str | None, step: int, state: dict | None = None) ->
     run = s.run(*opt.checkpoint_optimizer(), state) if opt is not None else s.run()
     params = opt.params if opt is not None else s.mode.dense.params
     written = checkpoint.save(root, step, run, topo, s.mode, params, s.schema)
-    s.saved = (step, root)
+    s.saved = (step, root, state)
     return written
 
 
@@ -333,11 +337,27 @@ def checkpoint_to(root: str, state: dict | None = None) -> str:
         if problem:  # (the same call on every worker: every worker refuses it)
             raise ConfigError(f"pt.checkpoint: {problem}", collective=True)
         census(s, "pt.checkpoint", s.step)
-        if _check_root(s, str(root)):  # this session wrote this step there: nothing changed
-            return os.path.join(str(root), f"step-{s.step}")
+        if _check_root(s, str(root)):  # this session wrote this step there: nothing trained
+            return _restate(s, os.path.join(str(root), f"step-{s.step}"), state)
         s.optimizer.sync_params()
         s.mode.request_checkpoint(s.step)
         return _save(s, str(root), s.step, state)
+
+
+def _restate(s: Session, step_dir: str, state: dict | None) -> str:
+    """Workers, collectively: a second ``pt.checkpoint`` of this session at one step (a
+    periodic one, then the stop's) writes nothing again, but a ``state`` that differs from
+    the first's replaces it in meta.json (worker 0; atomically)."""
+    err = None
+    if state is not None and state != s.saved[2] and s.topo.worker_index == 0:
+        try:
+            rewrite_state(step_dir, state)
+        except (OSError, PshybridError) as e:
+            err = InputError(f"pt.checkpoint: {step_dir}/meta.json: {e}")
+    agree(s.topo.workers, err)  # Wire: worker 0's verdict reaches every worker
+    if state is not None:
+        s.saved = (*s.saved[:2], state)
+    return step_dir
 
 
 def _check_root(s: Session, root: str) -> bool:
@@ -429,7 +449,7 @@ def shutdown() -> None:
         s.topo.free()
     s.watch.close()
     sys.excepthook = s.prev_hook
-    stops.leave(code, ends=s.at_exit, at_exit=s.at_exit)  # stopped: every rank exits
+    stops.leave(code, ends=s.at_exit, at_exit=s.at_exit, returns=not s.owns)  # stopped: exits
 
 
 def _shutdown_at_exit() -> None:
