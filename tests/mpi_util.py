@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 JOB_TIMEOUT = float(os.environ.get("PSHYBRID_TEST_JOB_TIMEOUT", "120"))
 # --shared-memory of the MPI tests' training runs: tests/run.py sets "off" for one world size,
@@ -54,6 +55,25 @@ def run_job(n: int, args: list[str], timeout: float = JOB_TIMEOUT, env=None):
         if p.poll() is None:  # (an exception here: pytest-timeout's, a KeyboardInterrupt)
             os.killpg(p.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
+def signal_when(cmd: list[str], ready, sig: int, **popen) -> tuple[int, str, str]:
+    """Start ``cmd`` in a session of its own, send it ``sig`` once ``ready()`` holds (or it
+    ended, or ``JOB_TIMEOUT`` passed), and return (status, stdout, stderr); a job still
+    running ``JOB_TIMEOUT`` later is killed whole (a hang is a failure)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, start_new_session=True, **popen)
+    try:
+        deadline = time.time() + JOB_TIMEOUT
+        while p.poll() is None and time.time() < deadline and not ready():
+            time.sleep(0.05)
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=JOB_TIMEOUT)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+    return p.returncode, out, err
 
 
 def pshybrid(*args: str) -> list[str]:

@@ -16,7 +16,7 @@ import h5py
 import numpy as np
 import pytest
 
-from mpi_util import JOB_TIMEOUT
+from mpi_util import JOB_TIMEOUT, signal_when
 from pshybrid.checkpoint_files import read_latest
 from pshybrid.export import export
 from pshybrid.cli import build_parser
@@ -244,21 +244,10 @@ def test_slurm_torch_script_checkpoints_on_the_time_limits_usr1_and_requeues(tmp
     env = dict(ENV, PATH=f"{fake}{os.pathsep}{ENV['PATH']}", SLURM_JOB_ID="77",
                CKPT=str(tmp_path / "ck"), PSHYBRID_VENV=str(tmp_path / "none"))
     script = os.path.join(os.path.dirname(__file__), "jobs", "torch_preempt.py")
-    p = subprocess.Popen(["bash", os.path.join(JOBS, "slurm_torch.sh"), script, "hybrid",
-                          "check", str(tmp_path)], cwd=os.path.join(JOBS, os.pardir), env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.time() + JOB_TIMEOUT
-        while p.poll() is None and time.time() < deadline and \
-                not (tmp_path / "stepped").exists():
-            time.sleep(0.05)
-        p.send_signal(signal.SIGUSR1)
-        out, err = p.communicate(timeout=JOB_TIMEOUT)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
+    rc, out, err = signal_when(["bash", os.path.join(JOBS, "slurm_torch.sh"), script, "hybrid",
+                                "check", str(tmp_path)], (tmp_path / "stepped").exists,
+                               signal.SIGUSR1, cwd=os.path.join(JOBS, os.pardir), env=env)
     m = re.search(r"stopped by SIGUSR1 at step (\d+): checkpoint \S+/ck/step-\1 written", out)
-    assert p.returncode == 0 and m and "requeueing it" in out, (p.returncode, out, err)
+    assert rc == 0 and m and "requeueing it" in out, (rc, out, err)
     assert (tmp_path / "scontrol").read_text().split() == ["requeue", "77"]
     assert read_latest(str(tmp_path / "ck")) == f"step-{m.group(1)}"

@@ -10,11 +10,10 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from mpi_util import JOB_TIMEOUT, pshybrid, run_job
+from mpi_util import JOB_TIMEOUT, pshybrid, run_job, signal_when
 
 pytestmark = [pytest.mark.job,
               pytest.mark.skipif(shutil.which("mpiexec.openmpi") is None,
@@ -84,20 +83,9 @@ def test_open_mpi_mpirun_is_named_at_the_start_and_sigusr1_checkpoints(tmp_path)
     cmd = ["mpiexec.openmpi", "-n", "2", "-x", "MPI4PY_LIBMPI", sys.executable, "-m",
            "pshybrid", *TRAIN[:2], "1000000", *TRAIN[3:], "--checkpoint-dir", "ck",
            "--metrics", str(metrics)]
-    p = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=ENV, stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.time() + JOB_TIMEOUT
-        while p.poll() is None and time.time() < deadline and not (
-                metrics.exists() and '"step"' in metrics.read_text()):
-            time.sleep(0.05)
-        p.send_signal(signal.SIGUSR1)
-        out, err = p.communicate(timeout=JOB_TIMEOUT)
-    finally:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.communicate()
-    assert p.returncode == 75, (p.returncode, out, err)
+    rc, out, err = signal_when(cmd, lambda: metrics.exists() and '"step"' in
+                               metrics.read_text(), signal.SIGUSR1, cwd=tmp_path, env=ENV)
+    assert rc == 75, (rc, out, err)
     assert "pshybrid: note: Open MPI's mpirun passes a SIGTERM or SIGINT on to the ranks 1 s " \
         "late" in err, err
     m = re.search(r"stopped by SIGUSR1 at step (\d+): checkpoint ck/step-\1 written", out)
