@@ -246,8 +246,7 @@ def test_a_torch_script_that_never_asks_is_stopped_a_step_later_with_143(tmp_pat
 def test_a_signal_after_a_torch_scripts_last_step_changes_nothing(tmp_path):
     """SIGTERM to mpiexec (every rank), then once more 0.3 s later (a launcher forwarding
     it), after the script's last opt.step(): no step boundary is left to stop at, so the
-    run ends as it would have, status 0 (the code after pt.shutdown() runs), and the servers'
-    notices are received (no message outlives the run)."""
+    run ends as it would have, status 0 (the code after pt.shutdown() runs)."""
     pytest.importorskip("torch")
     p = _torch_job(tmp_path, 3, "hybrid", "late")
     p.send_signal(signal.SIGTERM)
@@ -255,6 +254,45 @@ def test_a_signal_after_a_torch_scripts_last_step_changes_nothing(tmp_path):
     p.send_signal(signal.SIGTERM)
     rc, out, err = _finish(p)
     assert rc == 0 and "after shutdown False" in out and "stopped by" not in out, (rc, out, err)
+
+
+TWO_SESSIONS = textwrap.dedent("""
+    import os, signal, time
+    import torch
+    from mpi4py import MPI
+    import pshybrid.torch as pt
+
+    def session(signal_at_end):
+        pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF,
+                tables=[pt.Table("t", rows=4, dim=2)])
+        model = torch.nn.Linear(2, 1)
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        stopped = []
+        for _ in range(3):
+            opt.zero_grad()
+            model(pt.Embedding("t")(torch.tensor([1]))).sum().backward()
+            opt.step()
+            stopped.append(pt.stop_requested())
+        if signal_at_end:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.2)
+        pt.shutdown()
+        return stopped, signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+    print(session(True), session(False), flush=True)
+""")
+
+
+def test_a_signal_after_a_torch_sessions_last_step_does_not_stop_the_next_one():
+    """A SIGTERM after a session's last step keeps the catcher to the process's exit (a
+    repeat changes nothing); the same process's next pt.init starts afresh: that request
+    was the earlier session's (it stopped the next one at its step 2, exit 143)."""
+    pytest.importorskip("torch")
+    p = subprocess.run([sys.executable, "-c", TWO_SESSIONS], capture_output=True, text=True,
+                       timeout=120, stdin=subprocess.DEVNULL)
+    assert p.returncode == 0, (p.returncode, p.stdout, p.stderr)
+    assert p.stdout.strip() == "([False, False, False], False) ([False, False, False], True)", \
+        p.stdout
 
 
 CATCHER = textwrap.dedent("""

@@ -662,8 +662,10 @@ def test_a_checkpoint_keeps_the_scripts_state_and_every_groups_settings(tmp_path
     ``load_state_dict`` restores them (a StepLR's rates of that step, dense and embeddings,
     so the resumed scheduler continues from them: they restarted at the code's rates). A
     state that is not JSON is refused naming the place, nothing written; a second
-    checkpoint at the step (a periodic one without state, then the stop's with it) puts its
-    state in (it returned the first's path and dropped it)."""
+    checkpoint at the step (a periodic one without state, then the stop's with it, after a
+    ``sched.step()``) writes its state and the rates of the moment (it returned the first's
+    path and dropped them: the resume stepped at twice the rate), and a third, its dict
+    changed in place since, that change."""
     import os
 
     from pshybrid.errors import ConfigError
@@ -693,12 +695,16 @@ def test_a_checkpoint_keeps_the_scripts_state_and_every_groups_settings(tmp_path
             with pytest.raises(ConfigError, match=re.escape(want)):
                 pt.checkpoint(ck, state=bad)
         assert not os.path.exists(ck)
-        assert pt.checkpoint(ck) == pt.checkpoint(ck, state=dict(
-            state, scheduler=sched.state_dict())) == os.path.join(ck, "step-2")
+        first = pt.checkpoint(ck)
+        sched.step()
+        given = dict(state, scheduler=sched.state_dict(), epoch=1)
+        assert pt.checkpoint(ck, state=given) == first == os.path.join(ck, "step-2")
+        given["epoch"] = 2
+        pt.checkpoint(ck, state=given)
         rates = [g["lr"] for g in opt.param_groups]
     finally:
         pt.shutdown()
-    assert rates == [0.01 / 4, 0.2 / 4]
+    assert rates == [0.01 / 8, 0.2 / 8]
     model, opt, sched = start(resume=ck)
     try:
         kept = pt.resumed_state()

@@ -26,8 +26,12 @@ STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
 
 def start(s) -> None:
-    """Every rank, at the end of ``pt.init``: catch ``STOP_SIGNALS`` from now on."""
+    """Every rank, at the end of ``pt.init``: catch ``STOP_SIGNALS`` from now on (a catcher
+    an earlier session of this process kept, a signal having come after its last step,
+    is removed first: that request was for the earlier session)."""
     s.stop = Preemption(s.topo)
+    while CAUGHT.installed:
+        CAUGHT.uninstall()
     CAUGHT.install(STOP_SIGNALS)
 
 
@@ -55,21 +59,24 @@ def status(s) -> int | None:
     saved = s.saved is not None and s.saved[0] >= stopped
     code = exit_status(sig, saved)
     if s.topo.rank == s.topo.worker_ranks[0]:
-        print(notice(sig, stopped, s.step, s.saved if saved else None, code), flush=True)
+        print(notice(sig, stopped, s.step, s.saved if saved else None, code if s.owns
+                     else None), flush=True)
     return code
 
 
-def notice(sig: int, stopped: int, ended: int, saved, code: int) -> str:
-    """Worker 0's line: the signal, the step the run ended at, the checkpoint or none."""
+def notice(sig: int, stopped: int, ended: int, saved, code: int | None) -> str:
+    """Worker 0's line: the signal, the step the run ended at, the checkpoint or none, and
+    the exit status (None: the script's to choose)."""
+    status = f" (exit status {code})" if code is not None else ""
     line = f"pshybrid: stopped by {signal.Signals(sig).name} at step {ended}"
     if ended != stopped:
         line += (f" (pt.stop_requested() was True from step {stopped}: check it after each "
                  "opt.step() and write pt.checkpoint there)")
     if saved is None:
-        return line + f"; no pt.checkpoint since, so nothing was saved (exit status {code})"
+        return line + f"; no pt.checkpoint since, so nothing was saved{status}"
     step, root = saved[:2]
     return (line + f": checkpoint {root}/step-{step} written; continue with "
-            f"pt.init(resume={root!r}) (exit status {code})")
+            f"pt.init(resume={root!r}){status}")
 
 
 def stepped_on(s) -> None:

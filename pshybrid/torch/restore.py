@@ -168,11 +168,13 @@ def state_problem(value, where: str = "state") -> str | None:
             "lists, dicts with string keys)")
 
 
-def rewrite_state(step_dir: str, state: dict) -> None:
-    """meta.json of ``step_dir`` with ``state`` as its ``user_state``, replaced atomically."""
+def rewrite_meta(step_dir: str, run: dict) -> None:
+    """meta.json of ``step_dir`` with ``run``'s keys (``TorchRun.meta()``) in place of its
+    own, replaced atomically where that changes it."""
     meta = read_meta(step_dir)
-    meta["user_state"] = state
-    atomic_write_text(os.path.join(step_dir, "meta.json"), json.dumps(meta, indent=1))
+    new = dict(meta, **run)
+    if new != meta:
+        atomic_write_text(os.path.join(step_dir, "meta.json"), json.dumps(new, indent=1))
 
 
 def read_state(meta: dict, where: str) -> dict:

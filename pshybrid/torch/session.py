@@ -36,7 +36,7 @@ from pshybrid.schema import FusedTable, Schema, names_problem
 from pshybrid.stall import Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
-from pshybrid.torch.restore import DTYPES, TorchRun, read_state, rewrite_state, state_problem
+from pshybrid.torch.restore import DTYPES, TorchRun, read_state, rewrite_meta, state_problem
 from pshybrid.transport import abort, abort_on_error, agree, same_arguments
 
 
@@ -118,7 +118,7 @@ class Session:
         self.watch = None  # workers: the time limit on their collective calls (``stall``)
         self.stop = None  # the stop on a signal (``pshybrid.torch.preempt``)
         self.stopped: int | None = None  # the step every worker learned of it
-        self.saved: tuple | None = None  # (step, directory) of the last checkpoint written
+        self.saved: tuple | None = None  # (step, directory, state) of the last checkpoint
         self.at_exit = False  # shutdown run by the interpreter's exit
         self.owns = True  # a stop may end the processes (``pt.init``: comm, exit_servers)
         self.closed = False
@@ -275,9 +275,10 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
         topo.free()
         s.closed = True
     sys.excepthook = prev_hook
-    # stopped by a signal: exits with the workers' status
+    # stopped by a signal: exits with the workers' status (a session not the whole job's:
+    # returns, as with exit_servers=False, and the script ends the job)
     stops.leave(code, ends=exit_servers, returns=not s.owns)
-    if exit_servers:
+    if exit_servers and code is None:
         sys.exit(0)
     return False
 
@@ -319,7 +320,7 @@ def _save(s: Session, root: str | None, step: int, state: dict | None = None) ->
     run = s.run(*opt.checkpoint_optimizer(), state) if opt is not None else s.run()
     params = opt.params if opt is not None else s.mode.dense.params
     written = checkpoint.save(root, step, run, topo, s.mode, params, s.schema)
-    s.saved = (step, root, state)
+    s.saved = (step, root, copy.deepcopy(state))  # (the caller may change its dict later)
     return written
 
 
@@ -332,11 +333,11 @@ def checkpoint_to(root: str, state: dict | None = None) -> str:
             raise ConfigError("pt.checkpoint: make the pt.DistributedOptimizer first (the "
                               "checkpoint holds the model's dense parameters)", collective=True)
         s.optimizer.checkpoint_optimizer()  # refused here, before the servers are asked
-        problem = "state must be a dict" if not isinstance(state, (dict, type(None))) else \
-            state_problem(state)
-        if problem:  # (the same call on every worker: every worker refuses it)
-            raise ConfigError(f"pt.checkpoint: {problem}", collective=True)
         census(s, "pt.checkpoint", s.step)
+        problem = None if s.topo.worker_index else "state must be a dict" if not isinstance(
+            state, (dict, type(None))) else state_problem(state)  # (worker 0's is kept)
+        # Wire: allgather of the verdicts: worker 0's refusal reaches every worker
+        agree(s.topo.workers, ConfigError(f"pt.checkpoint: {problem}") if problem else None)
         if _check_root(s, str(root)):  # this session wrote this step there: nothing trained
             return _restate(s, os.path.join(str(root), f"step-{s.step}"), state)
         s.optimizer.sync_params()
@@ -346,17 +347,19 @@ def checkpoint_to(root: str, state: dict | None = None) -> str:
 
 def _restate(s: Session, step_dir: str, state: dict | None) -> str:
     """Workers, collectively: a second ``pt.checkpoint`` of this session at one step (a
-    periodic one, then the stop's) writes nothing again, but a ``state`` that differs from
-    the first's replaces it in meta.json (worker 0; atomically)."""
+    periodic one, then the stop's) writes the rows and parameters no second time (nothing
+    trained), but meta.json's description of the run anew where it changed (worker 0,
+    atomically): the groups' settings (a scheduler stepped since), ``state`` (None: the
+    first's kept)."""
+    keep = copy.deepcopy(state) if state is not None else s.saved[2]
     err = None
-    if state is not None and state != s.saved[2] and s.topo.worker_index == 0:
+    if s.topo.worker_index == 0:
         try:
-            rewrite_state(step_dir, state)
+            rewrite_meta(step_dir, s.run(*s.optimizer.checkpoint_optimizer(), keep).meta())
         except (OSError, PshybridError) as e:
             err = InputError(f"pt.checkpoint: {step_dir}/meta.json: {e}")
     agree(s.topo.workers, err)  # Wire: worker 0's verdict reaches every worker
-    if state is not None:
-        s.saved = (*s.saved[:2], state)
+    s.saved = (*s.saved[:2], keep)
     return step_dir
 
 
