@@ -258,10 +258,10 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
         # a stop on a signal ends the processes only where they are all the job's and end
         s.owns = bool(exit_servers) and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (
             MPI.IDENT, MPI.CONGRUENT)
+        stops.start(s)  # SIGTERM, SIGUSR1 from here on (a large table loads for a while)
         if resume is not None:
             s.step = s.resume_step = _load_sparse(s, resume)
             s.resume_dir = resolve(resume) if topo.is_worker else None
-        stops.start(s)  # SIGTERM, SIGUSR1: a request to stop at a step boundary
         if topo.is_worker:
             s.arrivals = topo.workers.Dup()  # (``census``'s own)
             s.watch = Watch(comm, f"rank {comm.rank}/{comm.size}, worker {topo.worker_index}",
