@@ -162,8 +162,9 @@ TORCH_JOB = os.path.join(os.path.dirname(__file__), "jobs", "torch_preempt.py")
 
 
 def _torch_job(tmp_path, n, mode, case, *args):
-    """``mpiexec -n n python tests/jobs/torch_preempt.py``; ``check``/``ignore`` return it
-    running once worker 0 made 3 steps, the others (to a step count) its result."""
+    """``mpiexec -n n python tests/jobs/torch_preempt.py``: ``resume`` and ``fresh`` (to a
+    step count) return its result, the other cases the job, running, once it created
+    ``stepped`` (worker 0, after its step 3; ``late``: after its last)."""
     cmd = [mpiexec(), "-n", str(n), sys.executable, TORCH_JOB, mode, case, str(tmp_path), *args]
     if case in ("resume", "fresh"):
         return subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT,
