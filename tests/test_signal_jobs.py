@@ -42,22 +42,27 @@ def _no_job_left():
             p.communicate()
 
 
-def _start(tmp_path, *args, n=2):
-    """``mpiexec -n n python -m pshybrid train`` (many steps) in a session of its own; returns
-    once it has logged a step (its --metrics file has a step record)."""
-    metrics = tmp_path / "m.jsonl"
-    p = subprocess.Popen([mpiexec(), "-n", str(n), *pshybrid("train", "--steps", "1000000",
-                                                             "--metrics", str(metrics), *SMALL,
-                                                             *args)],
-                         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
+def _running(cmd: list[str], ready, **popen) -> subprocess.Popen:
+    """``cmd`` started in a session of its own (ended by ``_no_job_left`` if the test
+    fails), returned once ``ready()`` holds; it must still be running then."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         stdin=subprocess.DEVNULL, start_new_session=True, **popen)
     _STARTED.append(p)
     deadline = time.time() + JOB_TIMEOUT
-    while p.poll() is None and time.time() < deadline and not (
-            metrics.exists() and '"step"' in metrics.read_text()):
+    while p.poll() is None and time.time() < deadline and not ready():
         time.sleep(0.05)
     assert p.poll() is None, p.communicate()
     return p
+
+
+def _start(tmp_path, *args, n=2):
+    """``mpiexec -n n python -m pshybrid train`` (many steps), once it has logged a step
+    (its --metrics file has a step record)."""
+    metrics = tmp_path / "m.jsonl"
+    return _running([mpiexec(), "-n", str(n), *pshybrid("train", "--steps", "1000000",
+                                                        "--metrics", str(metrics), *SMALL,
+                                                        *args)],
+                    lambda: metrics.exists() and '"step"' in metrics.read_text(), cwd=tmp_path)
 
 
 def _finish(p):
@@ -169,14 +174,7 @@ def _torch_job(tmp_path, n, mode, case, *args):
     if case in ("resume", "fresh"):
         return subprocess.run(cmd, capture_output=True, text=True, timeout=JOB_TIMEOUT,
                               stdin=subprocess.DEVNULL)
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         stdin=subprocess.DEVNULL, start_new_session=True)
-    _STARTED.append(p)
-    deadline = time.time() + JOB_TIMEOUT
-    while p.poll() is None and time.time() < deadline and not (tmp_path / "stepped").exists():
-        time.sleep(0.05)
-    assert p.poll() is None, p.communicate()
-    return p
+    return _running(cmd, (tmp_path / "stepped").exists)
 
 
 @pytest.mark.parametrize("mode, n, sig, rank", [("hybrid", 3, signal.SIGTERM, None),
