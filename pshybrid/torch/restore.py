@@ -90,20 +90,27 @@ def group_settings(groups) -> tuple:
                   if k != "params" and state_problem(v) is None} for g in groups)
 
 
+def read_groups(meta: dict, where: str) -> list | None:
+    """A checkpoint's ``config.param_groups`` (None where it has none: a native or older
+    one), checked to be a list of objects."""
+    saved = meta["config"].get("param_groups")
+    if saved is not None and (not isinstance(saved, list) or
+                              not all(isinstance(g, dict) for g in saved)):
+        raise InputError(f"{where}: config param_groups is not a list of objects")
+    return saved
+
+
 def _load_groups(opt, step_dir: str) -> None:
-    """Each param group's settings as the checkpoint's step had them, as torch's
-    ``load_state_dict`` restores them (kept in ``opt.kept_settings`` for
-    ``opt.restore_settings()``: a scheduler's constructor resets them); a checkpoint without
-    them (native, older) leaves the code's."""
-    where = f"{step_dir}/meta.json"
-    saved = read_meta(step_dir)["config"].get("param_groups")
+    """Each param group's settings as the checkpoint's step had them (``pt.init`` read
+    them: ``read_groups``), as torch's ``load_state_dict`` restores them (kept in
+    ``opt.kept_settings`` for ``opt.restore_settings()``: a scheduler's constructor resets
+    them); a checkpoint without them (native, older) leaves the code's."""
+    saved = opt.s.resumed_groups
     if saved is None:
         return
-    if not isinstance(saved, list) or not all(isinstance(g, dict) for g in saved):
-        raise InputError(f"{where}: config param_groups is not a list of objects")
     if len(saved) != len(opt.param_groups):
-        raise InputError(f"{where}: config param_groups: the checkpoint's torch optimizer had "
-                         f"{len(saved) - 1} param group(s), this one has "
+        raise InputError(f"{step_dir}/meta.json: config param_groups: the checkpoint's torch "
+                         f"optimizer had {len(saved) - 1} param group(s), this one has "
                          f"{len(opt.param_groups) - 1}")
     opt.kept_settings = saved
     apply_settings(opt.param_groups, saved)

@@ -36,7 +36,8 @@ from pshybrid.schema import FusedTable, Schema, names_problem
 from pshybrid.stall import Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
-from pshybrid.torch.restore import DTYPES, TorchRun, read_state, rewrite_meta, state_problem
+from pshybrid.torch.restore import (DTYPES, TorchRun, read_groups, read_state, rewrite_meta,
+                                    state_problem)
 from pshybrid.transport import abort, abort_on_error, agree, same_arguments
 
 
@@ -110,7 +111,8 @@ class Session:
         self.step = 0
         self.resume_dir: str | None = None
         self.resume_step: int | None = None
-        self.resumed_state: dict = {}  # the checkpoint resumed from: its ``state=``
+        self.resumed_state: dict = {}  # the checkpoint resumed from: its ``state=``,
+        self.resumed_groups: list | None = None  # ... and its param groups' settings
         self.roots: set = set()  # the directories this session has written checkpoints in
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None]
         self.optimizer = None  # the DistributedOptimizer, once made
@@ -299,7 +301,7 @@ def _load_sparse(s: Session, path: str) -> int:
             raise InputError(f"{where}: config sparse_optimizer is {saved!r}, the tables use "
                              f"{s.sparse_opt.kind!r}")
         step = int(meta["step"])
-        s.resumed_state = read_state(meta, where)
+        s.resumed_state, s.resumed_groups = read_state(meta, where), read_groups(meta, where)
         if s.topo.is_server or s.topo.n_servers == 0:
             read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
                         s.mode.owns, s.mode.set_sparse_rows,
