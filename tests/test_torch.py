@@ -2,7 +2,8 @@
 the global batch, checkpoint -> resume; ``tests/test_torch_layers.py``: the lookups):
 
 - the torch WDL == the native ``--model wdl`` resumed from the same native checkpoint (same
-  per-step losses, same exported parameters, to float rounding);
+  per-step losses, same exported parameters, to float rounding), also on a file with
+  multi-hot fields (``pt.batches``' bags into ``pt.EmbeddingBag``, mean-pooled);
 - it learns: AUC on a ``prep synthetic`` validation split >= 0.97 x the planted AUC;
 - server ranks exit 0 from ``pt.init`` once the workers shut down; a bad id ends every rank.
 
@@ -24,6 +25,7 @@ torch = pytest.importorskip("torch")
 
 from mpi_util import pshybrid, run_job
 
+import pshybrid.torch as pt
 from pshybrid.export import export
 from pshybrid.metrics import auc
 from pshybrid.synthetic import write_synthetic
@@ -37,6 +39,15 @@ def data(tmp_path_factory):
     d = tmp_path_factory.mktemp("torch")
     write_synthetic(str(d / "d.h5"), 400, seed=5, n_dense=3, cardinalities=CARDS, zipf=1.3)
     return d / "d.h5"
+
+
+@pytest.fixture(scope="module")
+def multi_hot_data(tmp_path_factory):
+    from test_train_mpi import write_multi_hot
+
+    path = tmp_path_factory.mktemp("torch") / "mh.h5"
+    write_multi_hot(str(path), 200, seed=4)
+    return path
 
 
 def torch_job(n, data, out, *args, timeout=180):
@@ -57,15 +68,19 @@ def rel_err(a, b):
 pytestmark = [pytest.mark.job, pytest.mark.timeout(600)]  # jobs of a few seconds each
 
 
-def test_torch_wdl_equals_native_wdl_from_the_same_checkpoint(data, tmp_path):
+@pytest.mark.parametrize("multi_hot", [False, True])
+def test_torch_wdl_equals_native_wdl_from_the_same_checkpoint(data, multi_hot_data, tmp_path,
+                                                              multi_hot):
     """Native WDL: 1 step, checkpoint, resumed to step 4. Torch WDL resumed from that
     checkpoint to step 4: the same per-step losses, and the exports of both final
     checkpoints hold the same parameters (the torch table = the native fields' embeddings
-    and linear weights, fused)."""
+    and linear weights, fused). On the multi-hot file both pool its 2 multi-hot fields by
+    their mean (the torch WDL: ``pt.EmbeddingBag`` on ``pt.batches``' bags)."""
+    data, pooling = (multi_hot_data, "mean") if multi_hot else (data, "sum")
     common = ["--data", str(data), "--model", "wdl", "--embedding-dim", "4", "--mlp", "8,6",
               "--dtype", "float64", "--lr", "0.2", "--dense-lr", "0.05", "--seed", "3",
               "--no-shuffle", "--batch-size", "8", "--servers", "1", "--log-every", "1",
-              "--progress", "none"]
+              "--progress", "none", "--pooling", pooling]
     ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
     for extra in (["--steps", "1", "--checkpoint-dir", str(ck)],
                   ["--steps", "4", "--resume", str(ck), "--checkpoint-dir", str(tmp_path / "n"),
@@ -73,7 +88,8 @@ def test_torch_wdl_equals_native_wdl_from_the_same_checkpoint(data, tmp_path):
         p = run_job(2, pshybrid("train", *common, *extra))
         assert p.returncode == 0, p.stderr
     p = torch_job(2, data, tmp_path / "t", "--batch", "8", "--steps", "4", "--resume", str(ck),
-                  "--checkpoint", str(tmp_path / "tc"), "--checkpoint-at", "4")
+                  "--checkpoint", str(tmp_path / "tc"), "--checkpoint-at", "4",
+                  "--pooling", pooling)
     assert p.stdout.count("after init") == 1  # the server rank exited (0) inside pt.init
     native = [r["loss"] for r in map(json.loads, m.read_text().splitlines()) if "loss" in r
               and not r.get("summary")]
@@ -85,7 +101,7 @@ def test_torch_wdl_equals_native_wdl_from_the_same_checkpoint(data, tmp_path):
         assert set(n["dense"]) == set(t["dense"])
         for k in n["dense"]:
             assert rel_err(t["dense"][k][...], n["dense"][k][...]) < 1e-12, k
-        fields = [f"C{i + 1}" for i in range(len(CARDS))]
+        fields = pt.schema(data).sparse_names  # (the fused table's order)
         table = np.concatenate([np.column_stack([n["embeddings"][f][...], n["linear"][f][...]])
                                 for f in fields])
         assert rel_err(t["embeddings"]["sparse"][...], table) < 1e-12

@@ -1,6 +1,6 @@
 """pshybrid.torch's Python API in one process (``allreduce`` mode on COMM_SELF), against
 oracles outside it: ``pt.batches`` against the file read with h5py (every call a pass of
-its own); StepLR on ``pt.DistributedOptimizer`` against plain PyTorch; a torch checkpoint's
+its own; a multi-hot file's bags); StepLR on ``pt.DistributedOptimizer`` against plain PyTorch; a torch checkpoint's
 meta.json against the tables made, its export against the trained rows. At several world
 sizes: ``tests/test_torch_mpi.py``."""
 
@@ -77,6 +77,41 @@ def test_every_call_of_batches_is_a_whole_pass(job, data):
     assert [b.sparse.tolist() for b in second] == [b.sparse.tolist() for b in two[6:]]
     with pytest.raises(Exception, match="start must be >= 0"):
         next(pt.batches(data, B, start=-1))
+
+
+def test_batches_of_a_multi_hot_file_are_its_rows(job, tmp_path):
+    """A file with 2 multi-hot fields: ``.sparse`` holds the single-hot fields' ids and
+    ``.bags`` each multi-hot field's ``(values, offsets)`` of the batch's rows, as h5py
+    reads them, unshuffled and shuffled (the rows of ``BatchPlan``'s ranges: 3 blocks of
+    1024 rows permuted, a batch across two of them)."""
+    from test_train_mpi import write_multi_hot
+
+    from pshybrid.batches import BatchPlan
+
+    path, n, G = tmp_path / "mh.h5", 2500, 200
+    write_multi_hot(str(path), n, seed=4)
+    with h5py.File(path) as f:
+        label, sparse = f["label"][...], f["sparse"][...]
+        bags = {k: (f[f"multi_hot/{k}/values"][...], f[f"multi_hot/{k}/offsets"][...])
+                for k in ("m0", "m1")}
+    split = 0
+    for shuffle in (False, True):
+        plan = BatchPlan(n, G, shuffle, 9)
+        got = list(pt.batches(path, G, shuffle=shuffle, seed=9))
+        assert len(got) == n // G
+        for t, batch in enumerate(got):
+            ranges = plan.ranges(t, 0, G)
+            split += len(ranges) > 1
+            rows = np.concatenate([np.arange(a, b) for a, b in ranges])
+            assert np.array_equal(batch.label.numpy(), label[rows])
+            assert np.array_equal(batch.sparse.numpy(), sparse[rows])
+            assert list(batch.bags) == ["m0", "m1"]
+            for k, (values, offsets) in bags.items():
+                want = [values[offsets[r]:offsets[r + 1]] for r in rows]
+                got_v, got_o = (x.numpy() for x in batch.bags[k])
+                assert np.array_equal(got_v, np.concatenate(want)), (shuffle, t, k)
+                assert np.array_equal(got_o, np.cumsum([0] + [len(w) for w in want[:-1]]))
+    assert split, "no shuffled batch spans two blocks"
 
 
 def test_steplr_on_distributed_optimizer_matches_native_pytorch():

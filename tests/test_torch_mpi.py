@@ -3,7 +3,8 @@ ranks return from ``pt.init(..., exit_servers=False)``.
 
 - W workers x batch b == 1 worker x batch W*b (the single process in ``allreduce`` mode on
   COMM_SELF): per-step losses and final dense and table parameters to 1e-9, for the sgd,
-  adagrad and adam sparse optimizers, with every dense layer's Allreduce its own bucket;
+  adagrad and adam sparse optimizers, with every dense layer's Allreduce its own bucket, and
+  on a file with multi-hot fields (``pt.batches``' bags into ``pt.EmbeddingBag``);
 - checkpoint at step 2 -> resume -> step 5 == the uninterrupted run, bit for bit;
 - every ``pt.batches`` call is a whole pass: worker w gets its slice of each global batch;
 - StepLR on ``pt.DistributedOptimizer`` == plain PyTorch with the global batch, to 1e-9.
@@ -25,6 +26,7 @@ torch = pytest.importorskip("torch")
 
 from mpi4py import MPI
 from mpi_util import assert_all
+from test_train_mpi import write_multi_hot
 
 from pshybrid.synthetic import write_synthetic
 
@@ -42,6 +44,7 @@ def workdir(comm):
         path = tempfile.mkdtemp(prefix="pshybrid-torch-")
         write_synthetic(os.path.join(path, "d.h5"), 400, seed=5, n_dense=3,
                         cardinalities=(7, 30, 200, 5), zipf=1.3)
+        write_multi_hot(os.path.join(path, "mh.h5"), 200, seed=4)
     path = comm.bcast(path, root=0)  # Wire: the directory's name from rank 0
     yield pathlib.Path(path)
     comm.Barrier()  # Wire: everyone is done with it
@@ -49,8 +52,8 @@ def workdir(comm):
         shutil.rmtree(path, ignore_errors=True)
 
 
-def args(workdir, *extra) -> argparse.Namespace:
-    return wdl.parser().parse_args(["--data", str(workdir / "d.h5"), *extra])
+def args(workdir, *extra, data="d.h5") -> argparse.Namespace:
+    return wdl.parser().parse_args(["--data", str(workdir / data), *extra])
 
 
 def rel_err(a, b):
@@ -58,18 +61,21 @@ def rel_err(a, b):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("sparse_opt", ["sgd", "adagrad", "adam"])
-def test_workers_equal_one_process_with_the_global_batch(comm, workdir, sparse_opt):
+@pytest.mark.parametrize("sparse_opt,data", [("sgd", "d.h5"), ("adagrad", "d.h5"),
+                                             ("adam", "d.h5"), ("adagrad", "mh.h5")])
+def test_workers_equal_one_process_with_the_global_batch(comm, workdir, sparse_opt, data):
+    """(mh.h5: 2 of its 4 fields multi-hot, ``pt.batches``' bags into ``pt.EmbeddingBag``.)"""
     S = 1 if comm.size <= 3 else 2
     W, b = comm.size - S, 4
-    a = args(workdir, "--sparse-opt", sparse_opt, "--servers", str(S), "--batch", str(b))
+    a = args(workdir, "--sparse-opt", sparse_opt, "--servers", str(S), "--batch", str(b),
+             "--pooling", "mean", data=data)
     got = wdl.run(a, comm, exit_servers=False)
     losses = [r for r in comm.allgather(None if got is None else got["losses"]) if r is not None]
     ok, msg = True, ""
     if got is not None:
         ref = wdl.run(args(workdir, "--sparse-opt", sparse_opt, "--mode", "allreduce",
-                           "--servers", "0", "--batch", str(W * b)), MPI.COMM_SELF,
-                      exit_servers=False)
+                           "--servers", "0", "--batch", str(W * b), "--pooling", "mean",
+                           data=data), MPI.COMM_SELF, exit_servers=False)
         errs = {"loss": rel_err(np.mean(losses, axis=0), ref["losses"]),
                 **{k: rel_err(got[k], ref[k]) for k in ("flat", "table")}}
         moved = {k: rel_err(ref[k + "0"], ref[k]) for k in ("flat", "table")}

@@ -12,7 +12,7 @@ continues a resumed run. It reads ahead on a data thread where the rank has a sp
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -29,11 +29,14 @@ from pshybrid.transport import abort_on_error, agree, same_arguments
 @dataclass
 class Batch:
     """This worker's rows of one global batch: label (b,), dense (b, n_dense) in torch's
-    default float dtype, sparse (b, n_sparse) int64 per-field ids."""
+    default float dtype, sparse (b, F) int64 per-field ids of the F single-hot fields, and
+    ``bags``: each multi-hot field's ``(values, offsets)`` int64 by name, what
+    ``pt.EmbeddingBag`` takes (row i's ids are ``values[offsets[i]:offsets[i+1]]``)."""
 
     label: torch.Tensor
     dense: torch.Tensor
     sparse: torch.Tensor
+    bags: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
 
 def schema(path) -> Schema:
@@ -55,6 +58,25 @@ def _open(path, G: int, s):
         err = e
     agree(s.topo.workers, err)  # Wire: verdict allgather over the workers
     return ds
+
+
+def _split(parts, sch: Schema):
+    """``(label, dense, sparse (b, F1), bags)`` of a ``worker_batches`` batch: with
+    multi-hot fields its ids are flat (the single-hot ids row by row, then each multi-hot
+    field's, ``lengths`` (b, K) of them a row; new arrays every step), made into
+    ``(values, offsets)`` by name."""
+    if len(parts) == 3:
+        return (*parts, {})
+    label, dense, ids, lengths = parts
+    n, f1 = len(label), sch.n_single
+    bags, at = {}, n * f1
+    for k, name in enumerate(sch.sparse_names[f1:]):
+        offsets = np.zeros(n, np.int64)
+        np.cumsum(lengths[:-1, k], out=offsets[1:])
+        m = int(lengths[:, k].sum())
+        bags[name] = (torch.from_numpy(ids[at:at + m]), torch.from_numpy(offsets))
+        at += m
+    return label, dense, ids[:n * f1].reshape(n, f1), bags
 
 
 def _check(batch_size: int, epoch: int, start: int) -> None:
@@ -98,11 +120,12 @@ def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
     rows = worker_batches(ds, plan, first, n, w * batch_size, batch_size, None, depth)
     dtype = torch.get_default_dtype()
     try:
-        for label, dense, sparse in prefetch(lambda i: next(rows), n, depth):
+        for parts in prefetch(lambda i: next(rows), n, depth):
             # copies: the reader reuses its buffers a few steps later
+            label, dense, sparse, bags = _split(parts, ds.schema)
             yield Batch(torch.from_numpy(np.array(label)).to(dtype),
                         torch.from_numpy(np.array(dense)).to(dtype),
-                        torch.from_numpy(np.array(sparse, np.int64)))
+                        torch.from_numpy(np.array(sparse, np.int64)), bags)
     finally:
         if ds is not path:
             ds.close()

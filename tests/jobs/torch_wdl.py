@@ -2,7 +2,8 @@
 
 Its parameters have the native WDL's names, shapes and forward pass (``pshybrid.models``:
 ``wide.dense`` and the ``over`` MLP, weights (d_in, d_out), one fused table of width D + 1
-whose last column is the per-id linear weight), so it resumes from a native checkpoint.
+whose last column is the per-id linear weight; multi-hot fields pooled by ``--pooling``
+over the whole row, as ``models.Pooled``), so it resumes from a native checkpoint.
 Each worker writes OUT-<w>.npz: per-step local losses, start and final dense parameters
 (flat, in registration order) and start and final tables.
 """
@@ -32,18 +33,23 @@ class Lin(torch.nn.Module):
 
 
 class WDL(torch.nn.Module):
-    def __init__(self, sch, D, mlp):
+    def __init__(self, sch, D, mlp, pooling="sum"):
         super().__init__()
-        self.D, self.F = D, len(sch.cardinalities)
+        self.D, self.F, self.F1 = D, len(sch.cardinalities), sch.n_single
         self.wide = torch.nn.Module()
         self.wide.dense = Lin(sch.n_dense, 1)
         sizes = [sch.n_dense + self.F * D, *mlp, 1]
         self.over = torch.nn.ModuleList(Lin(a, b) for a, b in itertools.pairwise(sizes))
-        self.emb = pt.Embedding("sparse")
+        self.emb, self.bag = pt.Embedding("sparse"), pt.EmbeddingBag("sparse", pooling)
         self.offsets = torch.tensor(np.concatenate(([0], np.cumsum(sch.cardinalities)[:-1])))
+        self.bag_names = sch.sparse_names[self.F1:]
 
-    def forward(self, dense, sparse):
-        e = self.emb(sparse + self.offsets)                       # (B, F, D + 1)
+    def forward(self, dense, sparse, bags=None):
+        e = self.emb(sparse + self.offsets[:self.F1])            # (B, F1, D + 1)
+        if self.bag_names:                                       # (B, F, D + 1)
+            e = torch.cat([e, torch.stack([self.bag(bags[n][0] + self.offsets[self.F1 + k],
+                                                    bags[n][1])
+                                           for k, n in enumerate(self.bag_names)], 1)], 1)
         x = torch.cat([dense, e[:, :, :self.D].reshape(len(dense), -1)], 1)
         for i, layer in enumerate(self.over):
             x = layer(x)
@@ -83,6 +89,7 @@ def parser():
     p.add_argument("--lr", type=float, default=0.2)
     p.add_argument("--dense-lr", type=float, default=0.05)
     p.add_argument("--float32", action="store_true")
+    p.add_argument("--pooling", default="sum")
     return p
 
 
@@ -99,7 +106,7 @@ def run(a, comm=None, exit_servers=True):
                                     optimizer=a.sparse_opt, lr=a.lr, dtype=dtype)]):
         return None
     print("after init", flush=True)  # server ranks never get here: they exit 0 in init
-    model = WDL(sch, D, [int(x) for x in a.mlp.split(",")])
+    model = WDL(sch, D, [int(x) for x in a.mlp.split(",")], a.pooling)
     make = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[a.dense_opt]
     opt = pt.DistributedOptimizer(make(model.parameters(), lr=a.dense_lr), model,
                                   bucket_mb=1e-6)
@@ -110,7 +117,7 @@ def run(a, comm=None, exit_servers=True):
     for batch in pt.batches(a.data, a.batch, steps=steps, epochs=a.epochs,
                             start=pt.steps_done()):  # a resumed run continues
         loss = torch.nn.functional.binary_cross_entropy_with_logits(
-            model(batch.dense, batch.sparse), batch.label)
+            model(batch.dense, batch.sparse, batch.bags), batch.label)
         opt.zero_grad()
         loss.backward()
         opt.step()
