@@ -54,7 +54,8 @@ def add_out(p) -> None:
 def _scoring_parser(sub, name: str, help: str, description: str):
     p = sub.add_parser(name, help=help, description=description)
     p.add_argument("ckpt", help=CKPT_HELP)
-    p.add_argument("data", help="dataset file (HDF5, the checkpoint's fields)")
+    p.add_argument("data", help="dataset (HDF5, the checkpoint's fields): a file, a comma "
+                   "list of files or a directory (its *.h5 files by name), as --data")
     return p
 
 

@@ -235,13 +235,13 @@ def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: 
     the names set by the TOML file or the command line), and ``settle(values, given, where)``
     to check the final values against every name either set."""
     values, where = _keyed(cls, base, base_source) if base else ({}, {})
-    layer = getattr(cls, "layer", lambda values, given: None)
+    layer = getattr(cls, "layer", lambda values, given, source=None: None)
     toml: dict = {}
     if getattr(ns, "config", None) is not None:
         toml, at = _keyed(cls, _read_toml(ns.config), ns.config)
         values.update(toml)
         where.update(at)
-        layer(values, set(toml))  # the file over the checkpoint's options
+        layer(values, set(toml), ns.config)  # the file over the checkpoint's options
     given: set[str] = set()
     for f, kind, optional in _fields(cls):
         if hasattr(ns, f.name):
@@ -437,15 +437,17 @@ class TrainConfig:
         return out
 
     @staticmethod
-    def layer(values: dict, given: set) -> None:
+    def layer(values: dict, given: set, source: str | None = None) -> None:
         """Options given on top of a lower layer (a resumed checkpoint's): ``--steps`` and
-        ``--epochs`` replace each other (both given is refused; one given drops the other);
-        ``--checkpoint-dir none`` / ``--eval-data none`` / ``--data none`` given drop the
-        options that need them, unless those are given too. (Values are still as given:
-        ``none`` is text here.)"""
+        ``--epochs`` replace each other (both given is refused, naming ``source``, the TOML
+        file that gave them; one given drops the other); ``--checkpoint-dir none`` /
+        ``--eval-data none`` / ``--data none`` given drop the options that need them, unless
+        those are given too. (Values are still as given: ``none`` is text here.)"""
         if {"steps", "epochs"} <= given and values["epochs"] not in (None, "none"):
-            raise _error(f"--steps {values['steps']} and --epochs {values['epochs']}: give "
-                         "one (--epochs counts passes over --data, --steps the steps)")
+            both = (f"steps = {values['steps']} and epochs = {values['epochs']} in {source}"
+                    if source else f"--steps {values['steps']} and --epochs {values['epochs']}")
+            raise _error(f"{both}: give one (--epochs counts passes over --data, --steps the "
+                         "steps)")
         if "steps" in given and "epochs" not in given:
             values["epochs"] = None
         needs = {"data": ("epochs", None), "checkpoint_dir": ("checkpoint_every", 0),

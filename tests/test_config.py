@@ -271,7 +271,7 @@ def test_print_config_of_an_epochs_run_reads_back_and_the_command_line_wins(tmp_
         cfg = parse(TrainConfig, "--config", str(tmp_path / conf), "--steps", "10")
         assert (cfg.steps, cfg.epochs) == (10, None), conf
     (tmp_path / "both.toml").write_text('epochs = 2\nsteps = 10\ndata = "d.h5"\n')
-    assert "--steps 10 and --epochs 2: give one" in fails(
+    assert f"steps = 10 and epochs = 2 in {tmp_path / 'both.toml'}: give one" in fails(
         parse, TrainConfig, "--config", str(tmp_path / "both.toml"))
 
 
