@@ -4,7 +4,7 @@
 
 WDL, 26 Criteo-like tables (Criteo Kaggle cardinalities capped at ``--max-cardinality``),
 dim 16, MLP 1024-512-256, batch 256 per worker, Adagrad rows / Adam dense, float32, the
-synthetic stream; ``--ranks`` N: 1 server + N-1 workers. Three variants, run in
+synthetic stream; ``--ranks`` N: 1 server + N-1 workers. The variants, run in
 interleaved rounds in one invocation (this machine's speed drifts between runs), each run
 its own ``mpiexec -n N`` (fresh processes), each variant reporting its median run (each
 run: the median step time after warm-up), in samples/s over all workers:
@@ -12,6 +12,10 @@ run: the median step time after warm-up), in samples/s over all workers:
 - ``native``: ``python -m pshybrid train --mode hybrid --model wdl`` (``train``);
 - ``torch``: the same WDL written in PyTorch on ``pshybrid.torch`` (one table for every
   field, one lookup per step, ``DistributedOptimizer`` over ``torch.optim.Adam``);
+- ``tables``: that torch WDL with one ``pt.Table`` and one ``pt.Embedding`` lookup per
+  field (26 lookups a step);
+- ``collection``: those 26 tables looked up by one ``pt.EmbeddingCollection`` (one
+  lookup a step, as ``docs/torch.md``'s DLRM example);
 - ``ddp``: plain PyTorch ``DistributedDataParallel`` (gloo) on the N-1 worker ranks, the
   table replicated as ``nn.Embedding(sparse=True)`` updated by ``torch.optim.Adagrad``
   (the server rank idles).
@@ -54,17 +58,18 @@ from timing import at_least, check_outputs, description  # bench/timing.py (a si
 D = 16
 
 
-def make_wdl(emb, n_dense, cards, mlp):
-    """The native WDL (docs/models.md) in PyTorch; ``emb``: ids (B, F) -> (B, F, D + 1).
-    (torch is imported only by the torch variants: the native run's processes never load
-    it.)"""
+def make_wdl(emb, n_dense, cards, mlp, fused=True):
+    """The native WDL (docs/models.md) in PyTorch; ``emb``: ids (B, F) -> (B, F, D + 1),
+    of the fused table (``fused``: the fields' offsets added) or per field. (torch is
+    imported only by the torch variants: the native run's processes never load it.)"""
     import torch
 
     class WDL(torch.nn.Module):
         def __init__(self):
             super().__init__()
             self.emb = emb
-            self.register_buffer("offsets", torch.from_numpy(field_offsets(cards)))
+            offsets = field_offsets(cards) if fused else np.zeros(len(cards), np.int64)
+            self.register_buffer("offsets", torch.from_numpy(offsets))
             self.wide = torch.nn.Linear(n_dense, 1)
             sizes, layers = [n_dense + len(cards) * D, *mlp], []
             for a, b in itertools.pairwise(sizes):
@@ -109,15 +114,27 @@ def run_native(a, data, cards, world):
     return res.step_seconds if res.role == "worker" else None
 
 
-def run_torch(a, data, cards, world):
+def run_torch(a, data, cards, world, per_field=None):
+    """``per_field``: None (one table), "tables" or "collection" (26 tables)."""
     import torch
 
     import pshybrid.torch as pt
 
+    names = [f"C{f + 1}" for f in range(len(cards))] if per_field else ["sparse"]
+    sizes = cards if per_field else [sum(cards)]
     if not pt.init(servers=1, mode="hybrid", seed=0, comm=world, exit_servers=False,
-                   tables=[pt.Table("sparse", rows=sum(cards), dim=D + 1, lr=0.05)]):
+                   tables=[pt.Table(n, rows=r, dim=D + 1, lr=0.05)
+                           for n, r in zip(names, sizes)]):
         return None
-    model = make_wdl(pt.Embedding("sparse"), data.schema.n_dense, cards, a.mlp)
+    if per_field == "tables":
+        embs = torch.nn.ModuleList(pt.Embedding(n) for n in names)
+        emb = lambda ids: torch.stack([e(ids[:, f]) for f, e in enumerate(embs)], 1)  # noqa: E731
+    elif per_field == "collection":
+        both = pt.EmbeddingCollection(names)
+        emb = lambda ids: torch.stack(both(ids), 1)  # noqa: E731
+    else:
+        emb = pt.Embedding("sparse")
+    model = make_wdl(emb, data.schema.n_dense, cards, a.mlp, fused=not per_field)
     opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=1e-3), model)
     batches = ((b.label, b.dense, b.sparse) for b in pt.batches(data, a.batch, steps=a.steps))
     times = step_times(lambda mark: train_steps(model, batches, [opt], mark))
@@ -174,7 +191,10 @@ def one_run(a) -> int:
     if a.variant == "ddp":
         times = run_ddp(a, data, cards, workers) if workers != MPI.COMM_NULL else None
     else:
-        times = {"native": run_native, "torch": run_torch}[a.variant](a, data, cards, world)
+        run = {"native": run_native, "torch": run_torch,
+               "tables": lambda *x: run_torch(*x, per_field="tables"),
+               "collection": lambda *x: run_torch(*x, per_field="collection")}[a.variant]
+        times = run(a, data, cards, world)
     idle_barrier(world)  # Wire: zero-byte barrier
     if world.rank == 0:
         with open(a.json, "w") as f:
@@ -224,14 +244,14 @@ def drive(a, argv) -> int:
             with open(out) as f:
                 got = json.load(f)
             runs.setdefault(name, []).append(got["samples_per_s"])
-            print(f"run {i + 1}: {name:<7}{got['samples_per_s']:>10,.0f} samples/s", flush=True)
+            print(f"run {i + 1}: {name:<11}{got['samples_per_s']:>10,.0f} samples/s", flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
     print(f"torch benchmark: WDL, 26 tables ({got['rows'] / 1e6:.1f}M rows, dim {D}), MLP "
           f"{a.mlp.replace(',', '-')}, batch {a.batch}/worker, {a.ranks - 1} workers + 1 "
           f"server, {a.steps} steps ({a.warmup} warm-up), median of {a.repeat} interleaved runs")
     for k, v in med.items():
         ratio = f"  {v / med['native']:.2f}x native" if "native" in med else ""
-        print(f"{k:<8}{v:>10,.0f} samples/s   runs {[round(x) for x in runs[k]]}{ratio}")
+        print(f"{k:<11}{v:>10,.0f} samples/s   runs {[round(x) for x in runs[k]]}{ratio}")
     with open(a.json, "w") as f:
         json.dump({"args": vars(a), "samples_per_s": runs, "median": med}, f, indent=1)
     return 0

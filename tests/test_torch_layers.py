@@ -1,6 +1,7 @@
 """pshybrid.torch's lookups against NumPy references, in one process (``allreduce`` mode on
 COMM_SELF: the fused table on the worker): Embedding of two tables of different widths and
-EmbeddingBag sum / mean, forward values and the SGD update their gradients make."""
+EmbeddingBag sum / mean, forward values and the SGD update their gradients make; the
+collections (several tables in one lookup) against one module per table."""
 
 from __future__ import annotations
 
@@ -72,6 +73,86 @@ def test_embedding_bag_against_numpy(job, mode):
     opt.step()
     np.testing.assert_allclose(s.mode.full_table()[:20, :3], t0 - LR * grad, rtol=0,
                                atol=1e-14)
+
+
+def _train_tables(collections: bool, sparse_opt: str, steps: int = 3):
+    """3 steps of a loss over tables a (dim 3), b (dim 5) by ids and c (dim 2) by bags,
+    looked up by one ``pt.Embedding``/``pt.EmbeddingBag`` per table or by an
+    ``EmbeddingCollection`` of a, b and an ``EmbeddingBagCollection`` of c, a; step 1
+    leaves b's rows out of the loss (their gradients None). -> (the fused table after,
+    the ``prepare`` calls of each forward)."""
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
+            tables=[pt.Table(n, rows=r, dim=d, optimizer=sparse_opt, lr=LR,
+                             dtype=torch.float64) for n, r, d in (("a", 20, 3), ("b", 9, 5),
+                                                                   ("c", 6, 2))])
+    s = session()
+    dummy = torch.nn.Linear(1, 1).double()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(dummy.parameters(), lr=0.1), dummy)
+    calls, forwards, prepare = [], [], s.mode.prepare
+    s.mode.prepare = lambda ids: calls.append(ids.size) or prepare(ids)
+    rng = np.random.default_rng(3)
+    try:
+        for step in range(steps):
+            ia, ib = torch.tensor(rng.integers(0, 20, (4, 2))), torch.tensor(rng.integers(0, 9, 4))
+            bags = {"c": (torch.tensor([1, 5, 5, 0]), torch.tensor([0, 1, 1, 3])),
+                    "a": (torch.tensor([2, 19]), torch.tensor([0, 0, 1, 2]))}
+            before = len(calls)
+            if collections:
+                ea, eb = pt.EmbeddingCollection(["a", "b"])([ia, ib])
+                ec, ea2 = pt.EmbeddingBagCollection(["c", "a"], mode="mean")(bags)
+            else:
+                ea, eb = pt.Embedding("a")(ia), pt.Embedding("b")(ib)
+                ec, ea2 = (pt.EmbeddingBag(n, mode="mean")(*bags[n]) for n in ("c", "a"))
+            forwards.append(len(calls) - before)
+            loss = ea.square().sum() + ec.sum() * 0.5 + (ea2 @ torch.ones(3, 1).double()).sum()
+            if step != 1:
+                loss = loss + eb.sin().sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return s.mode.full_table(), forwards
+    finally:
+        s.mode.prepare = prepare
+        pt.shutdown()
+
+
+@pytest.mark.parametrize("sparse_opt", ["sgd", "adam"])
+def test_collections_equal_one_module_per_table(sparse_opt):
+    """Oracle: one ``pt.Embedding`` / ``pt.EmbeddingBag`` per table. The collections give
+    the same tables after 3 steps (Adam: b's rows, left out of step 1's loss, get no update
+    there, as an Embedding never used; a zero gradient sent would have moved them), with
+    one ``prepare`` (one pull) per collection where the modules make one per table."""
+    (want, per_table), (got, grouped) = (_train_tables(c, sparse_opt) for c in (False, True))
+    np.testing.assert_array_equal(got, want)
+    assert per_table == [4] * 3 and grouped == [2] * 3, (per_table, grouped)
+
+
+def test_collection_inputs_and_misuse(job):
+    """A (..., F) tensor is split by its last axis; a dict of bags is taken by name;
+    wrong counts, names and kinds are one ``InputError`` naming the call."""
+    s, _ = job
+    t = s.mode.full_table()
+    ids = torch.tensor([[1, 8], [19, 0]])
+    ea, eb = pt.EmbeddingCollection(["a", "b"])(ids)
+    np.testing.assert_array_equal(ea.detach().numpy(), t[[1, 19], :3])
+    np.testing.assert_array_equal(eb.detach().numpy(), t[[28, 20]])
+    for bad, match in ((torch.tensor([1, 2, 3]), r"ids of shape \(3,\): its last axis must "
+                        r"have a column per table \(2\)"),
+                       ([torch.tensor([1])], r"give one tensor of ids per table \(2: \['a', "
+                        r"'b'\]\), got list of 1"),
+                       ([torch.tensor([1]), np.array([1])], "ids of table 'b' must be a torch "
+                        "tensor")):
+        with pytest.raises(InputError, match=r"^pt.EmbeddingCollection: " + match):
+            pt.EmbeddingCollection(["a", "b"])(bad)
+    with pytest.raises(InputError, match=r"^pt.EmbeddingCollection: no table 'z'"):
+        pt.EmbeddingCollection(["a", "z"])
+    bags = pt.EmbeddingBagCollection(["a", "b"])
+    with pytest.raises(InputError, match=r"no bags for table 'b' \(given \['a'\]\)"):
+        bags({"a": (torch.tensor([1]), torch.tensor([0]))})
+    with pytest.raises(InputError, match=r"table 'b': offsets must start at 0"):
+        bags([(torch.tensor([1]), torch.tensor([0])), (torch.tensor([1]), torch.tensor([1]))])
+    with pytest.raises(InputError, match=r"table 'a': give its bags as \(values, offsets\)"):
+        bags([torch.tensor([1]), (torch.tensor([1]), torch.tensor([0]))])
 
 
 def test_bad_input_names_the_table(job):

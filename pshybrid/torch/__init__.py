@@ -19,7 +19,12 @@ workers' status after a stop).
 
 from __future__ import annotations
 
-from pshybrid.torch.embedding import Embedding, EmbeddingBag
+from pshybrid.torch.embedding import (
+    Embedding,
+    EmbeddingBag,
+    EmbeddingBagCollection,
+    EmbeddingCollection,
+)
 from pshybrid.torch.loader import Batch, batches, schema
 from pshybrid.torch.optimizer import DistributedOptimizer
 from pshybrid.torch.session import (
@@ -44,6 +49,6 @@ def checkpoint(directory, state: dict | None = None) -> str:
     return checkpoint_to(directory, state)
 
 
-__all__ = ["Batch", "DistributedOptimizer", "Embedding", "EmbeddingBag", "Table", "batches",
-           "checkpoint", "init", "num_workers", "resumed_state", "schema", "shutdown", "steps_done",
-           "stop_requested", "worker_index"]
+__all__ = ["Batch", "DistributedOptimizer", "Embedding", "EmbeddingBag", "EmbeddingBagCollection",
+           "EmbeddingCollection", "Table", "batches", "checkpoint", "init", "num_workers",
+           "resumed_state", "schema", "shutdown", "steps_done", "stop_requested", "worker_index"]

@@ -1,4 +1,5 @@
-"""``Embedding`` and ``EmbeddingBag``: lookups in the job's tables, gradients to the servers.
+"""``Embedding``, ``EmbeddingBag`` and their collections (several tables in one lookup):
+lookups in the job's tables, gradients to the servers.
 
 A forward call turns a table's ids into fused-table rows, prepares them as the native step
 does (``Mode.prepare``: dedup once, grouped by owner) and pulls them (``Mode.lookup``: one
@@ -52,38 +53,68 @@ def _global_ids(name: str, ids: torch.Tensor) -> np.ndarray:
 
 
 class _Lookup(torch.autograd.Function):
-    """rows = table[ids]; backward records the rows' gradient for the step's update."""
+    """outputs[k] = table ``names[k]``'s rows of ``ids[k]``, all pulled together (one
+    ``prepare``, one ``lookup``); backward records the gradients of the outputs that got one
+    for the step's update (an output no loss reached sends its rows nothing, as a lookup
+    of its own that was never used)."""
 
     @staticmethod
-    def forward(ctx, anchor, name, ids, record):
+    def forward(ctx, anchor, names, ids, record):
         s = session()
-        gids = _global_ids(name, ids)
+        parts = [_global_ids(n, x) for n, x in zip(names, ids)]
+        gids = parts[0] if len(parts) == 1 else np.concatenate(parts)
         batch = s.mode.prepare(gids)
         rows = s.mode.lookup(batch)  # (n, E) host rows (a fresh buffer or view per call)
-        dim = s.tables[name].dim
-        out = torch.from_numpy(np.ascontiguousarray(rows[:, :dim])).to(ids.device)
+        outs, at = [], 0
+        for name, x, part in zip(names, ids, parts):
+            dim = s.tables[name].dim
+            r = np.ascontiguousarray(rows[at:at + part.size, :dim])
+            outs.append(torch.from_numpy(r).to(x.device).reshape(x.shape + (dim,)))
+            at += part.size
         if record:  # (autograd runs forward without grad mode: the caller's mode decides)
-            ctx.entry = [gids, batch, None]
+            ctx.set_materialize_grads(False)  # (an unused output's gradient stays None)
+            ctx.parts, ctx.grads, ctx.gids = parts, [None] * len(parts), gids
+            ctx.entry = [gids, batch, None, True]
             s.entries.append(ctx.entry)
         else:
             batch.release()
-        return out.reshape(ids.shape + (dim,))
+        return tuple(outs)
 
     @staticmethod
-    def backward(ctx, grad):
-        entry = ctx.entry
-        g = grad.detach().reshape(-1, grad.shape[-1]).to("cpu").numpy()
-        entry[2] = g if entry[2] is None else entry[2] + g
-        return None, None, None, None
+    def backward(ctx, *grads):
+        for k, g in enumerate(grads):
+            if g is not None:
+                g = g.detach().reshape(-1, g.shape[-1]).to("cpu").numpy()
+                ctx.grads[k] = g if ctx.grads[k] is None else ctx.grads[k] + g
+        got, entry = [k for k, g in enumerate(ctx.grads) if g is not None], ctx.entry
+        if len(got) == 1 == len(ctx.parts):
+            entry[2] = ctx.grads[0]
+        elif got:  # the ids of the outputs with a gradient, their gradients side by side
+            entry[3] = len(got) == len(ctx.parts)  # (else not the batch's ids: planned anew)
+            entry[0] = ctx.gids if entry[3] else np.concatenate([ctx.parts[k] for k in got])
+            width = max(ctx.grads[k].shape[1] for k in got)
+            entry[2] = np.zeros((entry[0].size, width), ctx.grads[got[0]].dtype)
+            at = 0
+            for k in got:
+                n, d = ctx.grads[k].shape
+                entry[2][at:at + n, :d] = ctx.grads[k]
+                at += n
+        return (None,) * 4
 
 
 # gives each lookup's output a place in the autograd graph (tables have no torch parameters)
 _ANCHOR = torch.zeros((), requires_grad=True)
 
 
+def lookup_many(names, ids) -> tuple:
+    """(table names[k][ids[k]] for each k): ids[k].shape + (dim_k,) on ids[k]'s device,
+    pulled in one lookup."""
+    return _Lookup.apply(_ANCHOR, tuple(names), tuple(ids), torch.is_grad_enabled())
+
+
 def lookup(name: str, ids: torch.Tensor) -> torch.Tensor:
     """table[ids]: ids.shape + (dim,) on ids' device."""
-    return _Lookup.apply(_ANCHOR, name, ids, torch.is_grad_enabled())
+    return lookup_many((name,), (ids,))[0]
 
 
 class Embedding(torch.nn.Module):
@@ -101,6 +132,39 @@ class Embedding(torch.nn.Module):
         return f"{self.name!r}, dim={self.dim}"
 
 
+def _bag_counts(where: str, values, offsets) -> torch.Tensor:
+    """Each bag's number of ids, ``values``/``offsets`` checked (``where`` names the call)."""
+    for x, what in ((values, "values"), (offsets, "offsets")):
+        _tensor(x, f"{where}: {what}")
+    if values.dim() != 1 or offsets.dim() != 1:
+        raise InputError(f"{where}: values and offsets must be 1-D, got "
+                         f"{tuple(values.shape)} and {tuple(offsets.shape)}")
+    n, B = values.shape[0], offsets.shape[0]
+    offs = offsets.to(values.device, torch.int64)
+    counts = torch.cat([offs[1:], torch.tensor([n], device=offs.device)]) - offs
+    if B and (int(offs[0]) != 0 or bool((counts < 0).any()) or int(offs[-1]) > n):
+        raise InputError(f"{where}: offsets must start at 0 and ascend within [0, {n}]")
+    return counts
+
+
+def _pooled(rows: torch.Tensor, counts: torch.Tensor, mode: str) -> torch.Tensor:
+    """(B, dim): each bag's rows (``counts`` of them, in order) summed, or averaged (an
+    empty bag: zeros)."""
+    B = counts.shape[0]
+    bag = torch.repeat_interleave(torch.arange(B, device=rows.device), counts)
+    out = torch.zeros((B, rows.shape[1]), dtype=rows.dtype, device=rows.device)
+    out = out.index_add(0, bag, rows)
+    if mode == "mean":
+        out = out / counts.clamp(min=1).to(rows.dtype)[:, None]
+    return out
+
+
+def _mode(where: str, mode: str) -> str:
+    if mode not in ("sum", "mean"):
+        raise InputError(f"{where}: mode must be 'sum' or 'mean', got {mode!r}")
+    return mode
+
+
 class EmbeddingBag(torch.nn.Module):
     """Bags of rows of table ``name`` reduced by ``mode`` ("sum" | "mean"):
     ``forward(values, offsets)``: values (n,) ids, offsets (B,) the start of each bag in
@@ -108,32 +172,82 @@ class EmbeddingBag(torch.nn.Module):
 
     def __init__(self, name: str, mode: str = "sum"):
         super().__init__()
-        if mode not in ("sum", "mean"):
-            raise InputError(f"EmbeddingBag({name!r}): mode must be 'sum' or 'mean', got "
-                             f"{mode!r}")
-        self.name, self.mode = name, mode
+        self.name, self.mode = name, _mode(f"EmbeddingBag({name!r})", mode)
         self.dim = _table(name, f"pt.EmbeddingBag({name!r})").dim
 
     def forward(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        for x, what in ((values, "values"), (offsets, "offsets")):
-            _tensor(x, f"pt.EmbeddingBag({self.name!r}): {what}")
-        if values.dim() != 1 or offsets.dim() != 1:
-            raise InputError(f"EmbeddingBag({self.name!r}): values and offsets must be 1-D, "
-                             f"got {tuple(values.shape)} and {tuple(offsets.shape)}")
-        n, B = values.shape[0], offsets.shape[0]
-        offs = offsets.to(values.device, torch.int64)
-        ends = torch.cat([offs[1:], torch.tensor([n], device=offs.device)])
-        counts = ends - offs
-        if B and (int(offs[0]) != 0 or bool((counts < 0).any()) or int(offs[-1]) > n):
-            raise InputError(f"EmbeddingBag({self.name!r}): offsets must start at 0 and "
-                             f"ascend within [0, {n}]")
-        rows = lookup(self.name, values)
-        bag = torch.repeat_interleave(torch.arange(B, device=values.device), counts)
-        out = torch.zeros((B, self.dim), dtype=rows.dtype, device=rows.device)
-        out = out.index_add(0, bag, rows)
-        if self.mode == "mean":
-            out = out / counts.clamp(min=1).to(rows.dtype)[:, None]
-        return out
+        counts = _bag_counts(f"pt.EmbeddingBag({self.name!r})", values, offsets)
+        return _pooled(lookup(self.name, values), counts, self.mode)
 
     def extra_repr(self) -> str:
         return f"{self.name!r}, dim={self.dim}, mode={self.mode!r}"
+
+
+def _names(where: str, names) -> tuple:
+    names = (names,) if isinstance(names, str) else tuple(names)
+    if not names:
+        raise InputError(f"{where}: give at least one table")
+    for n in names:
+        _table(n, where)
+    return names
+
+
+class EmbeddingCollection(torch.nn.Module):
+    """Rows of several tables in one lookup (one pull from the servers, where one
+    ``pt.Embedding`` per table makes one each): ``forward(ids)``, ``ids`` one tensor of ids
+    per table of ``names`` (a list or tuple), or one tensor whose last axis has a column
+    per table -> a tuple, table k's rows ``ids_k.shape + (dim_k,)``."""
+
+    def __init__(self, names):
+        super().__init__()
+        self.names = _names("pt.EmbeddingCollection", names)
+
+    def forward(self, ids) -> tuple:
+        where = "pt.EmbeddingCollection"
+        if isinstance(ids, torch.Tensor):
+            if ids.dim() == 0 or ids.shape[-1] != len(self.names):
+                raise InputError(f"{where}: ids of shape {tuple(ids.shape)}: its last axis "
+                                 f"must have a column per table ({len(self.names)})")
+            ids = ids.unbind(-1)
+        elif not isinstance(ids, (list, tuple)) or len(ids) != len(self.names):
+            raise InputError(f"{where}: give one tensor of ids per table ({len(self.names)}: "
+                             f"{list(self.names)}), got {type(ids).__name__}"
+                             + (f" of {len(ids)}" if isinstance(ids, (list, tuple)) else ""))
+        return lookup_many(self.names, [_tensor(x, f"{where}: ids of table {n!r}")
+                                        for n, x in zip(self.names, ids)])
+
+    def extra_repr(self) -> str:
+        return ", ".join(map(repr, self.names))
+
+
+class EmbeddingBagCollection(torch.nn.Module):
+    """Bags of rows of several tables in one lookup, each reduced by ``mode`` ("sum" |
+    "mean"): ``forward(bags)``, ``bags`` one ``(values, offsets)`` per table of ``names``
+    (a list or tuple, or a dict by name: ``pt.batches``' ``batch.bags``) -> a tuple, table
+    k's ``(B_k, dim_k)``."""
+
+    def __init__(self, names, mode: str = "sum"):
+        super().__init__()
+        self.names = _names("pt.EmbeddingBagCollection", names)
+        self.mode = _mode("pt.EmbeddingBagCollection", mode)
+
+    def forward(self, bags) -> tuple:
+        where = "pt.EmbeddingBagCollection"
+        if isinstance(bags, dict):
+            if missing := [n for n in self.names if n not in bags]:
+                raise InputError(f"{where}: no bags for table {missing[0]!r} (given "
+                                 f"{sorted(bags)})")
+            bags = [bags[n] for n in self.names]
+        elif not isinstance(bags, (list, tuple)) or len(bags) != len(self.names):
+            raise InputError(f"{where}: give one (values, offsets) per table "
+                             f"({len(self.names)}: {list(self.names)})")
+        for n, pair in zip(self.names, bags):
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise InputError(f"{where}: table {n!r}: give its bags as (values, offsets)")
+        counts = [_bag_counts(f"{where}: table {n!r}", *pair)
+                  for n, pair in zip(self.names, bags)]
+        rows = lookup_many(self.names, [values for values, _ in bags])
+        return tuple(_pooled(r, c, self.mode) for r, c in zip(rows, counts))
+
+    def extra_repr(self) -> str:
+        return ", ".join(map(repr, self.names)) + f", mode={self.mode!r}"

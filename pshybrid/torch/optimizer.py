@@ -388,18 +388,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """The step's lookups as one Batch and its (n, E) gradients (scaled by 1/W)."""
         s = self.s
         E, dtype = s.layout.table.dim, np.dtype(s.layout.table.dtype)
-        done = [(ids, b, g) for ids, b, g in s.entries if g is not None]
-        used = [b for _, b, _ in s.entries]
+        done = [e for e in s.entries if e[2] is not None]
+        used = [e[1] for e in s.entries]
         W = s.topo.n_workers
-        if len(done) == 1:
-            ids, batch, _ = done[0]
+        if len(done) == 1 and done[0][3]:  # (its own Batch serves the push)
+            ids, batch = done[0][:2]
         else:
             ids = np.concatenate([d[0] for d in done]) if done else np.zeros(0, np.int64)
             batch = s.mode.prepare(ids)
             used.append(batch)
         demb = np.zeros((ids.size, E), dtype)
         k = 0
-        for _, _, g in done:
+        for _, _, g, _ in done:
             demb[k:k + g.shape[0], :g.shape[1]] = g
             k += g.shape[0]
         if W > 1:

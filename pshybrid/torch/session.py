@@ -114,7 +114,8 @@ class Session:
         self.resumed_state: dict = {}  # the checkpoint resumed from: its ``state=``,
         self.resumed_groups: list | None = None  # ... and its param groups' settings
         self.roots: set = set()  # the directories this session has written checkpoints in
-        self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None]
+        self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None,
+        #   whether the Batch was planned from these ids] (``embedding._Lookup``)
         self.optimizer = None  # the DistributedOptimizer, once made
         self.arrivals = None  # workers: ``census``'s communicator
         self.watch = None  # workers: the time limit on their collective calls (``stall``)
@@ -443,8 +444,8 @@ def shutdown() -> None:
         _excepthook(s.topo.world)(kind, exc, tb)  # one line or the traceback; the abort
     with abort_on_error(s.topo.world), s.watch.inside("pt.shutdown()", s.step, ends=False):
         s.closed = True
-        for _, batch, _ in s.entries:
-            batch.release()
+        for entry in s.entries:
+            entry[1].release()
         s.entries = []
         if s.optimizer is not None:
             s.optimizer.close()
