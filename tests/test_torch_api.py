@@ -264,11 +264,13 @@ def test_a_torch_checkpoint_directory_keeps_one_history(tmp_path):
     lambda ps: torch.optim.Adam(ps, lr=0.01, amsgrad=True),
     lambda ps: torch.optim.SGD([{"params": ps[:1]}, {"params": ps[1:], "momentum": 0.9}],
                                lr=0.1),
-    lambda ps: torch.optim.AdamW(ps, lr=0.01),
-], ids=["adam-amsgrad", "sgd-momentum-in-group-1", "adamw"])
-def test_a_dense_optimizer_whose_state_a_checkpoint_cannot_hold_is_refused(tmp_path, make):
-    """Its state (amsgrad's max_exp_avg_sq, a momentum buffer) would be dropped and the
-    resumed run would fail or differ: refused in one message, nothing written."""
+    lambda ps: torch.optim.RMSprop(ps, lr=0.01),
+], ids=["adam-amsgrad", "sgd-momentum-in-group-1", "rmsprop"])
+def test_a_dense_optimizer_whose_state_a_checkpoint_cannot_hold_is_refused(tmp_path, make,
+                                                                          capfd):
+    """Its state (amsgrad's max_exp_avg_sq, a momentum buffer, RMSprop's) would be dropped
+    and the resumed run would fail or differ: refused in one message, nothing written, and
+    said at once when the DistributedOptimizer is made (not first at the end of a run)."""
     from pshybrid.errors import ConfigError
 
     pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
@@ -276,6 +278,9 @@ def test_a_dense_optimizer_whose_state_a_checkpoint_cannot_hold_is_refused(tmp_p
     try:
         model, emb = torch.nn.Linear(2, 1).double(), pt.Embedding("t")
         opt = pt.DistributedOptimizer(make(list(model.parameters())), model)
+        assert re.search(r"^pshybrid: warning: DistributedOptimizer: .*has no checkpoint "
+                         r"form.*: pt.checkpoint will refuse it, so a stop on SIGTERM / "
+                         r"SIGUSR1 can write no checkpoint$", capfd.readouterr().err, re.M)
         opt.zero_grad()
         model(emb(torch.tensor([1, 3]))).sum().backward()
         opt.step()
@@ -284,6 +289,20 @@ def test_a_dense_optimizer_whose_state_a_checkpoint_cannot_hold_is_refused(tmp_p
     finally:
         pt.shutdown()
     assert not (tmp_path / "ck").exists()
+
+
+@pytest.mark.parametrize("make", [torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW,
+                                  torch.optim.Adagrad])
+def test_a_checkpointable_dense_optimizer_is_made_without_a_warning(make, capfd):
+    """(Their checkpoint -> resume == the uninterrupted run: ``tests/test_torch_mpi.py``.)"""
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
+            tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
+    try:
+        model = torch.nn.Linear(2, 1).double()
+        pt.DistributedOptimizer(make(model.parameters(), lr=0.01), model)
+    finally:
+        pt.shutdown()
+    assert "warning" not in capfd.readouterr().err
 
 
 @pytest.mark.parametrize("servers", [1, 0, None])

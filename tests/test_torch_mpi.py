@@ -5,7 +5,8 @@ ranks return from ``pt.init(..., exit_servers=False)``.
   COMM_SELF): per-step losses and final dense and table parameters to 1e-9, for the sgd,
   adagrad and adam sparse optimizers, with every dense layer's Allreduce its own bucket, and
   on a file with multi-hot fields (``pt.batches``' bags into ``pt.EmbeddingBag``);
-- checkpoint at step 2 -> resume -> step 5 == the uninterrupted run, bit for bit;
+- checkpoint at step 2 -> resume -> step 5 == the uninterrupted run, bit for bit (dense
+  Adam, AdamW and Adagrad);
 - every ``pt.batches`` call is a whole pass: worker w gets its slice of each global batch;
 - StepLR on ``pt.DistributedOptimizer`` == plain PyTorch with the global batch, to 1e-9.
 """
@@ -87,9 +88,11 @@ def test_workers_equal_one_process_with_the_global_batch(comm, workdir, sparse_o
 
 
 @pytest.mark.mpi(min_size=3)
-def test_checkpoint_then_resume_equals_the_uninterrupted_run(comm, workdir):
-    ck = workdir / "ck"
-    common = ("--batch", "4", "--steps", "5", "--sparse-opt", "adam", "--dense-opt", "adam")
+@pytest.mark.parametrize("dense_opt", ["adam", "adamw", "adagrad"])
+def test_checkpoint_then_resume_equals_the_uninterrupted_run(comm, workdir, dense_opt):
+    """(every dense optimizer with a checkpoint form but plain SGD: its state is kept)"""
+    ck = workdir / f"ck-{dense_opt}"
+    common = ("--batch", "4", "--steps", "5", "--sparse-opt", "adam", "--dense-opt", dense_opt)
     full = wdl.run(args(workdir, *common, "--checkpoint", str(ck), "--checkpoint-at", "2"),
                    comm, exit_servers=False)
     res = wdl.run(args(workdir, *common, "--resume", str(ck)), comm, exit_servers=False)

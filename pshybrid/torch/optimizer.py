@@ -38,8 +38,13 @@ from pshybrid.torch.session import DTYPES, census, session, shutdown
 from pshybrid.transport import abort_on_error, agree, same_arguments
 
 # torch optimizers whose state maps onto the checkpoint's dense slots: name, {slot: key}
+# torch optimizer -> (the checkpoint's dense_optimizer: its slots' layout, {slot: state key})
 CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}),
-                  torch.optim.Adam: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"})}
+                  torch.optim.Adam: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"}),
+                  torch.optim.AdamW: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"}),
+                  torch.optim.Adagrad: ("adagrad", {"acc": "sum"})}
+NO_CHECKPOINT = ("pt.checkpoint will refuse it, so a stop on SIGTERM / SIGUSR1 can write no "
+                 "checkpoint")
 
 
 class DistributedOptimizer(torch.optim.Optimizer):
@@ -114,6 +119,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.flags = s.topo.workers.Dup()
         s.optimizer = self
         self.built = True
+        self._warn_no_checkpoint()
+
+    def _warn_no_checkpoint(self) -> None:
+        """Worker 0 warns at once of a torch optimizer ``pt.checkpoint`` refuses (found out
+        at the first checkpoint, the run's compute was lost with it)."""
+        try:
+            self.checkpoint_optimizer()
+        except ConfigError as e:
+            if self.s.topo.worker_index == 0:
+                why = str(e).removeprefix("pt.checkpoint: ")
+                sys.stderr.write(f"pshybrid: warning: DistributedOptimizer: {why}: "
+                                 f"{NO_CHECKPOINT}\n")
 
     def add_param_group(self, param_group) -> None:
         """(torch's ``__init__`` only: a group added later would not be reduced.)"""
@@ -431,8 +448,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if type(self.opt) is cls:
                 return name, keys
         raise ConfigError(f"pt.checkpoint: the dense optimizer {type(self.opt).__name__} has "
-                          "no checkpoint form; use torch.optim.SGD (no momentum) or Adam",
-                          collective=True)
+                          "no checkpoint form; use torch.optim.SGD (no momentum), Adam, AdamW "
+                          "or Adagrad", collective=True)
 
     def checkpoint_optimizer(self):
         """(the checkpoint's dense_optimizer, its lr, every param group's settings)."""

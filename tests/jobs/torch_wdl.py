@@ -107,7 +107,8 @@ def run(a, comm=None, exit_servers=True):
         return None
     print("after init", flush=True)  # server ranks never get here: they exit 0 in init
     model = WDL(sch, D, [int(x) for x in a.mlp.split(",")], a.pooling)
-    make = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD}[a.dense_opt]
+    make = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, "adamw": torch.optim.AdamW,
+            "adagrad": torch.optim.Adagrad}[a.dense_opt]
     opt = pt.DistributedOptimizer(make(model.parameters(), lr=a.dense_lr), model,
                                   bucket_mb=1e-6)
     s = session()
