@@ -35,6 +35,7 @@ class Watch:
         self.comm, self.who, self.timeout, self.warn_s = comm, who, timeout, WARN_S
         self._slot = None  # (name, step, since, ends) of the call this rank is inside
         self._next = None  # (name, step, ends) of the call ``inside`` names, until entered
+        self._outer: list = []  # the slot each entered call found (nested: the outer's)
         self._stop = threading.Event()
         limits = [t for t in (timeout, self.warn_s) if t]
         self._thread = None
@@ -51,12 +52,15 @@ class Watch:
         return self
 
     def __enter__(self):
+        """(Inside a call already: the outer call stays the one timed.)"""
         name, step, ends = self._next
-        self._slot = (name, step, time.monotonic(), ends)
+        self._outer.append(self._slot)
+        if self._slot is None:
+            self._slot = (name, step, time.monotonic(), ends)
         return self
 
     def __exit__(self, *exc):
-        self._slot = None
+        self._slot = self._outer.pop()
         return False
 
     def close(self) -> None:

@@ -162,6 +162,10 @@ def test_a_torch_exception_inside_try_finally_shutdown_ends_the_job(mode, n):
                            "every worker"),
     ("phase", "allreduce", 2, "the workers are out of step: worker 0 in pt.checkpoint at "
                               "step 2, worker 1 in pt.batches() at step 2"),
+    ("last", "hybrid", 3, "the workers are out of step: worker 0 in pt.checkpoint at step 3, "
+                          "worker 1 in pt.shutdown() at step 3"),
+    ("last", "allreduce", 2, "the workers are out of step: worker 0 in pt.checkpoint at "
+                             "step 3, worker 1 in pt.shutdown() at step 3"),
     ("steps", "allreduce", 2, "(rank 0/2, worker 0): 3 s inside opt.step() at step 3, waiting"),
     ("checkpoint", "allreduce", 2, "(rank 0/2, worker 0): 3 s inside pt.checkpoint at step 2"),
     ("checkpoint", "hybrid", 3, "(rank 0/3, worker 0): 3 s inside pt.checkpoint at step 2")])
@@ -169,7 +173,8 @@ def test_torch_workers_that_call_differently_end_in_one_line(tmp_path, case, mod
     """A worker one step short (a DataLoader of its own) ended the job with the server's
     AssertionError traceback (hybrid) or waited for good (allreduce); a batch_size that
     differs between workers read overlapping rows; pt.checkpoint on worker 0 alone waited
-    for good, or (allreduce) matched the others' step collectives and died on garbage.
+    for good, or (allreduce) matched the others' step collectives and died on garbage; after
+    the loop (the others in pt.shutdown()) it waited for the timeout.
     Oracle: the line, status 2, in time (pt.init's timeout: 3 s)."""
     pytest.importorskip("torch")
     from pshybrid.synthetic import write_synthetic

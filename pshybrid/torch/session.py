@@ -399,14 +399,28 @@ def census(s: Session, call: str, step: int, wait_s: float | None = None) -> boo
     waits here (up to ``pt.init``'s timeout) instead of matching their step's collectives
     (which gave garbage). ``wait_s``: False when not every worker came within it (shutdown
     during an exception: the others may be blocked in a step)."""
+    return arrived(s, arrive(s, call, step), wait_s=wait_s)
+
+
+def arrive(s: Session, call: str, step: int):
+    """``census``'s first half: this worker's (call, step) posted; ``arrived`` completes
+    it. None with one worker."""
     if s.topo.n_workers == 1:
-        return True
+        return None
     mine = np.array([CALLS.index(call), step], np.int64)
     every = np.empty((s.topo.n_workers, 2), np.int64)
     # Wire: Iallgather of (call, step), 16 B a worker, over the workers (their own copy)
-    req = s.arrivals.Iallgather(mine, every)
+    return s.arrivals.Iallgather(mine, every), every, call, step
+
+
+def arrived(s: Session, posted, wait_s: float | None = None, ends: bool = True) -> bool:
+    """``census``'s second half (``ends`` False: past the time limit a warning, never the
+    end: ``pt.shutdown`` may wait for worker 0 evaluating alone)."""
+    if posted is None:
+        return True
+    req, every, call, step = posted
     if wait_s is None:
-        with s.watch.inside(call, step):
+        with s.watch.inside(call, step, ends=ends):
             req.Wait()
     else:
         end = time.monotonic() + wait_s
@@ -443,6 +457,9 @@ def shutdown() -> None:
     if exc is not None and not _all_here(s):
         _excepthook(s.topo.world)(kind, exc, tb)  # one line or the traceback; the abort
     with abort_on_error(s.topo.world), s.watch.inside("pt.shutdown()", s.step, ends=False):
+        # (posted first, completed after the servers are told: a worker in another call
+        #   learns at once from its own census; one in a step, from the servers)
+        arrival = arrive(s, "pt.shutdown()", s.step) if exc is None else None
         s.closed = True
         for entry in s.entries:
             entry[1].release()
@@ -450,6 +467,7 @@ def shutdown() -> None:
         if s.optimizer is not None:
             s.optimizer.close()
         s.mode.finish()
+        arrived(s, arrival, ends=False)
         code = stops.status(s)
         s.arrivals.Free()
         s.topo.free()

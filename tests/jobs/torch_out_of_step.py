@@ -4,6 +4,8 @@
 - ``batch``: the last worker passes another ``batch_size`` to ``pt.batches``;
 - ``checkpoint``: worker 0 alone calls ``pt.checkpoint`` (a DDP habit), then steps on;
 - ``phase``: worker 0 calls ``pt.checkpoint`` where the others start a ``pt.batches`` pass;
+- ``last``: worker 0 alone calls ``pt.checkpoint`` after the loop, the others
+  ``pt.shutdown()``;
 - ``slow``: worker 0 takes 2 s before its last step (in step: a warning after
   ``stall.WARN_S``, set to 0.5 s here, and the job ends as usual);
 - ``eval``: worker 0 takes 4 s alone after the loop (scoring a validation file, say)
@@ -11,7 +13,8 @@
 
 In ``hybrid`` mode the servers see the first and end the job with one line naming what
 differs (it was their assertion traceback); the second and ``phase`` are one line from
-the workers' census (it read overlapping rows for many steps); the rest (they waited for
+the workers' census (it read overlapping rows for many steps), and so is ``last`` (it waited
+for the timeout: ``pt.shutdown`` took no census); the rest (they waited for
 good) end at ``pt.init``'s ``timeout`` (seconds), naming the call each worker is inside.
 
 mpiexec -n N python tests/jobs/torch_out_of_step.py CASE hybrid|allreduce DATA TIMEOUT
@@ -47,5 +50,7 @@ if pt.init(servers=1 if mode == "hybrid" else 0, mode=mode, timeout=timeout,
             next(iter(pt.batches(data, 2)))
     if case == "eval" and first:
         time.sleep(4.0)
+    if case == "last" and first:
+        pt.checkpoint(data + ".ckpt")
     pt.shutdown()
     print("done")
