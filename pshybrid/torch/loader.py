@@ -22,7 +22,8 @@ from pshybrid.data import H5Dataset
 from pshybrid.errors import InputError
 from pshybrid.schema import Schema
 from pshybrid.threads import rank_cores
-from pshybrid.torch.session import census, session
+from pshybrid.torch.census import census
+from pshybrid.torch.session import session
 from pshybrid.transport import abort_on_error, agree, same_arguments
 
 

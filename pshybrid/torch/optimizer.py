@@ -33,20 +33,13 @@ from pshybrid.errors import ConfigError, PshybridError
 from pshybrid.layers import ParamSpace
 import pshybrid.torch.amp as amp
 import pshybrid.torch.preempt as stops
-from pshybrid.torch.restore import apply_settings, group_settings, load_dense, settings_drift
-from pshybrid.torch.session import DTYPES, census, session, shutdown
+from pshybrid.torch.census import census
+from pshybrid.torch.restore import (apply_settings, dense_kind, load_dense, settings_drift,
+                                    warn_no_checkpoint)
+from pshybrid.torch.session import DTYPES, session, shutdown
 from pshybrid.transport import abort_on_error, agree, same_arguments
 
 # torch optimizers whose state maps onto the checkpoint's dense slots: name, {slot: key}
-# torch optimizer -> (the checkpoint's dense_optimizer: its slots' layout, {slot: state key})
-CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}),
-                  torch.optim.Adam: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"}),
-                  torch.optim.AdamW: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"}),
-                  torch.optim.Adagrad: ("adagrad", {"acc": "sum"})}
-NO_CHECKPOINT = ("pt.checkpoint will refuse it, so a stop on SIGTERM / SIGUSR1 can write no "
-                 "checkpoint")
-
-
 class DistributedOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` that steps ``torch_optimizer`` (over ``model``'s
     parameters) and the job's tables as the native step does. Its ``param_groups`` are the
@@ -119,18 +112,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.flags = s.topo.workers.Dup()
         s.optimizer = self
         self.built = True
-        self._warn_no_checkpoint()
-
-    def _warn_no_checkpoint(self) -> None:
-        """Worker 0 warns at once of a torch optimizer ``pt.checkpoint`` refuses (found out
-        at the first checkpoint, the run's compute was lost with it)."""
-        try:
-            self.checkpoint_optimizer()
-        except ConfigError as e:
-            if self.s.topo.worker_index == 0:
-                why = str(e).removeprefix("pt.checkpoint: ")
-                sys.stderr.write(f"pshybrid: warning: DistributedOptimizer: {why}: "
-                                 f"{NO_CHECKPOINT}\n")
 
     def add_param_group(self, param_group) -> None:
         """(torch's ``__init__`` only: a group added later would not be reduced.)"""
@@ -156,6 +137,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             except PshybridError as e:
                 err = e
             agree(s.topo.workers, err)  # Wire: verdict allgather over the workers
+        warn_no_checkpoint(self)
 
     def _check_same_model(self) -> None:
         """Every worker's model has the same parameters (names, shapes, dtype), else one
@@ -443,26 +425,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 p.grad = torch.from_numpy(self.params.grad(n)).to(p.device)
 
     # -- checkpoints ----------------------------------------------------------------------
-    def _kind(self):
-        for cls, (name, keys) in CHECKPOINTABLE.items():
-            if type(self.opt) is cls:
-                return name, keys
-        raise ConfigError(f"pt.checkpoint: the dense optimizer {type(self.opt).__name__} has "
-                          "no checkpoint form; use torch.optim.SGD (no momentum), Adam, AdamW "
-                          "or Adagrad", collective=True)
-
-    def checkpoint_optimizer(self):
-        """(the checkpoint's dense_optimizer, its lr, every param group's settings)."""
-        name, _ = self._kind()
-        for i, group in enumerate(self.opt.param_groups):  # options that add state
-            extra = ("momentum" if name == "sgd" and group.get("momentum", 0) else
-                     "amsgrad" if name == "adam" and group.get("amsgrad", False) else None)
-            if extra:
-                raise ConfigError(f"pt.checkpoint: torch.optim.{type(self.opt).__name__} with "
-                                  f"{extra} (param group {i}) has no checkpoint form (its "
-                                  "state would be lost); use it without", collective=True)
-        return name, float(self.opt.param_groups[0]["lr"]), group_settings(self.param_groups)
-
     def _buffers(self) -> dict:
         """The model's buffers a ``state_dict`` holds (a BatchNorm's running statistics)."""
         kept = self.model.state_dict(keep_vars=True)
@@ -471,7 +433,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
     def dense_state(self):
         """(flat (P,), {slot: (P,)}, {buffer name: array}, {name: its optimizer's step
         count}) host arrays for the checkpoint (the counts: Adam's, per parameter)."""
-        _, keys = self._kind()
+        _, keys = dense_kind(self)
         self.sync_params()
         steps = {n: int(self.opt.state.get(p, {}).get("step", 0)) for n, p in self.named}
         state = {}

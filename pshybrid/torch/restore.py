@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from pshybrid.checkpoint_files import read_buffers, read_dense, read_meta, read_param_steps
-from pshybrid.errors import InputError
+from pshybrid.errors import ConfigError, InputError
 from pshybrid.safeio import atomic_write_text
 
 DTYPES = {torch.float32: "float32", torch.float64: "float64"}
@@ -55,10 +55,58 @@ class TorchRun:
         return meta
 
 
+# torch optimizer -> (the checkpoint's dense_optimizer: its slots' layout, {slot: state key})
+CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}),
+                  torch.optim.Adam: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"}),
+                  torch.optim.AdamW: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"}),
+                  torch.optim.Adagrad: ("adagrad", {"acc": "sum"})}
+NO_CHECKPOINT = ("pt.checkpoint will refuse it, so a stop on SIGTERM / SIGUSR1 can write no "
+                 "checkpoint")
+
+
+
+
+def dense_kind(opt) -> tuple[str, dict]:
+    """``CHECKPOINTABLE``'s entry for the torch optimizer of ``opt`` (a DistributedOptimizer),
+    else ``ConfigError``."""
+    for cls, (name, keys) in CHECKPOINTABLE.items():
+        if type(opt.opt) is cls:
+            return name, keys
+    raise ConfigError(f"pt.checkpoint: the dense optimizer {type(opt.opt).__name__} has "
+                      "no checkpoint form; use torch.optim.SGD (no momentum), Adam, AdamW "
+                      "or Adagrad", collective=True)
+
+
+def checkpoint_form(opt) -> tuple:
+    """(the checkpoint's dense_optimizer, its lr, every param group's settings) of ``opt``,
+    else ``ConfigError``: state it has no slots for."""
+    name, _ = dense_kind(opt)
+    for i, group in enumerate(opt.opt.param_groups):  # options that add state
+        extra = ("momentum" if name == "sgd" and group.get("momentum", 0) else
+                 "amsgrad" if name == "adam" and group.get("amsgrad", False) else None)
+        if extra:
+            raise ConfigError(f"pt.checkpoint: torch.optim.{type(opt.opt).__name__} with "
+                              f"{extra} (param group {i}) has no checkpoint form (its "
+                              "state would be lost); use it without", collective=True)
+    return name, float(opt.opt.param_groups[0]["lr"]), group_settings(opt.param_groups)
+
+
+def warn_no_checkpoint(opt) -> None:
+    """Worker 0 warns, as ``opt`` is made, of a torch optimizer ``pt.checkpoint`` refuses
+    (found out at the first checkpoint, the run's compute was lost with it)."""
+    try:
+        checkpoint_form(opt)
+    except ConfigError as e:
+        if opt.s.topo.worker_index == 0:
+            why = str(e).removeprefix("pt.checkpoint: ")
+            sys.stderr.write(f"pshybrid: warning: DistributedOptimizer: {why}: "
+                             f"{NO_CHECKPOINT}\n")
+
+
 def load_dense(opt, step_dir: str) -> None:
     """``opt``'s model parameters, torch optimizer state and buffers from ``step_dir``'s
     dense.h5, by name (a parameter the checkpoint lacks, or of another shape, refused)."""
-    _, keys = opt._kind()
+    _, keys = dense_kind(opt)
     flat, state, entries = read_dense(step_dir, tuple(keys), None)
     where = {n: (o, tuple(shape)) for n, o, shape in entries}
     for n, p in opt.named:

@@ -15,14 +15,13 @@ import atexit
 import copy
 import os
 import sys
-import time
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from mpi4py import MPI
 
 import pshybrid.torch.preempt as stops
+from pshybrid.torch.census import arrive, arrived, census
 from pshybrid import checkpoint
 from pshybrid.checkpoint_files import check_run_dir, read_meta, read_shards, resolve
 from pshybrid.config import SEED_RANGE, seed_check
@@ -36,8 +35,8 @@ from pshybrid.schema import FusedTable, Schema, names_problem
 from pshybrid.stall import Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
-from pshybrid.torch.restore import (DTYPES, TorchRun, read_groups, read_state, rewrite_meta,
-                                    state_problem)
+from pshybrid.torch.restore import (DTYPES, TorchRun, checkpoint_form, read_groups, read_state,
+                                    rewrite_meta, state_problem)
 from pshybrid.transport import abort, abort_on_error, agree, same_arguments
 
 
@@ -320,7 +319,7 @@ def _save(s: Session, root: str | None, step: int, state: dict | None = None) ->
     # Wire: worker 0 tells every rank the directory (servers learn it only here)
     root = topo.world.bcast(root, root=topo.worker_ranks[0])
     opt = s.optimizer  # (None on servers: worker 0 writes meta.json)
-    run = s.run(*opt.checkpoint_optimizer(), state) if opt is not None else s.run()
+    run = s.run(*checkpoint_form(opt), state) if opt is not None else s.run()
     params = opt.params if opt is not None else s.mode.dense.params
     written = checkpoint.save(root, step, run, topo, s.mode, params, s.schema)
     s.saved = (step, root, copy.deepcopy(state))  # (the caller may change its dict later)
@@ -335,7 +334,7 @@ def checkpoint_to(root: str, state: dict | None = None) -> str:
         if s.optimizer is None:
             raise ConfigError("pt.checkpoint: make the pt.DistributedOptimizer first (the "
                               "checkpoint holds the model's dense parameters)", collective=True)
-        s.optimizer.checkpoint_optimizer()  # refused here, before the servers are asked
+        checkpoint_form(s.optimizer)  # refused here, before the servers are asked
         census(s, "pt.checkpoint", s.step)
         problem = None if s.topo.worker_index else "state must be a dict" if not isinstance(
             state, (dict, type(None))) else state_problem(state)  # (worker 0's is kept)
@@ -358,7 +357,7 @@ def _restate(s: Session, step_dir: str, state: dict | None) -> str:
     err = None
     if s.topo.worker_index == 0:
         try:
-            rewrite_meta(step_dir, s.run(*s.optimizer.checkpoint_optimizer(), keep).meta())
+            rewrite_meta(step_dir, s.run(*checkpoint_form(s.optimizer), keep).meta())
         except (OSError, PshybridError) as e:
             err = InputError(f"pt.checkpoint: {step_dir}/meta.json: {e}")
     agree(s.topo.workers, err)  # Wire: worker 0's verdict reaches every worker
@@ -389,53 +388,6 @@ def _check_root(s: Session, root: str) -> bool:
 
 
 SHUTDOWN_WAIT_S = 30.0  # shutdown during an exception: how long the other workers may take
-CALLS = ("pt.shutdown()", "pt.checkpoint", "pt.batches()", "DistributedOptimizer()")
-
-
-def census(s: Session, call: str, step: int, wait_s: float | None = None) -> bool:
-    """Workers, collectively, first thing in each collective call but the step's: every
-    worker is inside ``call`` at ``step``, else a ``ConfigError`` naming where each is. It
-    runs on a communicator of its own (``s.arrivals``), so a call the others do not make
-    waits here (up to ``pt.init``'s timeout) instead of matching their step's collectives
-    (which gave garbage). ``wait_s``: False when not every worker came within it (shutdown
-    during an exception: the others may be blocked in a step)."""
-    return arrived(s, arrive(s, call, step), wait_s=wait_s)
-
-
-def arrive(s: Session, call: str, step: int):
-    """``census``'s first half: this worker's (call, step) posted; ``arrived`` completes
-    it. None with one worker."""
-    if s.topo.n_workers == 1:
-        return None
-    mine = np.array([CALLS.index(call), step], np.int64)
-    every = np.empty((s.topo.n_workers, 2), np.int64)
-    # Wire: Iallgather of (call, step), 16 B a worker, over the workers (their own copy)
-    return s.arrivals.Iallgather(mine, every), every, call, step
-
-
-def arrived(s: Session, posted, wait_s: float | None = None, ends: bool = True) -> bool:
-    """``census``'s second half (``ends`` False: past the time limit a warning, never the
-    end: ``pt.shutdown`` may wait for worker 0 evaluating alone)."""
-    if posted is None:
-        return True
-    req, every, call, step = posted
-    if wait_s is None:
-        with s.watch.inside(call, step, ends=ends):
-            req.Wait()
-    else:
-        end = time.monotonic() + wait_s
-        while not req.Test():
-            if time.monotonic() > end:
-                return False
-            time.sleep(0.01)
-    if (every != every[0]).any():
-        where = ", ".join(f"worker {w} in {CALLS[c]} at step {t}" for w, (c, t) in
-                          enumerate(every.tolist()))
-        raise ConfigError(f"the workers are out of step: {where}: every worker makes the same "
-                          "steps, checkpoints and shutdown", collective=True)
-    return True
-
-
 def _all_here(s: Session) -> bool:
     """Shutdown during an exception: whether every worker calls it (all handled the same
     exception, a Ctrl-C: maybe a step apart) within ``SHUTDOWN_WAIT_S``."""
