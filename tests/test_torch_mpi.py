@@ -172,6 +172,33 @@ def test_every_call_of_batches_is_a_whole_pass_on_every_worker(comm, workdir):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_the_workers_own_communicator_holds_the_workers_alone(comm):
+    """``hybrid``, 1 server: between steps, ``pt.worker_comm()`` gathers every worker's
+    index (0 .. W-1, in order) and its scores for a global metric, where a collective over
+    COMM_WORLD waited for the server for good."""
+    import pshybrid.torch as pt
+
+    ok, msg = True, ""
+    if pt.init(servers=1, mode="hybrid", seed=3, comm=comm, exit_servers=False,
+               tables=[pt.Table("t", rows=10, dim=2, dtype=torch.float64)]):
+        model, emb = torch.nn.Linear(2, 1).double(), pt.Embedding("t")
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        W, w = pt.num_workers(), pt.worker_index()
+        wc = pt.worker_comm()
+        for step in range(2):
+            opt.zero_grad()
+            model(emb(torch.tensor([w, 9 - w]))).sum().backward()
+            opt.step()
+            # Wire: each worker's (index, scores) to every worker, over the workers alone
+            every = wc.allgather((w, [float(step + w)]))
+            if wc.size != W or [i for i, _ in every] != list(range(W)) or \
+                    sum(x for _, xs in every for x in xs) != W * step + W * (W - 1) / 2:
+                ok, msg = False, f"step {step}: size {wc.size}, gathered {every}"
+        pt.shutdown()
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_steplr_on_distributed_optimizer_matches_native_pytorch(comm):
     """``hybrid``, 1 server, W = size - 1 workers of batch 6: StepLR on
     ``pt.DistributedOptimizer`` (the servers' Adagrad gets each new embedding rate) == plain

@@ -36,6 +36,7 @@ from pshybrid.torch.session import (
     shutdown,
     steps_done,
     stop_requested,
+    worker_comm,
     worker_index,
 )
 
@@ -51,4 +52,5 @@ def checkpoint(directory, state: dict | None = None) -> str:
 
 __all__ = ["Batch", "DistributedOptimizer", "Embedding", "EmbeddingBag", "EmbeddingBagCollection",
            "EmbeddingCollection", "Table", "batches", "checkpoint", "init", "num_workers",
-           "resumed_state", "schema", "shutdown", "steps_done", "stop_requested", "worker_index"]
+           "resumed_state", "schema", "shutdown", "steps_done", "stop_requested", "worker_comm",
+           "worker_index"]

@@ -116,7 +116,7 @@ class Session:
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None,
         #   whether the Batch was planned from these ids] (``embedding._Lookup``)
         self.optimizer = None  # the DistributedOptimizer, once made
-        self.arrivals = None  # workers: ``census``'s communicator
+        self.arrivals = self.user_comm = None  # workers: ``census``'s, ``worker_comm``'s
         self.watch = None  # workers: the time limit on their collective calls (``stall``)
         self.stop = None  # the stop on a signal (``pshybrid.torch.preempt``)
         self.stopped: int | None = None  # the step every worker learned of it
@@ -266,6 +266,7 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
             s.resume_dir = resolve(resume) if topo.is_worker else None
         if topo.is_worker:
             s.arrivals = topo.workers.Dup()  # (``census``'s own)
+            s.user_comm = topo.workers.Dup()  # (``worker_comm``: the script's own)
             s.watch = Watch(comm, f"rank {comm.rank}/{comm.size}, worker {topo.worker_index}",
                             timeout)
             s.mode.ready()
@@ -422,6 +423,7 @@ def shutdown() -> None:
         arrived(s, arrival, ends=False)
         code = stops.status(s)
         s.arrivals.Free()
+        s.user_comm.Free()
         s.topo.free()
     s.watch.close()
     sys.excepthook = s.prev_hook
@@ -460,3 +462,10 @@ def worker_index() -> int:
 
 def num_workers() -> int:
     return session().topo.n_workers
+
+
+def worker_comm() -> MPI.Comm:
+    """The workers' own communicator for the script's collectives (a global AUC, a barrier),
+    valid until ``pt.shutdown()``: ``MPI.COMM_WORLD`` holds the server ranks, which serve
+    inside ``pt.init`` and never join a collective of the script's."""
+    return session().user_comm
