@@ -155,11 +155,51 @@ def test_collection_inputs_and_misuse(job):
         bags([torch.tensor([1]), (torch.tensor([1]), torch.tensor([0]))])
 
 
+@pytest.mark.parametrize("form", ["include_last_offset", "per_sample_weights", "2-d"])
+def test_embedding_bag_takes_what_torchs_takes(job, form):
+    """Oracle: ``torch.nn.EmbeddingBag`` over the same rows: the forward values and the
+    SGD update its weight gradient makes, for offsets with the last one
+    (``include_last_offset``), ``per_sample_weights`` and 2-D ids without offsets."""
+    s, opt = job
+    t0 = s.mode.full_table()[:20, :3].copy()
+    values = torch.tensor([3, 3, 7, 0, 19, 5, 5, 5])
+    kw, args = {}, (values, torch.tensor([0, 3, 3, 5]))
+    mode = "mean" if form == "2-d" else "sum"
+    if form == "include_last_offset":
+        kw, args = {"include_last_offset": True}, (values, torch.tensor([0, 3, 3, 5, 8]))
+    elif form == "per_sample_weights":
+        args += (torch.linspace(-1, 2, 8, dtype=torch.float64),)
+    else:
+        args = (values.reshape(4, 2),)
+    ref = torch.nn.EmbeddingBag.from_pretrained(torch.from_numpy(t0.copy()), freeze=False,
+                                                mode=mode, **kw)
+    want = ref(*args)
+    out = pt.EmbeddingBag("a", mode=mode, **kw)(*args)
+    np.testing.assert_allclose(out.detach().numpy(), want.detach().numpy(), rtol=1e-14,
+                               atol=1e-15)
+    r = torch.from_numpy(np.random.default_rng(1).standard_normal(tuple(want.shape)))
+    (want * r).sum().backward()
+    opt.zero_grad()
+    (out * r).sum().backward()
+    opt.step()
+    np.testing.assert_allclose(s.mode.full_table()[:20, :3],
+                               t0 - LR * ref.weight.grad.numpy(), rtol=0, atol=1e-14)
+
+
 def test_bad_input_names_the_table(job):
     with pytest.raises(InputError, match=r"table 'a': id 20 at position 1 is outside \[0, 20\)"):
         pt.Embedding("a")(torch.tensor([0, 20]))
     with pytest.raises(InputError, match="offsets must start at 0"):
         pt.EmbeddingBag("b")(torch.tensor([1, 2]), torch.tensor([1]))
+    with pytest.raises(InputError, match=r"with include_last_offset, offsets end with the "
+                       r"number of values \(2\), got \[1\]"):
+        pt.EmbeddingBag("b", include_last_offset=True)(torch.tensor([1, 2]), torch.tensor([0, 1]))
+    with pytest.raises(InputError, match=r"values of shape \(2,\) need offsets"):
+        pt.EmbeddingBag("b")(torch.tensor([1, 2]))
+    with pytest.raises(InputError, match="per_sample_weights must be a floating tensor of the "
+                       "values' shape, with mode 'sum'"):
+        pt.EmbeddingBag("b", mode="mean")(torch.tensor([1, 2]), torch.tensor([0]),
+                                          torch.ones(2))
     with pytest.raises(InputError, match="no table 'c'"):
         pt.Embedding("a").forward  # noqa: B018 - the module exists
         from pshybrid.torch.embedding import lookup

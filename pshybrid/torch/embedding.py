@@ -132,25 +132,42 @@ class Embedding(torch.nn.Module):
         return f"{self.name!r}, dim={self.dim}"
 
 
-def _bag_counts(where: str, values, offsets) -> torch.Tensor:
-    """Each bag's number of ids, ``values``/``offsets`` checked (``where`` names the call)."""
-    for x, what in ((values, "values"), (offsets, "offsets")):
-        _tensor(x, f"{where}: {what}")
+def _bags(where: str, values, offsets, last: bool = False):
+    """``(values (n,), counts (B,))`` of bags given as torch's ``EmbeddingBag`` takes them
+    (``where`` names the call): 1-D ``values`` and ``offsets`` (each bag's start, from 0,
+    ascending; ``last``: ``include_last_offset``, B + 1 of them, the last n), or 2-D
+    ``values`` (B, L) without offsets (B bags of L ids)."""
+    _tensor(values, f"{where}: values")
+    if offsets is None:
+        if values.dim() != 2:
+            raise InputError(f"{where}: values of shape {tuple(values.shape)} need offsets "
+                             "(without them, values are 2-D: a bag per row)")
+        B, L = values.shape
+        return values.reshape(-1), torch.full((B,), L, dtype=torch.int64,
+                                              device=values.device)
+    _tensor(offsets, f"{where}: offsets")
     if values.dim() != 1 or offsets.dim() != 1:
-        raise InputError(f"{where}: values and offsets must be 1-D, got "
-                         f"{tuple(values.shape)} and {tuple(offsets.shape)}")
-    n, B = values.shape[0], offsets.shape[0]
+        raise InputError(f"{where}: values and offsets must be 1-D (2-D values take no "
+                         f"offsets), got {tuple(values.shape)} and {tuple(offsets.shape)}")
+    n = values.shape[0]
     offs = offsets.to(values.device, torch.int64)
-    counts = torch.cat([offs[1:], torch.tensor([n], device=offs.device)]) - offs
-    if B and (int(offs[0]) != 0 or bool((counts < 0).any()) or int(offs[-1]) > n):
+    if last and (offs.numel() == 0 or int(offs[-1]) != n):
+        raise InputError(f"{where}: with include_last_offset, offsets end with the number "
+                         f"of values ({n}), got {offs[-1:].tolist()}")
+    offs, ends = (offs[:-1], offs[1:]) if last else \
+        (offs, torch.cat([offs[1:], torch.tensor([n], device=offs.device)]))
+    counts = ends - offs
+    if offs.numel() and (int(offs[0]) != 0 or bool((counts < 0).any()) or int(offs[-1]) > n):
         raise InputError(f"{where}: offsets must start at 0 and ascend within [0, {n}]")
-    return counts
+    return values, counts
 
 
-def _pooled(rows: torch.Tensor, counts: torch.Tensor, mode: str) -> torch.Tensor:
-    """(B, dim): each bag's rows (``counts`` of them, in order) summed, or averaged (an
-    empty bag: zeros)."""
+def _pooled(rows: torch.Tensor, counts: torch.Tensor, mode: str, weights=None):
+    """(B, dim): each bag's rows (``counts`` of them, in order; times ``weights``, one a
+    row, where given) summed, or averaged (an empty bag: zeros)."""
     B = counts.shape[0]
+    if weights is not None:
+        rows = rows * weights.reshape(-1, 1).to(rows.dtype)
     bag = torch.repeat_interleave(torch.arange(B, device=rows.device), counts)
     out = torch.zeros((B, rows.shape[1]), dtype=rows.dtype, device=rows.device)
     out = out.index_add(0, bag, rows)
@@ -166,18 +183,30 @@ def _mode(where: str, mode: str) -> str:
 
 
 class EmbeddingBag(torch.nn.Module):
-    """Bags of rows of table ``name`` reduced by ``mode`` ("sum" | "mean"):
-    ``forward(values, offsets)``: values (n,) ids, offsets (B,) the start of each bag in
-    ``values`` (ascending, ``offsets[0] == 0``) -> (B, dim); an empty bag gives zeros."""
+    """Bags of rows of table ``name`` reduced by ``mode`` ("sum" | "mean"), as
+    ``torch.nn.EmbeddingBag`` takes them: ``forward(values, offsets=None,
+    per_sample_weights=None)``: values (n,) ids, offsets (B,) the start of each bag in
+    ``values`` (ascending, ``offsets[0] == 0``; ``include_last_offset``: B + 1, the last n),
+    or values (B, L) without offsets -> (B, dim); an empty bag gives zeros;
+    ``per_sample_weights`` (values' shape, mode "sum"): each row weighted."""
 
-    def __init__(self, name: str, mode: str = "sum"):
+    def __init__(self, name: str, mode: str = "sum", include_last_offset: bool = False):
         super().__init__()
         self.name, self.mode = name, _mode(f"EmbeddingBag({name!r})", mode)
+        self.include_last_offset = bool(include_last_offset)
         self.dim = _table(name, f"pt.EmbeddingBag({name!r})").dim
 
-    def forward(self, values: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-        counts = _bag_counts(f"pt.EmbeddingBag({self.name!r})", values, offsets)
-        return _pooled(lookup(self.name, values), counts, self.mode)
+    def forward(self, values: torch.Tensor, offsets: torch.Tensor | None = None,
+                per_sample_weights: torch.Tensor | None = None) -> torch.Tensor:
+        where = f"pt.EmbeddingBag({self.name!r})"
+        if per_sample_weights is not None and (
+                self.mode != "sum" or not isinstance(per_sample_weights, torch.Tensor)
+                or not per_sample_weights.is_floating_point()
+                or per_sample_weights.shape != getattr(values, "shape", None)):
+            raise InputError(f"{where}: per_sample_weights must be a floating tensor of the "
+                             "values' shape, with mode 'sum'")
+        flat, counts = _bags(where, values, offsets, self.include_last_offset)
+        return _pooled(lookup(self.name, flat), counts, self.mode, per_sample_weights)
 
     def extra_repr(self) -> str:
         return f"{self.name!r}, dim={self.dim}, mode={self.mode!r}"
@@ -223,13 +252,15 @@ class EmbeddingCollection(torch.nn.Module):
 class EmbeddingBagCollection(torch.nn.Module):
     """Bags of rows of several tables in one lookup, each reduced by ``mode`` ("sum" |
     "mean"): ``forward(bags)``, ``bags`` one ``(values, offsets)`` per table of ``names``
-    (a list or tuple, or a dict by name: ``pt.batches``' ``batch.bags``) -> a tuple, table
-    k's ``(B_k, dim_k)``."""
+    (a list or tuple, or a dict by name: ``pt.batches``' ``batch.bags``; as
+    ``EmbeddingBag`` takes them, ``include_last_offset`` too) -> a tuple, table k's
+    ``(B_k, dim_k)``."""
 
-    def __init__(self, names, mode: str = "sum"):
+    def __init__(self, names, mode: str = "sum", include_last_offset: bool = False):
         super().__init__()
         self.names = _names("pt.EmbeddingBagCollection", names)
         self.mode = _mode("pt.EmbeddingBagCollection", mode)
+        self.include_last_offset = bool(include_last_offset)
 
     def forward(self, bags) -> tuple:
         where = "pt.EmbeddingBagCollection"
@@ -244,10 +275,10 @@ class EmbeddingBagCollection(torch.nn.Module):
         for n, pair in zip(self.names, bags):
             if not isinstance(pair, (list, tuple)) or len(pair) != 2:
                 raise InputError(f"{where}: table {n!r}: give its bags as (values, offsets)")
-        counts = [_bag_counts(f"{where}: table {n!r}", *pair)
-                  for n, pair in zip(self.names, bags)]
-        rows = lookup_many(self.names, [values for values, _ in bags])
-        return tuple(_pooled(r, c, self.mode) for r, c in zip(rows, counts))
+        flat = [_bags(f"{where}: table {n!r}", *pair, self.include_last_offset)
+                for n, pair in zip(self.names, bags)]
+        rows = lookup_many(self.names, [values for values, _ in flat])
+        return tuple(_pooled(r, c, self.mode) for r, (_, c) in zip(rows, flat))
 
     def extra_repr(self) -> str:
         return ", ".join(map(repr, self.names)) + f", mode={self.mode!r}"
