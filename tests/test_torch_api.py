@@ -77,6 +77,10 @@ def test_every_call_of_batches_is_a_whole_pass(job, data):
     assert [b.sparse.tolist() for b in second] == [b.sparse.tolist() for b in two[6:]]
     with pytest.raises(Exception, match="start must be >= 0"):
         next(pt.batches(data, B, start=-1))
+    with pytest.raises(Exception, match="drop_last=False reads one pass in the file's order"):
+        next(pt.batches(data, B, shuffle=True, drop_last=False))
+    tail = list(pt.batches(data, B, drop_last=False, start=6))  # (the 2 rows dropped above)
+    assert len(tail) == 1 and same_rows(tail[0], file_rows(data, 48, 50))
 
 
 def test_batches_of_a_multi_hot_file_are_its_rows(job, tmp_path):

@@ -172,6 +172,40 @@ def test_every_call_of_batches_is_a_whole_pass_on_every_worker(comm, workdir):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_an_evaluation_pass_without_drop_last_reads_every_row_once(comm, workdir):
+    """``drop_last=False``, 103 rows (not a multiple of any global batch here): the
+    workers' batches, in order (batch t: worker 0's rows, worker 1's, ...), are the file's
+    rows 0..102, once each; past the file's end a worker's last batch is empty, and the
+    model scores it."""
+    import h5py
+
+    import pshybrid.torch as pt
+
+    path = workdir / "odd.h5"
+    if comm.rank == 0:
+        write_synthetic(str(path), 103, seed=6, n_dense=3, cardinalities=(7, 30))
+    comm.Barrier()  # Wire: the file is written
+    pt.init(servers=0, mode="allreduce", seed=3, comm=comm,
+            tables=[pt.Table("t", rows=10, dim=2, dtype=torch.float64)])
+    model = torch.nn.Linear(3, 1).double()
+    got = []
+    with torch.no_grad():
+        for batch in pt.batches(path, 4, drop_last=False):
+            model(batch.dense.double())
+            got.append(batch.sparse.numpy())
+    pt.shutdown()
+    # Wire: every rank's batches to all
+    every = comm.allgather(got)
+    order = np.concatenate([b for t in range(len(got)) for b in (w[t] for w in every)])
+    with h5py.File(path) as f:
+        want = f["sparse"][...]
+    steps = {len(w) for w in every}
+    ok = len(steps) == 1 and np.array_equal(order, want)
+    assert_all(comm, ok, f"{steps} steps; {len(order)} rows read, the file's 103 "
+               f"{'in order' if ok else 'not in order'}")
+
+
+@pytest.mark.mpi(min_size=2)
 def test_the_workers_own_communicator_holds_the_workers_alone(comm):
     """``hybrid``, 1 server: between steps, ``pt.worker_comm()`` gathers every worker's
     index (0 .. W-1, in order) and its scores for a global metric, where a collective over

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from pshybrid.batches import BatchPlan, prefetch, worker_batches
+from pshybrid.batches import BatchPlan, prefetch, read_ids, worker_batches
 from pshybrid.data import H5Dataset
 from pshybrid.errors import InputError
 from pshybrid.schema import Schema
@@ -80,6 +80,26 @@ def _split(parts, sch: Schema):
     return label, dense, ids[:n * f1].reshape(n, f1), bags
 
 
+def _tail(plan: BatchPlan, offset: int, count: int, start: int):
+    """The file rows ``(lo, hi)`` of this worker's slice (``offset``, ``count`` rows) of the
+    last partial global batch (maybe empty), or None: none, or ``start`` past it."""
+    full = plan.steps_per_epoch * plan.G
+    if full == plan.n or start > plan.steps_per_epoch:
+        return None
+    hi = min(full + offset + count, plan.n)
+    return min(full + offset, hi), hi
+
+
+def _batch(parts, sch: Schema) -> Batch:
+    """A ``Batch`` of a ``worker_batches`` / ``read_ids`` batch: copies (the reader reuses
+    its buffers a few steps later), label and dense in torch's default float dtype."""
+    label, dense, sparse, bags = _split(parts, sch)
+    dtype = torch.get_default_dtype()
+    return Batch(torch.from_numpy(np.array(label)).to(dtype),
+                 torch.from_numpy(np.array(dense)).to(dtype),
+                 torch.from_numpy(np.array(sparse, np.int64)), bags)
+
+
 def _check(batch_size: int, epoch: int, start: int) -> None:
     for name, value, least in (("batch_size", batch_size, 1), ("epoch", epoch, 0),
                                ("start", start, 0)):
@@ -89,15 +109,18 @@ def _check(batch_size: int, epoch: int, start: int) -> None:
 
 
 def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
-            shuffle: bool = False, seed: int | None = None, epoch: int = 0, start: int = 0):
+            shuffle: bool = False, seed: int | None = None, epoch: int = 0, start: int = 0,
+            drop_last: bool = True):
     """Collective over the workers. Yields ``Batch`` for global batches ``start .. n-1`` of
     this call's pass, ``n`` = ``steps`` (default: ``epochs`` passes over the file, the last
     partial global batch of each dropped); batch ``i`` of the pass is global batch
     ``epoch * steps_per_epoch + i`` of the data's order, so it begins with epoch ``epoch``'s
     order. Every call is its own pass: nothing depends on earlier calls or on the training
     step. ``shuffle``: the native block shuffle, by ``seed`` (default: ``pt.init``'s) and the
-    epoch. ``path`` may also be a dataset object (``synthetic.SyntheticCTR``, an endless
-    stream: give ``steps``)."""
+    epoch. ``drop_last`` False (one unshuffled epoch: an evaluation): the last partial
+    global batch too, each worker's slice of it (an empty batch on a worker past the
+    file's end). ``path`` may also be a dataset object (``synthetic.SyntheticCTR``, an
+    endless stream: give ``steps``)."""
     s = session()
     W, w = s.topo.n_workers, s.topo.worker_index
     with abort_on_error(s.topo.world):
@@ -106,9 +129,13 @@ def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
         # that differs between workers read overlapping rows, and their step counts differed)
         same_arguments(s.topo.workers, "batches", "worker", batch_size=batch_size,
                        epochs=epochs, steps=steps, shuffle=bool(shuffle), seed=seed,
-                       epoch=epoch, start=start)
+                       epoch=epoch, start=start, drop_last=bool(drop_last))
         _check(batch_size, epoch, start)  # (the same on every worker: collective)
-        ds = _open(path, W * batch_size, s)
+        if not drop_last and (shuffle or steps is not None or epochs != 1 or epoch):
+            raise InputError("batches: drop_last=False reads one pass in the file's order (an "
+                             "evaluation): give it without shuffle, steps, epochs or epoch",
+                             collective=True)
+        ds = _open(path, W * batch_size if drop_last else 1, s)
     plan = BatchPlan(getattr(ds, "n_rows", None), W * batch_size, shuffle,
                      s.seed if seed is None else seed)
     if plan.steps_per_epoch is None and (steps is None or epoch):
@@ -119,14 +146,13 @@ def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
     first = epoch * (plan.steps_per_epoch or 0) + start
     depth = 2 if rank_cores() >= 2 else 0
     rows = worker_batches(ds, plan, first, n, w * batch_size, batch_size, None, depth)
-    dtype = torch.get_default_dtype()
+    tail = None if drop_last else _tail(plan, w * batch_size, batch_size, start)
     try:
         for parts in prefetch(lambda i: next(rows), n, depth):
-            # copies: the reader reuses its buffers a few steps later
-            label, dense, sparse, bags = _split(parts, ds.schema)
-            yield Batch(torch.from_numpy(np.array(label)).to(dtype),
-                        torch.from_numpy(np.array(dense)).to(dtype),
-                        torch.from_numpy(np.array(sparse, np.int64)), bags)
+            yield _batch(parts, ds.schema)
+        if tail is not None:  # (every worker has one: maybe empty)
+            yield _batch(read_ids(ds, [tail], np.zeros(ds.schema.n_sparse, np.int64)),
+                         ds.schema)
     finally:
         if ds is not path:
             ds.close()
