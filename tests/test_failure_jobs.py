@@ -139,15 +139,18 @@ def test_python_api_dataset_raising_on_one_worker_ends_the_job():
 def test_a_torch_exception_inside_try_finally_shutdown_ends_the_job(mode, n):
     """``try: ... finally: pt.shutdown()`` on the worker that raised ran shutdown's
     collectives while the others stepped: the job hung (allreduce), or a server's assert
-    ended it (hybrid). Oracle: the exception's traceback, a non-zero status, in time; and
+    ended it (hybrid); raised after the loop while the others were in pt.shutdown(), their
+    census reported the workers out of step (allreduce). Oracle: the exception's traceback,
+    a non-zero status, in time; and
     where every worker handles the same exception (or exits alike) the job ends as before:
     status 0 after an early stop handled with shutdown, 3 after sys.exit(3)."""
     pytest.importorskip("torch")
     script = os.path.join(os.path.dirname(__file__), "jobs", "torch_raise_in_finally.py")
-    p = run_job(n, [sys.executable, script, mode, "one"], timeout=120)
-    assert p.returncode not in (0, 124, 137), (p.returncode, p.stderr)
-    assert "ValueError: the last worker's bug" in p.stderr, p.stderr
-    assert "workers out of step" not in p.stderr and "not reached" not in p.stdout, p.stderr
+    for case in ("one", "after"):
+        p = run_job(n, [sys.executable, script, mode, case], timeout=120)
+        assert p.returncode not in (0, 124, 137), (case, p.returncode, p.stderr)
+        assert "ValueError: the last worker's bug" in p.stderr, p.stderr
+        assert "out of step" not in p.stderr and "not reached" not in p.stdout, p.stderr
     p = run_job(n, [sys.executable, script, mode, "all"], timeout=120)
     assert p.returncode == 0 and p.stdout.count("stopped early") == n - (mode == "hybrid"), \
         (p.returncode, p.stdout, p.stderr)

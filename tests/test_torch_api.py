@@ -309,6 +309,39 @@ def test_a_checkpointable_dense_optimizer_is_made_without_a_warning(make, capfd)
     assert "warning" not in capfd.readouterr().err
 
 
+def test_a_resume_with_another_dense_optimizer_class_is_refused(tmp_path):
+    """AdamW's checkpoint holds Adam's slots: resumed by a torch.optim.Adam it loaded
+    silently (with AdamW's group settings, or on an older torch plain L2 decay). Refused
+    naming both classes; the same class resumes."""
+    from pshybrid.errors import InputError
+
+    tables = [pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)]
+
+    def start(make, **kw):
+        pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, tables=tables, **kw)
+        model = torch.nn.Linear(2, 1).double()
+        return model, pt.DistributedOptimizer(make(model.parameters(), lr=0.01), model)
+
+    model, opt = start(torch.optim.AdamW)
+    opt.zero_grad()
+    model(torch.ones(3, 2, dtype=torch.float64)).sum().backward()
+    opt.step()
+    pt.checkpoint(tmp_path / "ck")
+    pt.shutdown()
+    for make in (torch.optim.Adam, torch.optim.AdamW):
+        try:
+            if make is torch.optim.Adam:
+                with pytest.raises(InputError, match=r"step-1/meta.json: the checkpoint's dense "
+                                   r"optimizer is torch.optim.AdamW, this one torch.optim.Adam: "
+                                   r"resume with AdamW"):
+                    start(make, resume=str(tmp_path / "ck"))
+            else:
+                _, opt = start(make, resume=str(tmp_path / "ck"))
+                assert opt.opt.state  # AdamW's moments are back
+        finally:
+            pt.shutdown()
+
+
 @pytest.mark.parametrize("servers", [1, 0, None])
 def test_a_hybrid_session_without_room_for_a_server_names_the_api_arguments(servers):
     """One process in mode 'hybrid' has no rank for a server: the refusal names pt.init's

@@ -12,6 +12,7 @@ import numpy as np
 from pshybrid.errors import ConfigError
 
 CALLS = ("pt.shutdown()", "pt.checkpoint", "pt.batches()", "DistributedOptimizer()")
+FAILED = -1  # the step a worker's pt.shutdown during an exception posts (``session._all_here``)
 
 
 def census(s, call: str, step: int, wait_s: float | None = None) -> bool:
@@ -51,6 +52,8 @@ def arrived(s, posted, wait_s: float | None = None, ends: bool = True) -> bool:
                 return False
             time.sleep(0.01)
     if (every != every[0]).any():
+        if call == CALLS[0] and step != FAILED and (every[:, 1] == FAILED).any():
+            return True  # another worker's exception ends the job (its traceback says why)
         where = ", ".join(f"worker {w} in {CALLS[c]} at step {t}" for w, (c, t) in
                           enumerate(every.tolist()))
         raise ConfigError(f"the workers are out of step: {where}: every worker makes the same "

@@ -154,12 +154,14 @@ def _bags(where: str, values, offsets, last: bool = False):
     if last and (offs.numel() == 0 or int(offs[-1]) != n):
         raise InputError(f"{where}: with include_last_offset, offsets end with the number "
                          f"of values ({n}), got {offs[-1:].tolist()}")
-    offs, ends = (offs[:-1], offs[1:]) if last else \
-        (offs, torch.cat([offs[1:], torch.tensor([n], device=offs.device)]))
-    counts = ends - offs
-    if offs.numel() and (int(offs[0]) != 0 or bool((counts < 0).any()) or int(offs[-1]) > n):
+    ends = torch.cat([offs[1:], torch.tensor([n], device=offs.device)])
+    if offs.numel() and (int(offs[0]) != 0 or bool((ends < offs).any())):
         raise InputError(f"{where}: offsets must start at 0 and ascend within [0, {n}]")
-    return values, counts
+    if last:
+        offs, ends = offs[:-1], offs[1:]
+    if offs.numel() == 0:  # no bag: no row (torch's gives (0, dim) too)
+        values = values[:0]
+    return values, ends - offs
 
 
 def _pooled(rows: torch.Tensor, counts: torch.Tensor, mode: str, weights=None):

@@ -32,7 +32,8 @@ class Batch:
     """This worker's rows of one global batch: label (b,), dense (b, n_dense) in torch's
     default float dtype, sparse (b, F) int64 per-field ids of the F single-hot fields, and
     ``bags``: each multi-hot field's ``(values, offsets)`` int64 by name, what
-    ``pt.EmbeddingBag`` takes (row i's ids are ``values[offsets[i]:offsets[i+1]]``)."""
+    ``pt.EmbeddingBag`` takes (row i's ids are ``values[offsets[i]:offsets[i+1]]``, the
+    last row's ``values[offsets[-1]:]``)."""
 
     label: torch.Tensor
     dense: torch.Tensor

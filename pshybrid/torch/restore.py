@@ -36,6 +36,7 @@ class TorchRun:
     dense_lr: float
     keep_last: int = 0
     groups: tuple = ()  # each param group's settings (``group_settings``)
+    torch_optimizer: str = ""  # the torch class (AdamW's slots are "adam"'s)
     state: dict | None = None  # ``pt.checkpoint``'s ``state=``: meta.json's ``user_state``
 
     def meta(self) -> dict:
@@ -50,6 +51,8 @@ class TorchRun:
             "mode": self.mode, "servers": self.servers, "seed": self.seed}}
         if self.groups:
             meta["config"]["param_groups"] = list(self.groups)
+        if self.torch_optimizer:
+            meta["config"]["torch_optimizer"] = self.torch_optimizer
         if self.state is not None:
             meta["user_state"] = self.state
         return meta
@@ -78,8 +81,8 @@ def dense_kind(opt) -> tuple[str, dict]:
 
 
 def checkpoint_form(opt) -> tuple:
-    """(the checkpoint's dense_optimizer, its lr, every param group's settings) of ``opt``,
-    else ``ConfigError``: state it has no slots for."""
+    """(the checkpoint's dense_optimizer, its lr, every param group's settings, the torch
+    class's name) of ``opt``, else ``ConfigError``: state it has no slots for."""
     name, _ = dense_kind(opt)
     for i, group in enumerate(opt.opt.param_groups):  # options that add state
         extra = ("momentum" if name == "sgd" and group.get("momentum", 0) else
@@ -88,7 +91,8 @@ def checkpoint_form(opt) -> tuple:
             raise ConfigError(f"pt.checkpoint: torch.optim.{type(opt.opt).__name__} with "
                               f"{extra} (param group {i}) has no checkpoint form (its "
                               "state would be lost); use it without", collective=True)
-    return name, float(opt.opt.param_groups[0]["lr"]), group_settings(opt.param_groups)
+    return (name, float(opt.opt.param_groups[0]["lr"]), group_settings(opt.param_groups),
+            type(opt.opt).__name__)
 
 
 def warn_no_checkpoint(opt) -> None:
@@ -107,6 +111,11 @@ def load_dense(opt, step_dir: str) -> None:
     """``opt``'s model parameters, torch optimizer state and buffers from ``step_dir``'s
     dense.h5, by name (a parameter the checkpoint lacks, or of another shape, refused)."""
     _, keys = dense_kind(opt)
+    saved, now = opt.s.resumed_class, type(opt.opt).__name__
+    if saved is not None and saved != now:  # (AdamW and Adam: the same slots, other steps)
+        raise InputError(f"{step_dir}/meta.json: the checkpoint's dense optimizer is "
+                         f"torch.optim.{saved}, this one torch.optim.{now}: resume with "
+                         f"{saved} (its state and settings are {saved}'s)")
     flat, state, entries = read_dense(step_dir, tuple(keys), None)
     where = {n: (o, tuple(shape)) for n, o, shape in entries}
     for n, p in opt.named:

@@ -21,7 +21,7 @@ import torch
 from mpi4py import MPI
 
 import pshybrid.torch.preempt as stops
-from pshybrid.torch.census import arrive, arrived, census
+from pshybrid.torch.census import FAILED, arrive, arrived, census
 from pshybrid import checkpoint
 from pshybrid.checkpoint_files import check_run_dir, read_meta, read_shards, resolve
 from pshybrid.config import SEED_RANGE, seed_check
@@ -112,6 +112,7 @@ class Session:
         self.resume_step: int | None = None
         self.resumed_state: dict = {}  # the checkpoint resumed from: its ``state=``,
         self.resumed_groups: list | None = None  # ... and its param groups' settings
+        self.resumed_class: str | None = None  # ... and its torch optimizer's class
         self.roots: set = set()  # the directories this session has written checkpoints in
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None,
         #   whether the Batch was planned from these ids] (``embedding._Lookup``)
@@ -127,12 +128,13 @@ class Session:
 
     # -- the checkpoint's description of this job (meta.json; export reads it) -----------
     def run(self, dense_optimizer: str = "sgd", dense_lr: float = 0.0, groups: tuple = (),
-            state: dict | None = None) -> TorchRun:
+            torch_optimizer: str = "", state: dict | None = None) -> TorchRun:
         opt = self.optimizer
         return TorchRun(self.mode_name, self.seed, self.topo.n_servers,
                         tuple(self.tables.values()), self.layout.table.dim,
                         self.sparse_opt.lr if opt is None else opt.sparse_lr,
-                        dense_optimizer, dense_lr, groups=groups, state=state)
+                        dense_optimizer, dense_lr, groups=groups,
+                        torch_optimizer=torch_optimizer, state=state)
 
 
 _session: Session | None = None
@@ -303,6 +305,7 @@ def _load_sparse(s: Session, path: str) -> int:
                              f"{s.sparse_opt.kind!r}")
         step = int(meta["step"])
         s.resumed_state, s.resumed_groups = read_state(meta, where), read_groups(meta, where)
+        s.resumed_class = meta["config"].get("torch_optimizer")
         if s.topo.is_server or s.topo.n_servers == 0:
             read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
                         s.mode.owns, s.mode.set_sparse_rows,
@@ -393,7 +396,7 @@ def _all_here(s: Session) -> bool:
     """Shutdown during an exception: whether every worker calls it (all handled the same
     exception, a Ctrl-C: maybe a step apart) within ``SHUTDOWN_WAIT_S``."""
     try:
-        return census(s, "pt.shutdown()", -1, SHUTDOWN_WAIT_S)
+        return census(s, "pt.shutdown()", FAILED, SHUTDOWN_WAIT_S)
     except ConfigError:  # (another is in another call)
         return False
 

@@ -3,6 +3,9 @@
 - ``one``: the last worker raises inside ``try: ... finally: pt.shutdown()`` while the
   others go on to their next step (a collective): the exception ends the whole job (it
   hung: shutdown's collectives on one worker, the step's on the others);
+- ``after``: the last worker raises after the loop, inside ``try: ... finally:
+  pt.shutdown()``, while the others are in ``pt.shutdown()`` (their census saw its
+  exception's and reported the workers out of step);
 - ``all``: every worker raises the same early stop and handles it with ``pt.shutdown()``
   in its ``except``: the job ends normally (status 0);
 - ``exit``: every worker calls ``sys.exit(3)`` inside ``try: ... finally: pt.shutdown()``:
@@ -39,10 +42,12 @@ if pt.init(servers=1 if mode == "hybrid" else 0, mode=mode,
             opt.zero_grad()
             model(torch.ones(4, 2)).sum().backward()
             opt.step()
+        if case == "after" and pt.worker_index() == pt.num_workers() - 1:
+            raise ValueError("the last worker's bug")
     except EarlyStop:
         pt.shutdown()
         print("stopped early")
     finally:
         pt.shutdown()
-    if case == "one":
+    if case == "one" or case == "after" and pt.worker_index() == pt.num_workers() - 1:
         print("not reached")
