@@ -1,8 +1,8 @@
 """pshybrid.torch's Python API in one process (``allreduce`` mode on COMM_SELF), against
 oracles outside it: ``pt.batches`` against the file read with h5py (every call a pass of
-its own; a multi-hot file's bags); StepLR on ``pt.DistributedOptimizer`` against plain PyTorch; a torch checkpoint's
-meta.json against the tables made, its export against the trained rows. At several world
-sizes: ``tests/test_torch_mpi.py``."""
+its own; a multi-hot file's bags); StepLR on ``pt.DistributedOptimizer`` against plain
+PyTorch; a torch checkpoint's meta.json against the tables made, its export against the
+trained rows. At several world sizes: ``tests/test_torch_mpi.py``."""
 
 from __future__ import annotations
 

@@ -196,8 +196,9 @@ def test_bad_input_names_the_table(job):
         pt.EmbeddingBag("b", include_last_offset=True)(torch.tensor([1, 2]), torch.tensor([0, 1]))
     with pytest.raises(InputError, match="offsets must start at 0"):  # (before the slice)
         pt.EmbeddingBag("b", include_last_offset=True)(torch.tensor([1, 2]), torch.tensor([2]))
-    assert pt.EmbeddingBag("b")(torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64)
-                                ).shape == (0, 5)  # no bag: as torch's
+    for w in (None, torch.ones(2)):  # no bag: as torch's
+        assert pt.EmbeddingBag("b")(torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64),
+                                    w).shape == (0, 5)
     with pytest.raises(InputError, match=r"values of shape \(2,\) need offsets"):
         pt.EmbeddingBag("b")(torch.tensor([1, 2]))
     with pytest.raises(InputError, match="per_sample_weights must be a floating tensor of the "

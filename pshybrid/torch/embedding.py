@@ -169,7 +169,7 @@ def _pooled(rows: torch.Tensor, counts: torch.Tensor, mode: str, weights=None):
     row, where given) summed, or averaged (an empty bag: zeros)."""
     B = counts.shape[0]
     if weights is not None:
-        rows = rows * weights.reshape(-1, 1).to(rows.dtype)
+        rows = rows * weights.reshape(-1, 1)[:len(rows)].to(rows.dtype)  # (no bag: none)
     bag = torch.repeat_interleave(torch.arange(B, device=rows.device), counts)
     out = torch.zeros((B, rows.shape[1]), dtype=rows.dtype, device=rows.device)
     out = out.index_add(0, bag, rows)

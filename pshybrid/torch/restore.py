@@ -67,8 +67,6 @@ NO_CHECKPOINT = ("pt.checkpoint will refuse it, so a stop on SIGTERM / SIGUSR1 c
                  "checkpoint")
 
 
-
-
 def dense_kind(opt) -> tuple[str, dict]:
     """``CHECKPOINTABLE``'s entry for the torch optimizer of ``opt`` (a DistributedOptimizer),
     else ``ConfigError``."""
