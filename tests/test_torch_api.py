@@ -309,6 +309,20 @@ def test_a_checkpointable_dense_optimizer_is_made_without_a_warning(make, capfd)
     assert "warning" not in capfd.readouterr().err
 
 
+def test_load_rows_refuses_what_is_not_the_tables_rows(job):
+    """(The rows it loads start a hybrid run: ``tests/test_torch_mpi.py``.)"""
+    from pshybrid.errors import InputError
+
+    for bad, match in ((torch.zeros(9, 2), r"weights of shape \(9, 2\), the table's is "
+                        r"\(10, 2\)"),
+                       (torch.full((10, 2), float("nan")), "weights must be finite floating-point"),
+                       (torch.zeros(10, 2, dtype=torch.int64), "weights must be finite floating-point")):
+        with pytest.raises(InputError, match=r"^pt.load_rows\('t'\): " + match):
+            pt.load_rows("t", bad)
+    pt.load_rows("t", np.arange(20.0).reshape(10, 2))
+    assert pt.Embedding("t")(torch.tensor([9])).tolist() == [[18.0, 19.0]]
+
+
 def test_a_resume_with_another_dense_optimizer_class_is_refused(tmp_path):
     """AdamW's checkpoint holds Adam's slots: resumed by a torch.optim.Adam it loaded
     silently (with AdamW's group settings, or on an older torch plain L2 decay). Refused

@@ -30,6 +30,7 @@ from mpi_util import assert_all
 from test_train_mpi import write_multi_hot
 
 from pshybrid.synthetic import write_synthetic
+from pshybrid.torch.session import session
 
 _spec = importlib.util.spec_from_file_location(
     "torch_wdl", pathlib.Path(__file__).parent / "jobs" / "torch_wdl.py")
@@ -203,6 +204,56 @@ def test_an_evaluation_pass_without_drop_last_reads_every_row_once(comm, workdir
     ok = len(steps) == 1 and np.array_equal(order, want)
     assert_all(comm, ok, f"{steps} steps; {len(order)} rows read, the file's 103 "
                f"{'in order' if ok else 'not in order'}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_plain_pytorch_model_starts_a_hybrid_run_through_load_rows(comm, workdir):
+    """The fine-tune path: a plain PyTorch model (``nn.Embedding`` + Linear) taken over by
+    one process in an ``allreduce`` session (``pt.load_rows``, the Linear's state_dict),
+    ``pt.checkpoint``; 1 server + W workers resume it in ``hybrid`` mode and train 5 steps
+    == the plain model trained on the global batch in one process, to 1e-9 (``load_rows``
+    there: refused, naming this path)."""
+    import torch_steplr as m
+
+    import pshybrid.torch as pt
+    from pshybrid.errors import ConfigError
+
+    torch.set_default_dtype(torch.float64)
+    torch.manual_seed(5)
+    ref, ck = m.Model(torch.nn.Embedding(m.ROWS, m.D)), workdir / "imported"
+    tables = [pt.Table("t", rows=m.ROWS, dim=m.D, optimizer="adagrad", lr=m.LR_EMB,
+                       dtype=torch.float64)]
+    if comm.rank == 0:
+        pt.init(servers=0, mode="allreduce", seed=4, comm=MPI.COMM_SELF, tables=tables)
+        model = m.Model(pt.Embedding("t"))
+        model.lin.load_state_dict(ref.lin.state_dict())
+        pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=m.LR_DENSE), model)
+        pt.load_rows("t", ref.emb.weight)
+        pt.checkpoint(ck)
+        pt.shutdown()
+    comm.Barrier()  # Wire: the checkpoint is written
+    ok, msg = True, ""
+    if pt.init(servers=1, mode="hybrid", seed=4, comm=comm, exit_servers=False,
+               tables=tables, resume=str(ck)):
+        model = m.Model(pt.Embedding("t"))  # (its own weights: the checkpoint's replace them)
+        opt = pt.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=m.LR_DENSE),
+                                      model)
+        with pytest.raises(ConfigError, match="in mode 'hybrid' the rows live on the servers"):
+            pt.load_rows("t", ref.emb.weight)
+        W, w = pt.num_workers(), pt.worker_index()
+        gb = m.global_batches(W * m.B)
+        m.train(model, [opt], [], [tuple(x[w * m.B:(w + 1) * m.B] for x in b) for b in gb])
+        got = [session().mode.full_table(), *(p.detach().numpy() for p in model.lin.parameters())]
+        pt.shutdown()
+        start = ref.emb.weight.detach().numpy().copy()
+        m.train(ref, [torch.optim.Adam(ref.lin.parameters(), lr=m.LR_DENSE),
+                      torch.optim.Adagrad(ref.emb.parameters(), lr=m.LR_EMB, eps=1e-8)], [], gb)
+        want = [ref.emb.weight.detach().numpy(), *(p.detach().numpy()
+                                                   for p in ref.lin.parameters())]
+        errs = [rel_err(a, b) for a, b in zip(got, want)]
+        if max(errs) > 1e-9 or rel_err(start, want[0]) < 1e-3:
+            ok, msg = False, f"relative errors {errs}; the table moved {rel_err(start, want[0])}"
+    assert_all(comm, ok, msg)
 
 
 @pytest.mark.mpi(min_size=2)

@@ -24,6 +24,7 @@ from pshybrid.torch.embedding import (
     EmbeddingBag,
     EmbeddingBagCollection,
     EmbeddingCollection,
+    load_rows,
 )
 from pshybrid.torch.loader import Batch, batches, schema
 from pshybrid.torch.optimizer import DistributedOptimizer
@@ -51,6 +52,6 @@ def checkpoint(directory, state: dict | None = None) -> str:
 
 
 __all__ = ["Batch", "DistributedOptimizer", "Embedding", "EmbeddingBag", "EmbeddingBagCollection",
-           "EmbeddingCollection", "Table", "batches", "checkpoint", "init", "num_workers",
-           "resumed_state", "schema", "shutdown", "steps_done", "stop_requested", "worker_comm",
-           "worker_index"]
+           "EmbeddingCollection", "Table", "batches", "checkpoint", "init", "load_rows",
+           "num_workers", "resumed_state", "schema", "shutdown", "steps_done", "stop_requested",
+           "worker_comm", "worker_index"]

@@ -11,7 +11,8 @@ import numpy as np
 
 from pshybrid.errors import ConfigError
 
-CALLS = ("pt.shutdown()", "pt.checkpoint", "pt.batches()", "DistributedOptimizer()")
+CALLS = ("pt.shutdown()", "pt.checkpoint", "pt.batches()", "DistributedOptimizer()",
+         "pt.load_rows")
 FAILED = -1  # the step a worker's pt.shutdown during an exception posts (``session._all_here``)
 
 

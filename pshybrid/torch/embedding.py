@@ -10,11 +10,16 @@ hands them, with the step's other lookups, to the step's sparse update.
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import torch
 
-from pshybrid.errors import InputError
+from pshybrid.errors import ConfigError, InputError
+from pshybrid.optim import SLOTS
+from pshybrid.torch.census import census
 from pshybrid.torch.session import session
+from pshybrid.transport import abort_on_error, agree, same_arguments
 
 
 def _table(name: str, where: str):
@@ -115,6 +120,39 @@ def lookup_many(names, ids) -> tuple:
 def lookup(name: str, ids: torch.Tensor) -> torch.Tensor:
     """table[ids]: ids.shape + (dim,) on ids' device."""
     return lookup_many((name,), (ids,))[0]
+
+
+def load_rows(name: str, weights) -> None:
+    """Workers, collectively, in ``allreduce`` mode: table ``name``'s rows := ``weights``
+    ((rows, dim): a plain PyTorch ``nn.Embedding``'s ``.weight``, the same on every
+    worker), its rows' optimizer state zero. A ``hybrid`` run starts from them through a
+    checkpoint: ``pt.checkpoint`` here, then ``pt.init(mode="hybrid", resume=...)``."""
+    s = session()
+    where = f"pt.load_rows({name!r})"
+    with abort_on_error(s.topo.world):
+        census(s, "pt.load_rows", s.step)
+        spec = _table(name, where)
+        if s.topo.n_servers:
+            raise ConfigError(f"{where}: in mode {s.mode_name!r} the rows live on the "
+                              "servers: load them in a session of mode='allreduce' "
+                              "(servers=0, one process will do), pt.checkpoint it, and start "
+                              "this run with pt.init(..., resume=that directory)",
+                              collective=True)
+        w = weights.detach().to("cpu").numpy() if isinstance(weights, torch.Tensor) else \
+            np.asarray(weights)
+        problem = (f"weights of shape {w.shape}, the table's is {(spec.rows, spec.dim)}"
+                   if w.shape != (spec.rows, spec.dim) else None if w.dtype.kind == "f" and
+                   np.isfinite(w).all() else "weights must be finite floating-point numbers")
+        # Wire: allgather of the verdict and a checksum: every worker loads the same rows
+        agree(s.topo.workers, InputError(f"{where}: {problem}") if problem else None)
+        same_arguments(s.topo.workers, where, "worker", weights_crc32=zlib.crc32(
+            np.ascontiguousarray(w, s.layout.table.dtype).tobytes()))
+        E, dtype = s.layout.table.dim, s.layout.table.dtype
+        rows = np.zeros((spec.rows, E), dtype)
+        rows[:, :spec.dim] = w
+        ids = np.arange(spec.rows, dtype=np.int64) + s.offsets[name]
+        s.mode.set_sparse_rows(ids, {"w": rows, **{k: np.zeros_like(rows) for k in
+                                                   SLOTS[s.sparse_opt.kind]}})
 
 
 class Embedding(torch.nn.Module):
