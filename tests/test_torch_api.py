@@ -321,6 +321,8 @@ def test_load_rows_refuses_what_is_not_the_tables_rows(job):
             pt.load_rows("t", bad)
     pt.load_rows("t", np.arange(20.0).reshape(10, 2))
     assert pt.Embedding("t")(torch.tensor([9])).tolist() == [[18.0, 19.0]]
+    pt.load_rows("t", torch.arange(20.0).reshape(10, 2).bfloat16())  # (no NumPy bfloat16)
+    assert pt.Embedding("t")(torch.tensor([9])).tolist() == [[18.0, 19.0]]
 
 
 def test_a_resume_with_another_dense_optimizer_class_is_refused(tmp_path):

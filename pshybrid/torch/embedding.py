@@ -138,8 +138,11 @@ def load_rows(name: str, weights) -> None:
                               "(servers=0, one process will do), pt.checkpoint it, and start "
                               "this run with pt.init(..., resume=that directory)",
                               collective=True)
-        w = weights.detach().to("cpu").numpy() if isinstance(weights, torch.Tensor) else \
-            np.asarray(weights)
+        if isinstance(weights, torch.Tensor):  # (bfloat16 has no NumPy form: float64 does)
+            t = weights.detach().to("cpu")
+            w = (t.double() if t.is_floating_point() else t).numpy()
+        else:
+            w = np.asarray(weights)
         problem = (f"weights of shape {w.shape}, the table's is {(spec.rows, spec.dim)}"
                    if w.shape != (spec.rows, spec.dim) else None if w.dtype.kind == "f" and
                    np.isfinite(w).all() else "weights must be finite floating-point numbers")
