@@ -39,7 +39,6 @@ from pshybrid.torch.restore import (apply_settings, dense_kind, load_dense, sett
 from pshybrid.torch.session import DTYPES, session, shutdown
 from pshybrid.transport import abort_on_error, agree, same_arguments
 
-# torch optimizers whose state maps onto the checkpoint's dense slots: name, {slot: key}
 class DistributedOptimizer(torch.optim.Optimizer):
     """A ``torch.optim.Optimizer`` that steps ``torch_optimizer`` (over ``model``'s
     parameters) and the job's tables as the native step does. Its ``param_groups`` are the

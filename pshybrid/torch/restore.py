@@ -59,10 +59,9 @@ class TorchRun:
 
 
 # torch optimizer -> (the checkpoint's dense_optimizer: its slots' layout, {slot: state key})
-CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}),
-                  torch.optim.Adam: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"}),
-                  torch.optim.AdamW: ("adam", {"m": "exp_avg", "v": "exp_avg_sq"}),
-                  torch.optim.Adagrad: ("adagrad", {"acc": "sum"})}
+_ADAM = ("adam", {"m": "exp_avg", "v": "exp_avg_sq"})
+CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}), torch.optim.Adam: _ADAM,
+                  torch.optim.AdamW: _ADAM, torch.optim.Adagrad: ("adagrad", {"acc": "sum"})}
 NO_CHECKPOINT = ("pt.checkpoint will refuse it, so a stop on SIGTERM / SIGUSR1 can write no "
                  "checkpoint")
 

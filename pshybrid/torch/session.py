@@ -21,7 +21,6 @@ import torch
 from mpi4py import MPI
 
 import pshybrid.torch.preempt as stops
-from pshybrid.torch.census import FAILED, arrive, arrived, census
 from pshybrid import checkpoint
 from pshybrid.checkpoint_files import check_run_dir, read_meta, read_shards, resolve
 from pshybrid.config import SEED_RANGE, seed_check
@@ -35,6 +34,7 @@ from pshybrid.schema import FusedTable, Schema, names_problem
 from pshybrid.stall import Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
+from pshybrid.torch.census import FAILED, arrive, arrived, census
 from pshybrid.torch.restore import (DTYPES, TorchRun, checkpoint_form, read_groups, read_state,
                                     rewrite_meta, state_problem)
 from pshybrid.transport import abort, abort_on_error, agree, same_arguments
@@ -317,13 +317,15 @@ def _load_sparse(s: Session, path: str) -> int:
     return step
 
 
-def _save(s: Session, root: str | None, step: int, state: dict | None = None) -> str:
-    """Collective over the world (servers join from their loop): checkpoint ``step``."""
+def _save(s: Session, root: str | None, step: int, state: dict | None = None,
+          form: tuple | None = None) -> str:
+    """Collective over the world (servers join from their loop): checkpoint ``step``;
+    ``form``: the workers' ``checkpoint_form`` (servers: None; worker 0 writes meta.json)."""
     topo = s.topo
     # Wire: worker 0 tells every rank the directory (servers learn it only here)
     root = topo.world.bcast(root, root=topo.worker_ranks[0])
-    opt = s.optimizer  # (None on servers: worker 0 writes meta.json)
-    run = s.run(*checkpoint_form(opt), state) if opt is not None else s.run()
+    run = s.run(*form, state) if form is not None else s.run()
+    opt = s.optimizer
     params = opt.params if opt is not None else s.mode.dense.params
     written = checkpoint.save(root, step, run, topo, s.mode, params, s.schema)
     s.saved = (step, root, copy.deepcopy(state))  # (the caller may change its dict later)
@@ -338,20 +340,20 @@ def checkpoint_to(root: str, state: dict | None = None) -> str:
         if s.optimizer is None:
             raise ConfigError("pt.checkpoint: make the pt.DistributedOptimizer first (the "
                               "checkpoint holds the model's dense parameters)", collective=True)
-        checkpoint_form(s.optimizer)  # refused here, before the servers are asked
+        form = checkpoint_form(s.optimizer)  # refused here, before the servers are asked
         census(s, "pt.checkpoint", s.step)
         problem = None if s.topo.worker_index else "state must be a dict" if not isinstance(
             state, (dict, type(None))) else state_problem(state)  # (worker 0's is kept)
         # Wire: allgather of the verdicts: worker 0's refusal reaches every worker
         agree(s.topo.workers, ConfigError(f"pt.checkpoint: {problem}") if problem else None)
         if _check_root(s, str(root)):  # this session wrote this step there: nothing trained
-            return _restate(s, os.path.join(str(root), f"step-{s.step}"), state)
+            return _restate(s, os.path.join(str(root), f"step-{s.step}"), state, form)
         s.optimizer.sync_params()
         s.mode.request_checkpoint(s.step)
-        return _save(s, str(root), s.step, state)
+        return _save(s, str(root), s.step, state, form)
 
 
-def _restate(s: Session, step_dir: str, state: dict | None) -> str:
+def _restate(s: Session, step_dir: str, state: dict | None, form: tuple) -> str:
     """Workers, collectively: a second ``pt.checkpoint`` of this session at one step (a
     periodic one, then the stop's) writes the rows and parameters no second time (nothing
     trained), but meta.json's description of the run anew where it changed (worker 0,
@@ -361,7 +363,7 @@ def _restate(s: Session, step_dir: str, state: dict | None) -> str:
     err = None
     if s.topo.worker_index == 0:
         try:
-            rewrite_meta(step_dir, s.run(*checkpoint_form(s.optimizer), keep).meta())
+            rewrite_meta(step_dir, s.run(*form, keep).meta())
         except (OSError, PshybridError) as e:
             err = InputError(f"pt.checkpoint: {step_dir}/meta.json: {e}")
     agree(s.topo.workers, err)  # Wire: worker 0's verdict reaches every worker
