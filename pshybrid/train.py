@@ -239,9 +239,9 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
                                 data.schema.n_sparse, layout.table.dim, data.schema.n_dense,
                                 1.0 / global_batch(cfg, topo.n_workers),
                                 graphs=cfg.cuda_graphs != "off")
-    # The steady state makes little cyclic garbage; exclude the tens of thousands of
-    # start-up objects (numba, h5py, the model) from every later GC pass.
-    gc.collect()
+    # Little cyclic garbage in the steady state: the start-up objects leave every later GC pass;
+    # only the young are collected first (a full pass walks all, torch's too, to find a few).
+    gc.collect(1)
     gc.freeze()
     job.t_start = time.perf_counter()
     return job
