@@ -16,6 +16,9 @@ run: the median step time after warm-up), in samples/s over all workers:
   field (26 lookups a step);
 - ``collection``: those 26 tables looked up by one ``pt.EmbeddingCollection`` (one
   lookup a step, as ``docs/torch.md``'s DLRM example);
+- ``colocated``, ``native-colocated``: ``torch`` and ``native`` with every rank a worker
+  holding a shard of the table (``placement="colocated"``, ``--placement colocated``): N
+  workers, no server rank;
 - ``ddp``: plain PyTorch ``DistributedDataParallel`` (gloo) on the N-1 worker ranks, the
   table replicated as ``nn.Embedding(sparse=True)`` updated by ``torch.optim.Adagrad``
   (the server rank idles).
@@ -106,15 +109,16 @@ def step_times(run_steps) -> list[float]:
     return list(np.diff(marks))
 
 
-def run_native(a, data, cards, world):
-    cfg = TrainConfig(model="wdl", mode="hybrid", servers=1, steps=a.steps, batch_size=a.batch,
+def run_native(a, data, cards, world, placement="dedicated"):
+    cfg = TrainConfig(model="wdl", mode="hybrid", steps=a.steps, batch_size=a.batch,
+                      servers=None if placement == "colocated" else 1, placement=placement,
                       embedding_dim=D, mlp=a.mlp, sparse_optimizer="adagrad",
                       dense_optimizer="adam", log_every=a.steps)  # shared memory: auto, as torch
     res = train(cfg, world, dataset=data, out=io.StringIO())
     return res.step_seconds if res.role == "worker" else None
 
 
-def run_torch(a, data, cards, world, per_field=None):
+def run_torch(a, data, cards, world, per_field=None, placement="dedicated"):
     """``per_field``: None (one table), "tables" or "collection" (26 tables)."""
     import torch
 
@@ -122,7 +126,8 @@ def run_torch(a, data, cards, world, per_field=None):
 
     names = [f"C{f + 1}" for f in range(len(cards))] if per_field else ["sparse"]
     sizes = cards if per_field else [sum(cards)]
-    if not pt.init(servers=1, mode="hybrid", seed=0, comm=world, exit_servers=False,
+    if not pt.init(servers=None if placement == "colocated" else 1, placement=placement,
+                   mode="hybrid", seed=0, comm=world, exit_servers=False,
                    tables=[pt.Table(n, rows=r, dim=D + 1, lr=0.05)
                            for n, r in zip(names, sizes)]):
         return None
@@ -179,7 +184,7 @@ def _free_port() -> int:
 def one_run(a) -> int:
     """Under mpiexec: variant ``a.variant`` once; rank 0 writes its samples/s to ``a.json``."""
     world = MPI.COMM_WORLD
-    W = world.size - 1
+    W = world.size - (not a.variant.endswith("colocated"))
     workers = world.Split(0 if world.rank < W else MPI.UNDEFINED, world.rank)
     cards = tuple(min(c, a.max_cardinality) for c in CRITEO_KAGGLE)
     data = SyntheticCTR(seed=0, cardinalities=cards)
@@ -193,7 +198,9 @@ def one_run(a) -> int:
     else:
         run = {"native": run_native, "torch": run_torch,
                "tables": lambda *x: run_torch(*x, per_field="tables"),
-               "collection": lambda *x: run_torch(*x, per_field="collection")}[a.variant]
+               "collection": lambda *x: run_torch(*x, per_field="collection"),
+               "colocated": lambda *x: run_torch(*x, placement="colocated"),
+               "native-colocated": lambda *x: run_native(*x, placement="colocated")}[a.variant]
         times = run(a, data, cards, world)
     idle_barrier(world)  # Wire: zero-byte barrier
     if world.rank == 0:
@@ -244,14 +251,14 @@ def drive(a, argv) -> int:
             with open(out) as f:
                 got = json.load(f)
             runs.setdefault(name, []).append(got["samples_per_s"])
-            print(f"run {i + 1}: {name:<11}{got['samples_per_s']:>10,.0f} samples/s", flush=True)
+            print(f"run {i + 1}: {name:<17}{got['samples_per_s']:>10,.0f} samples/s", flush=True)
     med = {k: statistics.median(v) for k, v in runs.items()}
     print(f"torch benchmark: WDL, 26 tables ({got['rows'] / 1e6:.1f}M rows, dim {D}), MLP "
           f"{a.mlp.replace(',', '-')}, batch {a.batch}/worker, {a.ranks - 1} workers + 1 "
-          f"server, {a.steps} steps ({a.warmup} warm-up), median of {a.repeat} interleaved runs")
+          f"server (colocated: {a.ranks} workers), {a.steps} steps ({a.warmup} warm-up), median of {a.repeat} interleaved runs")
     for k, v in med.items():
         ratio = f"  {v / med['native']:.2f}x native" if "native" in med else ""
-        print(f"{k:<11}{v:>10,.0f} samples/s   runs {[round(x) for x in runs[k]]}{ratio}")
+        print(f"{k:<17}{v:>10,.0f} samples/s   runs {[round(x) for x in runs[k]]}{ratio}")
     with open(a.json, "w") as f:
         json.dump({"args": vars(a), "samples_per_s": runs, "median": med}, f, indent=1)
     return 0

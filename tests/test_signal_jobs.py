@@ -178,10 +178,12 @@ def _torch_job(tmp_path, n, mode, case, *args):
 
 
 @pytest.mark.parametrize("mode, n, sig, rank", [("hybrid", 3, signal.SIGTERM, None),
-                                                ("allreduce", 2, signal.SIGUSR1, 1)])
+                                                ("allreduce", 2, signal.SIGUSR1, 1),
+                                                ("colocated", 2, signal.SIGUSR1, 0)])
 def test_a_torch_script_checkpoints_where_it_is_told_to_stop_and_resumes_exactly(
         tmp_path, mode, n, sig, rank):
-    """pshybrid.torch: SIGTERM to mpiexec (every rank), or SIGUSR1 to one worker alone.
+    """pshybrid.torch: SIGTERM to mpiexec (every rank), or SIGUSR1 to one worker alone
+    (colocated: rank 0 of two, each a worker holding a shard).
     pt.stop_requested() becomes True at the same step on every worker; the script's
     pt.checkpoint there; every rank exits 75 after one line (the default action had ended
     the job at once, nothing saved: the servers died with the workers mid-step). Oracle:

@@ -375,6 +375,26 @@ def test_a_hybrid_session_without_room_for_a_server_names_the_api_arguments(serv
     pt.shutdown()
 
 
+@pytest.mark.parametrize("kw,want", [
+    (dict(placement="colocated", servers=1), "placement='colocated' puts a shard of the tables "
+     "on every rank, each a worker: only in mode 'hybrid', without servers= (mode='hybrid', "
+     "servers=1)"),
+    (dict(placement="colocated", mode="allreduce", servers=0), "only in mode 'hybrid'"),
+    (dict(placement="nearby"), "placement 'nearby': one of ['colocated', 'dedicated']")])
+def test_a_placement_that_cannot_be_is_refused_and_colocated_runs_on_one_rank(kw, want):
+    """``placement="colocated"`` needs table shards (mode 'hybrid') and places them itself
+    (no ``servers=``); one process is enough for it: a worker that holds every row."""
+    from pshybrid.errors import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        pt.init(comm=MPI.COMM_SELF, tables=[pt.Table("t", rows=10, dim=2)], **kw)
+    assert want in str(e.value), str(e.value)
+    assert pt.init(placement="colocated", comm=MPI.COMM_SELF, tables=[pt.Table("t", 10, 2)])
+    rows = pt.Embedding("t")(torch.arange(10))
+    assert rows.shape == (10, 2) and pt.num_workers() == 1
+    pt.shutdown()
+
+
 @pytest.mark.parametrize("timeout", [0, -1.0, float("nan"), True, "600"])
 def test_a_timeout_that_is_not_a_positive_number_of_seconds_is_refused(timeout):
     """pt.init(timeout=...): seconds > 0 or None; anything else one ConfigError naming it

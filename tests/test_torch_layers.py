@@ -254,7 +254,9 @@ def test_misuse_is_one_error_naming_the_argument(job):
     opt.step()
 
 
-def test_a_table_beyond_the_nodes_memory_is_refused_before_allocation():
+@pytest.mark.parametrize("where,holder", [(dict(servers=0, mode="allreduce"), "1 worker"),
+                                          (dict(placement="colocated"), "1 rank")])
+def test_a_table_beyond_the_nodes_memory_is_refused_before_allocation(where, holder):
     """Oracle: ``limits.available_memory``; 10**12 rows of 16 float32 columns with
     Adagrad's slot (128 TB) used to fail in the shared-memory allocation."""
     from pshybrid.errors import ConfigError
@@ -265,10 +267,10 @@ def test_a_table_beyond_the_nodes_memory_is_refused_before_allocation():
     tables = [pt.Table("small", rows=10, dim=4), pt.Table("big", rows=10**12, dim=16)]
     with pytest.raises(ConfigError, match=r"^pt.init: not enough memory: the tables' "
                        r"1,000,000,000,010 rows x 16 columns x 2 slots \(adagrad\) need "
-                       r"119,209.3 GiB on this node \(1 worker\), .* the largest is pt.Table "
+                       rf"119,209.3 GiB on this node \({holder}\), .* the largest is pt.Table "
                        r"'big' of 1,000,000,000,000 rows"):
-        pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, tables=tables)
-    pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, tables=tables[:1])  # nothing left
+        pt.init(comm=MPI.COMM_SELF, tables=tables, **where)
+    pt.init(comm=MPI.COMM_SELF, tables=tables[:1], **where)  # nothing left behind
     pt.shutdown()
 
 

@@ -63,14 +63,18 @@ def rel_err(a, b):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("sparse_opt,data", [("sgd", "d.h5"), ("adagrad", "d.h5"),
-                                             ("adam", "d.h5"), ("adagrad", "mh.h5")])
-def test_workers_equal_one_process_with_the_global_batch(comm, workdir, sparse_opt, data):
-    """(mh.h5: 2 of its 4 fields multi-hot, ``pt.batches``' bags into ``pt.EmbeddingBag``.)"""
-    S = 1 if comm.size <= 3 else 2
+@pytest.mark.parametrize("sparse_opt,data,placement", [
+    ("sgd", "d.h5", "dedicated"), ("adagrad", "d.h5", "dedicated"),
+    ("adam", "d.h5", "dedicated"), ("adagrad", "mh.h5", "dedicated"),
+    ("adam", "d.h5", "colocated"), ("adagrad", "mh.h5", "colocated")])
+def test_workers_equal_one_process_with_the_global_batch(comm, workdir, sparse_opt, data,
+                                                         placement):
+    """(mh.h5: 2 of its 4 fields multi-hot, ``pt.batches``' bags into ``pt.EmbeddingBag``;
+    colocated: every rank a worker holding a shard, no server rank.)"""
+    S = 0 if placement == "colocated" else 1 if comm.size <= 3 else 2
     W, b = comm.size - S, 4
     a = args(workdir, "--sparse-opt", sparse_opt, "--servers", str(S), "--batch", str(b),
-             "--pooling", "mean", data=data)
+             "--pooling", "mean", "--placement", placement, data=data)
     got = wdl.run(a, comm, exit_servers=False)
     losses = [r for r in comm.allgather(None if got is None else got["losses"]) if r is not None]
     ok, msg = True, ""
@@ -106,6 +110,41 @@ def test_checkpoint_then_resume_equals_the_uninterrupted_run(comm, workdir, dens
         else:
             bad = [k for k in ("flat", "table") if not np.array_equal(res[k], full[k])]
             ok, msg = not bad, f"{bad} differ after the resume"
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=3)
+@pytest.mark.parametrize("first", ["dedicated", "colocated"])
+def test_a_checkpoint_resumes_in_the_other_placement(comm, workdir, first):
+    """W workers either way: dedicated on every rank (S servers), colocated on W ranks.
+    Checkpoint at step 2 in one placement, resume in the other to step 5 == the
+    uninterrupted run (per-worker losses, dense parameters, table) to 1e-9."""
+    S = 1 if comm.size <= 3 else 2
+    W = comm.size - S
+    sub = comm.Split(0 if comm.rank < W else MPI.UNDEFINED)  # Wire: the colocated ranks
+    ck = workdir / f"ck-{first}"
+    common = ("--batch", "4", "--steps", "5", "--sparse-opt", "adam", "--servers", str(S))
+
+    def run(placement, *extra):
+        on = comm if placement == "dedicated" else sub
+        if on == MPI.COMM_NULL:
+            return None
+        return wdl.run(args(workdir, *common, "--placement", placement, *extra), on,
+                       exit_servers=False)
+
+    second = "colocated" if first == "dedicated" else "dedicated"
+    full = run(first, "--checkpoint", str(ck), "--checkpoint-at", "2")
+    comm.Barrier()  # Wire: the checkpoint is complete before any rank resumes from it
+    res = run(second, "--resume", str(ck))
+    if sub != MPI.COMM_NULL:
+        sub.Free()
+    fulls = {r["worker"]: r for r in comm.allgather(full) if r is not None}
+    ok, msg = True, ""
+    if res is not None:
+        ref = fulls[res["worker"]]
+        errs = {"loss": rel_err(res["losses"], ref["losses"][2:]),
+                **{k: rel_err(res[k], ref[k]) for k in ("flat", "table")}}
+        ok, msg = max(errs.values()) <= 1e-9, f"{first} -> {second}: {errs}"
     assert_all(comm, ok, msg)
 
 

@@ -29,7 +29,6 @@ from pshybrid.torch.embedding import (
 from pshybrid.torch.loader import Batch, batches, schema
 from pshybrid.torch.optimizer import DistributedOptimizer
 from pshybrid.torch.session import (
-    Table,
     checkpoint_to,
     init,
     num_workers,
@@ -40,6 +39,7 @@ from pshybrid.torch.session import (
     worker_comm,
     worker_index,
 )
+from pshybrid.torch.tables import Table
 
 
 def checkpoint(directory, state: dict | None = None) -> str:

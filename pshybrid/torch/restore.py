@@ -38,6 +38,7 @@ class TorchRun:
     groups: tuple = ()  # each param group's settings (``group_settings``)
     torch_optimizer: str = ""  # the torch class (AdamW's slots are "adam"'s)
     state: dict | None = None  # ``pt.checkpoint``'s ``state=``: meta.json's ``user_state``
+    placement: str = "dedicated"  # (colocated: ``servers`` counts every rank)
 
     def meta(self) -> dict:
         t0 = self.tables[0]
@@ -48,7 +49,8 @@ class TorchRun:
             "tables": tables, "width": self.width, "dtype": DTYPES[t0.dtype],
             "sparse_optimizer": t0.optimizer, "lr": self.lr,
             "dense_optimizer": self.dense_optimizer, "dense_lr": self.dense_lr,
-            "mode": self.mode, "servers": self.servers, "seed": self.seed}}
+            "mode": self.mode, "servers": self.servers, "placement": self.placement,
+            "seed": self.seed}}
         if self.groups:
             meta["config"]["param_groups"] = list(self.groups)
         if self.torch_optimizer:

@@ -15,7 +15,6 @@ import atexit
 import copy
 import os
 import sys
-from dataclasses import dataclass
 
 import torch
 from mpi4py import MPI
@@ -23,20 +22,20 @@ from mpi4py import MPI
 import pshybrid.torch.preempt as stops
 from pshybrid import checkpoint
 from pshybrid.checkpoint_files import check_run_dir, read_meta, read_shards, resolve
-from pshybrid.config import SEED_RANGE, seed_check
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
 from pshybrid.modes import build_mode
 from pshybrid.modes.dense import AllreduceDense
-from pshybrid.optim import SLOTS, SPARSE_LR, Optimizer
-from pshybrid.registry import MODES
-from pshybrid.schema import FusedTable, Schema, names_problem
+from pshybrid.optim import SLOTS, Optimizer
+from pshybrid.registry import DEDICATED, MODES, is_colocated, placement_name
+from pshybrid.schema import FusedTable, Schema
 from pshybrid.stall import Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
 from pshybrid.torch.census import FAILED, arrive, arrived, census
 from pshybrid.torch.restore import (DTYPES, TorchRun, checkpoint_form, read_groups, read_state,
                                     rewrite_meta, state_problem)
+from pshybrid.torch.tables import Table, check_init, check_memory
 from pshybrid.transport import abort, abort_on_error, agree, same_arguments
 
 
@@ -69,25 +68,6 @@ class TorchDense(AllreduceDense):
 
     def state_full(self):
         return self.owner.dense_state()
-
-
-@dataclass(frozen=True)
-class Table:
-    """One embedding table: ``rows`` x ``dim`` of ``dtype``, updated on the servers by
-    ``optimizer`` ("sgd" | "adagrad" | "adam") with learning rate ``lr`` (None: the
-    optimizer's default, ``optim.SPARSE_LR``: 0.001 for adam, else 0.05)."""
-
-    name: str
-    rows: int
-    dim: int
-    optimizer: str = "adagrad"
-    lr: float | None = None
-    dtype: torch.dtype = torch.float32
-    init_scale: float = 0.05
-
-    def __post_init__(self):
-        if self.lr is None:  # (an unknown optimizer keeps None: pt.init names it)
-            object.__setattr__(self, "lr", SPARSE_LR.get(self.optimizer))
 
 
 class Session:
@@ -134,7 +114,8 @@ class Session:
                         tuple(self.tables.values()), self.layout.table.dim,
                         self.sparse_opt.lr if opt is None else opt.sparse_lr,
                         dense_optimizer, dense_lr, groups=groups,
-                        torch_optimizer=torch_optimizer, state=state)
+                        torch_optimizer=torch_optimizer, state=state,
+                        placement=placement_name(self.topo.colocated))
 
 
 _session: Session | None = None
@@ -144,72 +125,6 @@ def session() -> Session:
     if _session is None or _session.closed:
         raise ConfigError("pshybrid.torch: call pt.init(...) first (and not after pt.shutdown())")
     return _session
-
-
-def _check_tables(tables, mode: str, servers: int, size: int) -> None:
-    if mode not in MODES or not MODES[mode].front_end:
-        raise ConfigError(f"pt.init: mode {mode!r}: pshybrid.torch trains with 'hybrid' "
-                          "(tables on the servers) or 'allreduce' (a copy per worker)",
-                          collective=True)
-    if MODES[mode].needs_servers and (type(servers) is not int or not 1 <= servers < size):
-        raise ConfigError(f"pt.init: servers={servers!r} in mode {mode!r} on {size} rank(s): "
-                          f"{mode!r} needs 1 <= servers <= ranks - 1 (launch more ranks: "
-                          "mpiexec -n N), or use mode='allreduce' (no server; one process "
-                          "is enough)", collective=True)
-    if not tables or not all(isinstance(t, Table) for t in tables):
-        raise ConfigError("pt.init: tables must be a non-empty list of pt.Table", collective=True)
-    names = [t.name for t in tables]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"pt.init: duplicate table names in {names}", collective=True)
-    problem = names_problem([], names)
-    if problem:
-        raise ConfigError(f"pt.init: table {problem}", collective=True)
-    t0 = tables[0]
-    for t in tables:
-        if t.rows < 1 or t.dim < 1:
-            raise ConfigError(f"pt.Table {t.name!r}: rows and dim must be >= 1, got rows="
-                              f"{t.rows} dim={t.dim}", collective=True)
-        if t.dtype not in DTYPES:
-            raise ConfigError(f"pt.Table {t.name!r}: dtype must be torch.float32 or "
-                              f"torch.float64, got {t.dtype}", collective=True)
-        if t.optimizer not in SLOTS:
-            raise ConfigError(f"pt.Table {t.name!r}: optimizer {t.optimizer!r} is not one of "
-                              f"{sorted(SLOTS)}", collective=True)
-        key = (t.optimizer, t.lr, t.dtype, t.init_scale)
-        if key != (t0.optimizer, t0.lr, t0.dtype, t0.init_scale):
-            raise ConfigError(f"pt.Table {t.name!r}: optimizer, lr, dtype and init_scale must "
-                              f"equal table {t0.name!r}'s (one fused table, one optimizer)",
-                              collective=True)
-    if not MODES[mode].needs_servers and servers:
-        raise ConfigError(f"pt.init: mode {mode!r} uses no server: servers={servers}",
-                          collective=True)
-
-
-def _check_memory(topo: Topology, tables: list[Table]) -> None:
-    """Collective: the fused table's share on this node (each server's ``ceil(rows / S)``
-    rows; with no servers, the whole table on every worker) with the optimizer's slots fits
-    its available memory (``limits.available_memory``), else one ``ConfigError`` on every
-    rank naming the largest table and the bytes (instead of a shared-memory error)."""
-    from pshybrid.limits import available_memory, gib
-
-    err = None
-    rows, width = sum(t.rows for t in tables), max(t.dim for t in tables)
-    t0, big = tables[0], max(tables, key=lambda t: t.rows)
-    row_bytes = width * t0.dtype.itemsize * (1 + len(SLOTS[t0.optimizer]))
-    node = topo.node_of_rank[topo.rank]
-    holders = topo.server_ranks if topo.n_servers else topo.worker_ranks
-    here = sum(1 for r in holders if topo.node_of_rank[r] == node)
-    need = here * -(-rows // max(topo.n_servers, 1)) * row_bytes
-    mem = available_memory()
-    if mem is not None and need > mem:
-        err = ConfigError(
-            f"pt.init: not enough memory: the tables' {rows:,} rows x {width} columns x "
-            f"{1 + len(SLOTS[t0.optimizer])} slots ({t0.optimizer}) need {gib(need)} on this "
-            f"node ({here} {'server' if topo.n_servers else 'worker'}{'s' * (here != 1)}), "
-            f"{gib(mem)} is "
-            f"available; the largest is pt.Table {big.name!r} of {big.rows:,} rows: give it "
-            "fewer rows (hash the ids) or more servers")
-    agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
 
 
 def _excepthook(comm):
@@ -228,12 +143,14 @@ def _excepthook(comm):
     return hook
 
 
-def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
+def init(servers: int | None = None, tables=(), mode: str = "hybrid", seed: int = 0,
          resume: str | None = None, comm=None, exit_servers: bool = True,
-         timeout: float | None = 600.0) -> bool:
+         timeout: float | None = 600.0, placement: str = DEDICATED) -> bool:
     """Collective over ``comm`` (default: every rank). Server ranks serve here until the
     workers call ``shutdown`` and then exit the process with status 0 (``exit_servers``
     False: they return False instead, for a program that goes on; workers return True).
+    ``servers`` (hybrid): None, one per node. ``placement="colocated"``: no server rank;
+    every rank is a worker that holds a shard of the tables and applies its rows' updates.
     A worker inside one collective call (``opt.step()``, ``pt.checkpoint``, ...) for
     ``timeout`` seconds ends the job naming it (None: it waits for good)."""
     global _session
@@ -244,19 +161,14 @@ def init(servers: int = 1, tables=(), mode: str = "hybrid", seed: int = 0,
             raise ConfigError("pt.init was already called in this process", collective=True)
         tables = list(tables)
         same_arguments(comm, "pt.init", "rank", mode=mode, servers=servers, tables=tables,
-                       seed=seed, timeout=timeout, exit_servers=bool(exit_servers))
-        _check_tables(tables, mode, servers, comm.size)
-        if not isinstance(seed, int) or seed_check(seed):  # the tables' key takes 32 bits
-            raise ConfigError(f"pt.init: seed {seed!r}: {SEED_RANGE}", collective=True)
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-                timeout, (int, float)) or not timeout > 0):
-            raise ConfigError(f"pt.init: timeout={timeout!r}: seconds > 0, or None (no limit)",
-                              collective=True)
+                       seed=seed, timeout=timeout, exit_servers=bool(exit_servers),
+                       placement=placement)
+        S = check_init(tables, mode, servers, placement, seed, timeout, comm.size)
         if not any(v in os.environ for v in THREAD_VARS):  # one pool of this rank's cores
             torch.set_num_threads(max(1, int(rank_cores())))
-        S = servers if MODES[mode].needs_servers else 0
-        topo = Topology.create(comm, S, need_servers=MODES[mode].needs_servers)
-        _check_memory(topo, tables)
+        topo = Topology.create(comm, S, need_servers=MODES[mode].needs_servers,
+                               colocated=is_colocated(placement))
+        check_memory(topo, tables)
         s = _session = Session(topo, tables, mode, seed)
         s.prev_hook = prev_hook
         # a stop on a signal ends the processes only where they are all the job's and end

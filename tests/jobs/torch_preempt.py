@@ -18,7 +18,7 @@ step and the worker, so a resumed run reads what an uninterrupted one reads.
 
 CK: $PSHYBRID_CKPT (``jobs/slurm_torch.sh`` sets it), else DIR/ck.
 
-mpiexec -n N python tests/jobs/torch_preempt.py hybrid|allreduce CASE DIR [STEPS]
+mpiexec -n N python tests/jobs/torch_preempt.py hybrid|allreduce|colocated CASE DIR [STEPS]
 """
 
 import os
@@ -35,7 +35,10 @@ mode, case, where = sys.argv[1:4]
 end = {"resume": 0, "fresh": 0, "late": 5}.get(case, 10**7) or int(sys.argv[-1])
 ck = os.environ.get("PSHYBRID_CKPT") or os.path.join(where, "ck")  # (jobs/slurm_torch.sh's)
 checks = case in ("check", "unended", "goes-on")
-worker = pt.init(servers=1 if mode == "hybrid" else 0, mode=mode, seed=3,
+colocated = mode == "colocated"  # (hybrid, a shard on every rank, each a worker)
+worker = pt.init(servers=None if colocated else 1 if mode == "hybrid" else 0,
+                 mode="hybrid" if colocated else mode, seed=3,
+                 placement="colocated" if colocated else "dedicated",
                  resume=ck if case == "resume" else None, exit_servers=case != "goes-on",
                  tables=[pt.Table("t", rows=64, dim=4, optimizer="adam", dtype=torch.float64)])
 first = worker and pt.worker_index() == 0

@@ -77,6 +77,7 @@ def parser():
     p.add_argument("--dense-opt", default="adam")
     p.add_argument("--mode", default="hybrid")
     p.add_argument("--servers", type=int, default=1)
+    p.add_argument("--placement", default="dedicated")
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--resume")
@@ -100,8 +101,9 @@ def run(a, comm=None, exit_servers=True):
     torch.manual_seed(1)
     sch = pt.schema(a.data)
     D = a.dim
-    if not pt.init(servers=a.servers, mode=a.mode, seed=3, resume=a.resume, comm=comm,
-                   exit_servers=exit_servers,
+    colocated = a.placement == "colocated"
+    if not pt.init(servers=None if colocated else a.servers, mode=a.mode, seed=3,
+                   resume=a.resume, comm=comm, exit_servers=exit_servers, placement=a.placement,
                    tables=[pt.Table("sparse", rows=sum(sch.cardinalities), dim=D + 1,
                                     optimizer=a.sparse_opt, lr=a.lr, dtype=dtype)]):
         return None

@@ -1,0 +1,129 @@
+"""``pt.Table`` and ``pt.init``'s checks of its arguments: the mode, the servers and their
+placement, the tables, and the memory the fused table's shards need on each node."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pshybrid.config import SEED_RANGE, seed_check
+from pshybrid.errors import ConfigError
+from pshybrid.limits import available_memory, gib
+from pshybrid.optim import SLOTS, SPARSE_LR
+from pshybrid.registry import MODES, PLACEMENTS, is_colocated
+from pshybrid.schema import names_problem
+from pshybrid.torch.restore import DTYPES
+from pshybrid.transport import agree
+
+
+@dataclass(frozen=True)
+class Table:
+    """One embedding table: ``rows`` x ``dim`` of ``dtype``, updated on the servers by
+    ``optimizer`` ("sgd" | "adagrad" | "adam") with learning rate ``lr`` (None: the
+    optimizer's default, ``optim.SPARSE_LR``: 0.001 for adam, else 0.05)."""
+
+    name: str
+    rows: int
+    dim: int
+    optimizer: str = "adagrad"
+    lr: float | None = None
+    dtype: torch.dtype = torch.float32
+    init_scale: float = 0.05
+
+    def __post_init__(self):
+        if self.lr is None:  # (an unknown optimizer keeps None: pt.init names it)
+            object.__setattr__(self, "lr", SPARSE_LR.get(self.optimizer))
+
+
+def check_init(tables, mode: str, servers, placement: str, seed, timeout, size: int) -> int | None:
+    """``pt.init``'s arguments -> the servers to start (None: one per node; every rank with
+    ``placement="colocated"``), else ``ConfigError`` (raised alike on every rank)."""
+    servers = _servers(mode, servers, placement, size)
+    _check_tables(tables)
+    if not isinstance(seed, int) or seed_check(seed):  # the tables' key takes 32 bits
+        raise ConfigError(f"pt.init: seed {seed!r}: {SEED_RANGE}", collective=True)
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+            timeout, (int, float)) or not timeout > 0):
+        raise ConfigError(f"pt.init: timeout={timeout!r}: seconds > 0, or None (no limit)",
+                          collective=True)
+    return servers
+
+
+def _servers(mode: str, servers, placement: str, size: int) -> int | None:
+    if mode not in MODES or not MODES[mode].front_end:
+        raise ConfigError(f"pt.init: mode {mode!r}: pshybrid.torch trains with 'hybrid' "
+                          "(tables on the servers) or 'allreduce' (a copy per worker)",
+                          collective=True)
+    needs = MODES[mode].needs_servers
+    if placement not in PLACEMENTS:
+        raise ConfigError(f"pt.init: placement {placement!r}: one of {sorted(PLACEMENTS)}",
+                          collective=True)
+    if is_colocated(placement) and (not needs or servers is not None):
+        raise ConfigError(f"pt.init: placement='colocated' puts a shard of the tables on every "
+                          f"rank, each a worker: only in mode 'hybrid', without servers= "
+                          f"(mode={mode!r}, servers={servers!r})", collective=True)
+    if needs and not is_colocated(placement) and (
+            size < 2 if servers is None else type(servers) is not int or not 1 <= servers < size):
+        raise ConfigError(f"pt.init: servers={servers!r} in mode {mode!r} on {size} rank(s): "
+                          f"{mode!r} needs 1 <= servers <= ranks - 1 (launch more ranks: "
+                          "mpiexec -n N), placement='colocated' (every rank a worker with a "
+                          "shard), or mode='allreduce' (no server; one process is enough)",
+                          collective=True)
+    if not needs and servers:
+        raise ConfigError(f"pt.init: mode {mode!r} uses no server: servers={servers}",
+                          collective=True)
+    return servers if needs else 0
+
+
+def _check_tables(tables) -> None:
+    if not tables or not all(isinstance(t, Table) for t in tables):
+        raise ConfigError("pt.init: tables must be a non-empty list of pt.Table", collective=True)
+    names = [t.name for t in tables]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"pt.init: duplicate table names in {names}", collective=True)
+    problem = names_problem([], names)
+    if problem:
+        raise ConfigError(f"pt.init: table {problem}", collective=True)
+    t0 = tables[0]
+    for t in tables:
+        if t.rows < 1 or t.dim < 1:
+            raise ConfigError(f"pt.Table {t.name!r}: rows and dim must be >= 1, got rows="
+                              f"{t.rows} dim={t.dim}", collective=True)
+        if t.dtype not in DTYPES:
+            raise ConfigError(f"pt.Table {t.name!r}: dtype must be torch.float32 or "
+                              f"torch.float64, got {t.dtype}", collective=True)
+        if t.optimizer not in SLOTS:
+            raise ConfigError(f"pt.Table {t.name!r}: optimizer {t.optimizer!r} is not one of "
+                              f"{sorted(SLOTS)}", collective=True)
+        key = (t.optimizer, t.lr, t.dtype, t.init_scale)
+        if key != (t0.optimizer, t0.lr, t0.dtype, t0.init_scale):
+            raise ConfigError(f"pt.Table {t.name!r}: optimizer, lr, dtype and init_scale must "
+                              f"equal table {t0.name!r}'s (one fused table, one optimizer)",
+                              collective=True)
+
+
+def check_memory(topo, tables: list[Table]) -> None:
+    """Collective: the fused table's share on this node (each server's, or colocated
+    rank's, ``ceil(rows / S)`` rows; with no servers, the whole table on every worker) with the optimizer's slots fits
+    its available memory (``limits.available_memory``), else one ``ConfigError`` on every
+    rank naming the largest table and the bytes (instead of a shared-memory error)."""
+    err = None
+    rows, width = sum(t.rows for t in tables), max(t.dim for t in tables)
+    t0, big = tables[0], max(tables, key=lambda t: t.rows)
+    row_bytes = width * t0.dtype.itemsize * (1 + len(SLOTS[t0.optimizer]))
+    node = topo.node_of_rank[topo.rank]
+    holders = topo.server_ranks if topo.n_servers else topo.worker_ranks
+    holder = "rank" if topo.colocated else "server" if topo.n_servers else "worker"
+    here = sum(1 for r in holders if topo.node_of_rank[r] == node)
+    need = here * -(-rows // max(topo.n_servers, 1)) * row_bytes
+    mem = available_memory()
+    if mem is not None and need > mem:
+        err = ConfigError(
+            f"pt.init: not enough memory: the tables' {rows:,} rows x {width} columns x "
+            f"{1 + len(SLOTS[t0.optimizer])} slots ({t0.optimizer}) need {gib(need)} on this "
+            f"node ({here} {holder}{'s' * (here != 1)}), "
+            f"{gib(mem)} is "
+            f"available; the largest is pt.Table {big.name!r} of {big.rows:,} rows: give it "
+            "fewer rows (hash the ids) or more servers")
+    agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
