@@ -255,7 +255,8 @@ def drive(a, argv) -> int:
     med = {k: statistics.median(v) for k, v in runs.items()}
     print(f"torch benchmark: WDL, 26 tables ({got['rows'] / 1e6:.1f}M rows, dim {D}), MLP "
           f"{a.mlp.replace(',', '-')}, batch {a.batch}/worker, {a.ranks - 1} workers + 1 "
-          f"server (colocated: {a.ranks} workers), {a.steps} steps ({a.warmup} warm-up), median of {a.repeat} interleaved runs")
+          f"server (colocated: {a.ranks} workers), {a.steps} steps ({a.warmup} warm-up), "
+          f"median of {a.repeat} interleaved runs")
     for k, v in med.items():
         ratio = f"  {v / med['native']:.2f}x native" if "native" in med else ""
         print(f"{k:<17}{v:>10,.0f} samples/s   runs {[round(x) for x in runs[k]]}{ratio}")

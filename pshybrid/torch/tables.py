@@ -19,9 +19,10 @@ from pshybrid.transport import agree
 
 @dataclass(frozen=True)
 class Table:
-    """One embedding table: ``rows`` x ``dim`` of ``dtype``, updated on the servers by
-    ``optimizer`` ("sgd" | "adagrad" | "adam") with learning rate ``lr`` (None: the
-    optimizer's default, ``optim.SPARSE_LR``: 0.001 for adam, else 0.05)."""
+    """One embedding table: ``rows`` x ``dim`` of ``dtype``, updated where its rows live (the
+    servers; colocated, every rank's shard) by ``optimizer`` ("sgd" | "adagrad" | "adam")
+    with learning rate ``lr`` (None: the optimizer's default, ``optim.SPARSE_LR``: 0.001 for
+    adam, else 0.05)."""
 
     name: str
     rows: int
