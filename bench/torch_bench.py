@@ -215,7 +215,8 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=at_least(1), default=60)
     ap.add_argument("--warmup", type=at_least(0), default=10)
     ap.add_argument("--repeat", type=at_least(1), default=3)
-    ap.add_argument("--ranks", type=at_least(1), default=3, help="1 server + ranks-1 workers")
+    ap.add_argument("--ranks", type=at_least(1), default=3,
+                    help="1 server + ranks-1 workers (the colocated variants: ranks workers)")
     ap.add_argument("--batch", type=at_least(1), default=256)
     ap.add_argument("--mlp", default="1024,512,256")
     ap.add_argument("--max-cardinality", type=at_least(1), default=1_000_000)

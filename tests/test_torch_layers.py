@@ -268,7 +268,8 @@ def test_a_table_beyond_the_nodes_memory_is_refused_before_allocation(where, hol
     with pytest.raises(ConfigError, match=r"^pt.init: not enough memory: the tables' "
                        r"1,000,000,000,010 rows x 16 columns x 2 slots \(adagrad\) need "
                        rf"119,209.3 GiB on this node \({holder}\), .* the largest is pt.Table "
-                       r"'big' of 1,000,000,000,000 rows"):
+                       r"'big' of 1,000,000,000,000 rows: give it fewer rows \(hash the ids\) "
+                       rf"or more {'nodes' if 'placement' in where else 'servers'}$"):
         pt.init(comm=MPI.COMM_SELF, tables=tables, **where)
     pt.init(comm=MPI.COMM_SELF, tables=tables[:1], **where)  # nothing left behind
     pt.shutdown()

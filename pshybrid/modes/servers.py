@@ -19,6 +19,10 @@ one message from every worker:
 - CKPT: join ``checkpoint.save`` (collective with the workers);
 - LR: the sparse optimizer's learning rate from the next STEP on;
 - STOP: return.
+
+With ``--placement colocated`` every rank is a worker and a server: it receives every
+worker's STEP inside its own step (``apply_step``) and, at the end, every worker's STOP
+(``stopped``), so a worker that ends while the others step is named at once there too.
 """
 
 from __future__ import annotations
@@ -137,8 +141,13 @@ class ServerLink:
         send completes with the step's ``wait``)."""
         self.send(TAG_LR, [np.array([lr], np.float64).view(np.int64)] * self.topo.n_servers)
 
-    def stop(self) -> None:
+    def stop(self, grad_row) -> None:
+        """TAG_STOP to every server; colocated, every worker's is received (``stopped``;
+        ``grad_row``: the step messages' rows) before the sends complete: one is to this
+        rank itself, which MPI may complete only once it is received."""
         self.send(TAG_STOP, [[]] * self.topo.n_servers)
+        if self.topo.colocated:
+            stopped(self.topo, grad_row)
         self._complete()
 
 
@@ -159,6 +168,19 @@ def _receive(topo, width: int, dtype, pacer: Pacer | None, on_wait=None):
     return out
 
 
+def _one_call(msgs) -> int:
+    """The tag of every worker's message, else ``PshybridError`` naming what each asked
+    for (``pshybrid.torch``: a script whose workers call differently)."""
+    tags = {tag for _, tag, _ in msgs}
+    if len(tags) > 1:
+        asked = " while ".join(f"worker {w} asked for {_CALLS.get(t, t)}"
+                               for w, (_, t, _) in enumerate(msgs) if t != msgs[0][1])
+        raise PshybridError(f"the workers are out of step: worker 0 asked for "
+                            f"{_CALLS.get(msgs[0][1], msgs[0][1])} while {asked}: every "
+                            "worker makes the same steps, checkpoints and shutdown")
+    return tags.pop()
+
+
 def apply_step(topo, mode, step: int) -> None:
     """Receive every worker's step message (rows, sums) for this rank's shard and apply the
     step's optimizers to it; the caller then joins the Ibarrier (``ServerLink.wait``).
@@ -166,8 +188,15 @@ def apply_step(topo, mode, step: int) -> None:
     width, dtype = mode.sparse.grad_row
     with mode.timers.time("wait"):  # for the other ranks' messages, as a server's wait
         msgs = _receive(topo, width, dtype, None)  # a worker: MPI's spinning probe
-    assert all(tag == TAG_STEP for _, tag, _ in msgs), "workers out of step"
+    _one_call(msgs)  # (a worker's end among the steps: out of step)
     _apply(mode, msgs, step)
+
+
+def stopped(topo, grad_row) -> None:
+    """Colocated ranks, at the end: every worker's TAG_STOP (``ServerLink.stop``); a step
+    message instead (a worker still stepping) is the workers out of step."""
+    # Wire: one message from every worker (zero-byte STOP; a STEP's rows and sums)
+    _one_call(_receive(topo, *grad_row, None))
 
 
 def _apply(mode, msgs, step: int) -> None:
@@ -190,14 +219,7 @@ def serve(topo, mode, start_step: int, on_checkpoint, on_wait=None) -> None:
     while True:
         with timers.time("wait"):
             msgs = _receive(topo, width, dtype, pacer, on_wait)
-        tags = {tag for _, tag, _ in msgs}
-        if len(tags) > 1:  # (pshybrid.torch: a script whose workers call differently)
-            asked = " while ".join(f"worker {w} asked for {_CALLS.get(t, t)}"
-                                   for w, (_, t, _) in enumerate(msgs) if t != msgs[0][1])
-            raise PshybridError(f"the workers are out of step: worker 0 asked for "
-                                f"{_CALLS.get(msgs[0][1], msgs[0][1])} while {asked}: every "
-                                "worker makes the same steps, checkpoints and shutdown")
-        tag = tags.pop()
+        tag = _one_call(msgs)
         if tag != TAG_STEP:
             pacer.forget()  # the pause before a checkpoint or the end is not a step's gap
         if tag == TAG_STOP:

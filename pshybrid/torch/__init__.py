@@ -14,7 +14,8 @@ bucketed dense Allreduce (``docs/torch.md``). The only part of pshybrid that imp
     pt.shutdown()                        # after a stop: every rank exits 75
 
 Server ranks serve inside ``init`` and exit with status 0 once the workers shut down (the
-workers' status after a stop).
+workers' status after a stop); ``pt.init(placement="colocated", ...)`` starts none: every
+rank is a worker holding a shard of the tables.
 """
 
 from __future__ import annotations

@@ -133,8 +133,9 @@ def load_rows(name: str, weights) -> None:
         census(s, "pt.load_rows", s.step)
         spec = _table(name, where)
         if s.topo.n_servers:
-            raise ConfigError(f"{where}: in mode {s.mode_name!r} the rows live on the "
-                              "servers: load them in a session of mode='allreduce' "
+            held = "in the ranks' shards" if s.topo.colocated else "on the servers"
+            raise ConfigError(f"{where}: in mode {s.mode_name!r} the rows live {held}: load "
+                              "them in a session of mode='allreduce' "
                               "(servers=0, one process will do), pt.checkpoint it, and start "
                               "this run with pt.init(..., resume=that directory)",
                               collective=True)

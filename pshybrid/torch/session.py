@@ -149,8 +149,9 @@ def init(servers: int | None = None, tables=(), mode: str = "hybrid", seed: int 
     """Collective over ``comm`` (default: every rank). Server ranks serve here until the
     workers call ``shutdown`` and then exit the process with status 0 (``exit_servers``
     False: they return False instead, for a program that goes on; workers return True).
-    ``servers`` (hybrid): None, one per node. ``placement="colocated"``: no server rank;
-    every rank is a worker that holds a shard of the tables and applies its rows' updates.
+    ``servers``: in hybrid, None (one per node) or 1..ranks-1; in allreduce, None or 0.
+    ``placement="colocated"`` (hybrid, without ``servers``): no server rank; every rank is
+    a worker that holds a shard of the tables and applies its rows' updates.
     A worker inside one collective call (``opt.step()``, ``pt.checkpoint``, ...) for
     ``timeout`` seconds ends the job naming it (None: it waits for good)."""
     global _session
@@ -308,18 +309,23 @@ def _check_root(s: Session, root: str) -> bool:
 SHUTDOWN_WAIT_S = 30.0  # shutdown during an exception: how long the other workers may take
 def _all_here(s: Session) -> bool:
     """Shutdown during an exception: whether every worker calls it (all handled the same
-    exception, a Ctrl-C: maybe a step apart) within ``SHUTDOWN_WAIT_S``."""
+    exception, a Ctrl-C: maybe a step apart) within ``SHUTDOWN_WAIT_S``, or half of
+    ``pt.init``'s timeout if less (a worker waiting in a step for this one would end the job
+    at the timeout, naming itself: this exception is what the job ends with)."""
+    limit = s.watch.timeout
     try:
-        return census(s, "pt.shutdown()", FAILED, SHUTDOWN_WAIT_S)
+        return census(s, "pt.shutdown()", FAILED,
+                      SHUTDOWN_WAIT_S if limit is None else min(SHUTDOWN_WAIT_S, limit / 2))
     except ConfigError:  # (another is in another call)
         return False
 
 
 def shutdown() -> None:
-    """Workers, collectively: stop the servers (they exit), free the store. Called while
-    an exception propagates or is handled (a ``finally:``, an ``except:``), the other
-    workers need not come: unless every one reaches ``shutdown`` within ``SHUTDOWN_WAIT_S``,
-    that exception ends the whole job, as an uncaught one does."""
+    """Workers, collectively: stop the servers (they exit; colocated: every rank's shard
+    is freed), free the store. Called while an exception propagates or is handled (a
+    ``finally:``, an ``except:``), the other workers need not come: unless every one
+    reaches ``shutdown`` within ``_all_here``'s wait, that exception ends the whole job, as
+    an uncaught one does."""
     s = _session
     if s is None or s.closed:
         return
@@ -383,6 +389,7 @@ def num_workers() -> int:
 
 def worker_comm() -> MPI.Comm:
     """The workers' own communicator for the script's collectives (a global AUC, a barrier),
-    valid until ``pt.shutdown()``: ``MPI.COMM_WORLD`` holds the server ranks, which serve
-    inside ``pt.init`` and never join a collective of the script's."""
+    valid until ``pt.shutdown()``: ``MPI.COMM_WORLD`` holds any server ranks, which serve
+    inside ``pt.init`` and never join a collective of the script's (colocated: the same
+    ranks as the world, on a communicator of their own)."""
     return session().user_comm

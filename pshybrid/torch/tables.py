@@ -57,7 +57,7 @@ def _servers(mode: str, servers, placement: str, size: int) -> int | None:
                           "(tables on the servers) or 'allreduce' (a copy per worker)",
                           collective=True)
     needs = MODES[mode].needs_servers
-    if placement not in PLACEMENTS:
+    if not isinstance(placement, str) or placement not in PLACEMENTS:
         raise ConfigError(f"pt.init: placement {placement!r}: one of {sorted(PLACEMENTS)}",
                           collective=True)
     if is_colocated(placement) and (not needs or servers is not None):
@@ -106,9 +106,10 @@ def _check_tables(tables) -> None:
 
 def check_memory(topo, tables: list[Table]) -> None:
     """Collective: the fused table's share on this node (each server's, or colocated
-    rank's, ``ceil(rows / S)`` rows; with no servers, the whole table on every worker) with the optimizer's slots fits
-    its available memory (``limits.available_memory``), else one ``ConfigError`` on every
-    rank naming the largest table and the bytes (instead of a shared-memory error)."""
+    rank's, ``ceil(rows / S)`` rows; with no servers, the whole table on every worker) with
+    the optimizer's slots fits its available memory (``limits.available_memory``), else one
+    ``ConfigError`` on every rank naming the largest table and the bytes (instead of a
+    shared-memory error)."""
     err = None
     rows, width = sum(t.rows for t in tables), max(t.dim for t in tables)
     t0, big = tables[0], max(tables, key=lambda t: t.rows)
@@ -126,5 +127,5 @@ def check_memory(topo, tables: list[Table]) -> None:
             f"node ({here} {holder}{'s' * (here != 1)}), "
             f"{gib(mem)} is "
             f"available; the largest is pt.Table {big.name!r} of {big.rows:,} rows: give it "
-            "fewer rows (hash the ids) or more servers")
+            f"fewer rows (hash the ids) or more {'nodes' if topo.colocated else 'servers'}")
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same

@@ -11,13 +11,14 @@
 - ``eval``: worker 0 takes 4 s alone after the loop (scoring a validation file, say)
   while the others wait in ``pt.shutdown()``: past ``TIMEOUT``, a warning and no end.
 
-In ``hybrid`` mode the servers see the first and end the job with one line naming what
-differs (it was their assertion traceback); the second and ``phase`` are one line from
+In ``hybrid`` mode the servers (colocated: every rank, each a worker with a shard) see the
+first and end the job with one line naming what differs (it was their assertion traceback;
+colocated, it waited for the timeout); the second and ``phase`` are one line from
 the workers' census (it read overlapping rows for many steps), and so is ``last`` (it waited
 for the timeout: ``pt.shutdown`` took no census); the rest (they waited for
 good) end at ``pt.init``'s ``timeout`` (seconds), naming the call each worker is inside.
 
-mpiexec -n N python tests/jobs/torch_out_of_step.py CASE hybrid|allreduce DATA TIMEOUT
+mpiexec -n N python tests/jobs/torch_out_of_step.py CASE hybrid|allreduce|colocated DATA TIMEOUT
 """
 
 import sys
@@ -30,7 +31,10 @@ import pshybrid.torch as pt
 
 case, mode, data, timeout = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
 pshybrid.stall.WARN_S = 0.5 if case in ("slow", "eval") else pshybrid.stall.WARN_S
-if pt.init(servers=1 if mode == "hybrid" else 0, mode=mode, timeout=timeout,
+colocated = mode == "colocated"  # (hybrid, every rank a worker holding a shard)
+if pt.init(servers=None if colocated else 1 if mode == "hybrid" else 0,
+           mode="hybrid" if colocated else mode, timeout=timeout,
+           placement="colocated" if colocated else "dedicated",
            tables=[pt.Table("t", rows=8, dim=2)]):
     first, last = pt.worker_index() == 0, pt.worker_index() == pt.num_workers() - 1
     model = torch.nn.Linear(2, 1)
