@@ -16,6 +16,7 @@ import pytest
 
 from mpi_util import assert_all
 from pshybrid.modes import servers
+from pshybrid.errors import PshybridError
 from pshybrid.modes.servers import MAX_BEHIND, TAG_ACK, TAG_GRAD, TAG_STEP, ServerLink
 from pshybrid.timers import Timers
 from pshybrid.topology import Topology
@@ -109,4 +110,39 @@ def test_a_colocated_rank_times_its_wait_for_the_other_ranks_messages(comm):
     waited = timers["wait"]
     ok = applied == [topo.size] and (topo.rank == 1 or waited >= 0.8 * DELAY)
     assert_all(comm, ok, f"waited {waited:.3f} s for a {DELAY} s delay; applied {applied}")
+    topo.free()
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("before", ["nothing", "a step of every rank", "a step of rank 0"])
+def test_colocated_ranks_end_on_every_ranks_stop(comm, before):
+    """``ServerLink.stop`` on colocated ranks: each sends every rank a STOP and receives
+    every rank's before its sends complete (one is to itself). A round of step messages
+    that no rank applied (the same exception on each) comes first: dropped, and the STOPs
+    are still received (none is left pending); one rank's step beside the others' ends is
+    the workers out of step, on every rank."""
+    from mpi4py import MPI
+
+    topo = Topology.create(comm, colocated=True)
+    link = ServerLink(topo)
+    if before == "a step of every rank" or before == "a step of rank 0" and topo.rank == 0:
+        link.step(lambda s: (np.arange(2, dtype=np.int64), np.ones((2, WIDTH), np.float32)))
+    try:
+        link.stop((WIDTH, np.float32))
+        ok = before != "a step of rank 0"
+        msg = f"{before}: no refusal"
+    except PshybridError as e:
+        ok = before == "a step of rank 0" and "worker 0 asked for a step while worker 1 " \
+            "asked for the end (shutdown)" in str(e)
+        msg = str(e)
+        MPI.Request.Waitall(link._sending[0])  # (the sends: the test goes on)
+    topo.world.Barrier()  # Wire: every rank has received what it will
+    left = topo.world.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG)
+    if left and before == "a step of rank 0":  # (the others' STOPs that rank 0 never read)
+        while topo.world.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status := MPI.Status()):
+            topo.world.Recv(np.empty(status.Get_count(MPI.BYTE), np.uint8), status.source,
+                            status.tag)
+    elif left:
+        ok, msg = False, f"{before}: a message left unreceived after the stop"
+    assert_all(comm, ok, msg)
     topo.free()

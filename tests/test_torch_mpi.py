@@ -66,7 +66,8 @@ def rel_err(a, b):
 @pytest.mark.parametrize("sparse_opt,data,placement", [
     ("sgd", "d.h5", "dedicated"), ("adagrad", "d.h5", "dedicated"),
     ("adam", "d.h5", "dedicated"), ("adagrad", "mh.h5", "dedicated"),
-    ("adam", "d.h5", "colocated"), ("adagrad", "mh.h5", "colocated")])
+    ("sgd", "d.h5", "colocated"), ("adam", "d.h5", "colocated"),
+    ("adagrad", "mh.h5", "colocated")])
 def test_workers_equal_one_process_with_the_global_batch(comm, workdir, sparse_opt, data,
                                                          placement):
     """(mh.h5: 2 of its 4 fields multi-hot, ``pt.batches``' bags into ``pt.EmbeddingBag``;

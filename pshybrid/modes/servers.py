@@ -193,10 +193,13 @@ def apply_step(topo, mode, step: int) -> None:
 
 
 def stopped(topo, grad_row) -> None:
-    """Colocated ranks, at the end: every worker's TAG_STOP (``ServerLink.stop``); a step
-    message instead (a worker still stepping) is the workers out of step."""
-    # Wire: one message from every worker (zero-byte STOP; a STEP's rows and sums)
-    _one_call(_receive(topo, *grad_row, None))
+    """Colocated ranks, at the end: every worker's TAG_STOP (``ServerLink.stop``). A round of
+    step messages before them is a step every worker left unapplied (the same exception on
+    each, a Ctrl-C): dropped; steps beside ends are the workers out of step."""
+    # Wire: one message from every worker (zero-byte STOP; a STEP's rows and sums), a round
+    # at a time until the STOPs
+    while _one_call(_receive(topo, *grad_row, None)) != TAG_STOP:
+        pass
 
 
 def _apply(mode, msgs, step: int) -> None:

@@ -71,8 +71,8 @@ def _servers(mode: str, servers, placement: str, size: int) -> int | None:
                           "mpiexec -n N), placement='colocated' (every rank a worker with a "
                           "shard), or mode='allreduce' (no server; one process is enough)",
                           collective=True)
-    if not needs and servers:
-        raise ConfigError(f"pt.init: mode {mode!r} uses no server: servers={servers}",
+    if not needs and servers is not None and (type(servers) is not int or servers != 0):
+        raise ConfigError(f"pt.init: mode {mode!r} uses no server: servers={servers!r}",
                           collective=True)
     return servers if needs else 0
 

@@ -11,8 +11,9 @@
 - ``exit``: every worker calls ``sys.exit(3)`` inside ``try: ... finally: pt.shutdown()``:
   status 3.
 
-A third argument, TIMEOUT: ``pt.init(timeout=TIMEOUT)`` with the default wait for the other
-workers (30 s, far past it), instead of 3 s within the default timeout.
+A third argument, TIMEOUT: ``pt.init(timeout=TIMEOUT)``, and ``SHUTDOWN_WAIT_S`` left at its
+default (30 s, past TIMEOUT: the wait is then TIMEOUT / 2), instead of 3 s within the
+default timeout.
 """
 
 import sys
