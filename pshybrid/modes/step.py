@@ -254,11 +254,10 @@ class Mode:
 
     def finish(self) -> None:
         """Collective: stop the servers, free plans and the store's window."""
-        grad_row = self.sparse.grad_row if self.link is not None else None
         self.sparse.close()
         self.dense.close()
-        if self.link is not None and self.topo.is_worker:
-            self.link.stop(grad_row)  # Wire: TAG_STOP to every server (colocated: every rank)
+        if self.link is not None and self.topo.is_worker:  # Wire: TAG_STOP to every server
+            self.link.stop(self.sparse.grad_row)           # (colocated: to every rank)
         if self.store is not None:
             self.store.close()
 

@@ -60,11 +60,12 @@ def _servers(mode: str, servers, placement: str, size: int) -> int | None:
     if not isinstance(placement, str) or placement not in PLACEMENTS:
         raise ConfigError(f"pt.init: placement {placement!r}: one of {sorted(PLACEMENTS)}",
                           collective=True)
-    if is_colocated(placement) and (not needs or servers is not None):
+    colocated = is_colocated(placement)
+    if colocated and (not needs or servers is not None):
         raise ConfigError(f"pt.init: placement='colocated' puts a shard of the tables on every "
                           f"rank, each a worker: only in mode 'hybrid', without servers= "
                           f"(mode={mode!r}, servers={servers!r})", collective=True)
-    if needs and not is_colocated(placement) and (
+    if needs and not colocated and (
             size < 2 if servers is None else type(servers) is not int or not 1 <= servers < size):
         raise ConfigError(f"pt.init: servers={servers!r} in mode {mode!r} on {size} rank(s): "
                           f"{mode!r} needs 1 <= servers <= ranks - 1 (launch more ranks: "
