@@ -24,10 +24,10 @@ import numpy as np
 
 from . import safeio
 from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, check_compatible, has_checksums,
-                               list_steps, read_dense, read_latest, read_meta, read_shards,
-                               resolve)
+                               list_steps, read_latest, read_meta, read_shards, resolve)
 from .checksums import CRC_ATTR, crc32
 from .config import TrainConfig, to_dict
+from .dense_file import read_dense
 from .errors import InputError, PshybridError
 from .optim import SLOTS
 from .transport import agree
@@ -85,11 +85,11 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
         safeio.fsync_file(shard)
     if dense is None:
         return
-    flat, state, buffers, steps = dense
+    flat, state, more, steps = dense
     dpath = os.path.join(tmp, "dense.h5")
     with safeio.h5_file(dpath, "x") as f:
         for k, a in (("flat", flat), *((f"state/{k}", a) for k, a in state.items()),
-                     *((f"buffers/{k}", a) for k, a in buffers.items())):
+                     *more.items()):
             f[k] = a
             f[k].attrs[CRC_ATTR] = crc32(a)
         f.attrs["params"] = json.dumps([(n, params.offset(n), list(params.shape(n)))
@@ -158,8 +158,9 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema) -> 
     tmp = _make_temp(root, step, topo, writer_rank)
     holds_sparse = topo.is_server or (writer and topo.n_servers == 0)
     ids, sparse = mode.sparse_state() if holds_sparse else (None, {})
-    # (flat, {slot: state}, {name: buffer}, {name: steps}): only pshybrid.torch's model has
-    # buffers, and per-parameter step counts
+    # (flat, {slot: state}, {dense.h5 path: array}, {name: steps}): only pshybrid.torch's
+    # model has more arrays (its buffers, its torch optimizer's other state) and
+    # per-parameter step counts
     dense = (*mode.dense_state_full(), {}, {})[:4] if writer else None
     try:
         agree(topo.world, _check_finite(step, sparse, dense))  # Wire: verdict allgather

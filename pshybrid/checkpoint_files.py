@@ -9,7 +9,8 @@ Layout of ``DIR`` (``--checkpoint-dir``)::
                                config, the dataset schema, shard file names
     DIR/step-N/dense.h5        /flat (P,) dense parameters; /state/<slot> (P,) dense
                                optimizer state; attrs params (JSON: name, offset, shape);
-                               pshybrid.torch: /buffers/<name> the model's buffers
+                               pshybrid.torch: /buffers/<name> the model's buffers,
+                               /torch_state/<name>/<key> its optimizer's other state
     DIR/step-N/shard-SSSSS.h5  per server s (one file in allreduce mode): /ids (n,) the
                                global rows of the fused table it holds; /w (n, E) their
                                weights; /<slot> (n, E) sparse optimizer state
@@ -148,11 +149,11 @@ def resolve(path: str) -> str:
     raise InputError(f"{path}: not a checkpoint (no 'latest' file and no meta.json){hint}")
 
 
-def _bad(path: str, key: str, what: str) -> InputError:
+def bad_key(path: str, key: str, what: str) -> InputError:
     return InputError(f"{path}: {key} {what}")
 
 
-def _int(v) -> bool:
+def is_int(v) -> bool:
     return type(v) is int
 
 
@@ -171,28 +172,28 @@ def read_meta(step_dir: str) -> dict:
         raise InputError(f"{path}: format_version {meta.get('format_version')} is not "
                          f"{FORMAT_VERSION}")
     step = meta.get("step")
-    if not _int(step) or step < 0:
-        raise _bad(path, "step", f"must be an integer >= 0, got {step!r}")
+    if not is_int(step) or step < 0:
+        raise bad_key(path, "step", f"must be an integer >= 0, got {step!r}")
     m = STEP_RE.fullmatch(os.path.basename(os.path.normpath(step_dir)))
     if m and int(m.group(1)) != step:
-        raise _bad(path, "step", f"is {step} but the directory is {os.path.basename(step_dir)}")
+        raise bad_key(path, "step", f"is {step} but the directory is {os.path.basename(step_dir)}")
     if not isinstance(meta.get("config"), dict):
-        raise _bad(path, "config", "is missing or not an object")
+        raise bad_key(path, "config", "is missing or not an object")
     shards = meta.get("shards")
     if (not isinstance(shards, list) or not shards or len(set(map(str, shards))) != len(shards)
             or not all(isinstance(n, str) and SHARD_RE.fullmatch(n) for n in shards)):
-        raise _bad(path, "shards", "must be a non-empty list of distinct names shard-SSSSS.h5, "
+        raise bad_key(path, "shards", "must be a non-empty list of distinct names shard-SSSSS.h5, "
                    f"got {str(shards)[:80]}")
     sc = meta.get("schema")
-    ok = isinstance(sc, dict) and _int(sc.get("n_dense")) and sc["n_dense"] >= 0
+    ok = isinstance(sc, dict) and is_int(sc.get("n_dense")) and sc["n_dense"] >= 0
     cards, names = (sc.get("cardinalities"), sc.get("sparse_names")) if ok else (None, None)
     dnames = sc.get("dense_names") if ok else None
-    ok = (ok and isinstance(cards, list) and all(_int(c) and c >= 1 for c in cards)
+    ok = (ok and isinstance(cards, list) and all(is_int(c) and c >= 1 for c in cards)
           and sum(cards) < 2**63 and isinstance(names, list) and len(names) == len(cards)
           and isinstance(dnames, list) and len(dnames) == sc["n_dense"]
           and names_problem(dnames, names) is None)
     if not ok:
-        raise _bad(path, "schema", "must hold n_dense, dense_names, cardinalities (integers "
+        raise bad_key(path, "schema", "must hold n_dense, dense_names, cardinalities (integers "
                    ">= 1) and as many distinct sparse_names (no '/', not '.', '..' or empty)")
     return meta
 
@@ -246,10 +247,10 @@ def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
 
 # what h5py raises reading a damaged file: RuntimeError where its internal structure is hit
 # ("wrong B-tree signature", "bad heap free list"), the others where a value or a key is
-_DAMAGE = (KeyError, OSError, ValueError, IndexError, TypeError, RuntimeError)
+DAMAGE = (KeyError, OSError, ValueError, IndexError, TypeError, RuntimeError)
 
 
-def _h5(path: str):
+def open_h5(path: str):
     try:
         return safeio.h5_file(path)
     except OSError as e:
@@ -275,14 +276,14 @@ class _Rows:
         bad = (ids < 0) | (ids >= self.rows)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
-            raise _bad(fpath, f"/ids[{first + i}]", f"= {ids[i]} is outside the table's rows "
+            raise bad_key(fpath, f"/ids[{first + i}]", f"= {ids[i]} is outside the table's rows "
                        f"[0, {self.rows})")
         local = ids
         if self.n > 1:  # (the whole table's rows: nothing to map)
             other = ids % self.n != self.me
             if other.any():
                 i = int(np.flatnonzero(other)[0])
-                raise _bad(fpath, f"/ids[{first + i}]", f"= {ids[i]} is a row of shard "
+                raise bad_key(fpath, f"/ids[{first + i}]", f"= {ids[i]} is a row of shard "
                            f"{ids[i] % self.n} of {self.n} (rows r % {self.n}), not of this "
                            "one")
             local = ids // self.n
@@ -292,7 +293,7 @@ class _Rows:
         seen = (self.bits[byte] & mask) != 0
         if dup.any() or seen.any():
             v = int(s[1:][dup][0]) if dup.any() else int(local[seen][0])
-            raise _bad(fpath, "/ids", f"holds row {v * self.n + self.me} more than once (in "
+            raise bad_key(fpath, "/ids", f"holds row {v * self.n + self.me} more than once (in "
                        "this or an earlier shard)")
         np.bitwise_or.at(self.bits, byte, mask)
         self.count += ids.size
@@ -309,18 +310,18 @@ def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
     want = {"ids", "w", *slots}
     have = set(f.keys())
     if have != want:
-        raise _bad(fpath, "keys", f"are {sorted(have)}, expected {sorted(want)}")
+        raise bad_key(fpath, "keys", f"are {sorted(have)}, expected {sorted(want)}")
     for k in sorted(want):
         if not isinstance(f[k], h5py.Dataset):
-            raise _bad(fpath, f"/{k}", "is not a dataset")
+            raise bad_key(fpath, f"/{k}", "is not a dataset")
     ids = f["ids"]
     if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise _bad(fpath, "/ids", f"must be 1-D integers, found {ids.ndim}-D {ids.dtype}")
+        raise bad_key(fpath, "/ids", f"must be 1-D integers, found {ids.ndim}-D {ids.dtype}")
     n = ids.shape[0]
     for k in ("w", *slots):
         d = f[k]
         if d.shape != (n, width) or d.dtype.kind != "f":
-            raise _bad(fpath, f"/{k}", f"has shape {d.shape} {d.dtype}, expected ({n}, "
+            raise bad_key(fpath, f"/{k}", f"has shape {d.shape} {d.dtype}, expected ({n}, "
                        f"{width}) floats (one row per id, width --embedding-dim + linear)")
     return n
 
@@ -344,7 +345,7 @@ def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], o
     for i, name in shards:
         fpath = os.path.join(step_dir, name)
         sums = Sums(fpath, meta.get("checksums") == CRC_ATTR and verify(i))
-        with _h5(fpath) as f:
+        with open_h5(fpath) as f:
             try:
                 n = _shard_layout(fpath, f, width, slots)
                 for a in range(0, n, _CHUNK):
@@ -365,12 +366,12 @@ def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], o
                             bad = ~np.isfinite(vals[k]).reshape(sel.size, -1).all(1)
                             if bad.any():
                                 r = a + int(sel[np.argmax(bad)])
-                                raise _bad(fpath, f"/{k}", f"row {r} (id {ids[r - a]}) has a "
+                                raise bad_key(fpath, f"/{k}", f"row {r} (id {ids[r - a]}) has a "
                                            "non-finite value")
                     if sel.size:
                         take(ids[sel], vals)
                 sums.read(f)
-            except _DAMAGE as e:
+            except DAMAGE as e:
                 raise InputError(f"{fpath}: corrupt or truncated shard ({e})") from None
         checks.append(sums)
     rows.check_complete(where)
@@ -388,113 +389,3 @@ def has_checksums(step_dir: str, meta: dict, warn: bool = True) -> bool:
                          "pshybrid): loaded without verifying them\n")
         sys.stderr.flush()
     return False
-
-
-def _dense_sums(fpath: str, flat, state: dict) -> None:
-    """Check /flat and /state/<slot> of ``fpath`` against their checksums."""
-    sums = Sums(fpath, True)
-    sums.add("flat", flat)
-    for k, v in state.items():
-        sums.add(f"state/{k}", v)
-    with _h5(fpath) as f:
-        sums.read(f)
-    sums.check()
-
-
-def read_param_steps(step_dir: str, names) -> dict | None:
-    """{name: steps} of ``dense.h5``'s attribute param_steps (``pshybrid.torch``'s Adam:
-    each parameter's own step count), each name one of ``names`` (attribute params'); None
-    where absent (a native checkpoint, or one written before they were kept)."""
-    fpath = os.path.join(step_dir, "dense.h5")
-    with _h5(fpath) as f:
-        if "param_steps" not in f.attrs:
-            return None
-        try:
-            steps = json.loads(f.attrs["param_steps"])
-        except (ValueError, TypeError):
-            steps = None
-    if not (isinstance(steps, dict) and all(_int(v) and v >= 0 for v in steps.values())):
-        raise _bad(fpath, "attribute param_steps", "is not a JSON object of counts >= 0")
-    other = sorted(set(steps) - set(names))
-    if other:
-        raise _bad(fpath, "attribute param_steps", f"names {other[0]!r}, not a parameter")
-    return steps
-
-
-def read_buffers(step_dir: str) -> dict:
-    """{name: array} of ``dense.h5``'s /buffers (a torch model's buffers; none in a native
-    checkpoint or one written before they were kept), each against its checksum."""
-    fpath = os.path.join(step_dir, "dense.h5")
-    out = {}
-    with _h5(fpath) as f:
-        try:
-            grp = f.get("buffers", {})
-            for name in (grp.keys() if isinstance(grp, h5py.Group) else ()):
-                d = grp[name]
-                if not isinstance(d, h5py.Dataset) or d.dtype.kind not in "fiub":
-                    raise _bad(fpath, f"/buffers/{name}", "is not a numeric dataset")
-                out[name] = d[...]
-                sums = Sums(fpath, True)  # (written with them from the first)
-                sums.add(f"buffers/{name}", out[name])
-                sums.read(f)
-                sums.check()
-        except _DAMAGE as e:
-            raise InputError(f"{fpath}: corrupt or truncated ({e})") from None
-    return out
-
-
-def read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
-               checksums: bool = False):
-    """(flat, {slot: (P,)}, params) of ``dense.h5``, checked: /flat 1-D floats (``size``
-    of them if given), finite; attrs params a JSON list of [name, offset, shape] inside
-    /flat; /state/<slot> exactly the dense optimizer's slots, each like /flat; with
-    ``checksums``, every array against its checksum."""
-    fpath = os.path.join(step_dir, "dense.h5")
-    with _h5(fpath) as f:
-        try:
-            d = f.get("flat")
-            if not isinstance(d, h5py.Dataset) or d.ndim != 1 or d.dtype.kind != "f":
-                raise _bad(fpath, "/flat", "is missing or not a 1-D float dataset")
-            flat = d[...]
-            P = flat.shape[0]
-            if size is not None and P != size:
-                raise _bad(fpath, "/flat", f"holds {P} dense parameters, the model has {size}")
-            if not np.isfinite(flat).all():
-                raise _bad(fpath, "/flat", "has a non-finite value")
-            try:
-                params = json.loads(f.attrs["params"])
-            except (KeyError, ValueError, TypeError):
-                raise _bad(fpath, "attribute params", "is missing or not JSON") from None
-            names, total = set(), 0
-            for item in params if isinstance(params, list) and params else [None]:
-                if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], str)
-                        and item[0] and item[0] not in names and _int(item[1]) and item[1] >= 0
-                        and isinstance(item[2], list) and all(_int(x) and x >= 0
-                                                               for x in item[2])):
-                    raise _bad(fpath, "attribute params", f"entry {str(item)[:60]} is not a "
-                               "distinct [name, offset, shape]")
-                names.add(item[0])
-                total += int(np.prod(item[2], dtype=object))
-            if total != P:
-                raise _bad(fpath, "/flat", f"holds {P} values, attribute params describes {total}")
-            for name, off, shape in params:
-                if off + int(np.prod(shape, dtype=object)) > P:
-                    raise _bad(fpath, "attribute params", f"entry {name!r} ends past /flat")
-            grp = f.get("state", {})
-            have = set(grp.keys()) if isinstance(grp, (h5py.Group, dict)) else {"?"}
-            if have != set(slots):
-                raise _bad(fpath, "/state", f"holds {sorted(have)}, the dense optimizer keeps "
-                           f"{sorted(slots)}")
-            state = {}
-            for k in slots:
-                d = grp[k]
-                if not isinstance(d, h5py.Dataset) or d.shape != (P,) or d.dtype.kind != "f":
-                    raise _bad(fpath, f"/state/{k}", f"must be ({P},) floats like /flat")
-                state[k] = d[...]
-                if not np.isfinite(state[k]).all():
-                    raise _bad(fpath, f"/state/{k}", "has a non-finite value")
-        except _DAMAGE as e:
-            raise InputError(f"{fpath}: corrupt or truncated ({e})") from None
-    if checksums:
-        _dense_sums(fpath, flat, state)
-    return flat, state, params

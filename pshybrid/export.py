@@ -10,8 +10,9 @@ import os
 import numpy as np
 
 from . import safeio
-from .checkpoint_files import (TORCH, has_checksums, native_config, read_buffers, read_dense,
-                               read_meta, read_param_steps, read_shards, resolve, row_width)
+from .checkpoint_files import (TORCH, has_checksums, native_config, read_meta, read_shards,
+                               resolve, row_width)
+from .dense_file import read_buffers, read_dense, read_param_steps, read_torch_state
 from .errors import InputError, PshybridError
 from .optim import SLOTS
 from .schema import field_offsets
@@ -80,7 +81,8 @@ def _export_layout(meta: dict, where: str):
 def export(path: str, out: str, overwrite: bool = False) -> dict:
     """One HDF5 file: /dense/<param>, /embeddings/<field> (cardinality x D),
     /linear/<field> (cardinality,) for models with a per-id linear weight,
-    /optimizer/dense/<slot>/<param>, /optimizer/embeddings/<field>/<slot>; attrs config
+    /optimizer/dense/<slot>/<param> (a torch optimizer's other state: <key> for <slot>),
+    /optimizer/embeddings/<field>/<slot>; attrs config
     (JSON), step and field_names. Every input is checked first (an ``InputError`` naming
     the file and key); the output goes through a fresh temporary beside ``out``, renamed
     on success and removed on any error, so a refused export leaves no file behind. ``out``
@@ -104,6 +106,7 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
                                       checksums=has_checksums(step_dir, meta))
     buffers = read_buffers(step_dir)  # (a torch model's: a BatchNorm's statistics)
     steps = read_param_steps(step_dir, [p[0] for p in params])  # (a torch model's Adam)
+    other = read_torch_state(step_dir, [p[0] for p in params])  # (its momentum buffers, ...)
     table = arrays.pop("w")
     try:
         with safeio.atomic_output(out) as tmp, safeio.h5_file(tmp, "w") as o:
@@ -112,6 +115,8 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
                 o[f"dense/{pname}"] = flat[off:off + n].reshape(shape)
                 for k, st in states.items():
                     o[f"optimizer/dense/{k}/{pname}"] = st[off:off + n].reshape(shape)
+                for k, a in other.get(pname, {}).items():
+                    o[f"optimizer/dense/{k}/{pname}"] = a
             for bname, b in buffers.items():
                 o[f"buffers/{bname}"] = b
             for fname, rows, D in fields:

@@ -234,8 +234,8 @@ def test_same_server_count_reads_its_own_shard_and_checks_it(comm, mpi_tmp_path,
     run(cfg, comm)
     shard = os.path.join(ckpt, "step-2", "shard-00001.h5")
     again = replace(cfg, steps=3, checkpoint_dir=None, resume=ckpt)
-    opened, h5 = [], checkpoint_files._h5
-    monkeypatch.setattr(checkpoint_files, "_h5", lambda p: opened.append(p) or h5(p))
+    opened, h5 = [], checkpoint_files.open_h5
+    monkeypatch.setattr(checkpoint_files, "open_h5", lambda p: opened.append(p) or h5(p))
     resumed_verdict(comm, run(replace(cfg, steps=3, checkpoint_dir=None), comm),
                     run(again, comm), "resumed with the same servers")
     shards = sorted(os.path.basename(p) for p in opened if "shard-" in p)

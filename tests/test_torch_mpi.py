@@ -6,7 +6,7 @@ ranks return from ``pt.init(..., exit_servers=False)``.
   adagrad and adam sparse optimizers, with every dense layer's Allreduce its own bucket, and
   on a file with multi-hot fields (``pt.batches``' bags into ``pt.EmbeddingBag``);
 - checkpoint at step 2 -> resume -> step 5 == the uninterrupted run, bit for bit (dense
-  Adam, AdamW and Adagrad);
+  Adam, AdamW, Adagrad, and RMSprop with momentum: its state under /torch_state);
 - every ``pt.batches`` call is a whole pass: worker w gets its slice of each global batch;
 - StepLR on ``pt.DistributedOptimizer`` == plain PyTorch with the global batch, to 1e-9.
 """
@@ -94,9 +94,10 @@ def test_workers_equal_one_process_with_the_global_batch(comm, workdir, sparse_o
 
 
 @pytest.mark.mpi(min_size=3)
-@pytest.mark.parametrize("dense_opt", ["adam", "adamw", "adagrad"])
+@pytest.mark.parametrize("dense_opt", ["adam", "adamw", "adagrad", "rmsprop"])
 def test_checkpoint_then_resume_equals_the_uninterrupted_run(comm, workdir, dense_opt):
-    """(every dense optimizer with a checkpoint form but plain SGD: its state is kept)"""
+    """(the native slots' dense optimizers but plain SGD, and one whose state is kept
+    beside them: every worker's is the same, worker 0 writes it)"""
     ck = workdir / f"ck-{dense_opt}"
     common = ("--batch", "4", "--steps", "5", "--sparse-opt", "adam", "--dense-opt", dense_opt)
     full = wdl.run(args(workdir, *common, "--checkpoint", str(ck), "--checkpoint-at", "2"),

@@ -34,8 +34,7 @@ from pshybrid.layers import ParamSpace
 import pshybrid.torch.amp as amp
 import pshybrid.torch.preempt as stops
 from pshybrid.torch.census import census
-from pshybrid.torch.restore import (apply_settings, dense_kind, load_dense, settings_drift,
-                                    warn_no_checkpoint)
+from pshybrid.torch.restore import apply_settings, load_dense, settings_drift, warn_no_checkpoint
 from pshybrid.torch.session import DTYPES, session, shutdown
 from pshybrid.transport import abort_on_error, agree, same_arguments
 
@@ -61,20 +60,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                   "its gradients accumulated under no_sync): call its "
                                   "opt.step() first (opt.zero_grad() where a GradScaler "
                                   "skipped the step), then make the new one")
+        if isinstance(torch_optimizer, torch.optim.LBFGS):  # (its step() needs the closure)
+            raise ConfigError("DistributedOptimizer: torch.optim.LBFGS evaluates the loss "
+                              "and gradients several times in one step, the workers average "
+                              "them once a step: use another optimizer", collective=True)
         self.built = False  # (torch's __init__ adds the groups through add_param_group)
         super().__init__(torch_optimizer.param_groups, torch_optimizer.defaults)
         self.state = torch_optimizer.state  # shared: the torch optimizer's step fills it
         # (a new phase: the previous one's rate, as its scheduler left it; step() sends it)
         self.sparse_lr = s.sparse_opt.lr if s.optimizer is None else s.optimizer.sparse_lr
         self.flag = torch.zeros(1)  # (``amp``: the GradScaler's check of the tables)
-        emb = {"params": [self.flag], "name": "embeddings",
-               "lr": self.sparse_lr if s.optimizer is None else
-               s.optimizer.param_groups[-1]["lr"]}
-        for key in ("betas", "momentum"):  # (a scheduler cycling them expects every group's;
-            if key in torch_optimizer.defaults:  # the servers' optimizer does not read them)
-                emb[key] = torch_optimizer.defaults[key]
-        self.param_groups.append(emb)
         self.s, self.opt, self.model = s, torch_optimizer, model
+        self.param_groups.append(self._embeddings_group(torch_optimizer))
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         dtypes = {p.dtype for _, p in self.named}
         if len(dtypes) > 1 or not dtypes <= set(DTYPES):
@@ -111,6 +108,17 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.flags = s.topo.workers.Dup()
         s.optimizer = self
         self.built = True
+
+    def _embeddings_group(self, torch_optimizer) -> dict:
+        """The group of the tables' rate (a new phase: the previous optimizer's of the
+        moment, as its scheduler left it)."""
+        prev = self.s.optimizer
+        emb = {"params": [self.flag], "name": "embeddings",
+               "lr": self.sparse_lr if prev is None else prev.param_groups[-1]["lr"]}
+        for key in ("betas", "momentum"):  # (a scheduler cycling them expects every group's;
+            if key in torch_optimizer.defaults:  # the servers' optimizer does not read them)
+                emb[key] = torch_optimizer.defaults[key]
+        return emb
 
     def add_param_group(self, param_group) -> None:
         """(torch's ``__init__`` only: a group added later would not be reduced.)"""
@@ -428,24 +436,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """The model's buffers a ``state_dict`` holds (a BatchNorm's running statistics)."""
         kept = self.model.state_dict(keep_vars=True)
         return {n: b for n, b in self.model.named_buffers() if n in kept}
-
-    def dense_state(self):
-        """(flat (P,), {slot: (P,)}, {buffer name: array}, {name: its optimizer's step
-        count}) host arrays for the checkpoint (the counts: Adam's, per parameter)."""
-        _, keys = dense_kind(self)
-        self.sync_params()
-        steps = {n: int(self.opt.state.get(p, {}).get("step", 0)) for n, p in self.named}
-        state = {}
-        for slot, key in keys.items():
-            arr = np.zeros_like(self.params.flat)
-            for n, p in self.named:
-                st = self.opt.state.get(p, {})
-                if key in st:
-                    o = self.params.offset(n)
-                    arr[o:o + p.numel()] = st[key].detach().cpu().reshape(-1).numpy()
-            state[slot] = arr
-        buffers = {n: b.detach().cpu().numpy().copy() for n, b in self._buffers().items()}
-        return self.params.flat.copy(), state, buffers, steps if keys else {}
 
     def close(self) -> None:
         for h in self.hooks:

@@ -1,7 +1,7 @@
 """A torch run's checkpoints: what meta.json says of the run (``TorchRun``, the ``state``
 kept with it), and resuming ``DistributedOptimizer`` from dense.h5: the model's parameters
-by name, the torch optimizer's state (Adam's moments and each parameter's own step count)
-and the model's buffers."""
+by name, the torch optimizer's state (the native slots' moments with each parameter's own
+step count, any other state tensor as it is) and the model's buffers."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import os
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from pshybrid.checkpoint_files import read_buffers, read_dense, read_meta, read_param_steps
+from pshybrid.checkpoint_files import read_meta
+from pshybrid.dense_file import read_buffers, read_dense, read_param_steps, read_torch_state
 from pshybrid.errors import ConfigError, InputError
 from pshybrid.safeio import atomic_write_text
 
@@ -60,36 +62,42 @@ class TorchRun:
         return meta
 
 
-# torch optimizer -> (the checkpoint's dense_optimizer: its slots' layout, {slot: state key})
+# torch optimizer -> (the checkpoint's dense_optimizer: the layout of dense.h5's /state, as a
+# native run's; {slot: the torch state key it holds}). Every other state tensor, of these
+# classes or any other, is kept as it is under /torch_state/<parameter>/<key>.
 _ADAM = ("adam", {"m": "exp_avg", "v": "exp_avg_sq"})
-CHECKPOINTABLE = {torch.optim.SGD: ("sgd", {}), torch.optim.Adam: _ADAM,
-                  torch.optim.AdamW: _ADAM, torch.optim.Adagrad: ("adagrad", {"acc": "sum"})}
+SLOTTED = {torch.optim.SGD: ("sgd", {}), torch.optim.Adam: _ADAM,
+           torch.optim.AdamW: _ADAM, torch.optim.Adagrad: ("adagrad", {"acc": "sum"})}
+TORCH_STATE = "torch_state"
 NO_CHECKPOINT = ("pt.checkpoint will refuse it, so a stop on SIGTERM / SIGUSR1 can write no "
                  "checkpoint")
 
 
 def dense_kind(opt) -> tuple[str, dict]:
-    """``CHECKPOINTABLE``'s entry for the torch optimizer of ``opt`` (a DistributedOptimizer),
-    else ``ConfigError``."""
-    for cls, (name, keys) in CHECKPOINTABLE.items():
-        if type(opt.opt) is cls:
-            return name, keys
-    raise ConfigError(f"pt.checkpoint: the dense optimizer {type(opt.opt).__name__} has "
-                      "no checkpoint form; use torch.optim.SGD (no momentum), Adam, AdamW "
-                      "or Adagrad", collective=True)
+    """``SLOTTED``'s entry for the torch optimizer of ``opt`` (a DistributedOptimizer); any
+    other class: ("sgd", {}), no slots (its whole state under /torch_state)."""
+    return SLOTTED.get(type(opt.opt), ("sgd", {}))
+
+
+def _unkept(opt) -> str | None:
+    """The first entry of the torch optimizer's state a checkpoint cannot hold (one that is
+    not a dense tensor: a number, a list), in words, else None."""
+    for n, p in opt.named:
+        for key, v in opt.opt.state.get(p, {}).items():
+            if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
+                what = type(v).__name__ if not isinstance(v, torch.Tensor) else v.layout
+                return f"its state {key!r} of parameter {n!r} is a {what}, not a dense tensor"
+    return None
 
 
 def checkpoint_form(opt) -> tuple:
     """(the checkpoint's dense_optimizer, its lr, every param group's settings, the torch
-    class's name) of ``opt``, else ``ConfigError``: state it has no slots for."""
+    class's name) of ``opt``, else ``ConfigError``: state a checkpoint cannot hold."""
     name, _ = dense_kind(opt)
-    for i, group in enumerate(opt.opt.param_groups):  # options that add state
-        extra = ("momentum" if name == "sgd" and group.get("momentum", 0) else
-                 "amsgrad" if name == "adam" and group.get("amsgrad", False) else None)
-        if extra:
-            raise ConfigError(f"pt.checkpoint: torch.optim.{type(opt.opt).__name__} with "
-                              f"{extra} (param group {i}) has no checkpoint form (its "
-                              "state would be lost); use it without", collective=True)
+    problem = _unkept(opt)
+    if problem:  # (every worker's state is the same: the same verdict on each)
+        raise ConfigError(f"pt.checkpoint: torch.optim.{type(opt.opt).__name__} has no "
+                          f"checkpoint form: {problem}", collective=True)
     return (name, float(opt.opt.param_groups[0]["lr"]), group_settings(opt.param_groups),
             type(opt.opt).__name__)
 
@@ -104,6 +112,52 @@ def warn_no_checkpoint(opt) -> None:
             why = str(e).removeprefix("pt.checkpoint: ")
             sys.stderr.write(f"pshybrid: warning: DistributedOptimizer: {why}: "
                              f"{NO_CHECKPOINT}\n")
+
+
+def _host(v: torch.Tensor) -> np.ndarray:
+    """A state tensor as a host array of its own (bfloat16: as float32, which loads back
+    into the parameter's dtype)."""
+    v = v.detach().cpu()
+    try:
+        return v.numpy().copy()
+    except TypeError:  # (a dtype NumPy lacks)
+        return v.float().numpy()
+
+
+def dense_arrays(opt) -> tuple:
+    """(flat (P,), {slot: (P,)}, {dense.h5 path: array}, {name: step count}): ``opt``'s
+    dense parameters and torch optimizer state for a checkpoint. The slots hold the state
+    keys of the native layout (zero where a parameter has no state yet), their step counts
+    each parameter's own; ``torch_state/<name>/<key>`` every other state tensor, as it is;
+    ``buffers/<name>`` the model's buffers."""
+    _, keys = dense_kind(opt)
+    opt.sync_params()
+    flat = opt.params.flat
+    slots, arrays, steps = {slot: np.zeros_like(flat) for slot in keys}, {}, {}
+    by_key = {key: slot for slot, key in keys.items()}
+    for n, p in opt.named:
+        st, o = opt.opt.state.get(p, {}), opt.params.offset(n)
+        if keys:
+            steps[n] = int(st.get("step", 0))
+        for key, v in st.items():
+            if key in by_key:
+                slots[by_key[key]][o:o + p.numel()] = v.detach().cpu().reshape(-1).numpy()
+            elif not (keys and key == "step"):
+                arrays[f"{TORCH_STATE}/{n}/{key}"] = _host(v)
+    for n, b in opt._buffers().items():
+        arrays[f"buffers/{n}"] = b.detach().cpu().numpy().copy()
+    return flat.copy(), slots, arrays, steps
+
+
+def _placed(opt, p, key: str, value: torch.Tensor) -> torch.Tensor:
+    """``value`` placed as torch's ``load_state_dict`` places a state entry: "step" as it is
+    (float32 on the parameter's device with ``fused`` or ``capturable``), the rest on the
+    parameter's device, in its (floating-point) dtype."""
+    if key == "step":
+        group = next(g for g in opt.opt.param_groups if any(q is p for q in g["params"]))
+        fused = group.get("fused") or group.get("capturable")
+        return value.to(dtype=torch.float32, device=p.device) if fused else value
+    return value.to(dtype=p.dtype, device=p.device)
 
 
 def load_dense(opt, step_dir: str) -> None:
@@ -123,18 +177,20 @@ def load_dense(opt, step_dir: str) -> None:
             raise InputError(f"{step_dir}/dense.h5: parameter {n!r} is {got}, the model's "
                              f"is {tuple(p.shape)}")
     steps = read_param_steps(step_dir, where) or {}  # (none kept: the run's step for each)
+    other = read_torch_state(step_dir, where)
     with torch.no_grad():
         for n, p in opt.named:
             o, k = where[n][0], p.numel()
             p.copy_(torch.from_numpy(flat[o:o + k].astype(opt.params.flat.dtype))
                     .reshape(p.shape))
+            st = {key: torch.from_numpy(v) for key, v in other.get(n, {}).items()}
             t = steps.get(n, opt.s.step)
             if keys and t:  # (a parameter never stepped has no state, as in PyTorch)
-                st = opt.opt.state[p]
                 st["step"] = torch.tensor(float(t))
-                for slot, key in keys.items():
-                    st[key] = torch.from_numpy(state[slot][o:o + k].astype(
-                        opt.params.flat.dtype)).reshape(p.shape).to(p.device)
+                st.update({key: torch.from_numpy(state[slot][o:o + k].copy()).reshape(p.shape)
+                           for slot, key in keys.items()})
+            for key, v in st.items():
+                opt.opt.state[p][key] = _placed(opt, p, key, v)
     _load_buffers(opt, step_dir)
     _load_groups(opt, step_dir)
 

@@ -33,8 +33,8 @@ from pshybrid.stall import Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
 from pshybrid.torch.census import FAILED, arrive, arrived, census
-from pshybrid.torch.restore import (DTYPES, TorchRun, checkpoint_form, read_groups, read_state,
-                                    rewrite_meta, state_problem)
+from pshybrid.torch.restore import (DTYPES, TorchRun, checkpoint_form, dense_arrays,
+                                    read_groups, read_state, rewrite_meta, state_problem)
 from pshybrid.torch.tables import Table, check_init, check_memory
 from pshybrid.transport import abort, abort_on_error, agree, same_arguments
 
@@ -67,7 +67,7 @@ class TorchDense(AllreduceDense):
         self.owner.apply_dense()
 
     def state_full(self):
-        return self.owner.dense_state()
+        return dense_arrays(self.owner)
 
 
 class Session:

@@ -11,6 +11,7 @@ Each worker writes OUT-<w>.npz: per-step local losses, start and final dense par
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import sys
 
@@ -110,7 +111,9 @@ def run(a, comm=None, exit_servers=True):
     print("after init", flush=True)  # server ranks never get here: they exit 0 in init
     model = WDL(sch, D, [int(x) for x in a.mlp.split(",")], a.pooling)
     make = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, "adamw": torch.optim.AdamW,
-            "adagrad": torch.optim.Adagrad}[a.dense_opt]
+            "adagrad": torch.optim.Adagrad,  # (rmsprop: state beyond the native slots)
+            "rmsprop": functools.partial(torch.optim.RMSprop, momentum=0.5, centered=True)
+            }[a.dense_opt]
     opt = pt.DistributedOptimizer(make(model.parameters(), lr=a.dense_lr), model,
                                   bucket_mb=1e-6)
     s = session()
