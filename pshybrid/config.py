@@ -183,10 +183,10 @@ def _build(cls, values: dict, where: dict, **checks):
         value = _typed(value, base, optional, label)
         choices, check = f.metadata.get("choices"), f.metadata.get("check")
         if value is not None and choices and value not in choices:
-            raise _error(f"{label}: must be one of {', '.join(map(shown, choices))}, "
-                         f"got {value!r}")
+            raise _error(f"{label}: must be one of {', '.join(map(shown, choices))}, got {value!r}")
         if value is not None and check and (problem := check(value)):
-            raise _error(f"{label}: {problem}, got {value!r}")
+            raise _error(f"{label}: {problem}, got "
+                         f"{shown(value) if isinstance(value, tuple) else repr(value)}")
         kwargs[f.name] = value
     cfg = cls(**kwargs)
     if hasattr(cfg, "validate"):

@@ -325,7 +325,8 @@ class H5Dataset:
                 raise InputError(f"{self.path}: cannot open: too many open files (ulimit -n "
                                  f"{limit}): every dataset file stays open while the run "
                                  "reads it; raise ulimit -n, or merge the files") from None
-            raise InputError(f"{self.path}: not a readable HDF5 file ({e})") from None
+            raise InputError(f"{self.path}: not a readable HDF5 file ({e}); a dataset is "
+                             "made by pshybrid prep (CSV, Criteo TSV, Parquet)") from None
         try:
             self.stamp = safeio.file_stamp(os.fstat(self.f.id.get_vfd_handle()))
             self._check()

@@ -117,7 +117,7 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
 
 @pytest.mark.parametrize("argv,message", [
     (["--mlp", "abc"], "--mlp: expected comma-separated integers, got 'abc'"),
-    (["--mlp", "64,0"], "--mlp: must be a non-empty list of sizes > 0, got (64, 0)"),
+    (["--mlp", "64,0"], "--mlp: must be a non-empty list of sizes > 0, got 64,0"),
     (["--batch-size", "0"], "--batch-size: must be > 0, got 0"),
     (["--batch-size", "1.5"], "--batch-size: expected an integer, got '1.5'"),
     (["--lr", "-1"], "--lr: must be >= 0 and finite, got -1.0"),

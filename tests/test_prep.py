@@ -449,6 +449,42 @@ def test_csv_bad_options(tmp_path, argv, message):
     assert os.listdir(tmp_path) == ["ratings.csv"]
 
 
+@pytest.mark.parametrize("text, argv, message", [
+    ("y,c,c\n1,a,b\n", ["--sparse", "c"],
+     "--sparse: column 'c' is named 2 times in the header of {src} (columns 1, 2): give it "
+     "by its 0-based index"),
+    ("y,c,c\n1,a,b\n", ["--sparse", "1,2"],
+     "columns 1 and 2 of {src} are both named 'c': a dataset's fields need names of their "
+     "own; rename one in the header"),
+    ("y,a,b\r1,x,z\r", ["--sparse", "b"],
+     "--sparse: no column 'b' in {src} (columns: y, a, 'b\\r1', x, z; the first line "
+     "holds a CR: only LF and CRLF end a line (CR line ends: convert them first, e.g. tr "
+     "'\\r' '\\n'))"),
+], ids=["name-twice", "two-of-one-name", "cr-line-ends"])
+def test_a_header_that_cannot_name_the_columns_is_said_so(tmp_path, text, argv, message):
+    """Two columns of one name: chosen by that name, it was silently the first; by index,
+    the refusal named the output file. CR line ends: the message printed raw CRs."""
+    src = write(tmp_path / "t.csv", text)
+    with pytest.raises(ConfigError) as info:
+        run("csv", src, tmp_path / "out.h5", "--label", "y", *argv)
+    assert str(info.value) == message.format(src=src)
+    assert os.listdir(tmp_path) == ["t.csv"]
+    if argv == ["--sparse", "1,2"]:  # (one of them, by index, is a field)
+        run("csv", src, tmp_path / "out.h5", "--label", "y", "--sparse", "2", "--buckets", "7")
+        assert read(tmp_path / "out.h5")[2].tolist() == [[hashed("b", 7)]]
+
+
+def test_a_validation_file_that_is_out_is_refused_as_such(tmp_path):
+    src = write(tmp_path / "ratings.csv", RATINGS)
+    with pytest.raises(ConfigError) as info:
+        run("csv", src, tmp_path / "out.h5", "--label", "rating", "--sparse", "user",
+            "--valid-fraction", "0.5", "--valid-out", tmp_path / "out.h5")
+    assert str(info.value) == (f"--valid-out {tmp_path}/out.h5 is the same file as OUT "
+                               f"{tmp_path}/out.h5: the validation rows need a file of their "
+                               "own")
+    assert os.listdir(tmp_path) == ["ratings.csv"]
+
+
 # -- bad input ------------------------------------------------------------------------------
 
 def replace_line(n: int, line: str) -> str:
@@ -470,9 +506,11 @@ BAD = {
                   "wrong number of fields: 39, expected 40"),
     "41 fields": (replace_line(20, CRITEO.splitlines()[19] + "\t"), 20,
                   "wrong number of fields: 41, expected 40"),
-    "blank line": (replace_line(11, ""), 11, "wrong number of fields: 1, expected 40"),
-    "float dense": (with_field(3, 2, "1.5"), 3, "I2 value '1.5' is not an integer"),
-    "text dense": (with_field(16, 13, "abc"), 16, "I13 value 'abc' is not an integer"),
+    "blank line": (replace_line(11, ""), 11, "an empty line (a record has 40 fields)"),
+    "float dense": (with_field(3, 2, "1.5"), 3,
+                    "I2 value '1.5' is not an integer of at most 18 digits"),
+    "text dense": (with_field(16, 13, "abc"), 16,
+                   "I13 value 'abc' is not an integer of at most 18 digits"),
     "label 2": (with_field(12, 0, "2"), 12, "label '2' is not 0 or 1"),
     "empty label": (with_field(1, 0, ""), 1, "label '' is not 0 or 1"),
 }
@@ -576,7 +614,7 @@ def test_missing_input_and_output_directory(tmp_path):
     (["--valid-fraction", "1"], r"--valid-fraction: must be in \[0, 1\), got 1\.0"),
     (["--valid-fraction", "x"], r"--valid-fraction: expected a number, got 'x'"),
     (["--buckets", "10,1"], r"--buckets: must be integers from 2 to 2\*\*32 \+ 1 .*, got "
-                            r"\(10, 1\)"),
+                            r"10,1$"),
     (["--buckets", "10,20"], r"--buckets: 2 values for 26 sparse fields"),
     (["--buckets", "10", "--min-count", "2"], r"exclude each other"),
     (["--max-rows", "0"], r"--max-rows: must be > 0, got 0"),

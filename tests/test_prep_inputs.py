@@ -131,6 +131,53 @@ def test_quoted_csv_equals_the_csv_module(tmp_path, monkeypatch, block):
     assert got["sparse"].tolist() == [[hashed(v.encode(), 1009) for v in r[2:]] for r in want]
 
 
+@pytest.mark.parametrize("block", [1 << 20, 64], ids=["one-block", "64-byte-blocks"])
+def test_a_quote_inside_an_unquoted_value_is_a_character_of_it(tmp_path, monkeypatch,
+                                                               block):
+    """As the csv module reads it (``5" screen``, ``x""``): every row kept, each value ==
+    the module's, quoted values with LFs and ``""`` around them. Before, such a quote opened
+    a quoted value: the lines after it, up to the next odd quote, were one bad record."""
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
+    lines = ["y,a,b"] + [f'{i % 2},{v},"q{i}\n""x"""' if i % 5 == 0 else f"{i % 2},{v},w{i}"
+                         for i, v in enumerate(['5" screen', 'x""', 'a"b"c', "plain",
+                                                'x"', '9"" tv'] * 4)]
+    (tmp_path / "in.csv").write_bytes(("\n".join(lines) + "\n").encode())
+    assert run("csv", tmp_path / "in.csv", tmp_path / "out.h5", "--label", "y",
+               "--sparse", "a,b", "--buckets", "1009") == 0
+    with open(tmp_path / "in.csv", newline="", encoding="utf-8") as f:
+        want = list(csv.reader(f, strict=True))[1:]       # the oracle
+    assert len(want) == len(lines) - 1 and want[0][1] == '5" screen'
+    got = content(tmp_path / "out.h5")
+    assert got["label"].tolist() == [float(r[0]) for r in want]
+    assert got["sparse"].tolist() == [[hashed(v.encode(), 1009) for v in r[1:]] for r in want]
+
+
+@pytest.mark.parametrize("other_quotes", [False, True], ids=["no-other-quote", "quoted-rows"])
+def test_a_quote_never_closed_costs_its_own_line_in_a_small_input(tmp_path, other_quotes,
+                                                                  capsys):
+    """A value that opens a quote and never closes it (in an input smaller than a line
+    may be, so the input's end comes first), or closes where no record can be read (at a
+    later row's quoted value): its line is the bad one, named by its number, and every
+    other row is kept (== the csv module on the input without that line). Before, the
+    lines from it to the input's end, or to that later quote, were one bad record."""
+    body = [f'{i % 2},{chr(97 + i % 7)},' + ('"r, s"' if other_quotes and i % 3 == 0 else "t")
+            for i in range(40)]
+    body[9] = '1,"oops,t'
+    src = tmp_path / "in.csv"
+    src.write_text("y,a,b\n" + "\n".join(body) + "\n")
+    argv = ["--label", "y", "--sparse", "a,b", "--buckets", "1009"]
+    with pytest.raises(InputError, match="in.csv:11: bad quoting: a double quote never closed"):
+        run("csv", src, tmp_path / "out.h5", *argv)
+    capsys.readouterr()
+    assert run("csv", src, tmp_path / "out.h5", *argv, "--skip-bad-lines") == 0
+    out = capsys.readouterr().out
+    assert "39 rows -> " in out and "; 1 bad lines skipped;" in out
+    want = list(csv.reader(body[:9] + body[10:], strict=True))
+    got = content(tmp_path / "out.h5")
+    assert got["label"].tolist() == [float(r[0]) for r in want]
+    assert got["sparse"].tolist() == [[hashed(v.encode(), 1009) for v in r[1:]] for r in want]
+
+
 def test_bad_quoting_names_the_line(tmp_path):
     (tmp_path / "in.csv").write_text('y,a\n1,"x"\n0,"ab"c\n')
     with pytest.raises(InputError, match="in.csv:3: bad quoting"):

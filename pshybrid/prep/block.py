@@ -109,6 +109,8 @@ def split_lines(data: bytes, sep: int, n_fields: int):
     def shape_why(i: int) -> str:
         if nul[i]:
             return "a NUL byte (not a text file?)"
+        if fields[i] == 1 and ends[eol[i]] == starts[eol[i]]:
+            return f"an empty line (a record has {n_fields} fields)"
         return f"wrong number of fields: {fields[i]}, expected {n_fields}"
 
     return block, s, L, whole, shape_why

@@ -84,6 +84,11 @@ def cmd_csv(args) -> int:
             twice = next(names[c] for c in used if used.count(c) > 1)
             raise ConfigError(f"column {twice!r} is used twice in "
                               "--label/--dense/--sparse/--multi-hot", collective=True)
+        same = [c for c in used if [names[u] for u in used].count(names[c]) > 1]
+        if same:  # (by index: the dataset's field names are the header's, one each)
+            raise ConfigError(f"columns {same[0]} and {same[1]} of {args.input[0]} are both "
+                              f"named {names[same[0]]!r}: a dataset's fields need names of "
+                              "their own; rename one in the header", collective=True)
         for path in parquets:               # their list and nested columns
             with raw_input(path, spools) as f:
                 check_columns(f, shown_input(path), names, {
@@ -129,14 +134,23 @@ def _columns(text: str | None, option: str, names: list[str], header: bool, path
     """Column indices of a comma list of header names or 0-based indices."""
     out = []
     for c in (text.split(",") if text else []):
+        if header and names.count(c) > 1:
+            at = ", ".join(str(i) for i, n in enumerate(names) if n == c)
+            raise ConfigError(f"{option}: column {c!r} is named {names.count(c)} times in the "
+                              f"header of {path} (columns {at}): give it by its 0-based "
+                              "index", collective=True)
         if header and c in names:
             out.append(names.index(c))
         elif c.isascii() and c.isdigit() and int(c) < len(names):
             out.append(int(c))
         else:
-            known = f"columns: {', '.join(names)}" if header else f"{len(names)} columns"
+            shown = ", ".join(n if n.isprintable() else repr(n) for n in names)
+            known = f"columns: {shown}" if header else f"{len(names)} columns"
             seps = [s for s in ",\t;|" if len(names) == 1 and s in names[0]]
-            hint = (f"; one column: is --sep right? the first line holds {seps[0]!r}"
+            hint = ("; the first line holds a CR: only LF and CRLF end a line (CR line ends: "
+                    "convert them first, e.g. tr '\\r' '\\n')"
+                    if any("\r" in n for n in names) else
+                    f"; one column: is --sep right? the first line holds {seps[0]!r}"
                     if seps else "")
             raise ConfigError(f"{option}: no column {c!r} in {path} ({known}{hint})",
                               collective=True)
@@ -181,7 +195,8 @@ _CRITEO = (
 _CSV = (
     "Delimited table (or Parquet, with pyarrow: booleans as 1/0, lists as items joined by"
     " |) -> dataset file; columns by header name or 0-based index; RFC 4180 quoting "
-    "(--quoting none: quotes are data), every record as many fields as the first; "
+    "(a quoted value is the text between the quotes, \"\" as one \"; --quoting none: "
+    "quotes are data), every record as many fields as the first; "
     "--multi-hot COL[:SEP]: a list of items (split at SEP, default |), each encoded as a "
     "value of its own field. Label: a number, 0 or 1, or with --label-threshold T: 1 if "
     ">= T else 0. Dense: a finite number (Python float syntax), missing = 0, stored as "

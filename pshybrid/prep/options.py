@@ -83,8 +83,9 @@ class CsvOptions(TableOptions):
     quoting: str = option("rfc4180", "rfc4180: a value in double quotes may hold the "
                           "separator, LFs and \"\" (one \"); none: quotes are data",
                           choices=("rfc4180", "none"))
-    multi_hot: str | None = option(None, "multi-hot columns COL[:SEP] (SEP default |; comma, "
-                                   "tab), comma list or repeated: each value a list of items "
+    multi_hot: str | None = option(None, "multi-hot columns COL[:SEP] (SEP one character, "
+                                   "default |; comma, tab; COL:: a colon), comma list or "
+                                   "repeated: each value a list of items "
                                    "pooled by the model (train --pooling)", repeat=True)
 
     def validate(self) -> None:

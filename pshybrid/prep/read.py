@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import InputError
 from .block import Block, split_lines
 from .inputs import MAX_LINE_BYTES, open_input, read_checked, shown_input
+from .quoted import outside, split_quoted
 
 BLOCK_BYTES = 2 << 20      # read size: a block holds ~9k Criteo lines
 QUOTE = ord('"')
@@ -71,12 +72,14 @@ class Rows:
 
 def parse(t: Table, data: bytes):
     """Parse a block of whole lines: ``ok`` (records,) bool, ``why(i)``: what is wrong with
-    bad record i, the good ``Rows``, and ``line_of`` (records,): the line of IN, counted
-    from the block's first, where each record starts (None: record i is line i)."""
+    bad record i, the good ``Rows``, ``line_of`` (records,): the line of IN, counted from
+    the block's first, where each record starts (None: record i is line i), and ``again``:
+    None, or the offset of ``data`` up to which it was parsed, the rest to be parsed anew
+    (``quoted.split_quoted``: a bad record over several lines costs its first line)."""
     if t.quote and QUOTE in data:
-        from .quoted import split_quoted
-
-        block, s, L, whole, shape_why, line_of = split_quoted(t, data)
+        block, s, L, whole, shape_why, line_of, again = split_quoted(t, data)
+        if again is not None:
+            return (*parse(t, data[:again])[:4], again)
     else:
         block, s, L, whole, shape_why = split_lines(data, t.sep, t.n_fields)
         line_of = None
@@ -110,13 +113,14 @@ def parse(t: Table, data: bytes):
                    ": --label-threshold T makes a number 1 if >= T, else 0")  # csv: a rating
             return f"label {text(t.label)!r} is not {need}{fix}"
         j = int(np.flatnonzero(~dense_ok[r])[0])
-        need = "an integer" if t.integers else "a finite number" if t.log else "a float32"
+        need = ("an integer of at most 18 digits" if t.integers else "a finite number"
+                if t.log else "a float32")
         return f"{t.dense_names[j]} value {text(t.dense[j])!r} is not {need}"
 
     multi = _view(t.multi_hot)
     rows = Rows(block, label.astype(np.float32), dense, s[:, sparse_cols], L[:, sparse_cols],
                 s[:, multi], L[:, multi])
-    return ok, why, rows if good.all() else rows.take(good), line_of
+    return ok, why, rows if good.all() else rows.take(good), line_of, None
 
 
 def _view(cols: list[int]):
@@ -141,24 +145,24 @@ class Tally:
         self.bad += count
 
 
-def _cut(buf: bytes, quote: bool) -> int:
-    """Where the whole lines of ``buf`` end: after its last LF (with ``quote``, the last LF
-    outside double quotes: after an even number of them); 0 if none."""
+def _cut(buf: bytes, quote: int | None) -> int:
+    """Where the whole lines of ``buf`` end: after its last LF (with ``quote``, the
+    separator of quoted CSV: the last LF outside double quotes); 0 if none."""
     cut = buf.rfind(b"\n") + 1
-    if not quote or not cut or b'"' not in buf:
+    if quote is None or not cut or b'"' not in buf:
         return cut
     a = np.frombuffer(buf, np.uint8)
     nl = np.flatnonzero(a == NL)
-    inside = np.cumsum(a == QUOTE)[nl] % 2 == 1
-    outside = nl[~inside]
-    return int(outside[-1]) + 1 if len(outside) else 0
+    ends = nl[outside(a, quote, nl)]
+    return int(ends[-1]) + 1 if len(ends) else 0
 
 
-def blocks(path: str, tally: Tally, spools: dict | None = None, quote: bool = False,
+def blocks(path: str, tally: Tally, spools: dict | None = None, quote: int | None = None,
            parquet: bool = False):
     """Yield ``(first, data)``: whole lines of IN, each ending in LF, ``first`` the 1-based
     number of the first line; lines over MAX_LINE_BYTES go to ``tally.bad_line``. With
-    ``quote``, a block never ends inside double quotes (a quoted value may hold LFs); a
+    ``quote`` (the separator of quoted CSV), a block never ends inside double quotes (a
+    quoted value may hold LFs); a
     double quote still open MAX_LINE_BYTES later makes its line bad, and the lines after it
     are read again as lines of their own (one stray quote costs one line). ``parquet``: as
     ``inputs.open_input``."""
@@ -168,7 +172,8 @@ def blocks(path: str, tally: Tally, spools: dict | None = None, quote: bool = Fa
         while True:
             chunk = b"" if again else read_checked(name, f.read, BLOCK_BYTES)
             end, again = not chunk and not again, False
-            buf = rem + (chunk or b"\n" * bool(rem and end))  # at the end, close a last line
+            # (at the end, a last line without its LF gets one)
+            buf = rem + (chunk or b"\n" * (end and rem[-1:] not in (b"", b"\n")))
             if skipping:                                 # the rest of a too long line
                 k = buf.find(b"\n") + 1
                 buf, skipping, line = (buf[k:], False, line + 1) if k else (b"", True, line)
@@ -184,7 +189,7 @@ def blocks(path: str, tally: Tally, spools: dict | None = None, quote: bool = Fa
             rem = buf[cut:]
             if len(rem) > MAX_LINE_BYTES:
                 k = rem.find(b"\n") + 1
-                if quote and 0 < k <= MAX_LINE_BYTES + 1:  # a quote left open, not a long line
+                if quote is not None and 0 < k <= MAX_LINE_BYTES + 1:  # a quote left open
                     tally.bad_line(line, f"a double quote not closed within {MAX_LINE_BYTES} "
                                    "bytes")
                     rem, line, again = rem[k:], line + 1, True
@@ -223,26 +228,29 @@ def scan(t: Table, max_rows: int | None, tally: Tally, title: str):
     progress = Progress(title)
     for path in t.paths:
         tally.path = shown_input(path)
-        for first, data in blocks(path, tally, t.spools, t.quote, t.parquet):
+        for first, data in blocks(path, tally, t.spools, t.sep if t.quote else None,
+                                  t.parquet):
             if t.header and first == 1:
                 _check_header(t, data[:data.index(b"\n") + 1], tally.path)
                 data, first = data[data.index(b"\n") + 1:], 2
-                if not data:
-                    continue
-            rows = _block(t, first, data, max_rows, tally)
-            if rows is not None:
-                yield rows
-                progress.update(tally.rows)
-            if max_rows is not None and tally.rows >= max_rows:
-                progress.update(tally.rows, end=True)
-                return
+            while data:  # (the rest of a block a bad record over several lines cut short)
+                rows, again = _block(t, first, data, max_rows, tally)
+                if rows is not None:
+                    yield rows
+                    progress.update(tally.rows)
+                if max_rows is not None and tally.rows >= max_rows:
+                    progress.update(tally.rows, end=True)
+                    return
+                first, data = ((first + data.count(b"\n", 0, again), data[again:])
+                               if again is not None else (first, b""))
     progress.update(tally.rows, end=True)
 
 
 def _block(t: Table, first: int, data: bytes, max_rows: int | None, tally: Tally):
-    """Parse one block; count its bad lines (or raise); return its good rows (at most what
-    ``max_rows`` leaves), None if it has none."""
-    ok, why, rows, line_of = parse(t, data)
+    """Parse one block (or its part up to ``again``: ``parse``); count its bad lines (or
+    raise); return its good rows (at most what ``max_rows`` leaves; None if it has none)
+    and ``again``."""
+    ok, why, rows, line_of, again = parse(t, data)
     good = np.flatnonzero(ok)
     if max_rows is not None and len(good) >= max_rows - tally.rows:
         good = good[:max_rows - tally.rows]
@@ -252,7 +260,7 @@ def _block(t: Table, first: int, data: bytes, max_rows: int | None, tally: Tally
         i = int(bad[0])
         tally.bad_line(first + (i if line_of is None else int(line_of[i])), why(i), len(bad))
     tally.rows += len(good)
-    return rows.take(slice(len(good))) if len(good) else None
+    return rows.take(slice(len(good))) if len(good) else None, again
 
 
 def _check_header(t: Table, line: bytes, name: str) -> None:

@@ -91,7 +91,10 @@ def valid_path(out: str, o: SplitOptions, inputs=()) -> str | None:
     if not o.valid_fraction:
         return None
     valid = o.valid_out or (out[:-3] if out.endswith(".h5") else out) + ".valid.h5"
-    check_out(valid, "--valid-out", o.overwrite, [*inputs, ("OUT", out)])
+    if safeio.same_file(valid, out):
+        raise ConfigError(f"--valid-out {valid} is the same file as OUT {out}: the validation "
+                          "rows need a file of their own", collective=True)
+    check_out(valid, "--valid-out", o.overwrite, inputs)
     return valid
 
 
