@@ -138,8 +138,8 @@ def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridE
     no file exceeds ``ulimit -f``), found before HDF5 writes anything."""
     files = [] if ids is None else [ids.nbytes + sum(a.nbytes for a in sparse.values())]
     if dense is not None:
-        files.append(dense[0].nbytes * (1 + len(dense[1]))
-                     + sum(a.nbytes for a in dense[2].values()))
+        files.append(dense[0].nbytes * (1 + len(dense[1]))  # (+ 1 KiB of HDF5 a dataset)
+                     + sum(a.nbytes + 1024 for a in dense[2].values()))
     mine = sum(files) + (1 << 16) * len(files)  # + HDF5 metadata, meta.json (writers only)
     total = topo.world.allreduce(mine)  # Wire: allreduce of one int (bytes); all ranks wait
     problem = safeio.room_problem(tmp, total, max(files, default=0) + (1 << 16))

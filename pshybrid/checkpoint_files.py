@@ -183,7 +183,7 @@ def read_meta(step_dir: str) -> dict:
     if (not isinstance(shards, list) or not shards or len(set(map(str, shards))) != len(shards)
             or not all(isinstance(n, str) and SHARD_RE.fullmatch(n) for n in shards)):
         raise bad_key(path, "shards", "must be a non-empty list of distinct names shard-SSSSS.h5, "
-                   f"got {str(shards)[:80]}")
+                      f"got {str(shards)[:80]}")
     sc = meta.get("schema")
     ok = isinstance(sc, dict) and is_int(sc.get("n_dense")) and sc["n_dense"] >= 0
     cards, names = (sc.get("cardinalities"), sc.get("sparse_names")) if ok else (None, None)
@@ -194,7 +194,7 @@ def read_meta(step_dir: str) -> dict:
           and names_problem(dnames, names) is None)
     if not ok:
         raise bad_key(path, "schema", "must hold n_dense, dense_names, cardinalities (integers "
-                   ">= 1) and as many distinct sparse_names (no '/', not '.', '..' or empty)")
+                      ">= 1) and as many distinct sparse_names (no '/', not '.', '..' or empty)")
     return meta
 
 
@@ -277,15 +277,15 @@ class _Rows:
         if bad.any():
             i = int(np.flatnonzero(bad)[0])
             raise bad_key(fpath, f"/ids[{first + i}]", f"= {ids[i]} is outside the table's rows "
-                       f"[0, {self.rows})")
+                          f"[0, {self.rows})")
         local = ids
         if self.n > 1:  # (the whole table's rows: nothing to map)
             other = ids % self.n != self.me
             if other.any():
                 i = int(np.flatnonzero(other)[0])
                 raise bad_key(fpath, f"/ids[{first + i}]", f"= {ids[i]} is a row of shard "
-                           f"{ids[i] % self.n} of {self.n} (rows r % {self.n}), not of this "
-                           "one")
+                              f"{ids[i] % self.n} of {self.n} (rows r % {self.n}), not of this "
+                              "one")
             local = ids // self.n
         s = np.sort(local)
         dup = s[1:] == s[:-1]
@@ -294,7 +294,7 @@ class _Rows:
         if dup.any() or seen.any():
             v = int(s[1:][dup][0]) if dup.any() else int(local[seen][0])
             raise bad_key(fpath, "/ids", f"holds row {v * self.n + self.me} more than once (in "
-                       "this or an earlier shard)")
+                          "this or an earlier shard)")
         np.bitwise_or.at(self.bits, byte, mask)
         self.count += ids.size
 
@@ -322,7 +322,7 @@ def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
         d = f[k]
         if d.shape != (n, width) or d.dtype.kind != "f":
             raise bad_key(fpath, f"/{k}", f"has shape {d.shape} {d.dtype}, expected ({n}, "
-                       f"{width}) floats (one row per id, width --embedding-dim + linear)")
+                          f"{width}) floats (one row per id, width --embedding-dim + linear)")
     return n
 
 
@@ -367,7 +367,7 @@ def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], o
                             if bad.any():
                                 r = a + int(sel[np.argmax(bad)])
                                 raise bad_key(fpath, f"/{k}", f"row {r} (id {ids[r - a]}) has a "
-                                           "non-finite value")
+                                              "non-finite value")
                     if sel.size:
                         take(ids[sel], vals)
                 sums.read(f)

@@ -86,9 +86,11 @@ def read_torch_state(step_dir: str, names) -> dict:
     out: dict = {}
     for path, a in _read_group(step_dir, "torch_state").items():
         name, _, key = path.rpartition("/")
+        fpath = os.path.join(step_dir, "dense.h5")
         if name not in names:
-            raise bad_key(os.path.join(step_dir, "dense.h5"), f"/torch_state/{path}",
-                       f"names {name!r}, not a parameter")
+            raise bad_key(fpath, f"/torch_state/{path}", f"names {name!r}, not a parameter")
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise bad_key(fpath, f"/torch_state/{path}", "has a non-finite value")
         out.setdefault(name, {})[key] = a
     return out
 
@@ -122,11 +124,12 @@ def read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
                         and isinstance(item[2], list) and all(is_int(x) and x >= 0
                                                                for x in item[2])):
                     raise bad_key(fpath, "attribute params", f"entry {str(item)[:60]} is not a "
-                               "distinct [name, offset, shape]")
+                                  "distinct [name, offset, shape]")
                 names.add(item[0])
                 total += int(np.prod(item[2], dtype=object))
             if total != P:
-                raise bad_key(fpath, "/flat", f"holds {P} values, attribute params describes {total}")
+                raise bad_key(fpath, "/flat", f"holds {P} values, attribute params describes "
+                              f"{total}")
             for name, off, shape in params:
                 if off + int(np.prod(shape, dtype=object)) > P:
                     raise bad_key(fpath, "attribute params", f"entry {name!r} ends past /flat")
@@ -134,7 +137,7 @@ def read_dense(step_dir: str, slots: tuple[str, ...], size: int | None = None,
             have = set(grp.keys()) if isinstance(grp, (h5py.Group, dict)) else {"?"}
             if have != set(slots):
                 raise bad_key(fpath, "/state", f"holds {sorted(have)}, the dense optimizer keeps "
-                           f"{sorted(slots)}")
+                              f"{sorted(slots)}")
             state = {}
             for k in slots:
                 d = grp[k]

@@ -10,8 +10,8 @@ import os
 import numpy as np
 
 from . import safeio
-from .checkpoint_files import (TORCH, has_checksums, native_config, read_meta, read_shards,
-                               resolve, row_width)
+from .checkpoint_files import (TORCH, has_checksums, is_int, native_config, read_meta,
+                               read_shards, resolve, row_width)
 from .dense_file import read_buffers, read_dense, read_param_steps, read_torch_state
 from .errors import InputError, PshybridError
 from .optim import SLOTS
@@ -62,13 +62,10 @@ def _export_layout(meta: dict, where: str):
                 cfg.sparse_optimizer, cfg.dense_optimizer)
     c = meta["config"]
     tables, E = c.get("tables"), c.get("width")
-    def _int(v) -> bool:
-        return type(v) is int
-
-    ok = (isinstance(tables, list) and _int(E) and all(isinstance(t, dict) for t in tables)
+    ok = (isinstance(tables, list) and is_int(E) and all(isinstance(t, dict) for t in tables)
           and [t.get("name") for t in tables] == names
           and [t.get("rows") for t in tables] == cards
-          and all(_int(t.get("dim")) and 1 <= t["dim"] <= E for t in tables)
+          and all(is_int(t.get("dim")) and 1 <= t["dim"] <= E for t in tables)
           and c.get("dtype") in ("float32", "float64")
           and c.get("sparse_optimizer") in SLOTS and c.get("dense_optimizer") in SLOTS)
     if not ok:

@@ -10,6 +10,7 @@ import contextlib
 import copy
 import json
 import re
+import shutil
 
 import h5py
 import numpy as np
@@ -276,10 +277,36 @@ class _CountingSGD(torch.optim.SGD):
         return super().step(closure)
 
 
-def test_a_dense_optimizer_whose_state_a_checkpoint_cannot_hold_is_refused(tmp_path):
-    """State that is not a dense tensor (a Python int here) has no HDF5 form: refused in
-    one message naming the entry and the parameter, nothing written. LBFGS, which needs
-    several gradients a step, is refused when the DistributedOptimizer is made."""
+class _GlobalSGD(torch.optim.SGD):
+    """SGD whose step count is an entry of its own, not a parameter's (``state["global"]``)."""
+
+    def step(self, closure=None):
+        self.state["global"]["t"] = self.state["global"].get("t", torch.zeros(())) + 1
+        return super().step(closure)
+
+
+class _SlashSGD(torch.optim.SGD):
+    """SGD with a state key that is no HDF5 name."""
+
+    def step(self, closure=None):
+        for p in self.param_groups[0]["params"]:
+            self.state[p]["a/b"] = torch.zeros(())
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("make, why", [
+    (_CountingSGD, "its state 'count' of parameter 'weight' is a int, not a dense tensor"),
+    (_GlobalSGD, "its state holds an entry for str 'global', not a parameter of the model"),
+    (_SlashSGD, "its state 'a/b' of parameter 'weight': the key is not a name (a string "
+                "without '/', not '' or '.')"),
+], ids=["python-int", "not-a-parameters", "key-with-a-slash"])
+def test_a_dense_optimizer_whose_state_a_checkpoint_cannot_hold_is_refused(tmp_path, capfd,
+                                                                          make, why):
+    """State a checkpoint cannot hold (not a dense tensor, not a parameter's, a key that is
+    no HDF5 name): said at the first step, and refused by pt.checkpoint in one message
+    naming the entry, nothing written. LBFGS, which needs several gradients a step, and a
+    torch optimizer over a parameter the model does not hold (its gradient was never
+    averaged) are refused when the DistributedOptimizer is made."""
     from pshybrid.errors import ConfigError
 
     pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
@@ -289,14 +316,23 @@ def test_a_dense_optimizer_whose_state_a_checkpoint_cannot_hold_is_refused(tmp_p
         with pytest.raises(ConfigError, match="LBFGS evaluates the loss and gradients several "
                            "times in one step"):
             pt.DistributedOptimizer(torch.optim.LBFGS(model.parameters()), model)
-        opt = pt.DistributedOptimizer(_CountingSGD(model.parameters(), lr=0.1), model)
-        opt.zero_grad()
-        model(emb(torch.tensor([1, 3]))).sum().backward()
-        opt.step()
-        with pytest.raises(ConfigError, match=r"^pt.checkpoint: torch.optim._CountingSGD has "
-                           r"no checkpoint form: its state 'count' of parameter 'weight' is "
-                           r"a int, not a dense tensor$"):
+        extra = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        with pytest.raises(ConfigError, match="the torch optimizer holds a parameter that is "
+                           "not one of the model's"):
+            pt.DistributedOptimizer(make([*model.parameters(), extra], lr=0.1), model)
+        opt = pt.DistributedOptimizer(make(model.parameters(), lr=0.1), model)
+        assert "warning" not in capfd.readouterr().err
+        for _ in range(2):
+            opt.zero_grad()
+            model(emb(torch.tensor([1, 3]))).sum().backward()
+            opt.step()
+        want = f"torch.optim.{make.__name__} has no checkpoint form: {why}"
+        assert capfd.readouterr().err == (f"pshybrid: warning: DistributedOptimizer: {want}: "
+                                          "pt.checkpoint will refuse it, so a stop on SIGTERM "
+                                          "/ SIGUSR1 can write no checkpoint\n")  # (once)
+        with pytest.raises(ConfigError) as info:
             pt.checkpoint(tmp_path / "ck")
+        assert str(info.value) == f"pt.checkpoint: {want}"
     finally:
         pt.shutdown()
     assert not (tmp_path / "ck").exists()
@@ -313,16 +349,28 @@ MAKERS = {
     "asgd": lambda ps: torch.optim.ASGD(ps, lr=0.1, t0=1),
     "rprop": lambda ps: torch.optim.Rprop(ps, lr=0.1),
     "adafactor": lambda ps: torch.optim.Adafactor(ps, lr=0.1),  # (row and column factors)
+    "adam-over-layer-a": lambda ps: torch.optim.Adam(list(ps)[:2], lr=0.1),
 }
 
 
+@pytest.fixture(params=[torch.float32, torch.float64], ids=["float32", "float64"])
+def default_dtype(request):
+    """torch's default dtype (that of the scalar state some optimizers make: NAdam's
+    mu_product), restored after."""
+    was = torch.get_default_dtype()
+    torch.set_default_dtype(request.param)
+    yield
+    torch.set_default_dtype(was)
+
+
 @pytest.mark.parametrize("kind", MAKERS)
-def test_any_torch_optimizers_state_resumes_exactly(tmp_path, kind):
+def test_any_torch_optimizers_state_resumes_exactly(tmp_path, kind, default_dtype):
     """Every state tensor of the torch optimizer (momentum buffers, amsgrad's maxima,
-    RMSprop's averages, Adafactor's factors, each parameter's step) is in the checkpoint:
-    checkpoint at step 2 -> resume -> step 5 == 5 steps uninterrupted, bit for bit. Layer b
-    is first reached at step 3: it has no state at the checkpoint, and gets it as in
-    PyTorch after the resume."""
+    RMSprop's averages, Adafactor's factors, NAdam's float32 mu_product of a float64 model,
+    each parameter's step) is in the checkpoint and comes back in its own dtype: checkpoint
+    at step 2 -> resume -> step 5 == 5 steps uninterrupted, bit for bit. Layer b is first
+    reached at step 3: it has no state at the checkpoint, and gets it as in PyTorch after
+    the resume (or, for an optimizer over layer a alone, never)."""
     make = MAKERS[kind]
     _, want = _two_layer_run(tmp_path / "whole", 5, make=make, when=(3,))
     step, _ = _two_layer_run(tmp_path / "part", 2, make=make, when=(3,))
@@ -330,10 +378,38 @@ def test_any_torch_optimizers_state_resumes_exactly(tmp_path, kind):
     assert all(torch.equal(p, q) for p, q in zip(got, want))
 
 
+def test_a_checkpoint_without_the_optimizers_own_state_resumes_or_is_refused(tmp_path):
+    """A checkpoint without each parameter's step count (native, older) gives each the
+    run's: resumed by an optimizer over part of the model, == the uninterrupted run (it
+    raised StopIteration: a parameter no group holds). One without amsgrad's maxima (no
+    param_groups to restore amsgrad=False from) is refused naming the parameter (torch
+    raised KeyError at the first step)."""
+    from pshybrid.errors import InputError
+
+    def part(ps):
+        return torch.optim.Adam(list(ps)[:2], lr=0.1)
+
+    _, want = _two_layer_run(tmp_path / "whole", 5, make=part)
+    step, _ = _two_layer_run(tmp_path / "part", 2, make=part)
+    with h5py.File(f"{step}/dense.h5", "a") as f:
+        del f.attrs["param_steps"]
+    _, got = _two_layer_run(tmp_path / "part", 5, resume=step, make=part)
+    assert all(torch.equal(p, q) for p, q in zip(got, want))
+    step, _ = _two_layer_run(tmp_path / "plain", 2)
+    meta = json.loads(open(f"{step}/meta.json").read())
+    for key in ("param_groups", "torch_optimizer"):
+        del meta["config"][key]
+    open(f"{step}/meta.json", "w").write(json.dumps(meta))
+    with pytest.raises(InputError, match="dense.h5: parameter 'a.weight' has no amsgrad "
+                       "maxima .*: resume with amsgrad=False"):
+        _two_layer_run(tmp_path / "plain", 5, resume=step,
+                       make=lambda ps: torch.optim.Adam(ps, lr=0.1, amsgrad=True))
+
+
 def test_a_momentum_buffer_is_exported_and_a_foreign_one_refused(tmp_path):
     """Export carries the torch optimizer's other state as /optimizer/dense/<key>/<param>:
     SGD's momentum buffers == plain PyTorch's after the same 2 steps. A /torch_state entry
-    naming no parameter of the model, or not numeric, is refused naming it."""
+    naming no parameter of the model, not numeric or not finite, is refused naming it."""
     from pshybrid.errors import InputError
     from pshybrid.export import export
 
@@ -355,27 +431,42 @@ def test_a_momentum_buffer_is_exported_and_a_foreign_one_refused(tmp_path):
     assert got.keys() == {n for n, _ in model.named_parameters()}
     for n, p in model.named_parameters():
         assert np.array_equal(got[n], ref.state[p]["momentum_buffer"].numpy()), n
-    for edit, why in ((lambda f: f.move("torch_state/b.bias", "torch_state/c.bias"),
+
+    def nan(f):
+        from pshybrid.checksums import crc32
+
+        d = f["torch_state/a.bias/momentum_buffer"]
+        d[...], d.attrs["crc32"] = np.nan, crc32(np.full(d.shape, np.nan, d.dtype))
+
+    for edit, why in ((nan, r"/torch_state/a.bias/momentum_buffer has a non-finite value"),
+                      (lambda f: f.move("torch_state/b.bias", "torch_state/c.bias"),
                        r"/torch_state/c.bias/momentum_buffer names 'c.bias', not a parameter"),
                       (lambda f: f.create_dataset("torch_state/a.bias/note", data="x"),
                        r"/torch_state/a.bias/note is not a numeric dataset")):
+        shutil.copy(f"{step}/dense.h5", tmp_path / "dense.h5")
         with h5py.File(f"{step}/dense.h5", "a") as f:
             edit(f)
         with pytest.raises(InputError, match=why):
             _two_layer_run(tmp_path / "ck", 3, resume=step, make=make, when=(0,))
         with pytest.raises(InputError, match=why):
             export(step, str(tmp_path / "e2.h5"))
+        shutil.copy(tmp_path / "dense.h5", f"{step}/dense.h5")  # (each edit on its own)
 
 
 @pytest.mark.parametrize("make", [torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW,
                                   torch.optim.Adagrad, torch.optim.RMSprop])
-def test_a_checkpointable_dense_optimizer_is_made_without_a_warning(make, capfd):
-    """(Their checkpoint -> resume == the uninterrupted run: ``tests/test_torch_mpi.py``.)"""
+def test_a_checkpointable_dense_optimizer_steps_without_a_warning(make, capfd):
+    """(Their checkpoint -> resume == the uninterrupted run: above, and
+    ``tests/test_torch_mpi.py``.)"""
     pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF,
             tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
     try:
-        model = torch.nn.Linear(2, 1).double()
-        pt.DistributedOptimizer(make(model.parameters(), lr=0.01), model)
+        model, emb = torch.nn.Linear(2, 1).double(), pt.Embedding("t")
+        opt = pt.DistributedOptimizer(make(model.parameters(), lr=0.01), model)
+        opt.zero_grad()
+        model(emb(torch.tensor([1, 3]))).sum().backward()
+        opt.step()
+        assert opt.opt.state or make is torch.optim.SGD  # (the state a warning would be of)
     finally:
         pt.shutdown()
     assert "warning" not in capfd.readouterr().err

@@ -73,15 +73,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.s, self.opt, self.model = s, torch_optimizer, model
         self.param_groups.append(self._embeddings_group(torch_optimizer))
         self.named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-        dtypes = {p.dtype for _, p in self.named}
-        if len(dtypes) > 1 or not dtypes <= set(DTYPES):
-            raise ConfigError(f"DistributedOptimizer: the model's parameters must share one "
-                              f"dtype, float32 or float64; found {sorted(map(str, dtypes))}",
-                              collective=True)
         params = self.params = ParamSpace()
         for n, p in self.named:
             params.add(n, tuple(p.shape), "zeros")
-        params.build(np, np.dtype(DTYPES[dtypes.pop()]) if dtypes else np.float32, 0)
+        params.build(np, np.dtype(self._dtype()), 0)
         self.on_cpu = all(p.device.type == "cpu" for _, p in self.named)
         self.flat_grad = torch.from_numpy(params.flat_grad)
         self.reduced: set[str] = set()  # parameters whose gradient this step has (``step``)
@@ -89,6 +84,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.accumulating = False  # inside ``no_sync``: gradients stay on this worker
         self.unused: set[str] = set()  # no worker reached these this step (``_find_unused``)
         self.flags = None  # the workers' own copy: small Allreduces outside the step's order
+        self.checked = False  # its first step warned of state no checkpoint can hold
         self.find_unused = find_unused_parameters
         self.synced = False  # this step's Allreduce completed by ``synchronize``
         self.scaled = self.scaler = None  # synchronize(scaler): (batch, grads, batches), scaler
@@ -130,6 +126,23 @@ class DistributedOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     # -- start: the same weights on every worker ------------------------------------------
+    def _dtype(self) -> str:
+        """The model's parameters' one dtype (float32 where it has none), else ConfigError;
+        and every parameter the torch optimizer trains is the model's (before any hook)."""
+        mine = {id(p) for _, p in self.named}
+        if any(p.requires_grad and id(p) not in mine
+               for g in self.opt.param_groups for p in g["params"]):
+            raise ConfigError("DistributedOptimizer: the torch optimizer holds a parameter "
+                              "that is not one of the model's: its gradient would not be "
+                              "averaged over the workers nor its state checkpointed; make "
+                              "the model hold it", collective=True)
+        dtypes = {p.dtype for _, p in self.named}
+        if len(dtypes) > 1 or not dtypes <= set(DTYPES):
+            raise ConfigError(f"DistributedOptimizer: the model's parameters must share one "
+                              f"dtype, float32 or float64; found {sorted(map(str, dtypes))}",
+                              collective=True)
+        return DTYPES[dtypes.pop()] if dtypes else "float32"
+
     def _start(self) -> None:
         s = self.s
         self._check_same_model()
@@ -144,7 +157,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             except PshybridError as e:
                 err = e
             agree(s.topo.workers, err)  # Wire: verdict allgather over the workers
-        warn_no_checkpoint(self)
 
     def _check_same_model(self) -> None:
         """Every worker's model has the same parameters (names, shapes, dtype), else one
@@ -418,6 +430,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if not self.synced:
             self._average()
         self.opt.step()
+        if not self.checked:  # (the state a checkpoint must hold exists from here)
+            self.checked = True
+            warn_no_checkpoint(self)
 
     def _average(self) -> None:
         """The reduced sums / W into every parameter's ``.grad``."""

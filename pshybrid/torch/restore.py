@@ -80,13 +80,21 @@ def dense_kind(opt) -> tuple[str, dict]:
 
 
 def _unkept(opt) -> str | None:
-    """The first entry of the torch optimizer's state a checkpoint cannot hold (one that is
-    not a dense tensor: a number, a list), in words, else None."""
-    for n, p in opt.named:
-        for key, v in opt.opt.state.get(p, {}).items():
+    """The first entry of the torch optimizer's state a checkpoint cannot hold, in words,
+    else None: one not kept for a parameter of the model (a step count of its own), one
+    that is not a dense tensor (a number, a list), or whose key is no HDF5 name."""
+    names = {id(p): n for n, p in opt.named}
+    for p, st in opt.opt.state.items():
+        if id(p) not in names:
+            return (f"its state holds an entry for {type(p).__name__} {str(p)[:40]!r}, not a "
+                    "parameter of the model")
+        for key, v in st.items():
+            where = f"its state {key!r} of parameter {names[id(p)]!r}"
+            if not isinstance(key, str) or key in ("", ".") or "/" in key:
+                return f"{where}: the key is not a name (a string without '/', not '' or '.')"
             if not isinstance(v, torch.Tensor) or v.layout != torch.strided:
                 what = type(v).__name__ if not isinstance(v, torch.Tensor) else v.layout
-                return f"its state {key!r} of parameter {n!r} is a {what}, not a dense tensor"
+                return f"{where} is a {what}, not a dense tensor"
     return None
 
 
@@ -103,8 +111,9 @@ def checkpoint_form(opt) -> tuple:
 
 
 def warn_no_checkpoint(opt) -> None:
-    """Worker 0 warns, as ``opt`` is made, of a torch optimizer ``pt.checkpoint`` refuses
-    (found out at the first checkpoint, the run's compute was lost with it)."""
+    """Worker 0 warns, after ``opt``'s first step (the torch optimizer's state exists then),
+    of state ``pt.checkpoint`` refuses (found out at the first checkpoint, the run's
+    compute was lost with it)."""
     try:
         checkpoint_form(opt)
     except ConfigError as e:
@@ -149,15 +158,15 @@ def dense_arrays(opt) -> tuple:
     return flat.copy(), slots, arrays, steps
 
 
-def _placed(opt, p, key: str, value: torch.Tensor) -> torch.Tensor:
-    """``value`` placed as torch's ``load_state_dict`` places a state entry: "step" as it is
-    (float32 on the parameter's device with ``fused`` or ``capturable``), the rest on the
-    parameter's device, in its (floating-point) dtype."""
+def _placed(group: dict, p, key: str, value: torch.Tensor) -> torch.Tensor:
+    """``value`` as it was saved, on the parameter's device ("step": float32 there with
+    ``fused`` or ``capturable``, else on the host, as torch keeps it). (torch's own
+    ``load_state_dict`` casts floating state to the parameter's dtype: a float32 entry of a
+    float64 model, NAdam's ``mu_product``, would not continue the run exactly.)"""
     if key == "step":
-        group = next(g for g in opt.opt.param_groups if any(q is p for q in g["params"]))
         fused = group.get("fused") or group.get("capturable")
         return value.to(dtype=torch.float32, device=p.device) if fused else value
-    return value.to(dtype=p.dtype, device=p.device)
+    return value.to(device=p.device)
 
 
 def load_dense(opt, step_dir: str) -> None:
@@ -178,6 +187,7 @@ def load_dense(opt, step_dir: str) -> None:
                              f"is {tuple(p.shape)}")
     steps = read_param_steps(step_dir, where) or {}  # (none kept: the run's step for each)
     other = read_torch_state(step_dir, where)
+    group_of = {id(p): g for g in opt.opt.param_groups for p in g["params"]}
     with torch.no_grad():
         for n, p in opt.named:
             o, k = where[n][0], p.numel()
@@ -189,10 +199,16 @@ def load_dense(opt, step_dir: str) -> None:
                 st["step"] = torch.tensor(float(t))
                 st.update({key: torch.from_numpy(state[slot][o:o + k].copy()).reshape(p.shape)
                            for slot, key in keys.items()})
-            for key, v in st.items():
-                opt.opt.state[p][key] = _placed(opt, p, key, v)
+            for key, v in st.items() if id(p) in group_of else ():  # (the optimizer's own)
+                opt.opt.state[p][key] = _placed(group_of[id(p)], p, key, v)
     _load_buffers(opt, step_dir)
     _load_groups(opt, step_dir)
+    for n, p in opt.named:  # (a native checkpoint's, or an older one's, Adam kept no maxima)
+        st = opt.opt.state.get(p, {})
+        if "exp_avg_sq" in st and "max_exp_avg_sq" not in st and group_of[id(p)].get("amsgrad"):
+            raise InputError(f"{step_dir}/dense.h5: parameter {n!r} has no amsgrad maxima "
+                             "(max_exp_avg_sq: a checkpoint of Adam without amsgrad, native or "
+                             "older): resume with amsgrad=False")
 
 
 def group_settings(groups) -> tuple:
