@@ -7,7 +7,6 @@ wins), and validates every field. Field metadata (see ``option``): ``help``, ``c
 ``check(value) -> error string | None``; a dataclass may add ``validate(self)`` for
 cross-field rules. Every error is a ``ConfigError`` naming the option or key; it is
 ``collective``: each rank parses the same arguments and reaches the same verdict.
-
 Supported field types: ``int``, ``float``, ``str``, ``bool`` (``--flag/--no-flag``), the
 ``X | None`` of all but bool (``none`` on the command line, ``"none"`` in TOML), and
 ``tuple[int, ...]`` (``1024,512,256`` on the command line; an array of integers or that
@@ -42,8 +41,7 @@ class ArgumentParser(argparse.ArgumentParser):
         raise ConfigError(f"{where}{message}", collective=True)
 
 
-def option(default, help: str, *, choices: tuple | None = None, check=None,
-           repeat: bool = False):
+def option(default, help: str, *, choices: tuple | None = None, check=None, repeat: bool = False):
     """A config field: ``default``, one-line ``help``, allowed ``choices``, and ``check``.
     ``repeat`` (a str field): the option may be given several times, and a TOML array of
     strings is accepted; the values are joined with commas."""
@@ -100,11 +98,9 @@ def shown(value) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
-    """Add ``--config FILE`` and one ``--kebab-name`` option per field of dataclass ``cls``.
-
-    Options default to ``argparse.SUPPRESS`` (absent from the namespace unless given) and
-    keep their text: ``resolve`` converts and checks them.
-    """
+    """Add ``--config FILE`` and one ``--kebab-name`` option per field of dataclass ``cls``,
+    each defaulting to ``argparse.SUPPRESS`` (absent from the namespace unless given) and
+    keeping its text: ``resolve`` converts and checks them."""
     parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
                         help="TOML file with any of these options, as keys (the command "
                              "line wins)")
@@ -249,7 +245,7 @@ def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: 
             values[f.name] = _from_text(getattr(ns, f.name), kind, optional, where[f.name])
             given.add(f.name)
     layer(values, given)  # the command line over both
-    getattr(cls, "settle", lambda *a: None)(values, given | set(toml), where)
+    getattr(cls, "settle", lambda *a: None)(values, given | (set(toml) & set(values)), where)
     return _build(cls, values, where)
 
 
@@ -329,7 +325,7 @@ class TrainConfig:
                                  "CPU workers; exact); 0: none", check=_at_least(0))
     placement: str = option("dedicated", "where the table shards live: on server ranks that "
                             "only serve (dedicated), or on every rank, each of which also "
-                            "trains (colocated; --servers does not apply)",
+                            "trains (colocated; --servers is refused)",
                             choices=tuple(PLACEMENTS))
     data: str | None = option(None, "training dataset: a file, several (comma-separated or "
                               "repeated: read as their concatenation, in the order given) or "
@@ -440,9 +436,10 @@ class TrainConfig:
     def layer(values: dict, given: set, source: str | None = None) -> None:
         """Options given on top of a lower layer (a resumed checkpoint's): ``--steps`` and
         ``--epochs`` replace each other (both given is refused, naming ``source``, the TOML
-        file that gave them; one given drops the other); ``--checkpoint-dir none`` /
-        ``--eval-data none`` / ``--data none`` given drop the options that need them, unless
-        those are given too. (Values are still as given: ``none`` is text here.)"""
+        file that gave them; one given drops the other); ``--mode auto`` given drops a lower
+        layer's placement options at their defaults (a ``--print-config``'s: no choice);
+        ``--checkpoint-dir none`` / ``--eval-data none`` / ``--data none`` given drop the
+        options that need them, unless those are given too."""
         if {"steps", "epochs"} <= given and values["epochs"] not in (None, "none"):
             both = (f"steps = {values['steps']} and epochs = {values['epochs']} in {source}"
                     if source else f"--steps {values['steps']} and --epochs {values['epochs']}")
@@ -450,6 +447,10 @@ class TrainConfig:
                          "steps)")
         if "steps" in given and "epochs" not in given:
             values["epochs"] = None
+        auto = "mode" in given and values["mode"] == "auto"  # (it chooses these two)
+        for k in {"placement", "replicate_rows"} - given if auto else ():
+            if str(values.get(k)) == shown(TrainConfig.__dataclass_fields__[k].default):
+                values.pop(k)  # (a lower layer's default: no choice, so it gives way)
         needs = {"data": ("epochs", None), "checkpoint_dir": ("checkpoint_every", 0),
                  "eval_data": ("eval_every", 0)}
         for key, (other, off) in needs.items():
@@ -484,9 +485,8 @@ class TrainConfig:
         if self.lr is None and self.sparse_optimizer not in SPARSE_LR:
             raise _error(f"--sparse-optimizer {self.sparse_optimizer} has no default rate "
                          "(optim.SPARSE_LR): give --lr")
-        why = refusal(self.mode, self.placement, self.servers, self.replicate_rows,
-                      self.consistency, self.cache_rows, self.device)
-        if why is not None:
+        if why := refusal(self.mode, self.placement, self.servers, self.replicate_rows,
+                          self.consistency, self.cache_rows, self.device):
             raise _error(why)
 
     @property

@@ -322,6 +322,15 @@ def _vm_size() -> int | None:
         return None
 
 
+def checkpoint_bytes(cfg, schema) -> int:
+    """Bytes of one checkpoint, about: the table's rows with their slots and ids, the dense
+    parameters with theirs (all shards together)."""
+    s = 8 if cfg.dtype == "float64" else 4
+    P, E = model_size(cfg, schema)
+    return (int(sum(schema.cardinalities)) * (E * s * (1 + len(SLOTS[cfg.sparse_optimizer])) + 8)
+            + P * s * (1 + len(SLOTS[cfg.dense_optimizer])))
+
+
 def largest_checkpoint_file(est: dict, rows: int, n_servers: int) -> int:
     """Bytes of a checkpoint's largest file, about: a shard's rows, slots and ids (in
     allreduce mode the whole table's)."""

@@ -67,7 +67,10 @@ def check_outputs(cfg, writer: bool) -> None:
             raise ConfigError(f"--checkpoint-dir: {problem}")
     ckdirs = [d for d in (cfg.checkpoint_dir, cfg.resume) if d]
     if cfg.metrics and writer:
-        problem = (safeio.check_output(cfg.metrics, "--metrics", run_inputs(cfg), ckdirs,
+        link = os.path.islink(cfg.metrics)  # (appended to with O_NOFOLLOW: it would fail late)
+        problem = (f"--metrics {cfg.metrics} is a symbolic link: lines are appended to the "
+                   "file itself, never through a link; give the file it names" if link else
+                   safeio.check_output(cfg.metrics, "--metrics", run_inputs(cfg), ckdirs,
                                        existing=metrics_problem)
                    or safeio.check_writable_file(cfg.metrics))
         if problem:
@@ -107,8 +110,9 @@ def lock_checkpoint_dir(cfg, topo, out, held: list) -> None:
 
 
 def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
-    """This rank's node: memory, /dev/shm for its shards; this rank: ``ulimit -v``; the
-    checkpoints' largest file: ``ulimit -f`` (free disk is checked at each write)."""
+    """This rank's node: memory, /dev/shm for its shards; this rank: ``ulimit -v``; a
+    checkpoint: the free disk under ``--checkpoint-dir`` (again at each write), its largest
+    file: ``ulimit -f``."""
     workers, servers = roles_per_node(topo.node_of_rank, topo.worker_ranks,
                                       topo.server_ranks)[topo.node_of_rank[topo.rank]]
     node = f"node {topo.node_names[topo.node_of_rank[topo.rank]]}"  # (others print rank 0's)
@@ -120,9 +124,11 @@ def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
     limits.check_shared_memory(est, servers, shared, node)
     limits.check_address_space(est, topo.is_worker, topo.rank in topo.server_ranks,
                                servers * limits.window_bytes(est))
-    if cfg.checkpoint_dir and not score:
-        problem = safeio.room_problem(cfg.checkpoint_dir, 0, limits.largest_checkpoint_file(
-            est, int(sum(schema.cardinalities)), topo.n_servers))
+    if cfg.checkpoint_dir and not score:  # (one checkpoint at least: else none is ever kept)
+        problem = safeio.room_problem(safeio.nearest_existing(cfg.checkpoint_dir),
+                                      limits.checkpoint_bytes(cfg, schema),
+                                      limits.largest_checkpoint_file(
+                                          est, int(sum(schema.cardinalities)), topo.n_servers))
         if problem:
             raise ConfigError(f"--checkpoint-dir {cfg.checkpoint_dir}: its checkpoints "
                               f"cannot be written: {problem}")

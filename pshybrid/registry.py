@@ -290,7 +290,10 @@ def refusal(mode: str, placement: str, servers, replicate_rows: int, consistency
             (replicate_rows > 0, f"--replicate-rows {replicate_rows}"),
             (device != "cpu", f"--device {device}")) if cond]
         if bad:
-            return (f"--consistency {consistency} --cache-rows {cache_rows}: only with --mode "
+            given = " ".join(g for c, g in (
+                (not is_synchronous(consistency), f"--consistency {consistency}"),
+                (cache_rows, f"--cache-rows {cache_rows}")) if c)  # (what was asked for)
+            return (f"{given}: only with --mode "
                     f"hybrid or ps, --placement dedicated, no --replicate-rows, --device cpu; "
                     f"not with {', '.join(bad)}")
     if is_colocated(placement) and not spec.needs_servers:

@@ -335,7 +335,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     W, S, s = topo.n_workers, topo.n_servers, np.dtype(cfg.dtype).itemsize
     P, E = limits.model_size(cfg, schema)
     rows, F = int(sum(schema.cardinalities)), len(schema.cardinalities)
-    slots, dslots = len(SLOTS[cfg.sparse_optimizer]), len(SLOTS[cfg.dense_optimizer])
+    slots = len(SLOTS[cfg.sparse_optimizer])
     table = rows * E * s * (1 + slots)
     ranks = lambda rs: f"rank{'s' if len(rs) > 1 else ''} {span(rs)}"  # noqa: E731
     sharded = S and MODES[cfg.mode].sparse_on_servers    # (else a copy on every worker)
@@ -355,7 +355,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
              f"  tables: {counted(F, 'field')}, {counted(rows, 'row')} x {E} {cfg.dtype} + "
              f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
              f"  dense: {counted(P, 'parameter')}; a checkpoint holds about "
-             f"{limits.gib(table + P * s * (1 + dslots))}"]
+             f"{limits.gib(limits.checkpoint_bytes(cfg, schema))}"]
     lines.append(_memory_line(cfg, schema, W, S, eval_rows))
     here = topo.dedicated_servers_on(topo.node_of_rank[topo.server_ranks[0]]) if S else 0
     T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)

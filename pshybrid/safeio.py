@@ -267,7 +267,8 @@ def atomic_output(path: str):
         raise
 
 
-def _nearest_existing(path: str) -> str:
+def nearest_existing(path: str) -> str:
+    """``path``, or its nearest ancestor that exists (absolute)."""
     p = os.path.abspath(path)
     while not os.path.lexists(p):
         parent = os.path.dirname(p)
@@ -284,7 +285,7 @@ def check_writable_dir(path: str, deepest: str = "") -> str | None:
     relative path it will hold, whose full path must fit the system's limits."""
     if os.path.lexists(path) and not os.path.isdir(path):
         return f"{path} exists and is not a directory"
-    base = _nearest_existing(path)
+    base = nearest_existing(path)
     if not os.path.isdir(base):
         return f"{base} is not a directory, so {path} cannot be created"
     too_long = _too_long(path, os.path.join(path, deepest), base)

@@ -33,8 +33,8 @@ from .initializers import uniform_rows
 from .kernels import gather, min_max, scatter_add
 from .schema import TableSpec
 from .topology import Topology, shared_window
-from .transport import (agree, allocate_window, idle_barrier, mpi_type, reserve_shared_memory,
-                        rows_type)
+from .transport import (agree, allocate_window, idle_barrier, mpi_type, out_of_memory,
+                        reserve_shared_memory, rows_type)
 
 _ALIGN = 64  # bytes; each region starts on a cache line
 
@@ -223,7 +223,7 @@ class EmbeddingStore:
                 self._init_shard(name)
         except Exception as e:  # noqa: BLE001 - any failure: every rank learns it, none waits
             err = e if isinstance(e, PshybridError) else PshybridError(
-                str(e) if isinstance(e, MemoryError) else
+                out_of_memory(e) if isinstance(e, MemoryError) else
                 f"initialising the shard: {type(e).__name__}: {e}")
         # Wire: verdict allgather (a barrier) so no worker reads a shard before its server
         # initialised it, and a server that failed fails every rank.

@@ -38,7 +38,9 @@ def check_servers(n_servers: int, world_size: int, need_servers: bool = True,
     if n_servers >= world_size:
         raise ConfigError(
             f"--servers {n_servers} leaves no worker in a job of {world_size} rank(s); "
-            f"use --servers <= {world_size - 1} or launch more ranks (mpiexec -n N)",
+            + (f"use --servers <= {world_size - 1} or launch more ranks (mpiexec -n N)"
+               if world_size > 1 else "launch more ranks (mpiexec -n N), or drop --servers "
+               "and use --mode allreduce (one process trains alone)"),
             collective=True)
     if need_servers and n_servers == 0:
         raise ConfigError(

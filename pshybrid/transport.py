@@ -296,6 +296,10 @@ def _reserve(start: int, end: int, offset: int, name: str) -> int:
     return 0
 
 
+class NoSharedMemory(MemoryError):
+    """``/dev/shm`` cannot hold a window's pages: the message names the ways out."""
+
+
 def reserve_shared_memory(buf) -> None:
     """Allocate now the pages of ``buf`` (a rank's window: an MPI library maps it from a
     file in ``/dev/shm``, whose pages exist only once touched) so that a ``/dev/shm`` filled
@@ -309,7 +313,7 @@ def reserve_shared_memory(buf) -> None:
         if err:
             free = os.statvfs("/dev/shm")
             why = os.strerror(errno.ENOSPC if err == errno.EFAULT else err)
-            raise MemoryError(
+            raise NoSharedMemory(
                 f"/dev/shm cannot hold this rank's {mem.nbytes / 2**20:,.1f} MiB shard of the "
                 f"tables (the MPI library maps it from a file there; {why}, "
                 f"{free.f_bavail * free.f_frsize / 2**20:,.1f} MiB free now: another job may "
@@ -333,9 +337,12 @@ def abort(comm: MPI.Comm, code: int) -> None:
 
 def out_of_memory(exc: BaseException) -> str:
     """One line for an allocation that failed (``MemoryError``; the MPI library's window):
-    what failed, this process's address-space limit if it has one, what to change."""
+    what failed, this process's address-space limit if it has one, what to change (a full
+    ``/dev/shm``: its own message's)."""
     import resource
 
+    if isinstance(exc, NoSharedMemory):  # (its own ways out)
+        return f"out of memory: {exc}"
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
     where = f" (ulimit -v {limit // 1024})" if limit != resource.RLIM_INFINITY else ""
     return (f"out of memory{where}: {exc or 'an allocation failed'}: lower --batch-size, "
@@ -362,7 +369,13 @@ def window_refused(what: str, shared: bool) -> str:
     ``what`` it refused (with its words), and the ways out. Open MPI 4's one-sided
     component for networks without RDMA (``osc pt2pt``, plain TCP) refuses every window
     under ``MPI_THREAD_MULTIPLE``, the level mpi4py asks for by default."""
+    import resource
+
     how = [f"if {'/dev/shm' if shared else 'memory'} is short: {SHM_WAYS_OUT}"]
+    limit = resource.getrlimit(resource.RLIMIT_AS)[0]
+    if limit != resource.RLIM_INFINITY:  # (a mapping past it is refused in the same words)
+        how.insert(0, f"this process's address-space limit (ulimit -v {limit // 1024}) may be "
+                   "what is short: raise it, or lower --batch-size, --embedding-dim or --mlp")
     if (MPI.Query_thread() == MPI.THREAD_MULTIPLE
             and MPI.Get_library_version().startswith("Open MPI")):
         how.insert(0, "if Open MPI said above that its osc pt2pt (no UCX, no RDMA) does not "

@@ -57,7 +57,7 @@ def _old_refusal(mode, placement, servers, replicate_rows, consistency, cache_ro
     if (consistency != "bsp" or cache_rows) and (
             mode not in ("hybrid", "ps") or placement != "dedicated" or replicate_rows > 0
             or device != "cpu"):
-        return "--consistency"
+        return "only with --mode hybrid or ps"
     if placement == "colocated" and mode == "allreduce":
         return "no table shards"
     if placement == "colocated" and servers is not None:

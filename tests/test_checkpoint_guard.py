@@ -14,6 +14,7 @@ allreduce mode over COMM_SELF):
 import io
 import json
 import os
+import re
 import shutil
 import time
 from dataclasses import replace
@@ -437,6 +438,23 @@ def test_metrics_file_of_another_kind_is_refused_not_truncated(tmp_path):
     assert snapshot(tmp_path) == before
 
 
+def test_a_metrics_path_that_is_a_link_is_refused_before_step_1(tmp_path):
+    """A link to a --metrics file of pshybrid passed the check (it follows links) and the
+    run's O_NOFOLLOW open then raised a traceback after start-up; a dangling one was called
+    'not writable'. Both are one line now, and nothing changes."""
+    run(steps=1, metrics=str(tmp_path / "m.jsonl"))
+    os.symlink(tmp_path / "m.jsonl", tmp_path / "to-m.jsonl")
+    os.symlink(tmp_path / "none.jsonl", tmp_path / "dangling.jsonl")
+    before = snapshot(tmp_path)
+    for link in ("to-m.jsonl", "dangling.jsonl"):
+        with pytest.raises(ConfigError) as e:
+            run(steps=1, metrics=str(tmp_path / link))
+        assert str(e.value) == (f"--metrics {tmp_path / link} is a symbolic link: lines are "
+                                "appended to the file itself, never through a link; give "
+                                "the file it names")
+    assert snapshot(tmp_path) == before
+
+
 # -- one job per checkpoint directory --------------------------------------------------------
 
 def _plant_lock(root, pid, start=None):
@@ -627,6 +645,23 @@ def test_a_checkpoint_the_disk_cannot_hold_keeps_the_last_one(ck, file_limit, mo
         assert f"{ck}/latest still names step-4" in msg and "\n" not in msg, msg
         assert sorted(os.listdir(ck)) == ["latest", "step-2", "step-4"], os.listdir(ck)
         assert assert_latest_complete(ck) == "step-4"
+
+
+def test_a_disk_that_cannot_hold_one_checkpoint_is_refused_before_step_1(tmp_path,
+                                                                         monkeypatch):
+    """The plan knows a checkpoint's size, yet only ``ulimit -f`` was checked before step
+    1: a run trained to the end, then its one checkpoint did not fit and the compute was
+    lost. Now refused before step 1, naming the size and the free space; nothing made."""
+    monkeypatch.setattr(os, "statvfs", lambda p: os.statvfs_result(
+        (4096, 4096, 100, 1, 1, 100, 1, 1, 0, 255)))  # (4 KiB free)
+    done = []
+    with pytest.raises(ConfigError) as e:
+        train(replace(BASE, steps=3, checkpoint_dir=str(tmp_path / "ck")), MPI.COMM_SELF,
+              dataset=DATA, out=io.StringIO(), on_step=done.append)
+    assert done == [] and os.listdir(tmp_path) == []
+    assert re.fullmatch(rf"--checkpoint-dir {tmp_path}/ck: its checkpoints cannot be written: "
+                        r"about [0-9.]+ (KiB|MiB) is needed, its disk has 4\.0 KiB free \(No "
+                        r"space left on device\)", str(e.value)), str(e.value)
 
 
 def test_export_to_a_full_disk_is_refused_before_writing(ck, tmp_path, file_limit, monkeypatch):

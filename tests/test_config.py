@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 
 from pshybrid.config import (ArgumentParser, TrainConfig, add_arguments, from_dict, option,
-                             resolve, to_dict)
+                             resolve, to_dict, to_toml)
 from pshybrid.errors import ConfigError
 
 
@@ -127,10 +127,10 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
                                   "got 'ssp:x'")),
     (["--cache-rows", "-1"], "--cache-rows: must be >= 0, got -1"),
     (["--consistency", "ssp:2", "--mode", "allreduce"],
-     ("--consistency ssp:2 --cache-rows 0: only with --mode hybrid or ps, --placement "
+     ("--consistency ssp:2: only with --mode hybrid or ps, --placement "
       "dedicated, no --replicate-rows, --device cpu; not with --mode allreduce")),
     (["--cache-rows", "9", "--placement", "colocated", "--replicate-rows", "3"],
-     ("--consistency bsp --cache-rows 9: only with --mode hybrid or ps, --placement "
+     ("--cache-rows 9: only with --mode hybrid or ps, --placement "
       "dedicated, no --replicate-rows, --device cpu; not with --placement colocated, "
       "--replicate-rows 3")),
     (["--mode", "bogus"], "prog: argument --mode: invalid choice: 'bogus' "
@@ -172,7 +172,7 @@ def test_toml_errors(tmp_path, text, message):
 def test_auto_and_the_options_it_chooses_are_checked_after_every_layer(tmp_path):
     """A file's ``mode = "auto"`` with its ``placement`` is refused naming the file, and the
     command line's --mode overrides it; a file's placement under the command line's auto
-    is refused too."""
+    is refused too, but not one at its default (``--print-config``'s every key)."""
     path = toml(tmp_path, 'mode = "auto"\nplacement = "dedicated"\nreplicate_rows = 0\n')
     assert fails(parse, TrainConfig, "--config", path) == (
         f"--mode auto chooses --placement and --replicate-rows: drop placement (in {path}) "
@@ -183,6 +183,11 @@ def test_auto_and_the_options_it_chooses_are_checked_after_every_layer(tmp_path)
     assert fails(parse, TrainConfig, "--config", path, "--mode", "auto") == (
         f"--mode auto chooses --placement and --replicate-rows: drop placement (in {path}) "
         "(or pick a mode)")
+    # a --print-config of a run in another mode (placement and replicate_rows at their
+    # defaults: no choice) under the command line's auto: auto chooses them
+    printed = toml(tmp_path, to_toml(parse(TrainConfig, "--mode", "ps")))
+    cfg = parse(TrainConfig, "--config", printed, "--mode", "auto")
+    assert cfg.mode == "auto" and (cfg.placement, cfg.replicate_rows) == ("dedicated", 0)
 
 
 def test_unreadable_or_invalid_toml(tmp_path):

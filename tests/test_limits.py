@@ -215,6 +215,46 @@ def test_an_allocation_that_fails_is_one_line_and_status_2(capsys):
         "--mlp, or spread the table over more --servers on more nodes\n"), err
 
 
+def test_a_shard_a_server_cannot_allocate_is_out_of_memory_on_every_rank(monkeypatch):
+    """Under ``ulimit -v`` a server's MemoryError reached every rank as NumPy's bare words
+    ('Unable to allocate 8.00 MiB ...'), without 'out of memory' and what to change."""
+    import resource
+    from types import SimpleNamespace as NS
+
+    from mpi4py import MPI
+
+    from pshybrid.errors import PshybridError
+    from pshybrid.store import EmbeddingStore
+
+    def fail(name):
+        raise MemoryError("Unable to allocate 8.00 MiB for an array")
+
+    monkeypatch.setattr(resource, "getrlimit", lambda r: (450000 * 1024,) * 2 if
+                        r == resource.RLIMIT_AS else (resource.RLIM_INFINITY,) * 2)
+    store = NS(topo=NS(is_server=True, world=MPI.COMM_SELF), _mem=NS(size=0), tables=["t"],
+               _init_shard=fail)
+    with pytest.raises(PshybridError) as e:
+        EmbeddingStore._init_shards(store)
+    assert str(e.value) == ("out of memory (ulimit -v 450000): Unable to allocate 8.00 MiB for "
+                            "an array: lower --batch-size, --embedding-dim or --mlp, or spread "
+                            "the table over more --servers on more nodes")
+
+
+def test_a_window_refused_under_an_address_space_limit_names_it_first(monkeypatch):
+    """MPICH refuses a shared window past ``ulimit -v`` as 'unable to allocate shared
+    memory': the line blamed /dev/shm alone (24 GB free)."""
+    import resource
+
+    from pshybrid import transport
+
+    for limit, said in ((600000 * 1024, True), (resource.RLIM_INFINITY, False)):
+        monkeypatch.setattr(resource, "getrlimit", lambda r, limit=limit: (limit, limit))
+        line = transport.window_refused("this rank's window", True)
+        assert ("; this process's address-space limit (ulimit -v 600000) may be what is "
+                "short: raise it, or lower --batch-size, --embedding-dim or --mlp; if "
+                "/dev/shm is short: " in line) == said, line
+
+
 def test_shared_memory_on_over_several_nodes_is_refused_before_step_1():
     """(It was refused only when the store was built, after the plan and --mode auto's
     probe, without naming the ways out.)"""

@@ -6,6 +6,7 @@ arrays."""
 import csv
 import gzip
 import io
+import random
 import subprocess
 import sys
 import zlib
@@ -176,6 +177,41 @@ def test_a_quote_never_closed_costs_its_own_line_in_a_small_input(tmp_path, othe
     got = content(tmp_path / "out.h5")
     assert got["label"].tolist() == [float(r[0]) for r in want]
     assert got["sparse"].tolist() == [[hashed(v.encode(), 1009) for v in r[1:]] for r in want]
+
+
+def _quoted_field(rng) -> tuple[str, str]:
+    """(as written, the value): a random value of quotes, separators, LFs, spaces, letters,
+    written raw where the csv module reads it back raw (a quote inside it, not first: a
+    character of it), else quoted with its quotes doubled."""
+    value = "".join(rng.choice('ab,"\n x;') for _ in range(rng.randrange(0, 7)))
+    if value and value[0] != '"' and not set(value) & set(",\n") and rng.random() < 0.6:
+        return value, value
+    return '"' + value.replace('"', '""') + '"', value
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_quoting_splits_as_the_csv_module(tmp_path, monkeypatch, seed):
+    """Random files of raw values with quotes inside and quoted values with quotes,
+    separators and LFs, read in blocks of 16 and 64 bytes and in one: every row, each value
+    == the csv module's (the oracle, strict), hashed as documented."""
+    rng = random.Random(seed)
+    rows, lines = [], ["y,a,b,c"]
+    for i in range(rng.randrange(1, 60)):
+        cells = [_quoted_field(rng) for _ in range(3)]
+        rows.append([str(i % 2)] + [c[1] for c in cells])
+        lines.append(",".join([str(i % 2)] + [c[0] for c in cells]))
+    text = "\n".join(lines) + ("\n" if seed % 3 else "")
+    (tmp_path / "in.csv").write_bytes(text.encode())
+    want = list(csv.reader(io.StringIO(text, newline=""), strict=True))[1:]
+    assert want == rows
+    for block in (16, 64, 1 << 20):
+        monkeypatch.setattr(prep_read, "BLOCK_BYTES", block)
+        assert run("csv", tmp_path / "in.csv", tmp_path / f"{block}.h5", "--label", "y",
+                   "--sparse", "a,b,c", "--buckets", "1009") == 0
+        got = content(tmp_path / f"{block}.h5")
+        assert got["label"].tolist() == [float(r[0]) for r in want]
+        assert got["sparse"].tolist() == [[hashed(v.encode(), 1009) for v in r[1:]]
+                                          for r in want], block
 
 
 def test_bad_quoting_names_the_line(tmp_path):

@@ -47,7 +47,8 @@ def test_banner_names_the_roles_the_global_batch_and_the_bytes():
         "  tables: 2 fields, 2,097,152 rows x 5 float32 + 1 adagrad state: 80.0 MiB, "
         "40.0 MiB per server",
         f"  dense: {P:,} parameters; a checkpoint holds about "
-        f"{(80 * 2**20 + P * 4 * 3) / 2**20:,.1f} MiB",  # + adam's 2 slots per parameter
+        f"{(80 * 2**20 + 2_097_152 * 8 + P * 4 * 3) / 2**20:,.1f} MiB",  # + the ids (int64),
+        # adam's 2 slots per parameter
         f"  memory (the large arrays, as checked before step 1): {gib(per['worker'])} per "
         f"worker, {gib(per['server'])} per server",
         f"  sparse optimizer: {T} thread{'s' * (T > 1)} on each server's rows ({rule})"]
