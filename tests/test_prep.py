@@ -742,3 +742,11 @@ def test_buckets_far_beyond_the_data_are_warned_about(tmp_path, capsys):
     run("csv", src, tmp_path / "fit.h5", "--label", "y", "--sparse", "a,b", "--buckets", "3")
     run("csv", src, tmp_path / "voc.h5", "--label", "y", "--sparse", "a,b", "--min-count", "1")
     assert capsys.readouterr().err == ""
+    # a multi-hot field's items are ids each: 3 rows x (1 + 4 items) = 15 ids, 8 + 7 rows
+    src = write(tmp_path / "m.csv", "y,a,t\n1,x,p|q|r|s\n0,y,q|r|s|t\n1,z,p|q|r|u\n")
+    run("csv", src, tmp_path / "m.h5", "--label", "y", "--sparse", "a", "--multi-hot", "t",
+        "--buckets", "8,7")
+    assert capsys.readouterr().err == ""
+    run("csv", src, tmp_path / "m2.h5", "--label", "y", "--sparse", "a", "--multi-hot", "t",
+        "--buckets", "8,8")
+    assert "the tables get 16 rows (--buckets) for 15 ids in the data" in capsys.readouterr().err

@@ -55,7 +55,7 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
         w.close(cards, source=", ".join(shown(shown_input(p)) for p in t.paths),
                 transform=transform_text(t, o))
     dt = time.perf_counter() - t0
-    _warn_oversized(command, sum(cards), sum(w.rows) * len(cards), o)
+    _warn_oversized(command, sum(cards), w.ids, o)
     cards = " ".join(f"{n}={c}" for n, c in zip(names, cards))
     split = f", {w.rows[1]:,} valid rows -> {shown(valid)}" if valid is not None else ""
     print(f"prep {command}: {w.rows[0]:,} rows -> {shown(out)}{split}; {tally.bad:,} bad lines "

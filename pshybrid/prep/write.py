@@ -25,6 +25,7 @@ class SplitWriter:
                  multi_hot_names=(), compression: str = "none"):
         self.n_train: int | None = None
         self.rows = [0, 0]
+        self.ids = 0  # the ids written, multi-hot items each one
         args = (dense_names, sparse_names, multi_hot_names, compression)
         self.writers = [DatasetWriter(out, *args)]
         if valid is not None:
@@ -38,6 +39,7 @@ class SplitWriter:
         """label (n,), dense (n, F_d), sparse (n, F_s); bags: per multi-hot field
         ``(values (m,), lengths (n,))``."""
         done = sum(self.rows)
+        self.ids += sparse.size + sum(len(v) for v, _ in bags)
         k = len(label) if self.n_train is None else min(max(self.n_train - done, 0), len(label))
         ends = [np.concatenate(([0], np.cumsum(n))) for _, n in bags]
         for i, (a, b) in enumerate(((0, k), (k, len(label)))):
