@@ -250,6 +250,26 @@ def main(argv=None) -> int:
     return args.func(args)
 
 
+def _whole_names(e, parser):
+    """``e``, or, where an option it does not know begins one it does (abbreviations are
+    not taken: ``config.ArgumentParser``), one line that names the whole option."""
+    said = str(e)
+    if not isinstance(e, ConfigError) or not said.startswith("unrecognized arguments: "):
+        return e
+    names, todo = set(), [parser]
+    while todo:  # (every command's options)
+        for action in todo.pop()._actions:
+            names.update(action.option_strings)
+            if isinstance(action, argparse._SubParsersAction):
+                todo += action.choices.values()
+    for token in said.split(": ", 1)[1].split():
+        whole = sorted(n for n in names if token.startswith("--") and n.startswith(token))
+        if whole:
+            return ConfigError(f"{said} (options are given by their whole names: "
+                               f"{' or '.join(whole[:3])}?)", collective=True)
+    return e
+
+
 def _parse(argv):
     """The command line; in a process an MPI launcher started that ends after the command
     (``python -m pshybrid``), the ranks' outcomes are shared first: an MPMD launch may give
@@ -257,10 +277,11 @@ def _parse(argv):
     another way, and the others waited for them for good). Then every rank ends if one
     does: those refused with the parser's line, the others with one line naming the first
     of them, status 2 (0 where each asked for ``--help`` or ``--version``)."""
+    parser = build_parser()
     try:
-        args, stop = build_parser().parse_args(argv), None
+        args, stop = parser.parse_args(argv), None
     except (SystemExit, ConfigError) as e:
-        args, stop = None, e
+        args, stop = None, _whole_names(e, parser)
     if EXITS_AFTER and launched() and not launched_alone():
         from mpi4py import MPI
 

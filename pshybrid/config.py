@@ -10,8 +10,7 @@ cross-field rules. Every error is a ``ConfigError`` naming the option or key; it
 Supported field types: ``int``, ``float``, ``str``, ``bool`` (``--flag/--no-flag``), the
 ``X | None`` of all but bool (``none`` on the command line, ``"none"`` in TOML), and
 ``tuple[int, ...]`` (``1024,512,256`` on the command line; an array of integers or that
-string in TOML). ``to_toml`` writes a config as a TOML file that reads back to it.
-"""
+string in TOML). ``to_toml`` writes a config as a TOML file that reads back to it."""
 
 from __future__ import annotations
 
@@ -33,7 +32,11 @@ from .registry import MODES, PLACEMENTS, consistency_error, refusal
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse that raises ConfigError (same on every rank) instead of exiting."""
+    """argparse that raises ConfigError (same on every rank) instead of exiting, and takes
+    whole option names only, as TOML keys (a script's ``--batch`` would break with a second)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **{"allow_abbrev": False, **kwargs})
 
     def error(self, message):
         # (the top-level parser's name is already the error line's "pshybrid: error:")
@@ -214,9 +217,8 @@ def _read_toml(path: str) -> dict:
 
 
 def given(cls, ns: argparse.Namespace, name: str):
-    """The value of option ``name`` as the command line, else the ``--config`` file, gives
-    it (unchecked: text from the command line), or None; for what must be known before the
-    options are resolved (``--resume``'s stored options are a layer below them)."""
+    """Option ``name`` as the command line, else the ``--config`` file, gives it (unchecked),
+    or None: what must be known before resolving (``--resume``'s options are a layer below)."""
     if hasattr(ns, name):
         return getattr(ns, name)
     if getattr(ns, "config", None) is not None:
@@ -225,11 +227,10 @@ def given(cls, ns: argparse.Namespace, name: str):
 
 
 def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: str = ""):
-    """The ``cls`` instance of defaults < ``base`` (e.g. a resumed checkpoint's options, read
-    from ``base_source``) < ``--config`` TOML file < command-line options. A class may
-    define ``layer(values, given)`` to settle options that replace each other (``given``:
-    the names set by the TOML file or the command line), and ``settle(values, given, where)``
-    to check the final values against every name either set."""
+    """The ``cls`` instance of defaults < ``base`` (a resumed checkpoint's options, from
+    ``base_source``) < ``--config`` TOML file < command-line options. A class may define
+    ``layer(values, given)`` to settle options that replace each other (``given``: the names
+    the layer set) and ``settle(values, given, where)`` to check the final values."""
     values, where = _keyed(cls, base, base_source) if base else ({}, {})
     layer = getattr(cls, "layer", lambda values, given, source=None: None)
     toml: dict = {}
@@ -277,9 +278,8 @@ def to_toml(cfg) -> str:
 
 
 def from_dict(cls, d: dict, source: str, **checks):
-    """Inverse of ``to_dict`` (e.g. a config stored in a checkpoint), checked like a TOML file
-    (``checks``: for ``validate``); ``source`` names where ``d`` came from in error messages.
-    Missing keys take defaults."""
+    """Inverse of ``to_dict`` (a config stored in a checkpoint), checked like a TOML file
+    (``checks``: for ``validate``; missing keys take defaults); errors name ``source``."""
     return _build(cls, *_keyed(cls, d, source), **checks)
 
 

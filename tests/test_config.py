@@ -367,3 +367,23 @@ def test_a_cross_option_error_names_the_file_that_set_the_option(tmp_path):
     assert msg.endswith(f"(from consistency in {conf})"), msg  # not the defaults it restates
     local = os.path.join(os.path.dirname(__file__), "..", "jobs", "local.toml")
     assert parse(TrainConfig, "--config", local, "--checkpoint-dir", "ck").checkpoint_every == 500
+
+
+@pytest.mark.parametrize("argv, whole", [
+    (["train", "--batch", "32"], "--batch 32 (options are given by their whole names: "
+                                 "--batch-size?)"),
+    (["prep", "csv", "--lab", "y", "in.csv", "out.h5"],
+     "--lab (options are given by their whole names: --label or --label-threshold?)"),
+])
+def test_an_abbreviated_option_is_refused_naming_the_whole_one(argv, whole):
+    """argparse took a prefix of an option (``--batch`` for ``--batch-size``), which TOML
+    keys never were, and a job script's prefix broke the day a second option began with
+    it. Refused now, the line naming the whole option; a wrong one gets no guess."""
+    from pshybrid.cli import main
+
+    with pytest.raises(ConfigError) as e:
+        main(argv)
+    assert str(e.value) == f"unrecognized arguments: {whole}"
+    with pytest.raises(ConfigError) as e:
+        main(["train", "--bogus"])
+    assert str(e.value) == "unrecognized arguments: --bogus"
