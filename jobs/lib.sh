@@ -3,8 +3,15 @@
 # pshybrid_env            activate the software: `module load $PSHYBRID_MODULES` (if set, e.g.
 #                         "openmpi/4.1.6 cuda/12.4"), then the virtual environment
 #                         $PSHYBRID_VENV (default: .venv in the submit directory) if it exists.
-# pshybrid_resume DIR     prints "--resume=DIR" when DIR/latest exists (a requeued or rerun job
-#                         continues from its newest complete checkpoint), else nothing.
+# pshybrid_option NAME ARGS...
+#                         prints the value the last --NAME of ARGS gives (--NAME V or --NAME=V),
+#                         else nothing: a train command line's --checkpoint-dir, say.
+# pshybrid_resume DIR ARGS...
+#                         prints "--resume=DIR" when DIR/latest exists (a requeued or rerun job
+#                         continues from its newest complete checkpoint), unless ARGS resume
+#                         from DIR or a step of it themselves; else nothing. Put it after ARGS:
+#                         it outranks their --resume of another directory, which started the
+#                         first run (the rerun's was refused: DIR holds newer checkpoints).
 # pshybrid_run CMD...     runs CMD in the background, forwards SIGUSR1, SIGTERM and SIGINT to
 #                         it (srun and mpiexec pass them to every rank: the workers checkpoint
 #                         at the next step boundary and exit 75, 130 for SIGINT), waits, and
@@ -16,8 +23,10 @@
 #                         time limit's --signal=B:USR1, or scancel --signal=USR1): requeue this
 #                         Slurm job (scontrol requeue) and succeed. After a SIGTERM (scancel,
 #                         or Slurm preempting or requeueing the job, which then requeues it
-#                         itself) nothing is requeued here. Any status but 0 is kept, so an
-#                         afterok dependency waits for the run that finishes.
+#                         itself) nothing is requeued here (a SIGTERM this script did not
+#                         catch, sent to the ranks alone, is told from a SIGUSR1 by nothing:
+#                         requeued). Any status but 0 is kept, so an afterok dependency
+#                         waits for the run that finishes.
 PSHYBRID_PREEMPTED=75
 PSHYBRID_SIGNAL=
 
@@ -30,13 +39,39 @@ pshybrid_env() {
   if [ -f "$venv/bin/activate" ]; then
     # shellcheck disable=SC1091
     . "$venv/bin/activate"
+  elif [ -n "${PSHYBRID_VENV:-}" ]; then  # (asked for by name: a typo would go unseen)
+    echo "pshybrid: warning: PSHYBRID_VENV=$PSHYBRID_VENV has no bin/activate: not" \
+      "activated; the python on PATH runs" >&2
   fi
 }
 
+pshybrid_option() {
+  local name="--$1" value= next= arg
+  shift
+  for arg in "$@"; do
+    if [ -n "$next" ]; then
+      value="$arg" next=
+      continue
+    fi
+    case "$arg" in
+      "$name") next=1 ;;
+      "$name"=*) value="${arg#*=}" ;;
+    esac
+  done
+  printf '%s' "$value"
+}
+
 pshybrid_resume() {
-  if [ -f "$1/latest" ]; then
-    printf '%s\n' "--resume=$1"  # (one word: a DIR that starts with "-" stays a value)
+  local dir="$1" own
+  shift
+  [ -f "$dir/latest" ] || return 0
+  own="$(pshybrid_option resume "$@")"
+  if [ -n "$own" ]; then
+    case "$(realpath -m -- "$own")/" in
+      "$(realpath -m -- "$dir")"/*) return 0 ;;  # (DIR or a step of it: the user's choice)
+    esac
   fi
+  printf '%s\n' "--resume=$dir"  # (one word: a DIR that starts with "-" stays a value)
 }
 
 pshybrid_run() {

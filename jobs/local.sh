@@ -3,7 +3,7 @@
 # One server per node by default (here: 1 server, N-1 workers); any `train` option passes through,
 # e.g.  bash jobs/local.sh 4 --mode ps --steps 500 --config jobs/local.toml --checkpoint-dir ck
 # With --checkpoint-dir DIR (or CKPT=DIR in the environment) a rerun resumes from DIR/latest
-# (unless the command line names its own --resume),
+# (unless the command line resumes from DIR or a step of it itself: pshybrid_resume, jobs/lib.sh),
 # and SIGUSR1 or SIGTERM (kill -USR1 <this script's pid>) makes every rank stop at the next step
 # boundary after writing that step's checkpoint: exit status 75 (Ctrl-C: 130); run the same
 # command again to continue.
@@ -11,23 +11,22 @@
 # mpich wheel's in its venv), e.g. for a system Open MPI (docs/clusters.md):
 #   MPI4PY_LIBMPI=libmpi.so.40 MPIEXEC="mpiexec.openmpi -x MPI4PY_LIBMPI" bash jobs/local.sh 4
 set -euo pipefail
-N="${1:-4}"
-shift || true
+. "$(dirname "$0")/lib.sh"
+if [[ "${1:-}" =~ ^[0-9]+$ ]]; then
+  N="$1"
+  shift
+else
+  N=4  # (no N: the first word is a train option)
+fi
 args=("$@")
-ckpt="${CKPT:-}"
-resume=
-for ((i = 0; i < ${#args[@]}; i++)); do
-  case "${args[i]}" in
-    --checkpoint-dir) ckpt="${args[i + 1]:-}" ;;
-    --checkpoint-dir=*) ckpt="${args[i]#*=}" ;;
-    --resume | --resume=*) resume=given ;;  # (the user's own: not replaced by DIR/latest)
-  esac
-done
-if [ -n "${CKPT:-}" ] && [ "$ckpt" = "$CKPT" ]; then
+ckpt="$(pshybrid_option checkpoint-dir "$@")"
+if [ -z "$ckpt" ] && [ -n "${CKPT:-}" ]; then
+  ckpt="$CKPT"
   args+=("--checkpoint-dir=$CKPT")
 fi
-if [ -n "$ckpt" ] && [ -z "$resume" ] && [ -f "$ckpt/latest" ]; then
-  args+=("--resume=$ckpt")  # (one word: a DIR that starts with "-" stays a value)
+if [ -n "$ckpt" ]; then
+  mapfile -t resume < <(pshybrid_resume "$ckpt" "$@")
+  args+=(${resume[@]+"${resume[@]}"})
 fi
 read -ra launcher <<< "${MPIEXEC:-mpiexec}"
 # exec: a signal sent to this script's pid reaches mpiexec, which passes it to every rank

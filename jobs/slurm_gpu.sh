@@ -20,19 +20,21 @@
 # from $CKPT/latest; a SIGTERM (scancel, a preemption) checkpoints and is not requeued here.
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
+[ -f jobs/lib.sh ] || { echo "pshybrid: submit from the repository root (no jobs/lib.sh in $PWD)" >&2; exit 2; }
 . jobs/lib.sh
 pshybrid_env
 export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"
 export OPENBLAS_NUM_THREADS="$OMP_NUM_THREADS" MKL_NUM_THREADS="$OMP_NUM_THREADS"
 # (a job array's tasks: one directory each, or each would resume the first's run)
-CKPT="${CKPT:-checkpoints/${SLURM_JOB_NAME:-pshybrid-gpu}${SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}}"
+own="$(pshybrid_option checkpoint-dir "$@")"  # (the run's: the command line's, else $CKPT)
+CKPT="${own:-${CKPT:-checkpoints/${SLURM_JOB_NAME:-pshybrid-gpu}${SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}}}"
 SRUN_MPI="${SRUN_MPI-pmi2}"  # (set empty: the cluster's default, MpiDefault)
-mapfile -t resume < <(pshybrid_resume "$CKPT")
+mapfile -t resume < <(pshybrid_resume "$CKPT" "$@")  # (after "$@": it outranks theirs)
 status=0
 # (srun takes no --cpus-per-task from sbatch since Slurm 22.05: without it, one core a rank)
 pshybrid_run srun ${SRUN_MPI:+--mpi="$SRUN_MPI"} --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
   --cpu-bind=cores python -m pshybrid train \
   --config "${CONFIG:-jobs/slurm_gpu.toml}" --servers "${SLURM_JOB_NUM_NODES:-1}" \
   --device "${DEVICE:-cuda}" --checkpoint-dir="$CKPT" \
-  --metrics "pshybrid-${SLURM_JOB_ID:-local}.jsonl" ${resume[@]+"${resume[@]}"} "$@" || status=$?
+  --metrics "pshybrid-${SLURM_JOB_ID:-local}.jsonl" "$@" ${resume[@]+"${resume[@]}"} || status=$?
 pshybrid_requeue "$status"

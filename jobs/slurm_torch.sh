@@ -20,6 +20,7 @@
 # same way but is not requeued here.
 set -euo pipefail
 cd "${SLURM_SUBMIT_DIR:-.}"
+[ -f jobs/lib.sh ] || { echo "pshybrid: submit from the repository root (no jobs/lib.sh in $PWD)" >&2; exit 2; }
 . jobs/lib.sh
 if [ $# -lt 1 ]; then
   echo "usage: sbatch jobs/slurm_torch.sh SCRIPT.py [script args...]" >&2

@@ -6,16 +6,20 @@ from .threads import apply_thread_limits
 
 apply_thread_limits()  # before NumPy loads its BLAS: one pool of the right size per rank
 
-from .cli import main as _cli_main  # noqa: E402
-from .launch import run  # noqa: E402
+from .launch import run, unloadable  # noqa: E402  (the standard library only)
 
 
 def main(argv=None) -> int:
-    from . import cli
-
+    try:
+        from . import cli
+    except ImportError as exc:  # (a Python without pshybrid's packages: one line, not a trace)
+        if (said := unloadable(exc)) is None:
+            raise
+        sys.stderr.write(f"pshybrid: error: {said}\n")
+        return 2
     cli.EXITS_AFTER = True  # (train keeps its signal catcher to the exit)
     try:
-        return run(_cli_main, argv)
+        return run(cli.main, argv)
     finally:
         _finish_quietly()
 

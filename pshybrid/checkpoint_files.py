@@ -142,6 +142,9 @@ def resolve(path: str) -> str:
             raise InputError(f"{path}/latest names {latest!r}, which is not a complete "
                              "checkpoint directory")
         return step_dir
+    if os.path.basename(os.path.normpath(path)) == "latest" and os.path.isfile(path):
+        raise InputError(f"{path}: the file that names a checkpoint's newest step: give "
+                         f"its directory, {os.path.dirname(os.path.normpath(path)) or '.'}")
     steps = [d for _, d in sorted(list_steps(path).items())
              if os.path.isfile(os.path.join(d, "meta.json"))]
     hint = (f"; it holds {', '.join(os.path.basename(d) for d in steps[-3:])} (name one: "

@@ -43,18 +43,40 @@ def launched_alone() -> bool:
 def _world():
     """COMM_WORLD; a one-rank stand-in in a process that has not loaded MPI and was not
     started by an MPI launcher (a serial command such as ``prep``): MPI_Init would tell
-    nothing more there, and can itself fail (it creates files: not on a full disk)."""
+    nothing more there, and can itself fail (it creates files: not on a full disk); and in
+    one that cannot load it (``unloadable``: each rank then ends alone)."""
     if "mpi4py.MPI" not in sys.modules and not launched():
         return _SERIAL
-    from mpi4py import MPI
-
+    try:
+        from mpi4py import MPI
+    except Exception:  # noqa: BLE001 - (said once, by ``run``: no second traceback here)
+        return _SERIAL
     return MPI.COMM_WORLD
 
 
 def _abort(code: int) -> None:
+    if _world() is _SERIAL:  # (no MPI to end the others with: this rank ends)
+        raise SystemExit(code)
     from .transport import abort
 
     abort(_world(), code)  # Wire: MPI_Abort kills every rank of the job; nobody waits.
+
+
+def unloadable(exc: BaseException) -> str | None:
+    """One line for a library this Python cannot load (the MPI library ``mpi4py`` is told
+    to use, a package missing from the environment), else None: a job script's environment,
+    not an error of the run."""
+    if isinstance(exc, RuntimeError) and str(exc).startswith("cannot load MPI library"):
+        said = "; ".join(str(exc).splitlines()[1:]) or str(exc)
+        lib = os.environ.get("MPI4PY_LIBMPI")
+        return (f"cannot load the MPI library ({said}{f'; MPI4PY_LIBMPI={lib}' if lib else ''})"
+                ": check MPI4PY_LIBMPI, the modules loaded and the virtual environment "
+                "(docs/clusters.md)")
+    if isinstance(exc, ImportError) and exc.name and exc.name.split(".")[0] in (
+            "mpi4py", "numpy", "h5py", "numba"):
+        return (f"{exc} in {sys.executable}: activate the virtual environment pshybrid was "
+                "installed in (a job script: PSHYBRID_VENV; docs/clusters.md)")
+    return None
 
 
 def excepthook(exc_type, exc, tb) -> None:
@@ -83,7 +105,9 @@ def run(main, argv=None) -> int:
         return _report("pshybrid: error", f": {out_of_memory(exc)}", 2)
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step)
         return _report("pshybrid: interrupted by SIGINT", "", 130)
-    except BaseException:
+    except BaseException as exc:
+        if said := unloadable(exc):
+            return _report("pshybrid: error", f": {said}", 2, True)
         excepthook(*sys.exc_info())
     return 1
 

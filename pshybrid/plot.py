@@ -23,12 +23,18 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
     (the last line, or one a resumed run's config record follows) is skipped, and so is a
     record whose number is null (an AUC of a one-class file)."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            lines = [(i, x) for i, x in enumerate(fh.read().splitlines(), 1) if x.strip()]
+        with open(path, "rb") as fh:
+            data = fh.read()
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise InputError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:  # (a binary file: an HDF5 dataset, an image)
+        line = 1 + data.count(b"\n", 0, e.start)
+        raise InputError(f"{path}:{line}: not UTF-8 text (a --metrics file of pshybrid "
+                         "train?)") from None
+    except OSError as e:
         raise InputError(f"{path}: cannot read: {e}") from None
+    lines = [(i, x) for i, x in enumerate(text.splitlines(), 1) if x.strip()]
     recs = [(i, _record(line)) for i, line in lines]
     steps, evals = [], []
     for k, (i, rec) in enumerate(recs):

@@ -321,3 +321,28 @@ def test_out_of_memory_is_one_line_per_rank_not_a_traceback():
         "the tables' shard (") in line and line.endswith(
         "lower --batch-size, --embedding-dim or --mlp, or spread the table over more "
         "--servers on more nodes"), line
+
+
+def test_a_library_the_job_cannot_load_is_one_line_per_rank(tmp_path):
+    """A wrong MPI4PY_LIBMPI (a typo, a module not loaded) printed about 190 lines a rank:
+    the error handler loaded MPI again and failed inside itself. A Python without the
+    packages (a job started outside its virtual environment) printed a traceback. Each is
+    one line a rank now, exit status 2, naming what to check."""
+    p = run_job(2, pshybrid("info"), timeout=120, env={"MPI4PY_LIBMPI": "libmpi.so.99"})
+    lines = p.stderr.splitlines()
+    assert p.returncode == 2 and len(lines) == 2, (p.returncode, p.stderr)
+    for ln in lines:
+        assert ln.startswith("pshybrid: error: cannot load the MPI library (") and ln.endswith(
+            "; MPI4PY_LIBMPI=libmpi.so.99): check MPI4PY_LIBMPI, the modules loaded and the "
+            "virtual environment (docs/clusters.md)"), ln
+    fake = tmp_path / "numpy"  # (a Python whose numpy is missing)
+    fake.mkdir()
+    (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'numpy'\", "
+                                      "name='numpy')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    q = subprocess.run(pshybrid("info"), env=env, capture_output=True, text=True, timeout=120)
+    assert q.returncode == 2 and q.stderr == (
+        f"pshybrid: error: No module named 'numpy' in {sys.executable}: activate the virtual "
+        "environment pshybrid was installed in (a job script: PSHYBRID_VENV; "
+        "docs/clusters.md)\n"), q.stderr

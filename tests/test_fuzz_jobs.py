@@ -255,6 +255,8 @@ NOT_REGULAR = "f.h5: cannot read a dataset: not a regular file (a FIFO, device o
 # eval, predict, plot: a bad checkpoint, dataset or metrics file, or an output in the way
 CASES.update({
     "eval_missing_ckpt": (1, None, ["eval", "nope", "d.h5"], "not a checkpoint"),
+    "eval_latest_file": (1, None, ["eval", "ck/latest", "d.h5"], "ck/latest: the file that "
+                         "names a checkpoint's newest step: give its directory, ck"),
     "eval_missing_data": (1, None, ["eval", "ck", "nope.h5"], "no such dataset"),
     "eval_data_not_hdf5": (1, None, ["eval", "ck", "victim.txt"], "not a readable HDF5 file"),
     "eval_other_schema": (1, _other_schema, ["eval", "ck", "o.h5"], "other fields"),
@@ -268,6 +270,8 @@ CASES.update({
                              "other fields"),
     "plot_missing": (1, None, ["plot", "nope.jsonl", "x.png"], "nope.jsonl: no such file"),
     "plot_not_jsonl": (1, None, ["plot", "victim.txt", "x.png"], "victim.txt:1: not a JSON"),
+    "plot_binary": (1, None, ["plot", "d.h5", "x.png"], "d.h5:1: not UTF-8 text (a --metrics "
+                    "file of pshybrid train?)"),  # (it printed the codec's words)
     "plot_no_steps": (1, write("m.jsonl", '{"summary": true}\n'), ["plot", "m.jsonl", "x.png"],
                       "no step or evaluation records"),
     "plot_loss_not_number": (1, write("m.jsonl", '{"step": 1, "loss": "x", "samples_per_s": 2}'

@@ -54,6 +54,44 @@ def test_every_script_parses_and_its_toml_config_is_valid():
             assert needle in text, (name, needle)
 
 
+@pytest.mark.parametrize("name", ["slurm_cpu", "slurm_gpu"])
+def test_a_slurm_job_resumes_from_the_directory_its_command_line_names(tmp_path, name):
+    """(A fake srun prints the command.) The run's directory is the command line's
+    --checkpoint-dir (the script looked for $CKPT/latest), and its latest outranks a
+    --resume of another directory the first run was given: the requeued job resumed from
+    that one again and was refused (the directory held newer checkpoints)."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
+    (fake / "srun").chmod(0o755)
+    mine = tmp_path / "mine"
+    repo = os.path.abspath(os.path.join(JOBS, os.pardir))
+    env = dict(ENV, PATH=f"{fake}{os.pathsep}{ENV['PATH']}", SLURM_SUBMIT_DIR=repo,
+               CKPT=str(tmp_path / "env-ckpt"), SLURM_JOB_ID="7")
+
+    def argv():
+        p = subprocess.run(["bash", os.path.join(JOBS, f"{name}.sh"), "--checkpoint-dir",
+                            str(mine), "--resume", "old"], capture_output=True, text=True,
+                           env=env, timeout=30, stdin=subprocess.DEVNULL)
+        assert p.returncode == 0, p.stderr
+        return p.stdout.splitlines()
+
+    first = argv()  # (no checkpoint yet: the first run starts from old)
+    assert f"--checkpoint-dir={mine}" in first and first[-2:] == ["--resume", "old"], first
+    mine.mkdir()
+    (mine / "latest").write_text("step-4\n")
+    again = argv()
+    assert again[-3:] == ["--resume", "old", f"--resume={mine}"], again
+    p = subprocess.run(["bash", os.path.join(JOBS, f"{name}.sh")], capture_output=True,
+                       text=True, env=dict(env, SLURM_SUBMIT_DIR=str(tmp_path)), timeout=30)
+    assert p.returncode == 2 and p.stderr == ("pshybrid: submit from the repository root (no "
+                                              f"jobs/lib.sh in {tmp_path})\n"), p.stderr
+    p = bash("pshybrid_env", {"PSHYBRID_VENV": str(tmp_path / "no-venv")})  # (a typo)
+    assert p.returncode == 0 and p.stderr == (f"pshybrid: warning: PSHYBRID_VENV={tmp_path}/"
+                                              "no-venv has no bin/activate: not activated; "
+                                              "the python on PATH runs\n"), p.stderr
+
+
 def _signalled_run(cmd: str, up, sig, env) -> str:
     """``pshybrid_run CMD`` in bash; once CMD has made the file ``up``, ``sig`` to the bash;
     its output (``status=N`` last)."""
@@ -83,6 +121,14 @@ def test_lib_forwards_signals_resumes_and_requeues(tmp_path):
     (tmp_path / "ck").mkdir()
     (tmp_path / "ck" / "latest").write_text("step-4\n")
     assert bash(f"pshybrid_resume {tmp_path}/ck").stdout.split() == [f"--resume={tmp_path}/ck"]
+    # the command line's own --resume: of DIR or a step of it, the user's; of another
+    # directory (the first run's start), outranked (the requeued job was refused)
+    for own, want in ((f"--resume {tmp_path}/ck/step-2", []), (f"--resume={tmp_path}/ck", []),
+                      ("--resume old --steps 9", [f"--resume={tmp_path}/ck"])):
+        assert bash(f"pshybrid_resume {tmp_path}/ck {own}").stdout.split() == want, own
+    assert bash("pshybrid_option checkpoint-dir --steps 3 --checkpoint-dir a "
+                "--checkpoint-dir=b c").stdout == "b"
+    assert bash("pshybrid_option checkpoint-dir --steps 3").stdout == ""
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "scontrol").write_text(f"#!/bin/sh\necho \"$@\" > {tmp_path}/scontrol\n"
@@ -135,8 +181,10 @@ def test_lib_sends_a_ctrl_c_to_the_slurm_steps_by_scancel(tmp_path):
 def test_local_script_resumes_unless_told_otherwise_and_keeps_odd_names_values(tmp_path):
     """jobs/local.sh (a fake mpiexec prints what it got): DIR/latest adds --resume=DIR, one
     word, so a DIR named "-ck" stays a value (the rerun failed "--resume: expected one
-    argument"); a --resume on the command line is the user's and is not outranked by it
-    (the script's, appended last, won)."""
+    argument"); a --resume on the command line of DIR or a step of it is the user's and is
+    not outranked by it (the script's, appended last, won), one of another directory (the
+    first run's start) is (the rerun was refused: DIR holds newer checkpoints); without N,
+    4 ranks (N was the first option)."""
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "mpiexec").write_text("#!/bin/sh\nprintf '%s\\n' \"$@\"\n")
@@ -155,6 +203,12 @@ def test_local_script_resumes_unless_told_otherwise_and_keeps_odd_names_values(t
     assert argv("--checkpoint-dir", "-ck", "--resume", "-ck/step-2") == [
         "--checkpoint-dir", "-ck", "--resume", "-ck/step-2"]
     assert argv("--checkpoint-dir", "new") == ["--checkpoint-dir", "new"]
+    assert argv("--checkpoint-dir", "-ck", "--resume", "old") == [  # (the first run's start)
+        "--checkpoint-dir", "-ck", "--resume", "old", "--resume=-ck"]
+    p = subprocess.run(["bash", os.path.join(JOBS, "local.sh"), "--steps", "3"], cwd=tmp_path,
+                       capture_output=True, text=True, env=env, timeout=30)  # (no N: 4)
+    assert p.stdout.splitlines()[:2] == ["-n", "4"] and p.stdout.splitlines()[-2:] == [
+        "--steps", "3"], (p.stdout, p.stderr)
     env["MPIEXEC"] = f"{fake / 'mpiexec'} -x MPI4PY_LIBMPI"  # another launcher, with its options
     p = subprocess.run(["bash", os.path.join(JOBS, "local.sh"), "2", "--steps", "3"],
                        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=30)
