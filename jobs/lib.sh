@@ -4,12 +4,13 @@
 #                         "openmpi/4.1.6 cuda/12.4"), then the virtual environment
 #                         $PSHYBRID_VENV (default: .venv in the submit directory) if it exists.
 # pshybrid_option NAME ARGS...
-#                         prints the value the last --NAME of ARGS gives (--NAME V or --NAME=V),
-#                         else nothing: a train command line's --checkpoint-dir, say.
+#                         prints the value the last --NAME of ARGS gives (--NAME V or --NAME=V)
+#                         and succeeds, else fails: a train command line's --checkpoint-dir.
 # pshybrid_resume DIR ARGS...
 #                         prints "--resume=DIR" when DIR/latest exists (a requeued or rerun job
 #                         continues from its newest complete checkpoint), unless ARGS resume
-#                         from DIR or a step of it themselves; else nothing. Put it after ARGS:
+#                         from DIR or a step of it themselves, or give --resume none; else
+#                         nothing. Put it after ARGS:
 #                         it outranks their --resume of another directory, which started the
 #                         first run (the rerun's was refused: DIR holds newer checkpoints).
 # pshybrid_run CMD...     runs CMD in the background, forwards SIGUSR1, SIGTERM and SIGINT to
@@ -46,29 +47,33 @@ pshybrid_env() {
 }
 
 pshybrid_option() {
-  local name="--$1" value= next= arg
+  local name="--$1" value= next= found=1 arg
   shift
   for arg in "$@"; do
     if [ -n "$next" ]; then
-      value="$arg" next=
+      value="$arg" next= found=0
       continue
     fi
     case "$arg" in
       "$name") next=1 ;;
-      "$name"=*) value="${arg#*=}" ;;
+      "$name"=*) value="${arg#*=}" found=0 ;;
     esac
   done
   printf '%s' "$value"
+  return "$found"
 }
 
 pshybrid_resume() {
-  local dir="$1" own
+  local dir="$1" own here
   shift
   [ -f "$dir/latest" ] || return 0
-  own="$(pshybrid_option resume "$@")"
-  if [ -n "$own" ]; then
-    case "$(realpath -m -- "$own")/" in
-      "$(realpath -m -- "$dir")"/*) return 0 ;;  # (DIR or a step of it: the user's choice)
+  if own="$(pshybrid_option resume "$@")"; then
+    [ "$own" != none ] || return 0  # (no resume, as asked: train refuses DIR's checkpoints)
+    here="$(cd -- "$own" 2>/dev/null && pwd -P)" ||  # (a step not there: its parent's)
+      here="$(cd -- "$(dirname -- "$own")" 2>/dev/null && pwd -P)/$(basename -- "$own")" ||
+      here=
+    case "$here/" in
+      "$(cd -- "$dir" && pwd -P)"/*) return 0 ;;  # (DIR or a step of it: the user's choice)
     esac
   fi
   printf '%s\n' "--resume=$dir"  # (one word: a DIR that starts with "-" stays a value)

@@ -12,15 +12,12 @@
 #   MPI4PY_LIBMPI=libmpi.so.40 MPIEXEC="mpiexec.openmpi -x MPI4PY_LIBMPI" bash jobs/local.sh 4
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-if [[ "${1:-}" =~ ^[0-9]+$ ]]; then
-  N="$1"
-  shift
-else
-  N=4  # (no N: the first word is a train option)
-fi
+case "${1:-}" in
+  "" | -*) N=4 ;;  # (no N: the first word is a train option)
+  *) N="$1" && shift ;;
+esac
 args=("$@")
-ckpt="$(pshybrid_option checkpoint-dir "$@")"
-if [ -z "$ckpt" ] && [ -n "${CKPT:-}" ]; then
+if ! ckpt="$(pshybrid_option checkpoint-dir "$@")" && [ -n "${CKPT:-}" ]; then
   ckpt="$CKPT"
   args+=("--checkpoint-dir=$CKPT")
 fi

@@ -27,7 +27,7 @@ pshybrid_env
 export OMP_NUM_THREADS="${SLURM_CPUS_PER_TASK:-1}"
 export OPENBLAS_NUM_THREADS="$OMP_NUM_THREADS" MKL_NUM_THREADS="$OMP_NUM_THREADS"
 # (a job array's tasks: one directory each, or each would resume the first's run)
-own="$(pshybrid_option checkpoint-dir "$@")"  # (the run's: the command line's, else $CKPT)
+own="$(pshybrid_option checkpoint-dir "$@")" || own=  # (the run's: the command line's, else $CKPT)
 CKPT="${own:-${CKPT:-checkpoints/${SLURM_JOB_NAME:-pshybrid-cpu}${SLURM_ARRAY_TASK_ID:+-$SLURM_ARRAY_TASK_ID}}}"
 SRUN_MPI="${SRUN_MPI-pmi2}"  # (set empty: the cluster's default, MpiDefault)
 mapfile -t resume < <(pshybrid_resume "$CKPT" "$@")  # (after "$@": it outranks theirs)

@@ -250,20 +250,24 @@ def main(argv=None) -> int:
     return args.func(args)
 
 
-def _whole_names(e, parser):
-    """``e``, or, where an option it does not know begins one it does (abbreviations are
-    not taken: ``config.ArgumentParser``), one line that names the whole option."""
+def _whole_names(e, parser, argv):
+    """``e``, or, where an option it does not know begins one its command has
+    (abbreviations are not taken: ``config.ArgumentParser``), one line naming the option."""
     said = str(e)
     if not isinstance(e, ConfigError) or not said.startswith("unrecognized arguments: "):
         return e
-    names, todo = set(), [parser]
-    while todo:  # (every command's options)
-        for action in todo.pop()._actions:
-            names.update(action.option_strings)
-            if isinstance(action, argparse._SubParsersAction):
-                todo += action.choices.values()
+    words = list(sys.argv[1:] if argv is None else argv)
+    while True:  # (down to the command's parser: ``prep csv``'s, ``train``'s)
+        sub = next((a for a in parser._actions if isinstance(a, argparse._SubParsersAction)),
+                   None)
+        if sub is None or not words or words[0] not in sub.choices:
+            break
+        parser = sub.choices[words.pop(0)]
+    names = {n for action in parser._actions for n in action.option_strings}
     for token in said.split(": ", 1)[1].split():
-        whole = sorted(n for n in names if token.startswith("--") and n.startswith(token))
+        token = token.split("=", 1)[0]
+        whole = sorted(n for n in names if token.startswith("--") and token != "--"
+                       and n.startswith(token))
         if whole:
             return ConfigError(f"{said} (options are given by their whole names: "
                                f"{' or '.join(whole[:3])}?)", collective=True)
@@ -281,7 +285,7 @@ def _parse(argv):
     try:
         args, stop = parser.parse_args(argv), None
     except (SystemExit, ConfigError) as e:
-        args, stop = None, _whole_names(e, parser)
+        args, stop = None, _whole_names(e, parser, argv)
     if EXITS_AFTER and launched() and not launched_alone():
         from mpi4py import MPI
 

@@ -72,8 +72,8 @@ def unloadable(exc: BaseException) -> str | None:
         return (f"cannot load the MPI library ({said}{f'; MPI4PY_LIBMPI={lib}' if lib else ''})"
                 ": check MPI4PY_LIBMPI, the modules loaded and the virtual environment "
                 "(docs/clusters.md)")
-    if isinstance(exc, ImportError) and exc.name and exc.name.split(".")[0] in (
-            "mpi4py", "numpy", "h5py", "numba"):
+    if isinstance(exc, ModuleNotFoundError) and exc.name in ("mpi4py", "numpy", "h5py",
+                                                             "numba"):  # (not a name in one)
         return (f"{exc} in {sys.executable}: activate the virtual environment pshybrid was "
                 "installed in (a job script: PSHYBRID_VENV; docs/clusters.md)")
     return None
@@ -106,8 +106,8 @@ def run(main, argv=None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step)
         return _report("pshybrid: interrupted by SIGINT", "", 130)
     except BaseException as exc:
-        if said := unloadable(exc):
-            return _report("pshybrid: error", f": {said}", 2, True)
+        if said := unloadable(exc):  # (MPI loaded here: the others may wait, so abort them)
+            return _report("pshybrid: error", f": {said}", 2, "mpi4py.MPI" not in sys.modules)
         excepthook(*sys.exc_info())
     return 1
 

@@ -374,6 +374,11 @@ def test_a_cross_option_error_names_the_file_that_set_the_option(tmp_path):
                                  "--batch-size?)"),
     (["prep", "csv", "--lab", "y", "in.csv", "out.h5"],
      "--lab (options are given by their whole names: --label or --label-threshold?)"),
+    (["train", "--batch=32"], "--batch=32 (options are given by their whole names: "
+                              "--batch-size?)"),
+    (["info", "--ste", "3"], "--ste 3"),  # (train's --steps: not info's)
+    (["prep", "csv", "--bucket", "3", "in.csv", "out.h5"],
+     "--bucket (options are given by their whole names: --buckets?)"),  # (not --bucket-mb)
 ])
 def test_an_abbreviated_option_is_refused_naming_the_whole_one(argv, whole):
     """argparse took a prefix of an option (``--batch`` for ``--batch-size``), which TOML

@@ -335,6 +335,14 @@ def test_a_library_the_job_cannot_load_is_one_line_per_rank(tmp_path):
         assert ln.startswith("pshybrid: error: cannot load the MPI library (") and ln.endswith(
             "; MPI4PY_LIBMPI=libmpi.so.99): check MPI4PY_LIBMPI, the modules loaded and the "
             "virtual environment (docs/clusters.md)"), ln
+    script = tmp_path / "one.py"  # (one rank's package missing, MPI loaded: the others wait)
+    script.write_text("import sys\nfrom mpi4py import MPI\nfrom pshybrid.launch import run\n"
+                      "def main(argv):\n    if MPI.COMM_WORLD.rank == 1:\n"
+                      "        raise ModuleNotFoundError(\"No module named 'h5py'\", "
+                      "name='h5py')\n    MPI.COMM_WORLD.Barrier()\n"
+                      "sys.exit(run(main, []))\n")
+    p = run_job(2, [sys.executable, str(script)], timeout=60)  # (it hung: no abort)
+    assert p.returncode != 0 and "No module named 'h5py'" in p.stderr, (p.returncode, p.stderr)
     fake = tmp_path / "numpy"  # (a Python whose numpy is missing)
     fake.mkdir()
     (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'numpy'\", "

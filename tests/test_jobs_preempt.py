@@ -124,7 +124,8 @@ def test_lib_forwards_signals_resumes_and_requeues(tmp_path):
     # the command line's own --resume: of DIR or a step of it, the user's; of another
     # directory (the first run's start), outranked (the requeued job was refused)
     for own, want in ((f"--resume {tmp_path}/ck/step-2", []), (f"--resume={tmp_path}/ck", []),
-                      ("--resume old --steps 9", [f"--resume={tmp_path}/ck"])):
+                      ("--resume old --steps 9", [f"--resume={tmp_path}/ck"]),
+                      ("--resume none", [])):  # (none, as asked: train then refuses)
         assert bash(f"pshybrid_resume {tmp_path}/ck {own}").stdout.split() == want, own
     assert bash("pshybrid_option checkpoint-dir --steps 3 --checkpoint-dir a "
                 "--checkpoint-dir=b c").stdout == "b"
@@ -209,6 +210,10 @@ def test_local_script_resumes_unless_told_otherwise_and_keeps_odd_names_values(t
                        capture_output=True, text=True, env=env, timeout=30)  # (no N: 4)
     assert p.stdout.splitlines()[:2] == ["-n", "4"] and p.stdout.splitlines()[-2:] == [
         "--steps", "3"], (p.stdout, p.stderr)
+    env["CKPT"] = "-ck"  # (an empty --checkpoint-dir= given: none, not $CKPT)
+    assert argv("--checkpoint-dir=") == ["--checkpoint-dir="]
+    assert argv() == ["--checkpoint-dir=-ck", "--resume=-ck"]
+    del env["CKPT"]
     env["MPIEXEC"] = f"{fake / 'mpiexec'} -x MPI4PY_LIBMPI"  # another launcher, with its options
     p = subprocess.run(["bash", os.path.join(JOBS, "local.sh"), "2", "--steps", "3"],
                        cwd=tmp_path, capture_output=True, text=True, env=env, timeout=30)
