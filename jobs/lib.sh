@@ -10,9 +10,9 @@
 #                         prints "--resume=DIR" when DIR/latest exists (a requeued or rerun job
 #                         continues from its newest complete checkpoint), unless ARGS resume
 #                         from DIR or a step of it themselves, or give --resume none; else
-#                         nothing. Put it after ARGS:
-#                         it outranks their --resume of another directory, which started the
-#                         first run (the rerun's was refused: DIR holds newer checkpoints).
+#                         nothing. Put it after ARGS: it outranks their --resume of another
+#                         directory, which started the first run (the rerun's was refused:
+#                         DIR holds newer checkpoints).
 # pshybrid_run CMD...     runs CMD in the background, forwards SIGUSR1, SIGTERM and SIGINT to
 #                         it (srun and mpiexec pass them to every rank: the workers checkpoint
 #                         at the next step boundary and exit 75, 130 for SIGINT), waits, and

@@ -14,6 +14,8 @@ from .checkpoint_files import DAMAGE, bad_key, is_int, open_h5
 from .checksums import Sums
 from .errors import InputError
 
+TORCH_STATE = "torch_state"  # the group of a torch optimizer's state beside the slots
+
 
 def _dense_sums(fpath: str, flat, state: dict) -> None:
     """Check /flat and /state/<slot> of ``fpath`` against their checksums."""
@@ -84,13 +86,13 @@ def read_torch_state(step_dir: str, names) -> dict:
     ``pshybrid.torch`` optimizer kept beside the slots: a momentum buffer, RMSprop's
     averages, ...), each name one of ``names`` (attribute params'); none where absent."""
     out: dict = {}
-    for path, a in _read_group(step_dir, "torch_state").items():
+    for path, a in _read_group(step_dir, TORCH_STATE).items():
         name, _, key = path.rpartition("/")
         fpath = os.path.join(step_dir, "dense.h5")
         if name not in names:
-            raise bad_key(fpath, f"/torch_state/{path}", f"names {name!r}, not a parameter")
+            raise bad_key(fpath, f"/{TORCH_STATE}/{path}", f"names {name!r}, not a parameter")
         if a.dtype.kind == "f" and not np.isfinite(a).all():
-            raise bad_key(fpath, f"/torch_state/{path}", "has a non-finite value")
+            raise bad_key(fpath, f"/{TORCH_STATE}/{path}", "has a non-finite value")
         out.setdefault(name, {})[key] = a
     return out
 

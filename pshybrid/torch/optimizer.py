@@ -76,7 +76,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         params = self.params = ParamSpace()
         for n, p in self.named:
             params.add(n, tuple(p.shape), "zeros")
-        params.build(np, np.dtype(self._dtype()), 0)
+        params.build(np, np.dtype(self._check_params()), 0)
         self.on_cpu = all(p.device.type == "cpu" for _, p in self.named)
         self.flat_grad = torch.from_numpy(params.flat_grad)
         self.reduced: set[str] = set()  # parameters whose gradient this step has (``step``)
@@ -126,9 +126,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         super().add_param_group(param_group)
 
     # -- start: the same weights on every worker ------------------------------------------
-    def _dtype(self) -> str:
-        """The model's parameters' one dtype (float32 where it has none), else ConfigError;
-        and every parameter the torch optimizer trains is the model's (before any hook)."""
+    def _check_params(self) -> str:
+        """Before any hook: every parameter the torch optimizer trains is the model's, and
+        the model's parameters share one dtype, returned (float32 where it has none); else
+        ConfigError."""
         mine = {id(p) for _, p in self.named}
         if any(p.requires_grad and id(p) not in mine
                for g in self.opt.param_groups for p in g["params"]):

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 
 from pshybrid.checkpoint_files import read_meta
-from pshybrid.dense_file import read_buffers, read_dense, read_param_steps, read_torch_state
+from pshybrid.dense_file import (TORCH_STATE, read_buffers, read_dense, read_param_steps,
+                                 read_torch_state)
 from pshybrid.errors import ConfigError, InputError
 from pshybrid.safeio import atomic_write_text
 
@@ -68,7 +69,6 @@ class TorchRun:
 _ADAM = ("adam", {"m": "exp_avg", "v": "exp_avg_sq"})
 SLOTTED = {torch.optim.SGD: ("sgd", {}), torch.optim.Adam: _ADAM,
            torch.optim.AdamW: _ADAM, torch.optim.Adagrad: ("adagrad", {"acc": "sum"})}
-TORCH_STATE = "torch_state"
 NO_CHECKPOINT = ("pt.checkpoint will refuse it, so a stop on SIGTERM / SIGUSR1 can write no "
                  "checkpoint")
 
@@ -124,8 +124,8 @@ def warn_no_checkpoint(opt) -> None:
 
 
 def _host(v: torch.Tensor) -> np.ndarray:
-    """A state tensor as a host array of its own (bfloat16: as float32, which loads back
-    into the parameter's dtype)."""
+    """A state tensor as a host array of its own (a dtype NumPy lacks, bfloat16: as
+    float32, which it then loads back as)."""
     v = v.detach().cpu()
     try:
         return v.numpy().copy()
