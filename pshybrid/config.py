@@ -451,9 +451,9 @@ class TrainConfig:
         for k in {"placement", "replicate_rows"} - given if auto else ():
             if str(values.get(k)) == shown(TrainConfig.__dataclass_fields__[k].default):
                 values.pop(k)  # (a lower layer's default: no choice, so it gives way)
-        needs = {"data": ("epochs", None), "checkpoint_dir": ("checkpoint_every", 0),
-                 "eval_data": ("eval_every", 0)}
-        for key, (other, off) in needs.items():
+        for key, other, off in (("data", "epochs", None), ("checkpoint_dir", "keep_last", 0),
+                                ("checkpoint_dir", "checkpoint_every", 0),
+                                ("eval_data", "eval_every", 0)):
             if key in given and values[key] in (None, "none") and other not in given:
                 values[other] = off
 

@@ -22,7 +22,9 @@ import numpy as np
 
 from . import __version__, dirlock, kernels, limits
 from .batches import global_batch
+from .config import TrainConfig, option_flag, shown
 from .errors import ConfigError
+from .models import MODELS
 from .optim import SLOTS
 from .registry import MODES, cache_serves, parse_consistency
 from .tboard import TensorBoard
@@ -322,15 +324,68 @@ def _data_notes(cfg, rows: int, F: int, n_rows: int | None, G: int) -> list[str]
     return out
 
 
+def _idle_notes(cfg, schema, steps: int, n_rows: int | None, auto: bool) -> list[str]:
+    """The plan's notes on options set off their defaults that this run never reads (a
+    config file kept across runs, an option meant for another mode or model, a companion
+    option left out), and on a warm-up longer than the run. ``auto``: ``--mode auto``
+    chose ``cfg.mode``."""
+    spec = MODES[cfg.mode]
+    rules = (("keep_last", cfg.checkpoint_dir is None, "no checkpoint is written without "
+              "--checkpoint-dir"),
+             ("auto_trial_steps", not auto, "trials run under --mode auto only"),
+             ("cross_layers", not MODELS[cfg.model].cross_layers,
+              f"--model {cfg.model} has no cross layers"),
+             ("cuda_aware", cfg.device != "cuda", "it is read with --device cuda only"),
+             ("cuda_graphs", cfg.device != "cuda", "it is read with --device cuda only"),
+             ("bucket_mb", not spec.dense_allreduce,
+              f"--mode {cfg.mode} Allreduces no dense gradient"),
+             ("shared_memory", not spec.needs_servers, f"--mode {cfg.mode} has no server"),
+             ("pooling", not schema.multi_hot, "the data has no multi-hot field"),
+             ("shuffle", n_rows is None, "the data is a stream, not a file of rows"))
+    fields = TrainConfig.__dataclass_fields__
+    out = []
+    for key, idle, why in rules:
+        value = getattr(cfg, key)
+        if idle and value != fields[key].default:
+            given = (option_flag(key) if value else f"--no-{option_flag(key)[2:]}"
+                     ) if isinstance(value, bool) else f"{option_flag(key)} {shown(value)}"
+            out.append(f"  note: {given} does nothing in this run: {why}")
+    if cfg.warmup_steps > steps > 0:
+        out.append(f"  note: --warmup-steps {cfg.warmup_steps} is more than the run's "
+                   f"{counted(steps, 'step')}: the learning rate never reaches its full value")
+    return out
+
+
+def _hot_notes(cfg, rows: int) -> list[str]:
+    """The plan's notes on a hot-row cache or replicated set larger than the tables, and
+    on a cache that can never serve (or serves once) under the consistency given."""
+    out = []
+    for option, n in (("--cache-rows", cfg.cache_rows), ("--replicate-rows", cfg.replicate_rows)):
+        if n > rows:
+            out.append(f"  note: {option} {n:,} is more than the tables' {rows:,} rows: every "
+                       "worker allocates and keeps up all of them; a few % of the rows (the "
+                       "hottest) is what pays")
+    if cfg.cache_rows and parse_consistency(cfg.consistency).bound in (0, 1):
+        out.append(f"  note: --cache-rows {cfg.cache_rows} under --consistency "
+                   f"{cfg.consistency}: " + (
+                       "no cached row is ever served (a cache serves under ssp:K with K >= "
+                       "2, or asp); it only costs its upkeep" if not cache_serves(
+                           cfg.consistency) else
+                       "a cached row serves only the step after the start or a checkpoint "
+                       "(a cache serves every step under ssp:K with K >= 2, or asp)"))
+    return out
+
+
 def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
-           compression: str | None = None, eval_rows: int = 0) -> str:
+           compression: str | None = None, eval_rows: int = 0, auto: bool = False) -> str:
     """What the run is about to do, printed by worker 0 before the tables are built: who is
     a worker and who serves, the global batch, the tables' rows and bytes (per server),
     the dense parameters, a checkpoint's size, the sparse optimizer's threads (sized on
     worker 0 as for a server on server 0's node: every rank sizes its own by the same rule);
     a warning when the tables have more rows than the data has ids (most would never train),
     a note when the training data is compressed (``compression``: its filter), when a
-    hot-row cache can never serve under the consistency given, and when numba compiles.
+    hot-row cache can never serve under the consistency given, when an option does nothing
+    (``_idle_notes``; ``auto``: --mode auto chose the mode) and when numba compiles.
     ``eval_rows``: the --eval-data file's rows, in the memory line as in the check."""
     W, S, s = topo.n_workers, topo.n_servers, np.dtype(cfg.dtype).itemsize
     P, E = limits.model_size(cfg, schema)
@@ -362,19 +417,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     holder = ("each rank" if topo.colocated else "each server" if sharded else "each worker")
     lines.append(f"  sparse optimizer: {counted(T, 'thread')} on {holder}'s rows ({rule})")
     lines += _data_notes(cfg, rows, F, n_rows, global_batch(cfg, W))
-    for option, n in (("--cache-rows", cfg.cache_rows), ("--replicate-rows", cfg.replicate_rows)):
-        if n > rows:
-            lines.append(f"  note: {option} {n:,} is more than the tables' {rows:,} rows: every "
-                         "worker allocates and keeps up all of them; a few % of the rows (the "
-                         "hottest) is what pays")
-    if cfg.cache_rows and parse_consistency(cfg.consistency).bound in (0, 1):
-        lines.append(f"  note: --cache-rows {cfg.cache_rows} under --consistency "
-                     f"{cfg.consistency}: " + (
-                         "no cached row is ever served (a cache serves under ssp:K with K >= "
-                         "2, or asp); it only costs its upkeep" if not cache_serves(
-                             cfg.consistency) else
-                         "a cached row serves only the step after the start or a checkpoint "
-                         "(a cache serves every step under ssp:K with K >= 2, or asp)"))
+    lines += _idle_notes(cfg, schema, steps, n_rows, auto) + _hot_notes(cfg, rows)
     if compression:
         lines.append(f"  note: --data is {compression}-compressed: its reads cost 8x or more an "
                      "uncompressed file's CPU per batch (prep --compression none writes one)")

@@ -113,7 +113,7 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
             if cfg.checkpoint_dir and not idle:  # released by ``opened``'s close below
                 lock_checkpoint_dir(cfg, topo, out, opened)
             if topo.rank == topo.worker_ranks[0] and not idle:
-                _announce(cfg, topo, data, evdata, out)
+                _announce(cfg, topo, data, evdata, out, planned is not None)
             job = setup(cfg, topo, data, evdata, out)
             job.auto = planned
             if idle:  # --eval-data: evaluate the resumed model
@@ -247,11 +247,11 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     return job
 
 
-def _announce(cfg, topo, data, evdata, out) -> None:
+def _announce(cfg, topo, data, evdata, out, auto: bool) -> None:
     """Worker 0, before the tables are built: the run's plan (``report.banner``)."""
     n_rows = getattr(data, "n_rows", None)
     out.write(banner(cfg, topo, data.schema, total_steps(cfg, n_rows, topo.n_workers), n_rows,
-                     getattr(data, "compression", None), getattr(evdata, "n_rows", 0)))
+                     getattr(data, "compression", None), getattr(evdata, "n_rows", 0), auto))
     out.flush()
 
 

@@ -264,3 +264,60 @@ def test_a_long_run_keeps_a_bounded_log_in_memory(monkeypatch):
     res = train_mod.train(cfg, MPI.COMM_SELF, out=io.StringIO())
     assert [r["step"] for r in res.log] == list(range(13, 21))  # to the last 5 when over 10
     assert len(res.step_seconds) == 7 and res.summary["final_loss"] == res.log[-1]["loss"]
+
+
+IDLE = {"keep_last": 2, "auto_trial_steps": 5, "cross_layers": 3, "cuda_aware": "off",
+        "cuda_graphs": "on", "shared_memory": "off", "pooling": "mean", "shuffle": False}
+IDLE_FLAGS = ("--keep-last 2", "--auto-trial-steps 5", "--cross-layers 3", "--cuda-aware off",
+              "--cuda-graphs on", "--shared-memory off", "--pooling mean", "--no-shuffle")
+
+
+def idle_notes(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if "does nothing in this run" in ln]
+
+
+def test_the_plan_notes_each_option_the_run_never_reads():
+    """Options off their defaults that this run never reads (a config file kept across
+    runs, an option of another mode or model): one note each, naming it as given; and the
+    run trains to the same parameters as without them, bit for bit (the oracle that they
+    do nothing); at their defaults, or where they are read, nothing is said."""
+    from mpi4py import MPI
+    from pshybrid.train import train
+    base = TrainConfig(mode="allreduce", embedding_dim=4, mlp=(8,), steps=3, batch_size=32,
+                       progress="none")
+    idle = replace(base, **IDLE)
+    text = banner(idle, topo(1, 0), SCHEMA, 3)
+    assert [n.split(" does nothing")[0] for n in idle_notes(text)] == [
+        f"  note: {flag}" for flag in IDLE_FLAGS]
+    assert idle_notes(banner(base, topo(1, 0), SCHEMA, 3)) == []
+    runs = [train(c, MPI.COMM_SELF, collect=True, out=io.StringIO()) for c in (base, idle)]
+    assert runs[0].dense.tobytes() == runs[1].dense.tobytes()
+    assert runs[0].table.tobytes() == runs[1].table.tobytes()
+    read = replace(base, mode="hybrid", model="dcn", checkpoint_dir="ck", device="cuda",
+                   cuda_aware="off", cuda_graphs="on", keep_last=2, cross_layers=3,
+                   shared_memory="off", pooling="mean", shuffle=False)
+    multi = Schema(n_dense=2, cardinalities=(2**20, 2**20), multi_hot=1)
+    assert idle_notes(banner(read, topo(1, 1), multi, 3, n_rows=1000, auto=False)) == []
+    auto = replace(base, mode="hybrid", auto_trial_steps=5)
+    assert idle_notes(banner(auto, topo(1, 1), SCHEMA, 3, auto=True)) == []
+
+
+@pytest.mark.parametrize("mode,noted", [("ps", True), ("hybrid", False), ("allreduce", False)])
+def test_the_plan_notes_bucket_mb_where_no_dense_gradient_is_allreduced(mode, noted):
+    """--mode ps keeps the dense weights on the servers: its --bucket-mb does nothing
+    (``ModeSpec.dense_allreduce``; the modes' own tests run the buckets)."""
+    cfg = TrainConfig(mode=mode, embedding_dim=4, mlp=(8,), bucket_mb=4.0)
+    assert idle_notes(banner(cfg, topo(1, 1), SCHEMA, 3)) == ([
+        f"  note: --bucket-mb 4.0 does nothing in this run: --mode {mode} Allreduces no "
+        "dense gradient"] if noted else [])
+
+
+@pytest.mark.parametrize("warmup,steps,noted", [(10, 9, True), (10, 10, False), (0, 9, False)])
+def test_the_plan_notes_a_warm_up_longer_than_the_run(warmup, steps, noted):
+    """A warm-up of more steps than the run never reaches --lr's full rate (the factor is
+    s/K at step s <= K: ``optim.Schedule``); one of as many steps reaches it at the last."""
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,), warmup_steps=warmup)
+    notes = [ln for ln in banner(cfg, topo(1, 1), SCHEMA, steps).splitlines()
+             if "--warmup-steps" in ln]
+    assert notes == ([f"  note: --warmup-steps 10 is more than the run's {steps} steps: the "
+                      "learning rate never reaches its full value"] if noted else [])
