@@ -464,6 +464,11 @@ class H5Dataset:
         return self._read(read)
 
     @property
+    def n_ids(self) -> int:
+        """The ids of every row: one a single-valued field, a multi-hot field's values."""
+        return self.n_rows * self.schema.n_single + sum(len(v) for v, _ in self.bag_sets)
+
+    @property
     def compression(self) -> str | None:
         """The filter of the file's /sparse ids (``lzf``, ``gzip``, ...), None if none."""
         return self.f["sparse"].compression

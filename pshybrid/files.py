@@ -96,6 +96,10 @@ class H5Files:
         return [tuple(np.concatenate(x) for x in zip(*field)) for field in zip(*parts)]
 
     @property
+    def n_ids(self) -> int:
+        return sum(d.n_ids for d in self.parts)
+
+    @property
     def compression(self) -> str | None:
         """The first compressed file's filter, None if none is."""
         return next((d.compression for d in self.parts if d.compression), None)

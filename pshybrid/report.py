@@ -305,15 +305,18 @@ def _memory_line(cfg, schema, W: int, S: int, eval_rows: int) -> str:
             "per worker" + (f", {limits.gib(per['server'])} per server" if S else ""))
 
 
-def _data_notes(cfg, rows: int, F: int, n_rows: int | None, G: int) -> list[str]:
-    """The plan's lines on the training file: tables larger than its ids; an epoch that
+def _data_notes(cfg, rows: int, F: int, n_rows: int | None, G: int,
+                ids: int | None) -> list[str]:
+    """The plan's lines on the training file: tables larger than its ids (``ids``: their
+    count, multi-hot values included; None: a row's ids are its fields); an epoch that
     drops a sizeable share of its rows (the last partial global batch)."""
     out = []
-    if n_rows is not None and rows > n_rows * F:
-        out.append(f"  warning: the tables have {counted(rows, 'row')}, the data "
-                   f"{counted(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids: most rows can "
-                   "never train (prep sizes them: criteo|csv --buckets or --min-count K, "
-                   "synthetic --max-cardinality)")
+    if n_rows is not None and rows > (n_rows * F if ids is None else ids):
+        held = (f"{counted(n_rows, 'row')} x {F} fields = {n_rows * F:,} ids" if ids is None
+                else f"{counted(n_rows, 'row')} with {ids:,} ids")
+        out.append(f"  warning: the tables have {counted(rows, 'row')}, the data {held}: most "
+                   "rows can never train (prep sizes them: criteo|csv --buckets or "
+                   "--min-count K, synthetic --max-cardinality)")
     dropped = n_rows % G if n_rows is not None and n_rows >= G else 0
     if dropped and dropped >= n_rows // 100:    # 1% or more of the rows each epoch
         which = ("other rows each epoch (--shuffle)" if cfg.shuffle else
@@ -377,12 +380,14 @@ def _hot_notes(cfg, rows: int) -> list[str]:
 
 
 def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
-           compression: str | None = None, eval_rows: int = 0, auto: bool = False) -> str:
+           compression: str | None = None, eval_rows: int = 0, auto: bool = False,
+           ids: int | None = None) -> str:
     """What the run is about to do, printed by worker 0 before the tables are built: who is
     a worker and who serves, the global batch, the tables' rows and bytes (per server),
     the dense parameters, a checkpoint's size, the sparse optimizer's threads (sized on
     worker 0 as for a server on server 0's node: every rank sizes its own by the same rule);
-    a warning when the tables have more rows than the data has ids (most would never train),
+    a warning when the tables have more rows than the data has ids (``ids``: their count,
+    multi-hot values included; most rows would never train),
     a note when the training data is compressed (``compression``: its filter), when a
     hot-row cache can never serve under the consistency given, when an option does nothing
     (``_idle_notes``; ``auto``: --mode auto chose the mode) and when numba compiles.
@@ -416,7 +421,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)
     holder = ("each rank" if topo.colocated else "each server" if sharded else "each worker")
     lines.append(f"  sparse optimizer: {counted(T, 'thread')} on {holder}'s rows ({rule})")
-    lines += _data_notes(cfg, rows, F, n_rows, global_batch(cfg, W))
+    lines += _data_notes(cfg, rows, F, n_rows, global_batch(cfg, W), ids)
     lines += _idle_notes(cfg, schema, steps, n_rows, auto) + _hot_notes(cfg, rows)
     if compression:
         lines.append(f"  note: --data is {compression}-compressed: its reads cost 8x or more an "

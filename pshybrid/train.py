@@ -251,15 +251,15 @@ def _announce(cfg, topo, data, evdata, out, auto: bool) -> None:
     """Worker 0, before the tables are built: the run's plan (``report.banner``)."""
     n_rows = getattr(data, "n_rows", None)
     out.write(banner(cfg, topo, data.schema, total_steps(cfg, n_rows, topo.n_workers), n_rows,
-                     getattr(data, "compression", None), getattr(evdata, "n_rows", 0), auto))
+                     getattr(data, "compression", None), getattr(evdata, "n_rows", 0), auto,
+                     getattr(data, "n_ids", None)))
     out.flush()
 
 
 def _open_data(cfg, topo, dataset, opened):
     """Open and validate --data and --eval-data on every rank (workers scan their share of
     the rows) with one shared verdict, before the first step. Returns (train, eval)."""
-    err = None
-    data = evdata = None
+    err = data = evdata = None
     try:
         if dataset is not None:
             data = dataset

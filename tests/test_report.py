@@ -5,6 +5,7 @@ import io
 from dataclasses import replace
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
 from pshybrid import kernels
@@ -321,3 +322,38 @@ def test_the_plan_notes_a_warm_up_longer_than_the_run(warmup, steps, noted):
              if "--warmup-steps" in ln]
     assert notes == ([f"  note: --warmup-steps 10 is more than the run's {steps} steps: the "
                       "learning rate never reaches its full value"] if noted else [])
+
+
+def test_the_small_data_warning_counts_multi_hot_values(tmp_path):
+    """``n_ids`` of a file and of files read as one (``files.H5Files``) equals the ids its
+    rows and bags hold (counted from what they return); the plan's warning compares the
+    tables' rows with that count: 40 rows of 2 fields with bags of 1-200 ids are more ids
+    than 2,000 rows (no warning), where rows x fields alone (80) warned."""
+    from pshybrid.data import DatasetWriter, H5Dataset
+    from pshybrid.files import H5Files
+    rng = np.random.default_rng(0)
+    paths = []
+    for k, n in enumerate((40, 25)):
+        lengths = rng.integers(1, 200, n)
+        paths.append(str(tmp_path / f"m{k}.h5"))
+        with DatasetWriter(paths[-1], ["I0"], ["C0"], ["tags"]) as w:
+            w.append(rng.integers(0, 2, n).astype(np.float32), rng.random((n, 1), np.float32),
+                     rng.integers(0, 5, (n, 1)), [(rng.integers(0, 1995, lengths.sum()),
+                                                   lengths)])
+            w.close([5, 1995])
+    for d in (H5Dataset(paths[0]), H5Files(paths)):
+        counted_ids = d.rows(0, d.n_rows)[2].size + sum(v.size for v, _ in d.bags(0, d.n_rows))
+        assert d.n_ids == counted_ids
+        d.close()
+    first = H5Dataset(paths[0])
+    schema, n = first.schema, first.n_rows
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,))
+    assert first.n_ids > 2000 > n * 2
+    assert "warning" not in banner(cfg, topo(1, 1), schema, 10, n_rows=n, ids=first.n_ids)
+    assert "warning: the tables have 2,000 rows, the data 40 rows x 2 fields = 80 ids" in (
+        banner(cfg, topo(1, 1), schema, 10, n_rows=n))
+    text = banner(cfg, topo(1, 1), Schema(1, (5, 5000), multi_hot=1), 10, n_rows=n,
+                  ids=first.n_ids)
+    assert (f"warning: the tables have 5,005 rows, the data 40 rows with {first.n_ids:,} ids: "
+            "most rows can never train") in text
+    first.close()
