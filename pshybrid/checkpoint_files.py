@@ -145,6 +145,8 @@ def resolve(path: str) -> str:
     if os.path.basename(os.path.normpath(path)) == "latest" and os.path.isfile(path):
         raise InputError(f"{path}: the file that names a checkpoint's newest step: give "
                          f"its directory, {os.path.dirname(os.path.normpath(path)) or '.'}")
+    if not os.path.lexists(path):
+        raise InputError(f"{path}: no such checkpoint directory")
     steps = [d for _, d in sorted(list_steps(path).items())
              if os.path.isfile(os.path.join(d, "meta.json"))]
     hint = (f"; it holds {', '.join(os.path.basename(d) for d in steps[-3:])} (name one: "

@@ -128,6 +128,7 @@ def _thread_cells(blas, apply, applies: bool) -> tuple[str, str, str]:
 
 
 EXITS_AFTER = False  # set by ``python -m pshybrid``: the process ends after the command
+SERIAL = ("prep", "export", "plot")  # the commands of one process (the others: any ranks)
 
 
 def cmd_train(args) -> int:
@@ -280,7 +281,8 @@ def _parse(argv):
     some ranks a line the parser refuses, or another command (they ended alone, or went
     another way, and the others waited for them for good). Then every rank ends if one
     does: those refused with the parser's line, the others with one line naming the first
-    of them, status 2 (0 where each asked for ``--help`` or ``--version``)."""
+    of them, status 2 (0 where each asked for ``--help`` or ``--version``). A command of
+    one process (``SERIAL``) launched as several ranks is refused on each."""
     parser = build_parser()
     try:
         args, stop = parser.parse_args(argv), None
@@ -304,6 +306,10 @@ def _parse(argv):
         if stop is None and other is not None:
             raise ConfigError(f"rank {other} runs {every[other][1]}, rank 0 {every[0][1]}: "
                               "every rank runs the same command", collective=True)
+        if stop is None and args.command in SERIAL and len(every) > 1:  # (each would do
+            raise ConfigError(f"pshybrid {args.command} runs as one process, and this job "
+                              f"has {len(every)} ranks: run it without mpiexec or srun",
+                              collective=True)  # it all and write the one output)
     if stop is not None:
         raise stop
     return args

@@ -75,7 +75,8 @@ def cmd_predict(args) -> int:
 
     res = score(args.ckpt, args.data, MPI.COMM_WORLD, out=args.out, overwrite=args.overwrite)
     if MPI.COMM_WORLD.rank == 0:
-        print(f"predicted {res.summary['rows']} rows with step {res.summary['step']} "
+        n = res.summary["rows"]
+        print(f"predicted {n:,} row{'' if n == 1 else 's'} with step {res.summary['step']} "
               f"-> {args.out}")
     return 0
 

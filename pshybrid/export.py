@@ -79,9 +79,9 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
     """One HDF5 file: /dense/<param>, /embeddings/<field> (cardinality x D),
     /linear/<field> (cardinality,) for models with a per-id linear weight,
     /optimizer/dense/<slot>/<param> (a torch optimizer's other state: <key> for <slot>),
-    /optimizer/embeddings/<field>/<slot>; attrs config
-    (JSON), step and field_names. Every input is checked first (an ``InputError`` naming
-    the file and key); the output goes through a fresh temporary beside ``out``, renamed
+    /optimizer/embeddings/<field>/<slot>; attrs config (JSON), step, field_names (JSON:
+    the model's input order) and schema (JSON). Every input is checked first (an
+    ``InputError`` naming the file and key); the output goes through a fresh temporary beside ``out``, renamed
     on success and removed on any error, so a refused export leaves no file behind. ``out``
     passes ``safeio.check_output``: an existing file is replaced only with ``overwrite`` and
     only when an earlier export wrote it."""
@@ -128,6 +128,7 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
                 o.attrs["param_steps"] = json.dumps(steps)
             o.attrs["field_names"] = json.dumps(meta["schema"]["dense_names"]
                                                + [f[0] for f in fields])
+            o.attrs["schema"] = json.dumps(meta["schema"])  # (counts, cardinalities, multi-hot)
             o.attrs[safeio.OUTPUT_ATTR] = "export"
     except (OSError, ValueError, TypeError, RuntimeError) as e:  # RuntimeError: h5py, a full disk
         raise PshybridError(f"export: writing {out}: {e}") from None

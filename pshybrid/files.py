@@ -30,6 +30,14 @@ def dataset_paths(spec: str) -> list[str]:
     return paths
 
 
+def taken_in(out: str, spec: str) -> str | None:
+    """The directory of ``--data`` text ``spec`` whose ``*.h5`` would take in the output
+    ``out`` (it would be read as a part of the dataset the next time), or None."""
+    where = os.path.realpath(os.path.dirname(os.path.abspath(out)))
+    return next((part for part in spec.split(",") if out.endswith(".h5")
+                 and os.path.isdir(part) and os.path.realpath(part) == where), None)
+
+
 def not_trained_on(eval_spec: str, data_spec: str) -> None:
     """An InputError if a file of --eval-data comes into --data through a directory (its
     ``*.h5`` take in the ``OUT.valid.h5`` that ``prep --valid-fraction`` writes beside OUT);

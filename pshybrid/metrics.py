@@ -38,3 +38,11 @@ def logloss_from_logits(z: np.ndarray, labels: np.ndarray) -> float:
     z = np.asarray(z, np.float64)
     y = np.asarray(labels, np.float64)
     return float(np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
+
+
+def sigmoid(z: np.ndarray) -> np.ndarray:
+    """``1 / (1 + exp(-z))`` in float64 without overflow and to full relative precision
+    for z << 0 too (``(1 + tanh(z/2)) / 2`` cancels there: 0 below z = -37)."""
+    z = np.asarray(z, np.float64)
+    e = np.exp(-np.abs(z))
+    return np.where(z >= 0, 1.0 / (1.0 + e), e / (1.0 + e))

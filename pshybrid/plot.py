@@ -9,6 +9,7 @@ anything is drawn; the image is written atomically (a failed run leaves nothing)
 from __future__ import annotations
 
 import json
+import math
 import os
 
 from . import safeio
@@ -21,7 +22,9 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
     """(step records, evaluation records) of a ``--metrics`` file, in file order; an
     InputError names the file and line of anything else. A line cut short by a killed job
     (the last line, or one a resumed run's config record follows) is skipped, and so is a
-    record whose number is null (an AUC of a one-class file)."""
+    record whose number is null (an AUC of a one-class file: its logloss is kept); a resumed
+    run's config record (``start_step`` s) drops the records after step s that a stopped
+    run wrote (a resume from an earlier checkpoint logs those steps again)."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -45,13 +48,19 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
                 continue
             raise InputError(f"{path}:{i}: not a JSON object (a --metrics file of "
                              "pshybrid train?)")
+        start = rec.get("start_step") if rec.get("command") == "train" else None
+        if "config" in rec and isinstance(start, int) and start > 0:  # a resume from a
+            steps = [r for r in steps if r["step"] <= start]  # step: what the stopped run
+            evals = [r for r in evals if r["step"] <= start]  # logged after it is redone
         if rec.get("summary") or "config" in rec:  # the summary, a run's config record
             continue
         keys = ("step", "auc", "logloss") if rec.get("eval") else ("step", "loss",
                                                                     "samples_per_s")
-        if any(rec.get(k, 0) is None for k in keys):
+        if any(rec.get(k, 0) is None for k in keys if k != "auc"):
             continue
         for k in keys:
+            if k == "auc" and rec.get(k, 0) is None:  # (one class: the logloss is drawn)
+                continue
             if not isinstance(rec.get(k), (int, float)) or isinstance(rec.get(k), bool):
                 raise InputError(f"{path}:{i}: key {k!r} missing or not a number")
         (evals if rec.get("eval") else steps).append(rec)
@@ -69,20 +78,25 @@ def _record(line: str) -> dict | None:
     return rec if isinstance(rec, dict) else None
 
 
-IMAGE_MAGIC = (b"\x89PNG", b"%PDF", b"<?xml", b"<svg", b"%!PS", b"\xff\xd8\xff")
+IMAGE_MAGIC = (b"\x89PNG", b"%PDF", b"<?xml", b"<svg", b"%!PS", b"\xff\xd8\xff", b"GIF8",
+               b"II*\x00", b"MM\x00*")  # (and WebP: RIFF....WEBP)
+# The formats plot writes: those whose files ``_image`` knows again, so --overwrite can
+# replace its own output (matplotlib's svgz, raw and rgba it could not).
+FORMATS = ("png", "pdf", "svg", "eps", "ps", "jpg", "jpeg", "gif", "tif", "tiff", "webp")
 
 
 def _image(path: str) -> str | None:
     """Why the existing ``path`` may not be replaced with --overwrite: not an image."""
     try:
         with open(path, "rb") as fh:
-            head = fh.read(8)
+            head = fh.read(12)
     except OSError as e:
         return f"{path}: cannot read: {e.strerror or e}"
-    if head.startswith(IMAGE_MAGIC):
+    if head.startswith(IMAGE_MAGIC) or (head[:4] == b"RIFF" and head[8:] == b"WEBP"):
         return None
-    return (f"{path} exists and is not an image (PNG, PDF, SVG, PostScript, JPEG): not "
-            "replaced, even with --overwrite; remove it yourself or choose another name")
+    return (f"{path} exists and is not an image (PNG, PDF, SVG, PostScript, JPEG, GIF, TIFF, "
+            "WebP): not replaced, even with --overwrite; remove it yourself or choose another "
+            "name")
 
 
 def labels(paths: list[str]) -> list[str]:
@@ -101,13 +115,13 @@ def plot(paths, out: str, overwrite: bool = False) -> tuple[int, int]:
         _image(p) if overwrite else f"{p} exists; pass --overwrite to replace an image"))
     problem = problem or safeio.check_writable_file(out)  # (its directory exists, writable)
     if problem:
-        raise InputError(problem)
+        raise InputError(problem if problem.startswith(out) else f"{out}: {problem}")
     runs = [read_metrics(p) for p in paths]  # all checked before anything is drawn
     fig = figure(paths, runs)
     fmt = os.path.splitext(out)[1][1:].lower() or "png"
-    if fmt not in fig.canvas.get_supported_filetypes():
-        raise InputError(f"{out}: unknown image format {fmt!r}: use one of "
-                         f"{', '.join(sorted(fig.canvas.get_supported_filetypes()))}")
+    known = [f for f in FORMATS if f in fig.canvas.get_supported_filetypes()]
+    if fmt not in known:
+        raise InputError(f"{out}: unknown image format {fmt!r}: use one of {', '.join(known)}")
     try:
         with safeio.atomic_output(out) as tmp:
             fig.savefig(tmp, format=fmt)
@@ -133,7 +147,8 @@ def figure(paths: list[str], runs: list):
         ax[0].plot(x, [r["loss"] for r in steps], marker=".", color=color, label=label)
         ax[1].plot(x, [r["samples_per_s"] for r in steps], marker=".", color=color)
         ex = [r["step"] for r in evals]
-        ax[2].plot(ex, [r["auc"] for r in evals], marker="o", color=color)
+        ax[2].plot(ex, [math.nan if r["auc"] is None else r["auc"] for r in evals],
+                   marker="o", color=color)
         twin.plot(ex, [r["logloss"] for r in evals], marker="s", linestyle="--", color=color)
     ax[0].set(title="training loss", xlabel="step", ylabel="logloss")
     ax[1].set(title="throughput", xlabel="step", ylabel="samples/s")

@@ -41,12 +41,15 @@ def total_steps(cfg, n_rows: int | None, n_workers: int) -> int:
     return cfg.steps if per_epoch is None else cfg.epochs * per_epoch
 
 
-def run_inputs(cfg) -> list[tuple[str, str]]:
+def run_inputs(cfg, score: bool = False) -> list[tuple[str, str]]:
     """``(option, path)`` of every file a run reads: the files of ``--data`` and
-    ``--eval-data`` (comma lists, directories' ``*.h5``); the checkpoint's own files are
-    guarded as a checkpoint directory (``safeio.checkpoint_holding``)."""
+    ``--eval-data`` (comma lists, directories' ``*.h5``; ``score``: eval's DATA, both);
+    the checkpoint's own files are guarded as a checkpoint directory
+    (``safeio.checkpoint_holding``)."""
     named = []
-    for option, spec in (("--data", cfg.data), ("--eval-data", cfg.eval_data)):
+    given = (("DATA", cfg.data),) if score else (("--data", cfg.data),
+                                                 ("--eval-data", cfg.eval_data))
+    for option, spec in given:
         if spec:
             try:
                 named += [(option, p) for p in dataset_paths(spec)]
@@ -55,12 +58,13 @@ def run_inputs(cfg) -> list[tuple[str, str]]:
     return named
 
 
-def check_outputs(cfg, writer: bool) -> None:
+def check_outputs(cfg, writer: bool, score: bool = False) -> None:
     """This rank's outputs can be written: ``--checkpoint-dir`` (every rank writes there;
     created later if missing) and, on the ``writer`` (worker 0), ``--metrics`` (never an
     input, a file in a checkpoint directory or a non-regular file; an existing file only
-    when it is a ``--metrics`` file of pshybrid, appended to). Raises ConfigError naming the option;
-    nothing is created or changed."""
+    when it is a ``--metrics`` file of pshybrid, appended to; ``score``: of eval, whose
+    DATA is the input). Raises ConfigError naming the option; nothing is created or
+    changed."""
     if cfg.checkpoint_dir:
         problem = safeio.check_writable_dir(cfg.checkpoint_dir, checkpoint_files.DEEPEST)
         if problem:
@@ -70,7 +74,7 @@ def check_outputs(cfg, writer: bool) -> None:
         link = os.path.islink(cfg.metrics)  # (appended to with O_NOFOLLOW: it would fail late)
         problem = (f"--metrics {cfg.metrics} is a symbolic link: lines are appended to the "
                    "file itself, never through a link; give the file it names" if link else
-                   safeio.check_output(cfg.metrics, "--metrics", run_inputs(cfg), ckdirs,
+                   safeio.check_output(cfg.metrics, "--metrics", run_inputs(cfg, score), ckdirs,
                                        existing=metrics_problem)
                    or safeio.check_writable_file(cfg.metrics))
         if problem:
@@ -152,7 +156,7 @@ def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
     out.flush()
 
 
-def _check_run(cfg, schema, writer: bool):
+def _check_run(cfg, schema, writer: bool, score: bool = False):
     """The resume point (``--resume``: readable, of this model), the checkpoint directory
     (one history) and the outputs (``check_outputs``) -> (step_dir, meta, start step)."""
     step_dir, meta, start = None, {}, 0
@@ -170,7 +174,7 @@ def _check_run(cfg, schema, writer: bool):
             raise InputError(f"{e} ({step_dir}/meta.json names it: a resume saves where "
                              "its checkpoint's run did; --checkpoint-dir none saves "
                              "nothing)") from None
-    check_outputs(cfg, writer)
+    check_outputs(cfg, writer, score)
     return step_dir, meta, start
 
 
@@ -213,7 +217,8 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
     try:
         if evdata is not None and getattr(evdata, "n_rows", 1) == 0:
             raise InputError(f"{evdata.path}: --eval-data holds no rows: nothing to evaluate")
-        step_dir, meta, start = _check_run(cfg, data.schema, topo.rank == topo.worker_ranks[0])
+        step_dir, meta, start = _check_run(cfg, data.schema, topo.rank == topo.worker_ranks[0],
+                                           score)
         _check_resources(cfg, topo, data.schema, getattr(evdata, "n_rows", 0), score)
     except PshybridError as e:
         err = e

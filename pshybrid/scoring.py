@@ -18,12 +18,12 @@ import io
 import os
 from dataclasses import replace
 
-import numpy as np
 
 from . import checkpoint_files, safeio
 from .config import TrainConfig
 from .errors import InputError, PshybridError
-from .files import dataset_paths, open_dataset
+from .files import dataset_paths, open_dataset, taken_in
+from .metrics import sigmoid
 from .preflight import preflight
 from .topology import Topology
 from .train import TrainResult, score_only, score_rows, setup
@@ -57,6 +57,10 @@ def _open(path: str, topo, out: str | None, overwrite: bool, ckpt: str):
                                            [ckpt],
                                            safeio.replaceable("predict", overwrite))
                        or safeio.check_writable_file(out))
+            if not problem and (part := taken_in(out, path)):
+                problem = (f"lies in DATA's directory {part}, whose *.h5 files are the "
+                           "dataset: it would be read as rows the next time; write it "
+                           "elsewhere")
             if problem:
                 raise InputError(problem if problem.startswith(out) else f"{out}: {problem}")
     except PshybridError as e:
@@ -110,11 +114,11 @@ def _write(job, out: str, step_dir: str) -> None:
     if z is not None:
         try:
             with safeio.atomic_output(out) as tmp, safeio.h5_file(tmp, "w") as f:
-                f["score"] = 0.5 * (1.0 + np.tanh(0.5 * z))  # sigmoid, no overflow
+                f["score"] = sigmoid(z)
                 f["logit"] = z
                 f.attrs["checkpoint"] = os.path.abspath(step_dir)
                 f.attrs["step"] = job.start
-                f.attrs["data"] = os.path.abspath(job.data.path)
+                f.attrs["data"] = ",".join(map(os.path.abspath, job.data.path.split(",")))
                 f.attrs[safeio.OUTPUT_ATTR] = "predict"
             job.result.summary = {"rows": int(z.size), "step": job.start}
         except OSError as e:

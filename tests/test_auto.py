@@ -488,7 +488,7 @@ def test_servers_that_leave_no_worker_are_refused_under_auto_too(servers):
 @pytest.mark.parametrize("extra,match", [
     (dict(metrics="/nonexistent/dir/m.jsonl"), "--metrics: directory /nonexistent/dir"),
     (dict(eval_data="nope.h5"), "nope.h5: no such dataset file"),
-    (dict(resume="nockpt"), "nockpt: not a checkpoint")])
+    (dict(resume="nockpt"), "nockpt: no such checkpoint directory")])
 def test_what_step_1s_check_refuses_is_refused_before_the_probe(monkeypatch, extra, match):
     """Outputs, --eval-data and --resume that the check before step 1 refuses were found
     only after the probe and every trial (14 s of them on the light workload, minutes on

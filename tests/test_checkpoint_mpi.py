@@ -134,6 +134,10 @@ def test_export_equals_live_rows(comm, mpi_tmp_path):
         offsets = np.concatenate(([0], np.cumsum(cards)[:-1]))
         with h5py.File(out, "r") as f:
             assert f.attrs["step"] == 3 and json.loads(f.attrs["config"])["model"] == "wdl"
+            if json.loads(f.attrs["schema"]) != DATA.schema.to_dict() or json.loads(
+                    f.attrs["field_names"]) != [*DATA.schema.dense_names,
+                                                *DATA.schema.sparse_names]:
+                ok, msg = False, f"schema {f.attrs['schema']} != the data's {DATA.schema}"
             for i, name in enumerate(("C1", "C2", "C3", "C4")):
                 rows = live.table[offsets[i]:offsets[i] + cards[i]]
                 if not (np.array_equal(f[f"embeddings/{name}"][...], rows[:, :4])

@@ -286,6 +286,19 @@ def test_ranks_given_other_commands_end_in_one_line(tmp_path):
         "runs the same command" in p.stderr, p.stderr
 
 
+def test_a_command_of_one_process_under_several_ranks_is_refused_on_each(tmp_path):
+    """prep synthetic under mpiexec -n 2: each rank wrote OUT (rank 1 then failed on the
+    file rank 0 wrote, exit 2 after the work twice); now refused on both before any
+    work, OUT not written. (export and plot take the same path: ``cli.SERIAL``.)"""
+    out = tmp_path / "s.h5"
+    p = run_job(2, ["-wdir", str(tmp_path), *pshybrid("prep", "synthetic", str(out),
+                                                       "--rows", "100")], timeout=120)
+    for r in range(2):
+        assert f"(rank {r}/2): pshybrid prep runs as one process, and this job has 2 ranks: " \
+            "run it without mpiexec or srun" in p.stderr, p.stderr
+    assert p.returncode == 2 and not out.exists() and "Traceback" not in p.stderr
+
+
 def test_a_torch_script_refused_ends_in_one_line_per_worker():
     """pshybrid.torch's hook: a PshybridError left uncaught on a worker is one line, as on
     the command line (it printed the whole traceback), and every rank ends with status 2."""

@@ -161,7 +161,8 @@ CASES = {
                         ["train", *ONE, *MODEL, "--data", "d.h5", "--eval-data", "e.h5"],
                         "no rows"),
     # resume
-    "resume_missing": (1, None, ["train", *ONE, *MODEL, "--resume", "nope"], "not a checkpoint"),
+    "resume_missing": (1, None, ["train", *ONE, *MODEL, "--resume", "nope"],
+                       "nope: no such checkpoint directory"),
     "resume_latest_link": (1, symlink("ck/latest", "victim.txt"),
                            ["train", *ONE, *MODEL, "--data", "d.h5", "--resume", "ck"],
                            "latest is a symbolic link"),
@@ -198,7 +199,7 @@ CASES = {
     # export
     "export_to_dir": (1, None, ["export", "ck", "ck"], "is a directory"),
     "export_to_missing_dir": (1, None, ["export", "ck", "no/x.h5"], "does not exist"),
-    "export_missing_ckpt": (1, None, ["export", "nope", "x.h5"], "not a checkpoint"),
+    "export_missing_ckpt": (1, None, ["export", "nope", "x.h5"], "no such checkpoint"),
     "export_no_latest": (1, lambda w: os.remove(w / "ck/latest"), ["export", "ck", "x.h5"],
                          "it holds step-2, step-4 (name one: ck/step-4)"),
     "export_no_flat": (1, h5edit(DENSE, lambda f: f.__delitem__("flat")),
@@ -254,7 +255,7 @@ NOT_REGULAR = "f.h5: cannot read a dataset: not a regular file (a FIFO, device o
 
 # eval, predict, plot: a bad checkpoint, dataset or metrics file, or an output in the way
 CASES.update({
-    "eval_missing_ckpt": (1, None, ["eval", "nope", "d.h5"], "not a checkpoint"),
+    "eval_missing_ckpt": (1, None, ["eval", "nope", "d.h5"], "no such checkpoint"),
     "eval_latest_file": (1, None, ["eval", "ck/latest", "d.h5"], "ck/latest: the file that "
                          "names a checkpoint's newest step: give its directory, ck"),
     "eval_missing_data": (1, None, ["eval", "ck", "nope.h5"], "no such dataset"),
@@ -317,7 +318,7 @@ CASES.update({
     "metrics_device": (1, _null, ["train", *ONE, *MODEL, "--metrics", "null"],
                        "not a regular file"),
     "eval_metrics_is_data": (1, None, ["eval", "ck", "d.h5", "--metrics", "d.h5"],
-                             "same file as --data d.h5"),
+                             "same file as DATA d.h5"),
     "export_over_latest": (1, None, ["export", "ck", "ck/latest"], "inside the checkpoint"),
     "export_over_data": (1, None, ["export", "ck/step-4", "d.h5"], "--overwrite"),
     "export_over_data_overwrite": (1, None, ["export", "ck/step-4", "d.h5", "--overwrite"],

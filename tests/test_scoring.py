@@ -167,7 +167,15 @@ def test_eval_and_predict_take_a_list_or_a_directory_as_eval_data_does(comm, tra
                       for k in ("auc", "logloss")) and got.evals[-1]["rows"] == 300
             with h5py.File(tmp / f"p{i}.h5") as f, h5py.File(tmp / "w.h5") as g:
                 ok &= bool(np.array_equal(f["logit"][...], g["logit"][...]))
+                ok &= f.attrs["data"] == f"{d}/a.h5,{d}/b.h5"  # each path absolute
             msg = f"{spec}: {got.evals} vs {whole.evals}"
+    from pshybrid.errors import PshybridError
+    try:  # a prediction written into DATA's directory would be read as its rows next time
+        score(ck, str(d), comm, out=str(d / "p.h5"))
+        ok, msg = False, "a prediction into DATA's directory was written"
+    except PshybridError as e:  # (rank 0's verdict, on every rank)
+        ok &= f"{d}/p.h5: lies in DATA's directory {d}" in str(e)
+        ok &= sorted(os.listdir(d)) == ["a.h5", "b.h5"]
     assert_all(comm, ok, msg)
 
 
@@ -209,8 +217,11 @@ def test_plot_draws_the_curves(tmp_path):
 
 def test_plot_reads_what_killed_resumed_and_eval_only_runs_leave(tmp_path):
     """A killed job's cut line (the last line, or one a resumed run's config record follows)
-    is skipped, as is a null AUC (a one-class file); an ``eval --metrics`` file (no step
-    records) draws its evaluations. A bad line anywhere else is still an error naming it."""
+    is skipped; a null AUC (a one-class file) keeps its logloss; an ``eval --metrics`` file
+    (no step records) draws its evaluations, one-class ones alone too; a resume from an
+    earlier step (``start_step`` 1 after steps 1-3 were logged: a kill -9 after the
+    checkpoint at 1) replaces the records after it. A bad line anywhere else is still an
+    error naming it."""
     pytest.importorskip("matplotlib")
     from pshybrid.errors import InputError
     from pshybrid.plot import read_metrics
@@ -219,14 +230,21 @@ def test_plot_reads_what_killed_resumed_and_eval_only_runs_leave(tmp_path):
     step = [json.dumps({"step": s, "loss": 0.5, "samples_per_s": 9.0}) for s in (1, 2, 3)]
     ev = json.dumps({"eval": True, "step": 3, "auc": 0.7, "logloss": 0.5, "rows": 4})
     null = json.dumps({"eval": True, "step": 2, "auc": None, "logloss": 0.6, "rows": 4})
+    again = json.dumps({"config": {}, "command": "train", "start_step": 1})
+    redo = json.dumps({"step": 2, "loss": 0.25, "samples_per_s": 9.0})
+    evcfg = json.dumps({"config": {}, "command": "eval", "start_step": 1})
     cases = {"resumed": [config, step[0], '{"step": 2, "lo', config, step[1], step[2], ev],
              "killed": [config, step[0], step[1], null, '{"step": 3, "loss": 0.'],
-             "eval_only": [json.dumps({"config": {}, "command": "eval"}), ev, null]}
-    want = {"resumed": ([1, 2, 3], [3]), "killed": ([1, 2], []), "eval_only": ([], [3])}
+             "eval_only": [json.dumps({"config": {}, "command": "eval"}), ev, null],
+             "one_class": [json.dumps({"config": {}, "command": "eval"}), null],
+             "earlier": [config, *step, ev, again, redo, evcfg]}
+    want = {"resumed": ([1, 2, 3], [3]), "killed": ([1, 2], [2]), "eval_only": ([], [3, 2]),
+            "one_class": ([], [2]), "earlier": ([1, 2], [])}
     for name, lines in cases.items():
         (tmp_path / name).write_text("\n".join(lines) + "\n")
         steps, evals = read_metrics(str(tmp_path / name))
         assert ([r["step"] for r in steps], [r["step"] for r in evals]) == want[name], name
+    assert read_metrics(str(tmp_path / "earlier"))[0][1]["loss"] == 0.25  # the resumed run's
     for bad in ([config, '{"step": 2, "lo', step[1]], ['{"step": 2, "lo', config, step[1]]):
         (tmp_path / "bad").write_text("\n".join(bad) + "\n")
         with pytest.raises(InputError, match=r"bad:\d: not a JSON object"):
@@ -307,3 +325,27 @@ def test_plot_replaces_only_an_image_and_only_with_overwrite(tmp_path):
         with pytest.raises(InputError, match=why):
             plot(str(m), str(tmp_path / out), overwrite)
     assert (tmp_path / "data.h5").read_bytes().startswith(b"\x89HDF")
+
+
+@pytest.mark.parametrize("fmt", ["png", "pdf", "svg", "eps", "jpg", "gif", "tif", "webp",
+                                 "svgz", "raw", "rgba"])
+def test_plot_writes_only_formats_it_can_replace_again(tmp_path, fmt):
+    """Every format plot writes it knows again by its first bytes, so --overwrite replaces
+    plot's own output (a GIF was written, then refused as 'not an image'); matplotlib's
+    formats it could not know again are refused before anything is written."""
+    pytest.importorskip("matplotlib")
+    from pshybrid.errors import InputError
+    from pshybrid.plot import FORMATS, plot
+
+    m, out = tmp_path / "m.jsonl", str(tmp_path / f"o.{fmt}")
+    m.write_text('{"step": 1, "loss": 0.7, "samples_per_s": 100.0}\n')
+    if fmt not in FORMATS:
+        with pytest.raises(InputError, match=f"unknown image format '{fmt}'"):
+            plot(str(m), out)
+        assert not os.path.exists(out)
+        return
+    plot(str(m), out)
+    first = os.stat(out).st_mtime_ns
+    time.sleep(0.01)
+    plot(str(m), out, overwrite=True)
+    assert os.stat(out).st_mtime_ns != first
