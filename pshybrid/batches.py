@@ -9,7 +9,7 @@ import bisect
 import numpy as np
 
 from .data import SHUFFLE_BLOCK, H5Dataset
-from .errors import InputError
+from .errors import ConfigError, InputError
 from .files import H5Files
 from .rawrows import h5_handles, raw_rows
 from .rowcheck import check_bag_rows, check_rows
@@ -89,15 +89,46 @@ def read_ranges(dataset, ranges):
 
 
 def _shaped(dataset, a: int, b: int, got):
-    """``got``, what ``dataset.rows(a, b)`` returned, if it is (label (n,), dense (n, F_d),
-    sparse (n, F_s)) with n = b - a; else ``InputError`` naming the dataset and the rows."""
+    """``got``, what ``dataset.rows(a, b)`` returned, as arrays, if it is (label (n,),
+    dense (n, F_d), sparse (n, F_s)) with n = b - a, of numbers, numbers and integer ids
+    (made int64); else ``InputError`` naming the dataset and the rows."""
     sch = dataset.schema
     want = ((b - a,), (b - a, sch.n_dense), (b - a, sch.n_single))
     shapes = tuple(np.shape(x) for x in got) if isinstance(got, (tuple, list)) else None
     if shapes != want:
         raise InputError(f"{_name(dataset)}: rows({a}, {b}) returned arrays of shapes "
                          f"{shapes}, not (label, dense, sparse) of shapes {want}")
-    return got
+    label, dense, sparse = (np.asarray(x) for x in got)  # (lists: as arrays)
+    if label.dtype.kind not in "biuf" or dense.dtype.kind not in "biuf" or \
+            sparse.dtype.kind not in "iu":  # (float ids were "outside" ranges they were in)
+        raise InputError(f"{_name(dataset)}: rows({a}, {b}) returned arrays of dtypes "
+                         f"({label.dtype}, {dense.dtype}, {sparse.dtype}), not (label, dense, "
+                         "sparse) of numbers, numbers and integer ids (int64)")
+    return label, dense, sparse.astype(np.int64, copy=False)
+
+
+def python_dataset(dataset, data: str | None):
+    """``dataset``, ``train``'s ``dataset=`` argument, if it has what reading needs
+    (``docs/data.md``: a ``Schema``, ``rows``, ``n_rows`` absent or a count, ``bags``
+    with multi-hot fields) and no ``--data`` was given beside it (the file would be
+    recorded as read); else a ConfigError naming what is missing."""
+    from .schema import Schema
+
+    name, n = _name(dataset), getattr(dataset, "n_rows", None)
+    problem = (f"cfg.data {data!r} and dataset= both given: give one" if data else
+               "its schema is not a pshybrid.schema.Schema" if not isinstance(
+                   getattr(dataset, "schema", None), Schema) else
+               "it has no rows(start, stop) method" if not callable(
+                   getattr(dataset, "rows", None)) else
+               f"its n_rows {n!r} is not a count of rows" if n is not None and (
+                   not isinstance(n, (int, np.integer)) or isinstance(n, bool) or n < 0) else
+               "its schema has multi-hot fields and it has no bags(start, stop) method"
+               if dataset.schema.multi_hot and not callable(getattr(dataset, "bags", None))
+               else None)
+    if problem:
+        raise ConfigError(f"{name}: {problem} (a dataset for train: docs/data.md)",
+                          collective=True)
+    return dataset
 
 
 def _name(dataset) -> str:

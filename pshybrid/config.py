@@ -25,6 +25,7 @@ import types
 import typing
 from dataclasses import dataclass
 
+from .checks import at_least, layer_sizes, learning_rate, positive, seed_check
 from .errors import ConfigError
 from .models import MODELS
 from .optim import SCHEDULES, SLOTS, SPARSE_LR
@@ -185,7 +186,7 @@ def _build(cls, values: dict, where: dict, **checks):
             raise _error(f"{label}: must be one of {', '.join(map(shown, choices))}, got {value!r}")
         if value is not None and check and (problem := check(value)):
             raise _error(f"{label}: {problem}, got "
-                         f"{shown(value) if isinstance(value, tuple) else repr(value)}")
+                         f"{shown(value) if isinstance(value, tuple) and value else repr(value)}")
         kwargs[f.name] = value
     cfg = cls(**kwargs)
     if hasattr(cfg, "validate"):
@@ -250,9 +251,16 @@ def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: 
     return _build(cls, values, where)
 
 
+def _plain(v):
+    """A NumPy scalar (a sweep over ``np.logspace``) as Python's; anything else as it is."""
+    return v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
+
+
 def to_dict(cfg) -> dict:
-    """``{field: value}`` of a config, JSON-able (tuples → lists; None stays None)."""
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(cfg).items()}
+    """``{field: value}`` of a config, JSON-able (tuples → lists; NumPy's scalars →
+    Python's, which ``from_dict`` checks; None stays None)."""
+    return {k: [_plain(x) for x in v] if isinstance(v, (tuple, list)) else _plain(v)
+            for k, v in dataclasses.asdict(cfg).items()}
 
 
 def to_toml(cfg) -> str:
@@ -283,33 +291,6 @@ def from_dict(cls, d: dict, source: str, **checks):
     return _build(cls, *_keyed(cls, d, source), **checks)
 
 
-# -- checks ---------------------------------------------------------------------------------
-
-def _at_least(lo):
-    return lambda v: None if v >= lo else f"must be >= {lo}"
-
-
-SEED_RANGE = "must be an integer from 0 to 2**32 - 1"  # the tables' key takes 32 bits
-
-
-def seed_check(v):
-    """A seed: the initialisation and the synthetic stream use its low 32 bits
-    (``initializers.table_key``), so a larger one would repeat a smaller one's tables."""
-    return None if 0 <= v < 2**32 else SEED_RANGE
-
-
-def _positive(v):
-    return None if v > 0 else "must be > 0"
-
-
-def _learning_rate(v):
-    return None if math.isfinite(v) and v >= 0 else "must be >= 0 and finite"
-
-
-def _layer_sizes(v):
-    return None if v and all(n > 0 for n in v) else "must be a non-empty list of sizes > 0"
-
-
 @dataclass
 class TrainConfig:
     """Options of ``python -m pshybrid train``."""
@@ -319,10 +300,10 @@ class TrainConfig:
     mode: str = option("hybrid", "communication: " + "; ".join(
                        f"{m.name}: {m.help}" for m in MODES.values()), choices=MODES)
     servers: int | None = option(None, "number of server ranks (none: one per node)",
-                                 check=_at_least(0))
+                                 check=at_least(0))
     replicate_rows: int = option(0, "the N most frequent rows of the table on every worker, "
                                  "updated through an Allreduce beside the dense one (hybrid, "
-                                 "CPU workers; exact); 0: none", check=_at_least(0))
+                                 "CPU workers; exact); 0: none", check=at_least(0))
     placement: str = option("dedicated", "where the table shards live: on server ranks that "
                             "only serve (dedicated), or on every rank, each of which also "
                             "trains (colocated; --servers is refused)",
@@ -333,21 +314,21 @@ class TrainConfig:
                               "stream", repeat=True)
     eval_data: str | None = option(None, "evaluation dataset (exact AUC and logloss): files "
                                    "or a directory, as --data", repeat=True)
-    eval_every: int = option(0, "evaluate every K steps (0: only at the end)", check=_at_least(0))
+    eval_every: int = option(0, "evaluate every K steps (0: only at the end)", check=at_least(0))
     shuffle: bool = option(True, "block-shuffle --data each epoch (blocks of 1024 rows, by --seed)")
-    batch_size: int = option(128, "batch size per worker", check=_positive)
-    steps: int = option(2000, "number of training steps", check=_at_least(0))
+    batch_size: int = option(128, "batch size per worker", check=positive)
+    steps: int = option(2000, "number of training steps", check=at_least(0))
     epochs: int | None = option(None, "number of passes over --data (instead of --steps)",
-                                check=_positive)
+                                check=positive)
     lr: float | None = option(None, "learning rate of the embedding rows (sparse optimizer; "
                               "none: 0.001 with adam, 0.05 with sgd and adagrad)",
-                              check=_learning_rate)
+                              check=learning_rate)
     dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
                                   choices=("sgd", "adam"))
     sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows",
                                    choices=SLOTS)
     dense_lr: float | None = option(0.001, "learning rate of the dense parameters (none: --lr)",
-                                    check=_learning_rate)
+                                    check=learning_rate)
     bucket_mb: float = option(1.0, "Allreduce the dense gradients in buckets of at least this "
                               "many MiB while backward runs (0: one Allreduce after backward; "
                               "GPU workers: cut then, started after the step's one host sync)",
@@ -355,18 +336,18 @@ class TrainConfig:
                               else "must be >= 0 and finite")
     prefetch: int | None = option(None, "batches prepared ahead on a background thread "
                                   "(none: 2 on a rank with >= 2 cores, else 0)",
-                                  check=_at_least(0))
+                                  check=at_least(0))
     server_threads: int | None = option(None, "threads of a rank's optimizer apply on its "
                                         "table shard (a server's, or a colocated rank's); "
                                         "none: one per core the rank has (its binding, else "
                                         "the node's cores / ranks per node), at least 1; a "
                                         "dedicated server adds its part of the node's spare "
                                         "cores",
-                                        check=_positive)
-    embedding_dim: int = option(16, "embedding dimension", check=_positive)
+                                        check=positive)
+    embedding_dim: int = option(16, "embedding dimension", check=positive)
     mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated",
-                                  check=_layer_sizes)
-    cross_layers: int = option(2, "number of cross layers (dcn only)", check=_at_least(0))
+                                  check=layer_sizes)
+    cross_layers: int = option(2, "number of cross layers (dcn only)", check=at_least(0))
     seed: int = option(0, "random seed, 0 to 2**32 - 1", check=seed_check)
     consistency: str = option("bsp", "consistency of embedding reads: bsp (every read sees "
                               "every update of the earlier steps), ssp:K (a read at step t "
@@ -375,7 +356,7 @@ class TrainConfig:
                               "weights stay synchronous", check=consistency_error)
     cache_rows: int = option(0, "rows of the worker's hot-row cache, served without a pull "
                              "while they meet the --consistency bound (never under bsp); 0: "
-                             "none", check=_at_least(0))
+                             "none", check=at_least(0))
     shared_memory: str = option("auto", "workers read the servers' rows straight from shared "
                                 "memory (auto: every server's on a single-node job, the "
                                 "servers' on the worker's own node on several, where the MPI "
@@ -400,29 +381,29 @@ class TrainConfig:
                            "log), none; auto: bar when the job was started from an interactive "
                            "terminal, else lines", choices=("auto", "bar", "lines", "none"))
     log_every: int = option(100, "log (and write metrics) every this many steps",
-                            check=_positive)
+                            check=positive)
     checkpoint_dir: str | None = option(None, "directory for checkpoints (none: no checkpoints)")
     checkpoint_every: int = option(0, "save a checkpoint every K steps (0: never periodically)",
-                                   check=_at_least(0))
+                                   check=at_least(0))
     resume: str | None = option(None, "checkpoint directory to resume from")
     keep_last: int = option(0, "keep only the newest K checkpoints (0: keep all)",
-                            check=_at_least(0))
+                            check=at_least(0))
     l2: float = option(0.0, "L2 penalty lambda: every update uses g + lambda*w, on the dense "
                        "weights and on the embedding rows a step touches",
-                       check=_learning_rate)
+                       check=learning_rate)
     lr_schedule: str = option("constant", "learning-rate factor per step, the same for "
                               "--lr and --dense-lr: constant, warmup-linear (linear decay "
                               "to 0 after the warm-up) or cosine (cosine decay to 0)",
                               choices=SCHEDULES)
     warmup_steps: int = option(0, "steps of linear warm-up (factor s/K at step s <= K) "
-                               "before the schedule", check=_at_least(0))
+                               "before the schedule", check=at_least(0))
     pooling: str = option("sum", "how the embeddings of a multi-hot field's ids are pooled "
                           "into one per row: their sum or their mean", choices=("sum", "mean"))
     auto_trial_steps: int = option(20, "--mode auto: train the cost model's leading "
                                    "alternatives this many timed steps each (after 3 warm-up "
                                    "steps) and pick the fastest measured (within 5%: the "
                                    "first in the table's order; 0: the model alone)",
-                                   check=_at_least(0))
+                                   check=at_least(0))
 
     def replaced_by(self) -> dict:
         """{field: the option that decides it instead in this config} (``to_toml`` comments

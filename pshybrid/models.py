@@ -199,6 +199,9 @@ class Registry(dict):
     def __setitem__(self, name, cls):
         if name in self.builtin and cls is not self.builtin[name]:
             self._refuse(name)
+        if not (isinstance(cls, type) and issubclass(cls, CTRModel)) or cls.wide not in (0, 1):
+            raise ConfigError(f"models.MODELS[{name!r}] = {cls!r}: a model is a subclass of "
+                              "pshybrid.models.CTRModel with wide = 0 or 1 (docs/models.md)")
         super().__setitem__(name, cls)
 
     def _refuse(self, name):

@@ -199,10 +199,12 @@ def _same_data(topo, data, evdata) -> None:
     path on node-local disks whose files differ between nodes made ranks count other steps
     and wait for good, or train on what they each read."""
     for option, d in (("--data", data), ("--eval-data", evdata)):
-        if d is not None:
-            same_arguments(topo.world, getattr(d, "path", option), "rank",
+        path = getattr(d, "path", None)
+        if d is not None:  # (a Python dataset= without a path: named by its class)
+            same_arguments(topo.world, path or f"dataset {type(d).__name__}", "rank",
                            f"every rank reads the same {option} (files that differ between "
-                           "nodes?)", fields=d.schema, rows=getattr(d, "n_rows", None))
+                           "nodes?)" if path else "every rank's dataset= is the same",
+                           fields=d.schema, rows=getattr(d, "n_rows", None))
 
 
 def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,

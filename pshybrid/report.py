@@ -334,7 +334,7 @@ def _idle_notes(cfg, schema, steps: int, n_rows: int | None, auto: bool) -> list
     chose ``cfg.mode``."""
     spec = MODES[cfg.mode]
     rules = (("keep_last", cfg.checkpoint_dir is None, "no checkpoint is written without "
-              "--checkpoint-dir"),
+              "--checkpoint-dir"), ("steps", cfg.epochs, "--epochs decides the steps"),
              ("auto_trial_steps", not auto, "trials run under --mode auto only"),
              ("cross_layers", not MODELS[cfg.model].cross_layers,
               f"--model {cfg.model} has no cross layers"),
@@ -345,8 +345,7 @@ def _idle_notes(cfg, schema, steps: int, n_rows: int | None, auto: bool) -> list
              ("shared_memory", not spec.needs_servers, f"--mode {cfg.mode} has no server"),
              ("pooling", not schema.multi_hot, "the data has no multi-hot field"),
              ("shuffle", n_rows is None, "the data is a stream, not a file of rows"))
-    fields = TrainConfig.__dataclass_fields__
-    out = []
+    out, fields = [], TrainConfig.__dataclass_fields__
     for key, idle, why in rules:
         value = getattr(cfg, key)
         if idle and value != fields[key].default:

@@ -25,7 +25,7 @@ from mpi4py import MPI
 from . import auto, checkpoint
 from .backend import to_device
 from .config import TrainConfig, from_dict, to_dict
-from .batches import BatchPlan, global_batch, prefetch, worker_batches
+from .batches import BatchPlan, global_batch, prefetch, python_dataset, worker_batches
 from .files import not_trained_on, open_dataset
 from .graphs import DeviceStep
 from .devices import cuda_aware_mpi, pick_device
@@ -262,7 +262,7 @@ def _open_data(cfg, topo, dataset, opened):
     err = data = evdata = None
     try:
         if dataset is not None:
-            data = dataset
+            data = python_dataset(dataset, cfg.data)
         elif cfg.data:
             data = open_dataset(cfg.data)
             opened.append(data)

@@ -17,7 +17,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import array_module, synchronize
-from .errors import ConfigError, PshybridError
+from .errors import ConfigError, InputError, PshybridError
 from .limits import SHM_WAYS_OUT
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
@@ -197,21 +197,27 @@ def idle_barrier(comm: MPI.Comm, max_sleep: float = 1e-3) -> None:
     poll_wait(comm.Ibarrier(), max_sleep)
 
 
+_KINDS = {c.__name__: c for c in (PshybridError, ConfigError, InputError)}
+
+
 def agree(comm: MPI.Comm, error: BaseException | None) -> None:
     """Collective verdict: if any rank has an error, raise on every rank.
 
     Every rank raises the same ``PshybridError`` carrying the lowest failing rank's
-    message (marked ``collective``), so a check that fails on one rank alone cannot leave
-    the others hanging in the next collective. Wire: one allgather of (rank, message or
-    None); all wait.
+    message and class (``ConfigError``, ``InputError``; marked ``collective``), so a check
+    that fails on one rank alone cannot leave the others hanging in the next collective.
+    Wire: one allgather of (message, class name) or None; all wait.
     """
-    msgs = comm.allgather(None if error is None else str(error))
-    for rank, msg in enumerate(msgs):
-        if msg is not None:
+    kind = next((c.__name__ for c in type(error).__mro__ if c in _KINDS.values()), "")
+    msgs = comm.allgather(None if error is None else (str(error), kind))
+    for rank, got in enumerate(msgs):
+        if got is not None:
             if isinstance(error, PshybridError) and rank == comm.rank:
                 error.collective = True
                 raise error
-            raise PshybridError(f"rank {rank}: {msg}", collective=True)
+            # the failing rank's class (ConfigError, InputError) on every rank: a script's
+            # ``except ConfigError`` catches it everywhere, or nowhere (never a hang)
+            raise _KINDS.get(got[1], PshybridError)(f"rank {rank}: {got[0]}", collective=True)
 
 
 def same_arguments(comm: MPI.Comm, call: str, who: str, rule: str = "", **args) -> None:

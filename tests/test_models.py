@@ -17,7 +17,7 @@ DOC = os.path.join(os.path.dirname(__file__), "..", "docs", "models.md")
 
 def doc_example(monkeypatch):
     """The doc's class; it registers "sumpool", which the test's end takes out again."""
-    monkeypatch.setitem(models.MODELS, "sumpool", None)
+    monkeypatch.setitem(models.MODELS, "sumpool", models.WDL)  # (the doc's replaces it)
     code = re.search(r"```python\n(.*?)```", open(DOC).read(), re.S).group(1)
     ns = {}
     exec(compile(code, DOC, "exec"), ns)  # registers "sumpool"
@@ -208,3 +208,16 @@ def test_a_built_in_model_name_cannot_be_given_another_class(monkeypatch):
     assert models.MODELS.setdefault("wdl", models.DCN) is models.WDL
     assert models.MODELS["wdl"] is models.WDL
     monkeypatch.setitem(models.MODELS, "wdl_too", models.WDL)   # another name: fine
+
+
+@pytest.mark.parametrize("thing", ["not a class", lambda *a: None, dict,
+                                   type("TwoWide", (models.WDL,), {"wide": 2})])
+def test_the_registry_takes_a_model_class_only(thing):
+    """A string, a function, another class or wide = 2 failed later, inside the first step
+    (``'str' object has no attribute 'cross_layers'``, a matmul's ValueError)."""
+    from pshybrid.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"MODELS\['mine'\] = .*: a model is a subclass of "
+                                          r"pshybrid.models.CTRModel with wide = 0 or 1"):
+        models.MODELS["mine"] = thing
+    assert "mine" not in models.MODELS

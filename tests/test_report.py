@@ -357,3 +357,14 @@ def test_the_small_data_warning_counts_multi_hot_values(tmp_path):
     assert (f"warning: the tables have 5,005 rows, the data 40 rows with {first.n_ids:,} ids: "
             "most rows can never train") in text
     first.close()
+
+
+def test_the_plan_notes_steps_that_epochs_replace():
+    """``TrainConfig(epochs=1, steps=10)`` from Python trained the epoch's steps and said
+    nothing of ``steps`` (the command line refuses both; a TOML file's steps under
+    --epochs is the same case); at its default nothing is said."""
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,), data="d.h5", epochs=1, steps=10)
+    notes = idle_notes(banner(cfg, topo(1, 1), SCHEMA, 128, n_rows=4096))
+    assert notes == ["  note: --steps 10 does nothing in this run: --epochs decides the steps"]
+    assert idle_notes(banner(replace(cfg, steps=2000), topo(1, 1), SCHEMA, 128,
+                             n_rows=4096)) == []

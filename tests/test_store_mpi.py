@@ -313,6 +313,18 @@ def test_agree_raises_everywhere(comm):
     with pytest.raises(PshybridError) as e:
         agree(comm, err)
     assert "bad row 7" in str(e.value) and e.value.collective
+    assert isinstance(e.value, InputError)  # the failing rank's class on every rank
+
+
+@pytest.mark.mpi(min_size=2)
+def test_agree_raises_the_same_class_everywhere(comm):
+    """A ConfigError found on every rank is a ConfigError on every rank: a script's
+    ``except ConfigError`` around ``train`` catches it on all ranks (none exits alone)."""
+    from pshybrid.transport import agree
+
+    with pytest.raises(ConfigError) as e:
+        agree(comm, ConfigError("lr: must be >= 0"))
+    assert "lr: must be >= 0" in str(e.value) and e.value.collective
 
 
 def test_row_datatype_takes_64bit_byte_displacements():

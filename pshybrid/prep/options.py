@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..config import option, seed_check
+from ..checks import seed_check
+from ..config import option
 from ..errors import ConfigError
 
 DEFAULT_BUCKETS = 1_000_000

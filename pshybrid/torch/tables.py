@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pshybrid.config import SEED_RANGE, seed_check
+from pshybrid.checks import SEED_RANGE, seed_check
 from pshybrid.errors import ConfigError
 from pshybrid.limits import available_memory, gib
 from pshybrid.optim import SLOTS, SPARSE_LR
