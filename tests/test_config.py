@@ -395,3 +395,20 @@ def test_an_abbreviated_option_is_refused_naming_the_whole_one(argv, whole):
     with pytest.raises(ConfigError) as e:
         main(["train", "--bogus"])
     assert str(e.value) == "unrecognized arguments: --bogus"
+
+
+def test_numpy_scalars_are_numbers_in_a_train_config():
+    """A sweep's ``lr=np.float64(...)`` or ``batch_size=np.int64(...)`` was refused
+    ('expected a number, got np.float64(0.01)'). Oracle: the same config of Python numbers;
+    a float for an integer field is still refused, as from TOML."""
+    import numpy as np
+
+    from pshybrid.config import from_dict, to_dict
+
+    got = TrainConfig(lr=np.float64(0.01), batch_size=np.int64(16), mlp=(np.int64(8), 4),
+                      shuffle=np.bool_(False))
+    want = TrainConfig(lr=0.01, batch_size=16, mlp=(8, 4), shuffle=False)
+    assert from_dict(TrainConfig, to_dict(got), "TrainConfig") == want
+    assert json.dumps(to_dict(got)) == json.dumps(to_dict(want))
+    assert "batch_size (in TrainConfig): expected an integer, got 16.0" in fails(
+        from_dict, TrainConfig, to_dict(TrainConfig(batch_size=np.float64(16))), "TrainConfig")
