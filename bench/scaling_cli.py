@@ -71,7 +71,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--hit-rate", type=float, default=None, metavar="H",
                     help="add hybrid-ssp: hybrid with this share of rows served by the "
                          "workers' caches (modes_bench's hit rate) and the Get pulled a step "
-                         "ahead, behind the compute (--consistency ssp:K)")
+                         "ahead, behind the compute (--consistency ssp:K); 0 to 1")
     ap.add_argument("--node-memory", type=float, default=24.0, metavar="GB",
                     help="memory per node for the auto pick's memory check (default 24)")
     cg = ap.add_mutually_exclusive_group()
@@ -105,7 +105,11 @@ def calibrations(a, run0: dict, name0: str) -> dict:
     if a.compute_speedup:
         calib = {m: with_speedup(c, a.compute_speedup) for m, c in calib.items()}
     elif a.compute_from:
-        fb, da, label = compute_from(json.loads(Path(a.compute_from).read_text()), run0["args"])
+        try:
+            fb, da, label = compute_from(json.loads(Path(a.compute_from).read_text()),
+                                         run0["args"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise SystemExit(f"--compute-from {a.compute_from}: {e}") from None
         calib = {m: with_compute(c, fb, da, label) for m, c in calib.items()}
     return calib
 
@@ -396,24 +400,29 @@ def _counts(ap, text: str | None) -> list[int]:
         ap.error(f"--nodes / --workers-per-node: {e}")
 
 
-def _run(ap, path: str) -> dict:
-    """A modes_bench JSON file's content, or ``ap.error`` saying why it is not one."""
+def _json(ap, path: str, what: str):
+    """A JSON file's content, or ``ap.error`` naming ``what`` (the option) and the file."""
     try:
-        run = json.loads(Path(path).read_text())
+        return json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
-        ap.error(f"RUN {path}: not a readable JSON file ({e})")
+        ap.error(f"{what} {path}: not a readable JSON file ({e})")
+
+
+def _run(ap, path: str, what: str = "RUN") -> dict:
+    """A modes_bench JSON file's content, or ``ap.error`` saying why it is not one."""
+    run = _json(ap, path, what)
     if not isinstance(run, dict) or not isinstance(run.get("results"), dict):
-        ap.error(f"RUN {path}: not a modes_bench output (no 'results')")
+        ap.error(f"{what} {path}: not a modes_bench output (no 'results')")
     measured = [m for m in MODES if m in run["results"]]
     if not measured:
-        ap.error(f"RUN {path}: 'results' holds none of the modes {', '.join(MODES)}")
+        ap.error(f"{what} {path}: 'results' holds none of the modes {', '.join(MODES)}")
     for m in measured:  # (what the calibration reads; older runs: the phase means)
         r = run["results"][m]
         lack = [k for k in RESULT_KEYS + (() if isinstance(r, dict) and "timed_series" in r
                                           else LEGACY_KEYS)
                 if not isinstance(r, dict) or k not in r]
         if lack:
-            ap.error(f"RUN {path}: results.{m} lacks {', '.join(lack)} (not a modes_bench "
+            ap.error(f"{what} {path}: results.{m} lacks {', '.join(lack)} (not a modes_bench "
                      "output)")
     return run
 
@@ -433,8 +442,15 @@ def main(argv=None) -> int:
     nodes, given_ks = _counts(ap, a.nodes), _counts(ap, a.workers_per_node)
     if any(n < 1 for n in nodes + given_ks):
         ap.error("--nodes and --workers-per-node: counts of at least 1")
+    if a.hit_rate is not None and not 0 <= a.hit_rate <= 1:
+        ap.error(f"--hit-rate {a.hit_rate}: a share of the rows, from 0 to 1")
     runs = [(p, _run(ap, p)) for p in a.runs]
     name0, run0 = runs[0]
+    for opt, p in [("--cross", p) for p in a.cross] + [("--servers-from", a.servers_from)] * bool(
+            a.servers_from):  # (checked before anything is printed, as the runs are)
+        _run(ap, p, opt)
+    if a.compute_from and not isinstance(_json(ap, a.compute_from, "--compute-from"), dict):
+        ap.error(f"--compute-from {a.compute_from}: not a gpu_check --compute-only output")
     modes = [m for m in MODES if m in run0["results"]]
     c0 = calibrate(run0, modes[0], a.row_width)
     calib = calibrations(a, run0, name0)

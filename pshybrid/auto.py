@@ -19,6 +19,7 @@ arrays: none fitting stops the run there.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from dataclasses import asdict, replace
@@ -188,6 +189,9 @@ def describe(record: dict) -> str:
 
 
 def _link(k: dict) -> str:
+    """A probed link as text; n/a where nothing crossed (one rank: no peer to time)."""
+    if not math.isfinite(k["bandwidth"]):
+        return "n/a (no peer)"
     return f"{k['latency'] * 1e6:.1f} us + {k['bandwidth'] / 1e9:.2f} GB/s"
 
 

@@ -355,8 +355,9 @@ class TrainConfig:
                               "rows are pulled while this one runs), asp (no bound); dense "
                               "weights stay synchronous", check=consistency_error)
     cache_rows: int = option(0, "rows of the worker's hot-row cache, served without a pull "
-                             "while they meet the --consistency bound (never under bsp); 0: "
-                             "none", check=at_least(0))
+                             "while they meet the --consistency bound (never under bsp or "
+                             "ssp:0; under ssp:1 only the step after the start or a "
+                             "checkpoint); 0: none", check=at_least(0))
     shared_memory: str = option("auto", "workers read the servers' rows straight from shared "
                                 "memory (auto: every server's on a single-node job, the "
                                 "servers' on the worker's own node on several, where the MPI "

@@ -909,3 +909,22 @@ def test_scaling_never_writes_over_an_input_and_names_a_bad_run_file(tmp_path):
         assert p.returncode == 2 and why in p.stderr and "Traceback" not in p.stderr, p.stderr
     p = scaling(str(run), "--nodes", "0,3")
     assert p.returncode == 2 and "at least 1" in p.stderr, p.stderr
+
+
+def test_cli_refuses_a_bad_optional_input_in_one_line(tmp_path):
+    """--cross, --servers-from and --compute-from: a missing, non-JSON or foreign file is one
+    line naming the option and the file, before anything is printed (no traceback)."""
+    import subprocess
+    (tmp_path / "bad.json").write_text('{"bad')
+    (tmp_path / "foreign.json").write_text('{"a": 1}')
+    for opt in ("--cross", "--servers-from", "--compute-from"):
+        for bad in ("no.json", "bad.json", "foreign.json"):
+            p = subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), SAMPLE,
+                                opt, bad], capture_output=True, text=True, timeout=120,
+                               cwd=tmp_path)
+            assert p.returncode != 0 and "Traceback" not in p.stderr, (opt, bad, p.stderr)
+            assert f"{opt} {bad}" in p.stderr and not p.stdout.strip(), (opt, bad, p.stdout)
+    for h in ("1.5", "-0.5", "nan"):  # (taken, and the same rows printed as for any H)
+        p = subprocess.run([sys.executable, os.path.join(BENCH, "scaling.py"), SAMPLE,
+                            "--hit-rate", h], capture_output=True, text=True, timeout=120)
+        assert p.returncode == 2 and f"--hit-rate {h}: a share of the rows" in p.stderr
