@@ -81,10 +81,10 @@ def export(path: str, out: str, overwrite: bool = False) -> dict:
     /optimizer/dense/<slot>/<param> (a torch optimizer's other state: <key> for <slot>),
     /optimizer/embeddings/<field>/<slot>; attrs config (JSON), step, field_names (JSON:
     the model's input order) and schema (JSON). Every input is checked first (an
-    ``InputError`` naming the file and key); the output goes through a fresh temporary beside ``out``, renamed
-    on success and removed on any error, so a refused export leaves no file behind. ``out``
-    passes ``safeio.check_output``: an existing file is replaced only with ``overwrite`` and
-    only when an earlier export wrote it."""
+    ``InputError`` naming the file and key); the output goes through a fresh temporary
+    beside ``out``, renamed on success and removed on any error, so a refused export leaves
+    no file behind. ``out`` passes ``safeio.check_output``: an existing file is replaced only
+    with ``overwrite`` and only when an earlier export wrote it."""
     _check_out(path, out, overwrite)
     step_dir = resolve(path)
     meta = read_meta(step_dir)
