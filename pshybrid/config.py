@@ -104,10 +104,14 @@ def shown(value) -> str:
 def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
     """Add ``--config FILE`` and one ``--kebab-name`` option per field of dataclass ``cls``,
     each defaulting to ``argparse.SUPPRESS`` (absent from the namespace unless given) and
-    keeping its text: ``resolve`` converts and checks them."""
+    keeping its text: ``resolve`` converts and checks them; a class's ``GROUPS`` ({title:
+    field names}) puts them in sections of --help, in that order."""
     parser.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
                         help="TOML file with any of these options, as keys (the command "
                              "line wins)")
+    groups = getattr(cls, "GROUPS", {})  # --help's sections: {title: field names}
+    sections = {title: parser.add_argument_group(title) for title in groups}
+    where = {name: sections[title] for title, names in groups.items() for name in names}
     for f, base, optional in _fields(cls):
         text = f"{f.metadata.get('help', '')} (default: {shown(f.default)})".replace("%", "%%")
         kwargs = {"dest": f.name, "default": argparse.SUPPRESS, "help": text}
@@ -118,7 +122,7 @@ def add_arguments(parser: argparse.ArgumentParser, cls) -> None:
         elif f.metadata.get("choices"):
             none = ["none"] if optional else []
             kwargs["choices"] = [*map(shown, f.metadata["choices"]), *none]
-        parser.add_argument(option_flag(f.name), **kwargs)
+        where.get(f.name, parser).add_argument(option_flag(f.name), **kwargs)
 
 
 def _from_text(text, base: type, optional: bool, where: str):
@@ -294,6 +298,18 @@ def from_dict(cls, d: dict, source: str, **checks):
 @dataclass
 class TrainConfig:
     """Options of ``python -m pshybrid train``."""
+
+    GROUPS: typing.ClassVar[dict] = {  # (--help's sections; every field is in one)
+        "model": ("model", "embedding_dim", "mlp", "cross_layers", "pooling", "dtype", "seed"),
+        "data": ("data", "batch_size", "steps", "epochs", "shuffle", "eval_data", "eval_every",
+                 "prefetch"),
+        "optimizers": ("sparse_optimizer", "lr", "dense_optimizer", "dense_lr", "l2",
+                       "lr_schedule", "warmup_steps"),
+        "modes": ("mode", "servers", "placement", "replicate_rows", "consistency", "cache_rows",
+                  "auto_trial_steps", "shared_memory", "server_threads", "bucket_mb"),
+        "devices": ("device", "cuda_aware", "cuda_graphs"),
+        "checkpoints": ("checkpoint_dir", "checkpoint_every", "keep_last", "resume"),
+        "output": ("progress", "log_every", "metrics", "tensorboard")}
 
     model: str = option("wdl", "model architecture",
                         choices=MODELS)   # the registry itself: a model added later counts

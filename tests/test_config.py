@@ -412,3 +412,19 @@ def test_numpy_scalars_are_numbers_in_a_train_config():
     assert json.dumps(to_dict(got)) == json.dumps(to_dict(want))
     assert "batch_size (in TrainConfig): expected an integer, got 16.0" in fails(
         from_dict, TrainConfig, to_dict(TrainConfig(batch_size=np.float64(16))), "TrainConfig")
+
+
+def test_train_help_has_a_section_for_every_option():
+    """--help lists train's 44 options in sections (``TrainConfig.GROUPS``): every field in
+    exactly one, so a new option cannot end up alone under 'options'; each section's
+    options are the fields it names."""
+    import dataclasses
+
+    from pshybrid.cli import build_parser
+
+    names = [n for group in TrainConfig.GROUPS.values() for n in group]
+    assert sorted(names) == sorted(f.name for f in dataclasses.fields(TrainConfig))
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    shown_in = {g.title: {a.dest for a in g._group_actions} for g in train._action_groups}
+    for title, group in TrainConfig.GROUPS.items():
+        assert shown_in[title] == set(group), title
