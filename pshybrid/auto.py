@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import planner, trials
-from .batches import BatchPlan, read_ids
+from .batches import BatchPlan, python_dataset, read_ids
 from .errors import ConfigError, PshybridError
 from .files import open_dataset
 from .layers import ParamSpace, bce_with_logits
@@ -207,10 +207,12 @@ def _open(cfg, comm, dataset, opened):
     """The training data (as ``train`` opens it), with one verdict on every rank."""
     err, data = None, dataset
     try:
-        if data is None and cfg.data:
+        if data is not None:  # (checked as train checks it: a traceback here otherwise)
+            data = python_dataset(data, cfg.data)
+        elif cfg.data:
             data = open_dataset(cfg.data)
             opened.append(data)
-        elif data is None:
+        else:
             data = SyntheticCTR(seed=cfg.seed)
     except PshybridError as e:
         err = e

@@ -94,7 +94,10 @@ def _shaped(dataset, a: int, b: int, got):
     (made int64); else ``InputError`` naming the dataset and the rows."""
     sch = dataset.schema
     want = ((b - a,), (b - a, sch.n_dense), (b - a, sch.n_single))
-    shapes = tuple(np.shape(x) for x in got) if isinstance(got, (tuple, list)) else None
+    try:
+        shapes = tuple(np.shape(x) for x in got) if isinstance(got, (tuple, list)) else None
+    except ValueError:  # (ragged lists)
+        shapes = None
     if shapes != want:
         raise InputError(f"{_name(dataset)}: rows({a}, {b}) returned arrays of shapes "
                          f"{shapes}, not (label, dense, sparse) of shapes {want}")

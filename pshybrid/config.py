@@ -257,7 +257,7 @@ def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: 
 
 def _plain(v):
     """A NumPy scalar (a sweep over ``np.logspace``) as Python's; anything else as it is."""
-    return v.item() if type(v).__module__ == "numpy" and hasattr(v, "item") else v
+    return v.item() if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0 else v
 
 
 def to_dict(cfg) -> dict:
@@ -310,6 +310,11 @@ class TrainConfig:
         "devices": ("device", "cuda_aware", "cuda_graphs"),
         "checkpoints": ("checkpoint_dir", "checkpoint_every", "keep_last", "resume"),
         "output": ("progress", "log_every", "metrics", "tensorboard")}
+    # (option, what needs it, the value that does without): refused without it, and
+    # dropped where a layer gives it as none (``layer``)
+    NEEDS: typing.ClassVar[tuple] = (("data", "epochs", None), ("eval_data", "eval_every", 0),
+                                     ("checkpoint_dir", "checkpoint_every", 0),
+                                     ("checkpoint_dir", "keep_last", 0))
 
     model: str = option("wdl", "model architecture",
                         choices=MODELS)   # the registry itself: a model added later counts
@@ -449,9 +454,7 @@ class TrainConfig:
         for k in {"placement", "replicate_rows"} - given if auto else ():
             if str(values.get(k)) == shown(TrainConfig.__dataclass_fields__[k].default):
                 values.pop(k)  # (a lower layer's default: no choice, so it gives way)
-        for key, other, off in (("data", "epochs", None), ("checkpoint_dir", "keep_last", 0),
-                                ("checkpoint_dir", "checkpoint_every", 0),
-                                ("eval_data", "eval_every", 0)):
+        for key, other, off in TrainConfig.NEEDS:
             if key in given and values[key] in (None, "none") and other not in given:
                 values[other] = off
 
@@ -476,10 +479,9 @@ class TrainConfig:
         which ``--epochs`` counts as it counts ``--data``)."""
         if self.epochs is not None and self.data is None and not finite_data:
             raise _error("--epochs needs --data; the synthetic stream is endless: use --steps")
-        if self.checkpoint_every and self.checkpoint_dir is None:
-            raise _error("--checkpoint-every needs --checkpoint-dir")
-        if self.eval_every and self.eval_data is None:
-            raise _error("--eval-every needs --eval-data")
+        for key, other, off in self.NEEDS[1:]:
+            if getattr(self, other) != off and getattr(self, key) is None:
+                raise _error(f"{option_flag(other)} needs {option_flag(key)}")
         if self.lr is None and self.sparse_optimizer not in SPARSE_LR:
             raise _error(f"--sparse-optimizer {self.sparse_optimizer} has no default rate "
                          "(optim.SPARSE_LR): give --lr")

@@ -23,8 +23,7 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
     InputError names the file and line of anything else. A line cut short by a killed job
     (the last line, or one a resumed run's config record follows) is skipped, and so is a
     record whose number is null (an AUC of a one-class file: its logloss is kept); a resumed
-    run's config record (``start_step`` s) drops the records after step s that a stopped
-    run wrote (a resume from an earlier checkpoint logs those steps again)."""
+    run's config record drops what it redoes (``_redone``)."""
     try:
         with open(path, "rb") as fh:
             data = fh.read()
@@ -39,7 +38,7 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
         raise InputError(f"{path}: cannot read: {e}") from None
     lines = [(i, x) for i, x in enumerate(text.splitlines(), 1) if x.strip()]
     recs = [(i, _record(line)) for i, line in lines]
-    steps, evals = [], []
+    steps, evals, runs = [], [], []  # (run, record); runs: each run's --checkpoint-dir
     for k, (i, rec) in enumerate(recs):
         if rec is None:
             cut = recs[0][1] is not None and "config" in recs[0][1] and (
@@ -48,11 +47,11 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
                 continue
             raise InputError(f"{path}:{i}: not a JSON object (a --metrics file of "
                              "pshybrid train?)")
-        start = rec.get("start_step") if rec.get("command") == "train" else None
-        if "config" in rec and isinstance(start, int) and start > 0:  # a resume from a
-            steps = [r for r in steps if r["step"] <= start]  # step: what the stopped run
-            evals = [r for r in evals if r["step"] <= start]  # logged after it is redone
-        if rec.get("summary") or "config" in rec:  # the summary, a run's config record
+        if "config" in rec:  # a run's config record
+            steps, evals = (_redone(rec, runs, x) for x in (steps, evals))
+            ck = (rec["config"] if isinstance(rec["config"], dict) else {}).get("checkpoint_dir")
+            runs.append(os.path.normpath(ck) if isinstance(ck, str) else None)
+        if rec.get("summary") or "config" in rec:
             continue
         keys = ("step", "auc", "logloss") if rec.get("eval") else ("step", "loss",
                                                                     "samples_per_s")
@@ -63,11 +62,25 @@ def read_metrics(path: str) -> tuple[list[dict], list[dict]]:
                 continue
             if not isinstance(rec.get(k), (int, float)) or isinstance(rec.get(k), bool):
                 raise InputError(f"{path}:{i}: key {k!r} missing or not a number")
-        (evals if rec.get("eval") else steps).append(rec)
+        (evals if rec.get("eval") else steps).append((len(runs) - 1, rec))
     if not steps and not evals:
         raise InputError(f"{path}: no step or evaluation records (a --metrics file of "
                          "pshybrid train or eval?)")
-    return steps, evals
+    return [r for _, r in steps], [r for _, r in evals]
+
+
+def _redone(rec: dict, runs: list, tagged: list) -> list:
+    """``tagged`` (run, record) less what a resumed run's config record ``rec`` (train,
+    ``start_step`` s > 0, ``resume`` a step of directory D) redoes: the records after step
+    s of the earlier runs that saved into D (a run killed after its last checkpoint logged
+    them; the resumed run logs them again). Other runs' records in the file stay."""
+    cfg = rec["config"] if isinstance(rec["config"], dict) else {}
+    s, at = rec.get("start_step"), cfg.get("resume")
+    if rec.get("command") != "train" or type(s) is not int or s <= 0 or not isinstance(at, str):
+        return tagged
+    at = os.path.normpath(at)
+    of = os.path.dirname(at) if safeio.STEP_RE.fullmatch(os.path.basename(at)) else at
+    return [(r, x) for r, x in tagged if x["step"] <= s or r < 0 or runs[r] != of]
 
 
 def _record(line: str) -> dict | None:

@@ -333,8 +333,7 @@ def _idle_notes(cfg, schema, steps: int, n_rows: int | None, auto: bool) -> list
     option left out), and on a warm-up longer than the run. ``auto``: ``--mode auto``
     chose ``cfg.mode``."""
     spec = MODES[cfg.mode]
-    rules = (("keep_last", cfg.checkpoint_dir is None, "no checkpoint is written without "
-              "--checkpoint-dir"), ("steps", cfg.epochs, "--epochs decides the steps"),
+    rules = (("steps", cfg.epochs, "--epochs decides the steps"),
              ("auto_trial_steps", not auto, "trials run under --mode auto only"),
              ("cross_layers", not MODELS[cfg.model].cross_layers,
               f"--model {cfg.model} has no cross layers"),

@@ -47,11 +47,15 @@ def check_rows(where: str, schema: Schema, label, dense, sparse, row_of, lo=0) -
 
 def check_bag_rows(where: str, schema: Schema, bags, row_of) -> None:
     """Multi-hot rows as read (``bags``: per multi-hot field ``(values (m,), lengths (n,))``):
-    at least one id each, ids in ``[0, cardinality)``, else ``InputError`` naming ``where``,
+    integers, at least one id each, ids in ``[0, cardinality)``, else ``InputError`` naming ``where``,
     the field and the dataset row (``row_of(i)`` of position ``i``)."""
     for k, (values, lengths) in enumerate(bags):
         name, card = (x[schema.n_single + k] for x in (schema.sparse_names, schema.cardinalities))
         at = f"{where}: /multi_hot/{name}"
+        kinds = (np.asarray(values).dtype.kind, np.asarray(lengths).dtype.kind)
+        if not set(kinds) <= set("iu"):  # (float ids were cast in, or failed the cast)
+            raise InputError(f"{at}: values and lengths of dtypes {np.asarray(values).dtype}, "
+                             f"{np.asarray(lengths).dtype}: integer ids and counts")
         if np.shape(values) != (int(np.sum(lengths)),) or np.ndim(lengths) != 1:
             raise InputError(f"{at}: values of shape {np.shape(values)} for lengths summing "
                              f"to {int(np.sum(lengths))}")

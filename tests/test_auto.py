@@ -500,3 +500,33 @@ def test_what_step_1s_check_refuses_is_refused_before_the_probe(monkeypatch, ext
     monkeypatch.setattr(auto, "measure", probed)
     with pytest.raises(PshybridError, match=match):
         auto.resolve(replace(BASE, mode="auto", **extra), MPI.COMM_SELF, DATA, io.StringIO())
+
+
+def test_auto_trials_read_a_data_file(tmp_path):
+    """--mode auto --data FILE with trials: each trial was given the opened file as
+    ``dataset=`` beside its ``data`` and refused ('cfg.data ... and dataset= both given');
+    oracle: the run trains its steps on the file."""
+    from mpi4py import MPI
+
+    from pshybrid.synthetic import write_synthetic
+
+    path = str(tmp_path / "d.h5")
+    write_synthetic(path, 400, seed=1, n_dense=3, cardinalities=(7, 30, 200, 5))
+    got = train(replace(BASE, mode="auto", data=path, auto_trial_steps=2, steps=6), MPI.COMM_SELF,
+                out=io.StringIO())
+    assert got.summary["steps"] == 6 and got.summary["auto"]["measured"]
+
+
+def test_auto_refuses_a_python_dataset_as_train_does():
+    """A dataset= without a schema under --mode auto: an AttributeError in the probe ended
+    the job (MPI_Abort) where the fixed modes say one ConfigError."""
+    from mpi4py import MPI
+
+    class NoSchema:
+        n_rows = 1000
+
+        def rows(self, a, b):
+            return None
+
+    with pytest.raises(ConfigError, match="its schema is not a pshybrid.schema.Schema"):
+        train(replace(BASE, mode="auto"), MPI.COMM_SELF, dataset=NoSchema(), out=io.StringIO())

@@ -471,6 +471,8 @@ def _at(row, fn):
      "returned arrays of dtypes (float32, float32, float64), not (label, dense, sparse) of "
      "numbers, numbers and integer ids (int64)"),
     (lambda lab, d, s, a: (lab, d.astype(str) if a >= 64 else d, s), "of dtypes (float32, <U"),
+    (lambda lab, d, s, a: (lab, d, [list(r) for r in s[:-1]] + [[0]] if a >= 64 else s),
+     "returned arrays of shapes None"),  # (ragged lists: np.shape's ValueError)
 ])
 @pytest.mark.parametrize("layout", [False, True])
 def test_a_custom_datasets_bad_batch_is_refused(edit, needle, layout):
@@ -553,6 +555,8 @@ def _bag_at(row, fn):
     (_bag_at(70, lambda v, n, i: v.__setitem__(int(n[:i].sum()), 11)),
      "/multi_hot/tags/values row 70 has an id outside [0, cardinality): 11, cardinality 11"),
     (_bag_at(70, lambda v, n, i: n.__setitem__(i, 0)), "values of shape"),
+    (lambda v, n, start: (v.astype(np.float64) if start <= 70 < start + len(n) else v, n),
+     "values and lengths of dtypes float64, int64: integer ids and counts"),  # (a cast error)
 ])
 def test_a_custom_datasets_bad_multi_hot_batch_is_refused(tmp_path, edit, needle):
     """Oracle: the bag planted bad (row 70: step 1 of worker 0) is named; the batch before

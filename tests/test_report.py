@@ -267,9 +267,9 @@ def test_a_long_run_keeps_a_bounded_log_in_memory(monkeypatch):
     assert len(res.step_seconds) == 7 and res.summary["final_loss"] == res.log[-1]["loss"]
 
 
-IDLE = {"keep_last": 2, "auto_trial_steps": 5, "cross_layers": 3, "cuda_aware": "off",
+IDLE = {"auto_trial_steps": 5, "cross_layers": 3, "cuda_aware": "off",
         "cuda_graphs": "on", "shared_memory": "off", "pooling": "mean", "shuffle": False}
-IDLE_FLAGS = ("--keep-last 2", "--auto-trial-steps 5", "--cross-layers 3", "--cuda-aware off",
+IDLE_FLAGS = ("--auto-trial-steps 5", "--cross-layers 3", "--cuda-aware off",
               "--cuda-graphs on", "--shared-memory off", "--pooling mean", "--no-shuffle")
 
 
@@ -357,6 +357,13 @@ def test_the_small_data_warning_counts_multi_hot_values(tmp_path):
     assert (f"warning: the tables have 5,005 rows, the data 40 rows with {first.n_ids:,} ids: "
             "most rows can never train") in text
     first.close()
+    from mpi4py import MPI
+
+    from pshybrid.train import train
+    out = io.StringIO()  # the run's own plan: train passes the file's count through
+    train(TrainConfig(mode="allreduce", embedding_dim=2, mlp=(4,), steps=1, batch_size=8,
+                      progress="none", data=paths[0]), MPI.COMM_SELF, out=out)
+    assert out.getvalue().startswith("plan: ") and "the tables have" not in out.getvalue()
 
 
 def test_the_plan_notes_steps_that_epochs_replace():

@@ -99,6 +99,8 @@ def test_eval_equals_training_eval_and_predict_equals_forward(comm, trained):
         ok &= logit.shape == label.shape and again.summary == {"rows": len(label), "step": 6}
         ok &= bool(np.allclose(logit, ref, rtol=1e-10, atol=1e-12))
         ok &= bool(np.allclose(s, 1 / (1 + np.exp(-ref)), rtol=1e-12))
+        # /score to float64's precision (the tanh form lost digits below 0, all below -37)
+        ok &= bool(np.allclose(s, [1 / (1 + math.exp(-z)) for z in logit], rtol=4e-16, atol=0))
         ok &= not np.allclose(ref, ref.mean())  # the rows score differently
         msg = f"eval {got} vs training {want}; logits {logit[:3]} vs forward {ref[:3]}"
     assert_all(comm, ok, msg)
@@ -220,8 +222,9 @@ def test_plot_reads_what_killed_resumed_and_eval_only_runs_leave(tmp_path):
     is skipped; a null AUC (a one-class file) keeps its logloss; an ``eval --metrics`` file
     (no step records) draws its evaluations, one-class ones alone too; a resume from an
     earlier step (``start_step`` 1 after steps 1-3 were logged: a kill -9 after the
-    checkpoint at 1) replaces the records after it. A bad line anywhere else is still an
-    error naming it."""
+    checkpoint at 1) replaces the records after it of the runs that saved into the resumed
+    directory (``ck/step-1`` or ``ck``), not another run's in the same file. A bad line
+    anywhere else is still an error naming it."""
     pytest.importorskip("matplotlib")
     from pshybrid.errors import InputError
     from pshybrid.plot import read_metrics
@@ -230,16 +233,25 @@ def test_plot_reads_what_killed_resumed_and_eval_only_runs_leave(tmp_path):
     step = [json.dumps({"step": s, "loss": 0.5, "samples_per_s": 9.0}) for s in (1, 2, 3)]
     ev = json.dumps({"eval": True, "step": 3, "auc": 0.7, "logloss": 0.5, "rows": 4})
     null = json.dumps({"eval": True, "step": 2, "auc": None, "logloss": 0.6, "rows": 4})
-    again = json.dumps({"config": {}, "command": "train", "start_step": 1})
+    def run(start, ck, resume=None, command="train"):
+        return json.dumps({"config": {"checkpoint_dir": ck, "resume": resume},
+                           "command": command, "start_step": start})
+
+    ran, other = run(0, "ck"), run(0, "other")
+    again, again_dir = run(1, "ck2", "./ck/step-1"), run(1, "ck", "ck")
     redo = json.dumps({"step": 2, "loss": 0.25, "samples_per_s": 9.0})
-    evcfg = json.dumps({"config": {}, "command": "eval", "start_step": 1})
+    evcfg = run(1, None, "ck/step-1", "eval")
     cases = {"resumed": [config, step[0], '{"step": 2, "lo', config, step[1], step[2], ev],
              "killed": [config, step[0], step[1], null, '{"step": 3, "loss": 0.'],
              "eval_only": [json.dumps({"config": {}, "command": "eval"}), ev, null],
              "one_class": [json.dumps({"config": {}, "command": "eval"}), null],
-             "earlier": [config, *step, ev, again, redo, evcfg]}
+             "earlier": [ran, *step, ev, again, redo, evcfg],
+             "by_dir": [ran, *step, again_dir, redo],
+             "two_runs": [ran, *step, other, *step, again, redo],
+             "no_config": [*step, again, redo]}
     want = {"resumed": ([1, 2, 3], [3]), "killed": ([1, 2], [2]), "eval_only": ([], [3, 2]),
-            "one_class": ([], [2]), "earlier": ([1, 2], [])}
+            "one_class": ([], [2]), "earlier": ([1, 2], []), "by_dir": ([1, 2], []),
+            "two_runs": ([1, 1, 2, 3, 2], []), "no_config": ([1, 2, 3, 2], [])}
     for name, lines in cases.items():
         (tmp_path / name).write_text("\n".join(lines) + "\n")
         steps, evals = read_metrics(str(tmp_path / name))
