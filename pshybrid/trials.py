@@ -72,8 +72,8 @@ def trial_config(cfg, steps: int):
     events or progress; ``data`` None: the trial reads the dataset ``measure`` is given
     (--data as opened by the probe; ``train`` refuses both)."""
     return replace(cfg, steps=WARM + steps, epochs=None, data=None, eval_data=None, eval_every=0,
-                   checkpoint_dir=None, checkpoint_every=0, resume=None, metrics=None,
-                   tensorboard=None, progress="none", auto_trial_steps=0)
+                   checkpoint_dir=None, checkpoint_every=0, keep_last=0, resume=None,
+                   metrics=None, tensorboard=None, progress="none", auto_trial_steps=0)
 
 
 def measure(rows: list[dict], configure, train_fn, comm, dataset, steps: int):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import math
+import os
 from dataclasses import replace
 
 import numpy as np
@@ -503,18 +504,21 @@ def test_what_step_1s_check_refuses_is_refused_before_the_probe(monkeypatch, ext
 
 
 def test_auto_trials_read_a_data_file(tmp_path):
-    """--mode auto --data FILE with trials: each trial was given the opened file as
-    ``dataset=`` beside its ``data`` and refused ('cfg.data ... and dataset= both given');
-    oracle: the run trains its steps on the file."""
+    """--mode auto --data FILE --checkpoint-dir ck --keep-last 1 with trials: each trial was
+    given the opened file as ``dataset=`` beside its ``data`` and refused ('cfg.data ... and
+    dataset= both given'); oracle: the run trains its steps on the file and saves its own
+    checkpoint alone."""
     from mpi4py import MPI
 
     from pshybrid.synthetic import write_synthetic
 
     path = str(tmp_path / "d.h5")
     write_synthetic(path, 400, seed=1, n_dense=3, cardinalities=(7, 30, 200, 5))
-    got = train(replace(BASE, mode="auto", data=path, auto_trial_steps=2, steps=6), MPI.COMM_SELF,
-                out=io.StringIO())
+    ck = str(tmp_path / "ck")  # (a trial writes no checkpoint: its --keep-last is dropped too)
+    got = train(replace(BASE, mode="auto", data=path, auto_trial_steps=2, steps=6,
+                        checkpoint_dir=ck, keep_last=1), MPI.COMM_SELF, out=io.StringIO())
     assert got.summary["steps"] == 6 and got.summary["auto"]["measured"]
+    assert sorted(os.listdir(ck)) == ["latest", "step-6"]
 
 
 def test_auto_refuses_a_python_dataset_as_train_does():
