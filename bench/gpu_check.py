@@ -368,8 +368,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                       help="only time training on GPU workers (step 4, within "
                       f"{gpu_speed.BUDGET}s) and write the JSON")
     only.add_argument("--skip-speed", action="store_true", help="leave out step 4")
-    ap.add_argument("--skip-tests", action="store_true")
-    ap.add_argument("--skip-train", action="store_true")
+    ap.add_argument("--skip-tests", action="store_true", help="leave out step 5 (the GPU "
+                    "tests)")
+    ap.add_argument("--skip-train", action="store_true", help="leave out step 3 (the "
+                    "training runs)")
     only.add_argument("--compute-only", action="store_true",
                       help="only time the workers' compute (step 6) and write the JSON")
     ap.add_argument("--peer", metavar="PATH", default=None,

@@ -129,6 +129,9 @@ def main(argv=None) -> int:
         except subprocess.TimeoutExpired:
             print(f"step_launches: FAILED: mpiexec ran past {TIMEOUT}s", file=sys.stderr)
             return 1
+    from pshybrid.launch import excepthook
+
+    sys.excepthook = excepthook  # an error on one rank ends both (the other waits in MPI)
     rows = run_all(args.steps, [int(x) for x in args.mlp.split(",")])
     from mpi4py import MPI
 

@@ -30,7 +30,9 @@ def cupy_status() -> tuple[bool, str]:
         import cupy
     except Exception as e:  # noqa: BLE001 - ImportError, or a broken install (missing libs)
         if isinstance(e, ImportError) and getattr(e, "name", None) == "cupy":
-            return False, "cupy is not installed (docs/gpu.md: pip install cupy-cuda12x or -13x)"
+            return False, ("cupy is not installed (pip install -e \".[gpu]\" with a CUDA 12 "
+                           "toolkit, \".[gpu-cuda13]\" with 13, \".[gpu-libs]\" without one: "
+                           "docs/gpu.md)")
         return False, f"cupy does not import: {type(e).__name__}: {e}"
     try:
         n = cupy.cuda.runtime.getDeviceCount()

@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("--placement", choices=tuple(PLACEMENTS), default=DEDICATED,
                       help="as train's --placement: server ranks, or a shard on every rank")
     info.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                      help="as train's --device: check and show each worker's device")
+                      help="as train's --device: check and show each worker's device "
+                           "(CuPy and a visible GPU; train also builds the kernels)")
     info.add_argument("--cuda-aware", choices=("auto", "on", "off"), default="auto",
                       help="as train's --cuda-aware: report what it would decide")
     info.add_argument("--server-threads", type=int, default=None,
@@ -79,7 +80,7 @@ def cmd_info(args) -> int:
     topo = Topology.create(MPI.COMM_WORLD, 0 if alone or not needs else args.servers,
                            need_servers=needs and not alone,
                            colocated=is_colocated(args.placement))
-    device = pick_device(args.device, topo.local_rank) if topo.is_worker else "cpu"
+    device = _info_device(args.device, topo, pick_device)
     role = "worker+shard" if topo.colocated else topo.role
     row = (topo.rank, role, topo.worker_index if topo.is_worker else topo.server_index,
            topo.node_of_rank[topo.rank], topo.node_names[topo.node_of_rank[topo.rank]],
@@ -114,6 +115,22 @@ def cmd_info(args) -> int:
         sys.stdout.flush()
     topo.free()
     return 0
+
+
+def _info_device(kind: str, topo, pick_device) -> str:
+    """This rank's device for ``info``: a worker's ``pick_device``, "cpu" on a server. A
+    worker that finds no usable GPU fails every rank (``agree``): a verdict on some workers
+    only (a node without a GPU) must not leave rank 0 waiting in the gather for good."""
+    from .transport import agree
+
+    err, device = None, "cpu"
+    if topo.is_worker:
+        try:
+            device = pick_device(kind, topo.local_rank)
+        except ConfigError as e:
+            err = e
+    agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
+    return device
 
 
 def _thread_cells(blas, apply, applies: bool) -> tuple[str, str, str]:

@@ -389,9 +389,9 @@ class TrainConfig:
                              "them through pinned host memory (off); auto: as the MPI "
                              "library reports (MPIX_Query_cuda_support)",
                              choices=("auto", "on", "off"))
-    cuda_graphs: str = option("auto", "--device cuda: run each step's device work as one "
-                              "CUDA graph (on), or kernel by kernel (off); auto: on, but "
-                              "off with multi-hot fields (their pooling varies by batch)",
+    cuda_graphs: str = option("auto", "--device cuda: each step's device work as one CUDA "
+                              "graph (on), or kernel by kernel (off: the path run on a GPU "
+                              "so far); auto: on, off with multi-hot fields (varying pooling)",
                               choices=("auto", "on", "off"))
     dtype: str = option("float32", "floating-point type of parameters and activations",
                         choices=("float32", "float64"))

@@ -16,13 +16,29 @@ def cuda_aware_mpi(setting: str = "auto") -> tuple[bool, str]:
         return setting == "on", f"--cuda-aware {setting}"
     from mpi4py import MPI  # noqa: F401  (loads libmpi)
 
-    for lib in ("libmpi.so.12", "libmpi.so.40", "libmpi.so"):
+    for lib in _loaded_mpi() + ["libmpi.so.12", "libmpi.so.40", "libmpi.so"]:
         try:
             fn = ctypes.CDLL(lib, mode=os.RTLD_NOLOAD).MPIX_Query_cuda_support
         except (OSError, AttributeError):
             continue
-        return bool(fn()), f"MPIX_Query_cuda_support() in {lib}"
+        return bool(fn()), f"MPIX_Query_cuda_support() in {os.path.basename(lib)}"
     return False, "no MPIX_Query_cuda_support in the loaded MPI library"
+
+
+def _loaded_mpi() -> list[str]:
+    """The paths of the MPI libraries this process has mapped (``/proc/self/maps``; Cray
+    MPICH's is ``libmpi_cray.so.12``, which no usual name finds); none without /proc."""
+    found: list[str] = []
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                path = line.rstrip("\n").split(maxsplit=5)[-1]
+                name = os.path.basename(path)
+                if name.startswith("libmpi") and ".so" in name and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return found
 
 
 def pick_device(kind: str, local_rank: int) -> str:

@@ -367,3 +367,32 @@ def test_a_library_the_job_cannot_load_is_one_line_per_rank(tmp_path):
         f"pshybrid: error: No module named 'numpy' in {sys.executable}: activate the virtual "
         "environment pshybrid was installed in (a job script: PSHYBRID_VENV; "
         "docs/clusters.md)\n"), q.stderr
+
+
+FAKE_CUPY = '''__version__ = "0-fake"
+class _Runtime:
+    @staticmethod
+    def getDeviceCount():
+        return {n}
+class cuda:
+    runtime = _Runtime
+'''
+
+
+def test_info_device_cuda_on_some_workers_only_ends_every_rank(tmp_path):
+    """``info --device cuda`` where rank 0 sees a GPU and rank 1 none (a node without one):
+    rank 1 ended alone and rank 0 waited in the gather for good; the server printed
+    nothing. Now every rank prints one line, exit 2. (Stand-in CuPys: 1 device, 0.)"""
+    for name, n in (("one", 1), ("none", 0)):
+        (tmp_path / name / "cupy").mkdir(parents=True)
+        (tmp_path / name / "cupy" / "__init__.py").write_text(FAKE_CUPY.format(n=n))
+    path = os.environ.get("PYTHONPATH", "")
+    script = (f'if [ "$PMI_RANK" = 0 ]; then f=one; else f=none; fi; '
+              f'PYTHONPATH="{tmp_path}/$f:{path}" exec {sys.executable} -m pshybrid info '
+              "--device cuda")
+    p = run_job(3, ["bash", "-c", script], timeout=120)
+    lines = [ln for ln in p.stderr.splitlines() if ln.startswith("pshybrid: error")]
+    assert p.returncode == 2 and len(lines) == 3, (p.returncode, p.stderr)
+    why = "--device cuda: no usable CUDA device: no CUDA device visible (device count 0)"
+    assert sorted(lines) == [f"pshybrid: error (rank {r}/3): {'' if r == 1 else 'rank 1: '}{why}"
+                             for r in range(3)], lines

@@ -291,6 +291,23 @@ def test_info_shows_the_dense_allreduce_path(setting, want):
         assert ("blocking, on device buffers" if aware else "staged through pinned") in line
 
 
+def test_cuda_awareness_is_asked_of_the_library_mpi4py_loaded():
+    """``devices._loaded_mpi`` finds the MPI library this process mapped, by its path (Cray
+    MPICH's libmpi_cray.so.12 has none of the usual names: auto then said 'no
+    MPIX_Query_cuda_support' and staged on a CUDA-aware MPI); each is already loaded."""
+    import ctypes
+
+    _mpi()
+    from mpi4py import MPI  # noqa: F401
+
+    from pshybrid.devices import _loaded_mpi
+
+    libs = _loaded_mpi()
+    assert libs and all(os.path.basename(p).startswith("libmpi") for p in libs), libs
+    for p in libs:
+        ctypes.CDLL(p, mode=os.RTLD_NOLOAD)  # (OSError if it were not mapped)
+
+
 # -- kernels vs their twins -----------------------------------------------------------------
 DTYPES = ["float32", "float64"]
 DIMS = [1, 2, 3, 4, 5, 8, 17, 64, 130]
