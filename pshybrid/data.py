@@ -397,11 +397,12 @@ class H5Dataset:
                     f"a broken link ({self.f.get(key, getlink=True)})"))
             if ds.ndim != ndim or ds.dtype != dtype:
                 name = np.dtype(dtype).name
-                order = ds.dtype.newbyteorder("=") == dtype
+                order = not ds.dtype.isnative and ds.dtype.newbyteorder("=") == dtype
                 raise InputError(f"{self.path}: /{key} must be {ndim}-D {name}, found "
                                  f"{ds.ndim}-D {ds.dtype}" + (
-                                     f" (another byte order: store it as {name}, e.g. "
-                                     f"h5py's data=ds[()].astype('{name}'))" if order else ""))
+                                     f" ({'another byte order: ' if order else ''}store it "
+                                     f"as {name}, e.g. h5py's data=ds[()].astype('{name}'))"
+                                     if ds.ndim == ndim and ds.dtype != dtype else ""))
         n = {k: self.f[k].shape[0] for k in want}
         if len(set(n.values())) != 1:
             raise InputError(f"{self.path}: row counts disagree: {n}")

@@ -28,16 +28,19 @@ def h5_handles(ds) -> list:
         dapl = h5p.create(h5p.DATASET_ACCESS)
         d = ds.f[key]
         nfilters, chunks, dtype = d.id.get_create_plist().get_nfilters(), d.chunks, d.dtype
+        whole = not chunks or tuple(chunks[1:]) == d.shape[1:]  # chunks of whole rows
         # HDF5 shares one cache among a dataset's open handles, set by the first: this one
         # is closed before ours opens (held open, its default cache made every read copy
         # its whole chunks).
         del d
-        if nfilters == 0:
+        if nfilters == 0 and whole:
             # Uncompressed: no chunk cache, so a read copies just its rows. With the default
             # 1 MiB cache, each new 16k-row chunk of /dense was read whole for a few rows.
             dapl.set_chunk_cache(0, 0, 1.0)
         elif chunks:
-            # Compressed: a chunk is decompressed whole; keep 4 (a window's spans reuse them).
+            # Compressed, or chunks that cut rows (h5py's chunks=True): a chunk is read
+            # whole (without a cache, once per column range); keep 4 (a window's spans
+            # reuse them).
             dapl.set_chunk_cache(521, 4 * int(np.prod(chunks)) * dtype.itemsize, 1.0)
         dsid = h5d.open(ds.f.id, key.encode(), dapl)
         handles.append((dsid, dsid.get_space(), {}))
@@ -152,12 +155,15 @@ def raw_rows(part, handles=None) -> list[RawRows] | None:
 def _hdf5_only(dsid, fid) -> bool:
     """True where the bytes at the offsets HDF5 gives are not the rows as read: a filter;
     data in another file (an external link, external storage, a virtual dataset) or not in
-    chunks or one block (compact); a stored type other than the native one of its NumPy
-    dtype (another byte order, a precision or bit offset of its own)."""
+    chunks or one block (compact); chunks that cut rows (each row in several chunks); a
+    stored type other than the native one of its NumPy dtype (another byte order, a
+    precision or bit offset of its own)."""
     from h5py import h5d, h5i, h5t
 
     plist = dsid.get_create_plist()
+    chunks = plist.get_chunk() if plist.get_layout() == h5d.CHUNKED else None
     return bool(plist.get_nfilters() or plist.get_external_count()
+                or (chunks and tuple(chunks[1:]) != tuple(dsid.shape[1:]))
                 or plist.get_layout() not in (h5d.CHUNKED, h5d.CONTIGUOUS)
                 or h5i.get_file_id(dsid).fileno != fid.fileno
                 or not dsid.dtype.isnative

@@ -92,7 +92,8 @@ def test_planted_symlink_at_the_temporary_name_is_never_followed(tmp_path, monke
 @pytest.mark.parametrize("corrupt,needle", [
     (lambda f: f.__delitem__("dense"), "missing dataset /dense"),
     (lambda f: (f.__delitem__("label"), f.create_dataset("label", data=np.zeros(50))),
-     "/label must be 1-D float32, found 1-D float64"),
+     "/label must be 1-D float32, found 1-D float64 (store it as float32, e.g. h5py's "
+     "data=ds[()].astype('float32'))"),
     (lambda f: (f.__delitem__("label"), f.create_dataset("label", data=np.zeros(49, np.float32))),
      "row counts disagree"),
     (lambda f: f.attrs.__delitem__("cardinalities"), "missing attribute 'cardinalities'"),
@@ -120,6 +121,18 @@ def test_structure_errors_name_file_and_key(tmp_path, corrupt, needle):
     with pytest.raises(InputError) as e:
         H5Dataset(p)
     assert str(p) in str(e.value) and needle in str(e.value)
+
+
+def test_a_wrong_rank_is_not_called_a_byte_order(tmp_path):
+    """A (N, 1) label or a 1-D /sparse of one field: the rank is wrong, not the byte order."""
+    p = tmp_path / "d.h5"
+    write(p)
+    with h5py.File(p, "a") as f:
+        del f["label"]
+        f.create_dataset("label", data=np.zeros((50, 1), np.float32))
+    with pytest.raises(InputError) as e:
+        H5Dataset(p)
+    assert str(e.value) == f"{p}: /label must be 1-D float32, found 2-D float32"
 
 
 @pytest.mark.parametrize("field,value,needle", [
