@@ -611,6 +611,75 @@ def test_a_sparse_gradient_and_a_second_synchronize_are_named(job):
     opt.step()
 
 
+def test_clipping_before_synchronize_is_refused(job):
+    """A DDP habit, ``clip_grad_norm_`` between ``loss.backward()`` and ``opt.step()``
+    without ``opt.synchronize()``, clipped the Allreduce's own buffer while it was on the
+    wire: the run trained on neither the clipped nor the unclipped global gradient, and said
+    nothing."""
+    from pshybrid.errors import ConfigError
+
+    dense = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1)).double()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(dense.parameters(), lr=0.1), dense)
+    x = torch.ones(1, 2, dtype=torch.float64)
+    for _ in range(2):  # (synchronize, then clip: as documented; the second step reuses .grad)
+        opt.zero_grad()
+        dense(x).sum().backward()
+        opt.synchronize()
+        torch.nn.utils.clip_grad_norm_(dense.parameters(), 1e-3)
+        opt.step()
+    opt.zero_grad()
+    dense(x).sum().backward()
+    torch.nn.utils.clip_grad_norm_(dense.parameters(), 1e-3)
+    with pytest.raises(ConfigError, match="changed in place after loss.backward.*synchronize"):
+        opt.step()
+
+
+def test_a_scheduler_made_on_the_wrapped_optimizer_is_warned(job, capfd):
+    """A port keeps ``sched = StepLR(inner)`` and wraps ``inner``: the scheduler halves the
+    dense rate and never the tables' (the DistributedOptimizer's last group), which trained
+    the tables at the start rate, silently. Oracle: the rates after one scheduler step; a
+    scheduler on the DistributedOptimizer is not warned of."""
+    model = torch.nn.Linear(2, 1).double()
+    inner = torch.optim.SGD(model.parameters(), lr=0.4)
+    sched = torch.optim.lr_scheduler.StepLR(inner, step_size=1, gamma=0.5)
+    opt = pt.DistributedOptimizer(inner, model)
+    assert "the torch optimizer has a learning-rate scheduler: it schedules the dense " \
+        "parameters only" in capfd.readouterr().err
+    tables = opt.param_groups[-1]["lr"]
+    opt.zero_grad()
+    model(torch.ones(1, 2, dtype=torch.float64)).sum().backward()
+    opt.step()
+    sched.step()
+    assert opt.param_groups[0]["lr"] == 0.2 and opt.param_groups[-1]["lr"] == tables
+    pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.4), model)  # (a phase)
+    assert "scheduler" not in capfd.readouterr().err
+
+
+def test_a_lookup_before_the_optimizer_of_a_resumed_session_is_warned(tmp_path, capfd):
+    """An inference script resumes a checkpoint and scores without making the
+    DistributedOptimizer, which is what loads the dense weights: it scored with the initial
+    ones, silently. Oracle: the weights then and after it is made (the checkpoint's)."""
+    from pshybrid.torch import embedding
+
+    step_dir, _ = _bn_checkpoint(tmp_path / "ck")
+    pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, resume=step_dir,
+            tables=[pt.Table("t", rows=10, dim=2, optimizer="sgd", dtype=torch.float64)])
+    try:
+        model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.BatchNorm1d(2)).double()
+        initial = model[0].weight.detach().clone()
+        capfd.readouterr()
+        for _ in range(2):
+            embedding.lookup("t", torch.tensor([1, 2]))
+        err = capfd.readouterr().err
+        assert err.count("pshybrid: warning: a lookup before the DistributedOptimizer") == 1
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        assert not torch.equal(model[0].weight, initial)  # loaded only now
+        embedding.lookup("t", torch.tensor([1]))
+        assert "warning" not in capfd.readouterr().err
+    finally:
+        pt.shutdown()
+
+
 def _bn_session(resume):
     """A Linear + BatchNorm model (3 persistent buffers, 1 not) on a one-process session."""
     pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, resume=resume,

@@ -10,6 +10,7 @@ hands them, with the step's other lookups, to the step's sparse update.
 
 from __future__ import annotations
 
+import sys
 import zlib
 
 import numpy as np
@@ -114,7 +115,22 @@ _ANCHOR = torch.zeros((), requires_grad=True)
 def lookup_many(names, ids) -> tuple:
     """(table names[k][ids[k]] for each k): ids[k].shape + (dim_k,) on ids[k]'s device,
     pulled in one lookup."""
+    _unloaded(session())
     return _Lookup.apply(_ANCHOR, tuple(names), tuple(ids), torch.is_grad_enabled())
+
+
+def _unloaded(s) -> None:
+    """A lookup in a session resumed from a checkpoint before its DistributedOptimizer was
+    made: the model's dense weights load when it is made, so they are still the initial
+    ones (an inference script that makes none scored with random weights, silently).
+    Said once, by worker 0."""
+    if s.resume_dir is not None and s.optimizer is None and not s.told_unloaded:
+        s.told_unloaded = True
+        if s.topo.worker_index == 0:
+            sys.stderr.write(f"pshybrid: warning: a lookup before the DistributedOptimizer "
+                             f"of a session resumed from {s.resume_dir}: the model's dense "
+                             "weights are loaded when it is made (pt.DistributedOptimizer("
+                             "torch_opt, model)), so they are still the initial ones\n")
 
 
 def lookup(name: str, ids: torch.Tensor) -> torch.Tensor:

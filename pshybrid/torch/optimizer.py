@@ -34,7 +34,8 @@ from pshybrid.layers import ParamSpace
 import pshybrid.torch.amp as amp
 import pshybrid.torch.preempt as stops
 from pshybrid.torch.census import census
-from pshybrid.torch.restore import apply_settings, load_dense, settings_drift, warn_no_checkpoint
+from pshybrid.torch.restore import (apply_settings, load_dense, settings_drift,
+                                    warn_inner_scheduler, warn_no_checkpoint)
 from pshybrid.torch.session import DTYPES, session, shutdown
 from pshybrid.transport import abort_on_error, agree, same_arguments
 
@@ -64,6 +65,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             raise ConfigError("DistributedOptimizer: torch.optim.LBFGS evaluates the loss "
                               "and gradients several times in one step, the workers average "
                               "them once a step: use another optimizer", collective=True)
+        warn_inner_scheduler(s, torch_optimizer)
         self.built = False  # (torch's __init__ adds the groups through add_param_group)
         super().__init__(torch_optimizer.param_groups, torch_optimizer.defaults)
         self.state = torch_optimizer.state  # shared: the torch optimizer's step fills it
@@ -87,6 +89,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.checked = False  # its first step warned of state no checkpoint can hold
         self.find_unused = find_unused_parameters
         self.synced = False  # this step's Allreduce completed by ``synchronize``
+        self.versions: dict[str, int] = {}  # each reduced .grad's version at its hook
         self.scaled = self.scaler = None  # synchronize(scaler): (batch, grads, batches), scaler
         self.kept_settings = None  # a resume: the checkpoint's param-group settings
         bucket_bytes = max(int(bucket_mb * 2**20), 1) if bucket_mb > 0 else 0
@@ -228,8 +231,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 self.held.add(name)
                 return
             self.reduced.add(name)
+            self.versions[name] = p.grad._version  # (CPU: the flat buffer's, shared)
             self.params.grads_ready(name)
         return hook
+
+    def _check_untouched(self) -> None:
+        """A ``.grad`` changed in place since its hook (``clip_grad_norm_`` before
+        ``synchronize``: on CPU the Allreduce's buffer, maybe on the wire) is refused."""
+        last = max(self.versions.values(), default=None)  # (CPU: one shared counter)
+        for n, p in self.named:
+            if n in self.versions and p.grad is not None and p.grad._version != (
+                    last if self.on_cpu else self.versions[n]):
+                raise ConfigError(f"DistributedOptimizer: the .grad of {n!r} changed in place"
+                                  " after loss.backward() and before opt.step() (clipping?): "
+                                  "it is this worker's own, on the wire in the Allreduce; "
+                                  "call opt.synchronize() first, then change it")
 
     @contextlib.contextmanager
     def no_sync(self):
@@ -263,6 +279,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for _, p in self.named:
                 p.grad = None  # (the next backward's hook points it at the buffer again)
         self.held.clear()
+        self.versions.clear()
         if self.synced:  # a step not taken (a GradScaler's skip): nothing is on the wire
             self.reduced.clear()
             amp.drop_scaled(self)
@@ -292,6 +309,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                   "replaced this one in the session; step that one",
                                   collective=True)
             amp.check_stepped_by_scaler(self)  # (before anything reaches the servers)
+            if not self.synced:
+                self._check_untouched()
             self._check_settings()
             lr = float(self.param_groups[-1]["lr"])
             if lr != self.sparse_lr:  # a scheduler changed it: the servers' optimizer too
@@ -309,6 +328,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             s.entries = []
             self.reduced.clear()
             self.held.clear()
+            self.versions.clear()
             self.synced = False
             s.step += 1
             stepped_on = stops.after_step(s)  # Wire: the stop agreement (``preempt``)
@@ -353,6 +373,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             scaling = scaler is not None and scaler.is_enabled()
             if scaling:
                 amp.check_ready(scaler, self)
+            self._check_untouched()
             self._unreported()
             self._find_unused()
             s.mode.dense.reduce_now(s.step + 1)

@@ -110,6 +110,19 @@ def checkpoint_form(opt) -> tuple:
             type(opt.opt).__name__)
 
 
+def warn_inner_scheduler(s, torch_optimizer) -> None:
+    """Worker 0, making the session's first DistributedOptimizer: a learning-rate scheduler
+    made on the torch optimizer before it was wrapped (its groups hold ``initial_lr``)
+    schedules the dense parameters only; the tables' rate (the DistributedOptimizer's last
+    group) stays where it started, and nothing said so."""
+    if s.optimizer is None and s.topo.worker_index == 0 and any(
+            "initial_lr" in g for g in torch_optimizer.param_groups):
+        sys.stderr.write("pshybrid: warning: DistributedOptimizer: the torch optimizer has a "
+                         "learning-rate scheduler: it schedules the dense parameters only, "
+                         "not the tables' rate; make the scheduler on the "
+                         "DistributedOptimizer (docs/torch.md)\n")
+
+
 def warn_no_checkpoint(opt) -> None:
     """Worker 0 warns, after ``opt``'s first step (the torch optimizer's state exists then),
     of state ``pt.checkpoint`` refuses (found out at the first checkpoint, the run's

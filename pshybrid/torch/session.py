@@ -97,6 +97,7 @@ class Session:
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None,
         #   whether the Batch was planned from these ids] (``embedding._Lookup``)
         self.optimizer = None  # the DistributedOptimizer, once made
+        self.told_unloaded = False  # a resumed session's lookup before it was (``embedding``)
         self.arrivals = self.user_comm = None  # workers: ``census``'s, ``worker_comm``'s
         self.watch = None  # workers: the time limit on their collective calls (``stall``)
         self.stop = None  # the stop on a signal (``pshybrid.torch.preempt``)
