@@ -113,12 +113,13 @@ def _shaped(dataset, a: int, b: int, got):
 def python_dataset(dataset, data: str | None):
     """``dataset``, ``train``'s ``dataset=`` argument, if it has what reading needs
     (``docs/data.md``: a ``Schema``, ``rows``, ``n_rows`` absent or a count, ``bags``
-    with multi-hot fields) and no ``--data`` was given beside it (the file would be
+    with multi-hot fields) and no other ``--data`` was given beside it (that file would be
     recorded as read); else a ConfigError naming what is missing."""
     from .schema import Schema
 
     name, n = _name(dataset), getattr(dataset, "n_rows", None)
-    problem = (f"cfg.data {data!r} and dataset= both given: give one" if data else
+    problem = (f"cfg.data {data!r} and dataset= both given: give one" if data and
+               getattr(dataset, "path", None) != data else  # (not that file, opened)
                "its schema is not a pshybrid.schema.Schema" if not isinstance(
                    getattr(dataset, "schema", None), Schema) else
                "it has no rows(start, stop) method" if not callable(

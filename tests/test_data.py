@@ -704,3 +704,18 @@ def test_a_python_dataset_missing_what_reading_needs_is_one_config_error(ds, dat
     if data:
         assert train(replace(cfg, data=None), MPI.COMM_SELF, dataset=ds,
                      out=io.StringIO()).summary["steps"] == 2
+
+
+def test_a_file_given_both_as_cfg_data_and_opened_as_dataset_is_that_file(tmp_path):
+    """``auto.resolve`` and tests hand the file ``cfg.data`` names, opened, as the dataset:
+    no contradiction to refuse; another file is."""
+    from pshybrid.batches import python_dataset
+    from pshybrid.errors import ConfigError
+
+    p = str(tmp_path / "d.h5")
+    write(p)
+    ds = H5Dataset(p)
+    assert python_dataset(ds, p) is ds
+    with pytest.raises(ConfigError, match="and dataset= both given"):
+        python_dataset(ds, str(tmp_path / "other.h5"))
+    ds.close()
