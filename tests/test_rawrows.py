@@ -94,15 +94,20 @@ def test_several_files_are_read_directly_across_their_bounds(tmp_path, monkeypat
     whole = {k: np.concatenate([x[k] for x in parts]) for k in parts[0]}
     ds = H5Files([str(p) for p in paths])
     plan = BatchPlan(ds.n_rows, 2 * 250, True, seed=1)
-    got = batches_of(ds, plan, 2, 250, True, monkeypatch)
+    assert_last_batches(batches_of(ds, plan, 2, 250, True, monkeypatch), plan, 250, whole)
+    ds.close()
+
+
+def assert_last_batches(got, plan, count, want) -> None:
+    """``got`` (``batches_of``: each of 2 workers' last 2 steps) == the rows of ``want``
+    (label, dense, sparse arrays) the plan gives them, the fused offsets added."""
     for w in range(2):
         for i, g in enumerate(got[w]):
             rows = np.concatenate([np.arange(s, e) for s, e in plan.ranges(
-                plan.steps_per_epoch - 2 + i, w * 250, 250)])
-            np.testing.assert_array_equal(g[0], whole["label"][rows])
-            np.testing.assert_array_equal(g[1], whole["dense"][rows])
-            np.testing.assert_array_equal(g[2], whole["sparse"][rows] + [0, 3, 8])
-    ds.close()
+                plan.steps_per_epoch - 2 + i, w * count, count)])
+            np.testing.assert_array_equal(g[0], want["label"][rows])
+            np.testing.assert_array_equal(g[1], want["dense"][rows])
+            np.testing.assert_array_equal(g[2], want["sparse"][rows] + [0, 3, 8])
 
 
 def test_compressed_files_keep_hdf5s_reads(tmp_path, monkeypatch):
@@ -116,8 +121,8 @@ def test_compressed_files_keep_hdf5s_reads(tmp_path, monkeypatch):
 def test_chunks_that_cut_rows_take_the_windowed_reads(tmp_path, monkeypatch):
     """h5py's chunks=True (and any resizable dataset) chunks /sparse as (k, 1): every row
     is in several chunks. Read directly, each range was one HDF5 read per chunk row with
-    no chunk cache (7.4 ms a 256-row batch of 13 + 26 fields against 0.05 contiguous);
-    such a file takes the windowed reads with a chunk cache, and gives its rows."""
+    no chunk cache (docs/benchmarks.md, Chunk layouts); such a file takes the windowed
+    reads with a chunk cache, and gives its rows."""
     p = tmp_path / "d.h5"
     a = arrays(3000)
     with h5py.File(p, "w") as f:
@@ -130,13 +135,7 @@ def test_chunks_that_cut_rows_take_the_windowed_reads(tmp_path, monkeypatch):
     assert raw_rows(ds, handles) is None
     assert handles[2][0].get_access_plist().get_chunk_cache()[1] > 0
     plan = BatchPlan(ds.n_rows, 2 * 300, True, seed=3)
-    got = batches_of(ds, plan, 2, 300, True, monkeypatch)
-    for w in range(2):
-        for i, g in enumerate(got[w]):
-            rows = np.concatenate([np.arange(s, e) for s, e in plan.ranges(
-                plan.steps_per_epoch - 2 + i, w * 300, 300)])
-            np.testing.assert_array_equal(g[1], a["dense"][rows])
-            np.testing.assert_array_equal(g[2], a["sparse"][rows] + [0, 3, 8])
+    assert_last_batches(batches_of(ds, plan, 2, 300, True, monkeypatch), plan, 300, a)
     ds.close()
 
 
