@@ -235,7 +235,11 @@ def test_misuse_is_one_error_naming_the_argument(job):
     with pytest.raises(ConfigError, match="a second backward pass reached parameter 'bias' "
                        r"before opt.step\(\): call opt.step\(\) after each loss.backward\(\)"):
         model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
-    opt.step()  # the first backward's step still runs
+    with pytest.raises(ConfigError, match=r"changed in place after loss.backward\(\) and "
+                       r"before opt.step\(\) \(clipped, or a second backward\?\)"):
+        opt.step()  # (the refused backward had added to 'bias': two batches' gradient)
+    opt.zero_grad()
+    opt.step()  # a zero gradient's step: the session goes on
     model(torch.ones(2, 1, dtype=torch.float64)).sum().backward()
     with pytest.raises(ConfigError, match=r"no_sync: a backward outside it \(or "
                        r"opt.synchronize\(\)\) already started this step's Allreduce"):

@@ -243,9 +243,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
             if n in self.versions and p.grad is not None and p.grad._version != (
                     last if self.on_cpu else self.versions[n]):
                 raise ConfigError(f"DistributedOptimizer: the .grad of {n!r} changed in place"
-                                  " after loss.backward() and before opt.step() (clipping?): "
-                                  "it is this worker's own, on the wire in the Allreduce; "
-                                  "call opt.synchronize() first, then change it")
+                                  " after loss.backward() and before opt.step() (clipped, or "
+                                  "a second backward?): it is this worker's own, on the wire "
+                                  "in the Allreduce; call opt.synchronize() first, then change it")
 
     @contextlib.contextmanager
     def no_sync(self):
