@@ -431,7 +431,7 @@ class H5Dataset:
             raise InputError(f"{self.path}: attributes cardinalities ({len(cards)}) and "
                              f"field_names ({len(names)}) do not match /dense ({fd} columns), "
                              f"/sparse ({fs} columns) and {k} multi-hot fields, or a "
-                             "cardinality is < 1")
+                             f"cardinality is < 1{self._unnamed_bags(multi)}")
         self.n_rows = n["label"]
         if multi != names[len(names) - k:]:
             raise InputError(f"{self.path}: attribute multi_hot {multi} is not the last "
@@ -441,6 +441,13 @@ class H5Dataset:
             raise InputError(f"{self.path}: attribute field_names: {problem}")
         self.bag_sets = [check_bags(self.f, self.path, m, self.n_rows) for m in multi]
         self.schema = Schema(fd, cards, tuple(names[:fd]), tuple(names[fd:]), k)
+
+    def _unnamed_bags(self, multi: list[str]) -> str:
+        """A count mismatch's hint: the /multi_hot groups, where attribute multi_hot differs."""
+        g = self.f.get("multi_hot")
+        bags = sorted(g) if isinstance(g, h5py.Group) else []
+        return (f" (the file's /multi_hot groups are {bags}, attribute multi_hot names "
+                f"{multi})" if bags != sorted(multi) else "")
 
     def _names(self, key: str) -> list[str]:
         """A string-list attribute (absent: empty)."""

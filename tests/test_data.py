@@ -719,3 +719,20 @@ def test_a_file_given_both_as_cfg_data_and_opened_as_dataset_is_that_file(tmp_pa
     with pytest.raises(ConfigError, match="and dataset= both given"):
         python_dataset(ds, str(tmp_path / "other.h5"))
     ds.close()
+
+
+def test_a_multi_hot_group_the_attribute_does_not_name_is_said(tmp_path):
+    """A file with /multi_hot/tags but no ``multi_hot`` attribute got the counts' line
+    alone; it now names the groups and the attribute."""
+    p = tmp_path / "m.h5"
+    with DatasetWriter(p, ["I0"], ["C0"], ["tags"]) as w:
+        w.append(np.zeros(4, np.float32), np.zeros((4, 1), np.float32), np.zeros((4, 1), int),
+                 [(np.zeros(4, int), np.ones(4, int))])
+        w.close([5, 3])
+    H5Dataset(p).close()  # (as written: fine)
+    with h5py.File(p, "a") as f:
+        del f.attrs["multi_hot"]
+    with pytest.raises(InputError) as e:
+        H5Dataset(p)
+    assert str(e.value).endswith("(the file's /multi_hot groups are ['tags'], attribute "
+                                 "multi_hot names [])"), e.value
