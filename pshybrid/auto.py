@@ -28,9 +28,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import planner, trials
-from .batches import BatchPlan, python_dataset, read_ids
+from .batches import BatchPlan, read_ids, training_data
 from .errors import ConfigError, PshybridError
-from .files import open_dataset
 from .layers import ParamSpace, bce_with_logits
 from .limits import available_memory, check_sizes, gib
 from .registry import MODES, is_colocated, placement_name
@@ -38,7 +37,6 @@ from .models import build_model
 from .optim import Optimizer
 from .partition import group_by_owner
 from .preflight import before_probe
-from .synthetic import SyntheticCTR
 from .threads import rank_server_threads
 from .topology import check_servers, default_servers, place_servers, roles_per_node
 from .transport import agree
@@ -207,13 +205,7 @@ def _open(cfg, comm, dataset, opened):
     """The training data (as ``train`` opens it), with one verdict on every rank."""
     err, data = None, dataset
     try:
-        if data is not None:  # (checked as train checks it: a traceback here otherwise)
-            data = python_dataset(data, cfg.data)
-        elif cfg.data:
-            data = open_dataset(cfg.data)
-            opened.append(data)
-        else:
-            data = SyntheticCTR(seed=cfg.seed)
+        data = training_data(cfg, dataset, opened)
     except PshybridError as e:
         err = e
     agree(comm, err)  # Wire: allgather of each rank's verdict; everyone raises the same

@@ -10,9 +10,10 @@ import numpy as np
 
 from .data import SHUFFLE_BLOCK, H5Dataset
 from .errors import ConfigError, InputError
-from .files import H5Files
+from .files import H5Files, open_dataset
 from .rawrows import h5_handles, raw_rows
 from .rowcheck import check_bag_rows, check_rows
+from .synthetic import SyntheticCTR
 
 
 def global_batch(cfg, n_workers: int) -> int:
@@ -108,6 +109,18 @@ def _shaped(dataset, a: int, b: int, got):
                          f"({label.dtype}, {dense.dtype}, {sparse.dtype}), not (label, dense, "
                          "sparse) of numbers, numbers and integer ids (int64)")
     return label, dense, sparse.astype(np.int64, copy=False)
+
+
+def training_data(cfg, dataset, opened: list):
+    """The data a run trains on, as ``train`` and ``--mode auto``'s probe open it:
+    ``dataset`` (the Python API's, checked: ``python_dataset``), else ``--data``'s files
+    (appended to ``opened``, to close), else the synthetic stream of ``--seed``."""
+    if dataset is not None:
+        return python_dataset(dataset, cfg.data)
+    if cfg.data:
+        opened.append(open_dataset(cfg.data))
+        return opened[-1]
+    return SyntheticCTR(seed=cfg.seed)
 
 
 def python_dataset(dataset, data: str | None):

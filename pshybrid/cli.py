@@ -63,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_info(args) -> int:
     from mpi4py import MPI
 
-    from .devices import cuda_aware_mpi, pick_device
+    from .devices import cuda_aware_mpi
     from .threads import rank_blas_threads, rank_server_threads
     from .topology import Topology
 
@@ -80,7 +80,7 @@ def cmd_info(args) -> int:
     topo = Topology.create(MPI.COMM_WORLD, 0 if alone or not needs else args.servers,
                            need_servers=needs and not alone,
                            colocated=is_colocated(args.placement))
-    device = _info_device(args.device, topo, pick_device)
+    device = _info_device(args.device, topo)
     role = "worker+shard" if topo.colocated else topo.role
     row = (topo.rank, role, topo.worker_index if topo.is_worker else topo.server_index,
            topo.node_of_rank[topo.rank], topo.node_names[topo.node_of_rank[topo.rank]],
@@ -117,10 +117,11 @@ def cmd_info(args) -> int:
     return 0
 
 
-def _info_device(kind: str, topo, pick_device) -> str:
+def _info_device(kind: str, topo) -> str:
     """This rank's device for ``info``: a worker's ``pick_device``, "cpu" on a server. A
     worker that finds no usable GPU fails every rank (``agree``): a verdict on some workers
     only (a node without a GPU) must not leave rank 0 waiting in the gather for good."""
+    from .devices import pick_device
     from .transport import agree
 
     err, device = None, "cpu"

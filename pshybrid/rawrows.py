@@ -28,7 +28,7 @@ def h5_handles(ds) -> list:
         dapl = h5p.create(h5p.DATASET_ACCESS)
         d = ds.f[key]
         nfilters, chunks, dtype = d.id.get_create_plist().get_nfilters(), d.chunks, d.dtype
-        whole = not chunks or tuple(chunks[1:]) == d.shape[1:]  # chunks of whole rows
+        whole = not cuts_rows(chunks, d.shape)
         # HDF5 shares one cache among a dataset's open handles, set by the first: this one
         # is closed before ours opens (held open, its default cache made every read copy
         # its whole chunks).
@@ -152,6 +152,12 @@ def raw_rows(part, handles=None) -> list[RawRows] | None:
         return None  # an h5py without chunk queries, a driver without a descriptor
 
 
+def cuts_rows(chunks, shape) -> bool:
+    """Whether chunks of shape ``chunks`` (None: not chunked) hold parts of rows, each row
+    of a dataset of ``shape`` in several (h5py's ``chunks=True``, a resizable default)."""
+    return bool(chunks) and tuple(chunks[1:]) != tuple(shape[1:])
+
+
 def _hdf5_only(dsid, fid) -> bool:
     """True where the bytes at the offsets HDF5 gives are not the rows as read: a filter;
     data in another file (an external link, external storage, a virtual dataset) or not in
@@ -163,7 +169,7 @@ def _hdf5_only(dsid, fid) -> bool:
     plist = dsid.get_create_plist()
     chunks = plist.get_chunk() if plist.get_layout() == h5d.CHUNKED else None
     return bool(plist.get_nfilters() or plist.get_external_count()
-                or (chunks and tuple(chunks[1:]) != tuple(dsid.shape[1:]))
+                or cuts_rows(chunks, dsid.shape)
                 or plist.get_layout() not in (h5d.CHUNKED, h5d.CONTIGUOUS)
                 or h5i.get_file_id(dsid).fileno != fid.fileno
                 or not dsid.dtype.isnative

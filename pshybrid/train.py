@@ -25,7 +25,7 @@ from mpi4py import MPI
 from . import auto, checkpoint
 from .backend import to_device
 from .config import TrainConfig, from_dict, to_dict
-from .batches import BatchPlan, global_batch, prefetch, python_dataset, worker_batches
+from .batches import BatchPlan, global_batch, prefetch, training_data, worker_batches
 from .files import not_trained_on, open_dataset
 from .graphs import DeviceStep
 from .devices import cuda_aware_mpi, pick_device
@@ -40,7 +40,6 @@ from .preflight import lock_checkpoint_dir, preflight, total_steps
 from .registry import is_colocated
 from .report import Reporter, banner, counted, summarize
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
-from .synthetic import SyntheticCTR
 from .threads import rank_cores
 from .topology import SHARED_MEMORY, Topology
 from .transport import abort_on_error, agree, same_arguments
@@ -261,13 +260,7 @@ def _open_data(cfg, topo, dataset, opened):
     the rows) with one shared verdict, before the first step. Returns (train, eval)."""
     err = data = evdata = None
     try:
-        if dataset is not None:
-            data = python_dataset(dataset, cfg.data)
-        elif cfg.data:
-            data = open_dataset(cfg.data)
-            opened.append(data)
-        else:
-            data = SyntheticCTR(seed=cfg.seed)
+        data = training_data(cfg, dataset, opened)
         if cfg.eval_data:
             if dataset is None and cfg.data:
                 not_trained_on(cfg.eval_data, cfg.data)
