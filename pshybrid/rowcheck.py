@@ -60,8 +60,10 @@ def check_bag_rows(where: str, schema: Schema, bags, row_of) -> None:
             raise InputError(f"{at}: values of shape {np.shape(values)} for lengths summing "
                              f"to {int(np.sum(lengths))}")
         if (lengths < 1).any():
-            r = row_of(int(np.flatnonzero(lengths < 1)[0]))
-            raise InputError(f"{at}/offsets row {r} has no id (every row needs one)")
+            i = int(np.flatnonzero(lengths < 1)[0])
+            why = ("has no id (every row needs one)" if lengths[i] == 0 else
+                   f"has {int(lengths[i])} ids: the offsets decrease there (they must rise)")
+            raise InputError(f"{at}/offsets row {row_of(i)} {why}")
         bad = (values < 0) | (values >= card)
         if bad.any():
             i = int(np.flatnonzero(bad)[0])

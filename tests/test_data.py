@@ -568,6 +568,10 @@ def _bag_at(row, fn):
     (_bag_at(70, lambda v, n, i: v.__setitem__(int(n[:i].sum()), 11)),
      "/multi_hot/tags/values row 70 has an id outside [0, cardinality): 11, cardinality 11"),
     (_bag_at(70, lambda v, n, i: n.__setitem__(i, 0)), "values of shape"),
+    (_bag_at(70, lambda v, n, i: (n.__setitem__(i + 1, n[i + 1] + n[i]), n.__setitem__(i, 0))),
+     "/multi_hot/tags/offsets row 70 has no id (every row needs one)"),  # (row 71 takes its ids)
+    (_bag_at(70, lambda v, n, i: (n.__setitem__(i + 1, n[i + 1] + 4), n.__setitem__(i, n[i] - 4))),
+     "/offsets row 70 has -"),  # (offsets that decrease: a negative count, not "no id")
     (lambda v, n, start: (v.astype(np.float64) if start <= 70 < start + len(n) else v, n),
      "values and lengths of dtypes float64, int64: integer ids and counts"),  # (a cast error)
 ])
