@@ -1,8 +1,12 @@
 """The checks of option values (``config.option(check=...)``): each returns what is wrong
-with a value, as the end of "--option: <problem>, got <value>", or None."""
+with a value, as the end of "--option: <problem>, got <value>", or None; and the hint for a
+misspelt option name."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import functools
 import math
 
 
@@ -29,3 +33,25 @@ def learning_rate(v):
 
 def layer_sizes(v):
     return None if v and all(n > 0 for n in v) else "must be a non-empty list of sizes > 0"
+
+
+def close_names(name: str, names) -> str:
+    """The end of an "unknown name" error: the close ones, else every known one."""
+    close = difflib.get_close_matches(name, names)
+    return f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(names)}"
+
+
+def hinted_keywords(cls):
+    """Class decorator: ``cls(**kw)`` with an unknown keyword raises Python's TypeError with
+    the close field names (a config built in Python, where TOML and flags already hint)."""
+    init, names = cls.__init__, [f.name for f in dataclasses.fields(cls) if f.init]
+
+    @functools.wraps(init)
+    def __init__(self, *args, **kw):
+        unknown = [k for k in kw if k not in names]
+        if unknown:
+            raise TypeError(f"{cls.__name__}() got an unexpected keyword argument "
+                            f"{unknown[0]!r}; {close_names(unknown[0], names)}")
+        init(self, *args, **kw)
+    cls.__init__ = __init__
+    return cls

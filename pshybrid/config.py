@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import math
 import re
@@ -25,7 +24,8 @@ import types
 import typing
 from dataclasses import dataclass
 
-from .checks import at_least, layer_sizes, learning_rate, positive, seed_check
+from .checks import (at_least, close_names, hinted_keywords, layer_sizes, learning_rate,
+                     positive, seed_check)
 from .errors import ConfigError
 from .models import MODELS
 from .optim import SCHEDULES, SLOTS, SPARSE_LR
@@ -165,9 +165,7 @@ def _keyed(cls, d: dict, source: str) -> tuple[dict, dict]:
     for key, value in d.items():
         name = key.replace("-", "_")
         if name not in names:
-            close = difflib.get_close_matches(name, names)
-            hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(names)}"
-            raise _error(f"unknown key {key!r} in {source}; {hint}")
+            raise _error(f"unknown key {key!r} in {source}; {close_names(name, names)}")
         if name in values:
             raise _error(f"key {key!r} given twice in {source}")
         values[name], where[name] = value, f"{key} (in {source})"
@@ -295,6 +293,7 @@ def from_dict(cls, d: dict, source: str, **checks):
     return _build(cls, *_keyed(cls, d, source), **checks)
 
 
+@hinted_keywords
 @dataclass
 class TrainConfig:
     """Options of ``python -m pshybrid train``."""

@@ -440,3 +440,19 @@ def test_a_numpy_array_for_a_list_option_is_one_config_error():
 
     assert "mlp (in TrainConfig): expected an array of integers" in fails(
         from_dict, TrainConfig, to_dict(TrainConfig(mlp=np.array([8, 4]))), "TrainConfig")
+
+
+def test_a_python_config_with_a_misspelt_keyword_names_the_field():
+    """Oracle: each field with a letter added is refused with Python's TypeError
+    naming that field among the close ones (it said only "unexpected keyword argument");
+    the field spelt right builds, and dataclasses.replace still works."""
+    import dataclasses
+
+    from pshybrid.config import TrainConfig
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    for name in names:
+        with pytest.raises(TypeError, match=rf"argument '{name}x'; did you mean .*\b{name}\b"):
+            TrainConfig(**{name + "x": getattr(TrainConfig(), name)})
+        assert dataclasses.replace(TrainConfig(), **{name: getattr(TrainConfig(), name)})
+    with pytest.raises(TypeError, match="argument 'zzz'; known: " + ", ".join(names)):
+        TrainConfig(zzz=1)
