@@ -26,6 +26,7 @@ _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 _CHUNK = 1 << 20  # elements per chunk
+_RANGE_ROWS = 1 << 16  # uniform_range: ids made per chunk (512 KiB of int64)
 
 
 def table_key(seed: int, name: str) -> np.uint64:
@@ -65,3 +66,14 @@ def uniform_rows(out: np.ndarray, global_ids: np.ndarray, seed: int, name: str,
             u *= scale
             out[a:b] = u
 
+
+def uniform_range(out: np.ndarray, start: int, step: int, seed: int, name: str,
+                  scale: float) -> None:
+    """``uniform_rows`` of the rows ``start, start + step, ...`` (``out``'s rows: a whole
+    table, or a server's cyclic shard), making their ids a chunk at a time: an id array of
+    the whole table (8 bytes a row) was a temporary as large as a narrow table itself, which
+    the memory check does not count."""
+    for a in range(0, out.shape[0], _RANGE_ROWS):
+        b = min(out.shape[0], a + _RANGE_ROWS)
+        ids = np.arange(start + a * step, start + b * step, step, dtype=np.int64)
+        uniform_rows(out[a:b], ids, seed, name, scale)

@@ -29,7 +29,7 @@ from mpi4py import MPI
 
 from . import partition
 from .errors import ConfigError, InputError, PshybridError
-from .initializers import uniform_rows
+from .initializers import uniform_range
 from .kernels import gather, min_max, scatter_add
 from .schema import TableSpec
 from .topology import Topology, shared_window
@@ -233,7 +233,9 @@ class EmbeddingStore:
         t = self.tables[name]
         w = self.shard(name)
         if t.spec.init == "uniform":
-            uniform_rows(w, self.shard_ids(name), self.seed, name, t.spec.init_scale)
+            # (rows server, server + S, ...: partition.shard_ids, a chunk at a time)
+            uniform_range(w, self.topo.server_index, self.topo.n_servers, self.seed, name,
+                          t.spec.init_scale)
         else:
             w[...] = 0
         for slot in t.spec.slots:

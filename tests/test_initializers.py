@@ -69,3 +69,44 @@ def test_numba_and_numpy_paths_agree(monkeypatch):
     b = np.empty((4, 5), np.float32)
     uniform_rows(b, ids, 5, "emb", 0.05)
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("start,step,rows", [(0, 1, 70_000), (2, 3, 140_001), (5, 7, 1)])
+def test_uniform_range_equals_the_rows_of_its_ids(monkeypatch, start, step, rows):
+    """A whole table, or a server's cyclic shard, filled a chunk of ids at a time (here
+    chunks of 1000 and the default) equals ``uniform_rows`` of all its ids at once."""
+    from pshybrid import initializers
+
+    want = np.empty((rows, 3), np.float32)
+    uniform_rows(want, np.arange(start, start + rows * step, step, dtype=np.int64), 9, "s", 0.05)
+    for chunk in (1000, initializers._RANGE_ROWS):
+        monkeypatch.setattr(initializers, "_RANGE_ROWS", chunk)
+        got = np.full((rows, 3), np.nan, np.float32)
+        initializers.uniform_range(got, start, step, 9, "s", 0.05)
+        np.testing.assert_array_equal(got, want)
+
+
+def test_a_replicated_table_is_initialised_without_a_table_sized_temporary():
+    """allreduce mode's whole table, one float32 column (a DCN with --embedding-dim 1): its
+    init made np.arange(rows) int64, twice the table, which the memory check does not count
+    (2**31 rows: 8 GiB checked, killed by the OOM killer at 24 GiB). Oracle: the peak of
+    the arrays allocated building it is the table and its Adagrad state, within 1 MiB."""
+    import tracemalloc
+    from types import SimpleNamespace
+
+    from pshybrid.modes.sparse import ReplicatedSparse
+    from pshybrid.optim import Optimizer
+    from pshybrid.schema import FusedTable, Schema
+
+    layout = FusedTable(Schema(1, (1 << 21, 3)), 1, 0, "float32")
+    tracemalloc.start()
+    try:
+        sparse = ReplicatedSparse(SimpleNamespace(seed=1), layout, Optimizer("adagrad", 0.05))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    table = sparse.table.nbytes + sum(a.nbytes for a in sparse.state_arrays.values())
+    assert peak <= table + (1 << 20), (peak, table)
+    want = np.empty_like(sparse.table)
+    uniform_rows(want, np.arange(layout.table.rows), 1, "sparse", 0.05)
+    np.testing.assert_array_equal(sparse.table, want)

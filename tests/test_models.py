@@ -1,5 +1,6 @@
 """Whole-model backward against central finite differences (float64), for every built-in
-model and for the custom-model example in docs/models.md (executed from the doc)."""
+model and for the custom-model example in docs/models.md (executed from the doc); and one
+training step of the whole pipeline against the documented loss's finite differences."""
 
 import os
 import re
@@ -221,3 +222,95 @@ def test_the_registry_takes_a_model_class_only(thing):
                                           r"pshybrid.models.CTRModel with wide = 0 or 1"):
         models.MODELS["mine"] = thing
     assert "mine" not in models.MODELS
+
+
+def _fd(f, arr, idxs, h=1e-6):
+    """Central differences of the scalar ``f()`` by the elements ``idxs`` of ``arr``."""
+    out = np.zeros(arr.shape)
+    for i in idxs:
+        old = arr[i]
+        arr[i] = old + h
+        up = f()
+        arr[i] = old - h
+        out[i] = (up - f()) / (2 * h)
+        arr[i] = old
+    return out
+
+
+@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm"])
+@pytest.mark.parametrize("n_dense,cards,multi,dim,mlp,cross,pooling", [
+    (2, (5,), 0, 1, (1,), 0, "sum"),          # one field, dim 1, one unit, no cross layer
+    (0, (5, 7), 0, 2, (3, 2, 2), 3, "sum"),   # no dense feature, three layers
+    (2, (5, 7, 3, 4), 2, 2, (3,), 1, "sum"),  # multi-hot fields, pooled (models.Pooled)
+    (2, (5, 7, 3, 4), 2, 2, (3,), 1, "mean")])
+def test_shapes_and_pooled_models_backward_matches_finite_differences(
+        name, n_dense, cards, multi, dim, mlp, cross, pooling):
+    """The shapes test_model_backward_matches_finite_differences leaves out, and the whole
+    pooled model (bags of 1-4 ids) from the flat rows as pulled."""
+    schema = Schema(n_dense=n_dense, cardinalities=cards, multi_hot=multi)
+    params = ParamSpace()
+    model, sparse = models.build_model(name, schema, dim, mlp, params, "float64",
+                                       cross_layers=cross, pooling=pooling)
+    params.build(np, np.float64, seed=1)
+    rng = np.random.default_rng(0)
+    params.flat[...] = rng.uniform(-0.8, 0.8, params.size)
+    B, E = 3, sparse.table.dim
+    lengths = rng.integers(1, 5, (B, multi))
+    extra = (lengths,) if multi else ()
+    emb = rng.uniform(-1, 1, (B * (len(cards) - multi) + lengths.sum(), E) if multi
+                      else (B, len(cards), E))
+    dense, g = rng.uniform(0.1, 2, (B, n_dense)), rng.standard_normal(B)
+
+    def loss():
+        return float(np.sum(model.forward(dense, emb, *extra) * g))
+
+    loss()
+    params.zero_grad()
+    demb = model.backward(g)
+    np.testing.assert_allclose(demb, _fd(loss, emb, np.ndindex(emb.shape)), rtol=1e-5,
+                               atol=1e-7)
+    np.testing.assert_allclose(params.flat_grad, _fd(loss, params.flat, range(params.size)),
+                               rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm"])
+def test_one_training_step_is_sgd_on_the_documented_loss(name):
+    """The whole pipeline (data, fused table, lookup, model, loss scale, sparse push, dense
+    apply) against docs/models.md alone: one step of plain SGD from the documented
+    initialisation moves every dense weight and every row by -lr times the central
+    difference of the mean BCE over the batch (duplicate ids in it: their sums)."""
+    import io
+
+    from mpi4py import MPI
+
+    from pshybrid.config import TrainConfig
+    from pshybrid.initializers import uniform_rows
+    from pshybrid.train import train
+
+    schema, n, seed, lr, dlr = Schema(n_dense=2, cardinalities=(3, 4, 2)), 6, 9, 0.3, 0.2
+    rng = np.random.default_rng(4)
+    y, x = rng.integers(0, 2, n).astype(np.float32), rng.uniform(0, 2, (n, 2)).astype(np.float32)
+    ids = np.stack([rng.integers(0, c, n) for c in schema.cardinalities], 1)
+    data = type("Rows", (), {"schema": schema, "rows": lambda self, a, b: (y[a:b], x[a:b],
+                                                                          ids[a:b])})()
+    cfg = TrainConfig(model=name, mode="allreduce", servers=0, embedding_dim=2, mlp=(3,),
+                      steps=1, batch_size=n, dtype="float64", lr=lr, dense_lr=dlr, seed=seed,
+                      sparse_optimizer="sgd", dense_optimizer="sgd")
+    got = train(cfg, MPI.COMM_SELF, dataset=data, collect=True, out=io.StringIO())
+    params = ParamSpace()
+    model, fused = models.build_model(name, schema, 2, (3,), params, "float64")
+    params.build(np, np.float64, seed=seed)
+    table = np.empty((fused.table.rows, fused.table.dim))
+    uniform_rows(table, np.arange(fused.table.rows), seed, "sparse", 0.05)
+    rows, yy, xx = fused.global_ids(ids), y.astype(np.float64), x.astype(np.float64)
+
+    def loss():
+        z = model.forward(xx, table[rows])
+        return float(np.mean(np.maximum(z, 0) - z * yy + np.log1p(np.exp(-np.abs(z)))))
+
+    want_dense = params.flat - dlr * _fd(loss, params.flat, range(params.size))
+    want_table = table - lr * _fd(loss, table, np.ndindex(table.shape))
+    for got_, want, before in ((got.dense, want_dense, params.flat), (got.table, want_table,
+                                                                       table)):
+        moved = np.abs(want - before).max()
+        assert moved > 1e-4 and np.abs(got_ - want).max() < 1e-6 * moved

@@ -229,7 +229,7 @@ def test_a_server_failing_to_initialise_fails_every_rank(comm, monkeypatch):
 
     topo = Topology.create(comm, 1)
     if topo.is_server:
-        monkeypatch.setattr(store_module, "uniform_rows", lambda *a: 1 / 0)
+        monkeypatch.setattr(store_module, "uniform_range", lambda *a: 1 / 0)
     try:
         EmbeddingStore(topo, [TableSpec("t", rows=6, dim=2)], seed=SEED)
         got = "built"

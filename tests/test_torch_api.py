@@ -162,6 +162,24 @@ def test_a_tables_rate_defaults_by_its_optimizer(optimizer, lr, want):
         pt.shutdown()
 
 
+@pytest.mark.parametrize("kw", [dict(lr=-0.1), dict(lr=float("nan")), dict(lr=float("inf")),
+                                dict(lr="0.1"), dict(lr=True), dict(init_scale=-0.05),
+                                dict(init_scale=float("nan"))])
+def test_a_tables_rate_or_scale_that_is_not_a_number_at_least_0_is_refused(kw):
+    """As ``--lr -0.1`` is: a negative rate trained by gradient ascent, NaN and inf turned
+    the rows NaN and inf, a string or True trained at some rate; all without a word (torch's
+    own optimizers refuse a negative lr)."""
+    from pshybrid.errors import ConfigError
+
+    (key, value), = kw.items()
+    with pytest.raises(ConfigError, match=rf"pt.Table 't': {key} must be "):
+        pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF,
+                tables=[pt.Table("t", rows=10, dim=2, **kw)])
+    pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF,  # 0 and NumPy's numbers: fine
+            tables=[pt.Table("t", rows=10, dim=2, lr=np.float32(0.0), init_scale=0)])
+    pt.shutdown()
+
+
 def test_a_torch_checkpoint_describes_its_run_and_exports_each_table(data, tmp_path):
     """meta.json: front_end "torch", the two tables as pt.Table made them, the mode, seed
     and both optimizers, no native model fields. ``pshybrid export`` writes each table at

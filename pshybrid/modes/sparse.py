@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 from .. import partition, pool
 from ..backend import to_device
-from ..initializers import uniform_rows
+from ..initializers import uniform_range
 from ..kernels import (gather, merge_sum, numba_active, scatter_add, segment_sum,
                        unique_inverse)
 from ..optim import Optimizer
@@ -290,8 +290,7 @@ class ReplicatedSparse(_StagedSums):
         self.ctx, self.layout, self.opt = ctx, layout, opt
         spec = layout.table
         self.table = np.empty((spec.rows, spec.dim), spec.dtype)
-        uniform_rows(self.table, np.arange(spec.rows, dtype=np.int64), ctx.seed, spec.name,
-                     spec.init_scale)
+        uniform_range(self.table, 0, 1, ctx.seed, spec.name, spec.init_scale)
         self.state_arrays = {k: np.zeros_like(self.table) for k in opt.slots}
         self.grad_row = (spec.dim, self.table.dtype)
         self.gather_bytes = 0

@@ -3,11 +3,13 @@ placement, the tables, and the memory the fused table's shards need on each node
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from pshybrid.checks import SEED_RANGE, seed_check
+from pshybrid.checks import SEED_RANGE, learning_rate, seed_check
 from pshybrid.errors import ConfigError
 from pshybrid.limits import available_memory, gib
 from pshybrid.optim import SLOTS, SPARSE_LR
@@ -98,11 +100,22 @@ def _check_tables(tables) -> None:
         if t.optimizer not in SLOTS:
             raise ConfigError(f"pt.Table {t.name!r}: optimizer {t.optimizer!r} is not one of "
                               f"{sorted(SLOTS)}", collective=True)
+        for arg in ("lr", "init_scale"):  # (as --lr: a negative rate, NaN, trained silently)
+            if why := _rate_problem(getattr(t, arg)):
+                raise ConfigError(f"pt.Table {t.name!r}: {arg} {why}, got "
+                                  f"{getattr(t, arg)!r}", collective=True)
         key = (t.optimizer, t.lr, t.dtype, t.init_scale)
         if key != (t0.optimizer, t0.lr, t0.dtype, t0.init_scale):
             raise ConfigError(f"pt.Table {t.name!r}: optimizer, lr, dtype and init_scale must "
                               f"equal table {t0.name!r}'s (one fused table, one optimizer)",
                               collective=True)
+
+
+def _rate_problem(v) -> str | None:
+    """What is wrong with a table's ``lr`` or ``init_scale`` (a real number >= 0)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):  # (NumPy's: too)
+        return "must be a number"
+    return learning_rate(v)
 
 
 def check_memory(topo, tables: list[Table]) -> None:
