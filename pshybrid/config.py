@@ -74,8 +74,7 @@ def _kind(tp) -> tuple[type, bool]:
     args = typing.get_args(tp)
     optional = (typing.get_origin(tp) in (types.UnionType, typing.Union)
                 and len(args) == 2 and type(None) in args)
-    if optional:
-        tp = next(a for a in args if a is not type(None))
+    tp = next(a for a in args if a is not type(None)) if optional else tp
     if typing.get_origin(tp) is tuple and typing.get_args(tp) == (int, ...):
         return tuple, optional
     if tp in (int, float, str) or (tp is bool and not optional):
@@ -138,10 +137,12 @@ def _from_text(text, base: type, optional: bool, where: str):
 
 
 def _typed(value, base: type, optional: bool, where: str):
-    """A TOML / stored value → the field's value (int → float, list → tuple), type-checked.
-    An optional field also takes ``"none"``, as on the command line (TOML has no null)."""
+    """A TOML / stored value → the field's value (int → float, list → tuple), type-checked; an
+    optional one takes ``"none"`` (TOML has no null), not a blank string (an unset ``$VAR``)."""
     if optional and (value is None or (isinstance(value, str) and value == "none")):
         return None
+    if optional and isinstance(value, str) and not value.strip():
+        raise _error(f"{where}: must be a value (or none), got {value!r}")
     if base is tuple and isinstance(value, str):
         return _from_text(value, base, optional, where)
     if base is tuple and type(value) is int:  # one value, as "--buckets 10" on the command line

@@ -20,6 +20,7 @@ at or past the last step): it printed one line saying so, and the caller returns
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -156,15 +157,19 @@ def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
     out.flush()
 
 
-def _check_run(cfg, schema, writer: bool, score: bool = False):
+def _check_run(cfg, schema, writer: bool, score: bool = False, until: int | None = None):
     """The resume point (``--resume``: readable, of this model), the checkpoint directory
-    (one history) and the outputs (``check_outputs``) -> (step_dir, meta, start step)."""
+    (one history) and the outputs (``check_outputs``) -> (step_dir, meta, start step).
+    A resume already at ``until`` (the last step) writes no checkpoint: its directory is
+    not checked (read-only, full or held by a job: ``nothing to do`` all the same)."""
     step_dir, meta, start = None, {}, 0
     if cfg.resume:
         step_dir = checkpoint_files.resolve(cfg.resume)
         meta = checkpoint_files.read_meta(step_dir)
         checkpoint_files.check_compatible(meta, cfg, schema, os.path.join(step_dir, "meta.json"))
         start = meta["step"]
+        if until is not None and start >= until:
+            cfg = dataclasses.replace(cfg, checkpoint_dir=None)
     if cfg.checkpoint_dir:
         try:
             checkpoint_files.check_run_dir(cfg.checkpoint_dir, step_dir, start)
@@ -213,19 +218,21 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
     run has nothing left to do and ``collect`` is False (the Python API's ``collect=True``
     still loads the checkpoint and returns its parameters). ``score``: the memory of a
     scoring run, which keeps no optimizer state (``train.setup(score=True)``)."""
-    err, start, step_dir, meta = None, 0, None, {}
+    err, start, step_dir, meta, idle = None, 0, None, {}, False
     steps = total_steps(cfg, getattr(data, "n_rows", None), topo.n_workers)
     _same_data(topo, data, evdata)
     try:
         if evdata is not None and getattr(evdata, "n_rows", 1) == 0:
             raise InputError(f"{evdata.path}: --eval-data holds no rows: nothing to evaluate")
         step_dir, meta, start = _check_run(cfg, data.schema, topo.rank == topo.worker_ranks[0],
-                                           score)
-        _check_resources(cfg, topo, data.schema, getattr(evdata, "n_rows", 0), score)
+                                           score, None if collect else steps)
+        idle = cfg.resume and start >= steps and not collect  # (no checkpoint written)
+        _check_resources(dataclasses.replace(cfg, checkpoint_dir=None) if idle else cfg, topo,
+                         data.schema, getattr(evdata, "n_rows", 0), score)
     except PshybridError as e:
         err = e
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
-    if cfg.resume and not score and topo.rank == topo.worker_ranks[0] and out:
+    if cfg.resume and not (score or idle) and topo.rank == topo.worker_ranks[0] and out:
         _resume_warnings(cfg, topo, meta, step_dir, start, getattr(data, "n_rows", None), out)
     if cfg.resume and start >= steps and not collect:
         if topo.rank == topo.worker_ranks[0] and out is not None:

@@ -25,7 +25,7 @@ import pytest
 from mpi4py import MPI
 
 from mpi_util import snapshot
-from pshybrid import checkpoint, checkpoint_files, export
+from pshybrid import checkpoint, checkpoint_files, export, limits
 from pshybrid.config import TrainConfig
 from pshybrid.data import DatasetWriter
 from pshybrid.errors import ConfigError, InputError, PshybridError
@@ -349,6 +349,26 @@ def test_resumed_run_already_past_steps_has_nothing_to_do(ck):
     assert "nothing to do" in out and "step 4 >= --steps 2" in out and "done:" not in out, out
     assert out.count("\n") == 1 and res.summary == {}
     assert snapshot(ck) == before
+
+
+@pytest.mark.parametrize("case", ["unwritable", "full"])
+def test_nothing_to_do_needs_no_room_for_a_checkpoint(ck, tmp_path, monkeypatch, case):
+    """A finished run run again (a requeued job) writes nothing: a directory that could not
+    take a checkpoint now (read-only, a full disk) does not turn its ``nothing to do`` into
+    a refusal; one step more to run is refused, as before step 1."""
+    ckdir = ck
+    if case == "unwritable":
+        ckdir = os.path.join(unwritable_dir(tmp_path), "ck")
+    else:
+        monkeypatch.setattr(limits, "checkpoint_bytes", lambda *a: 1 << 62)
+    before = snapshot(tmp_path)
+    res, out = run(steps=4, resume=ck, checkpoint_dir=ckdir)
+    assert out.startswith("nothing to do") and res.summary == {}, out
+    assert snapshot(tmp_path) == before
+    with pytest.raises(ConfigError) as e:
+        run(steps=5, resume=ck, checkpoint_dir=ckdir)
+    assert "--checkpoint-dir" in str(e.value)
+    assert snapshot(tmp_path) == before
 
 
 def test_empty_eval_file_is_refused(tmp_path):

@@ -147,6 +147,11 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
     # the tables take the seed's low 32 bits: 2**32 would silently be seed 0
     (["--seed", str(2**32)], "--seed: must be an integer from 0 to 2**32 - 1, got 4294967296"),
     (["--seed", "-1"], "--seed: must be an integer from 0 to 2**32 - 1, got -1"),
+    # an unset variable in a job script ("--resume $CKPT") is no path: it was taken as none,
+    # a fresh run that saved nothing, on the synthetic stream, exit status 0
+    *[([option, value], f"{option}: must be a value (or none), got {value!r}")
+      for option in ("--resume", "--checkpoint-dir", "--data", "--eval-data", "--metrics",
+                     "--tensorboard") for value in ("", " ")],
 ])
 def test_cli_errors(argv, message):
     assert fails(parse, TrainConfig, *argv) == message
@@ -163,6 +168,8 @@ def test_cli_errors(argv, message):
     ('mlp = "64,x"\n', "mlp (in {path}): expected comma-separated integers, got '64,x'"),
     ('model = "bogus"\n', "model (in {path}): must be one of wdl, deepfm, dcn, dlrm, "
                           "got 'bogus'"),
+    ('resume = ""\n', "resume (in {path}): must be a value (or none), got ''"),
+    ('checkpoint_dir = ""\n', "checkpoint_dir (in {path}): must be a value (or none), got ''"),
 ])
 def test_toml_errors(tmp_path, text, message):
     path = toml(tmp_path, text)
