@@ -87,7 +87,8 @@ def cmd_info(args) -> int:
            topo.local_rank, device, os.getpid(),
            *_thread_cells(rank_blas_threads(),
                           rank_server_threads(args.server_threads, topo.servers_here),
-                          applies=topo.is_server or topo.colocated))
+                          applies=(topo.is_server or topo.colocated
+                                   or (topo.is_worker and MODES[args.mode].replicated))))
     # Wire: gather of one small tuple per rank to rank 0; rank 0 waits for all.
     rows = topo.world.gather(row, root=0)
     if topo.rank == 0:
@@ -136,8 +137,9 @@ def _info_device(kind: str, topo) -> str:
 
 def _thread_cells(blas, apply, applies: bool) -> tuple[str, str, str]:
     """info's (BLAS threads, optimizer-apply threads, the rules that sized them) of a rank
-    from ``threads.blas_threads`` / ``server_threads``; ``applies``: the rank applies an
-    optimizer to a shard (a server, or a colocated rank), else its apply column is "-"."""
+    from ``threads.blas_threads`` / ``server_threads``; ``applies``: the rank applies a
+    sparse optimizer to rows it holds (a server, a colocated rank, an allreduce worker's
+    whole table), else its apply column is "-"."""
     (nb, rb), (na, ra) = blas, apply
     if not applies:
         return ("-" if nb is None else str(nb)), "-", f"blas: {rb}"

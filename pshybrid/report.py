@@ -207,6 +207,8 @@ class Reporter:
         rec = config_record(self.cfg, command, start, workers, servers)
         rec["time"] = time.time()
         self._line(rec)
+        if self.tboard:  # the first record's phase times: since this run's start
+            self.tboard.begin(start)
 
     def _write(self, rec: dict) -> None:
         self.stamp(rec, rec["steps"] if rec.get("summary") else rec["step"])

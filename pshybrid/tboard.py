@@ -3,8 +3,8 @@
 JSON lines. Needs tensorboardX (the ``tensorboard`` extra: a small pure-Python package).
 
 Tags, each at the record's step: ``train/loss``, ``train/samples_per_s``, ``train/lr``,
-``time/<phase>_ms_per_step`` (the workers' per-phase time over the steps since the previous
-record), ``eval/auc``, ``eval/logloss``.
+``time/<phase>_ms_per_step`` (worker 0's per-phase time over the steps since the previous
+record, or since the run's start), ``eval/auc``, ``eval/logloss``.
 """
 
 from __future__ import annotations
@@ -48,6 +48,11 @@ class TensorBoard:
     def _scalar(self, tag: str, value: float, step: int) -> None:
         self.events.write_event(self._event(summary=self._summary(tag, value), step=step,
                                             wall_time=time.time()))
+
+    def begin(self, step: int) -> None:
+        """The run starts after ``step`` (0, or a resume's) with its phase timers at 0: the
+        first record's ``time/`` scalars are its steps' since then."""
+        self._last = (step, {})
 
     def add(self, rec: dict) -> None:
         if rec.get("summary"):

@@ -242,6 +242,10 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     # only the young are collected first (a full pass walks all, torch's too, to find a few).
     gc.collect(1)
     gc.freeze()
+    # Wire: zero-byte barrier over every rank: the clocks of the run (its seconds, each rank's
+    # phase timers) start together, so worker 0's longer start-up (its reporter: --metrics,
+    # --tensorboard) is start-up, not the other workers' first Allreduce wait
+    topo.world.Barrier()
     job.t_start = time.perf_counter()
     return job
 

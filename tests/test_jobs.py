@@ -50,6 +50,22 @@ def test_info_allreduce_needs_no_server(ranks):
     assert p.returncode == 2 and "uses no server: drop --servers 1" in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("extra", [[], ["--server-threads", "3"]])
+def test_info_allreduce_workers_show_the_apply_threads_train_uses(extra):
+    """allreduce workers apply the sparse optimizer to their whole table: info's apply
+    column on each is the thread count train's plan line states (not '-')."""
+    p = run_job(2, pshybrid("info", "--mode", "allreduce", *extra), timeout=60)
+    assert p.returncode == 0, p.stderr
+    rows = [ln.split() for ln in p.stdout.splitlines() if ln.split()[:1] in (["0"], ["1"])]
+    q = run_job(2, pshybrid("train", "--mode", "allreduce", "--steps", "0", *extra),
+                timeout=120)
+    assert q.returncode == 0, q.stderr
+    plan = next(ln for ln in q.stdout.splitlines() if "sparse optimizer:" in ln)
+    threads = plan.split("sparse optimizer:")[1].split()[0]
+    assert [r[1] for r in rows] == ["worker", "worker"], p.stdout
+    assert [r[9] for r in rows] == [threads, threads], (p.stdout, plan)
+
+
 @pytest.mark.parametrize("args,needle", [
     (["--servers", "2"], "--servers 2 leaves no worker"),
     (["--servers", "-1"], "--servers must be >= 0"),

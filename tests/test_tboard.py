@@ -50,9 +50,11 @@ def test_event_file_holds_the_metrics_scalars(tmp_path):
     f32 = np.float32
     for key in ("loss", "samples_per_s", "lr"):
         assert got[f"train/{key}"] == [(r["step"], f32(r[key])) for r in steps], key
+    start = {"step": 0, "seconds": dict.fromkeys(steps[0]["seconds"], 0.0)}  # the run's start
     for phase in ("fwd_bwd", "data"):  # per step between records, from the cumulative seconds
         want = [(b["step"], f32(1e3 * (b["seconds"][phase] - a["seconds"][phase])
-                                / (b["step"] - a["step"]))) for a, b in zip(steps, steps[1:])]
+                                / (b["step"] - a["step"])))
+                for a, b in zip([start] + steps, steps)]
         assert got[f"time/{phase}_ms_per_step"] == want
 
 

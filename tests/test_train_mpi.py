@@ -433,3 +433,25 @@ def test_a_model_registered_after_import_trains_and_one_missing_on_a_rank_fails_
             MODELS.pop("wdl_copy", None)
     assert_all(comm, verdicts[0] is True and "wdl_copy" in str(verdicts[1])
                and "must be one of" in str(verdicts[1]), f"{verdicts}")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_phase_seconds_add_up_to_the_run_seconds_when_worker_0_starts_late(comm, monkeypatch):
+    """The summary's phase split is the workers' mean time per phase over the run's
+    ``seconds``: a start-up worker 0 alone makes longer (its reporter: --metrics,
+    --tensorboard) is start-up, not the other workers' wait in their first Allreduce (the
+    phases summed to ~(W-1)/W of that delay past ``seconds``, as "allreduce" time)."""
+    import time
+
+    from pshybrid.report import Reporter
+
+    delay, header = 1.0, Reporter.header
+    monkeypatch.setattr(Reporter, "header", lambda self, *a: (time.sleep(delay),
+                                                             header(self, *a)))
+    got = run(replace(BASE, mode="allreduce", servers=0, steps=3), comm)
+    ok, msg = True, ""
+    if got.summary:
+        s = got.summary
+        ok = sum(s["phase_seconds"].values()) <= s["seconds"] + 0.1 * delay
+        msg = f"phases {s['phase_seconds']} vs seconds {s['seconds']}"
+    assert_all(comm, ok, msg)
