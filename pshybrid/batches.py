@@ -459,3 +459,33 @@ def prefetch(produce, n: int, depth: int = 2):
                 q.get_nowait()
             except queue.Empty:
                 th.join(0.01)
+
+
+class Upcoming:
+    """The loop's next batch ``(label, dense, ids, bags, Batch)``: ``make()`` reads it and
+    prepares its ``Batch`` (dedup, owners, datatypes) unless that is done; ``take()`` hands
+    it over, made now if nothing made it earlier. ``Mode.update`` calls ``make`` while
+    the servers apply a step, so input and planning overlap that wait on any rank."""
+
+    def __init__(self, batches, mode):
+        self.batches, self.mode, self.item = batches, mode, None
+
+    def make(self) -> None:
+        if self.item is not None:
+            return
+        with self.mode.timers.time("data"):  # (its planning too, as on the data thread)
+            label, dense, ids, bags, batch = next(self.batches)
+            if batch is None:  # not made ahead on the data thread
+                batch = self.mode.prepare(ids)
+        self.item = (label, dense, ids, bags, batch)
+
+    def take(self):
+        self.make()
+        item, self.item = self.item, None
+        return item
+
+    def drop(self) -> None:
+        """The loop ends early: free a batch made for a step that will not run."""
+        if self.item is not None:
+            self.item[-1].release()
+            self.item = None

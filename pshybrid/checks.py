@@ -27,7 +27,7 @@ def positive(v):
     return None if v > 0 else "must be > 0"
 
 
-def learning_rate(v):
+def non_negative(v):
     return None if math.isfinite(v) and v >= 0 else "must be >= 0 and finite"
 
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import re
 import tomllib
 import types
 import typing
 from dataclasses import dataclass
 
-from .checks import (at_least, close_names, hinted_keywords, layer_sizes, learning_rate,
+from .checks import (at_least, close_names, hinted_keywords, layer_sizes, non_negative,
                      positive, seed_check)
 from .errors import ConfigError
 from .models import MODELS
@@ -308,7 +307,8 @@ class TrainConfig:
         "modes": ("mode", "servers", "placement", "replicate_rows", "consistency", "cache_rows",
                   "auto_trial_steps", "shared_memory", "server_threads", "bucket_mb"),
         "devices": ("device", "cuda_aware", "cuda_graphs"),
-        "checkpoints": ("checkpoint_dir", "checkpoint_every", "keep_last", "resume"),
+        "checkpoints and stalls": ("checkpoint_dir", "checkpoint_every", "keep_last", "resume",
+                                   "step_timeout"),
         "output": ("progress", "log_every", "metrics", "tensorboard")}
     # (option, what needs it, the value that does without): refused without it, and
     # dropped where a layer gives it as none (``layer``)
@@ -343,18 +343,16 @@ class TrainConfig:
                                 check=positive)
     lr: float | None = option(None, "learning rate of the embedding rows (sparse optimizer; "
                               "none: 0.001 with adam, 0.05 with sgd and adagrad)",
-                              check=learning_rate)
+                              check=non_negative)
     dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
                                   choices=("sgd", "adam"))
-    sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows",
-                                   choices=SLOTS)
+    sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows", choices=SLOTS)
     dense_lr: float | None = option(0.001, "learning rate of the dense parameters (none: --lr)",
-                                    check=learning_rate)
+                                    check=non_negative)
     bucket_mb: float = option(1.0, "Allreduce the dense gradients in buckets of at least this "
                               "many MiB while backward runs (0: one Allreduce after backward; "
                               "GPU workers: cut then, started after the step's one host sync)",
-                              check=lambda v: None if math.isfinite(v) and v >= 0
-                              else "must be >= 0 and finite")
+                              check=non_negative)
     prefetch: int | None = option(None, "batches prepared ahead on a background thread "
                                   "(none: 2 on a rank with >= 2 cores, else 0)",
                                   check=at_least(0))
@@ -363,8 +361,7 @@ class TrainConfig:
                                         "none: one per core the rank has (its binding, else "
                                         "the node's cores / ranks per node), at least 1; a "
                                         "dedicated server adds its part of the node's spare "
-                                        "cores",
-                                        check=positive)
+                                        "cores", check=positive)
     embedding_dim: int = option(16, "embedding dimension", check=positive)
     mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated",
                                   check=layer_sizes)
@@ -402,17 +399,20 @@ class TrainConfig:
     progress: str = option("auto", "worker 0's progress: bar (one line redrawn), lines (one per "
                            "log), none; auto: bar when the job was started from an interactive "
                            "terminal, else lines", choices=("auto", "bar", "lines", "none"))
-    log_every: int = option(100, "log (and write metrics) every this many steps",
-                            check=positive)
+    log_every: int = option(100, "log (and write metrics) every this many steps", check=positive)
     checkpoint_dir: str | None = option(None, "directory for checkpoints (none: no checkpoints)")
     checkpoint_every: int = option(0, "save a checkpoint every K steps (0: never periodically)",
                                    check=at_least(0))
     resume: str | None = option(None, "checkpoint directory to resume from")
     keep_last: int = option(0, "keep only the newest K checkpoints (0: keep all)",
                             check=at_least(0))
+    step_timeout: float | None = option(600.0, "seconds a worker may spend in one step (the "
+                                        "first excepted) before the job ends naming it, a "
+                                        "rank stopped or stuck; a warning at 60 s; none: no "
+                                        "limit", check=positive)
     l2: float = option(0.0, "L2 penalty lambda: every update uses g + lambda*w, on the dense "
                        "weights and on the embedding rows a step touches",
-                       check=learning_rate)
+                       check=non_negative)
     lr_schedule: str = option("constant", "learning-rate factor per step, the same for "
                               "--lr and --dense-lr: constant, warmup-linear (linear decay "
                               "to 0 after the warm-up) or cosine (cosine decay to 0)",

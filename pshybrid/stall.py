@@ -1,6 +1,7 @@
-"""A time limit on the collective calls of a program that drives the workers itself
-(``pshybrid.torch``): workers that call them out of step (one makes fewer steps, or calls
-``pt.checkpoint`` where the others step) would otherwise wait in them for good.
+"""A time limit on the collective calls of the workers: in a program that drives them itself
+(``pshybrid.torch``), workers that call them out of step (one makes fewer steps, or calls
+``pt.checkpoint`` where the others step) would otherwise wait in them for good; in ``train``
+(its steps), a rank stopped or stuck (``SIGSTOP``, a hung file system) would hang the job.
 
 ``Watch`` is a daemon thread over one slot, the call this rank is inside (its name, its step
 and since when); the calls set and clear it (``inside``: two attribute writes a call). A call
@@ -23,16 +24,25 @@ from .transport import abort, release_shared_memory
 
 WARN_S = 60.0  # the warning's delay (none when the timeout comes first)
 
-ADVICE = ("workers out of step wait for each other: every worker must make the same number "
-          "of steps and call opt.step(), opt.synchronize(), pt.checkpoint and pt.shutdown "
-          "alike")
+ADVICE = ("the other workers (workers out of step wait for each other: every worker must make "
+          "the same number of steps and call opt.step(), opt.synchronize(), pt.checkpoint and "
+          "pt.shutdown alike)")
+
+STEP_ADVICE = ("the other ranks, or for its own work (data, fwd_bwd, dense_apply, "
+               "server_apply: this rank is the slow one; pull, push, allreduce, wait: others; "
+               "a rank printing no such line is stopped or stuck: SIGSTOP, swapping, a hung "
+               "file system)")
 
 
 class Watch:
     """Times the calls of this rank made ``with watch.inside(name, step):``."""
 
-    def __init__(self, comm: MPI.Comm, who: str, timeout: float | None):
+    def __init__(self, comm: MPI.Comm, who: str, timeout: float | None, advice: str = ADVICE,
+                 setting: str = "pt.init(timeout=...)", phase=lambda: None):
+        """``advice``: whom the calls wait for and why, in the lines; ``setting``: what
+        sets the limit; ``phase()``: the part of the call this rank is in, if known."""
         self.comm, self.who, self.timeout, self.warn_s = comm, who, timeout, WARN_S
+        self.advice, self.setting, self.phase = advice, setting, phase
         self._slot = None  # (name, step, since, ends) of the call this rank is inside
         self._next = None  # (name, step, ends) of the call ``inside`` names, until entered
         self._outer: list = []  # the slot each entered call found (nested: the outer's)
@@ -85,8 +95,9 @@ class Watch:
 
     def _where(self, slot, waited: float) -> str:
         name, step = slot[:2]
-        return (f"{waited:.0f} s inside {name} at step {step}, waiting for the other workers "
-                f"({ADVICE})")
+        phase = self.phase()
+        part = f" (its {phase} phase)" if phase else ""
+        return f"{waited:.0f} s inside {name} at step {step}{part}, waiting for {self.advice}"
 
     def _write(self, line: str) -> None:
         err = sys.__stderr__ or sys.stderr
@@ -95,7 +106,7 @@ class Watch:
 
     def _end(self, slot, waited: float) -> None:
         self._write(f"pshybrid: error ({self.who}): {self._where(slot, waited)}; "
-                    f"pt.init(timeout=...) sets this limit")
+                    f"{self.setting} sets this limit")
         if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             abort(self.comm, 2)  # Wire: MPI_Abort ends every rank; nobody waits
         release_shared_memory()  # (what abort does first; the launcher ends the others)

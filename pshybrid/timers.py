@@ -10,18 +10,21 @@ from .backend import wait_event
 
 
 class _Phase:
-    """Context manager adding its block's wall time to ``timers[phase]``."""
+    """Context manager adding its block's wall time to ``timers[phase]``; ``timers.current``
+    names the phase inside it (the step timer's lines: ``stall``)."""
 
-    __slots__ = ("timers", "phase", "t0")
+    __slots__ = ("timers", "phase", "t0", "outer")
 
     def __init__(self, timers, phase: str):
         self.timers, self.phase = timers, phase
 
     def __enter__(self):
+        self.outer, self.timers.current = self.timers.current, self.phase
         self.t0 = time.perf_counter()
 
     def __exit__(self, *exc):
         self.timers[self.phase] += time.perf_counter() - self.t0
+        self.timers.current = self.outer
 
 
 class Timers(defaultdict):
@@ -29,6 +32,7 @@ class Timers(defaultdict):
 
     def __init__(self):
         super().__init__(float)
+        self.current = None  # the phase being timed, if any
 
     def time(self, phase: str) -> _Phase:
         # one small object per call (a class per call was cyclic garbage: full GC passes)

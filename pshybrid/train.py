@@ -25,7 +25,8 @@ from mpi4py import MPI
 from . import auto, checkpoint
 from .backend import to_device
 from .config import TrainConfig, from_dict, to_dict
-from .batches import BatchPlan, global_batch, prefetch, training_data, worker_batches
+from .batches import (BatchPlan, Upcoming, global_batch, prefetch, training_data,
+                      worker_batches)
 from .files import not_trained_on, open_dataset
 from .graphs import DeviceStep
 from .devices import cuda_aware_mpi, pick_device
@@ -39,6 +40,7 @@ from .preempt import CAUGHT, Preemption, notice
 from .preflight import lock_checkpoint_dir, preflight, total_steps
 from .registry import is_colocated
 from .report import Reporter, banner, counted, summarize
+from .stall import STEP_ADVICE, Watch
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .threads import rank_cores
 from .topology import SHARED_MEMORY, Topology
@@ -134,6 +136,8 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
                 job.stop.close(complete=False)  # an error: drop the agreement in flight
             if job is not None and job.device is not None:
                 job.device.close()
+            if job is not None and job.watch is not None:
+                job.watch.close()
             gc.unfreeze()  # a later run in this process (tests, benchmarks) may collect them
             for d in opened:
                 d.close()
@@ -167,6 +171,7 @@ class Job:
     auto: dict | None = None  # --mode auto: the decision (auto.resolve), into the summary
     device: DeviceStep | None = None  # GPU workers: the step's device work (``graphs``)
     untrained: dict = field(default_factory=dict)  # bytes moved by start-up and evaluations
+    watch: Watch | None = None  # workers: the time limit on a step (``--step-timeout``)
 
     def bytes_moved(self) -> dict:
         """The mode's byte counters so far (not ``reads``: the training reads' own counts)."""
@@ -329,29 +334,42 @@ def loop(job: Job, on_step=None) -> None:
     stop = job.stop
     if mode.stale is not None:  # --consistency ssp:K/asp, --cache-rows: one batch ahead
         batches = mode.stale.ahead(batches, mode.prepare)
-    upcoming = _Upcoming(batches, mode)
+    upcoming = Upcoming(batches, mode)
+    watch = job.watch = _watch(job)
     for step in range(job.start, job.steps):
         label, dense, ids, bags, batch = upcoming.take()
         # the next batch is made while the servers apply this step (stale: made already)
         idle = upcoming.make if step + 1 < job.steps and mode.stale is None else None
-        loss_sum = _step(job, step, label, dense, batch, bags, idle)
+        with watch.inside("a step", step, ends=step > job.start):  # (the first: compiles)
+            loss_sum = _step(job, step, label, dense, batch, bags, idle)
         done = step + 1
         log.add(done, loss_sum, None if job.device is not None else label)
         if on_step is not None:
             on_step(done)
         if job.evdata is not None and ((cfg.eval_every and done % cfg.eval_every == 0)
                                        or done == job.steps):
-            log.pause(lambda: evaluate(job, done))
+            with watch.inside("an evaluation", done, ends=False):  # (its length: the file's)
+                log.pause(lambda: evaluate(job, done))
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
                                    or done == job.steps):
             mode.request_checkpoint(done)
-            job.save(done)
+            with watch.inside("a checkpoint", done, ends=False):  # (its length: the disk's)
+                job.save(done)
         if done < job.steps and stop.stop():  # collective: every worker stops here
             upcoming.drop()
             _preempted(job, done, log)
             break
     if job.start >= job.steps and job.evdata is not None:  # resumed at the end (collect=True)
         log.pause(lambda: evaluate(job, job.start))
+
+
+def _watch(job: Job) -> Watch:
+    """A worker's step timer: a warning after ``stall.WARN_S`` inside one step (or an
+    evaluation, a checkpoint), the job's end after ``--step-timeout`` inside one step."""
+    topo = job.topo
+    return Watch(topo.world, f"rank {topo.rank}, worker {topo.worker_index}",
+                 job.cfg.step_timeout, STEP_ADVICE, "--step-timeout",
+                 lambda: getattr(job.mode.timers, "current", None))  # (GPU: none)
 
 
 def _preempted(job: Job, done: int, log) -> None:
@@ -394,36 +412,6 @@ def _batches(job: Job):
             continue
         # GPU workers: H2D of the batch's dense features and labels (async, pinned staging)
         yield to_device(xp, label, dtype), to_device(xp, dense, dtype), ids, bags, batch
-
-
-class _Upcoming:
-    """The loop's next batch ``(label, dense, ids, bags, Batch)``: ``make()`` reads it and
-    prepares its ``Batch`` (dedup, owners, datatypes) unless that is done; ``take()`` hands
-    it over, made now if nothing made it earlier. ``Mode.update`` calls ``make`` while
-    the servers apply a step, so input and planning overlap that wait on any rank."""
-
-    def __init__(self, batches, mode):
-        self.batches, self.mode, self.item = batches, mode, None
-
-    def make(self) -> None:
-        if self.item is not None:
-            return
-        with self.mode.timers.time("data"):  # (its planning too, as on the data thread)
-            label, dense, ids, bags, batch = next(self.batches)
-            if batch is None:  # not made ahead on the data thread
-                batch = self.mode.prepare(ids)
-        self.item = (label, dense, ids, bags, batch)
-
-    def take(self):
-        self.make()
-        item, self.item = self.item, None
-        return item
-
-    def drop(self) -> None:
-        """The loop ends early: free a batch made for a step that will not run."""
-        if self.item is not None:
-            self.item[-1].release()
-            self.item = None
 
 
 def _step(job: Job, step: int, label, dense, batch, bags=(), idle=None):

@@ -2,6 +2,7 @@
 leaves a broken checkpoint behind."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -396,3 +397,29 @@ def test_info_device_cuda_on_some_workers_only_ends_every_rank(tmp_path):
     why = "--device cuda: no usable CUDA device: no CUDA device visible (device count 0)"
     assert sorted(lines) == [f"pshybrid: error (rank {r}/3): {'' if r == 1 else 'rank 1: '}{why}"
                              for r in range(3)], lines
+
+
+@pytest.mark.parametrize("timeout", ["3", "none"])
+def test_a_step_past_step_timeout_ends_the_job_naming_each_workers_phase(timeout):
+    """Worker 1 spends 30 s (with --step-timeout none: 2 s) in its fwd_bwd at step 5; a
+    stopped or stuck rank hung train for good (no line). Oracle: with --step-timeout 3, one
+    line from each worker naming step 5 and its phase (the slow one its own fwd_bwd, the
+    other its wait in the Allreduce), status 2, long before the 30 s; without a limit, the
+    warnings (at stall.WARN_S, 0.5 s here) and the run's end, status 0."""
+    seconds = "30" if timeout == "3" else "2"
+    script = os.path.join(os.path.dirname(__file__), "jobs", "train_slow_step.py")
+    t0 = time.monotonic()
+    p = run_job(3, [sys.executable, script, "0.5", seconds, "train", "--steps", "8",
+                    "--progress", "none", "--step-timeout", timeout, *SMALL], timeout=120)
+    took = time.monotonic() - t0
+    kind = "error" if timeout == "3" else "warning"
+    for rank, phase in ((1, "fwd_bwd"), (0, "allreduce")):
+        want = (re.escape(f"pshybrid: {kind} (rank {rank}, worker {rank}): ")
+                + rf"\d+ s inside a step at step 5 \(its {phase} phase\), waiting for the other")
+        assert re.search(want, p.stderr), (want, p.stderr)
+    if timeout == "3":
+        assert p.returncode == 2 and took < 25 and "--step-timeout sets this limit" in p.stderr, (
+            p.returncode, took, p.stderr)
+    else:
+        assert p.returncode == 0 and "done: hybrid wdl  8 steps" in p.stdout, (p.returncode, p.stderr)
+    assert "Traceback" not in p.stderr, p.stderr

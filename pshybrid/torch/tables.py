@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pshybrid.checks import SEED_RANGE, learning_rate, seed_check
+from pshybrid.checks import SEED_RANGE, non_negative, seed_check
 from pshybrid.errors import ConfigError
 from pshybrid.limits import available_memory, gib
 from pshybrid.optim import SLOTS, SPARSE_LR
@@ -115,7 +115,7 @@ def _rate_problem(v) -> str | None:
     """What is wrong with a table's ``lr`` or ``init_scale`` (a real number >= 0)."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):  # (NumPy's: too)
         return "must be a number"
-    return learning_rate(v)
+    return non_negative(v)
 
 
 def check_memory(topo, tables: list[Table]) -> None:
