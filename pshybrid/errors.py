@@ -4,6 +4,9 @@ The launcher (`pshybrid.launch`) prints these as one line per rank and exits wit
 status 2, without a traceback; any other exception aborts the whole MPI job.
 """
 
+import os
+import sys
+
 
 class PshybridError(Exception):
     """Base class of errors a user can fix (bad option, bad file, bad id).
@@ -24,3 +27,13 @@ class ConfigError(PshybridError):
 
 class InputError(PshybridError):
     """Data passed to the library is invalid (names the table/file and the offending value)."""
+
+
+def pipe_closed() -> str:
+    """One line for a write to a closed pipe (``BrokenPipeError``: ``train ... | head`` once
+    head has its lines), after pointing standard output at /dev/null so that exiting, which
+    flushes it, raises no second error."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, sys.stdout.fileno())
+    os.close(null)
+    return "an output pipe was closed (its reader ended, as | head does once it has its lines)"

@@ -19,7 +19,7 @@ import sys
 import traceback
 from types import SimpleNamespace
 
-from .errors import PshybridError
+from .errors import PshybridError, pipe_closed
 
 # Set by the MPI launchers (Hydra/MPICH, Open MPI, PMIx/Slurm) in every rank they start.
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
@@ -99,6 +99,8 @@ def run(main, argv=None) -> int:
             _report(f"pshybrid: stopped by {signal.Signals(exc.code - 128).name}",
                     f": nothing published (exit status {exc.code})", exc.code)
         raise
+    except BrokenPipeError:  # (abort_on_error's line where one was around it)
+        return _report("pshybrid: stopped", f": {pipe_closed()}", 128 + signal.SIGPIPE)
     except MemoryError as exc:  # (abort_on_error's line where one was around it)
         from .transport import out_of_memory
 

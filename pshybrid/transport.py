@@ -9,6 +9,7 @@ import contextlib
 import ctypes
 import errno
 import os
+import signal
 import sys
 import time
 import traceback
@@ -17,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import array_module, synchronize
-from .errors import ConfigError, InputError, PshybridError
+from .errors import ConfigError, InputError, PshybridError, pipe_closed
 from .limits import SHM_WAYS_OUT
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
@@ -405,6 +406,11 @@ def abort_on_error(comm: MPI.Comm):
             raise
         err.write(f"pshybrid: error (rank {comm.rank}/{comm.size}): {exc}\n")
         abort(comm, 2)
+    except BrokenPipeError:  # stdout's reader ended: the job ends as SIGPIPE would end it
+        if comm.size == 1:
+            raise
+        err.write(f"pshybrid: stopped (rank {comm.rank}/{comm.size}): {pipe_closed()}\n")
+        abort(comm, 128 + signal.SIGPIPE)
     except MemoryError as exc:  # past what the check before step 1 counts: one line
         if comm.size == 1:
             raise

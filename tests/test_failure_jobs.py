@@ -423,3 +423,23 @@ def test_a_step_past_step_timeout_ends_the_job_naming_each_workers_phase(timeout
     else:
         assert p.returncode == 0 and "done: hybrid wdl  8 steps" in p.stdout, (p.returncode, p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_run_whose_output_pipe_closes_ends_in_one_line_like_sigpipe():
+    """``train ... | head -1``, one process (under mpiexec the launcher holds the pipe): the
+    write after head ended was a BrokenPipeError traceback, twice. Oracle: the first line
+    read, then one line on stderr, status 128 + SIGPIPE, no traceback."""
+    p = subprocess.Popen(pshybrid("train", "--mode", "allreduce", "--steps", "100000",
+                                  "--progress", "lines", "--log-every", "1", *SMALL),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline()
+        p.stdout.close()  # (head exits)
+        err = p.stderr.read()
+        code = p.wait(timeout=120)
+    finally:
+        p.kill()
+    assert first.startswith("plan: allreduce wdl"), first
+    assert code == 128 + signal.SIGPIPE and err == (
+        "pshybrid: stopped: an output pipe was closed (its reader ended, as | head does once "
+        "it has its lines)\n"), (code, err)
