@@ -100,7 +100,8 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
     meta = {"format_version": FORMAT_VERSION, "step": step, "mode": cfg.mode,
             "servers": topo.n_servers, "seed": cfg.seed, **_described(cfg),
             "schema": schema.to_dict(), "checksums": CRC_ATTR,
-            "shards": [f"shard-{s:05d}.h5" for s in range(max(topo.n_servers, 1))]}
+            "shards": [f"shard-{s:05d}.h5" for s in range(max(topo.n_servers, 1))],
+            "cwd": os.getcwd()}  # (the directory relative paths in "config" are from)
     if getattr(cfg, "batch_size", None):  # (a train run's: the rows a step reads, all workers)
         meta["global_batch"] = topo.n_workers * cfg.batch_size
     with open(os.path.join(tmp, "meta.json"), "x") as f:

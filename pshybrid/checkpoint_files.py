@@ -203,19 +203,21 @@ def read_meta(step_dir: str) -> dict:
     return meta
 
 
-def resumed_options(path: str) -> tuple[dict | None, str]:
-    """``(options, source)``: the training options stored in the checkpoint ``path`` names
-    (its root's ``latest``, or a step directory), without ``resume``, for ``--resume`` to
-    start from; ``(None, reason)`` when it has none that train can read (preflight then
-    says what is wrong with the checkpoint, on every rank)."""
+def resumed_options(path: str) -> tuple[dict | None, str, str | None]:
+    """``(options, source, cwd)``: the training options stored in the checkpoint ``path``
+    names (its root's ``latest``, or a step directory), without ``resume``, for ``--resume``
+    to start from, and the directory its run was started in (None: not stored);
+    ``(None, reason, None)`` when it has none that train can read (preflight then says what
+    is wrong with the checkpoint, on every rank)."""
     try:
         step_dir = resolve(path)
         meta = read_meta(step_dir)
         native_config(meta, step_dir)  # a torch run's checkpoint, a foreign key: no base
         options = {k: v for k, v in meta["config"].items() if k != "resume"}
     except PshybridError as e:
-        return None, str(e)
-    return options, os.path.join(step_dir, "meta.json")
+        return None, str(e), None
+    cwd = meta.get("cwd")
+    return options, os.path.join(step_dir, "meta.json"), cwd if isinstance(cwd, str) else None
 
 
 def native_config(meta: dict, where: str) -> TrainConfig:

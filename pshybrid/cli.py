@@ -213,8 +213,8 @@ def _resolve_train(args, say: bool):
     from .config import from_dict, given, option_flag, shown
 
     resume = given(TrainConfig, args, "resume")
-    base, source = (resumed_options(resume) if isinstance(resume, str) and resume != "none"
-                    else (None, ""))
+    base, source, cwd = (resumed_options(resume) if isinstance(resume, str) and resume != "none"
+                         else (None, "", None))
     if base is None:  # no resume; or preflight names what is wrong with the checkpoint
         return resolve(TrainConfig, args)
     old = from_dict(TrainConfig, base, source)
@@ -231,6 +231,13 @@ def _resolve_train(args, say: bool):
     if say:
         print(f"resume: the options of {source}" + (f", changed: {', '.join(changed)}"
                                                      if changed else ", unchanged"))
+    stored = [f"{option_flag(k)} {v}" for k in ("data", "eval_data", "metrics", "tensorboard")
+              if (v := getattr(new, k)) and v == base.get(k)
+              and not all(map(os.path.isabs, v.split(",")))]
+    if say and stored and cwd and os.path.realpath(cwd) != os.path.realpath(os.getcwd()):
+        print(f"resume: {', '.join(stored)}: relative, as given by the run that wrote it in "
+              f"{cwd}, so taken from this directory instead ({os.getcwd()}); give them as "
+              "absolute paths to use that run's files")
     return new
 
 

@@ -723,6 +723,30 @@ def test_a_metrics_line_cut_short_by_a_killed_job_stays_alone(tmp_path):
     assert '"config"' in lines[cut + 1] and '"summary"' in lines[-1], lines
 
 
+def test_a_resume_from_another_directory_names_the_stored_relative_paths(tmp_path, capsys,
+                                                                       monkeypatch):
+    """A run started in ``a`` with ``--metrics m.jsonl``, resumed from ``b``: its records
+    went to a new ``b/m.jsonl`` without a word (docs: "one unbroken record"). Oracle: one
+    line names --metrics and both directories; resumed from ``a``, no such line."""
+    from pshybrid.cli import main
+
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    assert main(["train", "--mode", "allreduce", "--servers", "0", "--embedding-dim", "4",
+                 "--mlp", "8", "--batch-size", "4", "--steps", "2", "--progress", "none",
+                 "--metrics", "m.jsonl", "--checkpoint-dir", "ck"]) == 0
+    for where, steps in (("a", "3"), ("b", "4")):
+        monkeypatch.chdir(tmp_path / where)
+        capsys.readouterr()
+        assert main(["train", "--resume", str(tmp_path / "a" / "ck"), "--steps", steps]) == 0
+        notes = [ln for ln in capsys.readouterr().out.splitlines() if "relative" in ln]
+        want = [f"resume: --metrics m.jsonl: relative, as given by the run that wrote it in "
+                f"{tmp_path / 'a'}, so taken from this directory instead ({tmp_path / 'b'}); "
+                "give them as absolute paths to use that run's files"]
+        assert notes == (want if where == "b" else []), notes
+
+
 def test_resume_takes_the_checkpoints_options_and_names_the_changed_ones(tmp_path, capsys):
     """``train --resume DIR --steps 8`` alone trains on the first run's --data with its
     options (what the command line changes is named) == the resume with every option
