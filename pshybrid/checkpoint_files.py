@@ -241,7 +241,9 @@ def native_config(meta: dict, where: str) -> TrainConfig:
 def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
     """Refuse a checkpoint whose model does not match the requested one, naming the key."""
     saved = native_config(meta, where)
-    for key in MATCH_KEYS:
+    for key in MATCH_KEYS:  # (--cross-layers: only where the model has cross layers)
+        if key == "cross_layers" and not MODELS[cfg.model].cross_layers:
+            continue
         if getattr(saved, key) != getattr(cfg, key):
             raise InputError(f"{where}: checkpoint has {key} = {getattr(saved, key)!r} but this "
                              f"run asks for {getattr(cfg, key)!r}")

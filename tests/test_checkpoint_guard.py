@@ -900,3 +900,20 @@ def test_the_deepest_checkpoint_path_is_named_as_checkpoints_name_their_files():
     tmp, shard = os.path.split(checkpoint_files.DEEPEST)
     assert checkpoint_files.TEMP_RE.fullmatch(tmp) and checkpoint_files.SHARD_RE.fullmatch(shard)
     assert len(tmp) >= len(f".step-{2**63}.abcdefgh.tmp")
+
+
+def test_cross_layers_must_match_only_where_the_model_has_them(tmp_path):
+    """A wdl checkpoint resumed with another --cross-layers was refused over an option wdl
+    never reads (the plan notes it as unused). Oracle: wdl resumed with cross_layers 3 ==
+    the run uninterrupted; a dcn checkpoint resumed with another count is refused."""
+    def trained(**kw):
+        return train(replace(BASE, steps=4, **kw), MPI.COMM_SELF, dataset=DATA,
+                     out=io.StringIO(), collect=True)
+
+    run(steps=2, checkpoint_dir=str(tmp_path / "wdl"))
+    got, want = trained(resume=str(tmp_path / "wdl"), cross_layers=3), trained()
+    assert np.array_equal(got.dense, want.dense) and np.array_equal(got.table, want.table)
+    run(model="dcn", steps=2, checkpoint_dir=str(tmp_path / "dcn"))
+    with pytest.raises(InputError, match="checkpoint has cross_layers = 2 but this run asks "
+                                         "for 3"):
+        run(model="dcn", steps=4, resume=str(tmp_path / "dcn"), cross_layers=3)
