@@ -52,23 +52,8 @@ def test_model_backward_matches_finite_differences(name, monkeypatch):
     params.zero_grad()
     demb = model.backward(g)
     dflat = params.flat_grad.copy()
-    h = 1e-6
-    num_emb = np.zeros_like(emb)
-    for idx in np.ndindex(emb.shape):
-        old = emb[idx]
-        emb[idx] = old + h
-        up = loss()
-        emb[idx] = old - h
-        num_emb[idx] = (up - loss()) / (2 * h)
-        emb[idx] = old
-    num_flat = np.zeros_like(params.flat)
-    for i in range(params.size):
-        old = params.flat[i]
-        params.flat[i] = old + h
-        up = loss()
-        params.flat[i] = old - h
-        num_flat[i] = (up - loss()) / (2 * h)
-        params.flat[i] = old
+    num_emb = _fd(loss, emb, np.ndindex(emb.shape))
+    num_flat = _fd(loss, params.flat, range(params.size))
     np.testing.assert_allclose(demb, num_emb, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(dflat, num_flat, rtol=1e-5, atol=1e-7)
     assert np.abs(dflat).max() > 0 and np.abs(demb).max() > 0
