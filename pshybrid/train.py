@@ -349,18 +349,26 @@ def loop(job: Job, on_step=None) -> None:
         if job.evdata is not None and ((cfg.eval_every and done % cfg.eval_every == 0)
                                        or done == job.steps):
             with watch.inside("an evaluation", done, ends=False):  # (its length: the file's)
-                log.pause(lambda: evaluate(job, done))
+                log.pause(lambda: (evaluate(job, done), _together(job)))
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
                                    or done == job.steps):
             mode.request_checkpoint(done)
             with watch.inside("a checkpoint", done, ends=False):  # (its length: the disk's)
                 job.save(done)
+                _together(job)
         if done < job.steps and stop.stop():  # collective: every worker stops here
             upcoming.drop()
             _preempted(job, done, log)
             break
     if job.start >= job.steps and job.evdata is not None:  # resumed at the end (collect=True)
         log.pause(lambda: evaluate(job, job.start))
+
+
+def _together(job: Job) -> None:
+    """After an evaluation or a checkpoint: worker 0 ends it alone (the AUC, its report;
+    --keep-last's pruning), which the others waited for inside their next step, whose
+    --step-timeout ended the job; they wait here, in the call's time, which only warns."""
+    job.topo.workers.Barrier()  # Wire: zero-byte barrier over the workers
 
 
 def _watch(job: Job) -> Watch:

@@ -404,8 +404,8 @@ def test_a_step_past_step_timeout_ends_the_job_naming_each_workers_phase(timeout
     """Worker 1 spends 30 s (with --step-timeout none: 2 s) in its fwd_bwd at step 5; a
     stopped or stuck rank hung train for good (no line). Oracle: with --step-timeout 3, one
     line from each worker naming step 5 and its phase (the slow one its own fwd_bwd, the
-    other its wait in the Allreduce), status 2, long before the 30 s; without a limit, the
-    warnings (at stall.WARN_S, 0.5 s here) and the run's end, status 0."""
+    other its wait in the Allreduce), a non-zero status, long before the 30 s; without a
+    limit, the warnings (at stall.WARN_S, 0.5 s here) and the run's end, status 0."""
     seconds = "30" if timeout == "3" else "2"
     script = os.path.join(os.path.dirname(__file__), "jobs", "train_slow_step.py")
     t0 = time.monotonic()
@@ -418,10 +418,12 @@ def test_a_step_past_step_timeout_ends_the_job_naming_each_workers_phase(timeout
                 + rf"\d+ s inside a step at step 5 \(its {phase} phase\), waiting for the other")
         assert re.search(want, p.stderr), (want, p.stderr)
     if timeout == "3":
-        assert p.returncode == 2 and took < 25 and "--step-timeout sets this limit" in p.stderr, (
+        # (2, or 9 / 11 where the launcher reports two ranks' aborts at once: docs)
+        assert p.returncode != 0 and took < 25 and "--step-timeout sets this limit" in p.stderr, (
             p.returncode, took, p.stderr)
     else:
-        assert p.returncode == 0 and "done: hybrid wdl  8 steps" in p.stdout, (p.returncode, p.stderr)
+        assert p.returncode == 0 and "done: hybrid wdl  8 steps" in p.stdout, (p.returncode,
+                                                                              p.stderr)
     assert "Traceback" not in p.stderr, p.stderr
 
 
@@ -443,3 +445,30 @@ def test_a_run_whose_output_pipe_closes_ends_in_one_line_like_sigpipe():
     assert code == 128 + signal.SIGPIPE and err == (
         "pshybrid: stopped: an output pipe was closed (its reader ended, as | head does once "
         "it has its lines)\n"), (code, err)
+
+
+@pytest.mark.parametrize("call", ["checkpoint", "evaluation"])
+def test_worker_0_ending_a_checkpoint_or_evaluation_alone_only_warns(tmp_path, call):
+    """Worker 0 spends 6 s after a checkpoint's or an evaluation's last collective call (its
+    --keep-last pruning, the AUC): the other worker waited for it inside its next step, and
+    --step-timeout 3 ended the job, where the docs promise a checkpoint and an evaluation
+    the warning, never the end. Oracle: the run ends normally, each worker warned inside
+    the call, no error line."""
+    script = os.path.join(os.path.dirname(__file__), "jobs", "train_slow_tail.py")
+    data = str(tmp_path / "d.h5")
+    assert subprocess.run([sys.executable, "-m", "pshybrid", "prep", "synthetic", data,
+                           "--rows", "2000", "--valid-fraction", "0.5",
+                           "--max-cardinality", "100"], capture_output=True).returncode == 0
+    what = (["--checkpoint-dir", str(tmp_path / "ck"), "--checkpoint-every", "4"]
+            if call == "checkpoint" else
+            ["--data", data, "--eval-data", data.replace(".h5", ".valid.h5"),
+             "--eval-every", "4"])
+    p = run_job(3, [sys.executable, script, "0.5", "6", call, "train", "--steps", "6",
+                    "--progress", "none", "--step-timeout", "3", *what, *SMALL], timeout=120)
+    name = "a checkpoint" if call == "checkpoint" else "an evaluation"
+    assert p.returncode == 0 and "done: hybrid wdl  6 steps" in p.stdout, (p.returncode,
+                                                                          p.stderr)
+    for rank in (0, 1):
+        assert re.search(re.escape(f"pshybrid: warning (rank {rank}, worker {rank}): ")
+                         + rf"\d+ s inside {name} at step 4,", p.stderr), p.stderr
+    assert "pshybrid: error" not in p.stderr and "Traceback" not in p.stderr, p.stderr
