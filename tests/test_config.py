@@ -147,7 +147,7 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
     # the tables take the seed's low 32 bits: 2**32 would silently be seed 0
     (["--seed", str(2**32)], "--seed: must be an integer from 0 to 2**32 - 1, got 4294967296"),
     (["--seed", "-1"], "--seed: must be an integer from 0 to 2**32 - 1, got -1"),
-    (["--step-timeout", "0"], "--step-timeout: must be > 0, got 0.0"),
+    (["--step-timeout", "0.5"], "--step-timeout: must be >= 1, got 0.5"),  # (its thread polls)
     # an unset variable in a job script ("--resume $CKPT") is no path: it was taken as none,
     # a fresh run that saved nothing, on the synthetic stream, exit status 0
     *[([option, value], f"{option}: must be a value (or none), got {value!r}")
