@@ -374,10 +374,11 @@ def _together(job: Job) -> None:
 def _watch(job: Job) -> Watch:
     """A worker's step timer: a warning after ``stall.WARN_S`` inside one step (or an
     evaluation, a checkpoint), the job's end after ``--step-timeout`` inside one step."""
-    topo = job.topo
+    topo, timers = job.topo, job.mode.timers  # (not job: job.watch would make a cycle that
+    # gc.freeze keeps, and a run's arrays would outlive it: train called again, auto trials)
     return Watch(topo.world, f"rank {topo.rank}, worker {topo.worker_index}",
                  job.cfg.step_timeout, STEP_ADVICE, "--step-timeout",
-                 lambda: getattr(job.mode.timers, "current", None))  # (GPU: none)
+                 lambda: timers.current)
 
 
 def _preempted(job: Job, done: int, log) -> None:
