@@ -59,7 +59,8 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
     opened = []
     try:
         data = _open(cfg, pc, dataset, opened)
-        start = before_probe(cfg, pc, data.schema)  # (what step 1's check refuses, first)
+        start = before_probe(cfg, pc, data.schema,  # (what step 1's check refuses, first)
+                             getattr(data, "n_rows", None))
         finite = getattr(data, "n_rows", None) is not None  # (--epochs counts its rows)
         params = ParamSpace()
         model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,

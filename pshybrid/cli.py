@@ -232,7 +232,7 @@ def _resolve_train(args, say: bool):
         print(f"resume: the options of {source}" + (f", changed: {', '.join(changed)}"
                                                      if changed else ", unchanged"))
     stored = [f"{option_flag(k)} {v}" for k in ("data", "eval_data", "metrics", "tensorboard")
-              if (v := getattr(new, k)) and v == base.get(k)
+              if (v := getattr(new, k)) and v == base.get(k) and given(TrainConfig, args, k) is None
               and not all(map(os.path.isabs, v.split(",")))]
     if say and stored and cwd and os.path.realpath(cwd) != os.path.realpath(os.getcwd()):
         print(f"resume: {', '.join(stored)}: relative, as given by the run that wrote it in "

@@ -33,7 +33,25 @@ def pipe_closed() -> str:
     """One line for a write to a closed pipe (``BrokenPipeError``: ``train ... | head`` once
     head has its lines), after pointing standard output at /dev/null so that exiting, which
     flushes it, raises no second error."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    os.dup2(null, sys.stdout.fileno())
-    os.close(null)
+    _to_null(sys.stdout)
     return "an output pipe was closed (its reader ended, as | head does once it has its lines)"
+
+
+def say(stream, line: str) -> None:
+    """Write ``line`` to ``stream`` (standard error), unless its reader ended (``2>&1 |
+    head``): then the stream goes to /dev/null, and the exit status alone tells."""
+    try:
+        stream.write(line)
+        stream.flush()
+    except BrokenPipeError:
+        _to_null(stream)
+
+
+def _to_null(stream) -> None:
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):  # (no descriptor: a capture, a notebook; nothing to point)
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, fd)
+    os.close(null)

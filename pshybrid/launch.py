@@ -19,7 +19,7 @@ import sys
 import traceback
 from types import SimpleNamespace
 
-from .errors import PshybridError, pipe_closed
+from .errors import PshybridError, pipe_closed, say
 
 # Set by the MPI launchers (Hydra/MPICH, Open MPI, PMIx/Slurm) in every rank they start.
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS")
@@ -120,8 +120,7 @@ def _report(head: str, tail: str, code: int, every_rank: bool = False) -> int:
     every rank: the others may wait in a collective."""
     world = _world()
     where = f" (rank {world.rank}/{world.size})" if world.size > 1 else ""
-    sys.stderr.write(f"{head}{where}{tail}\n")
-    sys.stderr.flush()
+    say(sys.stderr, f"{head}{where}{tail}\n")
     if not every_rank and world.size > 1:
         _abort(code)
     return code

@@ -183,14 +183,17 @@ def _check_run(cfg, schema, writer: bool, score: bool = False, until: int | None
     return step_dir, meta, start
 
 
-def before_probe(cfg, comm, schema) -> int:
+def before_probe(cfg, comm, schema, n_rows: int | None = None) -> int:
     """Collective: ``--mode auto``'s probe and trials take seconds to minutes, so what the
     check before step 1 would refuse of the resume point, the checkpoint directory, the
     outputs and ``--eval-data`` (it opens) is refused before them, with one verdict (rank 0
-    is worker 0 in every placement). -> the step the run starts at (``--resume``'s)."""
+    is worker 0 in every placement). -> the step the run starts at (``--resume``'s).
+    ``n_rows``: ``--data``'s, for ``--epochs``' steps (a resume past the most any choice
+    makes, one worker's, writes no checkpoint: as ``preflight``'s)."""
     err, start = None, 0
     try:
-        start = _check_run(cfg, schema, comm.rank == 0)[2]
+        until = total_steps(cfg, n_rows, 1) if n_rows is not None or not cfg.epochs else None
+        start = _check_run(cfg, schema, comm.rank == 0, until=until)[2]
         if cfg.eval_data:
             open_dataset(cfg.eval_data).close()
     except PshybridError as e:

@@ -47,8 +47,8 @@ def check_rows(where: str, schema: Schema, label, dense, sparse, row_of, lo=0) -
 
 def check_bag_rows(where: str, schema: Schema, bags, row_of) -> None:
     """Multi-hot rows as read (``bags``: per multi-hot field ``(values (m,), lengths (n,))``):
-    integers, at least one id each, ids in ``[0, cardinality)``, else ``InputError`` naming ``where``,
-    the field and the dataset row (``row_of(i)`` of position ``i``)."""
+    integers, at least one id each, ids in ``[0, cardinality)``, else ``InputError`` naming
+    ``where``, the field and the dataset row (``row_of(i)`` of position ``i``)."""
     for k, (values, lengths) in enumerate(bags):
         name, card = (x[schema.n_single + k] for x in (schema.sparse_names, schema.cardinalities))
         at = f"{where}: /multi_hot/{name}"

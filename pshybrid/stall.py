@@ -50,7 +50,7 @@ class Watch:
         limits = [t for t in (timeout, self.warn_s) if t]
         self._thread = None
         if limits and comm.size > 1:
-            self._poll = min(1.0, min(limits) / 10)
+            self._poll = min(1.0, max(0.01, min(limits) / 10))  # (pt.init(timeout=1e-9))
             self._thread = threading.Thread(target=self._run, name="pshybrid-stall",
                                             daemon=True)
             self._thread.start()

@@ -99,8 +99,11 @@ class StepLog:
         """Workers, collectively: the log record of the steps up to ``done``."""
         job = self.job
         self.read_back(done)
-        # Wire: Allreduce of 3 doubles (loss sum, samples, labels) over the workers.
-        glob = job.topo.workers.allreduce(self.acc, op=MPI.SUM)
+        # Wire: Allreduce of 3 doubles (loss sum, samples, labels) over the workers (the
+        # buffer call: a first pickled allreduce kept the GIL while it waited, the step
+        # timer's thread with it)
+        glob = self.acc.copy()
+        job.topo.workers.Allreduce(MPI.IN_PLACE, glob, op=MPI.SUM)
         job.totals += glob
         rec = {"step": done, "loss": glob[0] / glob[1],
                "samples_per_s": glob[1] / (now - self.t_log),

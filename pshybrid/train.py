@@ -340,10 +340,12 @@ def loop(job: Job, on_step=None) -> None:
         label, dense, ids, bags, batch = upcoming.take()
         # the next batch is made while the servers apply this step (stale: made already)
         idle = upcoming.make if step + 1 < job.steps and mode.stale is None else None
-        with watch.inside("a step", step, ends=step > job.start):  # (the first: compiles)
-            loss_sum = _step(job, step, label, dense, batch, bags, idle)
         done = step + 1
-        log.add(done, loss_sum, None if job.device is not None else label)
+        # (the first: compiles; the log's Allreduce too: a worker stopped after the step's
+        # collective calls leaves the others waiting there at a --log-every step)
+        with watch.inside("a step", step, ends=step > job.start):
+            loss_sum = _step(job, step, label, dense, batch, bags, idle)
+            log.add(done, loss_sum, None if job.device is not None else label)
         if on_step is not None:
             on_step(done)
         if job.evdata is not None and ((cfg.eval_every and done % cfg.eval_every == 0)

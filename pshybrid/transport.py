@@ -18,7 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import array_module, synchronize
-from .errors import ConfigError, InputError, PshybridError, pipe_closed
+from .errors import ConfigError, InputError, PshybridError, pipe_closed, say
 from .limits import SHM_WAYS_OUT
 
 _MPI_TYPES = {np.dtype(np.float32): MPI.FLOAT, np.dtype(np.float64): MPI.DOUBLE}
@@ -409,7 +409,7 @@ def abort_on_error(comm: MPI.Comm):
     except BrokenPipeError:  # stdout's reader ended: the job ends as SIGPIPE would end it
         if comm.size == 1:
             raise
-        err.write(f"pshybrid: stopped (rank {comm.rank}/{comm.size}): {pipe_closed()}\n")
+        say(err, f"pshybrid: stopped (rank {comm.rank}/{comm.size}): {pipe_closed()}\n")
         abort(comm, 128 + signal.SIGPIPE)
     except MemoryError as exc:  # past what the check before step 1 counts: one line
         if comm.size == 1:

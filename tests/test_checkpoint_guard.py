@@ -351,22 +351,24 @@ def test_resumed_run_already_past_steps_has_nothing_to_do(ck):
     assert snapshot(ck) == before
 
 
+@pytest.mark.parametrize("mode", ["allreduce", "auto"])
 @pytest.mark.parametrize("case", ["unwritable", "full"])
-def test_nothing_to_do_needs_no_room_for_a_checkpoint(ck, tmp_path, monkeypatch, case):
+def test_nothing_to_do_needs_no_room_for_a_checkpoint(ck, tmp_path, monkeypatch, case, mode):
     """A finished run run again (a requeued job) writes nothing: a directory that could not
     take a checkpoint now (read-only, a full disk) does not turn its ``nothing to do`` into
-    a refusal; one step more to run is refused, as before step 1."""
+    a refusal (--mode auto: not before its probe either); one step more to run is refused,
+    as before step 1."""
     ckdir = ck
     if case == "unwritable":
         ckdir = os.path.join(unwritable_dir(tmp_path), "ck")
     else:
         monkeypatch.setattr(limits, "checkpoint_bytes", lambda *a: 1 << 62)
     before = snapshot(tmp_path)
-    res, out = run(steps=4, resume=ck, checkpoint_dir=ckdir)
-    assert out.startswith("nothing to do") and res.summary == {}, out
+    res, out = run(steps=4, resume=ck, checkpoint_dir=ckdir, mode=mode)
+    assert "nothing to do" in out and res.summary == {}, out
     assert snapshot(tmp_path) == before
     with pytest.raises(ConfigError) as e:
-        run(steps=5, resume=ck, checkpoint_dir=ckdir)
+        run(steps=5, resume=ck, checkpoint_dir=ckdir, mode=mode)
     assert "--checkpoint-dir" in str(e.value)
     assert snapshot(tmp_path) == before
 

@@ -461,6 +461,7 @@ def test_a_python_config_with_a_misspelt_keyword_names_the_field():
     for name in names:
         with pytest.raises(TypeError, match=rf"argument '{name}x'; did you mean .*\b{name}\b"):
             TrainConfig(**{name + "x": getattr(TrainConfig(), name)})
-        assert dataclasses.replace(TrainConfig(), **{name: getattr(TrainConfig(), name)})
+        assert dataclasses.replace(TrainConfig(), **{name: getattr(TrainConfig(), name)}) == (
+            TrainConfig())
     with pytest.raises(TypeError, match="argument 'zzz'; known: " + ", ".join(names)):
         TrainConfig(zzz=1)

@@ -427,6 +427,21 @@ def test_a_step_past_step_timeout_ends_the_job_naming_each_workers_phase(timeout
     assert "Traceback" not in p.stderr, p.stderr
 
 
+def test_a_worker_stopped_before_a_logs_allreduce_ends_the_job():
+    """Worker 1 stops (SIGSTOP) after step 5's collective calls, before the log's Allreduce
+    of that --log-every step: worker 0 waited in that Allreduce outside its step timer, and
+    the job hung for good without a line. Oracle: worker 0's line names step 5 (0-based
+    4), the job ends long before the test's limit, a non-zero status."""
+    script = os.path.join(os.path.dirname(__file__), "jobs", "train_stopped_worker.py")
+    t0 = time.monotonic()
+    p = run_job(3, [sys.executable, script, "60", "5", "train", "--steps", "8",
+                    "--progress", "none", "--step-timeout", "3", *SMALL], timeout=60)
+    assert p.returncode != 0 and time.monotonic() - t0 < 40, (p.returncode, p.stderr)
+    assert re.search(re.escape("pshybrid: error (rank 0, worker 0): ")
+                     + r"\d+ s inside a step at step 4, waiting for the other", p.stderr), (
+        p.stderr)
+
+
 def test_a_run_whose_output_pipe_closes_ends_in_one_line_like_sigpipe():
     """``train ... | head -1``, one process (under mpiexec the launcher holds the pipe): the
     write after head ended was a BrokenPipeError traceback, twice. Oracle: the first line
@@ -445,6 +460,23 @@ def test_a_run_whose_output_pipe_closes_ends_in_one_line_like_sigpipe():
     assert code == 128 + signal.SIGPIPE and err == (
         "pshybrid: stopped: an output pipe was closed (its reader ended, as | head does once "
         "it has its lines)\n"), (code, err)
+
+
+def test_a_run_whose_merged_output_pipe_closes_ends_with_sigpipes_status():
+    """``train ... 2>&1 | head -1``: the stop's own line went to the closed pipe too, whose
+    BrokenPipeError made the status 1. Oracle: the first line read, status 128 + SIGPIPE
+    as with stdout alone."""
+    p = subprocess.Popen(pshybrid("train", "--mode", "allreduce", "--steps", "100000",
+                                  "--progress", "lines", "--log-every", "1", *SMALL),
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        first = p.stdout.readline()
+        p.stdout.close()  # (head exits)
+        code = p.wait(timeout=120)
+    finally:
+        p.kill()
+    assert first.startswith("plan: allreduce wdl") and code == 128 + signal.SIGPIPE, (first,
+                                                                                       code)
 
 
 @pytest.mark.parametrize("call", ["checkpoint", "evaluation"])
