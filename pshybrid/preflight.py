@@ -229,7 +229,7 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
             raise InputError(f"{evdata.path}: --eval-data holds no rows: nothing to evaluate")
         step_dir, meta, start = _check_run(cfg, data.schema, topo.rank == topo.worker_ranks[0],
                                            score, None if collect else steps)
-        idle = cfg.resume and start >= steps and not collect  # (no checkpoint written)
+        idle = bool(cfg.resume) and start >= steps and not collect  # (nothing written)
         _check_resources(dataclasses.replace(cfg, checkpoint_dir=None) if idle else cfg, topo,
                          data.schema, getattr(evdata, "n_rows", 0), score)
     except PshybridError as e:
@@ -237,7 +237,7 @@ def preflight(cfg, topo, data, evdata=None, out=None, collect: bool = False,
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same
     if cfg.resume and not (score or idle) and topo.rank == topo.worker_ranks[0] and out:
         _resume_warnings(cfg, topo, meta, step_dir, start, getattr(data, "n_rows", None), out)
-    if cfg.resume and start >= steps and not collect:
+    if idle:  # (every rank's: agree raised on all, or none)
         if topo.rank == topo.worker_ranks[0] and out is not None:
             until = (f"--epochs {cfg.epochs} ({steps} steps)" if cfg.epochs
                      else f"--steps {steps}")
