@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import h5py
@@ -452,12 +453,15 @@ def test_a_run_whose_output_pipe_closes_ends_like_sigpipe(merged):
                                   "--progress", "lines", "--log-every", "1", *SMALL),
                          stdout=subprocess.PIPE, text=True,
                          stderr=subprocess.STDOUT if merged else subprocess.PIPE)
+    bound = threading.Timer(120, p.kill)  # (the reads below wait for the process: a bound)
+    bound.start()
     try:
         first = p.stdout.readline()
         p.stdout.close()  # (head exits)
         err = "" if merged else p.stderr.read()
         code = p.wait(timeout=120)
     finally:
+        bound.cancel()
         p.kill()
     assert first.startswith("plan: allreduce wdl") and code == 128 + signal.SIGPIPE, (first,
                                                                                        code)
