@@ -137,8 +137,12 @@ def test_python_api_dataset_raising_on_one_worker_ends_the_job():
     assert time.time() - t0 < 60, f"{time.time() - t0:.0f}s"
 
 
-@pytest.mark.parametrize("mode,n", [("allreduce", 2), ("hybrid", 3)])
-def test_a_torch_exception_inside_try_finally_shutdown_ends_the_job(mode, n):
+_RAISING = [(mode, n, case) for mode, n in (("allreduce", 2), ("hybrid", 3))
+            for case in ("one", "after", "one 4", "all", "exit")]
+
+
+@pytest.mark.parametrize("mode,n,case", _RAISING)  # one job each (its own pytest timeout)
+def test_a_torch_exception_inside_try_finally_shutdown_ends_the_job(mode, n, case):
     """``try: ... finally: pt.shutdown()`` on the worker that raised ran shutdown's
     collectives while the others stepped: the job hung (allreduce), or a server's assert
     ended it (hybrid); raised after the loop while the others were in pt.shutdown(), their
@@ -150,17 +154,17 @@ def test_a_torch_exception_inside_try_finally_shutdown_ends_the_job(mode, n):
     the job (the others' 4 s limit ended it, naming them: the exception was never printed)."""
     pytest.importorskip("torch")
     script = os.path.join(os.path.dirname(__file__), "jobs", "torch_raise_in_finally.py")
-    for case, extra in (("one", []), ("after", []), ("one", ["4"])):
-        p = run_job(n, [sys.executable, script, mode, case, *extra], timeout=120)
+    p = run_job(n, [sys.executable, script, mode, *case.split()], timeout=120)
+    if case == "all":
+        assert p.returncode == 0 and p.stdout.count("stopped early") == n - (
+            mode == "hybrid"), (p.returncode, p.stdout, p.stderr)
+    elif case == "exit":
+        assert p.returncode == 3 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
+    else:
         assert p.returncode not in (0, 124, 137), (case, p.returncode, p.stderr)
         assert "ValueError: the last worker's bug" in p.stderr, p.stderr
         assert "out of step" not in p.stderr and "not reached" not in p.stdout, p.stderr
         assert "inside opt.step()" not in p.stderr, p.stderr
-    p = run_job(n, [sys.executable, script, mode, "all"], timeout=120)
-    assert p.returncode == 0 and p.stdout.count("stopped early") == n - (mode == "hybrid"), \
-        (p.returncode, p.stdout, p.stderr)
-    p = run_job(n, [sys.executable, script, mode, "exit"], timeout=120)
-    assert p.returncode == 3 and "Traceback" not in p.stderr, (p.returncode, p.stderr)
 
 
 @pytest.mark.parametrize("case,mode,n,want", [
