@@ -55,10 +55,32 @@ def not_trained_on(eval_spec: str, data_spec: str) -> None:
                                  "list --data's files")
 
 
-def open_dataset(spec: str):
-    """``H5Dataset`` of one file, ``H5Files`` of several."""
+UNLABELED = "unlabeled"  # a file's attribute: 1 = its /label holds no labels (zeros)
+
+
+def open_dataset(spec: str, labels: bool = True):
+    """``H5Dataset`` of one file, ``H5Files`` of several. ``labels``: refuse a file marked
+    unlabeled (``prep --unlabeled``), as training and evaluation must."""
     paths = dataset_paths(spec)
-    return H5Dataset(paths[0]) if len(paths) == 1 else H5Files(paths)
+    data = H5Dataset(paths[0]) if len(paths) == 1 else H5Files(paths)
+    try:
+        for d in getattr(data, "parts", [data]):
+            if _unlabeled(d) and labels:
+                raise InputError(f"{d.path}: its rows have no labels (attribute {UNLABELED} = "
+                                 "1, as prep --unlabeled writes): training and evaluation "
+                                 "need them; predict scores such a file")
+    except BaseException:
+        data.close()
+        raise
+    return data
+
+
+def _unlabeled(d: H5Dataset) -> bool:
+    """Whether file ``d`` is marked unlabeled (its attribute ``UNLABELED``: 0 or 1)."""
+    value = np.asarray(d.f.attrs.get(UNLABELED, 0))
+    if value.ndim or value.dtype.kind not in "biu" or int(value) not in (0, 1):
+        raise InputError(f"{d.path}: attribute {UNLABELED} is {value.tolist()!r}, not 0 or 1")
+    return bool(value)
 
 
 class H5Files:

@@ -47,7 +47,7 @@ def _open(path: str, topo, out: str | None, overwrite: bool, ckpt: str):
     ``out`` may be written, with one shared verdict."""
     err, data = None, None
     try:
-        data = open_dataset(path)  # one file, a comma list or a directory, as --eval-data
+        data = open_dataset(path, labels=out is None)  # one file, a list or a directory
         if data.n_rows == 0:
             raise InputError(f"{path}: holds no rows: nothing to score")
         n, W, w = data.n_rows, topo.n_workers, topo.worker_index

@@ -292,6 +292,18 @@ def two_days(out, cwd):
         assert f["label"][:33].tolist() == d0["label"][:].tolist()   # day_0's rows first
 
 
+def test_set_made(out, cwd):
+    """test.txt is train.txt.gz's first 20 lines without their label: the features of those
+    lines prepped with it, no labels."""
+    from pshybrid.cli import main
+
+    assert main(["prep", "criteo", str(cwd / "train20.txt"), str(cwd / "train20.h5")]) == 0
+    with h5py.File(cwd / "test.h5") as f, h5py.File(cwd / "train20.h5") as t:
+        assert f.attrs["unlabeled"] == 1 and not f["label"][:].any() and len(f["label"]) == 20
+        for key in ("dense", "sparse"):
+            assert (f[key][:] == t[key][:]).all(), key
+
+
 def genres_made(out, cwd):
     with h5py.File(cwd / "mlg.h5") as f:
         assert list(f.attrs["multi_hot"]) == ["genres"] and len(f["label"]) == 8
@@ -401,6 +413,8 @@ COMMANDS = {
         "prep", ("--rows", "20000"), expect=synthetic_made),
     "python -m pshybrid prep criteo day_0.gz day_1.gz days.h5 --compression gzip": Run(
         "prep", expect=two_days),
+    "python -m pshybrid prep criteo --unlabeled test.txt test.h5": Run("prep",
+                                                                      expect=test_set_made),
     "python -m pshybrid prep csv ratings_genres.csv mlg.h5 --label rating --label-threshold 4 "
     "--sparse userId,movieId,title --multi-hot genres --valid-fraction 0.2": Run(
         "prep", expect=genres_made),
@@ -578,6 +592,9 @@ def setup_prep(cwd: pathlib.Path) -> None:
     lines = [b"\t".join(ln.split(b"\t")[:14] + [v] + ln.split(b"\t")[15:])
              for ln, v in zip(lines, [b"a", b"b", b"c"] * 10 + [b"d"] * 3)]
     (cwd / "day_0").write_bytes(b"".join(lines))
+    train = gzip.decompress((cwd / "train.txt.gz").read_bytes()).splitlines(keepends=True)
+    (cwd / "test.txt").write_bytes(b"".join(ln.split(b"\t", 1)[1] for ln in train[:20]))
+    (cwd / "train20.txt").write_bytes(b"".join(train[:20]))
     (cwd / "day_0.gz").write_bytes(gzip.compress(b"".join(lines)))
     (cwd / "day_1.gz").write_bytes(gzip.compress(b"".join(lines[::-1])))
     (cwd / "ratings_genres.csv").write_text("".join(line + "\n" for line in [

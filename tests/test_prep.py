@@ -20,6 +20,7 @@ from pshybrid.prep.hashing import crc32
 from pshybrid.cli import main
 from pshybrid.data import H5Dataset
 from pshybrid.errors import ConfigError, InputError
+from pshybrid.files import open_dataset
 
 # Criteo rows, only the columns that hold values: label|I1|I2|I3|I4|I13|C1|C2|C3|C26.
 # I5..I12 and C4..C25 are empty (missing) everywhere; see criteo_line.
@@ -271,6 +272,40 @@ def test_valid_out_path(tmp_path):
     assert len(read(tmp_path / "data.valid.h5")[0]) == 2
 
 
+@pytest.mark.parametrize("valid", [[], ["--valid-fraction", "0.25"]], ids=["one", "split"])
+def test_criteo_unlabeled_lines_are_the_labeled_ones_without_the_label(tmp_path, valid):
+    """``--unlabeled`` (a file to predict, as Criteo's test.txt: 39 fields): the dense and
+    sparse values of the same lines with their label field, /label 0 and attribute
+    unlabeled = 1 (``train`` and ``eval`` refuse the file); the hint names it for such lines
+    read without it, and lines with a label are bad with it."""
+    src = write(tmp_path / "in.tsv", CRITEO)
+    bare = write(tmp_path / "bare.tsv", "".join(ln.split("\t", 1)[1] + "\n"
+                                                for ln in CRITEO.splitlines()))
+    run("criteo", src, tmp_path / "l.h5", "--buckets", "1000", *valid)
+    run("criteo", bare, tmp_path / "u.h5", "--buckets", "1000", "--unlabeled", *valid)
+    for part in ("", ".valid") if valid else ("",):
+        label, dense, sparse, attrs = read(tmp_path / f"u{part}.h5")
+        had_label, *want, had = read(tmp_path / f"l{part}.h5")
+        np.testing.assert_array_equal(dense, want[0])
+        np.testing.assert_array_equal(sparse, want[1])
+        assert attrs.pop("unlabeled") == 1 and not label.any() and had_label.any()
+        assert attrs.pop("transform").startswith("no labels") and "unlabeled" not in had
+        assert attrs.pop("source") == bare and had.pop("source") == src
+        assert attrs == {k: v for k, v in had.items() if k != "transform"}
+    with pytest.raises(InputError, match=r"bare.tsv:1: wrong number of fields: 39, expected "
+                       r"40; lines without a label \(to predict\): --unlabeled"):
+        run("criteo", bare, tmp_path / "x.h5")
+    with pytest.raises(InputError, match=r"in.tsv:1: wrong number of fields: 40, expected "
+                       r"39 \(--skip"):
+        run("criteo", src, tmp_path / "x.h5", "--unlabeled")
+    with pytest.raises(ConfigError, match=r"--unlabeled with --min-count: a vocabulary"):
+        run("criteo", bare, tmp_path / "x.h5", "--unlabeled", "--min-count", "2")
+    with pytest.raises(InputError, match=r"u.h5: its rows have no labels"):
+        open_dataset(f"{tmp_path}/l.h5,{tmp_path}/u.h5")  # what train and eval open
+    open_dataset(str(tmp_path / "u.h5"), labels=False).close()  # as predict does
+    assert not os.path.exists(tmp_path / "x.h5")
+
+
 # -- csv ------------------------------------------------------------------------------------
 
 RATINGS = """\
@@ -306,6 +341,20 @@ def test_csv_by_names_and_by_indices(tmp_path):
     run("csv", src, tmp_path / "b.h5", "--label", "2", "--label-threshold", "4",
         "--dense", "3,4", "--sparse", "0,1,5,6", "--buckets", "1000")
     check_ratings(tmp_path / "b.h5", names)
+
+
+def test_csv_unlabeled_is_the_labeled_file_without_its_labels(tmp_path):
+    """``--unlabeled``, no --label: the same dense and sparse values (the label column, had
+    it one, is no feature), /label 0, attribute unlabeled = 1."""
+    src = write(tmp_path / "ratings.csv", RATINGS)
+    run("csv", src, tmp_path / "l.h5", "--label", "rating", "--label-threshold", "4",
+        "--dense", "age,price", "--sparse", "user,item,genre,city", "--buckets", "1000")
+    run("csv", src, tmp_path / "u.h5", "--unlabeled", "--dense", "age,price",
+        "--sparse", "user,item,genre,city", "--buckets", "1000")
+    (_, *want, had), (label, *got, attrs) = read(tmp_path / "l.h5"), read(tmp_path / "u.h5")
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    assert attrs["unlabeled"] == 1 and not label.any() and "unlabeled" not in had
 
 
 def test_csv_options_from_toml_take_the_command_lines_forms(tmp_path):
@@ -439,6 +488,8 @@ def test_csv_bad_lines(tmp_path, capsys, text, extra, line, why):
     (["--label", "rating", "--sparse", "user", "--sep", "ab"],
      r"--sep: must be one ASCII character \(or \\t\), got 'ab'"),
     (["--dense", "age"], r"--label is required"),
+    (["--unlabeled", "--label", "rating", "--dense", "age"], r"--unlabeled: the lines have no"),
+    (["--unlabeled", "--label-threshold", "4", "--dense", "age"], r"so --label and --label-t"),
     (["--label", "rating", "--sparse", "user", "--sep", ";"],
      r"no column 'rating' .*; one column: is --sep right\? the first line holds ','\)"),
 ])
@@ -503,7 +554,8 @@ def with_field(n: int, index: int, value: str) -> str:
 
 BAD = {
     "39 fields": (replace_line(7, criteo_line(ROWS.splitlines()[6]).rsplit("\t", 1)[0]), 7,
-                  "wrong number of fields: 39, expected 40"),
+                  "wrong number of fields: 39, expected 40; lines without a label (to "
+                  "predict): --unlabeled"),
     "41 fields": (replace_line(20, CRITEO.splitlines()[19] + "\t"), 20,
                   "wrong number of fields: 41, expected 40"),
     "blank line": (replace_line(11, ""), 11, "an empty line (a record has 40 fields)"),

@@ -182,6 +182,40 @@ def test_eval_and_predict_take_a_list_or_a_directory_as_eval_data_does(comm, tra
 
 
 @pytest.mark.mpi(min_size=2)
+def test_predict_scores_an_unlabeled_file_as_its_labeled_twin_and_eval_refuses_it(comm,
+                                                                                  trained):
+    """A file marked unlabeled (``prep --unlabeled``; here eval data's copy, marked): the
+    same logits from ``predict``; ``eval`` refuses it naming the file, on every rank, as it
+    does an attribute that is not 0 or 1."""
+    import shutil
+
+    from pshybrid.errors import InputError
+    from pshybrid.scoring import score
+
+    cfg, _, tmp = trained
+    ck, v = cfg.checkpoint_dir, cfg.eval_data
+    if comm.rank == 0:
+        for name, value in (("u.h5", 1), ("odd.h5", "yes")):
+            shutil.copy(v, tmp / name)
+            with h5py.File(tmp / name, "r+") as f:
+                f.attrs["unlabeled"] = value
+    comm.Barrier()
+    score(ck, v, comm, out=str(tmp / "pl.h5"))
+    score(ck, str(tmp / "u.h5"), comm, out=str(tmp / "pu.h5"))
+    ok, msg = True, ""
+    if comm.rank == 0:
+        with h5py.File(tmp / "pl.h5") as f, h5py.File(tmp / "pu.h5") as g:
+            ok &= bool(np.array_equal(f["logit"][...], g["logit"][...]))
+    for name, says in (("u.h5", "its rows have no labels"), ("odd.h5", "unlabeled is 'yes'")):
+        try:
+            score(ck, str(tmp / name), comm)
+            ok, msg = False, f"eval scored {name}"
+        except InputError as e:
+            ok &= f"{tmp / name}: " in str(e) and says in str(e)  # (others: "rank 0: ...")
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_metrics_lines_carry_time_epoch_and_lr(comm, trained):
     cfg = trained[0]
     ok, msg = True, ""

@@ -28,6 +28,8 @@ Transform, the same for both commands:
 
 - label: criteo ``0`` or ``1``; csv a number (Python ``float`` syntax, finite) that is 0 or
   1, or with ``--label-threshold T`` any number: 1 if value >= T else 0. Stored float32.
+  ``--unlabeled``: none (criteo: 39 fields; csv: no ``--label``); /label 0 and attribute
+  ``unlabeled = 1`` (``files.open_dataset`` refuses the file but for ``predict``).
 - dense: criteo a decimal integer ``-?[0-9]{1,18}``; csv a finite number (Python ``float``
   syntax); missing → x = 0. Stored ``float32(log1p(max(x, 0)))`` computed in float64
   (csv ``--dense-transform none``: ``float32(x)``, |x| at most float32's largest).

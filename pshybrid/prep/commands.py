@@ -44,10 +44,14 @@ def cmd_criteo(args) -> int:
     args.input = as_inputs(args.input)
 
     with spooled(args.input, two_passes(o)) as spools:
-        t = Table(args.input, sep=ord("\t"), n_fields=40, header=False, label=0,
-                  dense=list(range(1, 14)), sparse=list(range(14, 40)),
+        first = 0 if o.unlabeled else 1  # I1 (--unlabeled: no label before it)
+        t = Table(args.input, sep=ord("\t"), n_fields=39 + first,
+                  header=False, label=None if o.unlabeled else 0,
+                  dense=list(range(first, first + 13)),
+                  sparse=list(range(first + 13, first + 39)),
                   dense_names=CRITEO_DENSE, sparse_names=CRITEO_SPARSE, integers=True,
-                  log=True, threshold=None, spools=spools)
+                  log=True, threshold=None, spools=spools, one_short="" if o.unlabeled
+                  else "; lines without a label (to predict): --unlabeled")
         return run_table("criteo", t, args.out, o)
 
 
@@ -77,7 +81,7 @@ def cmd_csv(args) -> int:
                                 text, option in ((o.label, "--label"), (o.dense, "--dense"),
                                                  (o.sparse, "--sparse")))
         multi, seps = parse_multi_hot(o.multi_hot, names, o.header, args.input[0], _columns)
-        if len(label) != 1:
+        if len(label) != (0 if o.unlabeled else 1):
             raise ConfigError(f"--label {o.label}: give one column", collective=True)
         used = label + dense + sparse + multi
         if len(set(used)) < len(used):
@@ -95,7 +99,7 @@ def cmd_csv(args) -> int:
                     "--label": label, "--dense": dense, "--sparse": sparse},
                     dict(zip(multi, seps)))
         t = Table(args.input, sep=ord(sep), n_fields=len(names), header=o.header,
-                  label=label[0], dense=dense, sparse=sparse,
+                  label=label[0] if label else None, dense=dense, sparse=sparse,
                   dense_names=[names[c] for c in dense],
                   sparse_names=[names[c] for c in sparse + multi], integers=False,
                   log=o.dense_transform == "log", threshold=o.label_threshold,
@@ -190,7 +194,8 @@ _SPARSE_RULE = (
     "value, 0 = missing; cardinality 2 + kept values. A line with a NUL byte is bad.")
 _CRITEO = (
     "Criteo TSV -> dataset file. Each line: 40 tab-separated fields: label (0 or 1), I1..I13 "
-    "(decimal integers -?[0-9]{1,18}, missing = 0), C1..C26 (categorical). Dense stored as "
+    "(decimal integers -?[0-9]{1,18}, missing = 0), C1..C26 (categorical); "
+    "--unlabeled: 39, no label (a file to predict). Dense stored as "
     "float32(log1p(max(x, 0))). " + _SPARSE_RULE)
 _CSV = (
     "Delimited table (or Parquet, with pyarrow: booleans as 1/0, lists as items joined by"
@@ -199,7 +204,7 @@ _CSV = (
     "quotes are data), every record as many fields as the first; "
     "--multi-hot COL[:SEP]: a list of items (split at SEP, default |), each encoded as a "
     "value of its own field. Label: a number, 0 or 1, or with --label-threshold T: 1 if "
-    ">= T else 0. Dense: a finite number (Python float syntax), missing = 0, stored as "
+    ">= T else 0 (--unlabeled: none, a file to predict). Dense: a finite number (Python float syntax), missing = 0, stored as "
     "float32(log1p(max(x, 0))) (--dense-transform none: float32(x)). "
     + _SPARSE_RULE)
 

@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from ..errors import ConfigError, InputError
+from ..files import UNLABELED
 from .hashing import Hashing
 from .inputs import STDIN, shown_input
 from .multihot import items
@@ -53,7 +54,7 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
                              f"read ({rows} rows, then {tally.rows})")
         cards = [c for enc in encoders for c in enc.cardinalities]
         w.close(cards, source=", ".join(shown(shown_input(p)) for p in t.paths),
-                transform=transform_text(t, o))
+                transform=transform_text(t, o), **({UNLABELED: 1} if o.unlabeled else {}))
     dt = time.perf_counter() - t0
     _warn_oversized(command, sum(cards), w.ids, o)
     cards = " ".join(f"{n}={c}" for n, c in zip(names, cards))
@@ -118,7 +119,8 @@ def transform_text(t: Table, o: TableOptions) -> str:
     dense = "log1p(max(x, 0))" if t.log else "x"
     sparse = (f"vocabulary min_count={o.min_count} (0 missing, 1 rare, 2.. by count)"
               if o.min_count is not None else "1 + crc32(value) % (buckets - 1), 0 missing")
-    label = "" if t.threshold is None else f"label = value >= {t.threshold}; "
+    label = ("no labels (/label 0); " if t.label is None else "" if t.threshold is None
+             else f"label = value >= {t.threshold}; ")
     multi = "".join(f"; multi-hot {n} items split at {chr(c)!r}" for n, c in
                     zip(t.sparse_names[len(t.sparse):], t.multi_sep))
     return f"{label}dense {dense} (missing 0); sparse {sparse}{multi}"

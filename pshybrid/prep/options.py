@@ -50,6 +50,10 @@ class TableOptions(SplitOptions):
                                    "times get their own id; none: hashing",
                                    check=_check(lambda v: v > 0, "must be > 0"))
     skip_bad_lines: bool = option(False, "skip and count bad lines instead of failing")
+    unlabeled: bool = option(False, "the lines have no label (criteo: 39 fields, I1..I13, "
+                             "C1..C26; csv: no --label): /label is written as zeros and the "
+                             "file marked unlabeled, which predict scores and train and eval "
+                             "refuse")
     compression: str = option("none", "compression of OUT's datasets (HDF5 filters; none: "
                               "read ~8x faster than lzf, largest; lzf: 2.3x smaller; gzip: "
                               "smaller still, slowest to read)",
@@ -61,13 +65,18 @@ class TableOptions(SplitOptions):
         if self.buckets is not None and self.min_count is not None:
             raise ConfigError("--buckets and --min-count exclude each other (hashing or a "
                               "vocabulary)", collective=True)
+        if self.unlabeled and self.min_count is not None:
+            raise ConfigError("--unlabeled with --min-count: a vocabulary is made per run, "
+                              "so this file's ids would not be the training file's; hash "
+                              "both files with the same --buckets", collective=True)
 
 
 @dataclass
 class CsvOptions(TableOptions):
     """Options of ``prep csv``."""
 
-    label: str | None = option(None, "label column, a header name or 0-based index; required")
+    label: str | None = option(None, "label column, a header name or 0-based index; "
+                               "required but with --unlabeled")
     dense: str | None = option(None, "dense columns, comma list of names or indices",
                                repeat=True)
     sparse: str | None = option(None, "categorical columns, comma list of names or indices",
@@ -92,8 +101,12 @@ class CsvOptions(TableOptions):
     def validate(self) -> None:
         """Cross-field rules."""
         super().validate()
-        if self.label is None:
-            raise ConfigError("--label is required (a column name or index)", collective=True)
+        if self.unlabeled and (self.label is not None or self.label_threshold is not None):
+            raise ConfigError("--unlabeled: the lines have no label, so --label and "
+                              "--label-threshold are not given", collective=True)
+        if self.label is None and not self.unlabeled:
+            raise ConfigError("--label is required (a column name or index; --unlabeled: "
+                              "lines without one, to predict)", collective=True)
         if self.dense is None and self.sparse is None and self.multi_hot is None:
             raise ConfigError("give the feature columns: --dense, --sparse and/or --multi-hot",
                               collective=True)

@@ -28,7 +28,7 @@ class Table:
     sep: int                     # separator byte
     n_fields: int
     header: bool                 # line 1 is a header
-    label: int                   # column indices
+    label: int | None            # column indices (label None: unlabeled lines)
     dense: list[int]
     sparse: list[int]
     dense_names: list[str]
@@ -42,6 +42,7 @@ class Table:
     multi_sep: list[int] = field(default_factory=list)   # and their item separators
     header_line: bytes | None = None  # the first input's header: every input must repeat it
     parquet: bool = False        # a Parquet input is read as text (else refused)
+    one_short: str = ""          # what a line one field short may be (criteo: unlabeled)
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         """Dense values as stored, (n, F_d) float32: log1p(max(x, 0)) (in float64), or x."""
@@ -84,13 +85,7 @@ def parse(t: Table, data: bytes):
         block, s, L, whole, shape_why = split_lines(data, t.sep, t.n_fields)
         line_of = None
     number = block.ints if t.integers else block.floats
-    label, label_ok = number(s[:, t.label], L[:, t.label])
-    label_ok &= L[:, t.label] > 0
-    label_number = label_ok.copy()  # a number, if maybe not 0 or 1
-    if t.threshold is None:
-        label_ok &= (label == 0) | (label == 1)
-    else:
-        label = label >= t.threshold
+    label, label_ok, label_number = _labels(t, s, L, number)
     dense_cols, sparse_cols = _view(t.dense), _view(t.sparse)
     dense, dense_ok = number(s[:, dense_cols], L[:, dense_cols])
     if not t.log:                                       # stored as is: must fit in float32
@@ -101,7 +96,8 @@ def parse(t: Table, data: bytes):
 
     def why(i: int) -> str:
         if not whole[i]:
-            return shape_why(i)
+            short = f"wrong number of fields: {t.n_fields - 1}, expected {t.n_fields}"
+            return shape_why(i) + (t.one_short if shape_why(i) == short else "")
         r = np.count_nonzero(whole[:i])
 
         def text(c: int) -> str:
@@ -121,6 +117,21 @@ def parse(t: Table, data: bytes):
     rows = Rows(block, label.astype(np.float32), dense, s[:, sparse_cols], L[:, sparse_cols],
                 s[:, multi], L[:, multi])
     return ok, why, rows if good.all() else rows.take(good), line_of, None
+
+
+def _labels(t: Table, s: np.ndarray, L: np.ndarray, number):
+    """``(label, ok, a number)`` of each record (``--unlabeled``: 0, all good)."""
+    if t.label is None:
+        good = np.ones(len(s), bool)
+        return np.zeros(len(s)), good, good
+    label, label_ok = number(s[:, t.label], L[:, t.label])
+    label_ok &= L[:, t.label] > 0
+    label_number = label_ok.copy()  # a number, if maybe not 0 or 1
+    if t.threshold is None:
+        label_ok &= (label == 0) | (label == 1)
+    else:
+        label = label >= t.threshold
+    return label, label_ok, label_number
 
 
 def _view(cols: list[int]):
