@@ -8,12 +8,13 @@ import numpy as np
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
     """Exact ROC AUC in O(n log n): the Mann-Whitney statistic with average ranks for ties,
     i.e. P(score of a random positive > that of a random negative) + 1/2 P(equal).
-    scores, labels: (n,); labels in {0, 1}. NaN if there are no positives or negatives."""
+    scores, labels: (n,); labels in {0, 1}. NaN if there are no positives or negatives, or
+    if a score is NaN (it has no rank: a diverged model's all-NaN logits scored 0.51)."""
     scores = np.asarray(scores, np.float64).ravel()
     labels = np.asarray(labels).ravel() > 0.5
     n_pos = int(labels.sum())
     n_neg = labels.size - n_pos
-    if n_pos == 0 or n_neg == 0:
+    if n_pos == 0 or n_neg == 0 or np.isnan(scores).any():
         return float("nan")
     order = np.argsort(scores, kind="stable")
     s = scores[order]
@@ -34,10 +35,15 @@ def logloss(p: np.ndarray, labels: np.ndarray, eps: float = 1e-7) -> float:
 
 
 def logloss_from_logits(z: np.ndarray, labels: np.ndarray) -> float:
-    """Mean binary cross-entropy from logits, computed stably (no clipping)."""
+    """Mean binary cross-entropy from logits, computed stably (no clipping). An infinite
+    logit's loss is 0 where its label is the one it predicts with certainty, else inf
+    (the formula's inf - inf gave NaN); NaN if a logit is NaN."""
     z = np.asarray(z, np.float64)
     y = np.asarray(labels, np.float64)
-    return float(np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
+    with np.errstate(invalid="ignore"):
+        loss = np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))
+    loss = np.where(np.isinf(z), np.where(y == (z > 0), 0.0, np.inf), loss)
+    return float(np.mean(loss))
 
 
 def sigmoid(z: np.ndarray) -> np.ndarray:

@@ -187,10 +187,10 @@ class Reporter:
     def evaluation(self, rec: dict) -> None:
         if self.bar:
             self.out.write("\n")
-        a, n = rec["auc"], rec["rows"]
-        shown = f"{a:.4f}" if math.isfinite(a) else "n/a (one class)"  # (written null)
+        a, why = rec["auc"], "NaN logits" if math.isnan(rec["logloss"]) else "one class"
+        shown = f"{a:.4f}" if math.isfinite(a) else f"n/a ({why})"  # (written null)
         self.out.write(f"eval at step {rec['step']}: auc {shown}  logloss "
-                       f"{rec['logloss']:.4f}  ({counted(n, 'row')})\n")
+                       f"{rec['logloss']:.4f}  ({counted(rec['rows'], 'row')})\n")
         self.out.flush()
         self._write(rec)
 

@@ -5,8 +5,9 @@ Both load the checkpoint as ``--resume`` does (``CKPT``: a checkpoint directory,
 ``latest`` is read, or one ``step-N`` directory; the same checks) into the model its
 ``meta.json`` describes, with every rank a worker that also holds a shard of the table
 (``--placement colocated``: any number of ranks, 1 included), and score the rows as the
-training-time evaluation does: worker w takes rows [n*w/W, n*(w+1)/W), the logits are
-gathered to worker 0 in row order. ``eval`` reports exact AUC and logloss; ``predict``
+training-time evaluation does (``steplog.score_rows``): batches of ``EVAL_BATCH`` rows from
+row 0, worker w taking batches [C*w/W, C*(w+1)/W) of the C; the logits are gathered to
+worker 0 in row order. ``eval`` reports exact AUC and logloss; ``predict``
 writes one score per row (``/score``: sigmoid of the logit, ``/logit``; float64, in row
 order) to an HDF5 file, atomically, and refuses an existing file unless ``overwrite``.
 """

@@ -28,6 +28,37 @@ def test_auc_edges():
     assert np.isnan(auc([0.1, 0.2], [1, 1]))
 
 
+def test_auc_of_nan_scores_is_nan():
+    """A NaN score has no rank: the AUC is undefined (a diverged model's all-NaN logits
+    were reported as an AUC of 0.51, two of them of one class each as 1.0)."""
+    rng = np.random.default_rng(0)
+    y = (rng.random(50) < 0.4).astype(np.float32)
+    s = rng.random(50)
+    assert np.isfinite(auc(s, y))
+    for bad in ([7], [0, 13, 49], list(range(50))):
+        t = s.copy()
+        t[bad] = np.nan
+        assert np.isnan(auc(t, y)), bad
+    assert np.isnan(auc([np.nan, np.nan], [0, 1]))
+    assert auc([np.inf, -np.inf, 0.0], [1, 0, 0]) == brute_auc(np.array([np.inf, -np.inf, 0.0]),
+                                                               np.array([1, 0, 0]))
+
+
+def test_logloss_of_infinite_logits_is_their_limit():
+    """An infinite logit's loss is the limit of a large finite one's: 0 when it predicts its
+    own label, inf when the other one (inf - inf made both NaN)."""
+    finite_z, finite_y = np.array([0.3, -2.0, 5.0]), np.array([1.0, 0.0, 0.0])
+    z = np.concatenate((finite_z, [-np.inf, np.inf]))
+    y = np.concatenate((finite_y, [0.0, 1.0]))
+    want = logloss_from_logits(finite_z, finite_y) * finite_z.size / z.size
+    assert logloss_from_logits(z, y) == pytest.approx(want, rel=1e-15)
+    assert logloss_from_logits(z, y) == pytest.approx(
+        logloss_from_logits(np.where(np.isinf(z), np.sign(z) * 1e300, z), y), rel=1e-15)
+    assert logloss_from_logits([np.inf, 0.0], [0, 1]) == np.inf
+    assert logloss_from_logits([-np.inf], [1]) == np.inf
+    assert np.isnan(logloss_from_logits([np.nan, 0.0], [0, 1]))
+
+
 def test_logloss_forms_agree():
     z = np.array([-3.0, 0.0, 2.5, 20.0])
     y = np.array([0, 1, 1, 1])

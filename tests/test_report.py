@@ -107,6 +107,15 @@ def test_an_evaluation_of_one_class_says_it_has_no_auc():
                               "eval at step 8: auc 0.7500  logloss 0.5000  (5,003 rows)\n")
 
 
+def test_an_evaluation_of_nan_logits_says_so_not_one_class():
+    """NaN logits (a diverged model) have no AUC and a NaN logloss: the line names them."""
+    out = io.StringIO()
+    rep = Reporter(TrainConfig(progress="lines"), out, 1, 10)
+    rep.evaluation({"eval": True, "step": 1, "auc": float("nan"), "logloss": float("nan"),
+                    "rows": 9000})
+    assert out.getvalue() == "eval at step 1: auc n/a (NaN logits)  logloss nan  (9,000 rows)\n"
+
+
 def test_banner_notes_a_first_run_where_numba_compiles(monkeypatch):
     monkeypatch.setattr(kernels, "numba_cache_cold", lambda: True)
     cfg = TrainConfig(embedding_dim=4, mlp=(8,), mode="allreduce")
