@@ -35,9 +35,10 @@ LOG_KEPT = 10_000  # TrainResult.log: at least the last this many records, at mo
 #                    (--metrics has them all; every one kept grew for good on long runs)
 
 
-def check_loss(job, loss_sum: float, rows: int, when: str) -> None:
+def check_loss(job, loss_sum: float, rows: int, when: str, since: int) -> None:
     """Stop the run if the loss summed over ``rows`` samples is NaN or infinite, or its
-    mean per sample is above ``DIVERGED``."""
+    mean per sample is above ``DIVERGED``. ``since``: the step whose parameters gave the
+    first of those losses (a checkpoint from it on may hold the diverging parameters)."""
     mean = loss_sum / max(rows, 1)
     if math.isfinite(mean) and mean <= DIVERGED:
         return
@@ -48,9 +49,14 @@ def check_loss(job, loss_sum: float, rows: int, when: str) -> None:
         latest = checkpoint_files.read_latest(ck) if ck else None
     except PshybridError:
         latest = None
-    where = (f"{ck}/latest names the last good checkpoint ({latest})" if latest else
-             f"no checkpoint was written in {ck} yet" if ck else
-             "no checkpoint directory was given")
+    if latest and int(latest.removeprefix("step-")) >= since:  # (a checkpoint since then)
+        where = (f"{ck}/latest names {latest}, whose parameters (finite) the steps of that "
+                 "loss started from: it may diverge again; an earlier step-N, if one is "
+                 "kept, or the start is safer to resume from")
+    else:
+        where = (f"{ck}/latest names the last good checkpoint ({latest})" if latest else
+                 f"no checkpoint was written in {ck} yet" if ck else
+                 "no checkpoint directory was given")
     raise TrainingDiverged(f"loss is {what} {when} on worker {job.topo.worker_index}: "
                            f"training stopped; {where}")
 
@@ -65,6 +71,7 @@ class StepLog:
         self.acc = np.zeros(3)  # loss sum, samples, label sum since the last log
         self.dev = None         # GPU: (loss sum, label sum) on the device since the last read
         self.dev_rows = 0       # GPU: the samples of those sums
+        self.read_at = job.start  # GPU: the step of the last read (the sums' first loss's)
         self.t_log = self.t_step = time.perf_counter()
 
     def add(self, done: int, loss_sum, label) -> None:
@@ -124,8 +131,10 @@ class StepLog:
             loss_sum, label_sum = (float(v) for v in to_host(self.dev))
             self.dev = None
             self.job.mode.kernel_timers.fold()  # the copy waited: the phases' device times
-            check_loss(self.job, loss_sum, self.dev_rows, f"in the steps up to {done}")
+            check_loss(self.job, loss_sum, self.dev_rows, f"in the steps up to {done}",
+                       self.read_at)
             self.dev_rows = 0
+            self.read_at = done
             self.acc += (loss_sum, 0.0, label_sum)
 
     def pause(self, work) -> None:

@@ -450,7 +450,7 @@ def _step(job: Job, step: int, label, dense, batch, bags=(), idle=None):
     loss_sum = losses.sum()  # GPU: stays on the device (no host sync per step)
     if job.mode.xp is np:
         loss_sum = float(loss_sum)
-        check_loss(job, loss_sum, len(label), f"at step {step + 1}")
+        check_loss(job, loss_sum, len(label), f"at step {step + 1}", step)
     mode.update(batch, demb, step + 1, idle)
     batch.release()
     return loss_sum

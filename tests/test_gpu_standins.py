@@ -147,7 +147,7 @@ def _fake_job(log_every, steps, checkpoint_every=0):
     fake_xp = NS(stack=np.stack)
     return NS(mode=NS(xp=fake_xp, timers=defaultdict(float), stale=None,
                       kernel_timers=NS(fold=lambda: None)), reporter=None,
-              steps=steps,
+              steps=steps, start=0,
               cfg=NS(batch_size=4, log_every=log_every, checkpoint_every=checkpoint_every,
                      checkpoint_dir="ck" if checkpoint_every else None),
               topo=NS(worker_index=0, workers=MPI.COMM_SELF),
@@ -197,10 +197,10 @@ def test_a_loss_far_above_its_start_is_divergence_on_cpu_and_gpu(monkeypatch):
 
     job = _fake_job(log_every=2, steps=4)
     bound = 1e6 * math.log(2)
-    steplog.check_loss(job, 4 * bound, 4, "at step 1")  # a mean of exactly the bound
+    steplog.check_loss(job, 4 * bound, 4, "at step 1", 0)  # a mean of exactly the bound
     with pytest.raises(steplog.TrainingDiverged, match=r"loss is 6.93e\+05 per sample \(above "
                        r"1e6 x log 2 = 6.93e\+05: diverging\) at step 1 on worker 0"):
-        steplog.check_loss(job, 4 * bound * (1 + 1e-9), 4, "at step 1")
+        steplog.check_loss(job, 4 * bound * (1 + 1e-9), 4, "at step 1", 0)
     monkeypatch.setattr(steplog, "to_host", np.asarray)
     log = steplog.StepLog(job)
     y = np.array([1.0, 0, 0, 0])
@@ -213,17 +213,20 @@ def test_a_loss_far_above_its_start_is_divergence_on_cpu_and_gpu(monkeypatch):
 
 
 def test_a_diverged_run_names_its_last_checkpoint_or_says_there_is_none(tmp_path):
-    """(It named DIR/latest before any checkpoint was written, where there was none.)"""
+    """(It named DIR/latest before any checkpoint was written, where there was none; and
+    called "good" a checkpoint whose parameters the diverging loss came from.)"""
     from pshybrid import steplog
 
     job = _fake_job(log_every=2, steps=4, checkpoint_every=2)
     job.cfg.checkpoint_dir = str(tmp_path / "ck")
+    (tmp_path / "ck").mkdir()
     for latest, want in ((None, f"no checkpoint was written in {tmp_path / 'ck'} yet"),
-                         ("step-2", f"{tmp_path / 'ck'}/latest names the last good checkpoint "
-                                    "(step-2)")):
-        if latest:
-            (tmp_path / "ck").mkdir()
+                         ("step-1", f"{tmp_path / 'ck'}/latest names the last good checkpoint "
+                                    "(step-1)"),
+                         ("step-2", f"{tmp_path / 'ck'}/latest names step-2, whose parameters "
+                                    "(finite) the steps of that loss started from")):
+        if latest:  # (the loss of step 3, from the parameters after step 2: step-2's)
             (tmp_path / "ck" / "latest").write_text(latest + "\n")
         with pytest.raises(steplog.TrainingDiverged) as e:
-            steplog.check_loss(job, float("nan"), 4, "at step 3")
-        assert str(e.value).endswith("training stopped; " + want), e.value
+            steplog.check_loss(job, float("nan"), 4, "at step 3", 2)
+        assert "training stopped; " + want in str(e.value), e.value
