@@ -292,6 +292,13 @@ def two_days(out, cwd):
         assert f["label"][:33].tolist() == d0["label"][:].tolist()   # day_0's rows first
 
 
+def day0_ids(out, cwd):
+    """day_1 is day_0's lines reversed: day0.h5's ids, reversed, and its cardinalities."""
+    with h5py.File(cwd / "day1.h5") as f, h5py.File(cwd / "day0.h5") as d0:
+        assert (f["sparse"][:] == d0["sparse"][:][::-1]).all() and f["sparse"][:, 0].max() == 4
+        assert list(f.attrs["cardinalities"]) == list(d0.attrs["cardinalities"])
+
+
 def test_set_made(out, cwd):
     """test.txt is train.txt.gz's first 20 lines without their label: the features of those
     lines prepped with it, no labels."""
@@ -415,6 +422,8 @@ COMMANDS = {
         "prep", expect=two_days),
     "python -m pshybrid prep criteo --unlabeled test.txt test.h5": Run("prep",
                                                                       expect=test_set_made),
+    "python -m pshybrid prep criteo day_1 day1.h5 --vocabulary day0.h5": Run(
+        "prep", expect=day0_ids),
     "python -m pshybrid prep csv ratings_genres.csv mlg.h5 --label rating --label-threshold 4 "
     "--sparse userId,movieId,title --multi-hot genres --valid-fraction 0.2": Run(
         "prep", expect=genres_made),
@@ -597,6 +606,7 @@ def setup_prep(cwd: pathlib.Path) -> None:
     (cwd / "train20.txt").write_bytes(b"".join(train[:20]))
     (cwd / "day_0.gz").write_bytes(gzip.compress(b"".join(lines)))
     (cwd / "day_1.gz").write_bytes(gzip.compress(b"".join(lines[::-1])))
+    (cwd / "day_1").write_bytes(b"".join(lines[::-1]))
     (cwd / "ratings_genres.csv").write_text("".join(line + "\n" for line in [
         "userId,movieId,title,genres,rating", '1,6,"Heat, The (1995)",Action|Crime,4.5',
         "2,1,Toy Story (1995),Animation,3", "3,2,Jumanji (1995),,4",

@@ -306,6 +306,47 @@ def test_criteo_unlabeled_lines_are_the_labeled_ones_without_the_label(tmp_path,
     assert not os.path.exists(tmp_path / "x.h5")
 
 
+def test_a_stored_vocabulary_gives_another_file_the_same_ids(tmp_path):
+    """--min-count stores each field's kept values in id order (/vocabulary/<field>);
+    --vocabulary FILE encodes another input with them: the hand-derived ids of the same
+    lines (unlabeled here), 1 for a value FILE lacks, FILE's cardinalities; multi-hot items
+    and values over 8 bytes alike. What cannot be a vocabulary of these fields is refused."""
+    src = write(tmp_path / "in.tsv", CRITEO)
+    run("criteo", src, tmp_path / "v.h5", "--min-count", "2")
+    with h5py.File(tmp_path / "v.h5") as f:
+        data, at = f["vocabulary/C1/bytes"][()], f["vocabulary/C1/offsets"][()]
+    assert [data[a:b].tobytes() for a, b in zip(at[:-1], at[1:])] == [
+        b"68fd1e64", b"8cf07265", b"05db9164", b"be589b51"]          # ids 2, 3, 4, 5
+    lines = [ln.split("\t", 1)[1].split("\t") for ln in CRITEO.splitlines()]
+    lines[0][13] = "deadbeef"                                          # C1: not in v.h5
+    bare = write(tmp_path / "bare.tsv", "".join("\t".join(f) + "\n" for f in lines))
+    run("criteo", bare, tmp_path / "u.h5", "--unlabeled", "--vocabulary", tmp_path / "v.h5")
+    _, _, sparse, attrs = read(tmp_path / "u.h5")
+    want = expected_vocab()
+    want[0, 0] = 1
+    np.testing.assert_array_equal(sparse, want)
+    assert attrs["cardinalities"] == VOCAB_CARDS
+    # csv: c "san francisco" x2 -> 2, "new york" -> 3; t's items q x3 -> 2, p, r (ties) -> 3, 4
+    a = write(tmp_path / "a.csv",
+              "y,c,t\n1,san francisco,p|q\n0,new york,q|r\n1,san francisco,q\n")
+    b = write(tmp_path / "b.csv", "y,c,t\n0,new york,r|p|s\n1,los angeles,q\n")
+    csv = ["--label", "y", "--sparse", "c", "--multi-hot", "t"]
+    run("csv", a, tmp_path / "a.h5", *csv, "--min-count", "1")
+    run("csv", b, tmp_path / "b.h5", *csv, "--vocabulary", tmp_path / "a.h5")
+    with h5py.File(tmp_path / "b.h5") as f:
+        assert f["sparse"][()].tolist() == [[3], [1]] and list(f.attrs["cardinalities"]) == [4, 5]
+        assert f["multi_hot/t/values"][()].tolist() == [4, 3, 1, 2]
+    run("criteo", src, tmp_path / "h.h5", "--buckets", "10")
+    for argv, error, says in (
+            ([src, "--vocabulary", tmp_path / "h.h5"], InputError, r"holds no /vocabulary/C1"),
+            ([src, "--vocabulary", tmp_path / "a.h5"], InputError, r"its sparse fields \['c', "),
+            ([src, "--vocabulary", tmp_path / "v.h5", "--min-count", "2"], ConfigError,
+             r"--vocabulary gives the ids: --buckets and --min-count are not given with it")):
+        with pytest.raises(error, match=says):
+            run("criteo", *argv, tmp_path / "x.h5")
+    assert not os.path.exists(tmp_path / "x.h5")
+
+
 # -- csv ------------------------------------------------------------------------------------
 
 RATINGS = """\

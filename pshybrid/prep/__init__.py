@@ -40,7 +40,9 @@ Transform, the same for both commands:
   vocabulary (``--min-count K``): a first pass counts each field's non-empty values over all
   rows read (the validation part included); values seen >= K times get ids 2, 3, ... by
   decreasing count, ties by increasing bytes; id 0 = missing, id 1 = every other value;
-  cardinality_f = 2 + the number of kept values.
+  cardinality_f = 2 + the number of kept values; each file written stores the kept values
+  (``/vocabulary/<field>``: ``prep.vocabulary``). ``--vocabulary FILE``: FILE's stored
+  values and ids instead (any other value 1), FILE's cardinalities, no counting pass.
 - rows: the good lines in file order, at most ``--max-rows``. With ``--valid-fraction F`` the
   last ``round(F * rows)`` (Python round, half to even; neither part may be empty) go to
   ``--valid-out``, the rest to OUT; both files get the same field names and cardinalities.

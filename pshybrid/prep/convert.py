@@ -16,7 +16,7 @@ from .inputs import STDIN, shown_input
 from .multihot import items
 from .options import DEFAULT_BUCKETS, TableOptions
 from .read import Table, Tally, scan
-from .vocabulary import Vocabulary
+from .vocabulary import Vocabulary, read_vocabulary
 from .write import SplitWriter, check_out, split_sizes, valid_path
 
 
@@ -25,7 +25,7 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
     code 0."""
     t0 = time.perf_counter()
     n_single = len(t.sparse)
-    encoders = make_encoders(o, n_single, len(t.multi_hot))
+    encoders = make_encoders(o, n_single, len(t.multi_hot), t.sparse_names)
     named = [("IN", p) for p in t.paths if p != STDIN]
     check_out(out, "OUT", o.overwrite, named)
     valid = valid_path(out, o, named)
@@ -53,6 +53,8 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
             raise InputError(f"{', '.join(map(shown_input, t.paths))}: changed while being "
                              f"read ({rows} rows, then {tally.rows})")
         cards = [c for enc in encoders for c in enc.cardinalities]
+        if o.min_count is not None or o.vocabulary is not None:  # (a file to encode alike)
+            w.vocabulary(names, [kept for enc in encoders for kept in enc.kept])
         w.close(cards, source=", ".join(shown(shown_input(p)) for p in t.paths),
                 transform=transform_text(t, o), **({UNLABELED: 1} if o.unlabeled else {}))
     dt = time.perf_counter() - t0
@@ -96,13 +98,19 @@ def rows_read(tally: Tally, t: Table) -> int:
     return tally.rows
 
 
-def make_encoders(o: TableOptions, n_single: int, n_multi: int) -> list:
-    """``Hashing`` (default) or ``Vocabulary`` (``--min-count``): one for the ``n_single``
-    single-hot fields, then one per multi-hot field (``--buckets``: one value for all, or one
-    per field, the single-hot fields first)."""
+def make_encoders(o: TableOptions, n_single: int, n_multi: int, names: list[str]) -> list:
+    """``Hashing`` (default) or ``Vocabulary`` (``--min-count``, or ``--vocabulary``'s, of
+    the fields ``names``): one for the ``n_single`` single-hot fields, then one per multi-hot
+    field (``--buckets``: one value for all, or one per field, the single-hot fields
+    first)."""
     sizes = [n_single] + [1] * n_multi
-    if o.min_count is not None:
-        return [Vocabulary(n, o.min_count) for n in sizes]
+    if o.min_count is not None or o.vocabulary is not None:
+        encoders = [Vocabulary(n, o.min_count) for n in sizes]
+        if o.vocabulary is not None:
+            kept = read_vocabulary(o.vocabulary, names)
+            for enc, a, b in zip(encoders, np.cumsum([0] + sizes), np.cumsum(sizes)):
+                enc.load(kept[a:b])
+        return encoders
     n_fields = n_single + n_multi
     buckets = list(o.buckets or [DEFAULT_BUCKETS])
     if len(buckets) == 1:
@@ -118,7 +126,8 @@ def transform_text(t: Table, o: TableOptions) -> str:
     """The one-line ``transform`` attribute."""
     dense = "log1p(max(x, 0))" if t.log else "x"
     sparse = (f"vocabulary min_count={o.min_count} (0 missing, 1 rare, 2.. by count)"
-              if o.min_count is not None else "1 + crc32(value) % (buckets - 1), 0 missing")
+              if o.min_count is not None else f"vocabulary of {shown(o.vocabulary)} (0 "
+              "missing, 1 a value it lacks)" if o.vocabulary is not None else "1 + crc32(value) % (buckets - 1), 0 missing")
     label = ("no labels (/label 0); " if t.label is None else "" if t.threshold is None
              else f"label = value >= {t.threshold}; ")
     multi = "".join(f"; multi-hot {n} items split at {chr(c)!r}" for n, c in

@@ -49,6 +49,9 @@ class TableOptions(SplitOptions):
     min_count: int | None = option(None, "a vocabulary instead of hashing: values seen >= K "
                                    "times get their own id; none: hashing",
                                    check=_check(lambda v: v > 0, "must be > 0"))
+    vocabulary: str | None = option(None, "the vocabulary another prep --min-count run "
+                                    "stored in FILE (its training file): the same ids for "
+                                    "the same values, other values 1; FILE's cardinalities")
     skip_bad_lines: bool = option(False, "skip and count bad lines instead of failing")
     unlabeled: bool = option(False, "the lines have no label (criteo: 39 fields, I1..I13, "
                              "C1..C26; csv: no --label): /label is written as zeros and the "
@@ -65,10 +68,14 @@ class TableOptions(SplitOptions):
         if self.buckets is not None and self.min_count is not None:
             raise ConfigError("--buckets and --min-count exclude each other (hashing or a "
                               "vocabulary)", collective=True)
+        if self.vocabulary is not None and (self.buckets, self.min_count) != (None, None):
+            raise ConfigError("--vocabulary gives the ids: --buckets and --min-count are not "
+                              "given with it", collective=True)
         if self.unlabeled and self.min_count is not None:
-            raise ConfigError("--unlabeled with --min-count: a vocabulary is made per run, "
-                              "so this file's ids would not be the training file's; hash "
-                              "both files with the same --buckets", collective=True)
+            raise ConfigError("--unlabeled with --min-count: a vocabulary made from this "
+                              "file would give other ids than the training file's; give "
+                              "that file's (--vocabulary TRAIN.h5), or hash both files "
+                              "with the same --buckets", collective=True)
 
 
 @dataclass

@@ -1,4 +1,7 @@
-"""The vocabulary encoder (``--min-count K``): a counting pass, then ids by decreasing count."""
+"""The vocabulary encoder (``--min-count K``): a counting pass, then ids by decreasing count;
+or (``--vocabulary FILE``) the kept values another run stored in FILE, in id order
+(``/vocabulary/<field>/bytes`` and ``offsets``: value i, id 2 + i, is ``bytes[offsets[i]:
+offsets[i + 1]]``)."""
 
 from __future__ import annotations
 
@@ -49,7 +52,8 @@ class Vocabulary:
     (``_IdTable``) in NumPy as ``(field, uint64 key)`` (``Block.packed``); longer ones in a
     dict per field."""
 
-    def __init__(self, n_fields: int, min_count: int):
+    def __init__(self, n_fields: int, min_count: int | None):
+        """``min_count`` None: ``load`` gives the ids (no counting)."""
         self.min_count = min_count
         self.fields = np.arange(n_fields, dtype=np.min_scalar_type(max(n_fields - 1, 0)))
         self.counts = (self.fields[:0], np.zeros(0, np.uint64), np.zeros(0, np.int64))
@@ -58,6 +62,8 @@ class Vocabulary:
 
     def count(self, rows: Rows) -> None:
         """First pass: add the rows' non-empty values to the counts."""
+        if self.min_count is None:
+            return
         short = (rows.L > 0) & (rows.L <= 8)
         keys = np.sort(np.where(short, rows.block.packed(rows.s, rows.L), 0), axis=0)
         fields = np.repeat(self.fields, len(keys))
@@ -77,9 +83,11 @@ class Vocabulary:
 
     def finish(self) -> None:
         """Assign the ids: one ``_IdTable`` for the short values, a dict per field for long."""
+        if self.min_count is None:
+            return
         self._merge()
         field, key, count = self.counts
-        self.cardinalities, self.long_ids = [], []
+        self.cardinalities, self.long_ids, self.kept = [], [], []
         table = [(self.fields[:0], np.zeros(0, np.uint64), np.zeros(0, np.int64))]
         for f, long in enumerate(self.long):
             lo, hi = np.searchsorted(field, [f, f + 1])
@@ -88,13 +96,29 @@ class Vocabulary:
             counts = np.concatenate([count[lo:hi], np.fromiter(long.values(), np.int64)])
             kept = np.flatnonzero(counts >= self.min_count)
             ids = np.ones(len(values), np.int64)
-            ids[kept[np.lexsort((values[kept], -counts[kept]))]] = 2 + np.arange(len(kept))
+            order = kept[np.lexsort((values[kept], -counts[kept]))]
+            ids[order] = 2 + np.arange(len(kept))
+            self.kept.append(values[order])
             short = np.flatnonzero(ids[:len(keys)] > 1)
             table.append((np.full(len(short), f, self.fields.dtype), keys[short], ids[short]))
             self.long_ids.append({v: i for v, i in zip(long, ids[len(keys):].tolist()) if i > 1})
             self.cardinalities.append(2 + len(kept))
         self.table = _IdTable(*(np.concatenate(a) for a in zip(*table)))
         del self.counts, self.pending, self.long
+
+    def load(self, kept: list[list[bytes]]) -> None:
+        """The ids of another run's kept values (per field, in id order: ``stored``)."""
+        self.cardinalities, self.long_ids, self.kept = [], [], []
+        table = [(self.fields[:0], np.zeros(0, np.uint64), np.zeros(0, np.int64))]
+        for f, values in enumerate(kept):
+            ids = 2 + np.arange(len(values))
+            short = np.array([len(v) <= 8 for v in values], bool)
+            keys = np.array([v for v in values if len(v) <= 8], "S8").view(np.uint64)
+            table.append((np.full(len(keys), f, self.fields.dtype), keys, ids[short]))
+            self.long_ids.append({v: i for v, i in zip(values, ids.tolist()) if len(v) > 8})
+            self.cardinalities.append(2 + len(values))
+            self.kept.append(np.array(values, "S"))
+        self.table = _IdTable(*(np.concatenate(a) for a in zip(*table)))
 
     def encode(self, rows: Rows) -> np.ndarray:
         """ids: (n, F_s) int64."""
@@ -121,3 +145,52 @@ def _long_values(rows: Rows) -> list[tuple[int, int, bytes]]:
     a, n, data = rows.s[r, f].tolist(), rows.L[r, f].tolist(), rows.block.data
     return [(i, j, data[k:k + m]) for i, j, k, m in zip(r.tolist(), f.tolist(), a, n)]
 
+
+
+def stored(kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One field's kept values (an "S" array in id order) as ``(bytes uint8, offsets
+    int64)``."""
+    values = kept.tolist()
+    offsets = np.zeros(len(values) + 1, np.int64)
+    np.cumsum([len(v) for v in values], out=offsets[1:])
+    return np.frombuffer(b"".join(values), np.uint8), offsets
+
+
+def unstored(data: np.ndarray, offsets: np.ndarray) -> list[bytes]:
+    """``stored``'s inverse."""
+    raw, at = data.tobytes(), offsets.tolist()
+    return [raw[a:b] for a, b in zip(at[:-1], at[1:])]
+
+
+def read_vocabulary(path: str, names: list[str]) -> list[list[bytes]]:
+    """``--vocabulary FILE``: the kept values of each of the fields ``names`` (this input's
+    sparse fields, which must be FILE's), in id order; an InputError naming what is wrong."""
+    from ..data import H5Dataset
+    from ..errors import InputError
+
+    d = H5Dataset(path)  # a dataset file (its structure checked), else an InputError
+    try:
+        theirs = list(d.schema.sparse_names)
+        if theirs != list(names):
+            raise InputError(f"--vocabulary {path}: its sparse fields {theirs} are not this "
+                             f"input's {list(names)}")
+        out = []
+        for name, card in zip(names, d.schema.cardinalities):
+            key = f"vocabulary/{name}"
+            g = d.f.get(key)
+            if g is None:
+                raise InputError(f"--vocabulary {path}: holds no /{key} (prep --min-count "
+                                 "stores each field's vocabulary in the files it writes)")
+            data, offsets = (np.asarray(g[k][()]) if k in g else None
+                             for k in ("bytes", "offsets"))
+            if (data is None or offsets is None or data.dtype != np.uint8
+                    or offsets.dtype != np.int64 or offsets.shape != (card - 1,)
+                    or offsets[0] != 0 or offsets[-1] != data.size
+                    or (np.diff(offsets) <= 0).any()):
+                raise InputError(f"--vocabulary {path}: /{key} is not a vocabulary of its "
+                                 f"cardinality {card} (bytes uint8, offsets int64: "
+                                 f"{card - 2} values + 1, increasing from 0 to the bytes)")
+            out.append(unstored(data, offsets))
+        return out
+    finally:
+        d.close()

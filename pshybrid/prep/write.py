@@ -11,6 +11,7 @@ from .. import safeio
 from ..data import DatasetWriter
 from ..errors import ConfigError, InputError
 from .options import SplitOptions
+from .vocabulary import stored
 
 
 PREP_OUTPUT = {safeio.OUTPUT_ATTR: "prep"}   # what --overwrite may replace
@@ -47,6 +48,14 @@ class SplitWriter:
                 part = [(v[e[a]:e[b]], n[a:b]) for (v, n), e in zip(bags, ends)]
                 self.writers[i].append(label[a:b], dense[a:b], sparse[a:b], part)
                 self.rows[i] += b - a
+
+    def vocabulary(self, names: list[str], kept: list) -> None:
+        """Store each field's kept values (``vocabulary.stored``) in every file written."""
+        for w in self.writers:
+            for name, values in zip(names, kept):
+                data, offsets = stored(values)
+                w.f.create_dataset(f"vocabulary/{name}/bytes", data=data)
+                w.f.create_dataset(f"vocabulary/{name}/offsets", data=offsets)
 
     def close(self, cardinalities, **attrs) -> None:
         for w in self.writers:
