@@ -36,6 +36,9 @@ PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server
 # bar when the launcher a generation or two up has a terminal as its stdout.
 PROXIES = ("hydra_pmi_proxy", "orted", "prted")
 LAUNCHERS = ("mpiexec", "mpirun", "orterun", "prterun")  # and NAME.suffix: mpiexec.openmpi
+# The done line names the slowest worker where its own work (``summary.OWN_WORK``) is this
+# many times the workers' median, by at least this share of the run's seconds
+SLOW_RATIO, SLOW_SHARE = 1.25, 0.05
 
 
 def _launcher(name: str) -> bool:
@@ -254,7 +257,8 @@ class Reporter:
             f"{summary['samples_per_s']:,.0f} samples/s  final loss "
             f"{_num(summary['final_loss'])} (base-rate logloss "
             f"{_num(summary['base_rate_logloss'])})  workers {self.W} servers "
-            f"{summary['servers']}" + (f"  |  {split}" if split else "") + "\n")
+            f"{summary['servers']}" + (f"  |  {split}" if split else "")
+            + _slowest(summary) + "\n")
         self.out.flush()
         self.close_file()
 
@@ -277,6 +281,18 @@ class Reporter:
             except OSError:  # the buffered line of a failed write: dropped with the file
                 with contextlib.suppress(OSError, ValueError):
                     os.close(f.fileno())
+
+
+def _slowest(summary: dict) -> str:
+    """The done line's note of a worker the others waited for, if one stands out."""
+    slow = summary["slowest_worker"]
+    own, mid = slow["own_seconds"], slow["median_own_seconds"]
+    if summary["workers"] < 2 or own < SLOW_RATIO * mid or own - mid < SLOW_SHARE * (
+            summary["seconds"]):
+        return ""
+    return (f"  |  slowest worker {slow['worker']} (rank {slow['rank']}): its own work "
+            f"{own:.1f} s, {own / max(mid, 1e-12):.1f}x the workers' median: the others "
+            "wait for it")
 
 
 def clock(seconds: float) -> str:
@@ -446,55 +462,3 @@ def _finite(v):
 
 def _num(v) -> str:
     return "-" if v is None else f"{v:.4f}"
-
-
-def _base_rate_logloss(p: float) -> float:
-    """Logloss of always predicting the base rate ``p``."""
-    return -(p * math.log(p) + (1 - p) * math.log(1 - p)) if 0 < p < 1 else 0.0
-
-
-def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
-              elapsed: float, startup: float) -> dict:
-    """The run's summary from ``stats`` = every rank's (role, timers, traffic, peak RSS MB)
-    and ``totals`` = (loss sum, samples, label sum) over the workers."""
-    W, reporter = topo.n_workers, topo.worker_ranks[0]
-    worker_t = {k: float(np.mean([s[1].get(k, 0.0) for s in stats if s[0] == "worker"]))
-                for k in PHASES}
-    server_apply = [s[1].get("server_apply", 0.0) for s in stats]  # servers, or colocated
-    busy = sum(worker_t.values()) or 1.0
-    base = totals[2] / totals[1] if totals[1] else None  # no step trained: no base rate
-    summary = {
-        "summary": True, "mode": cfg.mode, "model": cfg.model, "steps": steps,
-        "workers": W, "servers": topo.n_servers, "batch_size": cfg.batch_size,
-        "steps_run": steps_run,
-        "samples_per_s": steps_run * global_batch(cfg, W) / max(elapsed - worker_t["eval"], 1e-9),
-        "seconds": elapsed, "startup_seconds": startup,
-        "final_loss": log[-1]["loss"] if log else None, "base_rate": base,
-        "base_rate_logloss": None if base is None else _base_rate_logloss(base),
-        "phase_seconds": worker_t,
-        "phase_fraction": {k: v / busy for k, v in worker_t.items()},
-        "server_apply_seconds": max(server_apply, default=0.0),
-        "traffic_per_step": {k: v / max(steps_run, 1) for k, v in stats[reporter][2].items()
-                             if k != "reads"},
-        "peak_rss_mb": {role: max((s[3] for s in stats if s[0] == role), default=0.0)
-                        for role in ("worker", "server")},
-    }
-    reads = [s[2]["reads"] for s in stats if "reads" in s[2]]
-    if reads:
-        summary["reads"] = _reads(reads, steps_run)
-    if evals:
-        summary["auc"] = evals[-1]["auc"]
-        summary["eval_logloss"] = evals[-1]["logloss"]
-    return summary
-
-
-def _reads(reads: list, steps_run: int) -> dict:
-    """--consistency ssp:K/asp, --cache-rows: the workers' embedding reads in total."""
-    tot = {k: sum(r[k] for r in reads) for k in ("cache_rows", "pulled_rows", "pulled_bytes",
-                                                 "staleness_sum")}
-    n, steps = max(tot["cache_rows"] + tot["pulled_rows"], 1), max(steps_run, 1)
-    return {"cache_hit_rate": tot["cache_rows"] / n, "mean_staleness": tot["staleness_sum"] / n,
-            "max_staleness": max(r["max_staleness"] for r in reads),
-            "cache_rows_per_step": tot["cache_rows"] / steps,
-            "pulled_rows_per_step": tot["pulled_rows"] / steps,
-            "pulled_bytes_per_step": tot["pulled_bytes"] / steps}

@@ -39,7 +39,8 @@ from .optim import Optimizer, Schedule
 from .preempt import CAUGHT, Preemption, notice
 from .preflight import lock_checkpoint_dir, preflight, total_steps
 from .registry import is_colocated
-from .report import Reporter, banner, counted, summarize
+from .report import Reporter, banner, counted
+from .summary import summarize
 from .stall import STEP_ADVICE, Watch
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .threads import rank_cores

@@ -11,7 +11,7 @@ import pytest
 from pshybrid import kernels
 from pshybrid.config import TrainConfig
 from pshybrid.limits import estimate, gib, model_size
-from pshybrid.report import Reporter, banner, clock, span
+from pshybrid.report import SLOW_RATIO, SLOW_SHARE, Reporter, banner, clock, span
 from pshybrid.schema import Schema
 from pshybrid.threads import rank_server_threads
 
@@ -384,3 +384,21 @@ def test_the_plan_notes_steps_that_epochs_replace():
     assert notes == ["  note: --steps 10 does nothing in this run: --epochs decides the steps"]
     assert idle_notes(banner(replace(cfg, steps=2000), topo(1, 1), SCHEMA, 128,
                              n_rows=4096)) == []
+
+
+@pytest.mark.parametrize("workers,own,median,named", [
+    (4, 10.0, 10.0 / SLOW_RATIO, True),               # at the ratio, far past the share
+    (4, 10.0, 10.0 / SLOW_RATIO * 1.01, False),       # just under the ratio
+    (4, 1.0 + SLOW_SHARE * 20 * 0.99, 1.0, False),    # past the ratio, under the share
+    (1, 10.0, 1.0, False)])                           # one worker waits for nobody
+def test_the_done_line_names_a_slow_worker_past_both_bounds(workers, own, median, named):
+    """``slowest worker w (rank r)`` where its own work is SLOW_RATIO x the median and more
+    than SLOW_SHARE of the run's seconds (20 here) past it; else nothing."""
+    out = io.StringIO()
+    rep = Reporter(TrainConfig(progress="lines"), out, workers, 10)
+    rep.close({"summary": True, "mode": "allreduce", "model": "wdl", "steps": 10,
+               "steps_run": 10, "samples_per_s": 1.0, "final_loss": 0.5, "base_rate_logloss": 0.6,
+               "servers": 0, "workers": workers, "seconds": 20.0, "phase_fraction": {},
+               "slowest_worker": {"worker": 2, "rank": 5, "own_seconds": own,
+                                  "median_own_seconds": median}})
+    assert ("slowest worker 2 (rank 5): its own work" in out.getvalue()) == named, out.getvalue()

@@ -455,3 +455,28 @@ def test_phase_seconds_add_up_to_the_run_seconds_when_worker_0_starts_late(comm,
         ok = sum(s["phase_seconds"].values()) <= s["seconds"] + 0.1 * delay
         msg = f"phases {s['phase_seconds']} vs seconds {s['seconds']}"
     assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
+def test_the_summary_names_a_worker_the_others_wait_for(comm):
+    """The last worker's rows take 30 ms more a step to make (a slow node, a slow disk): the
+    summary's ``slowest_worker`` is that worker and rank, and the done line names it."""
+    import time
+
+    class Slow(SyntheticCTR):
+        def fill(self, *args, **kw):
+            if comm.rank == comm.size - 1:
+                time.sleep(0.03)
+            return super().fill(*args, **kw)
+
+    out = io.StringIO()
+    cfg = replace(BASE, mode="allreduce", servers=0, steps=6, prefetch=0)
+    got = train(cfg, comm, dataset=Slow(**{k: getattr(DATA, k) for k in (
+        "seed", "n_dense", "cardinalities", "zipf")}), collect=True, out=out)
+    ok, msg = True, ""
+    if got.summary:
+        slow, w = got.summary["slowest_worker"], comm.size - 1
+        ok = (slow["worker"], slow["rank"]) == (w, w) and slow["own_seconds"] >= 0.18
+        ok &= f"slowest worker {w} (rank {w}): its own work" in out.getvalue()
+        msg = f"{slow}: {out.getvalue()}"
+    assert_all(comm, ok, msg)
