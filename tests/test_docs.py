@@ -219,8 +219,8 @@ TRAFFIC = {  # docs/training.md, "Output": traffic_per_step's keys per mode
 SUMMARY_KEYS = {"summary", "mode", "model", "steps", "steps_run", "workers", "servers",
                 "batch_size", "samples_per_s", "seconds", "startup_seconds", "final_loss",
                 "base_rate", "base_rate_logloss", "phase_seconds", "phase_fraction",
-                "server_apply_seconds", "traffic_per_step", "peak_rss_mb", "time", "epoch",
-                "lr"}
+                "server_apply_seconds", "slowest_worker", "traffic_per_step", "peak_rss_mb",
+                "time", "epoch", "lr"}
 LOG_KEYS = {"step", "loss", "samples_per_s", "seconds", "time", "epoch", "lr"}
 CONFIG_KEYS = {"config", "pshybrid", "command", "start_step", "workers", "servers", "time"}
 
@@ -299,7 +299,7 @@ def day0_ids(out, cwd):
         assert list(f.attrs["cardinalities"]) == list(d0.attrs["cardinalities"])
 
 
-def test_set_made(out, cwd):
+def unlabeled_made(out, cwd):
     """test.txt is train.txt.gz's first 20 lines without their label: the features of those
     lines prepped with it, no labels."""
     from pshybrid.cli import main
@@ -421,7 +421,7 @@ COMMANDS = {
     "python -m pshybrid prep criteo day_0.gz day_1.gz days.h5 --compression gzip": Run(
         "prep", expect=two_days),
     "python -m pshybrid prep criteo --unlabeled test.txt test.h5": Run("prep",
-                                                                      expect=test_set_made),
+                                                                      expect=unlabeled_made),
     "python -m pshybrid prep criteo day_1 day1.h5 --vocabulary day0.h5": Run(
         "prep", expect=day0_ids),
     "python -m pshybrid prep csv ratings_genres.csv mlg.h5 --label rating --label-threshold 4 "
