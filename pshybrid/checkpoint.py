@@ -73,9 +73,11 @@ def _described(cfg) -> dict:
     return cfg.meta() if hasattr(cfg, "meta") else {"config": to_dict(cfg)}
 
 
-def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, dense) -> None:
+def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, dense,
+                 data_rows: int | None = None) -> None:
     """This rank's files of checkpoint ``step`` in ``tmp``: its shard (holders of sparse
-    rows), dense.h5 and meta.json (worker 0, which has ``dense``). Each exclusive, fsync'ed."""
+    rows), dense.h5 and meta.json (worker 0, which has ``dense``; ``data_rows``: the rows of
+    the run's ``--data``, whose order depends on them). Each exclusive, fsync'ed."""
     if ids is not None:
         shard = os.path.join(tmp, f"shard-{max(topo.server_index, 0):05d}.h5")
         with safeio.h5_file(shard, "x") as f:  # exclusive: never over anything
@@ -104,6 +106,8 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
             "cwd": os.getcwd()}  # (the directory relative paths in "config" are from)
     if getattr(cfg, "batch_size", None):  # (a train run's: the rows a step reads, all workers)
         meta["global_batch"] = topo.n_workers * cfg.batch_size
+    if data_rows is not None:
+        meta["data_rows"] = int(data_rows)
     with open(os.path.join(tmp, "meta.json"), "x") as f:
         f.write(json.dumps(meta, indent=1))
         f.flush()
@@ -147,10 +151,12 @@ def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridE
     return _failed(root, step, problem) if problem else None
 
 
-def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema) -> str:
+def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema,
+         data_rows: int | None = None) -> str:
     """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``); ``cfg``:
     the run's ``TrainConfig``, or a front end's run (``mode``, ``seed``, ``keep_last`` and
-    ``meta()``: ``pshybrid.torch.restore.TorchRun``). A write
+    ``meta()``: ``pshybrid.torch.restore.TorchRun``); ``data_rows``: the rows of a finite
+    ``--data`` (a resume on another count reads other rows, ``preflight``). A write
     that fails (a full disk) removes the temporary directory and raises one
     ``PshybridError`` on every rank; ``latest`` keeps naming the previous checkpoint."""
     writer_rank = topo.worker_ranks[0]
@@ -169,7 +175,7 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema) -> 
         agree(topo.world, _room(tmp, root, step, topo, ids, sparse, dense))
         err = None
         try:
-            _write_files(tmp, step, cfg, topo, params, schema, ids, sparse, dense)
+            _write_files(tmp, step, cfg, topo, params, schema, ids, sparse, dense, data_rows)
         except (OSError, RuntimeError) as e:  # RuntimeError: h5py's, on a full disk
             err = _failed(root, step, str(getattr(e, "strerror", None) or e))
         agree(topo.world, err)  # Wire: every file is on disk before the rename

@@ -148,6 +148,12 @@ def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
                   f"{cfg.batch_size}): step {start} goes on at batch {start} of {G:,} rows, so "
                   "the rows read next and the steps --epochs counts are not where it stopped; "
                   f"a global batch of {was:,} continues on the same rows\n")
+    rows = meta.get("data_rows")  # (the data's order depends on its row count too)
+    if rows is not None and n_rows is not None and rows != n_rows:
+        out.write(f"resume: warning: {step_dir} was trained on --data of {rows:,} rows, this "
+                  f"run's has {n_rows:,}: step {start} goes on in the order of {n_rows:,} rows, "
+                  "so the rows read next and the steps --epochs counts are not where it "
+                  f"stopped; --data of {rows:,} rows continues on the same rows\n")
     older = was is None and "front_end" not in meta  # (a train run's, before global_batch)
     if older and cfg.shuffle and n_rows and n_rows % SHUFFLE_BLOCK:
         out.write(f"resume: warning: {step_dir} was written by an earlier pshybrid, whose "

@@ -193,7 +193,7 @@ class Job:
     def save(self, step: int) -> str:
         """Collective: write checkpoint ``step`` (servers join through their loop)."""
         return checkpoint.save(self.cfg.checkpoint_dir, step, self.cfg, self.topo, self.mode,
-                               self.params, self.data.schema)
+                               self.params, self.data.schema, getattr(self.data, "n_rows", None))
 
 
 def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = False) -> Job:

@@ -845,6 +845,35 @@ def test_a_resume_with_another_global_batch_says_what_changes(tmp_path, capsys):
                 ) == warned, out
 
 
+def test_a_resume_on_data_of_another_row_count_says_what_changes(tmp_path, capsys):
+    """meta.json records --data's rows, on which the order depends (an epoch's steps, the
+    blocks shuffled); a resume on a file of another row count at the same path (re-prepped
+    in place) is told that its rows are not where the checkpoint stopped (it was silent)."""
+    from pshybrid.cli import main
+
+    path, s = str(tmp_path / "d.h5"), DATA.schema
+
+    def write(n):
+        with DatasetWriter(path, s.dense_names, s.sparse_names) as w:
+            w.append(*DATA.rows(0, n))
+            w.close(s.cardinalities)
+
+    write(256)
+    assert main(["train", "--mode", "allreduce", "--servers", "0", "--data", path,
+                 "--embedding-dim", "4", "--mlp", "8", "--batch-size", "64", "--progress",
+                 "none", "--steps", "2", "--checkpoint-dir", str(tmp_path / "ck")]) == 0
+    assert json.load(open(tmp_path / "ck" / "step-2" / "meta.json"))["data_rows"] == 256
+    capsys.readouterr()
+    for n, warned in ((256, False), (320, True)):
+        write(n)
+        assert main(["train", "--resume", str(tmp_path / "ck"), "--steps", "3",
+                     "--checkpoint-dir", "none"]) == 0
+        out = capsys.readouterr().out
+        assert ("resume: warning: " in out) == warned, out
+    assert (f"was trained on --data of 256 rows, this run's has {n}: step 2 goes on in the "
+            f"order of {n} rows") in out, out
+
+
 def test_a_moved_or_copied_checkpoint_resumed_saves_where_it_is_now(tmp_path, capsys,
                                                                   monkeypatch):
     """Oracle: the directories' contents. A checkpoint directory renamed (or a step copied
