@@ -146,10 +146,11 @@ class ParquetText(io.RawIOBase):
         batch = pa.record_batch([self._column(c, n) for c, n in zip(batch.columns,
                                                                      batch.schema.names)],
                                 names=batch.schema.names)
+        head = self._header(batch) if self.header else b""
         out = io.BytesIO()
         for style in ("none", "needed"):     # unquoted where no value needs quotes
             try:
-                opts = pa.csv.WriteOptions(include_header=self.header, quoting_style=style)
+                opts = pa.csv.WriteOptions(include_header=False, quoting_style=style)
                 pa.csv.write_csv(batch, out, opts)
                 break
             except Exception as exc:  # noqa: BLE001 - ArrowInvalid (a value needs quotes)
@@ -157,7 +158,21 @@ class ParquetText(io.RawIOBase):
         else:
             raise InputError(f"{self.name}: cannot convert to text: {why}")
         self.header = False
-        return out.getvalue()
+        return head + out.getvalue()
+
+    def _header(self, batch) -> bytes:
+        """The header line, each name quoted only where it must be (as a CSV input's, so
+        the two kinds of input mix); a pyarrow without ``quoting_header`` quotes every one."""
+        pa, empty = self.pa, batch.slice(0, 0)
+        for style in ("none", "needed", None):
+            out = io.BytesIO()
+            try:
+                pa.csv.write_csv(empty, out, pa.csv.WriteOptions(
+                    **({} if style is None else {"quoting_header": style})))
+                return out.getvalue()
+            except Exception as exc:  # noqa: BLE001 - a name needs quotes; an older pyarrow
+                why = exc
+        raise InputError(f"{self.name}: cannot convert to text: {why}")
 
     def readinto(self, b) -> int:
         while not self.buf:
