@@ -84,6 +84,21 @@ def test_every_call_of_batches_is_a_whole_pass(job, data):
     assert len(tail) == 1 and same_rows(tail[0], file_rows(data, 48, 50))
 
 
+def test_batches_of_a_file_too_short_name_what_it_lacks(job, data, tmp_path):
+    """A file of no rows: an evaluation pass (``drop_last=False``, which needs one row) says
+    it holds none, and a training pass names the batch_size given (both named 1 // W)."""
+    empty = tmp_path / "empty.h5"
+    with h5py.File(data) as f, h5py.File(empty, "w") as g:
+        for k in ("label", "dense", "sparse"):
+            g[k] = f[k][:0]
+        g.attrs.update(f.attrs)
+    with pytest.raises(Exception, match=r"empty.h5: holds no rows: nothing to read"):
+        next(pt.batches(empty, B, drop_last=False))
+    with pytest.raises(Exception, match=rf"d.h5: {ROWS} rows, fewer than one global batch "
+                                        rf"\(1 worker x batch_size {ROWS + 1}\)"):
+        next(pt.batches(data, ROWS + 1))
+
+
 def test_batches_of_a_multi_hot_file_are_its_rows(job, tmp_path):
     """A file with 2 multi-hot fields: ``.sparse`` holds the single-hot fields' ids and
     ``.bags`` each multi-hot field's ``(values, offsets)`` of the batch's rows, as h5py

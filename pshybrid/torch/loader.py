@@ -48,14 +48,20 @@ def schema(path) -> Schema:
     return ds.schema
 
 
-def _open(path, G: int, s):
+def _open(path, batch_size: int, drop_last: bool, s):
+    """The dataset of ``path`` (opened here, or given), holding one global batch (with
+    ``drop_last``) or one row, with one verdict over the workers."""
     err, ds = None, None
+    W = s.topo.n_workers
+    G = W * batch_size if drop_last else 1
     try:
         ds = H5Dataset(path) if isinstance(path, (str, os.PathLike)) else path
         if getattr(ds, "n_rows", G) < G:
-            W = s.topo.n_workers
+            if not drop_last:
+                raise InputError(f"{path}: holds no rows: nothing to read")
             raise InputError(f"{path}: {ds.n_rows} row{'s' * (ds.n_rows != 1)}, fewer than one "
-                             f"global batch ({W} worker{'s' * (W != 1)} x batch_size {G // W})")
+                             f"global batch ({W} worker{'s' * (W != 1)} x batch_size "
+                             f"{batch_size})")
     except InputError as e:
         err = e
     agree(s.topo.workers, err)  # Wire: verdict allgather over the workers
@@ -136,7 +142,7 @@ def batches(path, batch_size: int, epochs: int = 1, steps: int | None = None,
             raise InputError("batches: drop_last=False reads one pass in the file's order (an "
                              "evaluation): give it without shuffle, steps, epochs or epoch",
                              collective=True)
-        ds = _open(path, W * batch_size if drop_last else 1, s)
+        ds = _open(path, batch_size, drop_last, s)
     plan = BatchPlan(getattr(ds, "n_rows", None), W * batch_size, shuffle,
                      s.seed if seed is None else seed)
     if plan.steps_per_epoch is None and (steps is None or epoch):
