@@ -64,7 +64,7 @@ def cmd_info(args) -> int:
     from mpi4py import MPI
 
     from .devices import cuda_aware_mpi
-    from .threads import rank_blas_threads, rank_server_threads
+    from .threads import cpu_quota, rank_blas_threads, rank_server_threads
     from .topology import Topology
 
     if args.server_threads is not None and args.server_threads < 1:
@@ -104,6 +104,9 @@ def cmd_info(args) -> int:
               f"{topo.n_servers} {'shard owner' if topo.colocated else 'server'}(s) "
               f"{topo.server_ranks}, "
               f"{topo.n_workers} worker(s)")
+        if (quota := cpu_quota()) is not None:
+            print(f"CPU quota       : {quota} CPU{'s' if quota > 1 else ''} (cgroup): the "
+                  "thread sizing below takes it as the node's cores")
         if alone:
             print(f"note            : --mode {args.mode} needs a server and a worker: "
                   "run it under mpiexec -n N with N >= 2 (or --placement colocated)")

@@ -12,7 +12,9 @@ ranks' threads deschedule each other and every step waits for the slowest
 
 with the ranks per node read from the launcher's environment (MPICH/Hydra
 ``MPI_LOCALNRANKS``, Open MPI ``OMPI_COMM_WORLD_LOCAL_SIZE``, Slurm
-``SLURM_NTASKS_PER_NODE``). Pure apart from the final ``os.environ`` update.
+``SLURM_NTASKS_PER_NODE``), and the cores capped by the process's CPU quota where its cgroup
+has one (a container's ``docker --cpus``, a Kubernetes CPU limit: ``cpu_quota``), which
+the affinity does not show. Pure apart from the final ``os.environ`` update.
 
 ``rank_cores()`` (the same arithmetic, unrounded) also decides whether the training
 loop prepares batches on a background thread (``--prefetch``): not on a rank with fewer
@@ -59,10 +61,51 @@ def thread_limits(environ, usable_cores: int, node_cores: int) -> dict[str, str]
     return {v: str(n) for v in THREAD_VARS}
 
 
+def cpu_quota(cgroups: str = "/proc/self/cgroup", root: str = "/sys/fs/cgroup") -> int | None:
+    """Whole CPUs the process's cgroup may use (at least 1), the least quota over its cgroup
+    and the ones above it: cgroup v2 ``cpu.max`` ("QUOTA PERIOD", or "max"), v1
+    ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: none); None where none is set or
+    none can be read."""
+    try:
+        with open(cgroups) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    found = []
+    for line in lines:
+        _, controllers, path = (line.split(":", 2) + ["", ""])[:3]
+        v2 = controllers == ""
+        if not (v2 or "cpu" in controllers.split(",")):
+            continue
+        base = root if v2 else os.path.join(root, controllers)
+        parts = [p for p in path.split("/") if p]
+        for depth in range(len(parts), -1, -1):  # this cgroup, then its parents, the root
+            found.append(_quota(os.path.join(base, *parts[:depth]), v2))
+    quotas = [q for q in found if q is not None]
+    return max(1, int(min(quotas))) if quotas else None
+
+
+def _quota(directory: str, v2: bool) -> float | None:
+    """One cgroup's CPU quota in CPUs, None if it has none (or it cannot be read)."""
+    try:
+        if v2:
+            with open(os.path.join(directory, "cpu.max")) as f:
+                quota, period = f.read().split()[:2]
+        else:
+            with open(os.path.join(directory, "cpu.cfs_quota_us")) as f:
+                quota = f.read().strip()
+            with open(os.path.join(directory, "cpu.cfs_period_us")) as f:
+                period = f.read().strip()
+        return int(quota) / int(period) if quota not in ("max", "-1") and int(period) else None
+    except (OSError, ValueError):
+        return None
+
+
 def _cores() -> tuple[int, int]:
-    """(cores this process may run on, cores of the node)."""
+    """(cores this process may run on, cores of the node), each capped by a CPU quota."""
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return usable or 1, os.cpu_count() or 1
+    usable, node, quota = usable or 1, os.cpu_count() or 1, cpu_quota()
+    return (usable, node) if quota is None else (min(usable, quota), min(node, quota))
 
 
 def rank_cores() -> float:

@@ -81,3 +81,47 @@ def test_blas_threads_name_their_rule():
     assert blas_threads({"OMP_NUM_THREADS": "5"}, 8, 8, {}) == \
         (5, "OMP_NUM_THREADS set in the environment")
     assert blas_threads(env, 8, 8, {})[0] is None  # not sized: the library's default
+
+
+def _cgroup(tmp_path, line: str, files: dict) -> int | None:
+    """``cpu_quota`` of a process whose /proc/self/cgroup is ``line`` over a cgroup tree
+    of ``files`` ({path under the root: text})."""
+    from pshybrid.threads import cpu_quota
+
+    (tmp_path / "cgroup").write_text(line + "\n")
+    for rel, text in files.items():
+        (tmp_path / "root" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "root" / rel).write_text(text)
+    return cpu_quota(str(tmp_path / "cgroup"), str(tmp_path / "root"))
+
+
+@pytest.mark.parametrize("line,files,want", [
+    # cgroup v2: the least of this cgroup's and its parents' cpu.max, whole CPUs
+    ("0::/kubepods/pod/c", {"kubepods/cpu.max": "400000 100000",
+                            "kubepods/pod/c/cpu.max": "max 100000"}, 4),
+    ("0::/kubepods/pod/c", {"kubepods/cpu.max": "800000 100000",
+                            "kubepods/pod/c/cpu.max": "250000 100000"}, 2),
+    ("0::/", {"cpu.max": "50000 100000"}, 1),             # half a CPU: still one thread
+    ("0::/user.slice", {"user.slice/cpu.max": "max 100000"}, None),
+    # cgroup v1, the container's cgroup mounted as the hierarchy's root (docker)
+    ("4:memory:/x\n3:cpu,cpuacct:/docker/abc", {"cpu,cpuacct/cpu.cfs_quota_us": "300000",
+                                                "cpu,cpuacct/cpu.cfs_period_us": "100000"}, 3),
+    ("3:cpu,cpuacct:/", {"cpu,cpuacct/cpu.cfs_quota_us": "-1",
+                         "cpu,cpuacct/cpu.cfs_period_us": "100000"}, None),
+    ("0::/", {"cpu.max": "garbage"}, None),               # unreadable: no quota
+    ("0::/", {}, None)])
+def test_cpu_quota_of_a_cgroup_and_its_parents(tmp_path, line, files, want):
+    assert _cgroup(tmp_path, line, files) == want
+
+
+def test_a_cpu_quota_caps_the_cores_the_threads_are_sized_from(monkeypatch):
+    """``docker --cpus 2`` on a 16-core host, affinity all 16: 2 ranks get 1 BLAS thread each
+    (8 before: 16 threads on 2 CPUs' time)."""
+    from pshybrid import threads
+
+    monkeypatch.setattr(threads, "cpu_quota", lambda: 2)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(threads.os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert threads._cores() == (2, 2)
+    assert thread_limits({"MPI_LOCALNRANKS": "2"}, *threads._cores()) == {
+        v: "1" for v in THREAD_VARS}

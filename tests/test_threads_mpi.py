@@ -51,6 +51,7 @@ def test_dedicated_servers_take_their_part_of_the_spare_cores(comm, node16, serv
 @pytest.mark.mpi(min_size=2)
 def test_info_prints_each_ranks_apply_threads(comm, node16, monkeypatch):
     monkeypatch.setattr("mpi4py.MPI.COMM_WORLD", comm)  # info's topology over this test's ranks
+    monkeypatch.setattr(threads, "cpu_quota", lambda: CORES)  # (a container's: said)
     args = argparse.Namespace(servers=1, mode="hybrid", placement="dedicated", device="cpu",
                               cuda_aware="auto", server_threads=None)
     out = io.StringIO()
@@ -63,6 +64,7 @@ def test_info_prints_each_ranks_apply_threads(comm, node16, monkeypatch):
         apply = {r[1]: r[9] for r in rows}
         ok = len(rows) == comm.size and apply["server"] == str(want(comm.size, 1, True)) \
             and apply["worker"] == "-"
+        ok &= f"CPU quota       : {CORES} CPUs (cgroup)" in out.getvalue()
         msg = out.getvalue()
     assert_all(comm, ok, msg)
 
