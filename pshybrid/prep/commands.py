@@ -204,7 +204,8 @@ _CSV = (
     "quotes are data), every record as many fields as the first; "
     "--multi-hot COL[:SEP]: a list of items (split at SEP, default |), each encoded as a "
     "value of its own field. Label: a number, 0 or 1, or with --label-threshold T: 1 if "
-    ">= T else 0 (--unlabeled: none, a file to predict). Dense: a finite number (Python float syntax), missing = 0, stored as "
+    ">= T else 0 (--unlabeled: none, a file to predict). Dense: a finite number (Python "
+    "float syntax), missing = 0, stored as "
     "float32(log1p(max(x, 0))) (--dense-transform none: float32(x)). "
     + _SPARSE_RULE)
 

@@ -126,8 +126,9 @@ def transform_text(t: Table, o: TableOptions) -> str:
     """The one-line ``transform`` attribute."""
     dense = "log1p(max(x, 0))" if t.log else "x"
     sparse = (f"vocabulary min_count={o.min_count} (0 missing, 1 rare, 2.. by count)"
-              if o.min_count is not None else f"vocabulary of {shown(o.vocabulary)} (0 "
-              "missing, 1 a value it lacks)" if o.vocabulary is not None else "1 + crc32(value) % (buckets - 1), 0 missing")
+              if o.min_count is not None else
+              f"vocabulary of {shown(o.vocabulary)} (0 missing, 1 a value it lacks)"
+              if o.vocabulary is not None else "1 + crc32(value) % (buckets - 1), 0 missing")
     label = ("no labels (/label 0); " if t.label is None else "" if t.threshold is None
              else f"label = value >= {t.threshold}; ")
     multi = "".join(f"; multi-hot {n} items split at {chr(c)!r}" for n, c in
