@@ -98,7 +98,7 @@ class Vocabulary:
             ids = np.ones(len(values), np.int64)
             order = kept[np.lexsort((values[kept], -counts[kept]))]
             ids[order] = 2 + np.arange(len(kept))
-            self.kept.append(values[order])
+            self.kept.append(stored(values[order]))
             short = np.flatnonzero(ids[:len(keys)] > 1)
             table.append((np.full(len(short), f, self.fields.dtype), keys[short], ids[short]))
             self.long_ids.append({v: i for v, i in zip(long, ids[len(keys):].tolist()) if i > 1})
@@ -106,18 +106,23 @@ class Vocabulary:
         self.table = _IdTable(*(np.concatenate(a) for a in zip(*table)))
         del self.counts, self.pending, self.long
 
-    def load(self, kept: list[list[bytes]]) -> None:
-        """The ids of another run's kept values (per field, in id order: ``stored``)."""
-        self.cardinalities, self.long_ids, self.kept = [], [], []
+    def load(self, kept: list[tuple[np.ndarray, np.ndarray]]) -> None:
+        """The ids of another run's kept values: per field ``(bytes, offsets)`` (``stored``),
+        in id order; the short values' keys made in NumPy, the long ones in a dict."""
+        self.cardinalities, self.long_ids, self.kept = [], [], list(kept)
         table = [(self.fields[:0], np.zeros(0, np.uint64), np.zeros(0, np.int64))]
-        for f, values in enumerate(kept):
-            ids = 2 + np.arange(len(values))
-            short = np.array([len(v) <= 8 for v in values], bool)
-            keys = np.array([v for v in values if len(v) <= 8], "S8").view(np.uint64)
-            table.append((np.full(len(keys), f, self.fields.dtype), keys, ids[short]))
-            self.long_ids.append({v: i for v, i in zip(values, ids.tolist()) if len(v) > 8})
-            self.cardinalities.append(2 + len(values))
-            self.kept.append(np.array(values, "S"))
+        for f, (data, offsets) in enumerate(kept):
+            lengths = np.diff(offsets)
+            short = np.flatnonzero(lengths <= 8)
+            cols = np.arange(8)
+            inside = cols < lengths[short, None]
+            key = np.zeros((len(short), 8), np.uint8)
+            key[inside] = data[(offsets[short, None] + cols)[inside]]  # zero-padded bytes
+            table.append((np.full(len(short), f, self.fields.dtype),
+                          key.view(np.uint64).ravel(), 2 + short))
+            self.long_ids.append({data[offsets[i]:offsets[i + 1]].tobytes(): 2 + int(i)
+                                  for i in np.flatnonzero(lengths > 8)})
+            self.cardinalities.append(2 + len(lengths))
         self.table = _IdTable(*(np.concatenate(a) for a in zip(*table)))
 
     def encode(self, rows: Rows) -> np.ndarray:
@@ -147,22 +152,17 @@ def _long_values(rows: Rows) -> list[tuple[int, int, bytes]]:
 
 
 
-def stored(kept: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """One field's kept values (an "S" array in id order) as ``(bytes uint8, offsets
-    int64)``."""
-    values = kept.tolist()
+def stored(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Values (an "S" array: NUL-free, zero-padded) as ``(bytes uint8, offsets int64)``:
+    value i is ``bytes[offsets[i]:offsets[i + 1]]``."""
+    lengths = np.char.str_len(values).astype(np.int64) if len(values) else np.zeros(0, np.int64)
+    padded = np.ascontiguousarray(values).view(np.uint8).reshape(len(values), values.itemsize)
     offsets = np.zeros(len(values) + 1, np.int64)
-    np.cumsum([len(v) for v in values], out=offsets[1:])
-    return np.frombuffer(b"".join(values), np.uint8), offsets
+    np.cumsum(lengths, out=offsets[1:])
+    return padded[np.arange(values.itemsize) < lengths[:, None]], offsets
 
 
-def unstored(data: np.ndarray, offsets: np.ndarray) -> list[bytes]:
-    """``stored``'s inverse."""
-    raw, at = data.tobytes(), offsets.tolist()
-    return [raw[a:b] for a, b in zip(at[:-1], at[1:])]
-
-
-def read_vocabulary(path: str, names: list[str]) -> list[list[bytes]]:
+def read_vocabulary(path: str, names: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
     """``--vocabulary FILE``: the kept values of each of the fields ``names`` (this input's
     sparse fields, which must be FILE's), in id order; an InputError naming what is wrong."""
     from ..data import H5Dataset
@@ -186,11 +186,12 @@ def read_vocabulary(path: str, names: list[str]) -> list[list[bytes]]:
             if (data is None or offsets is None or data.dtype != np.uint8
                     or offsets.dtype != np.int64 or offsets.shape != (card - 1,)
                     or offsets[0] != 0 or offsets[-1] != data.size
-                    or (np.diff(offsets) <= 0).any()):
+                    or (np.diff(offsets) <= 0).any() or not data.all()):
                 raise InputError(f"--vocabulary {path}: /{key} is not a vocabulary of its "
                                  f"cardinality {card} (bytes uint8, offsets int64: "
-                                 f"{card - 2} values + 1, increasing from 0 to the bytes)")
-            out.append(unstored(data, offsets))
+                                 f"{card - 2} values + 1, increasing from 0 to the bytes; "
+                                 "no NUL byte)")
+            out.append((data, offsets))
         return out
     finally:
         d.close()

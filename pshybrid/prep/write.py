@@ -11,7 +11,6 @@ from .. import safeio
 from ..data import DatasetWriter
 from ..errors import ConfigError, InputError
 from .options import SplitOptions
-from .vocabulary import stored
 
 
 PREP_OUTPUT = {safeio.OUTPUT_ATTR: "prep"}   # what --overwrite may replace
@@ -50,10 +49,10 @@ class SplitWriter:
                 self.rows[i] += b - a
 
     def vocabulary(self, names: list[str], kept: list) -> None:
-        """Store each field's kept values (``vocabulary.stored``) in every file written."""
+        """Store each field's kept values (``(bytes, offsets)``: ``vocabulary.stored``) in
+        every file written."""
         for w in self.writers:
-            for name, values in zip(names, kept):
-                data, offsets = stored(values)
+            for name, (data, offsets) in zip(names, kept):
                 w.f.create_dataset(f"vocabulary/{name}/bytes", data=data)
                 w.f.create_dataset(f"vocabulary/{name}/offsets", data=offsets)
 
