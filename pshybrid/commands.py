@@ -17,7 +17,8 @@ def add_scoring_commands(sub) -> None:
                          "file (any number of ranks)", "Evaluate a checkpoint on a dataset "
                          "file: exact AUC and logloss, computed as training's --eval-data "
                          "evaluation. Runs on one process or under mpiexec -n N (every rank "
-                         "scores 1/N of the rows).")
+                         "scores 1/N of the rows). A file without labels (prep --unlabeled) "
+                         "is refused: predict scores it.")
     ev.add_argument("--metrics", metavar="FILE", default=None,
                     help="also write the evaluation as one JSON line to FILE (after a "
                     "config record; an existing --metrics file is appended to)")
@@ -26,7 +27,9 @@ def add_scoring_commands(sub) -> None:
                          "checkpoint, to HDF5 (/score, /logit)", "Score every row of a "
                          "dataset file with a checkpoint's model; OUT.h5 gets /score (the "
                          "predicted click probability) and /logit, float64, one per row in "
-                         "row order. Written atomically.")
+                         "row order. Written atomically. DATA may be a file without labels "
+                         "(prep --unlabeled), encoded as the training data was (its --buckets "
+                         "or --vocabulary TRAIN.h5).")
     add_out(pr)
     pr.set_defaults(func=ended_by_signals(cmd_predict))
     pl = sub.add_parser("plot", help="loss, samples/s and AUC curves of --metrics files "

@@ -296,7 +296,7 @@ def test_criteo_unlabeled_lines_are_the_labeled_ones_without_the_label(tmp_path,
                        r"40; lines without a label \(to predict\): --unlabeled"):
         run("criteo", bare, tmp_path / "x.h5")
     with pytest.raises(InputError, match=r"in.tsv:1: wrong number of fields: 40, expected "
-                       r"39 \(--skip"):
+                       r"39; lines with a label \(40 fields\): without --unlabeled \(--skip"):
         run("criteo", src, tmp_path / "x.h5", "--unlabeled")
     with pytest.raises(ConfigError, match=r"--unlabeled with --min-count: a vocabulary"):
         run("criteo", bare, tmp_path / "x.h5", "--unlabeled", "--min-count", "2")
@@ -344,6 +344,46 @@ def test_a_stored_vocabulary_gives_another_file_the_same_ids(tmp_path):
              r"--vocabulary gives the ids: --buckets and --min-count are not given with it")):
         with pytest.raises(error, match=says):
             run("criteo", *argv, tmp_path / "x.h5")
+    assert not os.path.exists(tmp_path / "x.h5")
+
+
+def test_a_vocabulary_that_cannot_encode_this_input_is_one_error(tmp_path):
+    """--vocabulary FILE whose stored values are not a vocabulary (a group where the bytes
+    should be, a value twice: which id would it get?) or whose multi-hot fields are not
+    this input's (items counted, whole values looked up: nearly every id 1) is one
+    InputError, nothing written; FILE itself still encodes the input."""
+    src = write(tmp_path / "in.tsv", CRITEO)
+    run("criteo", src, tmp_path / "v.h5", "--min-count", "2")
+    bad = {"group.h5": lambda f: (f.__delitem__("vocabulary/C1/bytes"),
+                                  f.create_group("vocabulary/C1/bytes")),
+           "twice.h5": lambda f: f["vocabulary/C1/bytes"].__setitem__(
+               slice(8, 16), f["vocabulary/C1/bytes"][:8])}          # value 1 := value 0
+    for name, spoil in bad.items():
+        (tmp_path / name).write_bytes((tmp_path / "v.h5").read_bytes())
+        with h5py.File(tmp_path / name, "a") as f:
+            spoil(f)
+        with pytest.raises(InputError, match=rf"--vocabulary .*{name}: /vocabulary/C1 is not "
+                           r"a vocabulary of its cardinality 6 \(.*4 distinct values"):
+            run("criteo", src, tmp_path / "x.h5", "--vocabulary", tmp_path / name)
+    run("criteo", src, tmp_path / "same.h5", "--vocabulary", tmp_path / "v.h5")
+    np.testing.assert_array_equal(read(tmp_path / "same.h5")[2], expected_vocab())
+    a = write(tmp_path / "a.csv", "y,c,t\n1,x,p|q\n0,y,q|r\n1,x,q\n")
+    run("csv", a, tmp_path / "a.h5", "--label", "y", "--sparse", "c", "--multi-hot", "t",
+        "--min-count", "1")
+    for argv, ours in ((["--sparse", "c,t"], r"\[\]"),
+                       (["--sparse", "c", "--multi-hot", "t"], None)):
+        if ours is None:   # as FILE was made: accepted
+            run("csv", a, tmp_path / "ok.h5", "--label", "y", *argv, "--vocabulary",
+                tmp_path / "a.h5")
+            continue
+        with pytest.raises(InputError, match=r"--vocabulary .*a.h5: its multi-hot fields are "
+                           rf"\['t'\], this input's {ours}"):
+            run("csv", a, tmp_path / "x.h5", "--label", "y", *argv, "--vocabulary",
+                tmp_path / "a.h5")
+    with pytest.raises(InputError, match=r"--vocabulary .*a.h5: its multi-hot field t's items "
+                       r"were split at '\|', this input's at ','"):  # the items: other values
+        run("csv", a, tmp_path / "x.h5", "--label", "y", "--sparse", "c", "--multi-hot",
+            "t:comma", "--vocabulary", tmp_path / "a.h5")
     assert not os.path.exists(tmp_path / "x.h5")
 
 
@@ -822,6 +862,17 @@ def test_help_states_the_hash_and_cites_no_outside_file(command, capsys):
     assert "§" not in text + capsys.readouterr().out
 
 
+@pytest.mark.parametrize("command, says", [
+    ("eval", "A file without labels (prep --unlabeled) is refused: predict scores it"),
+    ("predict", "DATA may be a file without labels (prep --unlabeled), encoded as the "
+                "training data was (its --buckets or --vocabulary TRAIN.h5)")])
+def test_scoring_help_says_what_a_file_without_labels_gets(command, says, capsys):
+    """eval refuses a prep --unlabeled file, predict scores it: their --help says so."""
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0 and says in " ".join(capsys.readouterr().out.split())
+
+
 def test_buckets_far_beyond_the_data_are_warned_about(tmp_path, capsys):
     """The default 10**6 buckets per field on a 3-row file: tables of 2 x 10**6 rows for 6
     ids is a trap (memory, checkpoints, start-up); prep says so once, with the fix. Buckets
@@ -843,3 +894,15 @@ def test_buckets_far_beyond_the_data_are_warned_about(tmp_path, capsys):
     run("csv", src, tmp_path / "m2.h5", "--label", "y", "--sparse", "a", "--multi-hot", "t",
         "--buckets", "8,8")
     assert "the tables get 16 rows (--buckets) for 15 ids in the data" in capsys.readouterr().err
+    # sizes that are another file's: a vocabulary's (FILE's), an unlabeled file's (the
+    # training file's buckets): a smaller --buckets would make predict refuse it, so no
+    # warning; the same row hashed with its label warns (9 and 6 rows for 2 ids here)
+    one = write(tmp_path / "one.csv", "y,a,b\n1,x,p\n")
+    for argv in (["--label", "y", "--vocabulary", tmp_path / "voc.h5"],
+                 ["--unlabeled", "--vocabulary", tmp_path / "voc.h5"],
+                 ["--unlabeled", "--buckets", "3"]):
+        run("csv", one, tmp_path / "one.h5", "--sparse", "a,b", *argv, "--overwrite")
+        assert capsys.readouterr().err == "", argv
+    run("csv", one, tmp_path / "one.h5", "--sparse", "a,b", "--label", "y", "--buckets", "3",
+        "--overwrite")
+    assert "the tables get 6 rows (--buckets) for 2 ids" in capsys.readouterr().err

@@ -51,7 +51,9 @@ def cmd_criteo(args) -> int:
                   sparse=list(range(first + 13, first + 39)),
                   dense_names=CRITEO_DENSE, sparse_names=CRITEO_SPARSE, integers=True,
                   log=True, threshold=None, spools=spools, one_short="" if o.unlabeled
-                  else "; lines without a label (to predict): --unlabeled")
+                  else "; lines without a label (to predict): --unlabeled",
+                  one_long="; lines with a label (40 fields): without --unlabeled"
+                  if o.unlabeled else "")
         return run_table("criteo", t, args.out, o)
 
 
@@ -191,7 +193,8 @@ _SPARSE_RULE = (
     f"B = --buckets of the field (default {DEFAULT_BUCKETS}); cardinality B. Vocabulary "
     "(--min-count K): a first pass counts each field's values over all rows; values seen >= "
     "K times get ids 2, 3, ... by decreasing count, ties by increasing bytes; 1 = any other "
-    "value, 0 = missing; cardinality 2 + kept values. A line with a NUL byte is bad.")
+    "value, 0 = missing; cardinality 2 + kept values (stored in OUT; --vocabulary FILE: "
+    "FILE's stored ids instead, any other value 1). A line with a NUL byte is bad.")
 _CRITEO = (
     "Criteo TSV -> dataset file. Each line: 40 tab-separated fields: label (0 or 1), I1..I13 "
     "(decimal integers -?[0-9]{1,18}, missing = 0), C1..C26 (categorical); "

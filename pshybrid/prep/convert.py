@@ -25,7 +25,7 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
     code 0."""
     t0 = time.perf_counter()
     n_single = len(t.sparse)
-    encoders = make_encoders(o, n_single, len(t.multi_hot), t.sparse_names)
+    encoders = make_encoders(o, n_single, t)
     named = [("IN", p) for p in t.paths if p != STDIN]
     check_out(out, "OUT", o.overwrite, named)
     valid = valid_path(out, o, named)
@@ -54,7 +54,7 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
                              f"read ({rows} rows, then {tally.rows})")
         cards = [c for enc in encoders for c in enc.cardinalities]
         if o.min_count is not None or o.vocabulary is not None:  # (a file to encode alike)
-            w.vocabulary(names, [kept for enc in encoders for kept in enc.kept])
+            w.vocabulary(names, [kept for enc in encoders for kept in enc.kept], separators(t))
         w.close(cards, source=", ".join(shown(shown_input(p)) for p in t.paths),
                 transform=transform_text(t, o), **({UNLABELED: 1} if o.unlabeled else {}))
     dt = time.perf_counter() - t0
@@ -69,8 +69,11 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
 
 def _warn_oversized(command: str, table_rows: int, ids: int, o: TableOptions) -> None:
     """Hashing buckets far beyond what the data holds make tables that are mostly rows no
-    id reaches (memory, checkpoint size, start-up time): say so, with the fix."""
-    if o.min_count is None and table_rows > max(ids, 1):
+    id reaches (memory, checkpoint size, start-up time): say so, with the fix. Not where the
+    sizes are another file's (``--vocabulary``) or must be (``--unlabeled``: the training
+    file's buckets, which its own prep judged)."""
+    if (o.min_count is None and o.vocabulary is None and not o.unlabeled
+            and table_rows > max(ids, 1)):
         print(f"prep {command}: warning: the tables get {table_rows:,} rows (--buckets) for "
               f"{ids:,} ids in the data: most rows can never train; a smaller --buckets "
               "(e.g. the rows read) or a vocabulary (--min-count K) sizes them to the data",
@@ -98,16 +101,22 @@ def rows_read(tally: Tally, t: Table) -> int:
     return tally.rows
 
 
-def make_encoders(o: TableOptions, n_single: int, n_multi: int, names: list[str]) -> list:
+def separators(t: Table) -> dict[str, str]:
+    """{multi-hot field: the separator of its items}."""
+    return {n: chr(c) for n, c in zip(t.sparse_names[len(t.sparse):], t.multi_sep)}
+
+
+def make_encoders(o: TableOptions, n_single: int, t: Table) -> list:
     """``Hashing`` (default) or ``Vocabulary`` (``--min-count``, or ``--vocabulary``'s, of
-    the fields ``names``): one for the ``n_single`` single-hot fields, then one per multi-hot
+    ``t``'s fields): one for the ``n_single`` single-hot fields, then one per multi-hot
     field (``--buckets``: one value for all, or one per field, the single-hot fields
     first)."""
+    n_multi, names = len(t.multi_hot), t.sparse_names
     sizes = [n_single] + [1] * n_multi
     if o.min_count is not None or o.vocabulary is not None:
         encoders = [Vocabulary(n, o.min_count) for n in sizes]
         if o.vocabulary is not None:
-            kept = read_vocabulary(o.vocabulary, names)
+            kept = read_vocabulary(o.vocabulary, names, separators(t))
             for enc, a, b in zip(encoders, np.cumsum([0] + sizes), np.cumsum(sizes)):
                 enc.load(kept[a:b])
         return encoders

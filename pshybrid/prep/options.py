@@ -49,9 +49,10 @@ class TableOptions(SplitOptions):
     min_count: int | None = option(None, "a vocabulary instead of hashing: values seen >= K "
                                    "times get their own id; none: hashing",
                                    check=_check(lambda v: v > 0, "must be > 0"))
-    vocabulary: str | None = option(None, "the vocabulary another prep --min-count run "
-                                    "stored in FILE (its training file): the same ids for "
-                                    "the same values, other values 1; FILE's cardinalities")
+    vocabulary: str | None = option(None, "a dataset file whose vocabulary a prep "
+                                    "--min-count run stored (the training file): the same "
+                                    "ids for the same values, other values 1; its "
+                                    "cardinalities")
     skip_bad_lines: bool = option(False, "skip and count bad lines instead of failing")
     unlabeled: bool = option(False, "the lines have no label (criteo: 39 fields, I1..I13, "
                              "C1..C26; csv: no --label): /label is written as zeros and the "

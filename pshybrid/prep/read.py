@@ -43,6 +43,7 @@ class Table:
     header_line: bytes | None = None  # the first input's header: every input must repeat it
     parquet: bool = False        # a Parquet input is read as text (else refused)
     one_short: str = ""          # what a line one field short may be (criteo: unlabeled)
+    one_long: str = ""           # and one a field over (criteo --unlabeled: labeled)
 
     def transform(self, x: np.ndarray) -> np.ndarray:
         """Dense values as stored, (n, F_d) float32: log1p(max(x, 0)) (in float64), or x."""
@@ -96,8 +97,9 @@ def parse(t: Table, data: bytes):
 
     def why(i: int) -> str:
         if not whole[i]:
-            short = f"wrong number of fields: {t.n_fields - 1}, expected {t.n_fields}"
-            return shape_why(i) + (t.one_short if shape_why(i) == short else "")
+            hint = {f"wrong number of fields: {t.n_fields + d}, expected {t.n_fields}": h
+                    for d, h in ((-1, t.one_short), (1, t.one_long))}
+            return shape_why(i) + hint.get(shape_why(i), "")
         r = np.count_nonzero(whole[:i])
 
         def text(c: int) -> str:

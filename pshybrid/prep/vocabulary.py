@@ -112,17 +112,10 @@ class Vocabulary:
         self.cardinalities, self.long_ids, self.kept = [], [], list(kept)
         table = [(self.fields[:0], np.zeros(0, np.uint64), np.zeros(0, np.int64))]
         for f, (data, offsets) in enumerate(kept):
-            lengths = np.diff(offsets)
-            short = np.flatnonzero(lengths <= 8)
-            cols = np.arange(8)
-            inside = cols < lengths[short, None]
-            key = np.zeros((len(short), 8), np.uint8)
-            key[inside] = data[(offsets[short, None] + cols)[inside]]  # zero-padded bytes
-            table.append((np.full(len(short), f, self.fields.dtype),
-                          key.view(np.uint64).ravel(), 2 + short))
-            self.long_ids.append({data[offsets[i]:offsets[i + 1]].tobytes(): 2 + int(i)
-                                  for i in np.flatnonzero(lengths > 8)})
-            self.cardinalities.append(2 + len(lengths))
+            short, keys, long = split_values(data, offsets)
+            table.append((np.full(len(short), f, self.fields.dtype), keys, 2 + short))
+            self.long_ids.append({v: 2 + int(i) for i, v in long.items()})
+            self.cardinalities.append(2 + len(offsets) - 1)
         self.table = _IdTable(*(np.concatenate(a) for a in zip(*table)))
 
     def encode(self, rows: Rows) -> np.ndarray:
@@ -162,9 +155,25 @@ def stored(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return padded[np.arange(values.itemsize) < lengths[:, None]], offsets
 
 
-def read_vocabulary(path: str, names: list[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+def split_values(data: np.ndarray, offsets: np.ndarray):
+    """Stored values (``stored``) as ``(short, keys, long)``: the indices of those of up to
+    8 bytes and their uint64 keys (zero-padded, as ``Block.packed``), and {index: bytes} of
+    the longer ones."""
+    lengths = np.diff(offsets)
+    short, cols = np.flatnonzero(lengths <= 8), np.arange(8)
+    inside = cols < lengths[short, None]
+    key = np.zeros((len(short), 8), np.uint8)
+    key[inside] = data[(offsets[short, None] + cols)[inside]]
+    long = {int(i): data[offsets[i]:offsets[i + 1]].tobytes()
+            for i in np.flatnonzero(lengths > 8)}
+    return short, key.view(np.uint64).ravel(), long
+
+
+def read_vocabulary(path: str, names: list[str],
+                    seps: dict[str, str]) -> list[tuple[np.ndarray, np.ndarray]]:
     """``--vocabulary FILE``: the kept values of each of the fields ``names`` (this input's
-    sparse fields, which must be FILE's), in id order; an InputError naming what is wrong."""
+    sparse fields, the last ``len(seps)`` multi-hot with the item separators ``seps``, as
+    FILE's must be), in id order; an InputError naming what is wrong."""
     from ..data import H5Dataset
     from ..errors import InputError
 
@@ -174,24 +183,46 @@ def read_vocabulary(path: str, names: list[str]) -> list[tuple[np.ndarray, np.nd
         if theirs != list(names):
             raise InputError(f"--vocabulary {path}: its sparse fields {theirs} are not this "
                              f"input's {list(names)}")
-        out = []
-        for name, card in zip(names, d.schema.cardinalities):
-            key = f"vocabulary/{name}"
-            g = d.f.get(key)
-            if g is None:
-                raise InputError(f"--vocabulary {path}: holds no /{key} (prep --min-count "
-                                 "stores each field's vocabulary in the files it writes)")
-            data, offsets = (np.asarray(g[k][()]) if k in g else None
-                             for k in ("bytes", "offsets"))
-            if (data is None or offsets is None or data.dtype != np.uint8
-                    or offsets.dtype != np.int64 or offsets.shape != (card - 1,)
-                    or offsets[0] != 0 or offsets[-1] != data.size
-                    or (np.diff(offsets) <= 0).any() or not data.all()):
-                raise InputError(f"--vocabulary {path}: /{key} is not a vocabulary of its "
-                                 f"cardinality {card} (bytes uint8, offsets int64: "
-                                 f"{card - 2} values + 1, increasing from 0 to the bytes; "
-                                 "no NUL byte)")
-            out.append((data, offsets))
-        return out
+        multi = [list(seps), theirs[d.schema.n_single:]]
+        if multi[0] != multi[1]:  # items or whole values: other ids for the same bytes
+            raise InputError(f"--vocabulary {path}: its multi-hot fields are {multi[1]}, "
+                             f"this input's {multi[0]} (--multi-hot as for FILE)")
+        for name, sep in seps.items():  # (FILE's items split otherwise: other values)
+            g = d.f.get(f"vocabulary/{name}")
+            was = g.attrs.get("separator") if g is not None else None
+            if was is not None and was != sep:
+                raise InputError(f"--vocabulary {path}: its multi-hot field {name}'s items "
+                                 f"were split at {was!r}, this input's at {sep!r}")
+        return [_stored_field(d, path, name, card)
+                for name, card in zip(names, d.schema.cardinalities)]
     finally:
         d.close()
+
+
+def _stored_field(d, path: str, name: str, card: int) -> tuple[np.ndarray, np.ndarray]:
+    """Field ``name``'s kept values in dataset ``d`` (FILE ``path``), checked: a group of
+    ``bytes`` uint8 and ``offsets`` int64, ``card - 2`` distinct non-empty values, no NUL."""
+    import h5py
+
+    from ..errors import InputError
+
+    key = f"vocabulary/{name}"
+    g = d.f.get(key)
+    if g is None:
+        raise InputError(f"--vocabulary {path}: holds no /{key} (prep --min-count "
+                         "stores each field's vocabulary in the files it writes)")
+    data, offsets = (np.asarray(g[k][()]) if isinstance(g, h5py.Group)
+                     and isinstance(g.get(k), h5py.Dataset) else None
+                     for k in ("bytes", "offsets"))
+    ok = (data is not None and offsets is not None and data.dtype == np.uint8
+          and offsets.dtype == np.int64 and offsets.shape == (card - 1,)
+          and offsets[0] == 0 and offsets[-1] == data.size
+          and not (np.diff(offsets) <= 0).any() and data.all())
+    if ok:  # distinct (which id would a value stored twice get?)
+        _, keys, long = split_values(data, offsets)
+        ok = len(np.unique(keys)) == len(keys) and len(set(long.values())) == len(long)
+    if not ok:
+        raise InputError(f"--vocabulary {path}: /{key} is not a vocabulary of its "
+                         f"cardinality {card} (bytes uint8, offsets int64: {card - 2} "
+                         "distinct values + 1, increasing from 0 to the bytes; no NUL byte)")
+    return data, offsets

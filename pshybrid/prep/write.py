@@ -48,13 +48,15 @@ class SplitWriter:
                 self.writers[i].append(label[a:b], dense[a:b], sparse[a:b], part)
                 self.rows[i] += b - a
 
-    def vocabulary(self, names: list[str], kept: list) -> None:
+    def vocabulary(self, names: list[str], kept: list, seps: dict) -> None:
         """Store each field's kept values (``(bytes, offsets)``: ``vocabulary.stored``) in
-        every file written."""
+        every file written; ``seps``: {multi-hot field: the separator of its items}."""
         for w in self.writers:
             for name, (data, offsets) in zip(names, kept):
                 w.f.create_dataset(f"vocabulary/{name}/bytes", data=data)
                 w.f.create_dataset(f"vocabulary/{name}/offsets", data=offsets)
+                if name in seps:
+                    w.f[f"vocabulary/{name}"].attrs["separator"] = seps[name]
 
     def close(self, cardinalities, **attrs) -> None:
         for w in self.writers:
