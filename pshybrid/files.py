@@ -65,17 +65,22 @@ def open_dataset(spec: str, labels: bool = True):
     data = H5Dataset(paths[0]) if len(paths) == 1 else H5Files(paths)
     try:
         for d in getattr(data, "parts", [data]):
-            if _unlabeled(d) and labels:
-                raise InputError(f"{d.path}: its rows have no labels (attribute {UNLABELED} = "
-                                 "1, as prep --unlabeled writes): training and evaluation "
-                                 "need them; predict scores such a file")
+            if is_unlabeled(d) and labels:
+                refuse_unlabeled(d, "predict scores such a file")
     except BaseException:
         data.close()
         raise
     return data
 
 
-def _unlabeled(d: H5Dataset) -> bool:
+def refuse_unlabeled(d: H5Dataset, instead: str) -> None:
+    """An InputError naming file ``d``, marked unlabeled, for a pass that needs its labels;
+    ``instead``: what reads such a file."""
+    raise InputError(f"{d.path}: its rows have no labels (attribute {UNLABELED} = 1, as prep "
+                     f"--unlabeled writes): training and evaluation need them; {instead}")
+
+
+def is_unlabeled(d: H5Dataset) -> bool:
     """Whether file ``d`` is marked unlabeled (its attribute ``UNLABELED``: 0 or 1)."""
     value = np.asarray(d.f.attrs.get(UNLABELED, 0))
     if value.ndim or value.dtype.kind not in "biu" or int(value) not in (0, 1):

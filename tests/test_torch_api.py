@@ -99,6 +99,23 @@ def test_batches_of_a_file_too_short_name_what_it_lacks(job, data, tmp_path):
         next(pt.batches(data, ROWS + 1))
 
 
+def test_a_training_pass_refuses_an_unlabeled_file_and_an_evaluation_pass_reads_it(job, data,
+                                                                                 tmp_path):
+    """A file marked unlabeled (``prep --unlabeled``: /label zeros) is no training data, as
+    for ``train``: ``pt.batches`` refuses it naming the file; ``drop_last=False`` (to
+    predict) reads its rows, the file's."""
+    marked = tmp_path / "u.h5"
+    shutil.copy(data, marked)
+    with h5py.File(marked, "r+") as f:
+        f.attrs["unlabeled"] = 1
+    with pytest.raises(Exception, match=r"u.h5: its rows have no labels"):
+        next(pt.batches(marked, B))
+    got = list(pt.batches(marked, B, drop_last=False))
+    assert sum(len(b.label) for b in got) == ROWS
+    assert all(same_rows(b, file_rows(marked, B * t, min(B * t + B, ROWS)))
+               for t, b in enumerate(got))
+
+
 def test_batches_of_a_multi_hot_file_are_its_rows(job, tmp_path):
     """A file with 2 multi-hot fields: ``.sparse`` holds the single-hot fields' ids and
     ``.bags`` each multi-hot field's ``(values, offsets)`` of the batch's rows, as h5py

@@ -20,6 +20,7 @@ import torch
 from pshybrid.batches import BatchPlan, prefetch, read_ids, worker_batches
 from pshybrid.data import H5Dataset
 from pshybrid.errors import InputError
+from pshybrid.files import is_unlabeled, refuse_unlabeled
 from pshybrid.schema import Schema
 from pshybrid.threads import rank_cores
 from pshybrid.torch.census import census
@@ -50,12 +51,15 @@ def schema(path) -> Schema:
 
 def _open(path, batch_size: int, drop_last: bool, s):
     """The dataset of ``path`` (opened here, or given), holding one global batch (with
-    ``drop_last``) or one row, with one verdict over the workers."""
+    ``drop_last``) or one row, with one verdict over the workers. A training pass
+    (``drop_last``) refuses a file marked unlabeled (``prep --unlabeled``)."""
     err, ds = None, None
     W = s.topo.n_workers
     G = W * batch_size if drop_last else 1
     try:
         ds = H5Dataset(path) if isinstance(path, (str, os.PathLike)) else path
+        if isinstance(ds, H5Dataset) and is_unlabeled(ds) and drop_last:
+            refuse_unlabeled(ds, "a pass with drop_last=False reads such a file")
         if getattr(ds, "n_rows", G) < G:
             if not drop_last:
                 raise InputError(f"{path}: holds no rows: nothing to read")
