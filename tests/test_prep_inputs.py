@@ -315,6 +315,25 @@ def test_parquet_equals_the_same_table_as_csv(tmp_path, monkeypatch):
     assert_same(tmp_path / "m.h5", tmp_path / "cc.h5")
 
 
+def test_a_parquet_header_is_quoted_as_a_csv_writer_quotes_it(tmp_path):
+    """Column names that need quotes (a comma, a double quote) are quoted as a CSV input's
+    are (Python's csv module, pandas: only those names), so that the two inputs still mix:
+    pyarrow's 'needed' header quoting quotes every name once one needs it."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    cols = {"y": [1, 0, 1, 1], "a,b": ["p", "q", "p", "r,s"], 'c"d': ["u", "v", "w", "u"],
+            "é": ["x", "x", "z", "y"]}
+    pq.write_table(pa.table(cols), tmp_path / "t.parquet")
+    rows = list(zip(*cols.values()))
+    for name, part in (("t.csv", rows), ("twice.csv", rows + rows)):
+        with open(tmp_path / name, "w", newline="", encoding="utf-8") as f:
+            csv.writer(f).writerows([list(cols), *part])
+    opts = ["--label", "y", "--sparse", "1,2,3", "--min-count", "1"]
+    assert run("csv", tmp_path / "t.csv", tmp_path / "t.parquet", tmp_path / "m.h5", *opts) == 0
+    assert run("csv", tmp_path / "twice.csv", tmp_path / "cc.h5", *opts) == 0
+    assert_same(tmp_path / "m.h5", tmp_path / "cc.h5")
+
+
 def test_parquet_booleans_and_lists_equal_their_text(tmp_path, monkeypatch):
     """A boolean reads as 1/0 and a list as its items joined by '|' (a null item empty):
     the same dataset as the CSV holding that text; a struct column nobody selects is no

@@ -1,6 +1,7 @@
 """Parquet inputs of ``prep csv`` (optional: pyarrow). A Parquet file is read as the CSV text
-pyarrow writes for it (a header of the column names, then the rows, comma-separated, a value
-quoted only where it must be, null = empty), after three changes per column:
+pyarrow writes for it (a header of the column names as Python's ``csv`` writes it, then the
+rows, comma-separated, a value quoted only where it must be, null = empty), after three
+changes per column:
 
 - a boolean is written 1 / 0 (so it can be a label or a dense feature);
 - a list of scalars is written as its items joined by ``|`` (a null item as an empty one),
@@ -11,6 +12,7 @@ quoted only where it must be, null = empty), after three changes per column:
 
 from __future__ import annotations
 
+import csv
 import io
 
 from ..errors import ConfigError, InputError
@@ -160,19 +162,15 @@ class ParquetText(io.RawIOBase):
         self.header = False
         return head + out.getvalue()
 
-    def _header(self, batch) -> bytes:
-        """The header line, each name quoted only where it must be (as a CSV input's, so
-        the two kinds of input mix); a pyarrow without ``quoting_header`` quotes every one."""
-        pa, empty = self.pa, batch.slice(0, 0)
-        for style in ("none", "needed", None):
-            out = io.BytesIO()
-            try:
-                pa.csv.write_csv(empty, out, pa.csv.WriteOptions(
-                    **({} if style is None else {"quoting_header": style})))
-                return out.getvalue()
-            except Exception as exc:  # noqa: BLE001 - a name needs quotes; an older pyarrow
-                why = exc
-        raise InputError(f"{self.name}: cannot convert to text: {why}")
+    @staticmethod
+    def _header(batch) -> bytes:
+        """The header line as a CSV input's: each name quoted only where it must be (a comma,
+        a double quote, CR or LF: Python's ``csv``, pandas), so the two kinds of input mix
+        (pyarrow's ``needed`` quotes every name once one needs quotes, and before
+        ``quoting_header``, every name)."""
+        out = io.StringIO()
+        csv.writer(out, lineterminator="\n").writerow(batch.schema.names)
+        return out.getvalue().encode()
 
     def readinto(self, b) -> int:
         while not self.buf:
