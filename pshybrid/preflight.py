@@ -148,8 +148,10 @@ def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
                   f"{cfg.batch_size}): step {start} goes on at batch {start} of {G:,} rows, so "
                   "the rows read next and the steps --epochs counts are not where it stopped; "
                   f"a global batch of {was:,} continues on the same rows\n")
-    rows = meta.get("data_rows")  # (the data's order depends on its row count too)
-    if rows is not None and n_rows is not None and rows != n_rows:
+    rows = meta.get("data_rows")  # (the order depends on the row count: with --shuffle, the
+    #                                 blocks; else only an epoch's steps, n_rows // G)
+    if rows not in (None, n_rows) and n_rows is not None and (
+            cfg.shuffle or rows // G != n_rows // G):
         out.write(f"resume: warning: {step_dir} was trained on --data of {rows:,} rows, this "
                   f"run's has {n_rows:,}: step {start} goes on in the order of {n_rows:,} rows, "
                   "so the rows read next and the steps --epochs counts are not where it "
