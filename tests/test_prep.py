@@ -339,6 +339,8 @@ def test_a_stored_vocabulary_gives_another_file_the_same_ids(tmp_path):
     run("criteo", src, tmp_path / "h.h5", "--buckets", "10")
     for argv, error, says in (
             ([src, "--vocabulary", tmp_path / "h.h5"], InputError, r"holds no /vocabulary/C1"),
+            ([src, "--vocabulary", src], InputError, r"--vocabulary .*in.tsv: not a readable HDF"),
+            ([src, "--vocabulary", tmp_path / "no.h5"], InputError, r"--vocabulary .*no.h5: no "),
             ([src, "--vocabulary", tmp_path / "a.h5"], InputError, r"its sparse fields \['c', "),
             ([src, "--vocabulary", tmp_path / "v.h5", "--min-count", "2"], ConfigError,
              r"--vocabulary gives the ids: --buckets and --min-count are not given with it")):

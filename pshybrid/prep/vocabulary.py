@@ -177,7 +177,10 @@ def read_vocabulary(path: str, names: list[str],
     from ..data import H5Dataset
     from ..errors import InputError
 
-    d = H5Dataset(path)  # a dataset file (its structure checked), else an InputError
+    try:
+        d = H5Dataset(path)  # a dataset file (its structure checked), else an InputError
+    except InputError as e:  # (naming the option: FILE is no input of this run)
+        raise InputError(f"--vocabulary {e}", collective=e.collective) from None
     try:
         theirs = list(d.schema.sparse_names)
         if theirs != list(names):
