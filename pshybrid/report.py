@@ -37,7 +37,7 @@ PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server
 PROXIES = ("hydra_pmi_proxy", "orted", "prted")
 LAUNCHERS = ("mpiexec", "mpirun", "orterun", "prterun")  # and NAME.suffix: mpiexec.openmpi
 # The done line names the slowest worker where its own work (``summary.OWN_WORK``) is this
-# many times the workers' median, by at least this share of the run's seconds
+# many times the other workers' median, by at least this share of the run's seconds
 SLOW_RATIO, SLOW_SHARE = 1.25, 0.05
 
 
@@ -291,7 +291,7 @@ def _slowest(summary: dict) -> str:
             summary["seconds"]):
         return ""
     return (f"  |  slowest worker {slow['worker']} (rank {slow['rank']}): its own work "
-            f"{own:.1f} s, {own / max(mid, 1e-12):.1f}x the workers' median: the others "
+            f"{own:.1f} s, {own / max(mid, 1e-12):.1f}x the others' median: they "
             "wait for it")
 
 

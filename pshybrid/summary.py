@@ -53,7 +53,8 @@ def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
     own = [sum(stats[r][1].get(k, 0.0) for k in OWN_WORK) for r in topo.worker_ranks]
     w = int(np.argmax(own))
     summary["slowest_worker"] = {"worker": w, "rank": topo.worker_ranks[w],
-                                 "own_seconds": own[w], "median_own_seconds": median(own)}
+                                 "own_seconds": own[w],  # vs the others' (1 worker: itself)
+                                 "median_own_seconds": median(own[:w] + own[w + 1:] or own)}
     if evals:
         summary["auc"] = evals[-1]["auc"]
         summary["eval_logloss"] = evals[-1]["logloss"]
