@@ -230,3 +230,25 @@ def test_a_diverged_run_names_its_last_checkpoint_or_says_there_is_none(tmp_path
         with pytest.raises(steplog.TrainingDiverged) as e:
             steplog.check_loss(job, float("nan"), 4, "at step 3", 2)
         assert "training stopped; " + want in str(e.value), e.value
+
+
+@pytest.mark.parametrize("latest,safe", [("step-6", True), ("step-8", False)])
+def test_a_gpu_run_resumed_names_a_checkpoint_by_the_step_of_the_last_read(tmp_path, monkeypatch,
+                                                                         latest, safe):
+    """On a GPU the diverging loss is read back at a checkpoint or log step: its steps
+    started from the parameters of the read before (8 here, the run resumed at 4 and read at
+    6 and 8), so ``latest`` step-6 is the last good one and step-8 may diverge again."""
+    from pshybrid import steplog
+
+    monkeypatch.setattr(steplog, "to_host", np.asarray)
+    job = _fake_job(log_every=100, steps=12, checkpoint_every=2)
+    job.start, job.cfg.checkpoint_dir = 4, str(tmp_path)
+    (tmp_path / "latest").write_text(latest + "\n")
+    log, y = steplog.StepLog(job), np.array([1.0, 0, 0, 0])
+    for done in range(5, 9):
+        log.add(done, np.float32(0.5), y)
+    log.add(9, np.float32("nan"), y)
+    with pytest.raises(steplog.TrainingDiverged, match="in the steps up to 10 ") as e:
+        log.add(10, np.float32(0.5), y)
+    assert (f"names the last good checkpoint ({latest})" in str(e.value)) == safe, e.value
+    assert (f"names {latest}, whose parameters (finite)" in str(e.value)) != safe, e.value
