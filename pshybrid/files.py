@@ -103,7 +103,8 @@ class H5Files:
                 if d.schema != first.schema:
                     why = first.schema.difference(d.schema, first.path, d.path)
                     raise InputError(f"{d.path}: its fields differ from {first.path}'s: "
-                                     f"{why} (prep the files of one dataset in one run)")
+                                     f"{why} (prep the files of one dataset in one run, or "
+                                     f"the later ones with the first's --vocabulary)")
         except BaseException:
             self.close()
             raise

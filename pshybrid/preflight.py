@@ -152,8 +152,11 @@ def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
     #                                 blocks; else only an epoch's steps, n_rows // G)
     if rows not in (None, n_rows) and n_rows is not None and (
             cfg.shuffle or rows // G != n_rows // G):
+        spe = max(1, n_rows // G)  # (steps an epoch: where step ``start`` enters the data)
         out.write(f"resume: warning: {step_dir} was trained on --data of {rows:,} rows, this "
                   f"run's has {n_rows:,}: step {start} goes on in the order of {n_rows:,} rows, "
+                  f"at batch {start % spe:,} of epoch {start // spe:,} ({spe:,} steps an "
+                  "epoch), "
                   "so the rows read next and the steps --epochs counts are not where it "
                   f"stopped; --data of {rows:,} rows continues on the same rows\n")
     older = was is None and "front_end" not in meta  # (a train run's, before global_batch)

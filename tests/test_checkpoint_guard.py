@@ -848,7 +848,9 @@ def test_a_resume_with_another_global_batch_says_what_changes(tmp_path, capsys):
 def test_a_resume_on_data_of_another_row_count_says_what_changes(tmp_path, capsys):
     """meta.json records --data's rows, on which the order depends (an epoch's steps, the
     blocks shuffled); a resume on a file of another row count at the same path (re-prepped
-    in place) is told that its rows are not where the checkpoint stopped (it was silent)."""
+    in place) is told that its rows are not where the checkpoint stopped (it was silent),
+    and where in the new order it goes on (a later day's file is entered mid-epoch)."""
+    from pshybrid.batches import BatchPlan
     from pshybrid.cli import main
 
     path, s = str(tmp_path / "d.h5"), DATA.schema
@@ -876,6 +878,9 @@ def test_a_resume_on_data_of_another_row_count_says_what_changes(tmp_path, capsy
         if warned:
             assert (f"was trained on --data of 256 rows, this run's has {n:,}: step 2 goes on "
                     f"in the order of {n:,} rows") in out, out
+            # where step 2 enters the new data's order: BatchPlan's epoch and batch
+            spe = BatchPlan(n, 64, not shuffle, 0).steps_per_epoch
+            assert f"at batch {2 % spe} of epoch {2 // spe} ({spe} steps an epoch)" in out, out
 
 
 def test_a_moved_or_copied_checkpoint_resumed_saves_where_it_is_now(tmp_path, capsys,
@@ -974,3 +979,30 @@ def test_a_finished_run_leaves_nothing_behind(monkeypatch):
         assert len(jobs) == 1 and jobs[0]() is None, gc.get_referrers(jobs[0]())
     finally:
         gc.enable()
+
+
+def test_a_resume_or_concatenation_of_other_cardinalities_names_the_vocabulary(tmp_path):
+    """A later day prepped with a vocabulary of its own (other cardinalities) is refused, at
+    resume and beside the first day's file, and the refusal names the way out: the first
+    file's --vocabulary (the tables cannot grow)."""
+    from pshybrid.cli import main
+
+    s = DATA.schema
+
+    def write(path, cards):
+        with DatasetWriter(str(path), s.dense_names, s.sparse_names) as w:
+            label, dense, ids = DATA.rows(0, 256)
+            w.append(label, dense, np.minimum(ids, np.asarray(cards) - 1))
+            w.close(cards)
+        return str(path)
+
+    day1 = write(tmp_path / "day1.h5", s.cardinalities)
+    day2 = write(tmp_path / "day2.h5", [c + 1 for c in s.cardinalities])
+    small = ["--mode", "allreduce", "--servers", "0", "--embedding-dim", "4", "--mlp", "8",
+             "--batch-size", "64", "--progress", "none"]
+    assert main(["train", *small, "--data", day1, "--steps", "2", "--checkpoint-dir",
+                 str(tmp_path / "ck")]) == 0
+    for args in (["--resume", str(tmp_path / "ck"), "--data", day2, "--steps", "4",
+                  "--checkpoint-dir", "none"], [*small, "--data", f"{day1},{day2}"]):
+        with pytest.raises(InputError, match="the cardinality of field 0.*--vocabulary"):
+            main(["train", *args])
