@@ -436,11 +436,11 @@ class H5Dataset:
         if multi != names[len(names) - k:]:
             raise InputError(f"{self.path}: attribute multi_hot {multi} is not the last "
                              "field_names")
-        problem = names_problem(names[:fd], names[fd:])
-        if problem:
+        if problem := names_problem(names[:fd], names[fd:]):
             raise InputError(f"{self.path}: attribute field_names: {problem}")
         self.bag_sets = [check_bags(self.f, self.path, m, self.n_rows) for m in multi]
-        self.schema = Schema(fd, cards, tuple(names[:fd]), tuple(names[fd:]), k)
+        v = self.f.attrs.get("vocabulary_digest")  # whose ids (prep --min-count's; None: hashed)
+        self.schema = Schema(fd, cards, tuple(names[:fd]), tuple(names[fd:]), k, v and str(v))
 
     def _unnamed_bags(self, multi: list[str]) -> str:
         """A count mismatch's hint: the /multi_hot groups, where attribute multi_hot differs."""

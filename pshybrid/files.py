@@ -100,8 +100,8 @@ class H5Files:
             for p in paths:
                 self.parts.append(H5Dataset(p))
                 first, d = self.parts[0], self.parts[-1]
-                if d.schema != first.schema:
-                    why = first.schema.difference(d.schema, first.path, d.path)
+                why = first.schema.difference(d.schema, first.path, d.path)
+                if why is not None:
                     raise InputError(f"{d.path}: its fields differ from {first.path}'s: "
                                      f"{why} (prep the files of one dataset in one run, or "
                                      f"the later ones with the first's --vocabulary)")

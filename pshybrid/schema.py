@@ -13,7 +13,7 @@ read these definitions instead of writing them out again.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,6 +48,9 @@ class Schema:
     dense_names: tuple[str, ...] = ()
     sparse_names: tuple[str, ...] = ()
     multi_hot: int = 0
+    # whose ids the values are: a digest of the vocabulary ``prep --min-count`` stored (None:
+    # hashed, or not known); not in ``==``: ``difference`` compares it where both have one
+    vocabulary: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if not self.dense_names:
@@ -69,7 +72,8 @@ class Schema:
         """JSON-able form (checkpoint metadata); ``from_dict`` inverts it."""
         return {"n_dense": self.n_dense, "cardinalities": list(self.cardinalities),
                 "dense_names": list(self.dense_names), "sparse_names": list(self.sparse_names),
-                "multi_hot": self.multi_hot}
+                "multi_hot": self.multi_hot,
+                **({"vocabulary": self.vocabulary} if self.vocabulary else {})}
 
     def difference(self, other: Schema, mine: str, theirs: str,
                    names: bool = True) -> str | None:
@@ -88,6 +92,9 @@ class Schema:
         for i, (name, oname) in enumerate(zip(self.dense_names, other.dense_names)):
             if names and name != oname:
                 found.append((f"dense field {i}", repr(name), repr(oname)))
+        if None not in (self.vocabulary, other.vocabulary) and self.vocabulary != other.vocabulary:
+            found.append(("the vocabulary (the values the ids stand for, prep --min-count's)",
+                          self.vocabulary, other.vocabulary))
         if not found:
             return None
         what, a, b = found[0]
@@ -98,7 +105,7 @@ class Schema:
     def from_dict(cls, d: dict) -> Schema:
         return cls(int(d["n_dense"]), tuple(int(c) for c in d["cardinalities"]),
                    tuple(d.get("dense_names", ())), tuple(d.get("sparse_names", ())),
-                   int(d.get("multi_hot", 0)))
+                   int(d.get("multi_hot", 0)), d.get("vocabulary"))
 
 
 @dataclass(frozen=True)

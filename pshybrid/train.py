@@ -276,9 +276,8 @@ def _open_data(cfg, topo, dataset, opened):
                 not_trained_on(cfg.eval_data, cfg.data)
             evdata = open_dataset(cfg.eval_data)
             opened.append(evdata)
-            if evdata.schema != data.schema:
-                why = data.schema.difference(evdata.schema, "the training data",
-                                             cfg.eval_data)
+            why = data.schema.difference(evdata.schema, "the training data", cfg.eval_data)
+            if why is not None:
                 raise InputError(f"{cfg.eval_data}: its fields differ from the training "
                                  f"data's: {why}")
         G = global_batch(cfg, topo.n_workers)

@@ -1006,3 +1006,33 @@ def test_a_resume_or_concatenation_of_other_cardinalities_names_the_vocabulary(t
                   "--checkpoint-dir", "none"], [*small, "--data", f"{day1},{day2}"]):
         with pytest.raises(InputError, match="the cardinality of field 0.*--vocabulary"):
             main(["train", *args])
+
+
+def test_data_of_another_vocabulary_with_the_same_cardinalities_is_refused(tmp_path):
+    """Two days of one csv field, each prepped with a vocabulary of its own: the same 3
+    values, so the same cardinality, but other ids (by each day's counts). The ids would be
+    read as the first day's values: the file's vocabulary digest (prep --min-count's, kept
+    in meta.json's schema) refuses it at resume, in eval and predict, beside the first day
+    in --data and as --eval-data; the day prepped with the first's --vocabulary is taken."""
+    from pshybrid.cli import main
+
+    for day, rows in (("a", "1,x\n1,x\n0,y\n1,z\n"), ("b", "0,y\n0,y\n1,x\n0,z\n")):
+        (tmp_path / f"{day}.csv").write_text("y,c\n" + rows)
+        assert main(["prep", "csv", str(tmp_path / f"{day}.csv"), str(tmp_path / f"{day}.h5"),
+                     "--label", "y", "--sparse", "c", "--min-count", "1"]) == 0
+    assert main(["prep", "csv", str(tmp_path / "b.csv"), str(tmp_path / "bv.h5"), "--label",
+                 "y", "--sparse", "c", "--vocabulary", str(tmp_path / "a.h5")]) == 0
+    a, b, bv, ck = (str(tmp_path / n) for n in ("a.h5", "b.h5", "bv.h5", "ck"))
+    small = ["--placement", "colocated", "--embedding-dim", "4", "--mlp", "8", "--batch-size",
+             "2", "--progress", "none"]
+    assert main(["train", *small, "--data", a, "--steps", "2", "--checkpoint-dir", ck]) == 0
+    assert main(["train", "--resume", ck, "--data", bv, "--steps", "4",
+                 "--checkpoint-dir", "none"]) == 0          # the first day's ids: taken
+    says = r"the vocabulary \(the values the ids stand for, prep --min-count's\): [0-9a-f]{16}"
+    for argv in (["train", "--resume", ck, "--data", b, "--steps", "4", "--checkpoint-dir",
+                  "none"], ["eval", ck, b], ["predict", ck, b, str(tmp_path / "p.h5")],
+                 ["train", *small, "--data", f"{a},{b}", "--steps", "2"],
+                 ["train", *small, "--data", a, "--eval-data", b, "--steps", "2"]):
+        with pytest.raises(InputError, match=says):
+            main(argv)
+    assert not os.path.exists(tmp_path / "p.h5")

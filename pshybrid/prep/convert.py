@@ -16,7 +16,7 @@ from .inputs import STDIN, shown_input
 from .multihot import items
 from .options import DEFAULT_BUCKETS, TableOptions
 from .read import Table, Tally, scan
-from .vocabulary import Vocabulary, read_vocabulary
+from .vocabulary import Vocabulary, digest, read_vocabulary
 from .write import SplitWriter, check_out, split_sizes, valid_path
 
 
@@ -53,10 +53,13 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
             raise InputError(f"{', '.join(map(shown_input, t.paths))}: changed while being "
                              f"read ({rows} rows, then {tally.rows})")
         cards = [c for enc in encoders for c in enc.cardinalities]
+        attrs = {UNLABELED: 1} if o.unlabeled else {}
         if o.min_count is not None or o.vocabulary is not None:  # (a file to encode alike)
-            w.vocabulary(names, [kept for enc in encoders for kept in enc.kept], separators(t))
+            kept = [kept for enc in encoders for kept in enc.kept]
+            w.vocabulary(names, kept, separators(t))
+            attrs["vocabulary_digest"] = digest(names, kept)  # (whose ids: checked at use)
         w.close(cards, source=", ".join(shown(shown_input(p)) for p in t.paths),
-                transform=transform_text(t, o), **({UNLABELED: 1} if o.unlabeled else {}))
+                transform=transform_text(t, o), **attrs)
     dt = time.perf_counter() - t0
     _warn_oversized(command, sum(cards), w.ids, o)
     cards = " ".join(f"{n}={c}" for n, c in zip(names, cards))

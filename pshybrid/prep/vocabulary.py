@@ -5,6 +5,8 @@ offsets[i + 1]]``)."""
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 from .read import Rows
@@ -153,6 +155,15 @@ def stored(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(values) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return padded[np.arange(values.itemsize) < lengths[:, None]], offsets
+
+
+def digest(names: list[str], kept: list[tuple[np.ndarray, np.ndarray]]) -> str:
+    """A vocabulary's fingerprint (16 hex digits of SHA-256 over each field's name, offsets
+    and bytes): files that share it give the same values the same ids."""
+    h = hashlib.sha256()
+    for name, (data, offsets) in zip(names, kept):
+        h.update(name.encode() + b"\0" + offsets.astype("<i8").tobytes() + data.tobytes())
+    return h.hexdigest()[:16]
 
 
 def split_values(data: np.ndarray, offsets: np.ndarray):
