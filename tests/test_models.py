@@ -299,3 +299,68 @@ def test_one_training_step_is_sgd_on_the_documented_loss(name):
                                                                        table)):
         moved = np.abs(want - before).max()
         assert moved > 1e-4 and np.abs(got_ - want).max() < 1e-6 * moved
+
+
+def _doc_forward(name, p, dense, emb, dim, n_mlp):
+    """docs/models.md's forward passes, each written in the doc's order of evaluation."""
+    def mlp(prefix, x, n, final_relu):
+        for i in range(n):
+            x = x @ p[f"{prefix}.{i}.weight"] + p[f"{prefix}.{i}.bias"]
+            x = np.maximum(x, 0) if i < n - 1 or final_relu else x
+        return x
+
+    B, F, _ = emb.shape
+    e, w = emb[:, :, :dim], emb[:, :, dim] if emb.shape[2] > dim else None
+    x0 = np.concatenate([dense, e.reshape(B, F * dim)], 1)
+    if name in ("wdl", "deepfm"):
+        lin = "wide.dense" if name == "wdl" else "fm.dense"
+        z = ((dense @ p[f"{lin}.weight"] + p[f"{lin}.bias"])[:, 0] + w.sum(1)
+             + mlp("over", x0, n_mlp + 1, False)[:, 0])
+        if name == "wdl":
+            return z
+        s = e.sum(1)
+        return z + 0.5 * ((s * s).sum(1) - (e * e).sum(axis=(1, 2)))
+    if name == "dcn":
+        x = x0
+        for l in range(2):
+            x = x0 * (x @ p[f"cross.{l}.weight"])[:, None] + p[f"cross.{l}.bias"] + x
+        x = np.concatenate([x, mlp("deep", x0, n_mlp, True)], 1)
+        return (x @ p["over.weight"] + p["over.bias"])[:, 0]
+    z = mlp("bottom", dense, 2, True)
+    v = np.concatenate([z[:, None], e], 1)
+    i, j = np.tril_indices(F + 1, k=-1)
+    return mlp("over", np.concatenate([z, (v @ v.transpose(0, 2, 1))[:, i, j]], 1),
+               n_mlp + 1, False)[:, 0]
+
+
+@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("pooling", ["sum", "mean"])
+def test_the_documented_forward_passes_are_the_models_to_the_bit(name, dtype, pooling):
+    """docs/models.md's formulas, in their order, re-implemented in NumPy from the named
+    parameters (what an export holds), with the multi-hot fields pooled as documented (the
+    ids' rows added in order, then / n): the model's logits to the bit. (DeepFM's fm term
+    added first, or summed per k, and DLRM's dots as einsum, differed by ~1e-6 in float32.)"""
+    schema, dim, mlp, B = Schema(n_dense=2, cardinalities=(5, 7, 3, 4), multi_hot=2), 3, (4, 3), 6
+    params = ParamSpace()
+    model, sparse = models.build_model(name, schema, dim, mlp, params, dtype,
+                                       cross_layers=2, pooling=pooling)
+    params.build(np, np.dtype(dtype), seed=1)
+    rng = np.random.default_rng(0)
+    params.flat[...] = rng.uniform(-0.8, 0.8, params.size)
+    E, lengths = sparse.table.dim, rng.integers(1, 5, (B, 2))
+    flat = rng.uniform(-1, 1, (B * 2 + lengths.sum(), E)).astype(dtype)  # as pulled
+    dense = rng.uniform(0.1, 2, (B, 2)).astype(dtype)
+    emb, rows = np.empty((B, 4, E), dtype), iter(flat[B * 2:])         # field-major bags
+    emb[:, :2] = flat[:B * 2].reshape(B, 2, E)
+    for k in range(2):
+        for b in range(B):
+            bag = [next(rows) for _ in range(lengths[b, k])]
+            acc = bag[0]
+            for r in bag[1:]:
+                acc = acc + r
+            emb[b, 2 + k] = acc / np.dtype(dtype).type(len(bag)) if pooling == "mean" else acc
+    p = {n: params.param(n) for n in params.names}
+    got = model.forward(dense, flat, lengths)
+    want = _doc_forward(name, p, dense, emb, dim, len(mlp))
+    assert got.dtype == want.dtype == np.dtype(dtype) and np.array_equal(got, want)
