@@ -139,15 +139,17 @@ def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
                               f"cannot be written: {problem}")
 
 
+_ELSEWHERE = "so the rows read next and the steps --epochs counts are not where it stopped"
+
+
 def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
     """Worker 0: what a resume reads other than where the checkpoint stopped."""
     was, G = meta.get("global_batch"), global_batch(cfg, topo.n_workers)
     if was not in (None, G):
         out.write(f"resume: warning: {step_dir} was trained with a global batch of {was:,}, "
                   f"this run's is {G:,} ({counted(topo.n_workers, 'worker')} x --batch-size "
-                  f"{cfg.batch_size}): step {start} goes on at batch {start} of {G:,} rows, so "
-                  "the rows read next and the steps --epochs counts are not where it stopped; "
-                  f"a global batch of {was:,} continues on the same rows\n")
+                  f"{cfg.batch_size}): step {start} goes on at batch {start} of {G:,} rows, "
+                  f"{_ELSEWHERE}; a global batch of {was:,} continues on the same rows\n")
     rows = meta.get("data_rows")  # (the order depends on the row count: with --shuffle, the
     #                                 blocks; else only an epoch's steps, n_rows // G)
     if rows not in (None, n_rows) and n_rows is not None and (
@@ -156,9 +158,7 @@ def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
         out.write(f"resume: warning: {step_dir} was trained on --data of {rows:,} rows, this "
                   f"run's has {n_rows:,}: step {start} goes on in the order of {n_rows:,} rows, "
                   f"at batch {start % spe:,} of epoch {start // spe:,} ({spe:,} steps an "
-                  "epoch), "
-                  "so the rows read next and the steps --epochs counts are not where it "
-                  f"stopped; --data of {rows:,} rows continues on the same rows\n")
+                  f"epoch), {_ELSEWHERE}; --data of {rows:,} rows continues on the same rows\n")
     older = was is None and "front_end" not in meta  # (a train run's, before global_batch)
     if older and cfg.shuffle and n_rows and n_rows % SHUFFLE_BLOCK:
         out.write(f"resume: warning: {step_dir} was written by an earlier pshybrid, whose "
