@@ -25,7 +25,7 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
     code 0."""
     t0 = time.perf_counter()
     n_single = len(t.sparse)
-    encoders = make_encoders(o, n_single, t)
+    encoders = make_encoders(o, t)
     named = [("IN", p) for p in t.paths if p != STDIN]
     check_out(out, "OUT", o.overwrite, named)
     valid = valid_path(out, o, named)
@@ -109,12 +109,11 @@ def separators(t: Table) -> dict[str, str]:
     return {n: chr(c) for n, c in zip(t.sparse_names[len(t.sparse):], t.multi_sep)}
 
 
-def make_encoders(o: TableOptions, n_single: int, t: Table) -> list:
+def make_encoders(o: TableOptions, t: Table) -> list:
     """``Hashing`` (default) or ``Vocabulary`` (``--min-count``, or ``--vocabulary``'s, of
-    ``t``'s fields): one for the ``n_single`` single-hot fields, then one per multi-hot
-    field (``--buckets``: one value for all, or one per field, the single-hot fields
-    first)."""
-    n_multi, names = len(t.multi_hot), t.sparse_names
+    ``t``'s fields): one for the single-hot fields, then one per multi-hot field
+    (``--buckets``: one value for all, or one per field, the single-hot fields first)."""
+    n_single, n_multi, names = len(t.sparse), len(t.multi_hot), t.sparse_names
     sizes = [n_single] + [1] * n_multi
     if o.min_count is not None or o.vocabulary is not None:
         encoders = [Vocabulary(n, o.min_count) for n in sizes]

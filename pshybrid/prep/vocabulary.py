@@ -108,13 +108,13 @@ class Vocabulary:
         self.table = _IdTable(*(np.concatenate(a) for a in zip(*table)))
         del self.counts, self.pending, self.long
 
-    def load(self, kept: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """The ids of another run's kept values: per field ``(bytes, offsets)`` (``stored``),
-        in id order; the short values' keys made in NumPy, the long ones in a dict."""
-        self.cardinalities, self.long_ids, self.kept = [], [], list(kept)
+    def load(self, kept: list) -> None:
+        """The ids of another run's kept values: per field ``(bytes, offsets, split)``
+        (``read_vocabulary``: ``stored``'s form, in id order, and ``split_values`` of it)."""
+        self.cardinalities, self.long_ids = [], []
+        self.kept = [(data, offsets) for data, offsets, _ in kept]
         table = [(self.fields[:0], np.zeros(0, np.uint64), np.zeros(0, np.int64))]
-        for f, (data, offsets) in enumerate(kept):
-            short, keys, long = split_values(data, offsets)
+        for f, (data, offsets, (short, keys, long)) in enumerate(kept):
             table.append((np.full(len(short), f, self.fields.dtype), keys, 2 + short))
             self.long_ids.append({v: 2 + int(i) for i, v in long.items()})
             self.cardinalities.append(2 + len(offsets) - 1)
@@ -180,11 +180,11 @@ def split_values(data: np.ndarray, offsets: np.ndarray):
     return short, key.view(np.uint64).ravel(), long
 
 
-def read_vocabulary(path: str, names: list[str],
-                    seps: dict[str, str]) -> list[tuple[np.ndarray, np.ndarray]]:
+def read_vocabulary(path: str, names: list[str], seps: dict[str, str]) -> list:
     """``--vocabulary FILE``: the kept values of each of the fields ``names`` (this input's
     sparse fields, the last ``len(seps)`` multi-hot with the item separators ``seps``, as
-    FILE's must be), in id order; an InputError naming what is wrong."""
+    FILE's must be), in id order, as ``Vocabulary.load`` takes them; an InputError naming
+    what is wrong."""
     from ..data import H5Dataset
     from ..errors import InputError
 
@@ -213,9 +213,10 @@ def read_vocabulary(path: str, names: list[str],
         d.close()
 
 
-def _stored_field(d, path: str, name: str, card: int) -> tuple[np.ndarray, np.ndarray]:
+def _stored_field(d, path: str, name: str, card: int):
     """Field ``name``'s kept values in dataset ``d`` (FILE ``path``), checked: a group of
-    ``bytes`` uint8 and ``offsets`` int64, ``card - 2`` distinct non-empty values, no NUL."""
+    ``bytes`` uint8 and ``offsets`` int64, ``card - 2`` distinct non-empty values, no NUL.
+    -> ``(bytes, offsets, split_values of them)``."""
     import h5py
 
     from ..errors import InputError
@@ -233,10 +234,10 @@ def _stored_field(d, path: str, name: str, card: int) -> tuple[np.ndarray, np.nd
           and offsets[0] == 0 and offsets[-1] == data.size
           and not (np.diff(offsets) <= 0).any() and data.all())
     if ok:  # distinct (which id would a value stored twice get?)
-        _, keys, long = split_values(data, offsets)
+        split = _, keys, long = split_values(data, offsets)
         ok = len(np.unique(keys)) == len(keys) and len(set(long.values())) == len(long)
     if not ok:
         raise InputError(f"--vocabulary {path}: /{key} is not a vocabulary of its "
                          f"cardinality {card} (bytes uint8, offsets int64: {card - 2} "
                          "distinct values + 1, increasing from 0 to the bytes; no NUL byte)")
-    return data, offsets
+    return data, offsets, split
