@@ -36,7 +36,7 @@ PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server
 # bar when the launcher a generation or two up has a terminal as its stdout.
 PROXIES = ("hydra_pmi_proxy", "orted", "prted")
 LAUNCHERS = ("mpiexec", "mpirun", "orterun", "prterun")  # and NAME.suffix: mpiexec.openmpi
-# The done line names the slowest worker where its own work (``summary.OWN_WORK``) is this
+# The done line names the slowest worker where its own work (``timers.OWN_WORK``) is this
 # many times the other workers' median, by at least this share of the run's seconds
 SLOW_RATIO, SLOW_SHARE = 1.25, 0.05
 

@@ -20,6 +20,7 @@ import time
 
 from mpi4py import MPI
 
+from .timers import OWN_WORK, WAITING
 from .transport import abort, release_shared_memory
 
 WARN_S = 60.0  # the warning's delay (none when the timeout comes first)
@@ -28,10 +29,9 @@ ADVICE = ("the other workers (workers out of step wait for each other: every wor
           "the same number of steps and call opt.step(), opt.synchronize(), pt.checkpoint and "
           "pt.shutdown alike)")
 
-STEP_ADVICE = ("the other ranks, or for its own work (data, fwd_bwd, dense_apply, "
-               "server_apply: this rank is the slow one; pull, push, allreduce, wait: others; "
-               "a rank printing no such line is stopped or stuck: SIGSTOP, swapping, a hung "
-               "file system)")
+STEP_ADVICE = (f"the other ranks, or for its own work ({', '.join(OWN_WORK)}: this rank is "
+               f"the slow one; {', '.join(WAITING)}: others; a rank printing no such line is "
+               "stopped or stuck: SIGSTOP, swapping, a hung file system)")
 
 
 class Watch:

@@ -10,10 +10,7 @@ import numpy as np
 
 from .batches import global_batch
 from .report import PHASES
-
-# A worker's own work, by phase (the rest is waiting for others: pull, push, allreduce,
-# wait); the slowest worker's is what the others wait for
-OWN_WORK = ("data", "fwd_bwd", "dense_apply", "server_apply")
+from .timers import OWN_WORK  # (the slowest worker's is what the others wait for)
 
 
 def _base_rate_logloss(p: float) -> float:

@@ -8,6 +8,11 @@ from collections import defaultdict
 
 from .backend import wait_event
 
+# A worker's phases by whom they wait for: its own work (a rank slow in these is the slow
+# one), and the others (the step timer's lines and the summary's slowest worker read them)
+OWN_WORK = ("data", "fwd_bwd", "dense_apply", "server_apply")
+WAITING = ("pull", "push", "allreduce", "wait")
+
 
 class _Phase:
     """Context manager adding its block's wall time to ``timers[phase]``; ``timers.current``
