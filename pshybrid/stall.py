@@ -7,7 +7,8 @@
 and since when); the calls set and clear it (``inside``: two attribute writes a call). A call
 that lasts ``WARN_S`` gets one warning line naming it; one that lasts ``timeout`` seconds
 ends the job with one line naming it (exit status 2), as ``torch.distributed``'s timeout
-does (not one marked ``ends=False``: a wait by design). The thread makes no MPI call but
+does (not one marked ``ends=False``: a wait by design); the time the whole process stood
+still (stopped and continued: a suspended job) does not count. The thread makes no MPI call but
 ``MPI_Abort``, and that only under ``MPI_THREAD_MULTIPLE``; at a lower thread level it
 ends this process (``os._exit``) and the launcher ends the others."""
 
@@ -24,6 +25,10 @@ from .timers import OWN_WORK, WAITING
 from .transport import abort, release_shared_memory
 
 WARN_S = 60.0  # the warning's delay (none when the timeout comes first)
+# A poll this much later than asked: the process was stopped (a job suspended with SIGSTOP
+# and continued, as Slurm's ``scontrol suspend``/gang scheduling do to every rank): the time
+# it stood still is not counted, so a resumed job goes on instead of ending at once
+STOPPED_S = 2.0
 
 ADVICE = ("the other workers (workers out of step wait for each other: every worker must make "
           "the same number of steps and call opt.step(), opt.synchronize(), pt.checkpoint and "
@@ -79,12 +84,19 @@ class Watch:
             self._thread.join()
 
     def _run(self) -> None:
-        warned = None
+        warned = lost_in = None
+        lost, last = 0.0, time.monotonic()
         while not self._stop.wait(self._poll):
+            now = time.monotonic()
+            late, last = now - last - self._poll, now
             slot = self._slot
             if slot is None:
                 continue
-            waited, ends = time.monotonic() - slot[2], self.timeout if slot[3] else None
+            if slot is not lost_in:
+                lost_in, lost = slot, 0.0
+            if late > STOPPED_S:  # this process did not run: stopped, then continued
+                lost += min(late, now - slot[2])
+            waited, ends = now - slot[2] - lost, self.timeout if slot[3] else None
             if ends and waited >= ends:
                 self._end(slot, waited)
             if self.warn_s and waited >= self.warn_s and warned is not slot and (

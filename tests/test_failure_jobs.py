@@ -447,6 +447,23 @@ def test_a_worker_stopped_before_a_logs_allreduce_ends_the_job():
         p.stderr)
 
 
+@pytest.mark.parametrize("placement", ["dedicated", "colocated"])
+def test_a_job_suspended_longer_than_step_timeout_goes_on_when_continued(tmp_path, placement):
+    """Every rank stopped (SIGSTOP) for 6 s inside step 5 and then continued, as a batch
+    system suspends and resumes a job (``scontrol suspend``, gang scheduling): the step
+    timers counted the stop, and --step-timeout 3 ended the job at once when it was
+    continued (status 2, no checkpoint). Oracle: the run ends normally, its 8 steps done,
+    no error or warning line (stall.WARN_S is 60 s)."""
+    script = os.path.join(os.path.dirname(__file__), "jobs", "train_suspended.py")
+    t0 = time.monotonic()
+    p = run_job(3, [sys.executable, script, str(tmp_path), "5", "6", "train", "--steps", "8",
+                    "--placement", placement, "--progress", "none", "--step-timeout", "3",
+                    *SMALL], timeout=120)
+    assert p.returncode == 0 and "done: hybrid wdl  8 steps" in p.stdout, (p.returncode,
+                                                                          p.stderr)
+    assert time.monotonic() - t0 > 6 and "pshybrid:" not in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("merged", [False, True])
 def test_a_run_whose_output_pipe_closes_ends_like_sigpipe(merged):
     """``train ... | head -1``, one process (under mpiexec the launcher holds the pipe): the
