@@ -19,6 +19,7 @@ import sys
 import threading
 import time
 
+import numpy as np
 from mpi4py import MPI
 
 from .timers import OWN_WORK, WAITING
@@ -43,10 +44,13 @@ class Watch:
     """Times the calls of this rank made ``with watch.inside(name, step):``."""
 
     def __init__(self, comm: MPI.Comm, who: str, timeout: float | None, advice: str = ADVICE,
-                 setting: str = "pt.init(timeout=...)", phase=lambda: None):
+                 setting: str = "pt.init(timeout=...)", phase=lambda: None,
+                 pulse: "Pulse | None" = None):
         """``advice``: whom the calls wait for and why, in the lines; ``setting``: what
-        sets the limit; ``phase()``: the part of the call this rank is in, if known."""
+        sets the limit; ``phase()``: the part of the call this rank is in, if known;
+        ``pulse``: the thread sends its beats (``Pulse.beat``)."""
         self.comm, self.who, self.timeout, self.warn_s = comm, who, timeout, WARN_S
+        self.pulse = pulse
         self.advice, self.setting, self.phase = advice, setting, phase
         self._slot = None  # (name, step, since, ends) of the call this rank is inside
         self._next = None  # (name, step, ends) of the call ``inside`` names, until entered
@@ -89,6 +93,8 @@ class Watch:
         while not self._stop.wait(self._poll):
             now = time.monotonic()
             late, last = now - last - self._poll, now
+            if self.pulse is not None:
+                self.pulse.beat(now)
             slot = self._slot
             if slot is None:
                 continue
@@ -124,3 +130,109 @@ class Watch:
         release_shared_memory()  # (what abort does first; the launcher ends the others)
         time.sleep(0.3)
         os._exit(2)
+
+
+BEATS = 4       # a worker's beats per --step-timeout
+CHECK_S = 0.1   # how often a waiting server looks at them
+_NOTHING = np.empty(0, np.uint8)  # a beat's (empty) buffer
+
+
+class Pulse:
+    """Dedicated servers' watch on the workers' processes. A worker's steps are timed by its
+    ``Watch``, and the other workers wait for it in collectives; but a sole worker (or all
+    of them) stopped or stuck holding the interpreter is timed by nobody: the servers only
+    wait for its messages. So each worker's ``Watch`` thread sends every server a zero-byte
+    beat every ``timeout / BEATS`` seconds, and a server that, while waiting, hears none
+    from a worker for ``timeout`` seconds ends the job naming it. A server counts only the
+    time it spent waiting (not its own checkpoint, nor a time its process stood still),
+    from its first ``poll`` (a worker's first beat comes as its steps start). On where the
+    job has dedicated servers, a step timeout and ``MPI_THREAD_MULTIPLE`` (a thread sends);
+    else every call is a no-op. Collective: the constructor and ``close`` (over the world)."""
+
+    def __init__(self, topo, timeout: float | None, setting: str = "--step-timeout"):
+        self.topo, self.timeout, self.setting = topo, timeout, setting
+        on = bool(timeout) and topo.n_servers > 0 and not topo.colocated and (
+            MPI.Query_thread() == MPI.THREAD_MULTIPLE)
+        self.comm = topo.world.Dup() if on else None  # Wire: collective Dup (beats only)
+        self._lock = threading.Lock()
+        self._sends: list = []  # workers: the beats' requests
+        self.sent = 0           # workers: beats sent to each server
+        self._due = 0.0
+        self.clock, self._last, self._next = 0.0, time.monotonic(), 0.0  # servers
+        self.heard = {r: 0.0 for r in topo.worker_ranks}  # servers: clock at its last beat
+        self.got: dict[int, int] = {}      # servers: beats received from each worker
+
+    # -- workers (their Watch thread) ----------------------------------------------------
+    def beat(self, now: float) -> None:
+        """Wire: a zero-byte Isend to every server, when one is due; nobody waits."""
+        if self.comm is None or not self.topo.is_worker or now < self._due:
+            return
+        with self._lock:
+            if self.comm is None:  # (closed meanwhile)
+                return
+            self._due = now + self.timeout / BEATS
+            self._sends = [r for r in self._sends if not r.Test()]
+            self._sends += [self.comm.Isend([_NOTHING, MPI.BYTE], r, 0)
+                            for r in self.topo.server_ranks]
+            self.sent += 1
+
+    # -- servers (their wait for the workers' messages) ----------------------------------
+    def poll(self) -> None:
+        """Called while waiting: every ``CHECK_S`` of waiting, receive the beats that
+        arrived, and end the job if a worker was silent for ``timeout`` seconds of it."""
+        now = time.monotonic()
+        gap, self._last = now - self._last, now
+        if gap < STOPPED_S:  # (longer: this server was busy, or its process stood still)
+            self.clock += gap
+        if self.comm is None or self.clock < self._next:
+            return
+        self._next = self.clock + CHECK_S
+        self._receive(self.comm.Iprobe)
+        for r, at in self.heard.items():
+            if self.clock - at >= self.timeout:
+                self._end(r, self.clock - at)
+
+    def _receive(self, probe) -> None:
+        st = MPI.Status()
+        while probe(MPI.ANY_SOURCE, 0, st):  # Wire: a beat from a worker (zero bytes)
+            self.comm.Recv([_NOTHING, MPI.BYTE], st.source, 0)
+            self.heard[st.source] = self.clock
+            self.got[st.source] = self.got.get(st.source, 0) + 1
+
+    def _end(self, rank: int, silent: float) -> None:
+        topo = self.topo
+        sys.stdout.flush()
+        (sys.__stderr__ or sys.stderr).write(
+            f"pshybrid: error (rank {topo.rank}, server {topo.server_index}): worker "
+            f"{topo.worker_ranks.index(rank)} (rank {rank}) sent no sign of life for "
+            f"{silent:.0f} s of this server's wait: its process is stopped or stuck (SIGSTOP, "
+            f"swapping, a hung file system); {self.setting} sets this limit\n")
+        abort(topo.world, 2)  # Wire: MPI_Abort ends every rank; nobody waits
+
+    # -- every rank ----------------------------------------------------------------------
+    def close(self) -> None:
+        """Collective over the world, after the workers' last message to the servers:
+        workers stop beating; servers receive every beat still on its way (each worker's
+        count), so none outlives the run. Wire: allgather of one int; the beats' Recvs."""
+        comm = self._detach()
+        if comm is None:
+            return
+        sent = comm.allgather(self.sent if self.topo.is_worker else 0)
+        if self.topo.is_server:
+            for r in self.topo.worker_ranks:
+                for _ in range(sent[r] - self.got.get(r, 0)):
+                    comm.Recv([_NOTHING, MPI.BYTE], r, 0)
+        comm.Free()
+
+    def free(self) -> None:
+        """After an error (collective, as ``Topology.free``): no beat is sent from here on."""
+        comm = self._detach()
+        if comm is not None:
+            comm.Free()
+
+    def _detach(self):
+        with self._lock:  # (the Watch thread sends no beat after this)
+            comm, self.comm = self.comm, None
+            MPI.Request.Waitall(self._sends)  # (zero bytes: complete on the sender's side)
+            self._sends = []
+        return comm

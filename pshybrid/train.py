@@ -41,7 +41,7 @@ from .preflight import lock_checkpoint_dir, preflight, total_steps
 from .registry import is_colocated
 from .report import Reporter, banner, counted
 from .summary import summarize
-from .stall import STEP_ADVICE, Watch
+from .stall import STEP_ADVICE, Pulse, Watch
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .threads import rank_cores
 from .topology import SHARED_MEMORY, Topology
@@ -120,9 +120,9 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
             job.auto = planned
             if idle:  # --eval-data: evaluate the resumed model
                 return score_only(job)
-            job.stop = Preemption(topo)
+            job.stop, job.pulse = Preemption(topo), Pulse(topo, cfg.step_timeout)
             if not topo.is_worker:
-                job.mode.serve(job.start, job.save, job.stop.poll)
+                job.mode.serve(job.start, job.save, lambda: (job.stop.poll(), job.pulse.poll()))
             else:
                 loop(job, on_step)
                 if collect:
@@ -130,6 +130,7 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
                     job.result.table = job.mode.full_table()
             job.stop.close()
             result = finish(job)
+            job.pulse.close()
             result.preempted, result.signal = job.stop.outcome(result.preempted)
             return result
         finally:
@@ -139,6 +140,8 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
                 job.device.close()
             if job is not None and job.watch is not None:
                 job.watch.close()
+            if job is not None and job.pulse is not None:
+                job.pulse.free()  # (an error: after close, nothing)
             gc.unfreeze()  # a later run in this process (tests, benchmarks) may collect them
             for d in opened:
                 d.close()
@@ -173,6 +176,7 @@ class Job:
     device: DeviceStep | None = None  # GPU workers: the step's device work (``graphs``)
     untrained: dict = field(default_factory=dict)  # bytes moved by start-up and evaluations
     watch: Watch | None = None  # workers: the time limit on a step (``--step-timeout``)
+    pulse: Pulse | None = None  # the servers' watch on the workers' processes
 
     def bytes_moved(self) -> dict:
         """The mode's byte counters so far (not ``reads``: the training reads' own counts)."""
@@ -380,7 +384,7 @@ def _watch(job: Job) -> Watch:
     # gc.freeze keeps, and a run's arrays would outlive it: train called again, auto trials)
     return Watch(topo.world, f"rank {topo.rank}, worker {topo.worker_index}",
                  job.cfg.step_timeout, STEP_ADVICE, "--step-timeout",
-                 lambda: timers.current)
+                 lambda: timers.current, job.pulse)
 
 
 def _preempted(job: Job, done: int, log) -> None:

@@ -201,6 +201,20 @@ def test_torch_workers_that_call_differently_end_in_one_line(tmp_path, case, mod
     assert "Traceback" not in p.stderr, p.stderr
 
 
+def test_a_sole_stopped_torch_worker_is_ended_by_the_server(tmp_path):
+    """pshybrid.torch, one server and one worker, which stops (SIGSTOP) between steps: no
+    other worker waits for it, and the job hung for good. Oracle: the server's line names
+    worker 0 and pt.init's timeout (3 s), status 2, in time."""
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(__file__), "jobs", "torch_out_of_step.py")
+    p = run_job(2, [sys.executable, script, "stop", "hybrid", str(tmp_path / "none"), "3"],
+                timeout=60)
+    assert p.returncode == 2 and re.search(
+        r"pshybrid: error \(rank \d, server 0\): worker 0 \(rank \d\) sent no sign of life "
+        r"for \d+ s .*pt\.init\(timeout=\.\.\.\) sets this limit", p.stderr), (p.returncode,
+                                                                           p.stderr)
+
+
 @pytest.mark.parametrize("case,timeout,inside,ends", [
     ("slow", "60", "opt.step() at step 3", "; the job ends at 60 s"),
     ("eval", "2", "pt.shutdown() at step 3", "")])
@@ -445,6 +459,22 @@ def test_a_worker_stopped_before_a_logs_allreduce_ends_the_job():
     assert re.search(re.escape("pshybrid: error (rank 0, worker 0): ")
                      + r"\d+ s inside a step at step 4, waiting for the other", p.stderr), (
         p.stderr)
+
+
+@pytest.mark.parametrize("mode", ["hybrid", "ps"])
+def test_a_sole_stopped_worker_is_ended_by_the_servers(mode):
+    """The only worker stops (SIGSTOP) at step 5: nobody timed it (the servers only wait for
+    its messages, plain SGD sends them none), and the job hung for good. Oracle: a server's
+    line names worker 0 and --step-timeout, the job ends long before the test's limit with
+    a non-zero status."""
+    script = os.path.join(os.path.dirname(__file__), "jobs", "train_stopped_worker.py")
+    t0 = time.monotonic()
+    p = run_job(2, [sys.executable, script, "60", "5", "train", "--steps", "8", "--mode", mode,
+                    "--progress", "none", "--step-timeout", "3", *SMALL], timeout=60)
+    assert p.returncode != 0 and time.monotonic() - t0 < 40, (p.returncode, p.stderr)
+    assert re.search(r"pshybrid: error \(rank \d, server 0\): worker 0 \(rank \d\) sent no "
+                     r"sign of life for \d+ s of this server's wait: its process is stopped or "
+                     r"stuck .*--step-timeout sets this limit", p.stderr), p.stderr
 
 
 @pytest.mark.parametrize("placement", ["dedicated", "colocated"])

@@ -29,7 +29,7 @@ from pshybrid.modes.dense import AllreduceDense
 from pshybrid.optim import SLOTS, Optimizer
 from pshybrid.registry import DEDICATED, MODES, is_colocated, placement_name
 from pshybrid.schema import FusedTable, Schema
-from pshybrid.stall import Watch
+from pshybrid.stall import Pulse, Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
 from pshybrid.torch.census import FAILED, arrive, arrived, census
@@ -100,6 +100,7 @@ class Session:
         self.told_unloaded = False  # a resumed session's lookup before it was (``embedding``)
         self.arrivals = self.user_comm = None  # workers: ``census``'s, ``worker_comm``'s
         self.watch = None  # workers: the time limit on their collective calls (``stall``)
+        self.pulse = None  # the servers' watch on the workers' processes (``stall``)
         self.stop = None  # the stop on a signal (``pshybrid.torch.preempt``)
         self.stopped: int | None = None  # the step every worker learned of it
         self.saved: tuple | None = None  # (step, directory, state) of the last checkpoint
@@ -172,6 +173,7 @@ def init(servers: int | None = None, tables=(), mode: str = "hybrid", seed: int 
                                colocated=is_colocated(placement))
         check_memory(topo, tables)
         s = _session = Session(topo, tables, mode, seed)
+        s.pulse = Pulse(topo, timeout, "pt.init(timeout=...)")
         s.prev_hook = prev_hook
         # a stop on a signal ends the processes only where they are all the job's and end
         s.owns = bool(exit_servers) and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (
@@ -184,13 +186,15 @@ def init(servers: int | None = None, tables=(), mode: str = "hybrid", seed: int 
             s.arrivals = topo.workers.Dup()  # (``census``'s own)
             s.user_comm = topo.workers.Dup()  # (``worker_comm``: the script's own)
             s.watch = Watch(comm, f"rank {comm.rank}/{comm.size}, worker {topo.worker_index}",
-                            timeout)
+                            timeout, pulse=s.pulse)
             s.mode.ready()
             atexit.register(_shutdown_at_exit)
             return True
-        s.mode.serve(s.step, lambda step: _save(s, None, step), s.stop.poll)
+        s.mode.serve(s.step, lambda step: _save(s, None, step),
+                     lambda: (s.stop.poll(), s.pulse.poll()))
         s.mode.finish()
         code = stops.status(s)
+        s.pulse.close()
         topo.free()
         s.closed = True
     sys.excepthook = prev_hook
@@ -346,6 +350,7 @@ def shutdown() -> None:
         s.mode.finish()
         arrived(s, arrival, ends=False)
         code = stops.status(s)
+        s.pulse.close()
         s.arrivals.Free()
         s.user_comm.Free()
         s.topo.free()

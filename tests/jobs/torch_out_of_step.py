@@ -9,7 +9,9 @@
 - ``slow``: worker 0 takes 2 s before its last step (in step: a warning after
   ``stall.WARN_S``, set to 0.5 s here, and the job ends as usual);
 - ``eval``: worker 0 takes 4 s alone after the loop (scoring a validation file, say)
-  while the others wait in ``pt.shutdown()``: past ``TIMEOUT``, a warning and no end.
+  while the others wait in ``pt.shutdown()``: past ``TIMEOUT``, a warning and no end;
+- ``stop``: the last worker stops (``SIGSTOP``) before its second step: with one worker,
+  nobody but the servers (their ``stall.Pulse``) can see it.
 
 In ``hybrid`` mode the servers (colocated: every rank, each a worker with a shard) see the
 first and end the job with one line naming what differs (it was their assertion traceback;
@@ -21,6 +23,8 @@ good) end at ``pt.init``'s ``timeout`` (seconds), naming the call each worker is
 mpiexec -n N python tests/jobs/torch_out_of_step.py CASE hybrid|allreduce|colocated DATA TIMEOUT
 """
 
+import os
+import signal
 import sys
 import time
 
@@ -43,6 +47,8 @@ if pt.init(servers=None if colocated else 1 if mode == "hybrid" else 0,
     if case == "batch":
         next(iter(pt.batches(data, 4 if last else 2)))
     for step in range(2 if last and case == "steps" else 3):
+        if case == "stop" and last and step == 1:
+            os.kill(os.getpid(), signal.SIGSTOP)  # (the launcher's SIGKILL ends it)
         if case == "slow" and first and step == 2:
             time.sleep(2.0)
         opt.zero_grad()

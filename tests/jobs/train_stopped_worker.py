@@ -1,4 +1,4 @@
-"""``train`` with worker 1 stopped (``SIGSTOP``: its own step timer stops with it) after
+"""``train`` with its last worker stopped (``SIGSTOP``: its own step timer stops with it) after
 step ``STEP``'s collective calls, where the log of a ``--log-every`` step begins, with
 ``stall.WARN_S`` set to ``WARN`` seconds; the rest of the arguments are ``python -m
 pshybrid``'s.
@@ -19,7 +19,8 @@ read_back = pshybrid.steplog.StepLog.read_back
 
 
 def stopped(log, done):
-    if log.job.topo.worker_index == 1 and done == int(sys.argv[2]):
+    topo = log.job.topo
+    if topo.worker_index == topo.n_workers - 1 and done == int(sys.argv[2]):
         os.kill(os.getpid(), signal.SIGSTOP)  # (the launcher's SIGKILL ends it)
     return read_back(log, done)
 
