@@ -118,15 +118,38 @@ def check_run_dir(root: str, resume_dir: str | None, resume_step: int | None,
         except OSError:
             inside = False
     if not inside:
+        point = _resume_point(root, steps)
+        go_on = f"continue them with {resume} {point}, or " if point else ""
         raise InputError(f"{option} {root} already holds checkpoints ({_describe(root)}): "
-                         f"continue them with {resume} {root}, or choose another directory")
+                         f"{go_on}choose another directory")
     read_latest(root)  # a planted link or foreign 'latest' is refused, not replaced
     newer = sorted(n for n in steps if n > resume_step)
     if newer:
+        point = _resume_point(root, steps)
+        latest = " (its latest)" if point == root else ""
+        go_on = (f"Resume from {point}{latest}, choose another directory," if point
+                 else "Choose another directory")
         raise InputError(f"{option} {root} holds step-{newer[-1]}, newer than the resume "
                          f"point step-{resume_step}: a run from there would write a second "
-                         f"history into the same directory. Resume from {root} (its latest), "
-                         "choose another directory, or move the newer step directories away")
+                         f"history into the same directory. {go_on} or move the newer step "
+                         "directories away")
+
+
+def _resume_point(root: str, steps: dict[int, str]) -> str | None:
+    """What a resume can continue ``root``'s checkpoints from (``steps``: its step-N
+    entries), for a refusal's advice: its newest step-N when that is a directory whose
+    meta.json reads and ``latest`` (if any) is pshybrid's (``check_run_dir`` refuses any
+    other, and a resume from an older step), as ``root`` where ``latest`` names it; else
+    None."""
+    newest = steps[max(steps)] if steps else None
+    try:
+        latest = read_latest(root)
+        if newest is None or not safeio.is_real_dir(newest):
+            return None
+        read_meta(newest)
+    except InputError:
+        return None
+    return root if latest == os.path.basename(newest) else newest
 
 
 def resolve(path: str) -> str:
@@ -147,6 +170,10 @@ def resolve(path: str) -> str:
                          f"its directory, {os.path.dirname(os.path.normpath(path)) or '.'}")
     if not os.path.lexists(path):
         raise InputError(f"{path}: no such checkpoint directory")
+    if os.path.isfile(path) and safeio.output_kind(path) == "export":
+        raise InputError(f"{path}: an export written by pshybrid export, not a checkpoint: "
+                         "this command takes a checkpoint directory (--checkpoint-dir) or "
+                         "one of its step-N directories")
     steps = [d for _, d in sorted(list_steps(path).items())
              if os.path.isfile(os.path.join(d, "meta.json"))]
     hint = (f"; it holds {', '.join(os.path.basename(d) for d in steps[-3:])} (name one: "

@@ -29,7 +29,7 @@ from . import safeio
 from .errors import InputError
 from .rawrows import scan_rows
 from .rowcheck import check_bag_rows, check_bags, check_rows, file_change
-from .schema import Schema, names_problem
+from .schema import Schema, file_provenance, names_problem
 
 FORMAT_VERSION = 1
 CHUNK_ROWS = 16384
@@ -439,8 +439,8 @@ class H5Dataset:
         if problem := names_problem(names[:fd], names[fd:]):
             raise InputError(f"{self.path}: attribute field_names: {problem}")
         self.bag_sets = [check_bags(self.f, self.path, m, self.n_rows) for m in multi]
-        v = self.f.attrs.get("vocabulary_digest")  # whose ids (prep --min-count's; None: hashed)
-        self.schema = Schema(fd, cards, tuple(names[:fd]), tuple(names[fd:]), k, v and str(v))
+        self.schema = Schema(fd, cards, tuple(names[:fd]), tuple(names[fd:]), k,
+                             **file_provenance(self.f.attrs, self.path, multi))
 
     def _unnamed_bags(self, multi: list[str]) -> str:
         """A count mismatch's hint: the /multi_hot groups, where attribute multi_hot differs."""

@@ -13,11 +13,12 @@ read these definitions instead of writing them out again.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import ConfigError
+from .errors import ConfigError, InputError
 
 
 def names_problem(dense_names, sparse_names) -> str | None:
@@ -51,6 +52,9 @@ class Schema:
     # whose ids the values are: a digest of the vocabulary ``prep --min-count`` stored (None:
     # hashed, or not known); not in ``==``: ``difference`` compares it where both have one
     vocabulary: str | None = field(default=None, compare=False)
+    # the item separator of each multi-hot field, in order (prep's; None: not recorded, as
+    # in files of earlier versions); not in ``==``: ``difference`` compares it, as above
+    separators: tuple[str, ...] | None = field(default=None, compare=False)
 
     def __post_init__(self):
         if not self.dense_names:
@@ -73,7 +77,8 @@ class Schema:
         return {"n_dense": self.n_dense, "cardinalities": list(self.cardinalities),
                 "dense_names": list(self.dense_names), "sparse_names": list(self.sparse_names),
                 "multi_hot": self.multi_hot,
-                **({"vocabulary": self.vocabulary} if self.vocabulary else {})}
+                **({"vocabulary": self.vocabulary} if self.vocabulary else {}),
+                **({"separators": list(self.separators)} if self.separators else {})}
 
     def difference(self, other: Schema, mine: str, theirs: str,
                    names: bool = True) -> str | None:
@@ -95,6 +100,11 @@ class Schema:
         if None not in (self.vocabulary, other.vocabulary) and self.vocabulary != other.vocabulary:
             found.append(("the vocabulary (the values the ids stand for, prep --min-count's)",
                           self.vocabulary, other.vocabulary))
+        for name, a, b in zip(self.sparse_names[self.n_single:], self.separators or (),
+                              other.separators or ()):
+            if a != b:
+                found.append((f"the item separator of multi-hot field {name!r}", repr(a),
+                              repr(b)))
         if not found:
             return None
         what, a, b = found[0]
@@ -105,7 +115,27 @@ class Schema:
     def from_dict(cls, d: dict) -> Schema:
         return cls(int(d["n_dense"]), tuple(int(c) for c in d["cardinalities"]),
                    tuple(d.get("dense_names", ())), tuple(d.get("sparse_names", ())),
-                   int(d.get("multi_hot", 0)), d.get("vocabulary"))
+                   int(d.get("multi_hot", 0)), d.get("vocabulary"),
+                   tuple(d["separators"]) if d.get("separators") else None)
+
+
+def file_provenance(attrs, path: str, multi_hot: list[str]) -> dict:
+    """The ``Schema`` keywords a dataset file's attributes give (absent: None):
+    ``vocabulary`` (attribute ``vocabulary_digest``: prep --min-count's, whose ids) and
+    ``separators`` (attribute ``multi_hot_separators``: JSON {multi-hot field: its items'
+    separator}, prep's, for each of ``multi_hot``)."""
+    v, seps = attrs.get("vocabulary_digest"), attrs.get("multi_hot_separators")
+    if seps is not None:
+        try:
+            d = json.loads(seps)
+            seps = tuple(d[m] for m in multi_hot)
+            if not all(isinstance(c, str) and len(c) == 1 for c in seps):
+                raise ValueError
+        except (ValueError, TypeError, KeyError):
+            raise InputError(f"{path}: attribute multi_hot_separators is not a JSON object "
+                             f"of each multi-hot field {multi_hot}'s separator (one character)"
+                             ) from None
+    return {"vocabulary": v and str(v), "separators": seps or None}
 
 
 @dataclass(frozen=True)

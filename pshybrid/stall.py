@@ -132,6 +132,14 @@ class Watch:
         os._exit(2)
 
 
+def step_watch(topo, timeout: float | None, timers, pulse: Pulse | None) -> Watch:
+    """A ``train`` worker's step timer: a warning after ``WARN_S`` inside one step (or an
+    evaluation, a checkpoint), the job's end after ``timeout`` (``--step-timeout``) inside
+    one step; ``timers.current``: the phase it is in; it sends ``pulse``'s beats."""
+    return Watch(topo.world, f"rank {topo.rank}, worker {topo.worker_index}", timeout,
+                 STEP_ADVICE, "--step-timeout", lambda: timers.current, pulse)
+
+
 BEATS = 4       # a worker's beats per --step-timeout
 CHECK_S = 0.1   # how often a waiting server looks at them
 _NOTHING = np.empty(0, np.uint8)  # a beat's (empty) buffer

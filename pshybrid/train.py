@@ -41,7 +41,7 @@ from .preflight import lock_checkpoint_dir, preflight, total_steps
 from .registry import is_colocated
 from .report import Reporter, banner, counted
 from .summary import summarize
-from .stall import STEP_ADVICE, Pulse, Watch
+from .stall import Pulse, Watch, step_watch
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .threads import rank_cores
 from .topology import SHARED_MEMORY, Topology
@@ -134,21 +134,27 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
             result.preempted, result.signal = job.stop.outcome(result.preempted)
             return result
         finally:
-            if job is not None and job.stop is not None:
-                job.stop.close(complete=False)  # an error: drop the agreement in flight
-            if job is not None and job.device is not None:
-                job.device.close()
-            if job is not None and job.watch is not None:
-                job.watch.close()
-            if job is not None and job.pulse is not None:
-                job.pulse.free()  # (an error: after close, nothing)
+            if job is not None:
+                _release(job)
             gc.unfreeze()  # a later run in this process (tests, benchmarks) may collect them
             for d in opened:
                 d.close()
-            if job is not None and job.reporter:
-                job.reporter.close_file()
-                job.result.metrics_failed = job.reporter.failed
             topo.free()
+
+
+def _release(job: Job) -> None:
+    """The end of a run, also after an error (collective, as ``Topology.free``)."""
+    if job.stop is not None:
+        job.stop.close(complete=False)  # an error: drop the agreement in flight
+    if job.device is not None:
+        job.device.close()
+    if job.watch is not None:
+        job.watch.close()
+    if job.pulse is not None:
+        job.pulse.free()  # (an error: after close, nothing)
+    if job.reporter:
+        job.reporter.close_file()
+        job.result.metrics_failed = job.reporter.failed
 
 
 @dataclass
@@ -339,7 +345,9 @@ def loop(job: Job, on_step=None) -> None:
     if mode.stale is not None:  # --consistency ssp:K/asp, --cache-rows: one batch ahead
         batches = mode.stale.ahead(batches, mode.prepare)
     upcoming = Upcoming(batches, mode)
-    watch = job.watch = _watch(job)
+    # (the topology and timers, not job: job.watch would make a cycle that gc.freeze keeps,
+    # and a run's arrays would outlive it: train called again, auto trials)
+    watch = job.watch = step_watch(job.topo, job.cfg.step_timeout, mode.timers, job.pulse)
     for step in range(job.start, job.steps):
         label, dense, ids, bags, batch = upcoming.take()
         # the next batch is made while the servers apply this step (stale: made already)
@@ -375,16 +383,6 @@ def _together(job: Job) -> None:
     --keep-last's pruning), which the others waited for inside their next step, whose
     --step-timeout ended the job; they wait here, in the call's time, which only warns."""
     job.topo.workers.Barrier()  # Wire: zero-byte barrier over the workers
-
-
-def _watch(job: Job) -> Watch:
-    """A worker's step timer: a warning after ``stall.WARN_S`` inside one step (or an
-    evaluation, a checkpoint), the job's end after ``--step-timeout`` inside one step."""
-    topo, timers = job.topo, job.mode.timers  # (not job: job.watch would make a cycle that
-    # gc.freeze keeps, and a run's arrays would outlive it: train called again, auto trials)
-    return Watch(topo.world, f"rank {topo.rank}, worker {topo.worker_index}",
-                 job.cfg.step_timeout, STEP_ADVICE, "--step-timeout",
-                 lambda: timers.current, job.pulse)
 
 
 def _preempted(job: Job, done: int, log) -> None:

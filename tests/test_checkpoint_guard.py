@@ -294,6 +294,57 @@ def test_corrupt_checkpoint_is_refused_by_export_and_resume(ck, tmp_path, kind):
     assert snapshot(ck) == before
 
 
+def test_an_export_given_where_a_checkpoint_is_expected_is_named(ck, tmp_path):
+    """``eval``, ``predict``, ``export`` and ``train --resume`` of an export's file: one
+    line naming the file, what wrote it and what the command takes; nothing written."""
+    from pshybrid.cli import main
+    from pshybrid.synthetic import write_synthetic
+
+    ex, data = str(tmp_path / "ex.h5"), str(tmp_path / "d.h5")
+    export.export(ck, ex)
+    write_synthetic(data, 64, n_dense=3, cardinalities=DATA.schema.cardinalities, seed=1)
+    outs = [str(tmp_path / n) for n in ("p.h5", "ex2.h5")]
+    for argv in (["eval", ex, data], ["predict", ex, data, outs[0]], ["export", ex, outs[1]],
+                 ["train", "--resume", ex, "--mode", "allreduce", "--steps", "6"]):
+        with pytest.raises(InputError) as e:
+            main(argv)
+        msg = str(e.value)
+        assert (ex in msg and "written by pshybrid export" in msg and "\n" not in msg
+                and "checkpoint directory" in msg and "step-N" in msg), (argv, msg)
+    assert not any(os.path.exists(o) for o in outs)
+
+
+DAMAGE = {  # a checkpoint directory's latest (or the step it names) as the code detects it
+    "intact": lambda ck: None,
+    "latest_link": lambda ck: (os.remove(os.path.join(ck, "latest")),
+                               os.symlink("step-4", os.path.join(ck, "latest"))),
+    "latest_text": _write("latest", "garbage\n"),
+    "latest_names_a_missing_step": _write("latest", "step-9\n"),
+    "no_latest": lambda ck: os.remove(os.path.join(ck, "latest")),
+    "latest_without_meta": lambda ck: os.remove(os.path.join(ck, "step-4", "meta.json")),
+    "latest_meta_not_json": _write("step-4/meta.json", "{"),
+    "latest_older_than_a_complete_step": _write("latest", "step-2\n"),
+}
+
+
+@pytest.mark.parametrize("resume", [None, "step-2"])
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_refused_run_dir_suggests_only_a_resume_that_works(ck, damage, resume):
+    """Oracle: the resume a refusal of a fresh run (or of one resumed from an older step)
+    into a directory holding checkpoints suggests runs; and one is suggested whenever the
+    directory's newest step loads and its latest (if any) names a step."""
+    DAMAGE[damage](ck)
+    with pytest.raises(InputError) as e:
+        run(steps=6, checkpoint_dir=ck, resume=resume and os.path.join(ck, resume))
+    said = re.findall(r"(?:--resume|Resume from) (\S+?)[,\s]", str(e.value))
+    if damage in ("intact", "latest_names_a_missing_step", "no_latest",
+                  "latest_older_than_a_complete_step"):
+        assert said, e.value
+    for point in said:
+        run(steps=6, checkpoint_dir=ck, resume=point)
+        assert assert_latest_complete(ck) == "step-6", (e.value, point)
+
+
 @pytest.mark.parametrize("case", ["out_is_dir", "out_dir_missing", "no_flat"])
 def test_refused_export_leaves_no_file(ck, tmp_path, case):
     outdir = tmp_path / "out"
@@ -1036,3 +1087,43 @@ def test_data_of_another_vocabulary_with_the_same_cardinalities_is_refused(tmp_p
         with pytest.raises(InputError, match=says):
             main(argv)
     assert not os.path.exists(tmp_path / "p.h5")
+
+
+def test_hashed_files_of_other_multi_hot_separators_are_refused(tmp_path):
+    """Two days of one multi-hot csv field, hashed with the same --buckets (the same
+    cardinalities), one split at '|' and one at ';': the same items would get other ids
+    ('x;y' is one item at '|'). Refused at resume, in eval and predict, beside the first day
+    in --data and as --eval-data, naming the field and both separators; a day split at the
+    first's separator is taken, and so is a file that records no separator (an earlier
+    version's)."""
+    from pshybrid.cli import main
+
+    rows = "1,a,x{0}y\n0,b,y{0}z\n1,a,z\n0,c,x{0}z\n"
+    for day, sep, opt in (("a", "|", "g"), ("b", ";", "g:;"), ("c", "|", "g:|")):
+        (tmp_path / f"{day}.csv").write_text("y,u,g\n" + rows.format(sep))
+        assert main(["prep", "csv", str(tmp_path / f"{day}.csv"), str(tmp_path / f"{day}.h5"),
+                     "--label", "y", "--sparse", "u", "--multi-hot", opt,
+                     "--buckets", "16"]) == 0
+    a, b, c, ck = (str(tmp_path / n) for n in ("a.h5", "b.h5", "c.h5", "ck"))
+    small = ["--placement", "colocated", "--embedding-dim", "4", "--mlp", "8", "--batch-size",
+             "2", "--progress", "none"]
+    assert main(["train", *small, "--data", a, "--steps", "2", "--checkpoint-dir", ck]) == 0
+    refusals = (["train", "--resume", ck, "--data", b, "--steps", "4", "--checkpoint-dir",
+                 "none"], ["eval", ck, b], ["predict", ck, b, str(tmp_path / "p.h5")],
+                ["train", *small, "--data", f"{a},{b}", "--steps", "2"],
+                ["train", *small, "--data", a, "--eval-data", b, "--steps", "2"])
+    for argv in refusals:
+        with pytest.raises(InputError, match=r"separator of multi-hot field 'g': "
+                                             r"'\|' in [^,]*, ';' in ") as e:
+            main(argv)
+        assert "\n" not in str(e.value)
+    assert not os.path.exists(tmp_path / "p.h5")
+    assert main(["train", *small, "--data", f"{a},{c}", "--eval-data", c, "--steps", "2"]) == 0
+    with h5py.File(b, "a") as f:
+        del f.attrs["multi_hot_separators"]
+    for argv in refusals:
+        assert main(argv) == 0
+    with h5py.File(b, "a") as f:
+        f.attrs["multi_hot_separators"] = "{}"
+    with pytest.raises(InputError, match=f"{b}: attribute multi_hot_separators"):
+        main(["eval", ck, b])

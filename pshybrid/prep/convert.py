@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import sys
 import time
@@ -54,6 +55,8 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
                              f"read ({rows} rows, then {tally.rows})")
         cards = [c for enc in encoders for c in enc.cardinalities]
         attrs = {UNLABELED: 1} if o.unlabeled else {}
+        if t.multi_sep:  # (files of one dataset must agree: checked at use, as the digest)
+            attrs["multi_hot_separators"] = json.dumps(separators(t))
         if o.min_count is not None or o.vocabulary is not None:  # (a file to encode alike)
             kept = [kept for enc in encoders for kept in enc.kept]
             w.vocabulary(names, kept, separators(t))
