@@ -12,7 +12,9 @@
 #                         from DIR or a step of it themselves, or give --resume none; else
 #                         nothing. Put it after ARGS: it outranks their --resume of another
 #                         directory, which started the first run (the rerun's was refused:
-#                         DIR holds newer checkpoints).
+#                         DIR holds newer checkpoints); with --init-from in ARGS (the first
+#                         run started from a checkpoint elsewhere) also "--init-from=none":
+#                         the run goes on from its own.
 # pshybrid_run CMD...     runs CMD in the background, forwards SIGUSR1, SIGTERM and SIGINT to
 #                         it (srun and mpiexec pass them to every rank: the workers checkpoint
 #                         at the next step boundary and exit 75, 130 for SIGINT), waits, and
@@ -77,6 +79,9 @@ pshybrid_resume() {
     esac
   fi
   printf '%s\n' "--resume=$dir"  # (one word: a DIR that starts with "-" stays a value)
+  if pshybrid_option init-from "$@" > /dev/null; then
+    printf '%s\n' "--init-from=none"  # (train refuses both: the run's own start was that)
+  fi
 }
 
 pshybrid_run() {

@@ -74,10 +74,11 @@ def _described(cfg) -> dict:
 
 
 def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, dense,
-                 data_rows: int | None = None) -> None:
+                 data_rows: int | None = None, steps_before: int = 0) -> None:
     """This rank's files of checkpoint ``step`` in ``tmp``: its shard (holders of sparse
     rows), dense.h5 and meta.json (worker 0, which has ``dense``; ``data_rows``: the rows of
-    the run's ``--data``, whose order depends on them). Each exclusive, fsync'ed."""
+    the run's ``--data``, whose order depends on them; ``steps_before``: the optimizers'
+    steps before this run's first, ``Optimizer.steps_before``). Each exclusive, fsync'ed."""
     if ids is not None:
         shard = os.path.join(tmp, f"shard-{max(topo.server_index, 0):05d}.h5")
         with safeio.h5_file(shard, "x") as f:  # exclusive: never over anything
@@ -108,6 +109,8 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
         meta["global_batch"] = topo.n_workers * cfg.batch_size
     if data_rows is not None:
         meta["data_rows"] = int(data_rows)
+    if steps_before:  # (a run started --init-from: Adam's count goes on from there)
+        meta["steps_before"] = int(steps_before)
     with open(os.path.join(tmp, "meta.json"), "x") as f:
         f.write(json.dumps(meta, indent=1))
         f.flush()
@@ -175,7 +178,8 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema,
         agree(topo.world, _room(tmp, root, step, topo, ids, sparse, dense))
         err = None
         try:
-            _write_files(tmp, step, cfg, topo, params, schema, ids, sparse, dense, data_rows)
+            _write_files(tmp, step, cfg, topo, params, schema, ids, sparse, dense, data_rows,
+                         mode.sparse.opt.steps_before)
         except (OSError, RuntimeError) as e:  # RuntimeError: h5py's, on a full disk
             err = _failed(root, step, str(getattr(e, "strerror", None) or e))
         agree(topo.world, err)  # Wire: every file is on disk before the rename

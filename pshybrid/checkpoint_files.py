@@ -209,6 +209,9 @@ def read_meta(step_dir: str) -> dict:
     m = STEP_RE.fullmatch(os.path.basename(os.path.normpath(step_dir)))
     if m and int(m.group(1)) != step:
         raise bad_key(path, "step", f"is {step} but the directory is {os.path.basename(step_dir)}")
+    before = meta.get("steps_before", 0)
+    if not is_int(before) or before < 0:
+        raise bad_key(path, "steps_before", f"must be an integer >= 0, got {before!r}")
     if not isinstance(meta.get("config"), dict):
         raise bad_key(path, "config", "is missing or not an object")
     shards = meta.get("shards")
@@ -228,6 +231,17 @@ def read_meta(step_dir: str) -> dict:
         raise bad_key(path, "schema", "must hold n_dense, dense_names, cardinalities (integers "
                       ">= 1) and as many distinct sparse_names (no '/', not '.', '..' or empty)")
     return meta
+
+
+def steps_before(cfg) -> int:
+    """The optimizer steps the state a run starts from has seen (``Optimizer.steps_before``,
+    meta.json's ``steps_before``): ``--resume``'s checkpoint's; ``--init-from``'s plus its
+    step (a new run's step 1 is the state's next); else 0."""
+    path = cfg.resume or cfg.init_from
+    if not path:
+        return 0
+    meta = read_meta(resolve(path))
+    return meta.get("steps_before", 0) + (meta["step"] if cfg.init_from else 0)
 
 
 def resumed_options(path: str) -> tuple[dict | None, str, str | None]:

@@ -228,7 +228,7 @@ def _resolve_train(args, say: bool):
     changed = [f"{option_flag(k)} {shown(v)} (was {shown(getattr(old, k))}"
                f"{moved if k == 'checkpoint_dir' and v == base.get(k) else ''})"
                for k, v in vars(new).items()
-               if k != "resume" and k not in dropped and v != getattr(old, k)]
+               if k not in ("resume", "init_from") and k not in dropped and v != getattr(old, k)]
     changed += [f"{option_flag(k)} {shown(getattr(old, k))} no longer counts ({by} decides)"
                 for k, by in dropped.items()]
     if say:

@@ -10,13 +10,13 @@ cross-field rules. Every error is a ``ConfigError`` naming the option or key; it
 Supported field types: ``int``, ``float``, ``str``, ``bool`` (``--flag/--no-flag``), the
 ``X | None`` of all but bool (``none`` on the command line, ``"none"`` in TOML), and
 ``tuple[int, ...]`` (``1024,512,256`` on the command line; an array of integers or that
-string in TOML). ``to_toml`` writes a config as a TOML file that reads back to it."""
+string in TOML). ``to_toml`` writes a config as a TOML file that reads back to it, ``to_dict``
+as JSON (both in ``configout``)."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import re
 import tomllib
 import types
@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from .checks import (at_least, close_names, hinted_keywords, layer_sizes, non_negative,
                      positive, seed_check)
+from .configout import to_dict, to_toml  # noqa: F401 (config's own API: written out there)
 from .errors import ConfigError
 from .models import MODELS
 from .optim import SCHEDULES, SLOTS, SPARSE_LR
@@ -253,40 +254,6 @@ def resolve(cls, ns: argparse.Namespace, base: dict | None = None, base_source: 
     return _build(cls, values, where)
 
 
-def _plain(v):
-    """A NumPy scalar (a sweep over ``np.logspace``) as Python's; anything else as it is."""
-    return v.item() if type(v).__module__ == "numpy" and getattr(v, "ndim", None) == 0 else v
-
-
-def to_dict(cfg) -> dict:
-    """``{field: value}`` of a config, JSON-able (tuples → lists; NumPy's scalars →
-    Python's, which ``from_dict`` checks; None stays None)."""
-    return {k: [_plain(x) for x in v] if isinstance(v, (tuple, list)) else _plain(v)
-            for k, v in dataclasses.asdict(cfg).items()}
-
-
-def to_toml(cfg) -> str:
-    """A config as a TOML file that ``--config`` reads back to the same config: every field,
-    one ``key = value`` line each (None as ``"none"``), but a field another replaces
-    (``replaced_by``: ``steps`` under ``epochs``) as a comment."""
-    def value(v) -> str:
-        if v is None:
-            return '"none"'
-        if isinstance(v, bool):
-            return str(v).lower()
-        if isinstance(v, str):  # a JSON string, less its escapes of non-ASCII (surrogate
-            return json.dumps(v, ensure_ascii=False).replace("\x7f", "\\u007f")  # pairs)
-        if isinstance(v, tuple):
-            return "[" + ", ".join(map(str, v)) + "]"
-        return repr(v)  # int; float (repr round-trips; inf and nan are TOML too)
-
-    replaced = getattr(cfg, "replaced_by", lambda: {})()
-    return "".join(("# " if f.name in replaced else "") + f"{f.name} = "
-                   f"{value(getattr(cfg, f.name))}"
-                   + (f"  ({replaced[f.name]} decides)" if f.name in replaced else "") + "\n"
-                   for f in dataclasses.fields(cfg))
-
-
 def from_dict(cls, d: dict, source: str, **checks):
     """Inverse of ``to_dict`` (a config stored in a checkpoint), checked like a TOML file
     (``checks``: for ``validate``; missing keys take defaults); errors name ``source``."""
@@ -308,7 +275,7 @@ class TrainConfig:
                   "auto_trial_steps", "shared_memory", "server_threads", "bucket_mb"),
         "devices": ("device", "cuda_aware", "cuda_graphs"),
         "checkpoints and stalls": ("checkpoint_dir", "checkpoint_every", "keep_last", "resume",
-                                   "step_timeout"),
+                                   "init_from", "step_timeout"),
         "output": ("progress", "log_every", "metrics", "tensorboard")}
     # (option, what needs it, the value that does without): refused without it, and
     # dropped where a layer gives it as none (``layer``)
@@ -404,6 +371,10 @@ class TrainConfig:
     checkpoint_every: int = option(0, "save a checkpoint every K steps (0: never periodically)",
                                    check=at_least(0))
     resume: str | None = option(None, "checkpoint directory to resume from")
+    init_from: str | None = option(None, "checkpoint (a directory or its step-N) whose model "
+                                   "and optimizer state a new run starts from: at step 0, "
+                                   "--data from its first row, a fresh --lr-schedule; the "
+                                   "model's options must match it; not with --resume")
     keep_last: int = option(0, "keep only the newest K checkpoints (0: keep all)",
                             check=at_least(0))
     step_timeout: float | None = option(600.0, "seconds a worker may spend in one step (the "
@@ -442,7 +413,8 @@ class TrainConfig:
         file that gave them; one given drops the other); ``--mode auto`` given drops a lower
         layer's placement options at their defaults (a ``--print-config``'s: no choice);
         ``--checkpoint-dir none`` / ``--eval-data none`` / ``--data none`` given drop the
-        options that need them, unless those are given too."""
+        options that need them, unless those are given too; ``--resume`` given drops a
+        lower layer's ``--init-from`` (the resumed run's, a --config file's: how it began)."""
         if {"steps", "epochs"} <= given and values["epochs"] not in (None, "none"):
             both = (f"steps = {values['steps']} and epochs = {values['epochs']} in {source}"
                     if source else f"--steps {values['steps']} and --epochs {values['epochs']}")
@@ -450,6 +422,8 @@ class TrainConfig:
                          "steps)")
         if "steps" in given and "epochs" not in given:
             values["epochs"] = None
+        if "resume" in given and "init_from" not in given:  # (a resumed run's own start)
+            values["init_from"] = None
         auto = "mode" in given and values["mode"] == "auto"  # (it chooses these two)
         for k in {"placement", "replicate_rows"} - given if auto else ():
             if str(values.get(k)) == shown(TrainConfig.__dataclass_fields__[k].default):
@@ -477,6 +451,9 @@ class TrainConfig:
     def validate(self, finite_data: bool = False) -> None:
         """Cross-field rules (``finite_data``: a Python dataset with ``n_rows`` is trained on,
         which ``--epochs`` counts as it counts ``--data``)."""
+        if self.init_from is not None and self.resume is not None:
+            raise _error("--init-from starts a new run from a checkpoint, --resume goes on "
+                         "with its run: give one")
         if self.epochs is not None and self.data is None and not finite_data:
             raise _error("--epochs needs --data; the synthetic stream is endless: use --steps")
         for key, other, off in self.NEEDS[1:]:

@@ -14,6 +14,9 @@ Dense parameters pass the whole flat buffer. Sparse tables pass the gathered row
 touched (the union over all workers) and scatter them back: *lazy* updates, so rows no
 worker touched keep their weights and state unchanged (for Adam: their moments do not
 decay), and ``step`` is the global step for bias correction (TensorFlow's LazyAdam).
+Adam's ``step`` in the formulas is ``steps_before + step``: a run started from another's
+state (``--init-from``) goes on counting that run's steps (its learning-rate schedule does
+not: ``lr_at(step)``).
 
 L2 (``l2`` = lambda > 0) is coupled: every formula above sees ``g + lambda * w`` (``w``
 before the step) in place of ``g``: on the dense buffer every step, on sparse rows only
@@ -92,6 +95,7 @@ class Optimizer:
     eps: float = 1e-8
     l2: float = 0.0
     schedule: Schedule = Schedule()
+    steps_before: int = 0  # the steps the state saw before step 1 (Adam's count goes on)
 
     def __post_init__(self):
         if self.kind not in SLOTS:
@@ -148,10 +152,11 @@ class Optimizer:
             v *= self.beta2
             v += g2
             den = xp.sqrt(v, out=g2)
-            den *= 1 / math.sqrt(1 - self.beta2 ** step)
+            t = self.steps_before + step
+            den *= 1 / math.sqrt(1 - self.beta2 ** t)
             den += self.eps
             upd = xp.divide(m, den, out=den)
-            upd *= lr / (1 - self.beta1 ** step)
+            upd *= lr / (1 - self.beta1 ** t)
             w -= upd
         tiny = self.flush_bound(w.dtype.type)  # flush to zero (module docstring):
         for a in ([w, *(state[k] for k in self.slots)] if self.l2 else  # with L2 all,
@@ -231,9 +236,10 @@ class Optimizer:
             return lr, f(self.eps), l2, tiny
         if self.kind != "adam":
             raise ValueError(f"optimizer {self.kind!r} has no fused kernels (optim.FUSED)")
+        t = self.steps_before + step
         return (f(self.beta1), f(1 - self.beta1), f(self.beta2), f(1 - self.beta2),
-                f(1 / math.sqrt(1 - self.beta2 ** step)), f(self.eps),
-                f(self.lr_at(step) / (1 - self.beta1 ** step)), l2, tiny)
+                f(1 / math.sqrt(1 - self.beta2 ** t)), f(self.eps),
+                f(self.lr_at(step) / (1 - self.beta1 ** t)), l2, tiny)
 
     def _kernel(self, f, step: int, consume: bool):
         """``row_kernel`` of this optimizer with step ``step``'s scalars (``scalars``)."""

@@ -70,7 +70,7 @@ def check_outputs(cfg, writer: bool, score: bool = False) -> None:
         problem = safeio.check_writable_dir(cfg.checkpoint_dir, checkpoint_files.DEEPEST)
         if problem:
             raise ConfigError(f"--checkpoint-dir: {problem}")
-    ckdirs = [d for d in (cfg.checkpoint_dir, cfg.resume) if d]
+    ckdirs = [d for d in (cfg.checkpoint_dir, cfg.resume, cfg.init_from) if d]
     if cfg.metrics and writer:
         link = os.path.islink(cfg.metrics)  # (appended to with O_NOFOLLOW: it would fail late)
         problem = (f"--metrics {cfg.metrics} is a symbolic link: lines are appended to the "
@@ -174,16 +174,16 @@ def _check_run(cfg, schema, writer: bool, score: bool = False, until: int | None
     A resume already at ``until`` (the last step) writes no checkpoint: its directory is
     not checked (read-only, full or held by a job: ``nothing to do`` all the same)."""
     step_dir, meta, start = None, {}, 0
-    if cfg.resume:
-        step_dir = checkpoint_files.resolve(cfg.resume)
+    if cfg.resume or cfg.init_from:
+        step_dir = checkpoint_files.resolve(cfg.resume or cfg.init_from)
         meta = checkpoint_files.read_meta(step_dir)
         checkpoint_files.check_compatible(meta, cfg, schema, os.path.join(step_dir, "meta.json"))
-        start = meta["step"]
+        start = meta["step"] if cfg.resume else 0  # (--init-from: a new run, at step 0)
         if until is not None and start >= until:
             cfg = dataclasses.replace(cfg, checkpoint_dir=None)
     if cfg.checkpoint_dir:
         try:
-            checkpoint_files.check_run_dir(cfg.checkpoint_dir, step_dir, start)
+            checkpoint_files.check_run_dir(cfg.checkpoint_dir, cfg.resume and step_dir, start)
         except InputError as e:
             if cfg.checkpoint_dir != meta.get("config", {}).get("checkpoint_dir"):
                 raise

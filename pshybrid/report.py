@@ -205,6 +205,13 @@ class Reporter:
         rec["epoch"] = step / self.steps_per_epoch if self.steps_per_epoch else None
         rec["lr"] = self.lr_at(step) if self.lr_at is not None else None
 
+    def loaded(self, path: str, step: int, how: str) -> None:
+        """The checkpoint ``path`` (at ``step``) loaded: to score (``how`` "eval"), to go on
+        ("resume"), or to start a new run from ("init": ``--init-from``)."""
+        self.out.write(f"loaded {path} (step {step})\n" if how == "eval" else
+                       f"resumed from {path} at step {step}\n" if how == "resume" else
+                       f"started from {path} (its step {step}) at step 0\n")
+
     def header(self, command: str, start: int, workers: int, servers: int) -> None:
         """Write the run's config record (the first line of the run in --metrics)."""
         rec = config_record(self.cfg, command, start, workers, servers)

@@ -37,10 +37,10 @@ def _config(ckpt: str, data: str, metrics: str | None) -> TrainConfig:
     meta = checkpoint_files.read_meta(step_dir)
     saved = checkpoint_files.native_config(meta, os.path.join(step_dir, "meta.json"))
     return replace(saved, mode="hybrid", placement="colocated", servers=None, data=data,
-                   eval_data=data, resume=step_dir, steps=int(meta["step"]), epochs=None,
-                   batch_size=1, metrics=metrics, checkpoint_dir=None, checkpoint_every=0,
-                   eval_every=0, keep_last=0, progress="none", replicate_rows=0,
-                   device="cpu", prefetch=0)
+                   eval_data=data, resume=step_dir, init_from=None, steps=int(meta["step"]),
+                   epochs=None, batch_size=1, metrics=metrics, checkpoint_dir=None,
+                   checkpoint_every=0, eval_every=0, keep_last=0, progress="none",
+                   replicate_rows=0, device="cpu", prefetch=0)
 
 
 def _open(path: str, topo, out: str | None, overwrite: bool, ckpt: str):

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from mpi4py import MPI
 
-from . import auto, checkpoint
+from . import auto, checkpoint, checkpoint_files
 from .backend import to_device
 from .config import TrainConfig, from_dict, to_dict
 from .batches import (BatchPlan, Upcoming, global_batch, prefetch, training_data,
@@ -142,8 +142,7 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
             topo.free()
 
 
-def _release(job: Job) -> None:
-    """The end of a run, also after an error (collective, as ``Topology.free``)."""
+def _release(job: Job) -> None:  # a run's end, also after an error (collective: as topo.free)
     if job.stop is not None:
         job.stop.close(complete=False)  # an error: drop the agreement in flight
     if job.device is not None:
@@ -225,11 +224,12 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     hot = (hottest_rows(data, plan, layout, cfg.replicate_rows)
            if cfg.replicate_rows and topo.is_worker else None)
     steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
-    sched = Schedule(cfg.lr_schedule, cfg.warmup_steps, steps)  # servers: the same factors
-    opt = cfg.stateless() if score else cfg
+    opt = cfg.stateless() if score else cfg  # (servers: the schedule's factors too)
+    rule = dict(l2=opt.l2, schedule=Schedule(cfg.lr_schedule, cfg.warmup_steps, steps),
+                steps_before=checkpoint_files.steps_before(cfg))
     mode = build_mode(cfg.mode, topo, layout, params,
-                      Optimizer(opt.sparse_optimizer, cfg.sparse_lr, l2=opt.l2, schedule=sched),
-                      Optimizer(opt.dense_optimizer, dense_lr, l2=opt.l2, schedule=sched), cfg.seed,
+                      Optimizer(opt.sparse_optimizer, cfg.sparse_lr, **rule),
+                      Optimizer(opt.dense_optimizer, dense_lr, **rule), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory=SHARED_MEMORY[cfg.shared_memory],
                       cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged
@@ -238,15 +238,15 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     reporter = (Reporter(cfg, out, topo.n_workers, steps, mode.sparse.opt.lr_at,
                          plan.steps_per_epoch)
                 if topo.rank == topo.worker_ranks[0] else None)
-    start = checkpoint.load(cfg.resume, cfg, topo, mode, params, data.schema, score) if cfg.resume \
-        else 0
+    begin = cfg.resume or cfg.init_from  # (--init-from: its state, and a new run at step 0)
+    loaded = checkpoint.load(begin, cfg, topo, mode, params, data.schema, score) if begin else 0
+    start = 0 if cfg.init_from else loaded
     if reporter:
         reporter.header("eval" if score else "train", start, topo.n_workers, topo.n_servers)
     if topo.is_worker:
         mode.ready()
-    if reporter and start:
-        reporter.out.write(f"loaded {cfg.resume} (step {start})\n" if score else
-                           f"resumed from {cfg.resume} at step {start}\n")
+    if reporter and begin:
+        reporter.loaded(begin, loaded, "eval" if score else "resume" if cfg.resume else "init")
     job = Job(cfg, topo, data, evdata, model, layout, params, mode, plan, steps, start, reporter,
               t_begin, TrainResult(topo.role))
     if xp is not np and topo.is_worker and not data.schema.multi_hot:

@@ -68,12 +68,14 @@ def trial_steps(cfg, n_rows: int | None, ranks: int, start: int = 0) -> int:
 
 def trial_config(cfg, steps: int):
     """``cfg`` (already one alternative's options) as a trial: ``WARM + steps`` steps from
-    step 0, and nothing written: no evaluation, checkpoint, resume, metrics, TensorBoard
-    events or progress; ``data`` None: the trial reads the dataset ``measure`` is given
-    (--data as opened by the probe; ``train`` refuses both)."""
+    step 0, and nothing written: no evaluation, checkpoint, resume (nor a start from one:
+    --init-from), metrics, TensorBoard events or progress; ``data`` None: the trial reads
+    the dataset ``measure`` is given (--data as opened by the probe; ``train`` refuses
+    both)."""
     return replace(cfg, steps=WARM + steps, epochs=None, data=None, eval_data=None, eval_every=0,
                    checkpoint_dir=None, checkpoint_every=0, keep_last=0, resume=None,
-                   metrics=None, tensorboard=None, progress="none", auto_trial_steps=0)
+                   init_from=None, metrics=None, tensorboard=None, progress="none",
+                   auto_trial_steps=0)
 
 
 def measure(rows: list[dict], configure, train_fn, comm, dataset, steps: int):

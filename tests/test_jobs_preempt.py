@@ -125,7 +125,9 @@ def test_lib_forwards_signals_resumes_and_requeues(tmp_path):
     # directory (the first run's start), outranked (the requeued job was refused)
     for own, want in ((f"--resume {tmp_path}/ck/step-2", []), (f"--resume={tmp_path}/ck", []),
                       ("--resume old --steps 9", [f"--resume={tmp_path}/ck"]),
-                      ("--resume none", [])):  # (none, as asked: train then refuses)
+                      ("--resume none", []),  # (none, as asked: train then refuses)
+                      ("--init-from day1 --steps 9",  # (the first run's start: dropped)
+                       [f"--resume={tmp_path}/ck", "--init-from=none"])):
         assert bash(f"pshybrid_resume {tmp_path}/ck {own}").stdout.split() == want, own
     assert bash("pshybrid_option checkpoint-dir --steps 3 --checkpoint-dir a "
                 "--checkpoint-dir=b c").stdout == "b"
