@@ -142,6 +142,9 @@ def step_watch(topo, timeout: float | None, timers, pulse: Pulse | None) -> Watc
 
 BEATS = 4       # a worker's beats per --step-timeout
 CHECK_S = 0.1   # how often a waiting server looks at them
+SILENT = 2      # a server ends the job after no beat for this many --step-timeouts (where
+#                 other workers wait for a stopped one, their step timers, which name the
+#                 step and the phase, end it first)
 _NOTHING = np.empty(0, np.uint8)  # a beat's (empty) buffer
 
 
@@ -151,7 +154,7 @@ class Pulse:
     of them) stopped or stuck holding the interpreter is timed by nobody: the servers only
     wait for its messages. So each worker's ``Watch`` thread sends every server a zero-byte
     beat every ``timeout / BEATS`` seconds, and a server that, while waiting, hears none
-    from a worker for ``timeout`` seconds ends the job naming it. A server counts only the
+    from a worker for ``SILENT * timeout`` seconds ends the job naming it. A server counts only the
     time it spent waiting (not its own checkpoint, nor a time its process stood still),
     from its first ``poll`` (a worker's first beat comes as its steps start). On where the
     job has dedicated servers, a step timeout and ``MPI_THREAD_MULTIPLE`` (a thread sends);
@@ -187,7 +190,7 @@ class Pulse:
     # -- servers (their wait for the workers' messages) ----------------------------------
     def poll(self) -> None:
         """Called while waiting: every ``CHECK_S`` of waiting, receive the beats that
-        arrived, and end the job if a worker was silent for ``timeout`` seconds of it."""
+        arrived, and end the job if a worker was silent for ``SILENT * timeout`` of it."""
         now = time.monotonic()
         gap, self._last = now - self._last, now
         if gap < STOPPED_S:  # (longer: this server was busy, or its process stood still)
@@ -197,7 +200,7 @@ class Pulse:
         self._next = self.clock + CHECK_S
         self._receive(self.comm.Iprobe)
         for r, at in self.heard.items():
-            if self.clock - at >= self.timeout:
+            if self.clock - at >= SILENT * self.timeout:
                 self._end(r, self.clock - at)
 
     def _receive(self, probe) -> None:
