@@ -292,8 +292,7 @@ def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
                                                       names=False)
     if why is not None:
         raise InputError(f"{where}: checkpoint was trained on other fields than this run's "
-                         f"data: {why} (prep a later file with the training file's "
-                         "--vocabulary, or its --buckets: the tables cannot grow)")
+                         f"data: {why}")
 
 
 # what h5py raises reading a damaged file: RuntimeError where its internal structure is hit

@@ -103,8 +103,7 @@ class H5Files:
                 why = first.schema.difference(d.schema, first.path, d.path)
                 if why is not None:
                     raise InputError(f"{d.path}: its fields differ from {first.path}'s: "
-                                     f"{why} (prep the files of one dataset in one run, or "
-                                     f"the later ones with the first's --vocabulary)")
+                                     f"{why}")
         except BaseException:
             self.close()
             raise

@@ -21,6 +21,11 @@ import numpy as np
 from .errors import ConfigError, InputError
 
 
+# the way out of other ids for the same values (``Schema.difference``)
+GROW = ("prep a later file with the first file's --vocabulary, or its --buckets: the tables "
+        "cannot grow")
+
+
 def names_problem(dense_names, sparse_names) -> str | None:
     """Why these field names cannot name a model's fields, or None: each becomes an HDF5
     name in checkpoints and exports (``/embeddings/<field>``), so none is empty, holds a
@@ -83,33 +88,37 @@ class Schema:
     def difference(self, other: Schema, mine: str, theirs: str,
                    names: bool = True) -> str | None:
         """The first way ``other`` (of ``theirs``) differs from this schema (of ``mine``), in
-        words; None: the same (with ``names`` False the field names are not compared)."""
-        found = [(what, a, b) for what, a, b in (
+        words, with the way out for that kind of difference; None: the same (with ``names``
+        False the field names are not compared)."""
+        columns, ids = ("other columns: the files of one model are prepped with the same "
+                        "--dense, --sparse and --multi-hot columns"), GROW
+        found = [(what, a, b, columns) for what, a, b in (
             ("dense fields", self.n_dense, other.n_dense),
             ("categorical fields", self.n_sparse, other.n_sparse),
             ("multi-hot fields", self.multi_hot, other.multi_hot)) if a != b]
         for i, (name, card, oname, ocard) in enumerate(zip(
                 self.sparse_names, self.cardinalities, other.sparse_names, other.cardinalities)):
             if names and name != oname:
-                found.append((f"categorical field {i}", repr(name), repr(oname)))
+                found.append((f"categorical field {i}", repr(name), repr(oname), columns))
             if card != ocard:
-                found.append((f"the cardinality of field {i} ({name!r})", card, ocard))
+                found.append((f"the cardinality of field {i} ({name!r})", card, ocard, ids))
         for i, (name, oname) in enumerate(zip(self.dense_names, other.dense_names)):
             if names and name != oname:
-                found.append((f"dense field {i}", repr(name), repr(oname)))
+                found.append((f"dense field {i}", repr(name), repr(oname), columns))
         if None not in (self.vocabulary, other.vocabulary) and self.vocabulary != other.vocabulary:
             found.append(("the vocabulary (the values the ids stand for, prep --min-count's)",
-                          self.vocabulary, other.vocabulary))
+                          self.vocabulary, other.vocabulary, ids))
         for name, a, b in zip(self.sparse_names[self.n_single:], self.separators or (),
                               other.separators or ()):
             if a != b:
                 found.append((f"the item separator of multi-hot field {name!r}", repr(a),
-                              repr(b)))
+                              repr(b), f"prep it with the same --multi-hot {name}:SEP"))
         if not found:
             return None
-        what, a, b = found[0]
-        more = f" (and {len(found) - 1} more differences)" if len(found) > 1 else ""
-        return f"{what}: {a} in {mine}, {b} in {theirs}{more}"
+        what, a, b, way = found[0]
+        n = len(found) - 1
+        more = f"; {n} more difference{'s' if n > 1 else ''}" if n else ""
+        return f"{what}: {a} in {mine}, {b} in {theirs} ({way}{more})"
 
     @classmethod
     def from_dict(cls, d: dict) -> Schema:

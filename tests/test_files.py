@@ -14,6 +14,7 @@ from pshybrid.config import ArgumentParser, TrainConfig, add_arguments, resolve
 from pshybrid.data import DatasetWriter, H5Dataset
 from pshybrid.errors import InputError
 from pshybrid.files import H5Files, dataset_paths, open_dataset
+from pshybrid.schema import GROW, Schema
 from pshybrid.train import train
 
 CARDS = (7, 30, 50, 20)
@@ -155,6 +156,29 @@ def test_directory_files_by_name_and_errors(tmp_path):
     c = write(tmp_path / "c.h5", [bad], False)
     with pytest.raises(InputError, match=r"c.h5: /sparse row 3 has an id outside"):
         open_dataset(f"{a},{c}").validate(0, 10)
+
+
+@pytest.mark.parametrize("other,what,way", [
+    (dict(n_dense=3, dense_names=("d0", "d1", "d2")), "dense fields: 2 in a, 3 in b",
+     "other columns: the files of one model are prepped with the same --dense, --sparse and "
+     "--multi-hot columns"),
+    (dict(cardinalities=(3, 5)), "the cardinality of field 1 ('s1'): 4 in a, 5 in b", GROW),
+    (dict(vocabulary="f00"), "the vocabulary (the values the ids stand for, prep "
+     "--min-count's): e0 in a, f00 in b", GROW),
+    (dict(separators=(";",)), "the item separator of multi-hot field 's1': '|' in a, ';' "
+     "in b", "prep it with the same --multi-hot s1:SEP")])
+def test_a_schema_difference_names_the_way_out_of_its_kind(other, what, way):
+    """Files (or a checkpoint and its data) that differ: the refusal's way out is the one
+    for that difference (it added the --vocabulary/--buckets advice to every kind, a dense
+    column too); a second difference is counted."""
+    mine = Schema(2, (3, 4), ("d0", "d1"), ("s0", "s1"), multi_hot=1, vocabulary="e0",
+                  separators=("|",))
+    theirs = replace(mine, **other)
+    assert mine.difference(theirs, "a", "b") == f"{what} ({way})"
+    assert mine.difference(mine, "a", "b") is None
+    if "cardinality" in what:  # (a second difference, a later one: counted)
+        second = mine.difference(replace(theirs, dense_names=("d0", "x")), "a", "b")
+        assert second == f"{what} ({way}; 1 more difference)", second
 
 
 def test_checkpoint_records_the_multi_hot_fields(tmp_path):
