@@ -64,7 +64,7 @@ def cmd_info(args) -> int:
     from mpi4py import MPI
 
     from .devices import cuda_aware_mpi
-    from .threads import cpu_quota, rank_blas_threads, rank_server_threads
+    from .threads import rank_blas_threads, rank_server_threads
     from .topology import Topology
 
     if args.server_threads is not None and args.server_threads < 1:
@@ -104,12 +104,7 @@ def cmd_info(args) -> int:
               f"{topo.n_servers} {'shard owner' if topo.colocated else 'server'}(s) "
               f"{topo.server_ranks}, "
               f"{topo.n_workers} worker(s)")
-        if (quota := cpu_quota()) is not None:
-            print(f"CPU quota       : {quota} CPU{'s' if quota > 1 else ''} (cgroup): the "
-                  "thread sizing below takes it as the node's cores")
-        if alone:
-            print(f"note            : --mode {args.mode} needs a server and a worker: "
-                  "run it under mpiexec -n N with N >= 2 (or --placement colocated)")
+        print("".join(f"{line}\n" for line in _info_notes(topo, args.mode, alone)), end="")
         print(f"{'rank':>4}  {'role':<12} {'index':>5}  {'node':>4}  {'host':<20} "
               f"{'local':>5}  {'device':<8} {'pid':>8}  {'blas':>4} {'apply':>5}  "
               "threads: the rule")
@@ -119,6 +114,19 @@ def cmd_info(args) -> int:
         sys.stdout.flush()
     topo.free()
     return 0
+
+
+def _info_notes(topo, mode: str, alone: bool) -> list[str]:
+    """info's lines under the ranks' count: a CPU quota, ranks bound to one core, a mode
+    that needs a second rank."""
+    from .threads import cpu_quota
+
+    out = [] if (quota := cpu_quota()) is None else [
+        f"CPU quota       : {quota} CPU{'s' if quota > 1 else ''} (cgroup): the thread sizing "
+        "below takes it as the node's cores"]
+    out += [f"warning         : {why}" for why in topo.shared_cores()]
+    return out + ([f"note            : --mode {mode} needs a server and a worker: run it under "
+                   "mpiexec -n N with N >= 2 (or --placement colocated)"] if alone else [])
 
 
 def _info_device(kind: str, topo) -> str:

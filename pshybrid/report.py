@@ -444,6 +444,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)
     holder = ("each rank" if topo.colocated else "each server" if sharded else "each worker")
     lines.append(f"  sparse optimizer: {counted(T, 'thread')} on {holder}'s rows ({rule})")
+    lines += [f"  warning: {why}" for why in topo.shared_cores()]
     lines += _data_notes(cfg, rows, F, n_rows, global_batch(cfg, W), ids)
     lines += _idle_notes(cfg, schema, steps, n_rows, auto) + _hot_notes(cfg, rows)
     if compression:

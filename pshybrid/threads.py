@@ -175,3 +175,28 @@ def apply_thread_limits() -> dict[str, str]:
     os.environ.update(limits)
     APPLIED.update(limits)
     return limits
+
+
+def binding() -> tuple[int, ...]:
+    """The cores this process may run on (its affinity), in order."""
+    cores = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else ()
+    return tuple(sorted(cores))
+
+
+def shared_cores(node_of_rank, bindings, node_cores) -> list[tuple[tuple[int, ...], list[int]]]:
+    """Ranks bound to fewer cores than they are: [(ranks, the cores they are bound to)], a
+    group of a node's ranks whose bindings overlap (directly or through another's) and are
+    more than the cores of those bindings (two ranks bound to one core take turns on it;
+    four bound to one 8-core socket do not). ``bindings[r]``: rank r's ``binding()``;
+    ``node_cores[r]``: its node's cores (a rank that may run on all of them is not bound)."""
+    groups: list[tuple[set, set]] = []  # (ranks, cores) of each group of overlapping ones
+    for r, cores in enumerate(map(set, bindings)):
+        if not 0 < len(cores) < node_cores[r]:
+            continue
+        ranks, cores = {r}, {(node_of_rank[r], c) for c in cores}
+        for g in [g for g in groups if g[1] & cores]:  # (it joins every group it overlaps)
+            groups.remove(g)
+            ranks, cores = ranks | g[0], cores | g[1]
+        groups.append((ranks, cores))
+    return sorted((tuple(sorted(ranks)), sorted(c for _, c in cores))
+                  for ranks, cores in groups if len(ranks) > len(cores))

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from mpi4py import MPI
 
 from .errors import ConfigError
+from .threads import binding, shared_cores
 
 
 def check_servers(n_servers: int, world_size: int, need_servers: bool = True,
@@ -162,6 +163,8 @@ class Topology:
     worker_ranks: list[int]  # world rank of worker w
     node_of_rank: list[int]  # node index of each world rank
     node_names: list[str]    # host name of each node index
+    bindings: list = field(default_factory=list)  # each rank's (cores it may run on, the
+    #                                                node's cores), as threads.binding says
 
     @classmethod
     def create(cls, comm: MPI.Comm, n_servers: int | None = None, need_servers: bool = True,
@@ -177,12 +180,13 @@ class Topology:
             n_servers = world.size
         elif n_servers is not None:
             check_servers(n_servers, world.size, need_servers)  # identical on every rank: no hang
-        # Wire: node-local split, then an allgather of (node leader, host name); all wait.
+        # Wire: node-local split, then an allgather of (node leader, host name, binding);
+        # all wait.
         node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.rank)
         leader = node.bcast(world.rank, root=0)
-        info = world.allgather((leader, MPI.Get_processor_name()))
-        leaders = sorted({lead for lead, _ in info})
-        node_of_rank = [leaders.index(lead) for lead, _ in info]
+        info = world.allgather((leader, MPI.Get_processor_name(), binding(), os.cpu_count()))
+        leaders = sorted({lead for lead, *_ in info})
+        node_of_rank = [leaders.index(lead) for lead, *_ in info]
         node_names = [info[lead][1] for lead in leaders]
         if n_servers is None:
             n_servers = default_servers(len(leaders), world.size)
@@ -194,7 +198,7 @@ class Topology:
         servers = world.Split(0 if world.rank in server_ranks else MPI.UNDEFINED, key=world.rank)
         workers = world.Split(0 if world.rank in worker_ranks else MPI.UNDEFINED, key=world.rank)
         return cls(world, node, servers, workers, server_ranks, worker_ranks,
-                   node_of_rank, node_names)
+                   node_of_rank, node_names, [i[2:] for i in info])
 
     # -- convenience -------------------------------------------------------------------
     @property
@@ -255,6 +259,19 @@ class Topology:
         """A dedicated server: the dedicated servers on its node (itself included); 0 on
         any other rank (a worker, a colocated rank)."""
         return self.dedicated_servers_on(self.node_of_rank[self.rank]) if self.is_server else 0
+
+    def shared_cores(self) -> list[str]:
+        """A line for each group of this job's ranks bound to fewer cores of a node than
+        they are (``threads.shared_cores``: a launcher's binding that doubles up ranks)."""
+        groups = shared_cores(self.node_of_rank, [b for b, _ in self.bindings],
+                              [n or 0 for _, n in self.bindings])
+        return [f"ranks {', '.join(map(str, ranks))} on "
+                f"{self.node_names[self.node_of_rank[ranks[0]]]} are bound to "
+                f"{'only ' if len(cores) > 1 else ''}core{'s' if len(cores) > 1 else ''} "
+                f"{', '.join(map(str, cores))} between them: they take turns there, each at "
+                "a fraction of its speed; bind each rank to cores of its "
+                "own (mpiexec -bind-to core, srun --cpu-bind=cores) or start fewer ranks on "
+                "the node" for ranks, cores in groups]
 
     @property
     def local_rank(self) -> int:

@@ -1,6 +1,7 @@
 """Whole-job tests: launch mpiexec in a subprocess, assert on exit code and output."""
 
 import os
+import shutil
 import sys
 import time
 
@@ -38,6 +39,26 @@ def test_info_names_each_ranks_threads_and_their_rule():
     p = run_job(2, pshybrid("info", "--server-threads", "3"), timeout=60)
     server = next(ln for ln in p.stdout.splitlines() if " server " in ln)
     assert server.split()[9] == "3" and "apply: --server-threads" in server, p.stdout
+
+
+@pytest.mark.skipif(not shutil.which("taskset") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs taskset and two cores")
+@pytest.mark.parametrize("command", [["info"], ["train", "--steps", "2", "--batch-size", "8",
+                                               "--mlp", "8", "--progress", "none"]])
+def test_ranks_bound_to_one_core_are_named(command):
+    """Two ranks a launcher bound to one core take turns on it, each at half its speed, and
+    nothing said so. Oracle: both bound to core C, info and train's plan name ranks 0, 1 and
+    C; each bound to a core of its own (or not bound), no such line."""
+    c, d = sorted(os.sched_getaffinity(0))[:2]
+    cmd = " ".join(pshybrid(*command))
+    shared = run_job(2, ["taskset", "-c", str(c), *pshybrid(*command)], timeout=60)
+    assert shared.returncode == 0, shared.stderr
+    said = [ln for ln in shared.stdout.splitlines() if "between them" in ln]
+    assert len(said) == 1 and f"ranks 0, 1 on {os.uname().nodename}" in said[0] and (
+        f"are bound to core {c} between them: they take turns" in said[0]), shared.stdout
+    for own in (f'exec taskset -c "$(( PMI_RANK ? {d} : {c} ))" {cmd}', f"exec {cmd}"):
+        p = run_job(2, ["bash", "-c", own], timeout=60)
+        assert p.returncode == 0 and "between them" not in p.stdout, (own, p.stdout, p.stderr)
 
 
 @pytest.mark.parametrize("ranks", [1, 2])

@@ -31,7 +31,8 @@ def topo(W, S, colocated=False):
     size = W if colocated else W + S
     return SimpleNamespace(n_workers=W, n_servers=S, colocated=colocated, worker_ranks=workers,
                            server_ranks=servers, size=size, n_nodes=1, node_of_rank=[0] * size,
-                           dedicated_servers_on=lambda node: 0 if colocated else S)
+                           dedicated_servers_on=lambda node: 0 if colocated else S,
+                           shared_cores=lambda: [])
 
 
 def test_banner_names_the_roles_the_global_batch_and_the_bytes():

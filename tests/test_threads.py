@@ -125,3 +125,18 @@ def test_a_cpu_quota_caps_the_cores_the_threads_are_sized_from(monkeypatch):
     assert threads._cores() == (2, 2)
     assert thread_limits({"MPI_LOCALNRANKS": "2"}, *threads._cores()) == {
         v: "1" for v in THREAD_VARS}
+
+
+@pytest.mark.parametrize("nodes,bindings,cores,want", [
+    ([0, 0], [(0,), (0,)], [2, 2], [((0, 1), [0])]),           # two ranks on one core
+    ([0, 1], [(0,), (0,)], [2, 2], []),                         # core 0 of two nodes
+    ([0] * 4, [tuple(range(8))] * 4, [16] * 4, []),             # 4 ranks on an 8-core socket
+    ([0] * 9, [tuple(range(8))] * 9, [16] * 9, [(tuple(range(9)), list(range(8)))]),
+    ([0] * 3, [(0, 1), (1, 2), (2,)], [8] * 3, []),             # overlapping, one core each
+    ([0] * 4, [(0, 1), (1,), (0,), (5,)], [8] * 4, [((0, 1, 2), [0, 1])]),  # a chain of 3
+    ([0, 0], [(0, 1), (0, 1)], [2, 2], []),                     # not bound: the OS places
+])
+def test_shared_cores_are_bindings_with_more_ranks_than_cores(nodes, bindings, cores, want):
+    from pshybrid.threads import shared_cores
+
+    assert shared_cores(nodes, bindings, cores) == want
