@@ -7,7 +7,7 @@ with state arrays ``state[slot]`` (same shape, zero-initialised) at 1-based ``st
     adagrad  a += g*g;                      w -= lr * g / (sqrt(a) + eps)
     adam     m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
              w -= lr * (m / (1 - b1**step)) / (sqrt(v / (1 - b2**step)) + eps)
-             (computed as (lr / (1-b1**step)) * m / (sqrt(v) / sqrt(1-b2**step) + eps),
+             (computed as m / (sqrt(v) * (1 / sqrt(1-b2**step)) + eps) * (lr / (1-b1**step)),
              in place with one scratch buffer: equal up to float rounding)
 
 Dense parameters pass the whole flat buffer. Sparse tables pass the gathered rows a step
