@@ -18,6 +18,7 @@ of S servers loads with any S' >= 1 (and in any mode).
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import numpy as np
@@ -37,16 +38,33 @@ from .transport import agree
 
 def _prune(root: str, keep: int, written: int) -> None:
     """Keep the newest ``keep`` checkpoints up to ``written`` (the one just written and
-    named by ``latest``): remove only real ``step-N`` directories with N < ``written``,
-    never the one ``latest`` names, never newer ones, never through a link."""
+    named by ``latest``) and the best evaluated (``best``): remove only real ``step-N``
+    directories with N < ``written``, never the one ``latest`` names, never newer ones,
+    never through a link."""
     try:
         protected = {read_latest(root), f"step-{written}"}
     except InputError:
         return  # latest is not ours: remove nothing
-    older = sorted((n, p) for n, p in list_steps(root).items() if n < written)
+    steps = list_steps(root)
+    protected.add(best(steps))
+    older = sorted((n, p) for n, p in steps.items() if n < written)
     for n, p in older[:max(len(older) - (keep - 1), 0)]:
         if os.path.basename(p) not in protected:
             safeio.remove_tree(p)
+
+
+def best(steps: dict[int, str]) -> str | None:
+    """The name of the checkpoint among ``steps`` ({N: step-N directory}) whose meta.json
+    records the highest evaluation AUC (the newest of equals), or None."""
+    scored = []
+    for n, path in steps.items():
+        try:
+            auc = read_meta(path).get("eval", {}).get("auc")
+        except (InputError, AttributeError):  # (unreadable, or not pshybrid's: not a candidate)
+            continue
+        if isinstance(auc, float) and math.isfinite(auc):
+            scored.append((auc, n, os.path.basename(path)))
+    return max(scored)[2] if scored else None
 
 
 def _remove_stale_temps(root: str) -> None:
@@ -74,7 +92,8 @@ def _described(cfg) -> dict:
 
 
 def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, dense,
-                 data_rows: int | None = None, steps_before: int = 0) -> None:
+                 data_rows: int | None = None, steps_before: int = 0,
+                 evaluation: dict | None = None) -> None:
     """This rank's files of checkpoint ``step`` in ``tmp``: its shard (holders of sparse
     rows), dense.h5 and meta.json (worker 0, which has ``dense``; ``data_rows``: the rows of
     the run's ``--data``, whose order depends on them; ``steps_before``: the optimizers'
@@ -111,6 +130,9 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
         meta["data_rows"] = int(data_rows)
     if steps_before:  # (a run started --init-from: Adam's count goes on from there)
         meta["steps_before"] = int(steps_before)
+    if evaluation is not None:  # (NaN, an AUC of one class: null)
+        meta["eval"] = {k: float(evaluation[k]) if math.isfinite(evaluation[k]) else None
+                        for k in ("auc", "logloss")}
     with open(os.path.join(tmp, "meta.json"), "x") as f:
         f.write(json.dumps(meta, indent=1))
         f.flush()
@@ -155,11 +177,12 @@ def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridE
 
 
 def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema,
-         data_rows: int | None = None) -> str:
+         data_rows: int | None = None, evaluation: dict | None = None) -> str:
     """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``); ``cfg``:
     the run's ``TrainConfig``, or a front end's run (``mode``, ``seed``, ``keep_last`` and
     ``meta()``: ``pshybrid.torch.restore.TorchRun``); ``data_rows``: the rows of a finite
-    ``--data`` (a resume on another count reads other rows, ``preflight``). A write
+    ``--data`` (a resume on another count reads other rows, ``preflight``); ``evaluation``:
+    worker 0's of this step (its ``auc`` and ``logloss`` go into meta.json). A write
     that fails (a full disk) removes the temporary directory and raises one
     ``PshybridError`` on every rank; ``latest`` keeps naming the previous checkpoint."""
     writer_rank = topo.worker_ranks[0]
@@ -179,7 +202,7 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema,
         err = None
         try:
             _write_files(tmp, step, cfg, topo, params, schema, ids, sparse, dense, data_rows,
-                         mode.sparse.opt.steps_before)
+                         mode.sparse.opt.steps_before, evaluation)
         except (OSError, RuntimeError) as e:  # RuntimeError: h5py's, on a full disk
             err = _failed(root, step, str(getattr(e, "strerror", None) or e))
         agree(topo.world, err)  # Wire: every file is on disk before the rename

@@ -269,8 +269,9 @@ class Reporter:
         self.out.flush()
         self.close_file()
 
-    def close_file(self) -> None:
-        """Close the metrics file and the TensorBoard events (also when training fails)."""
+    def close_file(self) -> str | None:
+        """Close the metrics file and the TensorBoard events (also when training fails);
+        returns ``failed``: why an output stopped being written (None: it did not)."""
         self._close_metrics()
         if self.tboard:
             tb, self.tboard = self.tboard, None
@@ -279,6 +280,7 @@ class Reporter:
             except OSError as e:
                 self._stopped(f"--tensorboard {self.cfg.tensorboard}: {e.strerror or e}",
                               "events")
+        return self.failed
 
     def _close_metrics(self) -> None:
         if self.metrics:

@@ -152,8 +152,7 @@ def _release(job: Job) -> None:  # a run's end, also after an error (collective:
     if job.pulse is not None:
         job.pulse.free()  # (an error: after close, nothing)
     if job.reporter:
-        job.reporter.close_file()
-        job.result.metrics_failed = job.reporter.failed
+        job.result.metrics_failed = job.reporter.close_file()
 
 
 @dataclass
@@ -200,9 +199,12 @@ class Job:
                                           for k, v in self.bytes_moved().items()}}
 
     def save(self, step: int) -> str:
-        """Collective: write checkpoint ``step`` (servers join through their loop)."""
+        """Collective: write checkpoint ``step`` (servers join through their loop), with
+        worker 0's evaluation of that step, if any."""
+        ev = next((e for e in self.result.evals[-1:] if e["step"] == step), None)
         return checkpoint.save(self.cfg.checkpoint_dir, step, self.cfg, self.topo, self.mode,
-                               self.params, self.data.schema, getattr(self.data, "n_rows", None))
+                               self.params, self.data.schema, getattr(self.data, "n_rows", None),
+                               ev)
 
 
 def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = False) -> Job:
