@@ -47,10 +47,14 @@ def ranks_per_node(environ) -> int:
 
 def cores_per_rank(environ, usable_cores: int, node_cores: int) -> float:
     """Cores one rank may use: its binding when the launcher bound it to fewer than all
-    cores, else the node's cores / ranks on this node (below 1 when oversubscribed)."""
-    if usable_cores < node_cores:  # the launcher bound this rank: trust the binding
+    cores, but no more than the node's cores / ranks on this node where bindings that wide
+    cannot all be apart (Open MPI's to a socket: 8 ranks of a 16-core node, each bound to
+    its 8-core socket, have 2 each); else the node's cores / ranks on this node (below 1
+    when oversubscribed)."""
+    k = ranks_per_node(environ)
+    if usable_cores < node_cores and usable_cores * k <= node_cores:  # (its own: trust it)
         return float(usable_cores)
-    return node_cores / ranks_per_node(environ)
+    return node_cores / k
 
 
 def thread_limits(environ, usable_cores: int, node_cores: int) -> dict[str, str]:
@@ -115,10 +119,12 @@ def rank_cores() -> float:
 
 def sizing_rule(environ, usable_cores: int, node_cores: int) -> str:
     """Which branch of ``cores_per_rank`` applies, in words."""
-    if usable_cores < node_cores:
-        return f"bound to {usable_cores} of the node's {node_cores} cores"
     k = ranks_per_node(environ)
-    return f"{node_cores} cores / {k} rank{'s' if k > 1 else ''} on the node"
+    if usable_cores < node_cores and usable_cores * k <= node_cores:
+        return f"bound to {usable_cores} of the node's {node_cores} cores"
+    share = f"{node_cores} cores / {k} rank{'s' if k > 1 else ''} on the node"
+    return (f"bound to {usable_cores} of the node's {node_cores} cores, shared: {share}"
+            if usable_cores < node_cores else share)
 
 
 def server_threads(environ, usable_cores: int, node_cores: int,

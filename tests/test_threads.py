@@ -31,9 +31,14 @@ def test_ranks_per_node_garbage():
     ({"MPI_LOCALNRANKS": "4"}, 64, 64, 16.0),
     ({"MPI_LOCALNRANKS": "4"}, 1, 64, 1.0),          # bound to one core
     ({}, 8, 8, 8.0),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, 8, 16, 2.0),  # 8 ranks bound to their 8-core socket
+    ({"MPI_LOCALNRANKS": "2"}, 8, 16, 8.0),          # 2 ranks, a socket each: their own
 ])
 def test_cores_per_rank(env, usable, node, want):
-    """Decides the data thread (--prefetch none): 2 batches ahead only from 2 cores up."""
+    """Decides the data thread (--prefetch none): 2 batches ahead only from 2 cores up. A
+    binding wider than the rank's share of the node, on each of the node's ranks, cannot be
+    each one's own (Open MPI binds to a socket past 2 ranks): it took the whole socket, 4x
+    as many BLAS threads as cores."""
     assert cores_per_rank(env, usable, node) == pytest.approx(want)
 
 
@@ -43,6 +48,8 @@ def test_cores_per_rank(env, usable, node, want):
     ({"MPI_LOCALNRANKS": "4"}, 64, 64, None, (16, "64 cores / 4 ranks on the node")),
     ({}, 2, 2, None, (2, "2 cores / 1 rank on the node")),
     ({"MPI_LOCALNRANKS": "4"}, 6, 64, None, (6, "bound to 6 of the node's 64 cores")),
+    ({"OMPI_COMM_WORLD_LOCAL_SIZE": "8"}, 8, 16, None,
+     (2, "bound to 8 of the node's 16 cores, shared: 16 cores / 8 ranks on the node")),
     ({"MPI_LOCALNRANKS": "3"}, 2, 2, 2, (2, "--server-threads")),  # the user's word wins
 ])
 def test_server_threads(env, usable, node, override, want):
@@ -61,7 +68,7 @@ def test_server_threads(env, usable, node, override, want):
     ({"MPI_LOCALNRANKS": "10"}, 16, 16, 7, (1, "16 cores / 10 ranks on the node")),  # 6 // 7
     ({"MPI_LOCALNRANKS": "2"}, 16, 16, 1, (8, "16 cores / 2 ranks on the node")),  # none over
     ({"MPI_LOCALNRANKS": "3"}, 2, 2, 1, (1, "2 cores / 3 ranks on the node")),  # oversubscribed
-    ({"MPI_LOCALNRANKS": "10"}, 2, 16, 2, (2, "bound to 2 of the node's 16 cores")),  # bound
+    ({"MPI_LOCALNRANKS": "8"}, 2, 16, 2, (2, "bound to 2 of the node's 16 cores")),  # bound
     ({"MPI_LOCALNRANKS": "10"}, 16, 16, 0, (1, "16 cores / 10 ranks on the node")),  # a worker
 ])
 def test_dedicated_servers_share_the_cores_no_rank_has(env, usable, node, here, want):
