@@ -48,9 +48,9 @@ def ranks_per_node(environ) -> int:
 def cores_per_rank(environ, usable_cores: int, node_cores: int) -> float:
     """Cores one rank may use: its binding when the launcher bound it to fewer than all
     cores, but no more than the node's cores / ranks on this node where bindings that wide
-    cannot all be apart (Open MPI's to a socket: 8 ranks of a 16-core node, each bound to
-    its 8-core socket, have 2 each); else the node's cores / ranks on this node (below 1
-    when oversubscribed)."""
+    cannot all be apart (Open MPI's to a socket or NUMA domain: 8 ranks of a 16-core node,
+    each bound to its 8-core socket, have 2 each); else the node's cores / ranks on this
+    node (below 1 when oversubscribed)."""
     k = ranks_per_node(environ)
     if usable_cores < node_cores and usable_cores * k <= node_cores:  # (its own: trust it)
         return float(usable_cores)
