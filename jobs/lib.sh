@@ -14,7 +14,9 @@
 #                         directory, which started the first run (the rerun's was refused:
 #                         DIR holds newer checkpoints); with --init-from in ARGS (the first
 #                         run started from a checkpoint elsewhere) also "--init-from=none":
-#                         the run goes on from its own.
+#                         the run goes on from its own; nothing where that --init-from is
+#                         DIR or a step of it (a later day's run given the day before's
+#                         directory: train refuses it, instead of resuming the day before).
 # pshybrid_run CMD...     runs CMD in the background, forwards SIGUSR1, SIGTERM and SIGINT to
 #                         it (srun and mpiexec pass them to every rank: the workers checkpoint
 #                         at the next step boundary and exit 75, 130 for SIGINT), waits, and
@@ -65,21 +67,32 @@ pshybrid_option() {
   return "$found"
 }
 
+pshybrid_within() {  # PATH is DIR or inside it (a step of it, there or not)
+  local here
+  here="$(cd -- "$2" 2>/dev/null && pwd -P)" ||  # (a step not there: its parent's)
+    here="$(cd -- "$(dirname -- "$2")" 2>/dev/null && pwd -P)/$(basename -- "$2")" ||
+    here=
+  case "$here/" in
+    "$(cd -- "$1" && pwd -P)"/*) return 0 ;;
+  esac
+  return 1
+}
+
 pshybrid_resume() {
-  local dir="$1" own here
+  local dir="$1" own start given=
   shift
   [ -f "$dir/latest" ] || return 0
   if own="$(pshybrid_option resume "$@")"; then
     [ "$own" != none ] || return 0  # (no resume, as asked: train refuses DIR's checkpoints)
-    here="$(cd -- "$own" 2>/dev/null && pwd -P)" ||  # (a step not there: its parent's)
-      here="$(cd -- "$(dirname -- "$own")" 2>/dev/null && pwd -P)/$(basename -- "$own")" ||
-      here=
-    case "$here/" in
-      "$(cd -- "$dir" && pwd -P)"/*) return 0 ;;  # (DIR or a step of it: the user's choice)
-    esac
+    ! pshybrid_within "$dir" "$own" || return 0  # (DIR or a step of it: the user's choice)
+  fi
+  if start="$(pshybrid_option init-from "$@")"; then
+    given=1  # (a new run from DIR's own checkpoint: a later day's given the day before's
+    # directory; not this run's to resume: train refuses the directory, naming it)
+    [ "$start" = none ] || ! pshybrid_within "$dir" "$start" || return 0
   fi
   printf '%s\n' "--resume=$dir"  # (one word: a DIR that starts with "-" stays a value)
-  if pshybrid_option init-from "$@" > /dev/null; then
+  if [ -n "$given" ]; then
     printf '%s\n' "--init-from=none"  # (train refuses both: the run's own start was that)
   fi
 }

@@ -239,16 +239,17 @@ def _resolve_train(args, say: bool):
                if k not in ("resume", "init_from") and k not in dropped and v != getattr(old, k)]
     changed += [f"{option_flag(k)} {shown(getattr(old, k))} no longer counts ({by} decides)"
                 for k, by in dropped.items()]
+    note = sys.stderr if args.print_config else sys.stdout  # (stdout: --print-config's TOML)
     if say:
         print(f"resume: the options of {source}" + (f", changed: {', '.join(changed)}"
-                                                     if changed else ", unchanged"))
+                                                     if changed else ", unchanged"), file=note)
     stored = [f"{option_flag(k)} {v}" for k in ("data", "eval_data", "metrics", "tensorboard")
               if (v := getattr(new, k)) and v == base.get(k) and given(TrainConfig, args, k) is None
               and not all(map(os.path.isabs, v.split(",")))]
     if say and stored and cwd and os.path.realpath(cwd) != os.path.realpath(os.getcwd()):
         print(f"resume: {', '.join(stored)}: relative, as given by the run that wrote it in "
               f"{cwd}, so taken from this directory instead ({os.getcwd()}); give them as "
-              "absolute paths to use that run's files")
+              "absolute paths to use that run's files", file=note)
     return new
 
 

@@ -9,6 +9,7 @@ resumed == the run uninterrupted; the refusals name the options and change nothi
 
 import json
 import os
+import tomllib
 from dataclasses import replace
 
 import numpy as np
@@ -98,10 +99,19 @@ def test_init_from_refusals_name_the_way_out_and_write_nothing(tmp_path, days):
         run(data=day2, init_from=ck1, resume=ck1)
     with pytest.raises(InputError, match="embedding_dim = 4 but this run asks for 8"):
         run(data=day2, init_from=ck1, embedding_dim=8, checkpoint_dir=str(tmp_path / "new"))
-    with pytest.raises(InputError, match=f"--checkpoint-dir {ck1} already holds checkpoints"):
-        run(data=day2, init_from=ck1, checkpoint_dir=ck1)
+    for start in (ck1, os.path.join(ck1, "step-4")):  # (its own: no --resume suggested)
+        with pytest.raises(InputError, match=f"--checkpoint-dir {ck1} already holds ch") as e:
+            run(data=day2, init_from=start, checkpoint_dir=ck1)
+        assert f"--init-from {start} starts from" in str(e.value), e.value
+        assert "--resume" not in str(e.value) and "a resume saves" not in str(e.value)
     with pytest.raises(InputError, match="an export written by pshybrid export"):
         run(data=day2, init_from=ex)
+    ck2 = str(tmp_path / "ck2")  # (a day-2 run's own, rerun by hand as it began)
+    run(data=day2, init_from=ck1, checkpoint_dir=ck2, steps=2)
+    with pytest.raises(InputError, match=f"continue them with --resume {ck2}, .*--resume in "
+                                         "place of --init-from"):
+        run(data=day2, init_from=ck1, checkpoint_dir=ck2)
+    assert run(data=day2, resume=ck2, steps=3).table is not None
     assert snapshot(ck1) == before and not os.path.exists(tmp_path / "new")
 
 
@@ -122,3 +132,20 @@ def test_a_requeued_day_resumes_its_own_checkpoints_from_the_command_line(tmp_pa
     out = capsys.readouterr().out
     assert "changed: --steps 3 (was 2)" in out and "--init-from" not in out, out
     assert "resumed from" in out and "at step 2" in out and "done:" in out, out
+
+
+def test_print_config_of_a_resumed_day_is_a_config_file(tmp_path, days, capsys):
+    """--print-config with --resume (a day's run, to give its options to the next day):
+    stdout is the TOML file alone, which --config reads back; the resume note goes to
+    stderr."""
+    day1, day2 = days
+    ck1 = str(tmp_path / "ck1")
+    small = ["--mode", "allreduce", "--embedding-dim", "4", "--mlp", "8", "--batch-size", "4",
+             "--progress", "none", "--no-shuffle"]
+    assert main(["train", *small, "--data", day1, "--steps", "2", "--checkpoint-dir", ck1]) == 0
+    capsys.readouterr()
+    assert main(["train", "--resume", ck1, "--steps", "4", "--print-config"]) == 0
+    out, err = capsys.readouterr()
+    assert "resume: the options of" in err and "changed: --steps 4" in err, err
+    conf = tomllib.loads(out)
+    assert conf["steps"] == 4 and conf["resume"] == ck1 and conf["embedding_dim"] == 4

@@ -150,6 +150,22 @@ def test_lib_forwards_signals_resumes_and_requeues(tmp_path):
     assert p.returncode == 75 and "scontrol requeue refused" in p.stdout, p.stdout
 
 
+def test_lib_does_not_resume_the_run_a_later_day_starts_from(tmp_path):
+    """A later day's job given --init-from the job's own directory (the scripts' default
+    CKPT, holding the day before's run): no --resume of it (that would go on with the day
+    before's run, or find it done: nothing trained, status 0); train refuses the directory.
+    --init-from elsewhere (this job's run, requeued) or none: resumed as before."""
+    ck = tmp_path / "ck"
+    (ck / "step-4").mkdir(parents=True)
+    (ck / "latest").write_text("step-4\n")
+    for start in (str(ck), f"{ck}/step-4", f"{ck}/", f"{tmp_path}/./ck/step-9"):
+        for args in (f"--init-from {start}", f"--init-from={start} --steps 3"):
+            assert bash(f"pshybrid_resume {ck} {args}").stdout == "", args
+    for args in (f"--init-from {tmp_path}/day1", "--init-from none"):
+        assert bash(f"pshybrid_resume {ck} {args}").stdout.split() == [
+            f"--resume={ck}", "--init-from=none"], args
+
+
 def test_lib_sends_a_ctrl_c_to_the_slurm_steps_by_scancel(tmp_path):
     """Inside a Slurm job (SLURM_JOB_ID set) pshybrid_run passes SIGINT on as ``scancel
     --signal=INT JOBID`` (srun alone would only print its tasks' status); the command's own
