@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from . import safeio
-from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, check_compatible, has_checksums,
+from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, best, check_compatible, has_checksums,
                                list_steps, read_latest, read_meta, read_shards, resolve)
 from .checksums import CRC_ATTR, crc32
 from .config import TrainConfig, to_dict
@@ -46,25 +46,11 @@ def _prune(root: str, keep: int, written: int) -> None:
     except InputError:
         return  # latest is not ours: remove nothing
     steps = list_steps(root)
-    protected.add(best(steps))
+    protected.add(best(steps))  # (its name, or None)
     older = sorted((n, p) for n, p in steps.items() if n < written)
     for n, p in older[:max(len(older) - (keep - 1), 0)]:
         if os.path.basename(p) not in protected:
             safeio.remove_tree(p)
-
-
-def best(steps: dict[int, str]) -> str | None:
-    """The name of the checkpoint among ``steps`` ({N: step-N directory}) whose meta.json
-    records the highest evaluation AUC (the newest of equals), or None."""
-    scored = []
-    for n, path in steps.items():
-        try:
-            auc = read_meta(path).get("eval", {}).get("auc")
-        except (InputError, AttributeError):  # (unreadable, or not pshybrid's: not a candidate)
-            continue
-        if isinstance(auc, float) and math.isfinite(auc):
-            scored.append((auc, n, os.path.basename(path)))
-    return max(scored)[2] if scored else None
 
 
 def _remove_stale_temps(root: str) -> None:

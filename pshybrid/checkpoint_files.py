@@ -25,6 +25,7 @@ each row exactly once, finite values) and ``dense.h5``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import sys
@@ -242,6 +243,20 @@ def steps_before(cfg) -> int:
         return 0
     meta = read_meta(resolve(path))
     return meta.get("steps_before", 0) + (meta["step"] if cfg.init_from else 0)
+
+
+def best(steps: dict[int, str]) -> str | None:
+    """The name of the checkpoint among ``steps`` ({N: step-N directory}) whose meta.json
+    records the highest evaluation AUC (the newest of equals), or None."""
+    scored = []
+    for n, path in steps.items():
+        try:
+            auc = read_meta(path).get("eval", {}).get("auc")
+        except (InputError, AttributeError):  # (unreadable, or not pshybrid's: not a candidate)
+            continue
+        if isinstance(auc, float) and math.isfinite(auc):
+            scored.append((auc, n, os.path.basename(path)))
+    return max(scored)[2] if scored else None
 
 
 def resumed_options(path: str) -> tuple[dict | None, str, str | None]:

@@ -156,20 +156,23 @@ def test_prune_removes_only_older_real_step_directories(tmp_path):
 def test_a_checkpoint_records_its_evaluation_and_pruning_keeps_the_best(tmp_path):
     """--eval-every with --checkpoint-every and --keep-last: each checkpoint of an evaluated
     step records that evaluation (meta.json "eval"), and pruning keeps the one of the best
-    AUC beside the newest (it removed it: the model to export was gone). Oracles: the
-    metrics file's evaluations; AUCs set by hand (one null: an AUC of one class)."""
+    AUC beside the newest (it removed it: the model to export was gone), and the run's last
+    line names it. Oracles: the metrics file's evaluations; AUCs set by hand (one null: an
+    AUC of one class)."""
     from pshybrid.synthetic import write_synthetic
 
     ev, ck, m = str(tmp_path / "ev.h5"), str(tmp_path / "ck"), str(tmp_path / "m.jsonl")
     write_synthetic(ev, 64, n_dense=3, cardinalities=DATA.schema.cardinalities, seed=1)
-    run(steps=6, checkpoint_dir=ck, checkpoint_every=2, keep_last=1, eval_data=ev,
-        eval_every=2, metrics=m)
+    out = run(steps=6, checkpoint_dir=ck, checkpoint_every=2, keep_last=1, eval_data=ev,
+              eval_every=2, metrics=m)[1]
     with open(m) as f:
         evals = {r["step"]: {"auc": r["auc"], "logloss": r["logloss"]}
                  for r in map(json.loads, f) if r.get("eval")}
     assert sorted(evals) == [2, 4, 6], evals
     top = max((e["auc"], n) for n, e in evals.items())[1]
     assert steps_in(ck) == sorted({"step-6", f"step-{top}"}), (steps_in(ck), evals)
+    assert (f"best evaluated checkpoint: {ck}/step-{top} (auc {evals[top]['auc']:.4f})\n"
+            in out), out
     for name in steps_in(ck):
         n = int(name[5:])
         assert checkpoint_files.read_meta(os.path.join(ck, name))["eval"] == evals[n]
