@@ -112,13 +112,7 @@ def check_run_dir(root: str, resume_dir: str | None, resume_step: int | None,
     busy = dirlock.in_use(root)  # (a running job's checkpoints: its lock says why, first)
     if busy:
         raise ConfigError(f"{option.rstrip(':')}: {busy}")
-    inside = False
-    if resume_dir is not None:
-        try:
-            inside = os.path.samefile(os.path.dirname(os.path.realpath(resume_dir)), root)
-        except OSError:
-            inside = False
-    if not inside:
+    if not (resume_dir is not None and holds(root, resume_dir)):
         point = _resume_point(root, steps)
         go_on = f"continue them with {resume} {point}, or " if point else ""
         raise InputError(f"{option} {root} already holds checkpoints ({_describe(root)}): "
@@ -134,6 +128,14 @@ def check_run_dir(root: str, resume_dir: str | None, resume_step: int | None,
                          f"point step-{resume_step}: a run from there would write a second "
                          f"history into the same directory. {go_on} or move the newer step "
                          "directories away")
+
+
+def holds(root: str, step_dir: str) -> bool:
+    """``root`` is the directory that holds the checkpoint ``step_dir``."""
+    try:
+        return os.path.samefile(os.path.dirname(os.path.realpath(step_dir)), root)
+    except OSError:
+        return False
 
 
 def _resume_point(root: str, steps: dict[int, str]) -> str | None:

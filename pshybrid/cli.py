@@ -224,6 +224,7 @@ def _resolve_train(args, say: bool):
     from .config import from_dict, given, option_flag, shown
 
     resume = given(TrainConfig, args, "resume")
+    _starts_from_its_own(given(TrainConfig, args, "init_from"), resume)
     base, source, cwd = (resumed_options(resume) if isinstance(resume, str) and resume != "none"
                          else (None, "", None))
     if base is None:  # no resume; or preflight names what is wrong with the checkpoint
@@ -251,6 +252,25 @@ def _resolve_train(args, say: bool):
               f"{cwd}, so taken from this directory instead ({os.getcwd()}); give them as "
               "absolute paths to use that run's files", file=note)
     return new
+
+
+def _starts_from_its_own(start, resume) -> None:
+    """Refuse ``--init-from`` (a ``--config`` file's: ``--resume`` drops it) of the
+    checkpoint directory ``--resume`` goes on with (the jobs scripts' default directory
+    given to a later day as the day before's): the day before's run would go on, or end at
+    once with nothing trained."""
+    from .checkpoint_files import STEP_RE
+
+    def root(p: str) -> str:
+        real = os.path.realpath(p)
+        return os.path.dirname(real) if STEP_RE.fullmatch(os.path.basename(real)) else real
+
+    if all(isinstance(p, str) and p != "none" for p in (start, resume)) and (
+            root(start) == root(resume)):
+        raise ConfigError(f"--init-from {start} starts a new run from the checkpoints that "
+                          f"--resume {resume} goes on with: give the new run a "
+                          "--checkpoint-dir of its own (a later day's, not the day "
+                          "before's)", collective=True)
 
 
 def _saves_beside(base: dict, step_dir: str, dir_given: bool) -> tuple[dict, str]:

@@ -413,8 +413,9 @@ class TrainConfig:
         file that gave them; one given drops the other); ``--mode auto`` given drops a lower
         layer's placement options at their defaults (a ``--print-config``'s: no choice);
         ``--checkpoint-dir none`` / ``--eval-data none`` / ``--data none`` given drop the
-        options that need them, unless those are given too; ``--resume`` given drops a
-        lower layer's ``--init-from`` (the resumed run's, a --config file's: how it began)."""
+        options that need them, unless those are given too; ``--resume`` given (not ``none``)
+        drops a lower layer's ``--init-from`` (the resumed run's, a --config file's: how it
+        began)."""
         if {"steps", "epochs"} <= given and values["epochs"] not in (None, "none"):
             both = (f"steps = {values['steps']} and epochs = {values['epochs']} in {source}"
                     if source else f"--steps {values['steps']} and --epochs {values['epochs']}")
@@ -422,7 +423,8 @@ class TrainConfig:
                          "steps)")
         if "steps" in given and "epochs" not in given:
             values["epochs"] = None
-        if "resume" in given and "init_from" not in given:  # (a resumed run's own start)
+        if "resume" in given and "init_from" not in given and values["resume"] not in (
+                None, "none"):  # (a resumed run's own start; --resume none: no resume)
             values["init_from"] = None
         auto = "mode" in given and values["mode"] == "auto"  # (it chooses these two)
         for k in {"placement", "replicate_rows"} - given if auto else ():

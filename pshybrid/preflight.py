@@ -168,14 +168,6 @@ def _resume_warnings(cfg, topo, meta, step_dir, start, n_rows, out) -> None:
     out.flush()
 
 
-def _holds(root: str, step_dir: str) -> bool:
-    """``root`` is the directory that holds the checkpoint ``step_dir``."""
-    try:
-        return os.path.samefile(os.path.dirname(os.path.realpath(step_dir)), root)
-    except OSError:
-        return False
-
-
 def _check_run(cfg, schema, writer: bool, score: bool = False, until: int | None = None):
     """The resume point (``--resume``: readable, of this model), the checkpoint directory
     (one history) and the outputs (``check_outputs``) -> (step_dir, meta, start step).
@@ -193,7 +185,7 @@ def _check_run(cfg, schema, writer: bool, score: bool = False, until: int | None
         try:
             checkpoint_files.check_run_dir(cfg.checkpoint_dir, cfg.resume and step_dir, start)
         except InputError as e:
-            if cfg.init_from and _holds(cfg.checkpoint_dir, step_dir):
+            if cfg.init_from and checkpoint_files.holds(cfg.checkpoint_dir, step_dir):
                 raise InputError(f"--checkpoint-dir {cfg.checkpoint_dir} already holds "
                                  f"checkpoints: those of the run --init-from {cfg.init_from} "
                                  "starts from; a new run writes its own (step-1 on): choose "

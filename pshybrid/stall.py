@@ -9,8 +9,9 @@ that lasts ``WARN_S`` gets one warning line naming it; one that lasts ``timeout`
 ends the job with one line naming it (exit status 2), as ``torch.distributed``'s timeout
 does (not one marked ``ends=False``: a wait by design); the time the whole process stood
 still (stopped and continued: a suspended job) does not count. The thread makes no MPI call but
-``MPI_Abort``, and that only under ``MPI_THREAD_MULTIPLE``; at a lower thread level it
-ends this process (``os._exit``) and the launcher ends the others."""
+``MPI_Abort`` and ``Pulse``'s beats (zero-byte ``Isend``s), and those only under
+``MPI_THREAD_MULTIPLE``; at a lower thread level it sends no beat, and for the end it ends
+this process (``os._exit``) and the launcher ends the others."""
 
 from __future__ import annotations
 
@@ -156,12 +157,16 @@ class Pulse:
     beat every ``timeout / BEATS`` seconds, and a server that, while waiting, hears none
     from a worker for ``SILENT * timeout`` seconds ends the job naming it. A server counts only the
     time it spent waiting (not its own checkpoint, nor a time its process stood still),
-    from its first ``poll`` (a worker's first beat comes as its steps start). On where the
+    from its first ``poll`` (a worker's first beat comes as its steps start). Only where the
     job has dedicated servers, a step timeout and ``MPI_THREAD_MULTIPLE`` (a thread sends);
     else every call is a no-op. Collective: the constructor and ``close`` (over the world)."""
 
+    made = 0  # Pulses made in this process (the same count on every rank): each one's tag
+
     def __init__(self, topo, timeout: float | None, setting: str = "--step-timeout"):
         self.topo, self.timeout, self.setting = topo, timeout, setting
+        Pulse.made += 1  # (a beat an earlier run's freed communicator left can never match)
+        self.tag = Pulse.made % 32768
         on = bool(timeout) and topo.n_servers > 0 and not topo.colocated and (
             MPI.Query_thread() == MPI.THREAD_MULTIPLE)
         self.comm = topo.world.Dup() if on else None  # Wire: collective Dup (beats only)
@@ -183,7 +188,7 @@ class Pulse:
                 return
             self._due = now + self.timeout / BEATS
             self._sends = [r for r in self._sends if not r.Test()]
-            self._sends += [self.comm.Isend([_NOTHING, MPI.BYTE], r, 0)
+            self._sends += [self.comm.Isend([_NOTHING, MPI.BYTE], r, self.tag)
                             for r in self.topo.server_ranks]
             self.sent += 1
 
@@ -198,15 +203,15 @@ class Pulse:
         if self.comm is None or self.clock < self._next:
             return
         self._next = self.clock + CHECK_S
-        self._receive(self.comm.Iprobe)
+        self._receive()
         for r, at in self.heard.items():
             if self.clock - at >= SILENT * self.timeout:
                 self._end(r, self.clock - at)
 
-    def _receive(self, probe) -> None:
+    def _receive(self) -> None:
         st = MPI.Status()
-        while probe(MPI.ANY_SOURCE, 0, st):  # Wire: a beat from a worker (zero bytes)
-            self.comm.Recv([_NOTHING, MPI.BYTE], st.source, 0)
+        while self.comm.Iprobe(MPI.ANY_SOURCE, self.tag, st):  # Wire: a worker's beat
+            self.comm.Recv([_NOTHING, MPI.BYTE], st.source, self.tag)
             self.heard[st.source] = self.clock
             self.got[st.source] = self.got.get(st.source, 0) + 1
 
@@ -225,25 +230,26 @@ class Pulse:
         """Collective over the world, after the workers' last message to the servers:
         workers stop beating; servers receive every beat still on its way (each worker's
         count), so none outlives the run. Wire: allgather of one int; the beats' Recvs."""
-        comm = self._detach()
+        comm, sends = self._detach()
         if comm is None:
             return
         sent = comm.allgather(self.sent if self.topo.is_worker else 0)
         if self.topo.is_server:
             for r in self.topo.worker_ranks:
                 for _ in range(sent[r] - self.got.get(r, 0)):
-                    comm.Recv([_NOTHING, MPI.BYTE], r, 0)
+                    comm.Recv([_NOTHING, MPI.BYTE], r, self.tag)
+        MPI.Request.Waitall(sends)  # (after the receives: a send may wait for its match)
         comm.Free()
 
     def free(self) -> None:
-        """After an error (collective, as ``Topology.free``): no beat is sent from here on."""
-        comm = self._detach()
+        """After an error (collective, as ``Topology.free``): no beat is sent from here on;
+        those on their way are left (freed with the communicator; another run's tag)."""
+        comm, _ = self._detach()
         if comm is not None:
             comm.Free()
 
-    def _detach(self):
+    def _detach(self) -> tuple:
         with self._lock:  # (the Watch thread sends no beat after this)
             comm, self.comm = self.comm, None
-            MPI.Request.Waitall(self._sends)  # (zero bytes: complete on the sender's side)
-            self._sends = []
-        return comm
+            sends, self._sends = self._sends, []
+        return comm, sends

@@ -149,3 +149,36 @@ def test_print_config_of_a_resumed_day_is_a_config_file(tmp_path, days, capsys):
     assert "resume: the options of" in err and "changed: --steps 4" in err, err
     conf = tomllib.loads(out)
     assert conf["steps"] == 4 and conf["resume"] == ck1 and conf["embedding_dim"] == 4
+
+
+def test_resume_none_keeps_a_config_files_init_from(tmp_path, capsys):
+    """A --config file's --init-from with --resume none given on top (no resume, as the jobs
+    scripts' users say): the run still starts from the checkpoint; it was dropped, and the
+    day trained from scratch. Oracle: --print-config's TOML, read back, names it."""
+    conf = tmp_path / "day.toml"
+    ck = str(tmp_path / "ck1")
+    conf.write_text(f"init_from = {json.dumps(ck)}\nsteps = 3\n")
+    assert main(["train", "--config", str(conf), "--resume", "none", "--print-config"]) == 0
+    printed = tomllib.loads(capsys.readouterr().out)
+    assert printed["init_from"] == ck and printed["resume"] == "none", printed
+
+
+def test_a_config_files_init_from_of_the_resumed_directory_is_refused(tmp_path, days):
+    """A later day's --config file names --init-from the day before's directory, which the
+    jobs scripts (its default CKPT) resume with --resume: the day before's run went on, or
+    found itself done ("nothing to do"), status 0, nothing trained. Oracle: refused (status
+    2 on the command line), naming both; --init-from elsewhere (this run's start, requeued)
+    resumes as before."""
+    day1, day2 = days
+    ck = str(tmp_path / "ck")
+    small = ["--mode", "allreduce", "--embedding-dim", "4", "--mlp", "8", "--batch-size", "4",
+             "--progress", "none", "--no-shuffle"]
+    assert main(["train", *small, "--data", day1, "--steps", "4", "--checkpoint-dir", ck]) == 0
+    for start in (ck, os.path.join(ck, "step-4")):
+        conf = tmp_path / "day2.toml"
+        conf.write_text(f"init_from = {json.dumps(start)}\ndata = {json.dumps(day2)}\n")
+        with pytest.raises(ConfigError, match=f"--init-from {start} starts a new run from the "
+                                              f"checkpoints that --resume {ck} goes on with"):
+            main(["train", "--config", str(conf), "--checkpoint-dir", ck, "--resume", ck])
+    conf.write_text(f"init_from = {json.dumps(str(tmp_path / 'day0'))}\n")
+    assert main(["train", "--config", str(conf), "--resume", ck, "--steps", "5"]) == 0

@@ -56,7 +56,8 @@ def test_ranks_bound_to_one_core_are_named(command):
     said = [ln for ln in shared.stdout.splitlines() if "between them" in ln]
     assert len(said) == 1 and f"ranks 0, 1 on {os.uname().nodename}" in said[0] and (
         f"are bound to core {c} between them: they take turns" in said[0]), shared.stdout
-    for own in (f'exec taskset -c "$(( PMI_RANK ? {d} : {c} ))" {cmd}', f"exec {cmd}"):
+    rank = "${PMI_RANK:-${OMPI_COMM_WORLD_RANK:-0}}"  # (MPICH's, Open MPI's)
+    for own in (f'exec taskset -c "$(( {rank} ? {d} : {c} ))" {cmd}', f"exec {cmd}"):
         p = run_job(2, ["bash", "-c", own], timeout=60)
         assert p.returncode == 0 and "between them" not in p.stdout, (own, p.stdout, p.stderr)
 
