@@ -161,15 +161,16 @@ class Pulse:
     job has dedicated servers, a step timeout and ``MPI_THREAD_MULTIPLE`` (a thread sends);
     else every call is a no-op. Collective: the constructor and ``close`` (over the world)."""
 
-    made = 0  # Pulses made in this process (the same count on every rank): each one's tag
+    made = 0  # Pulses made in this process: rank 0's count is each run's tag
 
     def __init__(self, topo, timeout: float | None, setting: str = "--step-timeout"):
         self.topo, self.timeout, self.setting = topo, timeout, setting
-        Pulse.made += 1  # (a beat an earlier run's freed communicator left can never match)
-        self.tag = Pulse.made % 32768
         on = bool(timeout) and topo.n_servers > 0 and not topo.colocated and (
             MPI.Query_thread() == MPI.THREAD_MULTIPLE)
         self.comm = topo.world.Dup() if on else None  # Wire: collective Dup (beats only)
+        Pulse.made += 1  # (a beat an earlier run's freed communicator left can never match;
+        # Wire: rank 0's count to every rank: a process may run others alone, on COMM_SELF)
+        self.tag = self.comm.bcast(Pulse.made % 32768, root=0) if self.comm is not None else 0
         self._lock = threading.Lock()
         self._sends: list = []  # workers: the beats' requests
         self.sent = 0           # workers: beats sent to each server
