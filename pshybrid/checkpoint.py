@@ -46,7 +46,8 @@ def _prune(root: str, keep: int, written: int) -> None:
     except InputError:
         return  # latest is not ours: remove nothing
     steps = list_steps(root)
-    protected.add(best(steps))  # (its name, or None)
+    if (kept := best(steps)) is not None:
+        protected.add(kept[0])
     older = sorted((n, p) for n, p in steps.items() if n < written)
     for n, p in older[:max(len(older) - (keep - 1), 0)]:
         if os.path.basename(p) not in protected:

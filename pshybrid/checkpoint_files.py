@@ -247,8 +247,8 @@ def steps_before(cfg) -> int:
     return meta.get("steps_before", 0) + (meta["step"] if cfg.init_from else 0)
 
 
-def best(steps: dict[int, str]) -> str | None:
-    """The name of the checkpoint among ``steps`` ({N: step-N directory}) whose meta.json
+def best(steps: dict[int, str]) -> tuple[str, float] | None:
+    """(name, AUC) of the checkpoint among ``steps`` ({N: step-N directory}) whose meta.json
     records the highest evaluation AUC (the newest of equals), or None."""
     scored = []
     for n, path in steps.items():
@@ -258,7 +258,8 @@ def best(steps: dict[int, str]) -> str | None:
             continue
         if isinstance(auc, float) and math.isfinite(auc):
             scored.append((auc, n, os.path.basename(path)))
-    return max(scored)[2] if scored else None
+    auc, _, name = max(scored) if scored else (None, None, None)
+    return None if name is None else (name, auc)
 
 
 def resumed_options(path: str) -> tuple[dict | None, str, str | None]:

@@ -23,7 +23,7 @@ import numpy as np
 from . import __version__, dirlock, kernels, limits
 from .batches import global_batch
 from .config import TrainConfig, option_flag, shown
-from .errors import ConfigError, InputError
+from .errors import ConfigError
 from .models import MODELS
 from .optim import SLOTS
 from .registry import MODES, cache_serves, parse_consistency
@@ -274,15 +274,14 @@ class Reporter:
     def best_checkpoint(self) -> str | None:
         """The run's checkpoint of the best evaluation AUC (``checkpoint_files.best``) and
         its AUC, where its --checkpoint-dir holds an evaluated one."""
-        from .checkpoint_files import best, list_steps, read_meta
+        from .checkpoint_files import best, list_steps
 
         root = self.cfg.checkpoint_dir
         try:
-            name = best(list_steps(root)) if root and os.path.isdir(root) else None
-            path = os.path.join(root, name) if name else None
-            return path and f"{path} (auc {read_meta(path)['eval']['auc']:.4f})"
-        except (InputError, OSError):  # (changed meanwhile: nothing to say)
+            kept = best(list_steps(root)) if root and os.path.isdir(root) else None
+        except OSError:  # (changed meanwhile: nothing to say)
             return None
+        return kept and f"{os.path.join(root, kept[0])} (auc {kept[1]:.4f})"
 
     def close_file(self) -> str | None:
         """Close the metrics file and the TensorBoard events (also when training fails);

@@ -51,10 +51,15 @@ def cores_per_rank(environ, usable_cores: int, node_cores: int) -> float:
     cannot all be apart (Open MPI's to a socket or NUMA domain: 8 ranks of a 16-core node,
     each bound to its 8-core socket, have 2 each); else the node's cores / ranks on this
     node (below 1 when oversubscribed)."""
-    k = ranks_per_node(environ)
-    if usable_cores < node_cores and usable_cores * k <= node_cores:  # (its own: trust it)
+    if own_binding(environ, usable_cores, node_cores):
         return float(usable_cores)
-    return node_cores / k
+    return node_cores / ranks_per_node(environ)
+
+
+def own_binding(environ, usable_cores: int, node_cores: int) -> bool:
+    """The launcher bound this rank to fewer cores than the node's, and no wider than each
+    of the node's ranks could have to itself: ``cores_per_rank`` trusts it."""
+    return usable_cores < node_cores and usable_cores * ranks_per_node(environ) <= node_cores
 
 
 def thread_limits(environ, usable_cores: int, node_cores: int) -> dict[str, str]:
@@ -107,8 +112,7 @@ def _quota(directory: str, v2: bool) -> float | None:
 
 def _cores() -> tuple[int, int]:
     """(cores this process may run on, cores of the node), each capped by a CPU quota."""
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    usable, node, quota = usable or 1, os.cpu_count() or 1, cpu_quota()
+    usable, node, quota = len(binding()) or os.cpu_count() or 1, os.cpu_count() or 1, cpu_quota()
     return (usable, node) if quota is None else (min(usable, quota), min(node, quota))
 
 
@@ -120,7 +124,7 @@ def rank_cores() -> float:
 def sizing_rule(environ, usable_cores: int, node_cores: int) -> str:
     """Which branch of ``cores_per_rank`` applies, in words."""
     k = ranks_per_node(environ)
-    if usable_cores < node_cores and usable_cores * k <= node_cores:
+    if own_binding(environ, usable_cores, node_cores):
         return f"bound to {usable_cores} of the node's {node_cores} cores"
     share = f"{node_cores} cores / {k} rank{'s' if k > 1 else ''} on the node"
     return (f"bound to {usable_cores} of the node's {node_cores} cores, shared: {share}"
