@@ -68,28 +68,34 @@ def rel_err(a, b):
 pytestmark = [pytest.mark.job, pytest.mark.timeout(600)]  # jobs of a few seconds each
 
 
-@pytest.mark.parametrize("multi_hot", [False, True])
+@pytest.mark.parametrize("multi_hot,warm", [(False, True), (True, False)])
 def test_torch_wdl_equals_native_wdl_from_the_same_checkpoint(data, multi_hot_data, tmp_path,
-                                                              multi_hot):
+                                                              multi_hot, warm):
     """Native WDL: 1 step, checkpoint, resumed to step 4. Torch WDL resumed from that
     checkpoint to step 4: the same per-step losses, and the exports of both final
     checkpoints hold the same parameters (the torch table = the native fields' embeddings
     and linear weights, fused). On the multi-hot file both pool its 2 multi-hot fields by
-    their mean (the torch WDL: ``pt.EmbeddingBag`` on ``pt.batches``' bags)."""
+    their mean (the torch WDL: ``pt.EmbeddingBag`` on ``pt.batches``' bags). ``warm``: the
+    checkpoint is of a run started ``--init-from`` another's 2 steps, with Adam on both
+    sides, whose bias correction goes on counting those steps in torch too."""
     data, pooling = (multi_hot_data, "mean") if multi_hot else (data, "sum")
+    sparse = "adam" if warm else "adagrad"
     common = ["--data", str(data), "--model", "wdl", "--embedding-dim", "4", "--mlp", "8,6",
               "--dtype", "float64", "--lr", "0.2", "--dense-lr", "0.05", "--seed", "3",
               "--no-shuffle", "--batch-size", "8", "--servers", "1", "--log-every", "1",
-              "--progress", "none", "--pooling", pooling]
+              "--progress", "none", "--pooling", pooling, "--sparse-optimizer", sparse,
+              "--dense-optimizer", "adam"]
     ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
-    for extra in (["--steps", "1", "--checkpoint-dir", str(ck)],
-                  ["--steps", "4", "--resume", str(ck), "--checkpoint-dir", str(tmp_path / "n"),
-                   "--metrics", str(m)]):
+    first = ["--steps", "1", "--checkpoint-dir", str(ck)]
+    runs = ([["--steps", "2", "--checkpoint-dir", str(tmp_path / "ck0")],
+             [*first, "--init-from", str(tmp_path / "ck0")]] if warm else [first])
+    for extra in (*runs, ["--steps", "4", "--resume", str(ck), "--checkpoint-dir",
+                          str(tmp_path / "n"), "--metrics", str(m)]):
         p = run_job(2, pshybrid("train", *common, *extra))
         assert p.returncode == 0, p.stderr
     p = torch_job(2, data, tmp_path / "t", "--batch", "8", "--steps", "4", "--resume", str(ck),
                   "--checkpoint", str(tmp_path / "tc"), "--checkpoint-at", "4",
-                  "--pooling", pooling)
+                  "--pooling", pooling, "--sparse-opt", sparse)
     assert p.stdout.count("after init") == 1  # the server rank exited (0) inside pt.init
     native = [r["loss"] for r in map(json.loads, m.read_text().splitlines()) if "loss" in r
               and not r.get("summary")]

@@ -115,8 +115,8 @@ class HotReplicated:
         self.inner.ready()
         self.hot.load(self.inner.store)
 
-    def set_lr(self, lr: float) -> None:
-        self.inner.set_lr(lr)
+    def set_rule(self, **changes) -> None:
+        self.inner.set_rule(**changes)
         self.hot.opt = self.inner.opt
 
     def prepare(self, ids):

@@ -231,7 +231,7 @@ def serve(topo, mode, start_step: int, on_checkpoint, on_wait=None) -> None:
             on_checkpoint(int(msgs[0][0][0]))
             continue
         if tag == TAG_LR:
-            mode.sparse.set_lr(float(msgs[0][0].view(np.float64)[0]))
+            mode.sparse.set_rule(lr=float(msgs[0][0].view(np.float64)[0]))
             continue
         step += 1
         _apply(mode, msgs, step)

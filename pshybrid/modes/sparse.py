@@ -128,10 +128,10 @@ class _StagedSums:
     def begin(self, step: int) -> None:
         """Before the forward pass: nothing (``stale.StaleReads`` counts the steps here)."""
 
-    def set_lr(self, lr: float) -> None:
-        """The optimizer's learning rate from the next step on (``pshybrid.torch``: a torch
-        scheduler's; ``Mode.set_sparse_lr``)."""
-        self.opt = replace(self.opt, lr=lr)
+    def set_rule(self, **changes) -> None:
+        """The optimizer's fields from the next step on (``pshybrid.torch``: a torch
+        scheduler's ``lr``, ``Mode.set_sparse_lr``; a resumed run's ``steps_before``)."""
+        self.opt = replace(self.opt, **changes)
 
     def stage(self, batch: Batch, demb) -> None:
         """GPU workers, before the step's sync: the sums' device->host copy queued."""

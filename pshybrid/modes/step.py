@@ -213,7 +213,7 @@ class Mode:
         """Workers, between steps: the sparse optimizer's learning rate from the next
         ``update`` on, here and, where they run it, on the dedicated servers
         (``pshybrid.torch``: a torch scheduler's rate)."""
-        self.sparse.set_lr(lr)
+        self.sparse.set_rule(lr=lr)
         if self._dedicated and self.sparse.server_step:
             self.link.set_lr(lr)  # Wire: see servers.ServerLink.set_lr
 

@@ -207,7 +207,7 @@ def load_dense(opt, step_dir: str) -> None:
             p.copy_(torch.from_numpy(flat[o:o + k].astype(opt.params.flat.dtype))
                     .reshape(p.shape))
             st = {key: torch.from_numpy(v) for key, v in other.get(n, {}).items()}
-            t = steps.get(n, opt.s.step)
+            t = steps.get(n, opt.s.mode.sparse.opt.steps_before + opt.s.step)
             if keys and t:  # (a parameter never stepped has no state, as in PyTorch)
                 st["step"] = torch.tensor(float(t))
                 st.update({key: torch.from_numpy(state[slot][o:o + k].copy()).reshape(p.shape)

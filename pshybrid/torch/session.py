@@ -222,6 +222,8 @@ def _load_sparse(s: Session, path: str) -> int:
             raise InputError(f"{where}: config sparse_optimizer is {saved!r}, the tables use "
                              f"{s.sparse_opt.kind!r}")
         step = int(meta["step"])
+        # (a run started --init-from: Adam's count goes on from its state's steps)
+        s.mode.sparse.set_rule(steps_before=meta.get("steps_before", 0))
         s.resumed_state, s.resumed_groups = read_state(meta, where), read_groups(meta, where)
         s.resumed_class = meta["config"].get("torch_optimizer")
         if s.topo.is_server or s.topo.n_servers == 0:
