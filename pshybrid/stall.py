@@ -11,7 +11,9 @@ does (not one marked ``ends=False``: a wait by design); the time the whole proce
 still (stopped and continued: a suspended job) does not count. The thread makes no MPI call but
 ``MPI_Abort`` and ``Pulse``'s beats (zero-byte ``Isend``s), and those only under
 ``MPI_THREAD_MULTIPLE``; at a lower thread level it sends no beat, and for the end it ends
-this process (``os._exit``) and the launcher ends the others."""
+this process (``os._exit``) and the launcher ends the others. ``Pulse``: the dedicated
+servers' thread that hears those beats (zero-byte receives) and ends the job when a
+worker's beats stop."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import os
 import sys
 import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 from mpi4py import MPI
@@ -142,7 +145,7 @@ def step_watch(topo, timeout: float | None, timers, pulse: Pulse | None) -> Watc
 
 
 BEATS = 4       # a worker's beats per --step-timeout
-CHECK_S = 0.1   # how often a waiting server looks at them
+CHECK_S = 0.1   # how often a server's thread looks at them
 SILENT = 2      # a server ends the job after no beat for this many --step-timeouts (where
 #                 other workers wait for a stopped one, their step timers, which name the
 #                 step and the phase, end it first)
@@ -154,12 +157,13 @@ class Pulse:
     ``Watch``, and the other workers wait for it in collectives; but a sole worker (or all
     of them) stopped or stuck holding the interpreter is timed by nobody: the servers only
     wait for its messages. So each worker's ``Watch`` thread sends every server a zero-byte
-    beat every ``timeout / BEATS`` seconds, and a server that, while waiting, hears none
-    from a worker for ``SILENT * timeout`` seconds ends the job naming it. A server counts only the
-    time it spent waiting (not its own checkpoint, nor a time its process stood still),
-    from its first ``poll`` (a worker's first beat comes as its steps start). Only where the
-    job has dedicated servers, a step timeout and ``MPI_THREAD_MULTIPLE`` (a thread sends);
-    else every call is a no-op. Collective: the constructor and ``close`` (over the world)."""
+    beat every ``timeout / BEATS`` seconds, and a server's thread of its own (``watching``:
+    while it serves: its waits, applies, checkpoints, each collective call among them) that
+    hears none from a worker for ``SILENT * timeout`` seconds ends the job naming it. Its
+    clock leaves out a time its process stood still (a check ``STOPPED_S`` late). Only where
+    the job has dedicated servers, a step timeout and ``MPI_THREAD_MULTIPLE`` (threads
+    send and receive); else every call is a no-op. Collective: the constructor and
+    ``close`` (over the world)."""
 
     made = 0  # Pulses made in this process: rank 0's count is each run's tag
 
@@ -175,7 +179,6 @@ class Pulse:
         self._sends: list = []  # workers: the beats' requests
         self.sent = 0           # workers: beats sent to each server
         self._due = 0.0
-        self.clock, self._last, self._next = 0.0, time.monotonic(), 0.0  # servers
         self.heard = {r: 0.0 for r in topo.worker_ranks}  # servers: clock at its last beat
         self.got: dict[int, int] = {}      # servers: beats received from each worker
 
@@ -193,27 +196,41 @@ class Pulse:
                             for r in self.topo.server_ranks]
             self.sent += 1
 
-    # -- servers (their wait for the workers' messages) ----------------------------------
-    def poll(self) -> None:
-        """Called while waiting: every ``CHECK_S`` of waiting, receive the beats that
-        arrived, and end the job if a worker was silent for ``SILENT * timeout`` of it."""
-        now = time.monotonic()
-        gap, self._last = now - self._last, now
-        if gap < STOPPED_S:  # (longer: this server was busy, or its process stood still)
-            self.clock += gap
-        if self.comm is None or self.clock < self._next:
+    # -- servers (a thread while they serve) ---------------------------------------------
+    @contextmanager
+    def watching(self):
+        """Servers, around their loop (``serve``): a thread receives the beats every
+        ``CHECK_S`` and ends the job if a worker was silent for ``SILENT * timeout``."""
+        if self.comm is None or not self.topo.is_server:
+            yield
             return
-        self._next = self.clock + CHECK_S
-        self._receive()
-        for r, at in self.heard.items():
-            if self.clock - at >= SILENT * self.timeout:
-                self._end(r, self.clock - at)
+        stop = threading.Event()
+        thread = threading.Thread(target=self._listen, args=(stop,), daemon=True,
+                                  name="pshybrid-pulse")
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
 
-    def _receive(self) -> None:
+    def _listen(self, stop: threading.Event) -> None:
+        clock, last = 0.0, time.monotonic()
+        while not stop.wait(CHECK_S):
+            now = time.monotonic()
+            gap, last = now - last, now
+            if gap < CHECK_S + STOPPED_S:  # (longer: this process stood still)
+                clock += gap
+            self._receive(clock)
+            for r, at in self.heard.items():
+                if clock - at >= SILENT * self.timeout:
+                    self._end(r, clock - at)
+
+    def _receive(self, clock: float) -> None:
         st = MPI.Status()
         while self.comm.Iprobe(MPI.ANY_SOURCE, self.tag, st):  # Wire: a worker's beat
             self.comm.Recv([_NOTHING, MPI.BYTE], st.source, self.tag)
-            self.heard[st.source] = self.clock
+            self.heard[st.source] = clock
             self.got[st.source] = self.got.get(st.source, 0) + 1
 
     def _end(self, rank: int, silent: float) -> None:
@@ -222,7 +239,7 @@ class Pulse:
         (sys.__stderr__ or sys.stderr).write(
             f"pshybrid: error (rank {topo.rank}, server {topo.server_index}): worker "
             f"{topo.worker_ranks.index(rank)} (rank {rank}) sent no sign of life for "
-            f"{silent:.0f} s of this server's wait: its process is stopped or stuck (SIGSTOP, "
+            f"{silent:.0f} s: its process is stopped or stuck (SIGSTOP, "
             f"swapping, a hung file system); {self.setting} sets this limit\n")
         abort(topo.world, 2)  # Wire: MPI_Abort ends every rank; nobody waits
 

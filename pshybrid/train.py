@@ -122,7 +122,8 @@ def _train(cfg, comm, dataset, collect, out, on_step) -> TrainResult:
                 return score_only(job)
             job.stop, job.pulse = Preemption(topo), Pulse(topo, cfg.step_timeout)
             if not topo.is_worker:
-                job.mode.serve(job.start, job.save, lambda: (job.stop.poll(), job.pulse.poll()))
+                with job.pulse.watching():
+                    job.mode.serve(job.start, job.save, job.stop.poll)
             else:
                 loop(job, on_step)
                 if collect:
@@ -447,8 +448,7 @@ def _step(job: Job, step: int, label, dense, batch, bags=(), idle=None):
     emb = mode.lookup(batch)
     with mode.kernel_timers.time("fwd_bwd"):  # GPU: CUDA events (device time, no wait)
         logits = model.forward(dense, emb, *bags)
-        losses, dz = bce_with_logits(logits, label, 1.0 / global_batch(job.cfg,
-                                                                       job.topo.n_workers))
+        losses, dz = bce_with_logits(logits, label, 1 / global_batch(job.cfg, job.topo.n_workers))
         params.zero_grad()
         demb = model.backward(dz)
     loss_sum = losses.sum()  # GPU: stays on the device (no host sync per step)

@@ -190,8 +190,8 @@ def init(servers: int | None = None, tables=(), mode: str = "hybrid", seed: int 
             s.mode.ready()
             atexit.register(_shutdown_at_exit)
             return True
-        s.mode.serve(s.step, lambda step: _save(s, None, step),
-                     lambda: (s.stop.poll(), s.pulse.poll()))
+        with s.pulse.watching():
+            s.mode.serve(s.step, lambda step: _save(s, None, step), s.stop.poll)
         s.mode.finish()
         code = stops.status(s)
         s.pulse.close()
