@@ -1,6 +1,7 @@
 """Whole-job tests: launch mpiexec in a subprocess, assert on exit code and output."""
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -270,3 +271,26 @@ def test_training_on_prep_synthetic_reaches_planted_auc(tmp_path):
     auc = evals[-1]["auc"]
     print(f"AUC {auc:.4f} vs planted {planted:.4f}: {auc / planted:.3f}")
     assert evals[-1]["rows"] == 40000 and auc >= 0.97 * planted
+
+
+_KERNELS_AT_START = """
+import io, sys
+from mpi4py import MPI
+from pshybrid import kernels
+from pshybrid.config import TrainConfig
+from pshybrid.train import train
+res = train(TrainConfig(steps=0, batch_size=8, mlp=(8,), progress="none"), MPI.COMM_WORLD,
+            out=io.StringIO())
+print(f"rank {MPI.COMM_WORLD.rank} {res.role} kernels loaded: {kernels._NUMBA is not None}")
+"""
+
+
+def test_every_rank_loads_the_cpu_kernels_before_the_clock_starts():
+    """Worker 0 alone loaded numba (its plan asks whether the kernels' cache is cold); every
+    other worker loaded it inside its first timed step (~1 s), so a short run's summary
+    blamed worker 1 ('slowest worker 1 ... they wait for it') and its first log's rate fell
+    ~50x. Oracle: after start-up (a run of 0 steps), numba was tried on every rank."""
+    p = run_job(3, [sys.executable, "-c", _KERNELS_AT_START], timeout=120)
+    assert p.returncode == 0, p.stderr
+    loaded = dict(re.findall(r"rank (\d) \w+ kernels loaded: (True|False)", p.stdout))
+    assert loaded == {"0": "True", "1": "True", "2": "True"}, p.stdout  # (lines may interleave)

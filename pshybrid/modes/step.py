@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import HostStaging, array_module, host_waits, synchronize
+from ..kernels import numba_active
 from ..optim import Optimizer
 from ..registry import ModeSpec, is_synchronous
 from ..store import EmbeddingStore
@@ -118,6 +119,9 @@ class Mode:
         spec, topo, params = setup.spec, setup.topo, setup.params
         self.spec, self.topo, self.layout = spec, topo, setup.layout
         self.timers = Timers()
+        # every rank loads the CPU kernels (numba) now, in start-up: a worker that loaded
+        # them in its first step (~1 s) held every other worker at the step's Allreduce
+        numba_active()
         self.xp = array_module(params.flat)
         gpu = self.xp is not np
         self.kernel_timers = EventTimers(self.timers, self.xp.cuda) if gpu else self.timers
