@@ -17,9 +17,11 @@ of S servers loads with any S' >= 1 (and in any mode).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import sys
 
 import numpy as np
 
@@ -207,10 +209,33 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema,
             safeio.remove_tree(tmp)  # no partial step directory is left behind
         raise
     if writer:
+        if evaluation is not None:
+            _point_best(root)
         if cfg.keep_last:
             _prune(root, cfg.keep_last, step)
         _remove_stale_temps(root)
     return final
+
+
+def _point_best(root: str) -> None:
+    """``root/best`` names the evaluated checkpoint of the highest AUC (``best``: the one
+    pruning keeps), written as ``latest`` is; one that cannot be is removed (never naming
+    another), with a warning."""
+    path = os.path.join(root, "best")
+    try:
+        kept = best(list_steps(root))
+        try:
+            now = read_latest(root, "best")
+        except InputError:  # (a link or another's text there: replaced, never followed)
+            now = None
+        if kept is not None and now != kept[0]:
+            safeio.atomic_write_text(path, f"{kept[0]}\n")
+    except OSError as e:
+        why = getattr(e, "strerror", None) or e
+        sys.stderr.write(f"pshybrid: warning: {path} not updated ({why}): the best "
+                         "evaluated checkpoint is named in the run's last line\n")
+        with contextlib.suppress(OSError):
+            os.unlink(path)  # (a link planted there: the link itself)
 
 
 # -- loading -------------------------------------------------------------------------------

@@ -61,19 +61,23 @@ def list_steps(root: str) -> dict[int, str]:
             for n in names if (m := STEP_RE.fullmatch(n))}
 
 
-def read_latest(root: str) -> str | None:
-    """The step directory name ``root/latest`` holds (``step-N``), None if there is no
-    ``latest``. A link, a non-regular file or other text is an InputError: the name is
-    read without following links and must match ``step-N``, so it stays inside ``root``."""
-    path = os.path.join(root, "latest")
+POINTERS = ("latest", "best")  # files of a checkpoint root naming one of its steps
+
+
+def read_latest(root: str, pointer: str = "latest") -> str | None:
+    """The step directory name ``root/latest`` (or ``root/best``, ``POINTERS``) holds
+    (``step-N``), None if there is none. A link, a non-regular file or other text is an
+    InputError: the name is read without following links and must match ``step-N``, so it
+    stays inside ``root``."""
+    path = os.path.join(root, pointer)
     if not os.path.lexists(path):
         return None
     try:
         name = safeio.read_small_text(path, 256).strip()
     except (OSError, ValueError) as e:
         why = "a symbolic link" if os.path.islink(path) else f"unreadable ({e})"
-        raise InputError(f"{path} is {why}: not followed; a checkpoint directory's 'latest' "
-                         "is a regular file written by pshybrid") from None
+        raise InputError(f"{path} is {why}: not followed; a checkpoint directory's "
+                         f"'{pointer}' is a regular file written by pshybrid") from None
     if not STEP_RE.fullmatch(name):
         raise InputError(f"{path} holds {name[:60]!r}, not a step directory name (step-N)")
     return name
@@ -156,21 +160,23 @@ def _resume_point(root: str, steps: dict[int, str]) -> str | None:
 
 
 def resolve(path: str) -> str:
-    """The step directory named by ``path``: a ``step-N`` directory (its ``meta.json``) or
-    a checkpoint root (its ``latest``)."""
+    """The step directory named by ``path``: a ``step-N`` directory (its ``meta.json``), a
+    checkpoint root (its ``latest``) or one of its ``POINTERS`` (``ck/best``)."""
     if os.path.isfile(os.path.join(path, "meta.json")):
         return path
-    latest = read_latest(path) if os.path.isdir(path) else None
-    if latest is not None:
-        step_dir = os.path.join(path, latest)
+    root, pointer = os.path.split(os.path.normpath(path))
+    if pointer in POINTERS and os.path.lexists(path) and not os.path.isdir(path):
+        root, named = root or ".", read_latest(root or ".", pointer)
+    else:
+        root, pointer = path, "latest"
+        named = read_latest(path) if os.path.isdir(path) else None
+    if named is not None:
+        step_dir = os.path.join(root, named)
         if not (safeio.is_real_dir(step_dir)
                 and os.path.isfile(os.path.join(step_dir, "meta.json"))):
-            raise InputError(f"{path}/latest names {latest!r}, which is not a complete "
+            raise InputError(f"{root}/{pointer} names {named!r}, which is not a complete "
                              "checkpoint directory")
         return step_dir
-    if os.path.basename(os.path.normpath(path)) == "latest" and os.path.isfile(path):
-        raise InputError(f"{path}: the file that names a checkpoint's newest step: give "
-                         f"its directory, {os.path.dirname(os.path.normpath(path)) or '.'}")
     if not os.path.lexists(path):
         raise InputError(f"{path}: no such checkpoint directory")
     if os.path.isfile(path) and safeio.output_kind(path) == "export":

@@ -7,7 +7,7 @@ import os
 import sys
 
 from . import __version__
-from .commands import add_out, add_scoring_commands
+from .commands import CKPT_HELP, add_out, add_scoring_commands
 from .config import ArgumentParser, TrainConfig, add_arguments, resolve, to_toml
 from .errors import ConfigError
 from .launch import launched, launched_alone
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_prep_commands(sub)
     export = sub.add_parser("export", help="write a checkpoint as one plain HDF5 file "
                             "(/dense/<param>, /embeddings/<field>, optimizer state)")
-    export.add_argument("ckpt", help="checkpoint directory (its 'latest') or a step-N directory")
+    export.add_argument("ckpt", help=CKPT_HELP)
     add_out(export)
     export.set_defaults(func=ended_by_signals(cmd_export))
     add_scoring_commands(sub)
@@ -259,11 +259,13 @@ def _starts_from_its_own(start, resume) -> None:
     checkpoint directory ``--resume`` goes on with (the jobs scripts' default directory
     given to a later day as the day before's): the day before's run would go on, or end at
     once with nothing trained."""
-    from .checkpoint_files import STEP_RE
+    from .checkpoint_files import POINTERS, STEP_RE
 
-    def root(p: str) -> str:
-        real = os.path.realpath(p)
-        return os.path.dirname(real) if STEP_RE.fullmatch(os.path.basename(real)) else real
+    def root(p: str) -> str:  # (of a step-N, or ck/best: its directory)
+        real, name = os.path.realpath(p), os.path.basename(os.path.normpath(p))
+        inside = STEP_RE.fullmatch(os.path.basename(real)) or (
+            name in POINTERS and not os.path.isdir(real))
+        return os.path.dirname(real) if inside else real
 
     if all(isinstance(p, str) and p != "none" for p in (start, resume)) and (
             root(start) == root(resume)):

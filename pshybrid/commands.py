@@ -8,7 +8,8 @@ import sys
 
 from .stopping import ended_by_signals
 
-CKPT_HELP = "checkpoint directory (its 'latest') or a step-N directory"
+CKPT_HELP = ("checkpoint directory (its 'latest'), a step-N directory, or DIR/best (the best "
+             "evaluated)")
 
 
 def add_scoring_commands(sub) -> None:

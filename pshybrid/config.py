@@ -371,8 +371,8 @@ class TrainConfig:
     checkpoint_every: int = option(0, "save a checkpoint every K steps (0: never periodically)",
                                    check=at_least(0))
     resume: str | None = option(None, "checkpoint directory to resume from")
-    init_from: str | None = option(None, "checkpoint (a directory or its step-N) whose model "
-                                   "and optimizer state a new run starts from: at step 0, "
+    init_from: str | None = option(None, "checkpoint (a directory, its step-N or best) whose "
+                                   "model and optimizer state a new run starts from: at step 0, "
                                    "--data from its first row, a fresh --lr-schedule; the "
                                    "model's options must match it; not with --resume")
     keep_last: int = option(0, "keep only the newest K checkpoints (0: keep all)",

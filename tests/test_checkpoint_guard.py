@@ -156,9 +156,10 @@ def test_prune_removes_only_older_real_step_directories(tmp_path):
 def test_a_checkpoint_records_its_evaluation_and_pruning_keeps_the_best(tmp_path):
     """--eval-every with --checkpoint-every and --keep-last: each checkpoint of an evaluated
     step records that evaluation (meta.json "eval"), and pruning keeps the one of the best
-    AUC beside the newest (it removed it: the model to export was gone), and the run's last
-    line names it. Oracles: the metrics file's evaluations; AUCs set by hand (one null: an
-    AUC of one class)."""
+    AUC beside the newest (it removed it: the model to export was gone), the run's last
+    line names it, and so does ``ck/best``, which every command taking a checkpoint takes
+    (as ``ck/latest``). Oracles: the metrics file's evaluations; AUCs set by hand (one
+    null: an AUC of one class); a link planted at ``best`` is replaced, never followed."""
     from pshybrid.synthetic import write_synthetic
 
     ev, ck, m = str(tmp_path / "ev.h5"), str(tmp_path / "ck"), str(tmp_path / "m.jsonl")
@@ -173,6 +174,8 @@ def test_a_checkpoint_records_its_evaluation_and_pruning_keeps_the_best(tmp_path
     assert steps_in(ck) == sorted({"step-6", f"step-{top}"}), (steps_in(ck), evals)
     assert (f"best evaluated checkpoint: {ck}/step-{top} (auc {evals[top]['auc']:.4f})\n"
             in out), out
+    for pointer, name in (("best", f"step-{top}"), ("latest", "step-6")):
+        assert checkpoint_files.resolve(os.path.join(ck, pointer)) == os.path.join(ck, name)
     for name in steps_in(ck):
         n = int(name[5:])
         assert checkpoint_files.read_meta(os.path.join(ck, name))["eval"] == evals[n]
@@ -185,8 +188,14 @@ def test_a_checkpoint_records_its_evaluation_and_pruning_keeps_the_best(tmp_path
         meta["eval"]["auc"] = auc
         with open(path, "w") as f:
             json.dump(meta, f)
+    victim = tmp_path / "victim"
+    victim.write_text("step-5\n")
+    os.remove(os.path.join(ck2, "best"))
+    os.symlink(victim, os.path.join(ck2, "best"))
+    checkpoint._point_best(ck2)
     checkpoint._prune(ck2, 1, 5)
-    assert steps_in(ck2) == ["step-3", "step-5"]
+    assert steps_in(ck2) == ["step-3", "step-5"] and victim.read_text() == "step-5\n"
+    assert checkpoint_files.read_latest(ck2, "best") == "step-3"
 
 
 # -- links ------------------------------------------------------------------------------------
