@@ -37,8 +37,9 @@ PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server
 PROXIES = ("hydra_pmi_proxy", "orted", "prted")
 LAUNCHERS = ("mpiexec", "mpirun", "orterun", "prterun")  # and NAME.suffix: mpiexec.openmpi
 # The done line names the slowest worker where its own work (``timers.OWN_WORK``) is this
-# many times the other workers' median, by at least this share of the run's seconds
-SLOW_RATIO, SLOW_SHARE = 1.25, 0.05
+# many times the other workers' median, by at least this share of the run's seconds and
+# these seconds (a short run's tenths of a second on a busy machine: not a slow node)
+SLOW_RATIO, SLOW_SHARE, SLOW_MIN_S = 1.25, 0.05, 1.0
 
 
 def _launcher(name: str) -> bool:
@@ -310,8 +311,8 @@ def _slowest(summary: dict) -> str:
     """The done line's note of a worker the others waited for, if one stands out."""
     slow = summary["slowest_worker"]
     own, mid = slow["own_seconds"], slow["median_own_seconds"]
-    if summary["workers"] < 2 or own < SLOW_RATIO * mid or own - mid < SLOW_SHARE * (
-            summary["seconds"]):
+    if summary["workers"] < 2 or own < SLOW_RATIO * mid or own - mid < max(
+            SLOW_SHARE * summary["seconds"], SLOW_MIN_S):
         return ""
     return (f"  |  slowest worker {slow['worker']} (rank {slow['rank']}): its own work "
             f"{own:.1f} s, {own / max(mid, 1e-12):.1f}x the others' median: they "

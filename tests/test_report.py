@@ -11,7 +11,7 @@ import pytest
 from pshybrid import kernels
 from pshybrid.config import TrainConfig
 from pshybrid.limits import estimate, gib, model_size
-from pshybrid.report import SLOW_RATIO, SLOW_SHARE, Reporter, banner, clock, span
+from pshybrid.report import SLOW_MIN_S, SLOW_RATIO, SLOW_SHARE, Reporter, banner, clock, span
 from pshybrid.schema import Schema
 from pshybrid.threads import rank_server_threads
 
@@ -391,10 +391,13 @@ def test_the_plan_notes_steps_that_epochs_replace():
     (4, 10.0, 10.0 / SLOW_RATIO, True),               # at the ratio, far past the share
     (4, 10.0, 10.0 / SLOW_RATIO * 1.01, False),       # just under the ratio
     (4, 1.0 + SLOW_SHARE * 20 * 0.99, 1.0, False),    # past the ratio, under the share
+    (4, 0.1 + SLOW_MIN_S * 0.99, 0.1, False),         # past ratio and share, under the time
+    (4, 0.1 + SLOW_MIN_S * 1.01, 0.1, True),
     (1, 10.0, 1.0, False)])                           # one worker waits for nobody
 def test_the_done_line_names_a_slow_worker_past_both_bounds(workers, own, median, named):
     """``slowest worker w (rank r)`` where its own work is SLOW_RATIO x the median and more
-    than SLOW_SHARE of the run's seconds (20 here) past it; else nothing."""
+    than SLOW_SHARE of the run's seconds (20 here) and SLOW_MIN_S past it (a short run on a
+    busy machine named a worker 0.05 s slower than the others); else nothing."""
     out = io.StringIO()
     rep = Reporter(TrainConfig(progress="lines"), out, workers, 10)
     rep.close({"summary": True, "mode": "allreduce", "model": "wdl", "steps": 10,
