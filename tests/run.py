@@ -28,7 +28,7 @@ from mpi_util import mpiexec  # noqa: E402
 SIZES = [int(n) for n in os.environ.get("PSHYBRID_TEST_SIZES", "2,3,5").split(",") if n]
 RMA_ONLY_SIZE = 3  # this run turns the same-node shared-memory path off: RMA end to end
 MPI_TIMEOUT = int(os.environ.get("PSHYBRID_TEST_MPI_TIMEOUT", "600"))
-SERIAL_TIMEOUT = int(os.environ.get("PSHYBRID_TEST_SERIAL_TIMEOUT", "900"))
+SERIAL_TIMEOUT = int(os.environ.get("PSHYBRID_TEST_SERIAL_TIMEOUT", "1200"))
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|deselected)")
 
 
