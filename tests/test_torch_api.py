@@ -571,6 +571,51 @@ def test_a_resume_with_another_dense_optimizer_class_is_refused(tmp_path):
             pt.shutdown()
 
 
+def test_a_resume_with_other_tables_of_the_same_fused_rows_is_refused(tmp_path):
+    """The fused table's rows alone were checked: the same tables listed in another order
+    (or resized to the same sum) resumed silently, each table reading another's rows.
+    Refused naming both lists (each in a process of its own: a refused pt.init ends its
+    process); the same list resumes each table's own rows."""
+    import subprocess
+    import sys
+
+    rows = {"a": 3, "b": 5}
+
+    def tables(order, sizes):
+        return [pt.Table(n, rows=sizes[n], dim=2, optimizer="sgd", dtype=torch.float64)
+                for n in order]
+
+    def start(tabs, **kw):
+        pt.init(servers=0, mode="allreduce", seed=7, comm=MPI.COMM_SELF, tables=tabs, **kw)
+        model = torch.nn.Linear(2, 1).double()
+        pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+
+    start(tables("ab", rows))
+    pt.load_rows("a", np.arange(6.0).reshape(3, 2))
+    pt.load_rows("b", -np.arange(10.0).reshape(5, 2))
+    pt.checkpoint(tmp_path / "ck")
+    pt.shutdown()
+    for order, sizes in (("ba", rows), ("ab", {"a": 4, "b": 4})):
+        script = ("import torch; from mpi4py import MPI; import pshybrid.torch as pt; "
+                  f"pt.init(servers=0, mode='allreduce', comm=MPI.COMM_SELF, resume="
+                  f"{str(tmp_path / 'ck')!r}, tables=[pt.Table(n, rows=r, dim=2, "
+                  f"optimizer='sgd', dtype=torch.float64) for n, r in "
+                  f"{[(n, sizes[n]) for n in order]!r}])")
+        run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode != 0 and re.search(
+            r"step-0/meta.json: the checkpoint's tables are \['a' 3x2, 'b' 5x2\], pt.init's "
+            r"\[" + ", ".join(f"'{n}' {sizes[n]}x2" for n in order) + r"\]", run.stderr), \
+            run.stderr
+    try:
+        start(tables("ab", rows), resume=str(tmp_path / "ck"))
+        ids = torch.tensor([0, 1, 2])
+        assert pt.Embedding("a")(ids).tolist() == np.arange(6.0).reshape(3, 2).tolist()
+        assert pt.Embedding("b")(ids).tolist() == (-np.arange(6.0).reshape(3, 2)).tolist()
+    finally:
+        pt.shutdown()
+
+
 @pytest.mark.parametrize("servers", [1, 0, None])
 def test_a_hybrid_session_without_room_for_a_server_names_the_api_arguments(servers):
     """One process in mode 'hybrid' has no rank for a server: the refusal names pt.init's

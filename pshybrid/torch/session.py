@@ -35,7 +35,7 @@ from pshybrid.topology import Topology
 from pshybrid.torch.census import FAILED, arrive, arrived, census
 from pshybrid.torch.restore import (DTYPES, TorchRun, checkpoint_form, dense_arrays,
                                     read_groups, read_state, rewrite_meta, state_problem)
-from pshybrid.torch.tables import Table, check_init, check_memory
+from pshybrid.torch.tables import Table, check_init, check_memory, resume_problem
 from pshybrid.transport import abort, abort_on_error, agree, same_arguments
 
 
@@ -213,6 +213,8 @@ def _load_sparse(s: Session, path: str) -> int:
         step_dir = resolve(path)
         meta = read_meta(step_dir)
         where = f"{step_dir}/meta.json"
+        if problem := resume_problem(meta, s.tables.values()):
+            raise InputError(f"{where}: {problem}")
         cards = meta["schema"]["cardinalities"]
         if sum(cards) != s.layout.table.rows:  # (a native run's fields, or the same tables)
             raise InputError(f"{where}: schema cardinalities {cards} sum to {sum(cards)} fused "

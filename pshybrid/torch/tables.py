@@ -111,6 +111,26 @@ def _check_tables(tables) -> None:
                               collective=True)
 
 
+def resume_problem(meta: dict, tables) -> str | None:
+    """A torch checkpoint's tables (name, rows, dim, in order) against ``tables``: what
+    differs, else None (a native checkpoint: None; its fused rows are checked alone). The
+    fused rows alone matched tables listed in another order or resized to the same sum:
+    each table then resumed another's rows, silently."""
+    saved = meta.get("config", {}).get("tables")
+    if meta.get("front_end") != "torch" or not isinstance(saved, list):
+        return None
+    got = [(d.get("name"), d.get("rows"), d.get("dim")) for d in saved if isinstance(d, dict)]
+    want = [(t.name, t.rows, t.dim) for t in tables]
+    if got == want:
+        return None
+
+    def show(ts):
+        return "[" + ", ".join(f"{n!r} {r}x{d}" for n, r, d in ts) + "]"
+
+    return (f"the checkpoint's tables are {show(got)}, pt.init's {show(want)} (name, rows x "
+            "dim): resume with the same tables in the same order")
+
+
 def _rate_problem(v) -> str | None:
     """What is wrong with a table's ``lr`` or ``init_scale`` (a real number >= 0)."""
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):  # (NumPy's: too)
