@@ -324,6 +324,52 @@ def test_the_workers_own_communicator_holds_the_workers_alone(comm):
     assert_all(comm, ok, msg)
 
 
+def _zero_step_run(comm, zeroed: bool):
+    """``hybrid``, 1 server, a bucket per layer: 3 steps of plain SGD, step 2's batch
+    backward then ``opt.zero_grad()`` before its ``opt.step()`` (``zeroed``), or no step 2
+    at all. Workers: (dense parameters, the table's rows); the server: None."""
+    import pshybrid.torch as pt
+
+    if not pt.init(servers=1, mode="hybrid", seed=3, comm=comm, exit_servers=False,
+                   tables=[pt.Table("t", rows=12, dim=2, optimizer="sgd",
+                                    dtype=torch.float64)]):
+        return None
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Linear(3, 1)).double()
+    emb = pt.Embedding("t")
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model,
+                                  bucket_mb=1e-9)  # (each layer's Allreduce starts in backward)
+    for b in range(3):
+        opt.zero_grad()
+        if b == 1 and not zeroed:
+            continue
+        ids = torch.tensor([b, 3 + b + pt.worker_index()])
+        (model(emb(ids)) * (b + 1 + pt.worker_index())).sum().backward()
+        if b == 1:
+            opt.zero_grad()
+        opt.step()
+    with torch.no_grad():
+        got = (torch.cat([p.flatten() for p in model.parameters()]).numpy().copy(),
+               emb(torch.arange(12)).numpy().copy())
+    pt.shutdown()
+    return got
+
+
+@pytest.mark.mpi(min_size=2)
+def test_zero_grad_between_a_backward_and_its_step_makes_a_zero_step(comm):
+    """``loss.backward(); opt.zero_grad(); opt.step()`` (plain PyTorch: a step of zero
+    gradients): the dense buckets were on the wire when ``zero_grad`` wrote them, so the
+    step applied the workers' whole dense gradient and none of the tables' (MPI forbids
+    writing a buffer in a nonblocking Allreduce). Oracle: with plain SGD, the run's
+    parameters and rows == the run without that step, bit for bit."""
+    got, want = _zero_step_run(comm, True), _zero_step_run(comm, False)
+    ok, msg = True, ""
+    if got is not None:
+        ok = all(np.array_equal(a, b) for a, b in zip(got, want))
+        msg = f"dense {got[0]} vs {want[0]}; rows equal: {np.array_equal(got[1], want[1])}"
+    assert_all(comm, ok, msg)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_steplr_on_distributed_optimizer_matches_native_pytorch(comm):
     """``hybrid``, 1 server, W = size - 1 workers of batch 6: StepLR on

@@ -112,6 +112,14 @@ class AllreduceDense:
             self.params.flat_grad.set(self._back, stream=self.ctx.xp.cuda.get_current_stream())
             self._back = None
 
+    def settle(self) -> None:
+        """Complete the buckets backward started (their sums land in ``flat_grad``), the
+        rest left to ``start``: before the buffer is written while they are on the wire
+        (``pshybrid.torch``: ``opt.zero_grad()`` between a backward and its step)."""
+        if self._buckets is not None and not self._buckets.deferred:
+            for r in self._buckets.reqs:
+                r.Wait()  # Wire: the started Iallreduces; every worker started them
+
     def apply(self, step: int) -> None:
         """The dense optimizer's step on the summed gradients (``pshybrid.torch``: the torch
         optimizer's)."""

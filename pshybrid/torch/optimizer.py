@@ -267,12 +267,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self.accumulating = before
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """Zero the dense gradients (in place: they are the Allreduce's buffer) and drop
-        the embedding gradients of lookups whose backward already ran (a forward pass made
-        before ``zero_grad`` keeps its lookups for the coming backward). ``set_to_none``
+        """Zero the dense gradients (in place: the Allreduce's buffer, once the buckets on
+        the wire are complete) and drop the embedding gradients of lookups whose backward
+        already ran (a forward pass made before ``zero_grad`` keeps its lookups for the
+        coming backward): a step then applies zero, dense and tables. ``set_to_none``
         (torch's default) matters with ``find_unused_parameters`` alone: ``.grad`` is set to
         None, so a parameter no worker reaches before the step is skipped, as in plain
         PyTorch (otherwise ``.grad`` stays the buffer's span, zeroed: no copy per step)."""
+        self.s.mode.dense.settle()  # (a backward's buckets: MPI forbids writing them)
         self.params.zero_grad()
         none = set_to_none and self.find_unused
         if none and self.on_cpu:
@@ -286,13 +288,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.synced = False
         if not self.on_cpu:
             self.opt.zero_grad(set_to_none=none)
-        keep = []
         for entry in self.s.entries:
-            if entry[2] is None:
-                keep.append(entry)
-            else:
+            if entry[2] is not None:  # (its backward ran)
                 entry[1].release()
-        self.s.entries = keep
+        self.s.entries = [entry for entry in self.s.entries if entry[2] is None]
 
     # -- the step ----------------------------------------------------------------------------
     def step(self, closure=None):
