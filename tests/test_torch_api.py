@@ -571,6 +571,29 @@ def test_a_resume_with_another_dense_optimizer_class_is_refused(tmp_path):
             pt.shutdown()
 
 
+def test_a_refused_pt_init_leaves_the_process_able_to_start_again(tmp_path):
+    """In one process (a notebook, a test), a ``pt.init`` refused at its resume left its
+    session half made: ``pt.shutdown()`` raised AttributeError and every later
+    ``pt.init`` said it was already called. Oracle: after the refusal, ``pt.shutdown()``
+    does nothing, and a new session trains and checkpoints."""
+    from pshybrid.errors import InputError
+
+    tables = [pt.Table("a", rows=4, dim=2, optimizer="sgd", dtype=torch.float64)]
+    with pytest.raises(InputError, match="no such checkpoint directory"):
+        pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, tables=tables,
+                resume=str(tmp_path / "none"))
+    pt.shutdown()
+    pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, tables=tables)
+    try:
+        model = torch.nn.Linear(2, 1).double()
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        model(pt.Embedding("a")(torch.tensor([1, 2]))).sum().backward()
+        opt.step()
+        assert pt.checkpoint(tmp_path / "ck").endswith("step-1")
+    finally:
+        pt.shutdown()
+
+
 def test_a_resume_with_other_tables_of_the_same_fused_rows_is_refused(tmp_path):
     """The fused table's rows alone were checked: the same tables listed in another order
     (or resized to the same sum) resumed silently, each table reading another's rows.

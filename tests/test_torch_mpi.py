@@ -361,12 +361,13 @@ def test_zero_grad_between_a_backward_and_its_step_makes_a_zero_step(comm):
     gradients): the dense buckets were on the wire when ``zero_grad`` wrote them, so the
     step applied the workers' whole dense gradient and none of the tables' (MPI forbids
     writing a buffer in a nonblocking Allreduce). Oracle: with plain SGD, the run's
-    parameters and rows == the run without that step, bit for bit."""
+    parameters and rows == the run without that step, to 1e-12 (the workers' Accumulates
+    into one row land in either order)."""
     got, want = _zero_step_run(comm, True), _zero_step_run(comm, False)
     ok, msg = True, ""
     if got is not None:
-        ok = all(np.array_equal(a, b) for a, b in zip(got, want))
-        msg = f"dense {got[0]} vs {want[0]}; rows equal: {np.array_equal(got[1], want[1])}"
+        errs = [rel_err(a, b) for a, b in zip(got, want)]
+        ok, msg = max(errs) < 1e-12, f"relative errors (dense, rows) {errs}"
     assert_all(comm, ok, msg)
 
 

@@ -173,21 +173,13 @@ def init(servers: int | None = None, tables=(), mode: str = "hybrid", seed: int 
                                colocated=is_colocated(placement))
         check_memory(topo, tables)
         s = _session = Session(topo, tables, mode, seed)
-        s.pulse = Pulse(topo, timeout, "pt.init(timeout=...)")
         s.prev_hook = prev_hook
-        # a stop on a signal ends the processes only where they are all the job's and end
-        s.owns = bool(exit_servers) and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (
-            MPI.IDENT, MPI.CONGRUENT)
-        stops.start(s)  # SIGTERM, SIGUSR1 from here on (a large table loads for a while)
-        if resume is not None:
-            s.step = s.resume_step = _load_sparse(s, resume)
-            s.resume_dir = resolve(resume) if topo.is_worker else None
+        try:
+            _begin(s, comm, resume, timeout, exit_servers)
+        except PshybridError:  # (on every rank alike, or in one process)
+            _abandon(s)
+            raise
         if topo.is_worker:
-            s.arrivals = topo.workers.Dup()  # (``census``'s own)
-            s.user_comm = topo.workers.Dup()  # (``worker_comm``: the script's own)
-            s.watch = Watch(comm, f"rank {comm.rank}/{comm.size}, worker {topo.worker_index}",
-                            timeout, pulse=s.pulse)
-            s.mode.ready()
             atexit.register(_shutdown_at_exit)
             return True
         with s.pulse.watching():
@@ -204,6 +196,44 @@ def init(servers: int | None = None, tables=(), mode: str = "hybrid", seed: int 
     if exit_servers and code is None:
         sys.exit(0)
     return False
+
+
+def _begin(s: Session, comm, resume, timeout, exit_servers) -> None:
+    """``pt.init``'s session: its watches, its catcher of signals, the checkpoint resumed;
+    the workers' communicators and the store's ready."""
+    topo = s.topo
+    s.pulse = Pulse(topo, timeout, "pt.init(timeout=...)")
+    # a stop on a signal ends the processes only where they are all the job's and end
+    s.owns = bool(exit_servers) and MPI.Comm.Compare(comm, MPI.COMM_WORLD) in (
+        MPI.IDENT, MPI.CONGRUENT)
+    stops.start(s)  # SIGTERM, SIGUSR1 from here on (a large table loads for a while)
+    if resume is not None:
+        s.step = s.resume_step = _load_sparse(s, resume)
+        s.resume_dir = resolve(resume) if topo.is_worker else None
+    if topo.is_worker:
+        s.arrivals = topo.workers.Dup()  # (``census``'s own)
+        s.user_comm = topo.workers.Dup()  # (``worker_comm``: the script's own)
+        s.watch = Watch(comm, f"rank {comm.rank}/{comm.size}, worker {topo.worker_index}",
+                        timeout, pulse=s.pulse)
+        s.mode.ready()
+
+
+def _abandon(s: Session) -> None:
+    """A ``pt.init`` refused after its session began: what it made is freed (collective,
+    as it was made), so that the process (a notebook's, a test's) can call it again."""
+    s.closed = True
+    if s.watch is not None:
+        s.watch.close()
+    if s.mode.store is not None:
+        s.mode.store.close()  # Wire: see EmbeddingStore.close (the window freed)
+    if s.pulse is not None:
+        s.pulse.free()
+    for c in (s.arrivals, s.user_comm):
+        if c is not None:
+            c.Free()
+    s.topo.free()
+    sys.excepthook = s.prev_hook
+    stops.leave(None, returns=True)  # (the signals' handlers back)
 
 
 def _load_sparse(s: Session, path: str) -> int:
