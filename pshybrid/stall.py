@@ -98,7 +98,7 @@ class Watch:
             now = time.monotonic()
             late, last = now - last - self._poll, now
             if self.pulse is not None:
-                self.pulse.beat(now)
+                self.pulse.tick(now, self._poll)
             slot = self._slot
             if slot is None:
                 continue
@@ -145,47 +145,61 @@ def step_watch(topo, timeout: float | None, timers, pulse: Pulse | None) -> Watc
 
 
 BEATS = 4       # a worker's beats per --step-timeout
-CHECK_S = 0.1   # how often a server's thread looks at them
-SILENT = 2      # a server ends the job after no beat for this many --step-timeouts (where
-#                 other workers wait for a stopped one, their step timers, which name the
-#                 step and the phase, end it first)
+CHECK_S = 0.1   # how often a listener looks at them
+SILENT = 2      # a listener ends the job after no beat for this many --step-timeouts (where
+#                 other workers wait for a stopped one in a step, their step timers, which
+#                 name the step and the phase, end it first)
 _NOTHING = np.empty(0, np.uint8)  # a beat's (empty) buffer
 
 
 class Pulse:
-    """Dedicated servers' watch on the workers' processes. A worker's steps are timed by its
-    ``Watch``, and the other workers wait for it in collectives; but a sole worker (or all
-    of them) stopped or stuck holding the interpreter is timed by nobody: the servers only
-    wait for its messages. So each worker's ``Watch`` thread sends every server a zero-byte
-    beat every ``timeout / BEATS`` seconds, and a server's thread of its own (``watching``:
-    while it serves: its waits, applies, checkpoints, each collective call among them) that
-    hears none from a worker for ``SILENT * timeout`` seconds ends the job naming it. Its
-    clock leaves out a time its process stood still (a check ``STOPPED_S`` late). Only where
-    the job has dedicated servers, a step timeout and ``MPI_THREAD_MULTIPLE`` (threads
-    send and receive); else every call is a no-op. Collective: the constructor and
-    ``close`` (over the world)."""
+    """The workers' processes watched by each other and by the dedicated servers. A worker's
+    steps are timed by its ``Watch``, and the other workers wait for it in collectives; but
+    a sole worker (or all of them) stopped or stuck holding the interpreter is timed by
+    nobody (the servers only wait for its messages), nor is one stopped while the others
+    wait in a call that may last by design (an evaluation, a checkpoint: ``ends=False``).
+    So each worker's ``Watch`` thread sends a zero-byte beat every ``timeout / BEATS``
+    seconds to every dedicated server and to the next worker (a ring); a dedicated server
+    (on a thread of its own while it serves, ``watching``) and each worker (on its
+    ``Watch`` thread, ``tick``) that hears none from a worker it listens to for ``SILENT *
+    timeout`` seconds ends the job naming it. A listener's clock leaves out a time its own
+    process stood still (a check ``STOPPED_S`` late). Only where the job has a step
+    timeout, ``MPI_THREAD_MULTIPLE`` (threads send and receive) and dedicated servers or
+    two workers; else every call is a no-op. Collective: the constructor and ``close``
+    (over the world)."""
 
     made = 0  # Pulses made in this process: rank 0's count is each run's tag
 
     def __init__(self, topo, timeout: float | None, setting: str = "--step-timeout"):
         self.topo, self.timeout, self.setting = topo, timeout, setting
-        on = bool(timeout) and topo.n_servers > 0 and not topo.colocated and (
+        dedicated = topo.n_servers > 0 and not topo.colocated
+        W, me = topo.n_workers, topo.worker_index
+        on = bool(timeout) and (dedicated or W > 1) and (
             MPI.Query_thread() == MPI.THREAD_MULTIPLE)
         self.comm = topo.world.Dup() if on else None  # Wire: collective Dup (beats only)
         Pulse.made += 1  # (a beat an earlier run's freed communicator left can never match;
         # Wire: rank 0's count to every rank: a process may run others alone, on COMM_SELF)
         self.tag = self.comm.bcast(Pulse.made % 32768, root=0) if self.comm is not None else 0
+        self.to: list[int] = []  # whom this rank beats: dedicated servers, the next worker
+        listens: list[int] = topo.worker_ranks  # (a dedicated server: every worker)
+        if topo.is_worker:
+            ring = [topo.worker_ranks[(me + 1) % W]] if W > 1 else []
+            self.to = (list(topo.server_ranks) if dedicated else []) + ring
+            listens = [topo.worker_ranks[me - 1]] if W > 1 else []  # (the previous worker)
+        self.heard = {r: 0.0 for r in listens}  # the clock at each one's last beat
+        self.got: dict[int, int] = {}  # beats received from each
         self._lock = threading.Lock()
-        self._sends: list = []  # workers: the beats' requests
-        self.sent = 0           # workers: beats sent to each server
+        self._sends: list = []  # the beats' requests
+        self.sent = 0           # beats sent to each of ``to``
         self._due = 0.0
-        self.heard = {r: 0.0 for r in topo.worker_ranks}  # servers: clock at its last beat
-        self.got: dict[int, int] = {}      # servers: beats received from each worker
+        self._clock, self._last, self._next = 0.0, None, 0.0
 
     # -- workers (their Watch thread) ----------------------------------------------------
-    def beat(self, now: float) -> None:
-        """Wire: a zero-byte Isend to every server, when one is due; nobody waits."""
-        if self.comm is None or not self.topo.is_worker or now < self._due:
+    def tick(self, now: float, period: float) -> None:
+        """Every ``period`` s: a beat when one is due (Wire: a zero-byte Isend to each of
+        ``to``; nobody waits), and the beats heard (``_hear``)."""
+        if self.comm is None or not self.to or now < self._due:
+            self._hear(now, period)
             return
         with self._lock:
             if self.comm is None:  # (closed meanwhile)
@@ -193,15 +207,16 @@ class Pulse:
             self._due = now + self.timeout / BEATS
             self._sends = [r for r in self._sends if not r.Test()]
             self._sends += [self.comm.Isend([_NOTHING, MPI.BYTE], r, self.tag)
-                            for r in self.topo.server_ranks]
+                            for r in self.to]
             self.sent += 1
+        self._hear(now, period)
 
     # -- servers (a thread while they serve) ---------------------------------------------
     @contextmanager
     def watching(self):
-        """Servers, around their loop (``serve``): a thread receives the beats every
-        ``CHECK_S`` and ends the job if a worker was silent for ``SILENT * timeout``."""
-        if self.comm is None or not self.topo.is_server:
+        """Dedicated servers, around their loop (``serve``): a thread hears the beats every
+        ``CHECK_S`` (``_hear``)."""
+        if self.comm is None or self.topo.is_worker:
             yield
             return
         stop = threading.Event()
@@ -215,29 +230,41 @@ class Pulse:
             thread.join()
 
     def _listen(self, stop: threading.Event) -> None:
-        clock, last = 0.0, time.monotonic()
         while not stop.wait(CHECK_S):
-            now = time.monotonic()
-            gap, last = now - last, now
-            if gap < CHECK_S + STOPPED_S:  # (longer: this process stood still)
-                clock += gap
-            self._receive(clock)
-            for r, at in self.heard.items():
-                if clock - at >= SILENT * self.timeout:
-                    self._end(r, clock - at)
+            self._hear(time.monotonic(), CHECK_S)
 
-    def _receive(self, clock: float) -> None:
-        st = MPI.Status()
-        while self.comm.Iprobe(MPI.ANY_SOURCE, self.tag, st):  # Wire: a worker's beat
-            self.comm.Recv([_NOTHING, MPI.BYTE], st.source, self.tag)
-            self.heard[st.source] = clock
-            self.got[st.source] = self.got.get(st.source, 0) + 1
+    # -- every listener ------------------------------------------------------------------
+    def _hear(self, now: float, period: float) -> None:
+        """Called every ``period`` s: every ``CHECK_S`` of this listener's clock, receive
+        the beats that came, and end the job if one it listens to was silent for
+        ``SILENT * timeout`` of it."""
+        if self.comm is None or not self.heard:
+            return
+        gap, self._last = now - (now if self._last is None else self._last), now
+        if gap < period + STOPPED_S:  # (longer: this process stood still)
+            self._clock += gap
+        if self._clock < self._next:
+            return
+        self._next = self._clock + CHECK_S
+        with self._lock:
+            if self.comm is None:  # (closed meanwhile)
+                return
+            st = MPI.Status()
+            while self.comm.Iprobe(MPI.ANY_SOURCE, self.tag, st):  # Wire: a worker's beat
+                self.comm.Recv([_NOTHING, MPI.BYTE], st.source, self.tag)
+                self.heard[st.source] = self._clock
+                self.got[st.source] = self.got.get(st.source, 0) + 1
+        for r, at in self.heard.items():
+            if self._clock - at >= SILENT * self.timeout:
+                self._end(r, self._clock - at)
 
     def _end(self, rank: int, silent: float) -> None:
         topo = self.topo
+        me = (f"worker {topo.worker_index}" if topo.is_worker else
+              f"server {topo.server_index}")
         sys.stdout.flush()
         (sys.__stderr__ or sys.stderr).write(
-            f"pshybrid: error (rank {topo.rank}, server {topo.server_index}): worker "
+            f"pshybrid: error (rank {topo.rank}, {me}): worker "
             f"{topo.worker_ranks.index(rank)} (rank {rank}) sent no sign of life for "
             f"{silent:.0f} s: its process is stopped or stuck (SIGSTOP, "
             f"swapping, a hung file system); {self.setting} sets this limit\n")
@@ -246,16 +273,21 @@ class Pulse:
     # -- every rank ----------------------------------------------------------------------
     def close(self) -> None:
         """Collective over the world, after the workers' last message to the servers:
-        workers stop beating; servers receive every beat still on its way (each worker's
-        count), so none outlives the run. Wire: allgather of one int; the beats' Recvs."""
-        comm, sends = self._detach()
-        if comm is None:
+        every rank arrives (beats go on meanwhile: one may still work alone), then the
+        beats stop, and each listener receives every beat still on its way (each worker's
+        count), so none outlives the run. Wire: Ibarrier; allgather of one int; Recvs."""
+        if self.comm is None:
             return
-        sent = comm.allgather(self.sent if self.topo.is_worker else 0)
-        if self.topo.is_server:
-            for r in self.topo.worker_ranks:
-                for _ in range(sent[r] - self.got.get(r, 0)):
-                    comm.Recv([_NOTHING, MPI.BYTE], r, self.tag)
+        arrival = self.comm.Ibarrier()  # Wire: every rank is here; nobody beats after it
+        while not arrival.Test():
+            time.sleep(CHECK_S / 10)
+            if not self.topo.is_worker:  # (a worker's Watch thread hears for it)
+                self._hear(time.monotonic(), CHECK_S / 10)
+        comm, sends = self._detach()
+        sent = comm.allgather(self.sent)
+        for r in self.heard:
+            for _ in range(sent[r] - self.got.get(r, 0)):
+                comm.Recv([_NOTHING, MPI.BYTE], r, self.tag)
         MPI.Request.Waitall(sends)  # (after the receives: a send may wait for its match)
         comm.Free()
 

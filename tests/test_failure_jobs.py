@@ -461,24 +461,30 @@ def test_a_worker_stopped_before_a_logs_allreduce_ends_the_job():
         p.stderr)
 
 
-@pytest.mark.parametrize("mode,where", [("hybrid", "step"), ("ps", "step"),
-                                        ("hybrid", "checkpoint")])
-def test_a_sole_stopped_worker_is_ended_by_the_servers(tmp_path, mode, where):
-    """The only worker stops (SIGSTOP) at step 5, or inside checkpoint 4 (its files written,
-    the server waiting in the collective call after them): nobody timed it (the servers only
-    waited for its messages, plain SGD sends them none, and not at all in a checkpoint's
-    collective calls), and the job hung for good. Oracle: a server's line names worker 0
-    and --step-timeout, the job ends long before the test's limit with a non-zero status."""
+@pytest.mark.parametrize("mode,where", [
+    ("hybrid", "step"), ("ps", "step"), ("hybrid", "checkpoint"), ("allreduce", "checkpoint"),
+    ("colocated", "checkpoint")])
+def test_a_stopped_worker_no_step_timer_sees_ends_the_job(tmp_path, mode, where):
+    """The last worker stops (SIGSTOP) at step 5, or inside checkpoint 4 (its files written,
+    the others waiting in the collective call after them). The sole worker of one server
+    (hybrid, ps) was timed by nobody (the server only waited for its messages, plain SGD
+    sends them none, and not at all in a checkpoint's collective calls), and the other
+    worker of two (allreduce, colocated) only warned (a checkpoint may last by design): the
+    job hung for good. Oracle: the line of the server or the next worker names the stopped
+    worker and --step-timeout, and the job ends long before the test's limit with a
+    non-zero status."""
     script = os.path.join(os.path.dirname(__file__), "jobs", "train_stopped_worker.py")
     at = (["4:checkpoint", "train", "--checkpoint-dir", str(tmp_path / "ck"),
            "--checkpoint-every", "4"] if where == "checkpoint" else ["5", "train"])
+    how = (["--placement", "colocated"] if mode == "colocated" else ["--mode", mode])
     t0 = time.monotonic()
-    p = run_job(2, [sys.executable, script, "60", *at, "--steps", "8", "--mode", mode,
+    p = run_job(2, [sys.executable, script, "60", *at, "--steps", "8", *how,
                     "--progress", "none", "--step-timeout", "3", *SMALL], timeout=60)
     assert p.returncode != 0 and time.monotonic() - t0 < 40, (p.returncode, p.stderr)
-    assert re.search(r"pshybrid: error \(rank \d, server 0\): worker 0 \(rank \d\) sent no "
-                     r"sign of life for \d+ s: its process is stopped or stuck .*--step-timeout "
-                     r"sets this limit", p.stderr), p.stderr
+    last = "0" if mode in ("hybrid", "ps") else "1"
+    assert re.search(r"pshybrid: error \(rank \d, (server|worker) 0\): worker " + last
+                     + r" \(rank \d\) sent no sign of life for \d+ s: its process is stopped or "
+                     r"stuck .*--step-timeout sets this limit", p.stderr), p.stderr
 
 
 @pytest.mark.parametrize("placement", ["dedicated", "colocated"])
