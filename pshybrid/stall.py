@@ -11,9 +11,9 @@ does (not one marked ``ends=False``: a wait by design); the time the whole proce
 still (stopped and continued: a suspended job) does not count. The thread makes no MPI call but
 ``MPI_Abort`` and ``Pulse``'s beats (zero-byte ``Isend``s), and those only under
 ``MPI_THREAD_MULTIPLE``; at a lower thread level it sends no beat, and for the end it ends
-this process (``os._exit``) and the launcher ends the others. ``Pulse``: the dedicated
-servers' thread that hears those beats (zero-byte receives) and ends the job when a
-worker's beats stop."""
+this process (``os._exit``) and the launcher ends the others. ``Pulse``: those beats,
+heard by the dedicated servers (a thread of theirs) and by the next worker (its ``Watch``
+thread), which end the job when a worker's beats stop."""
 
 from __future__ import annotations
 
@@ -278,7 +278,7 @@ class Pulse:
         count), so none outlives the run. Wire: Ibarrier; allgather of one int; Recvs."""
         if self.comm is None:
             return
-        arrival = self.comm.Ibarrier()  # Wire: every rank is here; nobody beats after it
+        arrival = self.comm.Ibarrier()  # Wire: every rank is here (each beats until it is)
         while not arrival.Test():
             time.sleep(CHECK_S / 10)
             if not self.topo.is_worker:  # (a worker's Watch thread hears for it)
