@@ -164,8 +164,9 @@ def resolve(path: str) -> str:
     checkpoint root (its ``latest``) or one of its ``POINTERS`` (``ck/best``)."""
     if os.path.isfile(os.path.join(path, "meta.json")):
         return path
-    root, pointer = os.path.split(os.path.normpath(path))
-    if pointer in POINTERS and os.path.lexists(path) and not os.path.isdir(path):
+    norm = os.path.normpath(path)
+    root, pointer = os.path.split(norm)
+    if pointer in POINTERS and os.path.lexists(norm) and not os.path.isdir(norm):
         root, named = root or ".", read_latest(root or ".", pointer)
     else:
         root, pointer = path, "latest"
@@ -178,6 +179,10 @@ def resolve(path: str) -> str:
                              "checkpoint directory")
         return step_dir
     if not os.path.lexists(path):
+        parent, name = os.path.split(norm)
+        if name == "best" and os.path.lexists(os.path.join(parent or ".", "latest")):
+            raise InputError(f"{path}: no evaluated checkpoint in {parent or '.'} (train writes "
+                             "best at a checkpoint of a step --eval-data evaluated)")
         raise InputError(f"{path}: no such checkpoint directory")
     if os.path.isfile(path) and safeio.output_kind(path) == "export":
         raise InputError(f"{path}: an export written by pshybrid export, not a checkpoint: "

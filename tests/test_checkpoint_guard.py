@@ -174,8 +174,12 @@ def test_a_checkpoint_records_its_evaluation_and_pruning_keeps_the_best(tmp_path
     assert steps_in(ck) == sorted({"step-6", f"step-{top}"}), (steps_in(ck), evals)
     assert (f"best evaluated checkpoint: {ck}/step-{top} (auc {evals[top]['auc']:.4f})\n"
             in out), out
-    for pointer, name in (("best", f"step-{top}"), ("latest", "step-6")):
+    for pointer, name in (("best", f"step-{top}"), ("latest", "step-6"), ("best/", f"step-{top}")):
         assert checkpoint_files.resolve(os.path.join(ck, pointer)) == os.path.join(ck, name)
+    run(steps=2, checkpoint_dir=str(tmp_path / "ck0"))  # (no evaluation: no best)
+    with pytest.raises(InputError, match=r"ck0/best: no evaluated checkpoint in \S+ck0 \(train "
+                       r"writes best at a checkpoint of a step --eval-data evaluated\)"):
+        checkpoint_files.resolve(str(tmp_path / "ck0" / "best"))
     for name in steps_in(ck):
         n = int(name[5:])
         assert checkpoint_files.read_meta(os.path.join(ck, name))["eval"] == evals[n]

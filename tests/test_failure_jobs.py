@@ -181,6 +181,7 @@ def test_a_torch_exception_inside_try_finally_shutdown_ends_the_job(mode, n, cas
     ("last", "allreduce", 2, "the workers are out of step: worker 0 in pt.checkpoint at "
                              "step 3, worker 1 in pt.shutdown() at step 3"),
     ("steps", "allreduce", 2, "(rank 0/2, worker 0): 3 s inside opt.step() at step 3, waiting"),
+    ("zero", "allreduce", 2, "(rank 0/2, worker 0): 3 s inside opt.zero_grad() at step 4"),
     ("checkpoint", "allreduce", 2, "(rank 0/2, worker 0): 3 s inside pt.checkpoint at step 2"),
     ("checkpoint", "hybrid", 3, "(rank 0/3, worker 0): 3 s inside pt.checkpoint at step 2")])
 def test_torch_workers_that_call_differently_end_in_one_line(tmp_path, case, mode, n, want):
@@ -188,7 +189,8 @@ def test_torch_workers_that_call_differently_end_in_one_line(tmp_path, case, mod
     AssertionError traceback (hybrid) or waited for good (allreduce); a batch_size that
     differs between workers read overlapping rows; pt.checkpoint on worker 0 alone waited
     for good, or (allreduce) matched the others' step collectives and died on garbage; after
-    the loop (the others in pt.shutdown()) it waited for the timeout.
+    the loop (the others in pt.shutdown()) it waited for the timeout; opt.zero_grad() between
+    a backward and its step on worker 0 alone waited for good.
     Oracle: the line, status 2, in time (pt.init's timeout: 3 s)."""
     pytest.importorskip("torch")
     from pshybrid.synthetic import write_synthetic

@@ -118,7 +118,7 @@ class AllreduceDense:
         (``pshybrid.torch``: ``opt.zero_grad()`` between a backward and its step)."""
         if self._buckets is not None and not self._buckets.deferred:
             for r in self._buckets.reqs:
-                r.Wait()  # Wire: the started Iallreduces; every worker started them
+                r.Wait()  # Wire: the started Iallreduces (each waits for every worker's)
 
     def apply(self, step: int) -> None:
         """The dense optimizer's step on the summed gradients (``pshybrid.torch``: the torch

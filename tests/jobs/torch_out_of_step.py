@@ -10,6 +10,8 @@
   ``stall.WARN_S``, set to 0.5 s here, and the job ends as usual);
 - ``eval``: worker 0 takes 4 s alone after the loop (scoring a validation file, say)
   while the others wait in ``pt.shutdown()``: past ``TIMEOUT``, a warning and no end;
+- ``zero``: worker 0 alone runs a batch more, ``opt.zero_grad()`` between its backward
+  and its step (the backward's Allreduce, started, waits for the others);
 - ``stop``: the last worker stops (``SIGSTOP``) before its second step: with one worker,
   nobody but the servers (their ``stall.Pulse``) can see it.
 
@@ -62,5 +64,9 @@ if pt.init(servers=None if colocated else 1 if mode == "hybrid" else 0,
         time.sleep(4.0)
     if case == "last" and first:
         pt.checkpoint(data + ".ckpt")
+    if case == "zero" and first:
+        (model(emb(torch.tensor([1, 2]))).sum()).backward()
+        opt.zero_grad()
+        opt.step()
     pt.shutdown()
     print("done")
