@@ -256,8 +256,9 @@ NOT_REGULAR = "f.h5: cannot read a dataset: not a regular file (a FIFO, device o
 # eval, predict, plot: a bad checkpoint, dataset or metrics file, or an output in the way
 CASES.update({
     "eval_missing_ckpt": (1, None, ["eval", "nope", "d.h5"], "no such checkpoint"),
-    "eval_latest_file": (1, None, ["eval", "ck/latest", "d.h5"], "ck/latest: the file that "
-                         "names a checkpoint's newest step: give its directory, ck"),
+    "eval_best_unwritten": (1, None, ["eval", "ck/best", "d.h5"], "ck/best: no evaluated "
+                            "checkpoint in ck (train writes best at a checkpoint of a step "
+                            "--eval-data evaluated)"),
     "eval_missing_data": (1, None, ["eval", "ck", "nope.h5"], "no such dataset"),
     "eval_data_not_hdf5": (1, None, ["eval", "ck", "victim.txt"], "not a readable HDF5 file"),
     "eval_other_schema": (1, _other_schema, ["eval", "ck", "o.h5"], "other fields"),
