@@ -38,17 +38,17 @@ from .transport import agree
 
 # -- the directory: pruning, leftovers -----------------------------------------------------
 
-def _prune(root: str, keep: int, written: int) -> None:
+def _prune(root: str, keep: int, written: int, kept: tuple | None) -> None:
     """Keep the newest ``keep`` checkpoints up to ``written`` (the one just written and
-    named by ``latest``) and the best evaluated (``best``): remove only real ``step-N``
-    directories with N < ``written``, never the one ``latest`` names, never newer ones,
-    never through a link."""
+    named by ``latest``) and the best evaluated (``kept``: ``best``'s (name, AUC) of the
+    directory): remove only real ``step-N`` directories with N < ``written``, never the
+    one ``latest`` names, never newer ones, never through a link."""
     try:
         protected = {read_latest(root), f"step-{written}"}
     except InputError:
         return  # latest is not ours: remove nothing
     steps = list_steps(root)
-    if (kept := best(steps)) is not None:
+    if kept is not None:
         protected.add(kept[0])
     older = sorted((n, p) for n, p in steps.items() if n < written)
     for n, p in older[:max(len(older) - (keep - 1), 0)]:
@@ -209,27 +209,29 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema,
             safeio.remove_tree(tmp)  # no partial step directory is left behind
         raise
     if writer:
+        # (every step's meta.json read once, for both)
+        kept = best(list_steps(root)) if evaluation is not None or cfg.keep_last else None
         if evaluation is not None:
-            _point_best(root)
+            _point_best(root, kept)
         if cfg.keep_last:
-            _prune(root, cfg.keep_last, step)
+            _prune(root, cfg.keep_last, step, kept)
         _remove_stale_temps(root)
     return final
 
 
-def _point_best(root: str) -> None:
-    """``root/best`` names the evaluated checkpoint of the highest AUC (``best``: the one
-    pruning keeps), written as ``latest`` is; one that cannot be is removed (never naming
-    another), with a warning."""
+def _point_best(root: str, kept: tuple | None) -> None:
+    """``root/best`` names the evaluated checkpoint of the highest AUC (``kept``: ``best``'s
+    (name, AUC), the one pruning keeps), written as ``latest`` is; one that cannot be is
+    removed (never naming another), with a warning."""
     path = os.path.join(root, "best")
     try:
-        kept = best(list_steps(root))
-        try:
-            now = read_latest(root, "best")
-        except InputError:  # (a link or another's text there: replaced, never followed)
-            now = None
-        if kept is not None and now != kept[0]:
-            safeio.atomic_write_text(path, f"{kept[0]}\n")
+        now = read_latest(root, "best")
+    except InputError:  # (a link or another's text there: replaced, never followed)
+        now = None
+    if kept is None or now == kept[0]:
+        return
+    try:
+        safeio.atomic_write_text(path, f"{kept[0]}\n")
     except OSError as e:
         why = getattr(e, "strerror", None) or e
         sys.stderr.write(f"pshybrid: warning: {path} not updated ({why}): the best "

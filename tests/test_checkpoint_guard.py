@@ -144,12 +144,12 @@ def test_prune_removes_only_older_real_step_directories(tmp_path):
         (root / f"step-{n}" / "meta.json").write_text("{}")
     os.symlink(outside, root / "step-3")
     (root / "latest").write_text("step-10\n")
-    checkpoint._prune(str(root), 1, 10)
+    checkpoint._prune(str(root), 1, 10, None)  # (their meta.json record no evaluation)
     assert steps_in(root) == ["step-10", "step-3", "step-30"]  # newer and links stay
     assert (outside / "keep").read_text() == "x"
     # latest is protected even when it is not the newest written (defence in depth)
     (root / "latest").write_text("step-3\n")
-    checkpoint._prune(str(root), 1, 30)
+    checkpoint._prune(str(root), 1, 30, None)
     assert (outside / "keep").exists() and os.path.islink(root / "step-3")
 
 
@@ -196,8 +196,9 @@ def test_a_checkpoint_records_its_evaluation_and_pruning_keeps_the_best(tmp_path
     victim.write_text("step-5\n")
     os.remove(os.path.join(ck2, "best"))
     os.symlink(victim, os.path.join(ck2, "best"))
-    checkpoint._point_best(ck2)
-    checkpoint._prune(ck2, 1, 5)
+    kept = checkpoint_files.best(checkpoint_files.list_steps(ck2))
+    checkpoint._point_best(ck2, kept)
+    checkpoint._prune(ck2, 1, 5, kept)
     assert steps_in(ck2) == ["step-3", "step-5"] and victim.read_text() == "step-5\n"
     assert checkpoint_files.read_latest(ck2, "best") == "step-3"
 
