@@ -208,8 +208,8 @@ def _begin(s: Session, comm, resume, timeout, exit_servers) -> None:
         MPI.IDENT, MPI.CONGRUENT)
     stops.start(s)  # SIGTERM, SIGUSR1 from here on (a large table loads for a while)
     if resume is not None:
-        s.step = s.resume_step = _load_sparse(s, resume)
-        s.resume_dir = resolve(resume) if topo.is_worker else None
+        s.step, step_dir = _load_sparse(s, resume)
+        s.resume_step, s.resume_dir = s.step, step_dir if topo.is_worker else None
     if topo.is_worker:
         s.arrivals = topo.workers.Dup()  # (``census``'s own)
         s.user_comm = topo.workers.Dup()  # (``worker_comm``: the script's own)
@@ -236,9 +236,10 @@ def _abandon(s: Session) -> None:
     stops.leave(None, returns=True)  # (the signals' handlers back)
 
 
-def _load_sparse(s: Session, path: str) -> int:
-    """Every rank: the checkpoint's step; servers load their rows of the fused table."""
-    err, step = None, 0
+def _load_sparse(s: Session, path: str) -> tuple[int, str | None]:
+    """Every rank: the checkpoint's step and directory (``resolve``d once); servers load
+    their rows of the fused table."""
+    err, step, step_dir = None, 0, None
     try:
         step_dir = resolve(path)
         meta = read_meta(step_dir)
@@ -266,7 +267,7 @@ def _load_sparse(s: Session, path: str) -> int:
     except PshybridError as e:
         err = e
     agree(s.topo.world, err)  # Wire: verdict allgather; nobody pulls before all loaded
-    return step
+    return step, step_dir
 
 
 def _save(s: Session, root: str | None, step: int, state: dict | None = None,
