@@ -522,6 +522,36 @@ def test_a_checkpointable_dense_optimizer_steps_without_a_warning(make, capfd):
     assert "warning" not in capfd.readouterr().err
 
 
+def test_a_lookup_whose_graph_is_freed_unreached_is_dropped_and_the_step_is_unchanged(job):
+    """An evaluation with gradients on (no ``torch.no_grad()``) kept each of its lookups
+    until the next ``opt.step()``: the session grew with every batch. A lookup whose graph
+    is freed before a backward reached it is dropped at the next lookup. Oracles: after 40
+    such lookups the session holds at most 2; the step after them moves the rows by
+    -lr * count * w (plain SGD, loss = Linear(emb(ids)).sum()), exactly as without them."""
+    from pshybrid.torch.session import session
+
+    emb, model = pt.Embedding("t"), torch.nn.Linear(2, 1, bias=False).double()
+    opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), model)
+    with torch.no_grad():
+        before = emb(torch.arange(10)).numpy().copy()
+    ids = torch.tensor([3, 3, 7])
+    loss = model(emb(ids)).sum()
+    loss.backward()
+    del loss  # (its graph freed after the backward: kept, it has gradients)
+    for k in range(40):
+        model(emb(torch.tensor([k % 10, 1]))).sum()  # (never backpropagated)
+    assert len(session().entries) <= 2, len(session().entries)
+    opt.step()
+    with torch.no_grad():
+        after = emb(torch.arange(10)).numpy()
+    want = before.copy()
+    w, lr = model.weight.detach().numpy()[0], opt.param_groups[-1]["lr"]
+    for i in ids.tolist():
+        want[i] -= lr * w
+    assert np.allclose(after, want, rtol=0, atol=1e-12), (after, want)
+    assert not np.allclose(after, before)
+
+
 def test_load_rows_refuses_what_is_not_the_tables_rows(job):
     """(The rows it loads start a hybrid run: ``tests/test_torch_mpi.py``.)"""
     from pshybrid.errors import InputError

@@ -11,6 +11,7 @@ hands them, with the step's other lookups, to the step's sparse update.
 from __future__ import annotations
 
 import sys
+import weakref
 import zlib
 
 import numpy as np
@@ -81,7 +82,9 @@ class _Lookup(torch.autograd.Function):
             ctx.set_materialize_grads(False)  # (an unused output's gradient stays None)
             ctx.parts, ctx.grads, ctx.gids = parts, [None] * len(parts), gids
             ctx.entry = [gids, batch, None, True]
+            _drop_unreached(s)
             s.entries.append(ctx.entry)
+            weakref.finalize(ctx, s.unreached.append, ctx.entry)  # (its graph freed)
         else:
             batch.release()
         return tuple(outs)
@@ -106,6 +109,26 @@ class _Lookup(torch.autograd.Function):
                 entry[2][at:at + n, :d] = ctx.grads[k]
                 at += n
         return (None,) * 4
+
+
+def _drop_unreached(s) -> None:
+    """Lookups whose autograd graph was freed before a backward reached them (an
+    evaluation with gradients on) are dropped from the step, their Batches released: they
+    would have sent their rows nothing. (Told by a finalizer, which may run inside any
+    allocation: it only appends; the session's lists change here.)"""
+    gone = set()
+    while s.unreached:
+        entry = s.unreached.popleft()
+        if entry[2] is None:
+            gone.add(id(entry))  # (the deque held it: no live entry shares its id)
+    if gone:
+        kept = []
+        for entry in s.entries:
+            if id(entry) in gone:
+                entry[1].release()
+            else:
+                kept.append(entry)
+        s.entries = kept
 
 
 # gives each lookup's output a place in the autograd graph (tables have no torch parameters)

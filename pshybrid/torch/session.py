@@ -15,6 +15,7 @@ import atexit
 import copy
 import os
 import sys
+from collections import deque
 
 import torch
 from mpi4py import MPI
@@ -96,6 +97,7 @@ class Session:
         self.roots: set = set()  # the directories this session has written checkpoints in
         self.entries: list = []  # this step's lookups: [ids (n,), Batch, grads or None,
         #   whether the Batch was planned from these ids] (``embedding._Lookup``)
+        self.unreached: deque = deque()  # lookups whose graph was freed (``embedding``)
         self.optimizer = None  # the DistributedOptimizer, once made
         self.told_unloaded = False  # a resumed session's lookup before it was (``embedding``)
         self.arrivals = self.user_comm = None  # workers: ``census``'s, ``worker_comm``'s
