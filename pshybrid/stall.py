@@ -9,7 +9,7 @@ that lasts ``WARN_S`` gets one warning line naming it; one that lasts ``timeout`
 ends the job with one line naming it (exit status 2), as ``torch.distributed``'s timeout
 does (not one marked ``ends=False``: a wait by design); the time the whole process stood
 still (stopped and continued: a suspended job) does not count. The thread makes no MPI call but
-``MPI_Abort`` and ``Pulse``'s beats (zero-byte ``Isend``s), and those only under
+``MPI_Abort``, ``Pulse``'s beats (zero-byte ``Isend``s) and its judge's probes, and those only under
 ``MPI_THREAD_MULTIPLE``; at a lower thread level it sends no beat, and for the end it ends
 this process (``os._exit``) and the launcher ends the others. ``Pulse``: those beats,
 heard by the dedicated servers (a thread of theirs) and by the next worker (its ``Watch``
@@ -34,6 +34,9 @@ WARN_S = 60.0  # the warning's delay (none when the timeout comes first)
 # and continued, as Slurm's ``scontrol suspend``/gang scheduling do to every rank): the time
 # it stood still is not counted, so a resumed job goes on instead of ending at once
 STOPPED_S = 2.0
+# A call this long is asked about by ``Watch``'s judge (a wait that cannot end: told before
+# the timeout; sooner, a server's own line on it would race with the judge's)
+JUDGE_S = 2.0
 
 ADVICE = ("the other workers (workers out of step wait for each other: every worker must make "
           "the same number of steps and call opt.step(), opt.synchronize(), pt.checkpoint and "
@@ -49,12 +52,14 @@ class Watch:
 
     def __init__(self, comm: MPI.Comm, who: str, timeout: float | None, advice: str = ADVICE,
                  setting: str = "pt.init(timeout=...)", phase=lambda: None,
-                 pulse: "Pulse | None" = None):
+                 pulse: "Pulse | None" = None, judge=None):
         """``advice``: whom the calls wait for and why, in the lines; ``setting``: what
         sets the limit; ``phase()``: the part of the call this rank is in, if known;
-        ``pulse``: the thread sends its beats (``Pulse.beat``)."""
+        ``pulse``: the thread sends its beats (``Pulse.beat``); ``judge(name, step)``,
+        asked each poll of a call that lasts ``JUDGE_S``: why it can never end (the job
+        ends with that line), or None."""
         self.comm, self.who, self.timeout, self.warn_s = comm, who, timeout, WARN_S
-        self.pulse = pulse
+        self.pulse, self.judge = pulse, judge
         self.advice, self.setting, self.phase = advice, setting, phase
         self._slot = None  # (name, step, since, ends) of the call this rank is inside
         self._next = None  # (name, step, ends) of the call ``inside`` names, until entered
@@ -108,7 +113,9 @@ class Watch:
                 lost += min(late, now - slot[2])
             waited, ends = now - slot[2] - lost, self.timeout if slot[3] else None
             if ends and waited >= ends:
-                self._end(slot, waited)
+                self._end(f"{self._where(slot, waited)}; {self.setting} sets this limit")
+            if self.judge is not None and waited >= JUDGE_S and (why := self.judge(*slot[:2])):
+                self._end(why)
             if self.warn_s and waited >= self.warn_s and warned is not slot and (
                     not ends or self.warn_s < ends):
                 warned = slot
@@ -126,9 +133,8 @@ class Watch:
         err.write(line + "\n")
         err.flush()
 
-    def _end(self, slot, waited: float) -> None:
-        self._write(f"pshybrid: error ({self.who}): {self._where(slot, waited)}; "
-                    f"{self.setting} sets this limit")
+    def _end(self, why: str) -> None:
+        self._write(f"pshybrid: error ({self.who}): {why}")
         if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
             abort(self.comm, 2)  # Wire: MPI_Abort ends every rank; nobody waits
         release_shared_memory()  # (what abort does first; the launcher ends the others)

@@ -33,7 +33,7 @@ from pshybrid.schema import FusedTable, Schema
 from pshybrid.stall import Pulse, Watch
 from pshybrid.threads import THREAD_VARS, rank_cores
 from pshybrid.topology import Topology
-from pshybrid.torch.census import FAILED, arrive, arrived, census
+from pshybrid.torch.census import FAILED, arrive, arrived, census, out_of_step
 from pshybrid.torch.restore import (DTYPES, TorchRun, checkpoint_form, dense_arrays,
                                     read_groups, read_state, rewrite_meta, state_problem)
 from pshybrid.torch.tables import Table, check_init, check_memory, resume_problem
@@ -215,8 +215,10 @@ def _begin(s: Session, comm, resume, timeout, exit_servers) -> None:
     if topo.is_worker:
         s.arrivals = topo.workers.Dup()  # (``census``'s own)
         s.user_comm = topo.workers.Dup()  # (``worker_comm``: the script's own)
+        judge = (lambda name, step: out_of_step(s, name, step)) if (
+            MPI.Query_thread() == MPI.THREAD_MULTIPLE) else None  # (it probes: its thread)
         s.watch = Watch(comm, f"rank {comm.rank}/{comm.size}, worker {topo.worker_index}",
-                        timeout, pulse=s.pulse)
+                        timeout, pulse=s.pulse, judge=judge)
         s.mode.ready()
 
 

@@ -19,8 +19,10 @@ In ``hybrid`` mode the servers (colocated: every rank, each a worker with a shar
 first and end the job with one line naming what differs (it was their assertion traceback;
 colocated, it waited for the timeout); the second and ``phase`` are one line from
 the workers' census (it read overlapping rows for many steps), and so is ``last`` (it waited
-for the timeout: ``pt.shutdown`` took no census); the rest (they waited for
-good) end at ``pt.init``'s ``timeout`` (seconds), naming the call each worker is inside.
+for the timeout: ``pt.shutdown`` took no census); where a worker waits inside a step
+(``checkpoint``; ``steps`` and ``zero`` in ``allreduce`` mode) its step's timer hears the
+other's call and ends the job in seconds, naming both (they waited for good, then for
+``pt.init``'s ``timeout``, seconds); ``stop`` ends at that timeout.
 
 mpiexec -n N python tests/jobs/torch_out_of_step.py CASE hybrid|allreduce|colocated DATA TIMEOUT
 """
