@@ -330,14 +330,20 @@ def test_a_command_of_one_process_under_several_ranks_is_refused_on_each(tmp_pat
     assert p.returncode == 2 and not out.exists() and "Traceback" not in p.stderr
 
 
-def test_a_torch_script_refused_ends_in_one_line_per_worker():
+@pytest.mark.parametrize("resume", [None, "no-such-ck"])
+def test_a_torch_script_refused_ends_in_one_line_per_worker(tmp_path, resume):
     """pshybrid.torch's hook: a PshybridError left uncaught on a worker is one line, as on
-    the command line (it printed the whole traceback), and every rank ends with status 2."""
+    the command line (it printed the whole traceback), and every rank ends with status 2;
+    so is ``pt.init``'s own refusal of its ``resume=`` (a traceback on every rank, status 1,
+    once a refused pt.init freed its session)."""
     pytest.importorskip("torch")
     script = os.path.join(os.path.dirname(__file__), "jobs", "torch_refusal.py")
-    p = run_job(2, [sys.executable, script], timeout=120)
+    p = run_job(2, [sys.executable, script] + ([str(tmp_path / resume)] if resume else []),
+                timeout=120)
+    want = (f"{tmp_path / resume}: no such checkpoint directory" if resume else
+            "a refusal of this test")
     assert p.returncode == 2, (p.returncode, p.stderr)
-    assert "pshybrid: error (rank 0/2): a refusal of this test" in p.stderr, p.stderr
+    assert f"pshybrid: error (rank 0/2): {want}" in p.stderr, p.stderr
     assert "Traceback" not in p.stderr, p.stderr
 
 

@@ -298,6 +298,36 @@ def test_a_plain_pytorch_model_starts_a_hybrid_run_through_load_rows(comm, workd
 
 
 @pytest.mark.mpi(min_size=2)
+def test_a_resume_of_a_pointer_loads_rank_0s_step_on_every_rank(comm, workdir, monkeypatch):
+    """``pt.init(resume="ck")``: each rank read ck/latest itself, so a ``latest`` rewritten
+    between their reads (a job still writing ck) resumed ranks from different steps. Rank
+    0 reads it and tells the others. Oracle: the others, whose own read would name step-0
+    (patched), all resume at rank 0's step 1."""
+    import pshybrid.torch as pt
+    import pshybrid.torch.session as sess
+
+    ck = workdir / "ck"
+    tables = [pt.Table("t", rows=6, dim=2, optimizer="sgd", dtype=torch.float64)]
+    if comm.rank == 0:
+        pt.init(servers=0, mode="allreduce", seed=1, comm=MPI.COMM_SELF, tables=tables)
+        model, emb = torch.nn.Linear(2, 1).double(), pt.Embedding("t")
+        opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        pt.checkpoint(ck)
+        model(emb(torch.tensor([1]))).sum().backward()
+        opt.step()
+        pt.checkpoint(ck)  # (latest: step-1)
+        pt.shutdown()
+    comm.Barrier()  # Wire: both checkpoints are written
+    if comm.rank != 0:
+        monkeypatch.setattr(sess, "resolve", lambda path: str(ck / "step-0"))
+    pt.init(servers=0, mode="allreduce", seed=1, comm=comm, exit_servers=False,
+            tables=tables, resume=str(ck))
+    steps = comm.allgather(pt.steps_done())  # Wire: each rank's resumed step
+    pt.shutdown()
+    assert_all(comm, steps == [1] * comm.size, f"resumed at steps {steps}")
+
+
+@pytest.mark.mpi(min_size=2)
 def test_the_workers_own_communicator_holds_the_workers_alone(comm):
     """``hybrid``, 1 server: between steps, ``pt.worker_comm()`` gathers every worker's
     index (0 .. W-1, in order) and its scores for a global metric, where a collective over

@@ -236,42 +236,55 @@ def _abandon(s: Session) -> None:
         if c is not None:
             c.Free()
     s.topo.free()
-    sys.excepthook = s.prev_hook
+    # (pshybrid's excepthook stays, as for a refusal before the session: left uncaught, the
+    #   refusal is one line and ends the job; caught, the process goes on)
     stops.leave(None, returns=True)  # (the signals' handlers back)
 
 
 def _load_sparse(s: Session, path: str) -> tuple[int, str | None]:
-    """Every rank: the checkpoint's step and directory (``resolve``d once); servers load
-    their rows of the fused table."""
+    """Every rank: the checkpoint's step and directory (``resolve``d once, by rank 0: a
+    ``latest`` or ``best`` another process rewrites meanwhile names one step for every
+    rank); servers load their rows of the fused table."""
     err, step, step_dir = None, 0, None
     try:
-        step_dir = resolve(path)
-        meta = read_meta(step_dir)
-        where = f"{step_dir}/meta.json"
-        if problem := resume_problem(meta, s.tables.values()):
-            raise InputError(f"{where}: {problem}")
-        cards = meta["schema"]["cardinalities"]
-        if sum(cards) != s.layout.table.rows:  # (a native run's fields, or the same tables)
-            raise InputError(f"{where}: schema cardinalities {cards} sum to {sum(cards)} fused "
-                             f"rows, the tables have {s.layout.table.rows}")
-        saved = meta["config"].get("sparse_optimizer")
-        if saved != s.sparse_opt.kind:
-            raise InputError(f"{where}: config sparse_optimizer is {saved!r}, the tables use "
-                             f"{s.sparse_opt.kind!r}")
-        step = int(meta["step"])
-        # (a run started --init-from: Adam's count goes on from its state's steps)
-        s.mode.sparse.set_rule(steps_before=meta.get("steps_before", 0))
-        s.resumed_state, s.resumed_groups = read_state(meta, where), read_groups(meta, where)
-        s.resumed_class = meta["config"].get("torch_optimizer")
-        if s.topo.is_server or s.topo.n_servers == 0:
-            read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
-                        s.mode.owns, s.mode.set_sparse_rows,
-                        part=(s.topo.server_index, s.topo.n_servers) if s.topo.is_server
-                        else None)
+        step_dir = resolve(path) if s.topo.world.rank == 0 else None
+    except PshybridError as e:
+        err = e
+    # Wire: bcast of rank 0's step directory (None where it failed: its error is agreed below)
+    step_dir = s.topo.world.bcast(step_dir, root=0)
+    try:
+        if step_dir is not None:
+            step = _load_step(s, step_dir)
     except PshybridError as e:
         err = e
     agree(s.topo.world, err)  # Wire: verdict allgather; nobody pulls before all loaded
     return step, step_dir
+
+
+def _load_step(s: Session, step_dir: str) -> int:
+    """``_load_sparse`` of one step directory: its checks, state and rows; its step."""
+    meta = read_meta(step_dir)
+    where = f"{step_dir}/meta.json"
+    if problem := resume_problem(meta, s.tables.values()):
+        raise InputError(f"{where}: {problem}")
+    cards = meta["schema"]["cardinalities"]
+    if sum(cards) != s.layout.table.rows:  # (a native run's fields, or the same tables)
+        raise InputError(f"{where}: schema cardinalities {cards} sum to {sum(cards)} fused "
+                         f"rows, the tables have {s.layout.table.rows}")
+    saved = meta["config"].get("sparse_optimizer")
+    if saved != s.sparse_opt.kind:
+        raise InputError(f"{where}: config sparse_optimizer is {saved!r}, the tables use "
+                         f"{s.sparse_opt.kind!r}")
+    # (a run started --init-from: Adam's count goes on from its state's steps)
+    s.mode.sparse.set_rule(steps_before=meta.get("steps_before", 0))
+    s.resumed_state, s.resumed_groups = read_state(meta, where), read_groups(meta, where)
+    s.resumed_class = meta["config"].get("torch_optimizer")
+    if s.topo.is_server or s.topo.n_servers == 0:
+        read_shards(step_dir, meta, s.layout.table.dim, SLOTS[s.sparse_opt.kind],
+                    s.mode.owns, s.mode.set_sparse_rows,
+                    part=(s.topo.server_index, s.topo.n_servers) if s.topo.is_server
+                    else None)
+    return int(meta["step"])
 
 
 def _save(s: Session, root: str | None, step: int, state: dict | None = None,
