@@ -8,8 +8,9 @@ and since when); the calls set and clear it (``inside``: two attribute writes a 
 that lasts ``WARN_S`` gets one warning line naming it; one that lasts ``timeout`` seconds
 ends the job with one line naming it (exit status 2), as ``torch.distributed``'s timeout
 does (not one marked ``ends=False``: a wait by design); the time the whole process stood
-still (stopped and continued: a suspended job) does not count. The thread makes no MPI call but
-``MPI_Abort``, ``Pulse``'s beats (zero-byte ``Isend``s) and its judge's probes, and those only under
+still (stopped and continued: a suspended job) does not count. The thread makes no MPI
+call but ``MPI_Abort``, ``Pulse``'s beats (zero-byte ``Isend``s) and its judge's probes
+(``Iprobe``: a call that can never end, told before the timeout), and those only under
 ``MPI_THREAD_MULTIPLE``; at a lower thread level it sends no beat, and for the end it ends
 this process (``os._exit``) and the launcher ends the others. ``Pulse``: those beats,
 heard by the dedicated servers (a thread of theirs) and by the next worker (its ``Watch``
