@@ -57,8 +57,8 @@ class Watch:
         """``advice``: whom the calls wait for and why, in the lines; ``setting``: what
         sets the limit; ``phase()``: the part of the call this rank is in, if known;
         ``pulse``: the thread sends its beats (``Pulse.beat``); ``judge(name, step)``,
-        asked each poll of a call that lasts ``JUDGE_S``: why it can never end (the job
-        ends with that line), or None."""
+        asked each poll of a call that lasts ``JUDGE_S``: why it can never end, or None
+        (the same line at two polls in a row ends the job)."""
         self.comm, self.who, self.timeout, self.warn_s = comm, who, timeout, WARN_S
         self.pulse, self.judge = pulse, judge
         self.advice, self.setting, self.phase = advice, setting, phase
@@ -98,7 +98,7 @@ class Watch:
             self._thread.join()
 
     def _run(self) -> None:
-        warned = lost_in = None
+        warned = lost_in = judged = None
         lost, last = 0.0, time.monotonic()
         while not self._stop.wait(self._poll):
             now = time.monotonic()
@@ -115,8 +115,11 @@ class Watch:
             waited, ends = now - slot[2] - lost, self.timeout if slot[3] else None
             if ends and waited >= ends:
                 self._end(f"{self._where(slot, waited)}; {self.setting} sets this limit")
-            if self.judge is not None and waited >= JUDGE_S and (why := self.judge(*slot[:2])):
-                self._end(why)
+            if self.judge is not None and waited >= JUDGE_S:
+                why = self.judge(*slot[:2])
+                if why and judged == (slot, why):  # (twice, a poll apart: still inside)
+                    self._end(why)
+                judged = (slot, why)
             if self.warn_s and waited >= self.warn_s and warned is not slot and (
                     not ends or self.warn_s < ends):
                 warned = slot

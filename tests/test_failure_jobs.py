@@ -247,6 +247,19 @@ def test_a_slow_torch_worker_is_named_in_a_warning_and_the_job_goes_on(tmp_path,
     assert line.endswith(f"pt.checkpoint and pt.shutdown alike){ends}"), line
 
 
+def test_a_worker_in_zero_grad_while_the_others_checkpoint_is_not_out_of_step(tmp_path):
+    """``opt.step(); opt.zero_grad(); pt.checkpoint(...)`` on every worker, one worker's
+    ``zero_grad`` slow: the others' checkpoint at the steps before its "step 4" ended the
+    job as out of step. Its ``zero_grad`` waits for nothing (no backward since the step),
+    so it is not judged. Oracle: status 0, both workers' "done", no error line."""
+    pytest.importorskip("torch")
+    script = os.path.join(os.path.dirname(__file__), "jobs", "torch_out_of_step.py")
+    p = run_job(3, [sys.executable, script, "late", "hybrid", str(tmp_path / "d"), "60"],
+                timeout=60)
+    assert p.returncode == 0 and p.stdout.count("done") == 2, (p.returncode, p.stderr)
+    assert "pshybrid: error" not in p.stderr, p.stderr
+
+
 @pytest.mark.parametrize("case,want", [
     ("rows", "pt.init: tables=[Table(name='t', rows=278, "),
     ("mode", "pt.init: mode='allreduce' on rank 2, mode='hybrid' on rank 0"),

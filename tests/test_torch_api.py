@@ -624,6 +624,28 @@ def test_a_refused_pt_init_leaves_the_process_able_to_start_again(tmp_path):
         pt.shutdown()
 
 
+def test_a_session_after_a_refused_pt_init_gives_back_the_hook_it_found(tmp_path, monkeypatch):
+    """A refused ``pt.init`` leaves pshybrid's excepthook (uncaught, the refusal is one
+    line); the next session's ``pt.shutdown()`` put that one back, not the script's.
+    Oracle: the hook installed before the first ``pt.init`` is the one after the last."""
+    import sys
+
+    from pshybrid.errors import InputError
+
+    def mine(*exc):
+        sys.__excepthook__(*exc)
+
+    monkeypatch.setattr(sys, "excepthook", mine)
+    tables = [pt.Table("a", rows=4, dim=2, optimizer="sgd", dtype=torch.float64)]
+    for _ in range(2):
+        with pytest.raises(InputError, match="no such checkpoint directory"):
+            pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, tables=tables,
+                    resume=str(tmp_path / "none"))
+    pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF, tables=tables)
+    pt.shutdown()
+    assert sys.excepthook is mine, sys.excepthook
+
+
 def test_a_resume_with_other_tables_of_the_same_fused_rows_is_refused(tmp_path):
     """The fused table's rows alone were checked: the same tables listed in another order
     (or resized to the same sum) resumed silently, each table reading another's rows.

@@ -11,6 +11,7 @@ write weights other workers may still be reading (they wait for the sync point);
 from __future__ import annotations
 
 import numpy as np
+from mpi4py import MPI
 
 from ..backend import to_device, to_host
 from ..optim import Optimizer
@@ -111,6 +112,12 @@ class AllreduceDense:
             # (pinned source; read again only by the next step's D2H, queued after it)
             self.params.flat_grad.set(self._back, stream=self.ctx.xp.cuda.get_current_stream())
             self._back = None
+
+    def settled(self) -> bool:
+        """Whether ``settle`` has nothing to wait for (no bucket started, or all complete)."""
+        b = self._buckets
+        return b is None or b.deferred or MPI.Request.Testall([getattr(r, "req", r)
+                                                               for r in b.reqs])
 
     def settle(self) -> None:
         """Complete the buckets backward started (their sums land in ``flat_grad``), the

@@ -87,16 +87,21 @@ def _taken(s, every, told) -> None:
     MPI.Request.Waitall(told)
 
 
+JUDGED = ("opt.step()", "opt.zero_grad()")  # the waits ``out_of_step`` judges
+
+
 def out_of_step(s, name: str, step: int) -> str | None:
-    """``Watch``'s judge (its thread) of a worker inside ``name`` at ``step``: if that is a
-    step's call (``opt.step()``, ``opt.zero_grad()``: they take no census) and another
-    worker has announced a census call at the steps before it (``step - 1``), that one will
-    never join this step: the line that ends the job. (A worker a step ahead, already in
-    its next call as this one leaves the step, is at ``step``; none is further apart.)
+    """``Watch``'s judge (its thread) of a worker inside ``name`` at ``step``: if that is
+    ``opt.step()`` or ``opt.zero_grad()`` waiting for a backward's Allreduce (neither takes
+    a census) and another worker has announced a census call at the steps before it
+    (``step - 1``), that one will never join: the line that ends the job. (A worker a step
+    ahead, already in its next call as this one leaves the step, is at ``step``; none is
+    further apart. ``opt.synchronize()`` is not judged: a worker may leave it for a call
+    at ``step - 1`` while this one is still inside.)
     Wire: ``Iprobe`` for each other worker's announcement, nothing received; no wait."""
-    if name in CALLS or s.closed:
+    if name not in JUDGED or s.closed:
         return None
-    status, me = MPI.Status(), s.arrivals.rank
+    status, me = MPI.Status(), s.topo.worker_index
     for w in range(s.topo.n_workers):
         try:
             if w == me or not s.arrivals.Iprobe(w, MPI.ANY_TAG, status):

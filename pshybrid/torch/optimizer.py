@@ -274,8 +274,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         (torch's default) matters with ``find_unused_parameters`` alone: ``.grad`` is set to
         None, so a parameter no worker reaches before the step is skipped, as in plain
         PyTorch (otherwise ``.grad`` stays the buffer's span, zeroed: no copy per step)."""
-        with self.s.watch.inside("opt.zero_grad()", self.s.step + 1):  # (timed: it may wait)
-            self.s.mode.dense.settle()  # a backward's buckets on the wire: MPI forbids writing
+        if not self.s.mode.dense.settled():  # a backward's buckets on the wire (MPI forbids
+            with self.s.watch.inside("opt.zero_grad()", self.s.step + 1):  # writing): timed
+                self.s.mode.dense.settle()
         self.params.zero_grad()
         none = set_to_none and self.find_unused
         if none and self.on_cpu:

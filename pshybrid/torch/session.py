@@ -131,7 +131,7 @@ def session() -> Session:
     return _session
 
 
-def _excepthook(comm):
+def _excepthook(comm, prev=None):
     """An uncaught exception on any rank ends the whole job (as the command line does): a
     ``PshybridError`` (a refusal, a bad input) as one line, anything else with its
     traceback."""
@@ -144,6 +144,7 @@ def _excepthook(comm):
             sys.__excepthook__(kind, exc, tb)
         if comm.size > 1:
             abort(comm, 2 if issubclass(kind, PshybridError) else 1)
+    hook.pshybrid_prev = prev  # (what a later pt.init restores: a refused one's hook stays)
     return hook
 
 
@@ -160,7 +161,9 @@ def init(servers: int | None = None, tables=(), mode: str = "hybrid", seed: int 
     ``timeout`` seconds ends the job naming it (None: it waits for good)."""
     global _session
     comm = MPI.COMM_WORLD if comm is None else comm
-    prev_hook, sys.excepthook = sys.excepthook, _excepthook(comm)
+    # (a refused pt.init's hook, left for an uncaught refusal: the one before it)
+    prev_hook = getattr(sys.excepthook, "pshybrid_prev", sys.excepthook)
+    sys.excepthook = _excepthook(comm, prev_hook)
     with abort_on_error(comm):
         if _session is not None and not _session.closed:
             raise ConfigError("pt.init was already called in this process", collective=True)

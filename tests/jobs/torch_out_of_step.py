@@ -12,6 +12,9 @@
   while the others wait in ``pt.shutdown()``: past ``TIMEOUT``, a warning and no end;
 - ``zero``: worker 0 alone runs a batch more, ``opt.zero_grad()`` between its backward
   and its step (the backward's Allreduce, started, waits for the others);
+- ``late``: every worker calls ``opt.step(); opt.zero_grad(); pt.checkpoint`` (in step),
+  and the last worker's ``zero_grad`` would take 5 s where it waited for the wire (a
+  stalled process): the others' checkpoint is no sign of a worker out of step;
 - ``stop``: the last worker stops (``SIGSTOP``) before its second step: with one worker,
   nobody but the servers (their ``stall.Pulse``) can see it.
 
@@ -48,6 +51,10 @@ if pt.init(servers=None if colocated else 1 if mode == "hybrid" else 0,
     model = torch.nn.Linear(2, 1)
     opt = pt.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
     emb = pt.Embedding("t")
+    if case == "late" and last:
+        from pshybrid.modes.dense import AllreduceDense
+        settle = AllreduceDense.settle
+        AllreduceDense.settle = lambda self: (time.sleep(5.0), settle(self))
     if case == "batch":
         next(iter(pt.batches(data, 4 if last else 2)))
     for step in range(2 if last and case == "steps" else 3):
@@ -58,6 +65,9 @@ if pt.init(servers=None if colocated else 1 if mode == "hybrid" else 0,
         opt.zero_grad()
         (model(emb(torch.tensor([1, 2]))).sum()).backward()
         opt.step()
+        if case == "late" and step == 1:
+            opt.zero_grad()
+            pt.checkpoint(data + ".ckpt")
         if case in ("checkpoint", "phase") and first and step == 1:
             pt.checkpoint(data + ".ckpt")
         elif case == "phase" and step == 1:
