@@ -172,6 +172,17 @@ class DLRM(CTRModel):
         return dstack[:, 1:, :]
 
 
+def checked_demb(demb, emb):
+    """A model's ``backward`` result, checked against the rows its forward was given: the
+    gradient of ``emb`` has its shape (a (B, F, D) one, the wide column left out, failed in
+    the update's reshape, or in the store naming only ``grads``)."""
+    if tuple(demb.shape) != tuple(emb.shape):
+        raise ConfigError(f"the model's backward returned demb of shape {tuple(demb.shape)}; "
+                          f"it must be shaped like the emb its forward was given: "
+                          f"{tuple(emb.shape)} (E = --embedding-dim + the model's wide)")
+    return demb
+
+
 class Pooled:
     """A model over a schema with multi-hot fields: the batch's flat embedding rows pooled
     per field (``layers.BagPooling``), then the model. ``forward(dense, emb (n, E), lengths

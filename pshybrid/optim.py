@@ -51,8 +51,9 @@ from .errors import ConfigError
 _ROW0 = np.zeros(1, np.int64)  # the one row of a dense buffer seen as (1, n)
 SLOTS = {"sgd": (), "adagrad": ("acc",), "adam": ("m", "v")}
 # Optimizers with fused kernels (numba ``row_kernel``, CUDA ``kernels/fused.cu``); another
-# one registered in SLOTS runs its array form (``Optimizer._update_xp``) everywhere.
-FUSED = frozenset(SLOTS)
+# one registered in SLOTS runs its array form (``Optimizer._update_xp``) everywhere. Named
+# here, not taken from SLOTS: a kind added to SLOTS must not ask for kernels it has not got.
+FUSED = frozenset(("sgd", "adagrad", "adam"))
 # The embedding rows' learning rate where none is given (``--lr none``): Adam's steps are
 # ~lr whatever the gradient's size, so the rate that suits Adagrad's rows (0.05) is far too
 # large for it (docs/benchmarks.md, "Design measurements behind the code")

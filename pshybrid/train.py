@@ -32,7 +32,7 @@ from .graphs import DeviceStep
 from .devices import cuda_aware_mpi, pick_device
 from .errors import ConfigError, InputError, PshybridError
 from .layers import ParamSpace, bce_with_logits
-from .models import build_model
+from .models import build_model, checked_demb
 from .modes import MODES, build_mode
 from .modes.hot import hottest_rows
 from .optim import Optimizer, Schedule
@@ -450,7 +450,7 @@ def _step(job: Job, step: int, label, dense, batch, bags=(), idle=None):
         logits = model.forward(dense, emb, *bags)
         losses, dz = bce_with_logits(logits, label, 1 / global_batch(job.cfg, job.topo.n_workers))
         params.zero_grad()
-        demb = model.backward(dz)
+        demb = checked_demb(model.backward(dz), emb)
     loss_sum = losses.sum()  # GPU: stays on the device (no host sync per step)
     if job.mode.xp is np:
         loss_sum = float(loss_sum)

@@ -34,7 +34,7 @@ def build(name):
     return model, sparse, params
 
 
-@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm", "sumpool"])
+@pytest.mark.parametrize("name", [*models.MODELS.builtin, "sumpool"])  # every model
 def test_model_backward_matches_finite_differences(name, monkeypatch):
     if name == "sumpool":
         doc_example(monkeypatch)
@@ -73,7 +73,7 @@ def test_unknown_model():
         models.build_model("bogus", SCHEMA, 2, (4,), ParamSpace(), "float64")
 
 
-@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm", "sumpool"])
+@pytest.mark.parametrize("name", [*models.MODELS.builtin, "sumpool"])  # every model
 def test_grad_buckets_start_only_final_gradients(name, monkeypatch):
     """GradBuckets (the dense Allreduce started during backward) hands out disjoint spans
     covering flat_grad exactly once, and each span already holds its final gradient when
@@ -364,3 +364,35 @@ def test_the_documented_forward_passes_are_the_models_to_the_bit(name, dtype, po
     got = model.forward(dense, flat, lengths)
     want = _doc_forward(name, p, dense, emb, dim, len(mlp))
     assert got.dtype == want.dtype == np.dtype(dtype) and np.array_equal(got, want)
+
+
+def test_a_backward_without_the_wide_column_is_named(monkeypatch):
+    """docs/models.md: ``backward(dlogits) -> demb (B, F, E)``. A model with ``wide = 1``
+    whose backward returns (B, F, D), the wide column left out (a likely slip), stopped in
+    the update's reshape with a bare ValueError; the error must name backward and both
+    shapes. Oracle: the shapes the model was given and returned."""
+    import io
+
+    from mpi4py import MPI
+
+    from pshybrid.config import TrainConfig
+    from pshybrid.errors import ConfigError
+    from pshybrid.train import train
+
+    class Narrow(models.WDL):
+        def backward(self, dlogits):
+            return super().backward(dlogits)[:, :, :self.dim]
+
+    monkeypatch.setitem(models.MODELS, "narrow", Narrow)
+    schema, n = Schema(n_dense=2, cardinalities=(3, 4)), 4
+    rng = np.random.default_rng(0)
+    y, x = rng.integers(0, 2, n).astype(np.float32), rng.uniform(0, 2, (n, 2)).astype(np.float32)
+    ids = np.stack([rng.integers(0, c, n) for c in schema.cardinalities], 1)
+    data = type("Rows", (), {"schema": schema, "rows": lambda self, a, b: (y[a:b], x[a:b],
+                                                                          ids[a:b])})()
+    cfg = TrainConfig(model="narrow", mode="allreduce", servers=0, embedding_dim=2, mlp=(3,),
+                      steps=1, batch_size=n)
+    want = re.escape(f"backward returned demb of shape {(n, 2, 2)}") + ".*" + re.escape(
+        f"{(n, 2, 3)}")
+    with pytest.raises(ConfigError, match=want):
+        train(cfg, MPI.COMM_SELF, dataset=data, out=io.StringIO())
