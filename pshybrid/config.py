@@ -309,7 +309,8 @@ class TrainConfig:
     epochs: int | None = option(None, "number of passes over --data (instead of --steps)",
                                 check=positive)
     lr: float | None = option(None, "learning rate of the embedding rows (sparse optimizer; "
-                              "none: 0.001 with adam, 0.05 with sgd and adagrad)",
+                              "none: " + ", ".join(f"{r:g} with {k}" for k, r in
+                                                   SPARSE_LR.items()) + ")",
                               check=non_negative)
     dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
                                   choices=("sgd", "adam"))

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from . import safeio
 from .errors import ConfigError
 from .data import EVAL_BATCH
-from .optim import SLOTS
+from .optim import SLOTS, needs_weights
 from .registry import DENSE_ROW, MODES
 
 
@@ -190,7 +190,7 @@ def _table_shard(j: _Job) -> Part:
 def _step_rows(j: _Job) -> Part:
     """A server-side optimizer receives every worker's rows and gradient sums each step."""
     B = j.cfg.batch_size
-    grads = j.E * j.s if j.cfg.sparse_optimizer != "sgd" else 0
+    grads = j.E * j.s if needs_weights(j.cfg.sparse_optimizer, j.cfg.l2) else 0
     return Part("rows and gradients of a step", 2 * j.W * B * j.F * (8 + grads),
                 f"--batch-size {B} x {j.W} workers", "lower --batch-size")
 
@@ -198,7 +198,7 @@ def _step_rows(j: _Job) -> Part:
 def _dense_shard(j: _Job) -> Part:
     dense_rows = math.ceil(j.P / DENSE_ROW)
     dense_slots = len(SLOTS[j.cfg.dense_optimizer])
-    dslots = (1 + dense_slots) if j.cfg.dense_optimizer != "sgd" else 0
+    dslots = (1 + dense_slots) if needs_weights(j.cfg.dense_optimizer, j.cfg.l2) else 0
     return Part("shard of the dense table",
                 math.ceil(dense_rows / j.S) * DENSE_ROW * j.s * (1 + dslots),
                 f"{j.P:,} parameters ({j.net}) over --servers {j.S}",

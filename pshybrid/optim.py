@@ -54,6 +54,15 @@ SLOTS = {"sgd": (), "adagrad": ("acc",), "adam": ("m", "v")}
 # one registered in SLOTS runs its array form (``Optimizer._update_xp``) everywhere. Named
 # here, not taken from SLOTS: a kind added to SLOTS must not ask for kernels it has not got.
 FUSED = frozenset(("sgd", "adagrad", "adam"))
+
+
+def needs_weights(kind: str, l2: float) -> bool:
+    """The update reads the weights it changes (a state, or L2): it cannot be a blind
+    ``-lr * g`` push, and must see each touched row once (the union over workers): it runs
+    where the rows live, the servers, which receive the rows' gradient sums."""
+    return kind != "sgd" or l2 > 0
+
+
 # The embedding rows' learning rate where none is given (``--lr none``): Adam's steps are
 # ~lr whatever the gradient's size, so the rate that suits Adagrad's rows (0.05) is far too
 # large for it (docs/benchmarks.md, "Design measurements behind the code")
@@ -110,9 +119,7 @@ class Optimizer:
 
     @property
     def needs_weights(self) -> bool:
-        """The update reads the weights it changes (a state, or L2): it cannot be a blind
-        ``-lr * g`` push, and must see each touched row once (the union over workers)."""
-        return self.kind != "sgd" or self.l2 > 0
+        return needs_weights(self.kind, self.l2)
 
     def lr_at(self, step: int) -> float:
         """The learning rate of 1-based ``step``."""

@@ -33,6 +33,25 @@ def test_default_command_fits_and_sizes_add_up():
     assert 1 * 2**20 < worker < 64 * 2**20
 
 
+@pytest.mark.parametrize("mode", ["hybrid", "ps"])
+def test_sgd_with_l2_counts_what_its_servers_receive_and_keep(mode):
+    """SGD with ``--l2`` > 0 reads the weights, so it runs on the servers (``modes.sparse``,
+    ``modes.dense``: ``Optimizer.needs_weights``), which receive every worker's rows and
+    gradient sums each step, as Adagrad's do, and (ps) keep the dense gradients in a "g"
+    slot; the check counted neither (it asked whether the optimizer was "sgd"). Oracles:
+    the step's rows equal Adagrad's; the dense shard is twice plain SGD's (weights, g)."""
+    def server(**kw):
+        est = check_sizes(replace(BASE, mode=mode, **kw), SCHEMA, 3, 1, 64 * GiB)
+        return {p.what: p.nbytes for p in est["server"]}
+
+    sgd = dict(sparse_optimizer="sgd", dense_optimizer="sgd")
+    plain, l2 = server(**sgd), server(**sgd, l2=1e-4)
+    step, dense = "rows and gradients of a step", "shard of the dense table"
+    assert l2[step] == server(sparse_optimizer="adagrad")[step] > plain[step]
+    if mode == "ps":
+        assert l2[dense] == 2 * plain[dense] > 0
+
+
 @pytest.mark.parametrize("kw,needle", [
     (dict(batch_size=99_999_999_999), "--batch-size 99999999999"),
     (dict(embedding_dim=100_000_000), "--embedding-dim 100000000"),
