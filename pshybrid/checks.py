@@ -31,6 +31,14 @@ def non_negative(v):
     return None if math.isfinite(v) and v >= 0 else "must be >= 0 and finite"
 
 
+def decay(v):
+    return None if 0 <= v < 1 else "must be >= 0 and < 1"
+
+
+def finite_positive(v):
+    return None if math.isfinite(v) and v > 0 else "must be > 0 and finite"
+
+
 def layer_sizes(v):
     return None if v and all(n > 0 for n in v) else "must be a non-empty list of sizes > 0"
 

@@ -23,8 +23,8 @@ import types
 import typing
 from dataclasses import dataclass
 
-from .checks import (at_least, close_names, hinted_keywords, layer_sizes, non_negative,
-                     positive, seed_check)
+from .checks import (at_least, close_names, decay, finite_positive, hinted_keywords,
+                     layer_sizes, non_negative, positive, seed_check)
 from .configout import to_dict, to_toml  # noqa: F401 (config's own API: written out there)
 from .errors import ConfigError
 from .models import MODELS
@@ -270,7 +270,7 @@ class TrainConfig:
         "data": ("data", "batch_size", "steps", "epochs", "shuffle", "eval_data", "eval_every",
                  "prefetch"),
         "optimizers": ("sparse_optimizer", "lr", "dense_optimizer", "dense_lr", "l2",
-                       "lr_schedule", "warmup_steps"),
+                       "beta1", "beta2", "eps", "lr_schedule", "warmup_steps"),
         "modes": ("mode", "servers", "placement", "replicate_rows", "consistency", "cache_rows",
                   "auto_trial_steps", "shared_memory", "server_threads", "bucket_mb"),
         "devices": ("device", "cuda_aware", "cuda_graphs"),
@@ -385,6 +385,12 @@ class TrainConfig:
     l2: float = option(0.0, "L2 penalty lambda: every update uses g + lambda*w, on the dense "
                        "weights and on the embedding rows a step touches",
                        check=non_negative)
+    beta1: float = option(0.9, "adam's decay of its gradient average m (embedding rows and "
+                          "dense weights alike)", check=decay)
+    beta2: float = option(0.999, "adam's decay of its squared-gradient average v",
+                          check=decay)
+    eps: float = option(1e-8, "the term adagrad and adam add to the root of their average "
+                        "in the update's denominator", check=finite_positive)
     lr_schedule: str = option("constant", "learning-rate factor per step, the same for "
                               "--lr and --dense-lr: constant, warmup-linear (linear decay "
                               "to 0 after the warm-up) or cosine (cosine decay to 0)",

@@ -8,8 +8,7 @@ Accumulate, Allgather) are exactly the single-process gradient with batch ``W*b`
 ``--device cuda``: each worker pins GPU ``local_rank % device_count`` and holds the dense
 parameters, the batch's dense features and labels, and every activation there (CuPy); the
 mode moves embedding rows and gradients over PCIe (``modes``, ``docs/gpu.md``). Servers and
-the data pipeline stay on the CPU.
-"""
+the data pipeline stay on the CPU."""
 
 from __future__ import annotations
 
@@ -228,7 +227,8 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
            if cfg.replicate_rows and topo.is_worker else None)
     steps = cfg.epochs * plan.steps_per_epoch if cfg.epochs else cfg.steps
     opt = cfg.stateless() if score else cfg  # (servers: the schedule's factors too)
-    rule = dict(l2=opt.l2, schedule=Schedule(cfg.lr_schedule, cfg.warmup_steps, steps),
+    rule = dict(l2=opt.l2, beta1=cfg.beta1, beta2=cfg.beta2, eps=cfg.eps,
+                schedule=Schedule(cfg.lr_schedule, cfg.warmup_steps, steps),
                 steps_before=checkpoint_files.steps_before(cfg))
     mode = build_mode(cfg.mode, topo, layout, params,
                       Optimizer(opt.sparse_optimizer, cfg.sparse_lr, **rule),

@@ -123,6 +123,10 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
     (["--lr", "-1"], "--lr: must be >= 0 and finite, got -1.0"),
     (["--lr", "inf"], "--lr: must be >= 0 and finite, got inf"),
     (["--servers", "-1"], "--servers: must be >= 0, got -1"),
+    (["--beta1", "1"], "--beta1: must be >= 0 and < 1, got 1.0"),  # (1 - b1^t: 0 forever)
+    (["--beta2", "nan"], "--beta2: must be >= 0 and < 1, got nan"),
+    (["--eps", "0"], "--eps: must be > 0 and finite, got 0.0"),  # (g / 0 on a fresh row)
+    (["--eps", "inf"], "--eps: must be > 0 and finite, got inf"),
     (["--consistency", "ssp:x"], ("--consistency: must be bsp, ssp:K (K >= 0 steps) or asp, "
                                   "got 'ssp:x'")),
     (["--cache-rows", "-1"], "--cache-rows: must be >= 0, got -1"),

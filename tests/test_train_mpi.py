@@ -97,6 +97,27 @@ def test_bsp_with_l2_and_schedule(comm, mode, sparse_opt, dense_opt, schedule):
     assert_all(comm, ok, msg)
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("mode,sparse_opt", [("hybrid", "adam"), ("ps", "adagrad"),
+                                             ("colocated", "adam")])
+def test_bsp_with_adams_decays_and_eps(comm, mode, sparse_opt):
+    """--beta1, --beta2 and --eps reach every optimizer (the servers' rows, and in ps their
+    dense table; colocated, every rank's shard): the master oracle holds, and they change
+    the result."""
+    S = 0 if mode == "allreduce" else (1 if comm.size <= 3 else 2)
+    where = {"servers": S}
+    if mode == "colocated":
+        mode, S, where = "hybrid", 0, {"placement": "colocated", "servers": None}
+    cfg = replace(BASE, mode=mode, sparse_optimizer=sparse_opt, dense_optimizer="adam",
+                  beta1=0.5, beta2=0.9, eps=1e-2, **where)
+    ok, msg, got = bsp_verdict(comm, cfg, comm.size - S, S)
+    plain = run(replace(cfg, beta1=0.9, beta2=0.999, eps=1e-8), comm)
+    if ok and got.role == "worker" and min(rel_err(plain.table, got.table),
+                                           rel_err(plain.dense, got.dense)) < 1e-4:
+        ok, msg = False, "--beta1, --beta2 and --eps changed nothing"
+    assert_all(comm, ok, msg)
+
+
 @pytest.mark.mpi(min_size=3)
 @pytest.mark.parametrize("sparse_opt", ["sgd", "adam"])
 def test_modes_agree_with_each_other(comm, sparse_opt):
