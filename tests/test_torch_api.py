@@ -552,6 +552,52 @@ def test_a_lookup_whose_graph_is_freed_unreached_is_dropped_and_the_step_is_unch
     assert not np.allclose(after, before)
 
 
+def test_a_tables_betas_and_eps_are_torch_adams(tmp_path):
+    """``pt.Table(optimizer="adam", betas=, eps=)`` (they were fixed at 0.9, 0.999, 1e-8).
+    Oracle: with every row touched at every step, the rows' lazy Adam is
+    ``torch.optim.Adam`` over an ``nn.Embedding`` with the same betas and eps (its formula:
+    docs/models.md), to 1e-12 over 3 steps, and the default betas and eps give another
+    result. Bad values are one ConfigError naming the table."""
+    from pshybrid.errors import ConfigError
+
+    kw = dict(optimizer="adam", lr=0.1, dtype=torch.float64, betas=(0.5, 0.8), eps=0.3)
+    pt.init(servers=0, mode="allreduce", seed=3, comm=MPI.COMM_SELF,
+            tables=[pt.Table("t", rows=5, dim=3, **kw)])
+    try:
+        emb, ids = pt.Embedding("t"), torch.tensor([0, 1, 2, 3, 4, 2])
+        with torch.no_grad():
+            start = emb(torch.arange(5)).clone()
+        lin, lin_ref = torch.nn.Linear(3, 1).double(), torch.nn.Linear(3, 1).double()
+        lin_ref.load_state_dict(lin.state_dict())  # (the references' own: lin is hooked)
+        opt = pt.DistributedOptimizer(torch.optim.SGD(lin.parameters(), lr=0.0), lin)
+        refs = []
+        for betas, eps in ((kw["betas"], kw["eps"]), ((0.9, 0.999), 1e-8)):
+            ref = torch.nn.Embedding(5, 3).double()
+            ref.weight.data.copy_(start)
+            refs.append((ref, torch.optim.Adam(ref.parameters(), lr=0.1, betas=betas, eps=eps)))
+        for _ in range(3):
+            opt.zero_grad()
+            (lin(emb(ids)) ** 2).sum().backward()
+            opt.step()
+            for ref, ropt in refs:
+                ropt.zero_grad()
+                (lin_ref(ref(ids)) ** 2).sum().backward()
+                ropt.step()
+        with torch.no_grad():
+            got = emb(torch.arange(5))
+        want, other = (ref.weight.detach() for ref, _ in refs)
+        assert torch.allclose(got, want, rtol=1e-12, atol=1e-14), (got - want).abs().max()
+        assert not torch.allclose(want, other, rtol=1e-6)
+    finally:
+        pt.shutdown()
+    for bad, why in (({"betas": (0.9, 1.0)}, "betas must be two numbers >= 0 and < 1"),
+                     ({"betas": 0.9}, "betas must be two numbers >= 0 and < 1"),
+                     ({"eps": 0.0}, "eps must be a number > 0 and finite")):
+        with pytest.raises(ConfigError, match=re.escape(f"pt.Table 't': {why}")):
+            pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF,
+                    tables=[pt.Table("t", rows=5, dim=3, **bad)])
+
+
 def test_load_rows_refuses_what_is_not_the_tables_rows(job):
     """(The rows it loads start a hybrid run: ``tests/test_torch_mpi.py``.)"""
     from pshybrid.errors import InputError

@@ -46,7 +46,8 @@ class TorchRun:
     def meta(self) -> dict:
         t0 = self.tables[0]
         tables = [{"name": t.name, "rows": t.rows, "dim": t.dim, "optimizer": t.optimizer,
-                   "lr": t.lr, "dtype": DTYPES[t.dtype], "init_scale": t.init_scale}
+                   "lr": t.lr, "dtype": DTYPES[t.dtype], "init_scale": t.init_scale,
+                   "betas": [float(b) for b in t.betas], "eps": float(t.eps)}
                   for t in self.tables]
         meta = {"front_end": "torch", "config": {
             "tables": tables, "width": self.width, "dtype": DTYPES[t0.dtype],

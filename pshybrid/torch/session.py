@@ -83,7 +83,8 @@ class Session:
                                  init_scale=tables[0].init_scale)
         self.offsets = {t.name: int(o) for t, o in zip(tables, self.layout.offsets)}
         t0 = tables[0]
-        self.sparse_opt = Optimizer(t0.optimizer, t0.lr)
+        self.sparse_opt = Optimizer(t0.optimizer, t0.lr, beta1=float(t0.betas[0]),
+                                    beta2=float(t0.betas[1]), eps=float(t0.eps))
         # the model's ParamSpace is bound to TorchDense by DistributedOptimizer, once made
         self.mode = build_mode(mode_name, topo, self.layout, ParamSpace(), self.sparse_opt,
                                Optimizer("sgd", 0.0), seed, dense=TorchDense)

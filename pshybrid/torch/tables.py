@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pshybrid.checks import SEED_RANGE, non_negative, seed_check
+from pshybrid.checks import SEED_RANGE, decay, finite_positive, non_negative, seed_check
 from pshybrid.errors import ConfigError
 from pshybrid.limits import available_memory, gib
 from pshybrid.optim import SLOTS, SPARSE_LR
@@ -24,7 +24,8 @@ class Table:
     """One embedding table: ``rows`` x ``dim`` of ``dtype``, updated where its rows live (the
     servers; colocated, every rank's shard) by ``optimizer`` ("sgd" | "adagrad" | "adam")
     with learning rate ``lr`` (None: the optimizer's default, ``optim.SPARSE_LR``: 0.001 for
-    adam, else 0.05)."""
+    adam, else 0.05), adam's ``betas`` and adagrad's and adam's ``eps`` (as torch's, and
+    ``--beta1``, ``--beta2``, ``--eps``)."""
 
     name: str
     rows: int
@@ -33,6 +34,8 @@ class Table:
     lr: float | None = None
     dtype: torch.dtype = torch.float32
     init_scale: float = 0.05
+    betas: tuple = (0.9, 0.999)
+    eps: float = 1e-8
 
     def __post_init__(self):
         if self.lr is None:  # (an unknown optimizer keeps None: pt.init names it)
@@ -104,11 +107,26 @@ def _check_tables(tables) -> None:
             if why := _rate_problem(getattr(t, arg)):
                 raise ConfigError(f"pt.Table {t.name!r}: {arg} {why}, got "
                                   f"{getattr(t, arg)!r}", collective=True)
-        key = (t.optimizer, t.lr, t.dtype, t.init_scale)
-        if key != (t0.optimizer, t0.lr, t0.dtype, t0.init_scale):
-            raise ConfigError(f"pt.Table {t.name!r}: optimizer, lr, dtype and init_scale must "
-                              f"equal table {t0.name!r}'s (one fused table, one optimizer)",
-                              collective=True)
+        if why := _moments_problem(t.betas, t.eps):
+            raise ConfigError(f"pt.Table {t.name!r}: {why}", collective=True)
+        key = (t.optimizer, t.lr, t.dtype, t.init_scale, tuple(t.betas), t.eps)
+        if key != (t0.optimizer, t0.lr, t0.dtype, t0.init_scale, tuple(t0.betas), t0.eps):
+            raise ConfigError(f"pt.Table {t.name!r}: optimizer, lr, dtype, init_scale, betas "
+                              f"and eps must equal table {t0.name!r}'s (one fused table, one "
+                              "optimizer)", collective=True)
+
+
+def _moments_problem(betas, eps) -> str | None:
+    """(As ``--beta1``, ``--beta2``, ``--eps``: checks.decay, checks.finite_positive.)"""
+    def real(v):
+        return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+    if not (isinstance(betas, (tuple, list)) and len(betas) == 2
+            and all(real(b) and not decay(b) for b in betas)):
+        return f"betas must be two numbers >= 0 and < 1, got {betas!r}"
+    if not real(eps) or finite_positive(eps):
+        return f"eps must be a number > 0 and finite, got {eps!r}"
+    return None
 
 
 def resume_problem(meta: dict, tables) -> str | None:
