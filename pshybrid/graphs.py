@@ -201,13 +201,14 @@ class DeviceStep:
     def _body(self, slot: _Slot) -> None:
         """The step's device work on ``slot``'s static buffers (module docstring)."""
         from . import cuda
+        from .models import checked_demb
 
         B, F, E, Ep = self.B, self.F, self.E, self.Ep
         emb = cuda.gather(slot.rows, slot.inverse).reshape(B, F, Ep)
         logits = self.model.forward(slot.dense, emb)
         losses, dz = bce_with_logits(logits, slot.label, self.scale)
         self.params.zero_grad()
-        demb = self.model.backward(dz)  # (B, F, Ep): zero past E (row_padding)
+        demb = checked_demb(self.model.backward(dz), emb)  # (B, F, Ep): 0 past E
         cuda.scatter_add(slot.inverse, demb.reshape(B * F, Ep), slot.C, out=slot.padded_sums)
         if Ep != E:
             slot.sums[...] = slot.padded_sums[:, :E]

@@ -374,7 +374,7 @@ def _idle_notes(cfg, schema, steps: int, n_rows: int | None, auto: bool) -> list
     config file kept across runs, an option meant for another mode or model, a companion
     option left out), and on a warm-up longer than the run. ``auto``: ``--mode auto``
     chose ``cfg.mode``."""
-    spec = MODES[cfg.mode]
+    spec, kinds = MODES[cfg.mode], (cfg.sparse_optimizer, cfg.dense_optimizer)
     rules = (("steps", cfg.epochs, "--epochs decides the steps"),
              ("auto_trial_steps", not auto, "trials run under --mode auto only"),
              ("cross_layers", not MODELS[cfg.model].cross_layers,
@@ -385,7 +385,9 @@ def _idle_notes(cfg, schema, steps: int, n_rows: int | None, auto: bool) -> list
               f"--mode {cfg.mode} Allreduces no dense gradient"),
              ("shared_memory", not spec.needs_servers, f"--mode {cfg.mode} has no server"),
              ("pooling", not schema.multi_hot, "the data has no multi-hot field"),
-             ("shuffle", n_rows is None, "the data is a stream, not a file of rows"))
+             ("shuffle", n_rows is None, "the data is a stream, not a file of rows"),
+             *((k, "adam" not in kinds, "neither optimizer is adam") for k in ("beta1", "beta2")),
+             ("eps", set(kinds) <= {"sgd"}, "both optimizers are sgd"))
     out, fields = [], TrainConfig.__dataclass_fields__
     for key, idle, why in rules:
         value = getattr(cfg, key)

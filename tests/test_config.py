@@ -5,6 +5,7 @@ import json
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from pshybrid.config import (ArgumentParser, TrainConfig, add_arguments, from_dict, option,
@@ -127,6 +128,9 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
     (["--beta2", "nan"], "--beta2: must be >= 0 and < 1, got nan"),
     (["--eps", "0"], "--eps: must be > 0 and finite, got 0.0"),  # (g / 0 on a fresh row)
     (["--eps", "inf"], "--eps: must be > 0 and finite, got inf"),
+    # below float32's least value it is 0 in the kernels: g / 0 again (checked for --dtype)
+    (["--eps", "1e-50"], "--eps 1e-50 is 0 in float32 (g / 0 on a fresh row): must be >= "
+                         f"{np.finfo(np.float32).smallest_subnormal:g}"),
     (["--consistency", "ssp:x"], ("--consistency: must be bsp, ssp:K (K >= 0 steps) or asp, "
                                   "got 'ssp:x'")),
     (["--cache-rows", "-1"], "--cache-rows: must be >= 0, got -1"),

@@ -323,6 +323,28 @@ def test_the_plan_notes_bucket_mb_where_no_dense_gradient_is_allreduced(mode, no
         "dense gradient"] if noted else [])
 
 
+@pytest.mark.parametrize("sparse,dense", [("adagrad", "sgd"), ("sgd", "sgd"),
+                                          ("adam", "sgd"), ("sgd", "adam")])
+def test_the_plan_notes_adams_decays_and_eps_where_no_optimizer_reads_them(sparse, dense):
+    """--beta1 and --beta2 are read by adam only, --eps by adagrad and adam: set with
+    neither, they were silently idle. Oracle: the run trains to the same bits without
+    them where they are noted, and to other values where they are not."""
+    from mpi4py import MPI
+    from pshybrid.train import train
+    base = TrainConfig(mode="allreduce", embedding_dim=4, mlp=(8,), steps=3, batch_size=32,
+                       progress="none", lr=0.05, sparse_optimizer=sparse, dense_optimizer=dense)
+    given = replace(base, beta1=0.5, beta2=0.9, eps=0.5)
+    noted = [n.split(" does nothing")[0] for n in idle_notes(banner(given, topo(1, 0),
+                                                                    SCHEMA, 3))]
+    runs = [train(c, MPI.COMM_SELF, collect=True, out=io.StringIO()) for c in (base, given)]
+    same = (runs[0].dense.tobytes() == runs[1].dense.tobytes()
+            and runs[0].table.tobytes() == runs[1].table.tobytes())
+    assert same == (len(noted) == 3)
+    flags = ("  note: --beta1 0.5", "  note: --beta2 0.9", "  note: --eps 0.5")
+    assert noted == [f for f in flags if f in noted] and bool(noted) == ("adam" not in (
+        sparse, dense)) and (flags[2] in noted) == (sparse == dense == "sgd")
+
+
 @pytest.mark.parametrize("warmup,steps,noted", [(10, 9, True), (10, 10, False), (0, 9, False)])
 def test_the_plan_notes_a_warm_up_longer_than_the_run(warmup, steps, noted):
     """A warm-up of more steps than the run never reaches --lr's full rate (the factor is

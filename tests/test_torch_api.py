@@ -592,7 +592,8 @@ def test_a_tables_betas_and_eps_are_torch_adams(tmp_path):
         pt.shutdown()
     for bad, why in (({"betas": (0.9, 1.0)}, "betas must be two numbers >= 0 and < 1"),
                      ({"betas": 0.9}, "betas must be two numbers >= 0 and < 1"),
-                     ({"eps": 0.0}, "eps must be a number > 0 and finite")):
+                     ({"eps": 0.0}, "eps must be a number > 0 and finite"),
+                     ({"eps": 1e-50}, "eps 1e-50 is 0 in float32")):
         with pytest.raises(ConfigError, match=re.escape(f"pt.Table 't': {why}")):
             pt.init(servers=0, mode="allreduce", comm=MPI.COMM_SELF,
                     tables=[pt.Table("t", rows=5, dim=3, **bad)])

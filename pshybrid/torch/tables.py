@@ -107,7 +107,7 @@ def _check_tables(tables) -> None:
             if why := _rate_problem(getattr(t, arg)):
                 raise ConfigError(f"pt.Table {t.name!r}: {arg} {why}, got "
                                   f"{getattr(t, arg)!r}", collective=True)
-        if why := _moments_problem(t.betas, t.eps):
+        if why := _moments_problem(t.betas, t.eps, DTYPES[t.dtype]):
             raise ConfigError(f"pt.Table {t.name!r}: {why}", collective=True)
         key = (t.optimizer, t.lr, t.dtype, t.init_scale, tuple(t.betas), t.eps)
         if key != (t0.optimizer, t0.lr, t0.dtype, t0.init_scale, tuple(t0.betas), t0.eps):
@@ -116,8 +116,9 @@ def _check_tables(tables) -> None:
                               "optimizer)", collective=True)
 
 
-def _moments_problem(betas, eps) -> str | None:
-    """(As ``--beta1``, ``--beta2``, ``--eps``: checks.decay, checks.finite_positive.)"""
+def _moments_problem(betas, eps, dtype: str) -> str | None:
+    """(As ``--beta1``, ``--beta2``, ``--eps``: checks.decay, checks.finite_positive, and
+    an eps that is not 0 in the table's dtype, where the kernels use it.)"""
     def real(v):
         return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
 
@@ -126,6 +127,9 @@ def _moments_problem(betas, eps) -> str | None:
         return f"betas must be two numbers >= 0 and < 1, got {betas!r}"
     if not real(eps) or finite_positive(eps):
         return f"eps must be a number > 0 and finite, got {eps!r}"
+    if np.dtype(dtype).type(eps) == 0:
+        return (f"eps {eps!r} is 0 in {dtype} (g / 0 on a fresh row): must be >= "
+                f"{np.finfo(dtype).smallest_subnormal:g}")
     return None
 
 
