@@ -381,9 +381,9 @@ class TrainConfig:
     keep_last: int = option(0, "keep only the newest K checkpoints (0: keep all)",
                             check=at_least(0))
     step_timeout: float | None = option(600.0, "seconds a worker may spend in one step (the "
-                                        "first excepted) before the job ends naming it, a "
-                                        "rank stopped or stuck; a warning at 60 s; none: no "
-                                        "limit", check=at_least(1))
+                                        "first: 600 s at least) before the job ends naming "
+                                        "it, a rank stopped or stuck; a warning at 60 s; "
+                                        "none: no limit", check=at_least(1))
     l2: float = option(0.0, "L2 penalty lambda: every update uses g + lambda*w, on the dense "
                        "weights and on the embedding rows a step touches",
                        check=non_negative)

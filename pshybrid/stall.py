@@ -35,6 +35,11 @@ WARN_S = 60.0  # the warning's delay (none when the timeout comes first)
 # and continued, as Slurm's ``scontrol suspend``/gang scheduling do to every rank): the time
 # it stood still is not counted, so a resumed job goes on instead of ending at once
 STOPPED_S = 2.0
+# A run's first step compiles kernels and touches pages first: it may last this long at
+# least, whatever the timeout (it got the warning alone: a rank stuck in it, its thread
+# beating, hung the job for good)
+FIRST_STEP_S = 600.0
+FIRST = "first"  # ``Watch.inside``'s ``ends`` for a run's first step
 # A call this long is asked about by ``Watch``'s judge (a wait that cannot end: told before
 # the timeout; sooner, a server's own line on it would race with the judge's)
 JUDGE_S = 2.0
@@ -74,9 +79,10 @@ class Watch:
                                             daemon=True)
             self._thread.start()
 
-    def inside(self, name: str, step: int, ends: bool = True) -> "Watch":
+    def inside(self, name: str, step: int, ends: bool | str = True) -> "Watch":
         """``ends`` False: a call that may wait long by design (``pt.shutdown`` while worker
-        0 evaluates alone) gets the warning, never the end."""
+        0 evaluates alone) gets the warning, never the end; ``FIRST``: a run's first step,
+        ended at ``FIRST_STEP_S`` if that is more than the timeout."""
         self._next = (name, step, ends)
         return self
 
@@ -113,8 +119,13 @@ class Watch:
             if late > STOPPED_S:  # this process did not run: stopped, then continued
                 lost += min(late, now - slot[2])
             waited, ends = now - slot[2] - lost, self.timeout if slot[3] else None
+            first = slot[3] == FIRST and ends
+            if first:
+                ends = max(ends, FIRST_STEP_S)
             if ends and waited >= ends:
-                self._end(f"{self._where(slot, waited)}; {self.setting} sets this limit")
+                self._end(f"{self._where(slot, waited)}; {self.setting} sets this limit"
+                          + (f" (at least {FIRST_STEP_S:g} s for a run's first step)"
+                             if first else ""))
             if self.judge is not None and waited >= JUDGE_S:
                 why = self.judge(*slot[:2])
                 if why and judged == (slot, why):  # (twice, a poll apart: still inside)

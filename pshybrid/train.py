@@ -40,7 +40,7 @@ from .preflight import lock_checkpoint_dir, preflight, total_steps
 from .registry import is_colocated
 from .report import Reporter, banner, counted
 from .summary import summarize
-from .stall import Pulse, Watch, step_watch
+from .stall import FIRST, Pulse, Watch, step_watch
 from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
 from .threads import rank_cores
 from .topology import SHARED_MEMORY, Topology
@@ -358,7 +358,7 @@ def loop(job: Job, on_step=None) -> None:
         done = step + 1
         # (the first: compiles; the log's Allreduce too: a worker stopped after the step's
         # collective calls leaves the others waiting there at a --log-every step)
-        with watch.inside("a step", step, ends=step > job.start):
+        with watch.inside("a step", step, ends=True if step > job.start else FIRST):
             loss_sum = _step(job, step, label, dense, batch, bags, idle)
             log.add(done, loss_sum, None if job.device is not None else label)
         if on_step is not None:

@@ -476,6 +476,30 @@ def test_a_step_past_step_timeout_ends_the_job_naming_each_workers_phase(timeout
     assert "Traceback" not in p.stderr, p.stderr
 
 
+@pytest.mark.parametrize("seconds", ["60", "2"])
+def test_a_sole_worker_stuck_in_the_first_step_ends_the_job(seconds):
+    """The run's first step (kernels compile) got the warning alone: a sole worker stuck
+    there in a call that lets its timer's thread run (a hung file system; here a sleep)
+    beat on, so the servers waited too, and the job hung for good. It now ends at
+    max(--step-timeout, stall.FIRST_STEP_S: 4 s here). Oracle: stuck (60 s), the line
+    names the first step and its limit, a non-zero status, before the test's 40 s; slow
+    (2 s, past --step-timeout 1), the warning and the run's end, status 0."""
+    script = os.path.join(os.path.dirname(__file__), "jobs", "train_slow_step.py")
+    env = dict(SLOW_WORKER="0", SLOW_STEP="0", FIRST_STEP_S="4")
+    p = run_job(2, [sys.executable, script, "0.5", seconds, "train", "--steps", "4",
+                    "--progress", "none", "--step-timeout", "1", *SMALL], timeout=40, env=env)
+    if seconds == "60":
+        assert p.returncode != 0 and re.search(
+            r"pshybrid: error \(rank \d, worker 0\): \d+ s inside a step at step 0 \(its "
+            r"fwd_bwd phase\).*--step-timeout sets this limit \(at least 4 s for a run's "
+            r"first step\)", p.stderr), (p.returncode, p.stderr)
+    else:
+        assert p.returncode == 0 and "done: hybrid wdl  4 steps" in p.stdout, (p.returncode,
+                                                                              p.stderr)
+        assert "s inside a step at step 0" in p.stderr, p.stderr  # (the warning)
+    assert "Traceback" not in p.stderr, p.stderr
+
+
 def test_a_worker_stopped_before_a_logs_allreduce_ends_the_job():
     """Worker 1 stops (SIGSTOP) after step 5's collective calls, before the log's Allreduce
     of that --log-every step: worker 0 waited in that Allreduce outside its step timer, and
