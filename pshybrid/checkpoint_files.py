@@ -165,9 +165,10 @@ def resolve(path: str) -> str:
     if os.path.isfile(os.path.join(path, "meta.json")):
         return path
     norm = os.path.normpath(path)
-    root, pointer = os.path.split(norm)
-    if pointer in POINTERS and os.path.lexists(norm) and not os.path.isdir(norm):
-        root, named = root or ".", read_latest(root or ".", pointer)
+    parent, name = os.path.split(norm)
+    if name in POINTERS and os.path.lexists(norm) and not os.path.isdir(norm):
+        root, pointer = parent or ".", name
+        named = read_latest(root, pointer)
     else:
         root, pointer = path, "latest"
         named = read_latest(path) if os.path.isdir(path) else None
@@ -179,7 +180,6 @@ def resolve(path: str) -> str:
                              "checkpoint directory")
         return step_dir
     if not os.path.lexists(path):
-        parent, name = os.path.split(norm)
         if name == "best" and os.path.lexists(os.path.join(parent or ".", "latest")):
             raise InputError(f"{path}: no evaluated checkpoint in {parent or '.'} (train writes "
                              "best at a checkpoint of a step --eval-data evaluated)")

@@ -9,6 +9,8 @@ import difflib
 import functools
 import math
 
+import numpy as np
+
 
 def at_least(lo):
     return lambda v: None if v >= lo else f"must be >= {lo}"
@@ -37,6 +39,14 @@ def decay(v):
 
 def finite_positive(v):
     return None if math.isfinite(v) and v > 0 else "must be > 0 and finite"
+
+
+def zero_in(dtype: str, v) -> str | None:
+    """An optimizer's eps that rounds to 0 in the kernels' ``dtype`` (g / 0 on a fresh row)."""
+    if np.dtype(dtype).type(v) != 0:
+        return None
+    return (f"is 0 in {dtype} (g / 0 on a fresh row): must be >= "
+            f"{np.finfo(dtype).smallest_subnormal:g}")
 
 
 def layer_sizes(v):

@@ -23,10 +23,8 @@ import types
 import typing
 from dataclasses import dataclass
 
-import numpy as np
-
 from .checks import (at_least, close_names, decay, finite_positive, hinted_keywords,
-                     layer_sizes, non_negative, positive, seed_check)
+                     layer_sizes, non_negative, positive, seed_check, zero_in)
 from .configout import to_dict, to_toml  # noqa: F401 (config's own API: written out there)
 from .errors import ConfigError
 from .models import MODELS
@@ -473,9 +471,8 @@ class TrainConfig:
         if self.lr is None and self.sparse_optimizer not in SPARSE_LR:
             raise _error(f"--sparse-optimizer {self.sparse_optimizer} has no default rate "
                          "(optim.SPARSE_LR): give --lr")
-        if np.dtype(self.dtype).type(self.eps) == 0:  # (the kernels' eps is in --dtype)
-            raise _error(f"--eps {self.eps:g} is 0 in {self.dtype} (g / 0 on a fresh row): "
-                         f"must be >= {np.finfo(self.dtype).smallest_subnormal:g}")
+        if why := zero_in(self.dtype, self.eps):  # (the kernels' eps is in --dtype)
+            raise _error(f"--eps {self.eps:g} {why}")
         if why := refusal(self.mode, self.placement, self.servers, self.replicate_rows,
                           self.consistency, self.cache_rows, self.device):
             raise _error(why)

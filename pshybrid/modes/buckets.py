@@ -64,7 +64,11 @@ class GradBuckets:
             self.k -= 1
         self._send_until(self.k)
         if self.reqs and not self.deferred:  # drive the started buckets (MPI progresses)
-            MPI.Request.Testall([getattr(r, "req", r) for r in self.reqs])
+            self.complete()
+
+    def complete(self) -> bool:
+        """Whether every started bucket is complete (a test: it drives them, waits for none)."""
+        return MPI.Request.Testall([getattr(r, "req", r) for r in self.reqs])
 
     def _send_until(self, k: int) -> None:
         """Start, in order, every bucket not yet started whose parameters are ``spans[k:]``'s."""

@@ -11,7 +11,6 @@ write weights other workers may still be reading (they wait for the sync point);
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from ..backend import to_device, to_host
 from ..optim import Optimizer
@@ -116,8 +115,7 @@ class AllreduceDense:
     def settled(self) -> bool:
         """Whether ``settle`` has nothing to wait for (no bucket started, or all complete)."""
         b = self._buckets
-        return b is None or b.deferred or MPI.Request.Testall([getattr(r, "req", r)
-                                                               for r in b.reqs])
+        return b is None or b.deferred or b.complete()
 
     def settle(self) -> None:
         """Complete the buckets backward started (their sums land in ``flat_grad``), the

@@ -80,6 +80,6 @@ def drop_scaled(opt) -> None:
     if opt.scaled is not None:
         old = {id(b) for b in opt.scaled[2]}
         for b in opt.scaled[2]:
-            b.release()
-        opt.s.entries = [e for e in opt.s.entries if id(e[1]) not in old]
+            b.release()  # (the lookups' and the batch unscale_tables prepared)
+        opt.s.drop(lambda entry: id(entry[1]) in old)
     opt.scaled = opt.scaler = opt.flag.grad = None

@@ -122,13 +122,7 @@ def _drop_unreached(s) -> None:
         if entry[2] is None:
             gone.add(id(entry))  # (the deque held it: no live entry shares its id)
     if gone:
-        kept = []
-        for entry in s.entries:
-            if id(entry) in gone:
-                entry[1].release()
-            else:
-                kept.append(entry)
-        s.entries = kept
+        s.drop(lambda entry: id(entry) in gone)
 
 
 # gives each lookup's output a place in the autograd graph (tables have no torch parameters)

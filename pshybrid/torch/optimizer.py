@@ -290,10 +290,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.synced = False
         if not self.on_cpu:
             self.opt.zero_grad(set_to_none=none)
-        for entry in self.s.entries:
-            if entry[2] is not None:  # (its backward ran)
-                entry[1].release()
-        self.s.entries = [entry for entry in self.s.entries if entry[2] is None]
+        self.s.drop(lambda entry: entry[2] is not None)  # (its backward ran)
 
     # -- the step ----------------------------------------------------------------------------
     def step(self, closure=None):

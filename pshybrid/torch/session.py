@@ -111,6 +111,16 @@ class Session:
         self.owns = True  # a stop may end the processes (``pt.init``: comm, exit_servers)
         self.closed = False
 
+    def drop(self, gone) -> None:
+        """The step's lookups ``gone(entry)`` names are dropped, their Batches released."""
+        kept = []
+        for entry in self.entries:
+            if gone(entry):
+                entry[1].release()
+            else:
+                kept.append(entry)
+        self.entries = kept
+
     # -- the checkpoint's description of this job (meta.json; export reads it) -----------
     def run(self, dense_optimizer: str = "sgd", dense_lr: float = 0.0, groups: tuple = (),
             torch_optimizer: str = "", state: dict | None = None) -> TorchRun:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from pshybrid.checks import SEED_RANGE, decay, finite_positive, non_negative, seed_check
+from pshybrid.checks import (SEED_RANGE, decay, finite_positive, non_negative, seed_check,
+                             zero_in)
 from pshybrid.errors import ConfigError
 from pshybrid.limits import available_memory, gib
 from pshybrid.optim import SLOTS, SPARSE_LR
@@ -119,17 +120,13 @@ def _check_tables(tables) -> None:
 def _moments_problem(betas, eps, dtype: str) -> str | None:
     """(As ``--beta1``, ``--beta2``, ``--eps``: checks.decay, checks.finite_positive, and
     an eps that is not 0 in the table's dtype, where the kernels use it.)"""
-    def real(v):
-        return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
-
     if not (isinstance(betas, (tuple, list)) and len(betas) == 2
-            and all(real(b) and not decay(b) for b in betas)):
+            and all(_real(b) and not decay(b) for b in betas)):
         return f"betas must be two numbers >= 0 and < 1, got {betas!r}"
-    if not real(eps) or finite_positive(eps):
+    if not _real(eps) or finite_positive(eps):
         return f"eps must be a number > 0 and finite, got {eps!r}"
-    if np.dtype(dtype).type(eps) == 0:
-        return (f"eps {eps!r} is 0 in {dtype} (g / 0 on a fresh row): must be >= "
-                f"{np.finfo(dtype).smallest_subnormal:g}")
+    if why := zero_in(dtype, eps):
+        return f"eps {eps!r} {why}"
     return None
 
 
@@ -153,9 +150,14 @@ def resume_problem(meta: dict, tables) -> str | None:
             "dim): resume with the same tables in the same order")
 
 
+def _real(v) -> bool:
+    """A real number (NumPy's too), not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, (bool, np.bool_))
+
+
 def _rate_problem(v) -> str | None:
     """What is wrong with a table's ``lr`` or ``init_scale`` (a real number >= 0)."""
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):  # (NumPy's: too)
+    if not _real(v):
         return "must be a number"
     return non_negative(v)
 
