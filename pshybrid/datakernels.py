@@ -4,7 +4,7 @@ Each numba kernel has a NumPy twin that is its test oracle and the fallback wher
 missing; both give the same bits. The kernels do only integer hashing, table look-ups,
 ``+ - * /``, comparisons, the float32 rounding of the dense values and the C library's
 ``pow`` (fields of more than 2**20 ids; the twin calls Python's ``math.pow``, the same C
-function): the transcendental functions of the stream (``log1p``, ``exp``) run as NumPy
+function): the transcendental functions of the stream (``log``, ``exp``) run as NumPy
 ufuncs between the kernels (``SyntheticCTR.fill``) in both paths, so NumPy's SIMD versions
 (which may differ from the C library in the last bit) are used either way.
 
@@ -54,7 +54,7 @@ def alias_numpy(tab, start, size, z):
 
 
 def synth_rows_numpy(start, key, nd, kinds, cards, tab, start0, size0, start1, size1, p1, p2,
-                     pkey, pscale, offsets, fused, bias, nu, ids, logit, ulab):
+                     pkey, pscale, offsets, fused, bias, ou, ids, logit, ulab):
     """Twin of ``_nb_synth_rows``: rows ``[start, start + n)``, n = ``ids.shape[0]``."""
     n, F = ids.shape
     K = nd + F + 1
@@ -62,7 +62,7 @@ def synth_rows_numpy(start, key, nd, kinds, cards, tab, start0, size0, start1, s
     with np.errstate(over="ignore"):
         z = fmix_numpy((r[:, None] * np.uint64(K) + np.arange(1, K + 1, dtype=np.uint64))
                        * GOLDEN + key)
-    nu[:] = -((z[:, :nd] >> np.uint64(11)).astype(np.float64) * 2.0 ** -53).T
+    ou[:] = 1.0 - ((z[:, :nd] >> np.uint64(11)).astype(np.float64) * 2.0 ** -53).T
     s = np.full(n, bias, np.float64)
     for f in range(F):
         zf = z[:, nd + f]
@@ -87,17 +87,23 @@ def synth_rows_numpy(start, key, nd, kinds, cards, tab, start0, size0, start1, s
     ulab[:] = (z[:, nd + F] >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
 
 
-def scale_rows_numpy(cols, s):
-    """Twin of ``_nb_scale_rows``: ``cols[j] *= s[j]``."""
-    cols *= s[:, None]
+def log1p_args_numpy(cols, s, corr):
+    """Twin of ``_nb_log1p_args``: with ``y = s[j] * cols[j]``, ``w = 1 + y``: ``cols[j] = w``
+    and ``corr[j] = ((w - 1) - y) / w``, so ``log(w) - corr`` is ``log1p(y)`` (y >= 0)."""
+    y = cols * s[:, None]
+    np.add(y, 1.0, out=cols)
+    np.subtract(cols, 1.0, out=corr)
+    corr -= y
+    corr /= cols
 
 
-def synth_logit_numpy(cols, v, m, logit, dense):
-    """Twin of ``_nb_synth_logit``: ``logit += v_j * (cols_j - m_j)`` for j in order, then
-    ``logit = -logit``; ``dense`` = ``cols.T`` in float32."""
-    dense[...] = cols.T
-    for j in range(cols.shape[0]):
-        logit += v[j] * (cols[j] - m[j])
+def synth_logit_numpy(cols, corr, v, m, logit, dense):
+    """Twin of ``_nb_synth_logit``: with ``d = cols - corr``, ``logit += v_j * (d_j - m_j)``
+    for j in order, then ``logit = -logit``; ``dense`` = ``d.T`` in float32."""
+    d = cols - corr
+    dense[...] = d.T
+    for j in range(d.shape[0]):
+        logit += v[j] * (d[j] - m[j])
     np.negative(logit, out=logit)
 
 
@@ -117,9 +123,10 @@ def synth_rows(*args) -> None:
     field), tab (alias tables concatenated, uint64), start0/size0 (per field: its alias
     table, or head table whose last entry stands for the tail), start1/size1 (its tail
     table), p1/p2 (power-law parameters), pkey (uint64: the planted weights' key), pscale
-    (their scale), offsets (F,) int64, fused (ids + offsets when True), bias; out: nu
-    (nd, n) float64 ``= -u`` of each dense cell, column by column (so the NumPy passes
-    over it, and ``synth_logit``'s, run along rows), ids (n, F) int64, logit (n,) float64
+    (their scale), offsets (F,) int64, fused (ids + offsets when True), bias; out: ou
+    (nd, n) float64 ``= 1 - u`` of each dense cell (exact: u is a multiple of 2**-53),
+    column by column (so the NumPy passes over it, and ``synth_logit``'s, run along rows),
+    ids (n, F) int64, logit (n,) float64
     ``= bias + the planted field weights``, ulab (n,) float64 the label's uniform.
     """
     if _active():
@@ -128,22 +135,26 @@ def synth_rows(*args) -> None:
         synth_rows_numpy(*args)
 
 
-def scale_rows(cols, s) -> None:
-    """``cols[j, :] *= s[j]``: cols (nd, n) float64, s (nd,)."""
-    if _active() and cols.flags.c_contiguous:
-        _nb_scale_rows(cols, s)
+def log1p_args(cols, s, corr) -> None:
+    """The two parts of ``log1p(y)``, ``y = s[j] * cols[j, :]`` (>= 0), that leave one
+    ``log`` to NumPy: ``cols`` becomes ``w = 1 + y`` and ``corr`` ``((w - 1) - y) / w``, the
+    rounding of ``1 + y`` divided by ``w``; then ``log(w) - corr`` is ``log1p(y)`` to the
+    last bit or so. cols, corr (nd, n) float64, s (nd,)."""
+    if _active() and cols.flags.c_contiguous and corr.flags.c_contiguous:
+        _nb_log1p_args(cols, s, corr)
     else:
-        scale_rows_numpy(cols, s)
+        log1p_args_numpy(cols, s, corr)
 
 
-def synth_logit(cols, v, m, logit, dense) -> None:
-    """``logit[i] += sum_j v[j] * (cols[j, i] - m[j])``, added one j at a time in order,
-    then negated (``logit`` becomes ``-logit``, for ``exp``); and ``dense[i, j] = cols[j,
-    i]`` in float32: cols (nd, n) float64, dense (n, nd)."""
-    if _active() and cols.flags.c_contiguous and dense.flags.c_contiguous:
-        _nb_synth_logit(cols, v, m, logit, dense)
+def synth_logit(cols, corr, v, m, logit, dense) -> None:
+    """With ``d = cols - corr``: ``logit[i] += sum_j v[j] * (d[j, i] - m[j])``, added one j
+    at a time in order, then negated (``logit`` becomes ``-logit``, for ``exp``); and
+    ``dense[i, j] = d[j, i]`` in float32: cols, corr (nd, n) float64, dense (n, nd)."""
+    if (_active() and cols.flags.c_contiguous and corr.flags.c_contiguous
+            and dense.flags.c_contiguous):
+        _nb_synth_logit(cols, corr, v, m, logit, dense)
     else:
-        synth_logit_numpy(cols, v, m, logit, dense)
+        synth_logit_numpy(cols, corr, v, m, logit, dense)
 
 
 def synth_labels(e, ulab, label) -> None:
@@ -156,7 +167,7 @@ def synth_labels(e, ulab, label) -> None:
 
 
 # -- numba kernels (plain Python until ``_active()`` jits them) ----------------------------
-_JITTED = ("_nb_fmix", "_nb_field_draws", "_nb_weights", "_nb_synth_rows", "_nb_scale_rows",
+_JITTED = ("_nb_fmix", "_nb_field_draws", "_nb_weights", "_nb_synth_rows", "_nb_log1p_args",
            "_nb_synth_logit", "_nb_synth_labels")
 _INLINED = ("_nb_field_draws", "_nb_weights")
 _DONE: bool | None = None
@@ -201,7 +212,7 @@ _BLOCK = 128  # rows a block of _nb_synth_rows (its hashes: (nd + F + 1) * 128 *
 
 
 def _nb_synth_rows(start, key, nd, kinds, cards, tab, start0, size0, start1, size1, p1, p2,
-                   pkey, pscale, offsets, fused, bias, nu, ids, logit, ulab):
+                   pkey, pscale, offsets, fused, bias, ou, ids, logit, ulab):
     # Blocks of _BLOCK rows, each in passes over columns: hashes column by column, each
     # field's draws over the block's rows (simple loops that vectorise, one table at a time),
     # the tail draws' table indices, then their loads alone (independent: their cache
@@ -225,7 +236,7 @@ def _nb_synth_rows(start, key, nd, kinds, cards, tab, start0, size0, start1, siz
                 z[c * R + r] = _nb_fmix((xc + np.uint64(r) * np.uint64(K)) * GOLDEN + key)
         for j in range(nd):
             for r in range(m):
-                nu[j, i0 + r] = -(float(z[j * R + r] >> np.uint64(11)) * 2.0 ** -53)
+                ou[j, i0 + r] = 1.0 - float(z[j * R + r] >> np.uint64(11)) * 2.0 ** -53
         for r in range(m):
             ulab[i0 + r] = float(z[(K - 1) * R + r] >> np.uint64(11)) * 2.0 ** -53
         np_ = 0
@@ -306,19 +317,24 @@ def _nb_weights(m, F, offsets, fused, bias, pkey, pscale, idb, s):
                 idb[f * R + r] = g
 
 
-def _nb_scale_rows(cols, s):
+def _nb_log1p_args(cols, s, corr):
     for j in range(cols.shape[0]):
         sj = s[j]
         for i in range(cols.shape[1]):
-            cols[j, i] *= sj
+            y = cols[j, i] * sj
+            w = y + 1.0
+            cols[j, i] = w
+            corr[j, i] = ((w - 1.0) - y) / w
 
 
-def _nb_synth_logit(cols, v, m, logit, dense):
+def _nb_synth_logit(cols, corr, v, m, logit, dense):
     nd, n = cols.shape
     for j in range(nd):  # each row's sum in j order, as the twin
         vj, mj = v[j], m[j]
         for i in range(n):
-            logit[i] += vj * (cols[j, i] - mj)
+            d = cols[j, i] - corr[j, i]
+            cols[j, i] = d
+            logit[i] += vj * (d - mj)
     for i in range(n):
         logit[i] = -logit[i]
         for j in range(nd):

@@ -14,9 +14,11 @@ Generation rule (``F`` sparse fields of cardinalities ``C_f``, ``n_dense`` dense
       z = splitmix64_finalizer(x);   u(r, c) = (z >> 11) * 2**-53  in [0, 1)
 
   Column ``j < n_dense`` is dense column j, ``n_dense + f`` sparse field f, ``K - 1`` the label.
-- **Dense** j: ``d_j = log1p(-s_j * log1p(-u))`` (``log1p(Exponential(s_j))``, by
-  inversion), ``s_j = 10 ** (2 j / max(1, n_dense - 1))``; computed in float64 (NumPy's
-  ``log1p``), delivered as float32.
+- **Dense** j: ``d_j = log1p(s_j * E)``, ``E = -log(1 - u)`` (``log1p(Exponential(s_j))``,
+  by inversion), ``s_j = 10 ** (2 j / max(1, n_dense - 1))``; in float64 with NumPy's
+  ``log`` (``1 - u`` is exact), ``log1p(y)`` as ``log(w) - ((w - 1) - y) / w``, ``w = 1 + y``
+  (one ``log``: NumPy's ``log1p`` is not vectorised on most CPUs, and was 2/3 of the
+  stream's time); delivered as float32.
 - **Sparse** f with ``C = C_f <= 2**20``: exact truncated Zipf, ``P(id = i) ∝ (i + 1) ** -zipf``
   for ``i < C``, by Walker alias tables (``alias_table``) drawn with integers only. A draw
   from a table of ``n`` cells by a uint64 ``z``::
@@ -57,9 +59,9 @@ Generation rule (``F`` sparse fields of cardinalities ``C_f``, ``n_dense`` dense
   midpoints ``u = (k + 0.5) / 4096`` (NumPy's mean); ``bias`` default -1.0 (a base rate near 0.3).
 
 The integer and table part, and the arithmetic between the ufuncs, run in numba kernels
-(``datakernels``, each with a NumPy twin that gives the same bits); ``log1p`` and ``exp`` run
+(``datakernels``, each with a NumPy twin that gives the same bits); ``log`` and ``exp`` run
 as NumPy ufuncs over the batch in both paths.
-A re-implementation with another ``log1p``/``exp``/``pow`` may differ in the last bit of a
+A re-implementation with another ``log``/``exp``/``pow`` may differ in the last bit of a
 float64, which changes a float32 dense value or a label only when it falls on a rounding
 boundary (probability ~2**-29 per dense value, ~2**-52 per label).
 """
@@ -152,9 +154,24 @@ class _Model:
     p1: np.ndarray         # (F,) float64 power-law parameters
     p2: np.ndarray
     offsets: np.ndarray    # (F,) int64
-    neg_scales: np.ndarray  # (n_dense,) -s_j
+    neg_scales: np.ndarray  # (n_dense,) -s_j: y = -s_j * log(1 - u)
     v: np.ndarray          # (n_dense,) planted dense weights
     mean: np.ndarray       # (n_dense,) mean_j
+
+
+def _log1p_parts(ou, neg_scales, corr) -> None:
+    """``ou`` (nd, n): 1 - u of each dense cell -> ``w`` of ``d = log(w) - corr`` (the rule's
+    ``log1p(s_j * E)``); ``corr`` (nd, n) its correction."""
+    np.log(ou, out=ou)  # log(1 - u) = -E
+    datakernels.log1p_args(ou, neg_scales, corr)  # w = 1 + s_j E and the correction
+    np.log(ou, out=ou)
+
+
+def _dense(ou, neg_scales):
+    """The rule's dense values d (nd, n) float64 of the cells whose 1 - u is ``ou``."""
+    corr = np.empty_like(ou)
+    _log1p_parts(ou, neg_scales, corr)
+    return ou - corr
 
 
 @dataclass
@@ -181,7 +198,7 @@ class SyntheticCTR:
             uniform_rows(v, np.arange(nd), self.seed, "planted:dense", self.dense_scale)
             scales = 10.0 ** (2.0 * np.arange(nd) / max(1, nd - 1))
             mid = (np.arange(MEAN_POINTS) + 0.5) / MEAN_POINTS
-            mean = np.log1p(-scales * np.log1p(-mid)[:, None]).mean(0)
+            mean = _dense(np.repeat(1.0 - mid[None], nd, 0), -scales).mean(1)
             kinds, p1, p2 = np.zeros(F, np.int64), np.zeros(F), np.zeros(F)
             start0, size0, start1, size1 = (np.zeros(F, np.int64) for _ in range(4))
             tabs, at = [], 0
@@ -219,16 +236,15 @@ class SyntheticCTR:
         m = self._model()
         n = ids.shape[0]
         assert ids.dtype == np.int64 and ids.flags.c_contiguous and ids.shape[1] == m.cards.size
-        nu = np.empty((self.n_dense, n))  # column by column
+        ou = np.empty((self.n_dense, n))  # 1 - u, column by column
         logit, ulab = np.empty(n), np.empty(n)
         datakernels.synth_rows(int(start), m.key, self.n_dense, m.kinds, m.cards, m.tab,
                                m.start0, m.size0, m.start1, m.size1, m.p1, m.p2, m.pkey,
                                float(self.field_scale),
-                               m.offsets, bool(fused), float(self.bias), nu, ids, logit, ulab)
-        np.log1p(nu, out=nu)  # log(1 - u)
-        datakernels.scale_rows(nu, m.neg_scales)  # s_j * Exponential(1)
-        np.log1p(nu, out=nu)
-        datakernels.synth_logit(nu, m.v, m.mean, logit, dense)  # -logit (and dense = nu.T)
+                               m.offsets, bool(fused), float(self.bias), ou, ids, logit, ulab)
+        corr = np.empty_like(ou)
+        _log1p_parts(ou, m.neg_scales, corr)
+        datakernels.synth_logit(ou, corr, m.v, m.mean, logit, dense)  # -logit, dense = d.T
         np.exp(logit, out=logit)  # p = 1 / (1 + exp(-logit)), in place
         datakernels.synth_labels(logit, ulab, label)
         return logit

@@ -1,6 +1,6 @@
 """The synthetic stream (``pshybrid.synthetic``): rows are a pure function of (seed, row), the
 numba generator equals its NumPy twin bit for bit, and the laws are the stated ones (Zipf
-ids, log1p-exponential dense columns, labels from the planted model)."""
+ids, log1p-exponential dense columns by the documented formula, labels from the planted model)."""
 
 import numpy as np
 import pytest
@@ -177,6 +177,53 @@ def test_dense_columns_are_log1p_exponential():
         # the law, not just the mean: P(d <= t) = 1 - exp(-(e^t - 1) / s)
         t = float(np.median(dense[:, j]))
         assert abs(np.mean(dense[:, j] <= t) - (1 - np.exp(-np.expm1(t) / s))) < 0.01
+
+
+def test_dense_values_are_the_documented_formula():
+    """docs/data.md's rule, from its hash (written here with Python's integers): 1 - u is
+    exact, E = -log(1 - u), d = log(w) - ((w - 1) - y) / w with y = s_j E, w = 1 + y (NumPy's
+    log), and d is log1p(y) to within an ulp of float64 (the C library's log1p); the planted
+    probability from those float64 values, bit for bit (the ids as drawn: their law is
+    tested above)."""
+    import math
+
+    from pshybrid.initializers import table_key, uniform_rows
+
+    gen = SyntheticCTR(seed=3, n_dense=4, cardinalities=(9, 5000))
+    r0, n, K, mask = 10**12 + 5, 300, 4 + 2 + 1, (1 << 64) - 1
+    _, dense, ids, p = gen._rows(r0, r0 + n)
+    key = int(table_key(3, "synthetic"))
+    u = np.empty((n, 4))
+    for i in range(n):
+        for j in range(4):
+            z = (key + ((r0 + i) * K + j + 1) * 0x9E3779B97F4A7C15) & mask
+            z ^= z >> 30
+            z = (z * 0xBF58476D1CE4E5B9) & mask
+            z ^= z >> 27
+            z = (z * 0x94D049BB133111EB) & mask
+            u[i, j] = (z ^ (z >> 31)) >> 11
+    u *= 2.0 ** -53
+    scales = 10.0 ** (2.0 * np.arange(4) / 3)
+
+    def law(u):
+        y = -np.log(1.0 - u) * scales
+        w = 1.0 + y
+        return np.log(w) - ((w - 1.0) - y) / w, y
+
+    d, y = law(u)
+    np.testing.assert_array_equal(dense, d.astype(np.float32))
+    exact = np.array([[math.log1p(v) for v in row] for row in y])
+    assert (np.abs(d - exact) <= np.spacing(exact)).all()
+    mean = law(((np.arange(4096) + 0.5) / 4096)[:, None])[0].T.copy().mean(1)
+    wf, v = np.empty((9 + 5000, 1)), np.empty((4, 1))
+    uniform_rows(wf, np.arange(9 + 5000), 3, "planted", gen.field_scale)
+    uniform_rows(v, np.arange(4), 3, "planted:dense", gen.dense_scale)
+    logit = np.full(n, gen.bias)
+    for f, off in enumerate((0, 9)):
+        logit += wf[ids[:, f] + off, 0]
+    for j in range(4):
+        logit += v[j, 0] * (d[:, j] - mean[j])
+    np.testing.assert_array_equal(p, 1.0 / (1.0 + np.exp(-logit)))
 
 
 def test_planted_model_labels():
