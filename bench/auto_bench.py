@@ -28,7 +28,6 @@ apply_thread_limits()  # before NumPy loads its BLAS, as `python -m pshybrid` do
 
 import argparse  # noqa: E402
 import io
-import json
 import statistics
 import sys
 from dataclasses import replace
@@ -39,7 +38,7 @@ from pshybrid.config import TrainConfig
 from pshybrid.registry import MODES, is_colocated, placement_name
 from pshybrid.synthetic import CRITEO_LIKE, SyntheticCTR
 from pshybrid.train import train
-from timing import at_least, check_outputs, description  # bench/timing.py (a sibling)
+from timing import at_least, check_outputs, description, write_json  # bench/timing.py
 
 KAGGLE = (1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
           27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572)
@@ -163,11 +162,11 @@ def report(a, runs, decisions) -> None:
               + (f"{terr:>+10.1%}" if tr else f"{'-':>10}")
               + f"{sps[k]:>12,.0f}" + ("  <- auto" if k == chosen[-1] else ""))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(workload=a.workload, ranks=MPI.COMM_WORLD.size, steps=a.steps,
-                           warmup=a.warmup, repeat=a.repeat, chosen=chosen, auto_runs=runs["auto"],
-                           auto_samples_per_s=auto_sps, best=best, best_samples_per_s=sps[best],
-                           alternatives=rows, decisions=decisions), f, indent=1)
+        write_json(a.json, dict(workload=a.workload, ranks=MPI.COMM_WORLD.size, steps=a.steps,
+                                warmup=a.warmup, repeat=a.repeat, chosen=chosen,
+                                auto_runs=runs["auto"], auto_samples_per_s=auto_sps, best=best,
+                                best_samples_per_s=sps[best], alternatives=rows,
+                                decisions=decisions))
 
 
 if __name__ == "__main__":

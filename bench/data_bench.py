@@ -48,7 +48,7 @@ from pshybrid.data import DatasetWriter, H5Dataset  # noqa: E402
 from pshybrid.files import H5Files
 from pshybrid.schema import FusedTable  # noqa: E402
 from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR  # noqa: E402
-from timing import at_least, description  # noqa: E402  (bench/timing.py)
+from timing import at_least, description, machine  # noqa: E402  (bench/timing.py)
 
 
 
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
     print(f"one worker, batch {b} ({nbytes:,} bytes: label, {sch.n_dense} dense float32, "
           f"{sch.n_sparse} int64 ids), inline; median of {a.repeat} interleaved runs of "
           f"{a.steps} batches; load average {load[0]:.2f} -> {load[1]:.2f} "
-          f"({os.cpu_count()} cores)")
+          f"({machine()})")
     print(f"{'source':<14} {'W':>2} {'shuffle':>7} {'path':<8} {'ms/batch':>9} {'cpu ms':>7} "
           f"{'rows/s':>12} {'x memcpy':>9}")
     for c in cases:

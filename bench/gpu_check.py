@@ -51,7 +51,6 @@ old, ...).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -66,7 +65,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 import gpu_speed  # noqa: E402 - bench/ on the path first
 from gpu_runs import _T0, budget, run_limited, set_budget, steady, train_job  # noqa: E402
-from timing import check_outputs, description  # noqa: E402
+from timing import check_outputs, description, write_json  # noqa: E402
 
 TARGET = 0.7
 CALL_TARGET = 0.6  # scatter-add as a step calls it (memset + kernel), at dims 16 and 64
@@ -458,8 +457,7 @@ def _check(args) -> int:
 
     def write(**more):
         doc.update(more)
-        with open(args.json, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_json(args.json, doc)
         print(f"wrote {args.json}")
 
     if args.compute_only:

@@ -36,7 +36,6 @@ import os
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one core: before NumPy loads its BLAS
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
@@ -51,7 +50,7 @@ from pshybrid.data import H5Dataset  # noqa: E402
 from pshybrid.schema import field_offsets  # noqa: E402
 from pshybrid.store import ids_in_range, owner_types  # noqa: E402
 from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR, write_synthetic  # noqa: E402
-from timing import at_least, check_outputs, description  # noqa: E402  (bench/timing.py)
+from timing import at_least, check_outputs, description, machine, write_json  # noqa: E402
 
 TARGET_MS = {256: 0.25, 4096: 1.5}  # the aim: input + planning per batch, one core
 DIM = 16
@@ -140,8 +139,8 @@ def input_planning(a) -> list[dict]:
 
 def print_input(rows: list[dict], a) -> None:
     print(f"one worker, one core, inline: input + planning per batch (ms, medians; "
-          f"{a.servers} server(s), dim {DIM} float32, load average {os.getloadavg()[0]:.2f}, "
-          f"{os.cpu_count()} cores)")
+          f"{a.servers} server(s), dim {DIM} float32, load average {os.getloadavg()[0]:.2f}; "
+          f"{machine()})")
     print(f"{'source':<10} {'batch':>5} {'ids':>7} {'distinct':>8} {'input':>7} {'check':>7} "
           f"{'dedup':>7} {'types':>7} {'total':>7} {'cpu':>7} {'target':>6} {'memcpy':>7}")
     for r in rows:
@@ -211,8 +210,7 @@ def main(argv=None) -> int:
         results[name] = make(a)
         show(results[name], a)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump({"args": vars(a), "sections": results}, f, indent=1)
+        write_json(a.json, {"args": vars(a), "sections": results})
     return 0
 
 

@@ -7,12 +7,12 @@ other modes, the JSON and the PNG. ``b`` is the benchmark's ``Bench`` (its flags
 
 from __future__ import annotations
 
-import json
 import math
 
 import numpy as np
 
 from pshybrid.threads import rank_cores
+from timing import machine, write_json
 from wire import WIRE
 
 
@@ -80,7 +80,7 @@ def print_table(b, results: dict, P: int) -> None:
           f"{a.mlp} ({P / 1e6:.2f}M dense params), batch {a.batch_size}/worker, {W} workers"
           f" + {b.world.size - W} server(s) ({a.placement}), {a.steps} steps ({a.warmup} "
           f"warm-up), {a.sparse_optimizer}/adam, median of {a.repeat} interleaved run(s) "
-          f"per mode")
+          f"per mode; {machine()}")
     w = label_width(results)
     print(f"{'mode':<{w}}{'samples/s':>11}{'step ms':>9}  "
           f"{'phases after warm-up (ms/step, medians)':<62}{'RSS w/s MB':>12}")
@@ -126,10 +126,9 @@ def print_ratios(b, results: dict, P: int, dense_allreduce: float | None) -> Non
 def write(b, results: dict, dense_allreduce: float | None) -> None:
     """``--json``, and ``--png`` (per-phase step time per variant) where matplotlib is."""
     a = b.a
-    with open(a.json, "w") as f:
-        json.dump({"args": vars(a), "results": results, "ranks": b.world.size,
-                   "cores_per_rank": rank_cores(),
-                   "dense_allreduce_seconds": dense_allreduce}, f, indent=1)
+    write_json(a.json, {"args": vars(a), "results": results, "ranks": b.world.size,
+                        "cores_per_rank": rank_cores(), "machine": machine(),
+                        "dense_allreduce_seconds": dense_allreduce})
     try:
         import matplotlib
 

@@ -43,7 +43,7 @@ from scaling_checks import (
     validate,
     validation_summary,
 )
-from timing import check_outputs, description  # noqa: E402  (bench/timing.py)
+from timing import check_outputs, description, write_json  # noqa: E402  (bench/timing.py)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -472,7 +472,7 @@ def main(argv=None) -> int:
     picks = print_picks(proj, mem, a.node_memory, nodes)
     compute = next(iter(calib.values())).compute
     if a.json:
-        Path(a.json).write_text(json.dumps(dict(auto_picks=picks,
+        write_json(a.json, dict(auto_picks=picks,
             calibrated_from=name0, servers_from=a.servers_from,
             calibration_cores_per_rank=run0.get("cores_per_rank"), workers_per_node=ks,
             servers_per_node=1, **kw, compute=compute,
@@ -480,7 +480,7 @@ def main(argv=None) -> int:
             calib={m: asdict(c) for m, c in calib.items()}, validation=val,
             validation_summary=summary,
             cross_workload=cross, projection=proj, hybrid_over_ps_16=ratios,
-            paper_hybrid_over_ps_16=PAPER_HYBRID_OVER_PS_16, memory=mem), indent=1))
+            paper_hybrid_over_ps_16=PAPER_HYBRID_OVER_PS_16, memory=mem))
         print(f"wrote {a.json}")
     if a.png:
         write_png(a.png, proj, lks, ks, nodes, compute)

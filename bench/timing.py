@@ -21,6 +21,48 @@ def description(doc: str) -> str:
     return text
 
 
+def machine() -> str:
+    """The CPU a benchmark's figures come from, for its header: the model, the cores, and
+    the widest vector extension NumPy dispatches to (NumPy's ``log``/``exp`` and numba's
+    64-bit multiplies take twice as long, or more, without AVX-512)."""
+    import os
+
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            model = next((line.split(":", 1)[1].strip() for line in fh
+                          if line.startswith(("model name", "Model"))), "")
+    except OSError:
+        pass
+    try:
+        from numpy._core._multiarray_umath import __cpu_features__ as features
+    except ImportError:  # (NumPy 1.x)
+        from numpy.core._multiarray_umath import __cpu_features__ as features
+    simd = next((name for key, name in (("AVX512F", "AVX-512"), ("AVX2", "AVX2"),
+                                        ("SVE", "SVE"), ("ASIMD", "NEON"))
+                 if features.get(key)), "none")
+    import platform
+
+    try:  # (LLVM's name of the core, which numba compiles for: a VM's model may be generic)
+        from llvmlite import binding
+
+        model += f" ({binding.get_host_cpu_name()})"
+    except Exception:  # noqa: BLE001  (numba absent, or an old llvmlite: the model alone)
+        pass
+    return f"{model.strip() or platform.machine()}, {os.cpu_count()} cores, NumPy SIMD: {simd}"
+
+
+def write_json(path: str, doc: dict) -> None:
+    """A benchmark's ``--json``, replaced atomically: a run killed while writing it (Ctrl-C,
+    a pipe closed by ``| head``) leaves the earlier file whole, not one the next run's
+    ``check_outputs`` refuses as not JSON."""
+    import json
+
+    from pshybrid.safeio import atomic_write_text
+
+    atomic_write_text(path, json.dumps(doc, indent=1))
+
+
 IMAGE_FORMATS = ("png", "pdf", "svg", "jpg", "jpeg", "ps", "eps")
 
 
