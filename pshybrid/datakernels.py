@@ -98,12 +98,12 @@ def log1p_args_numpy(cols, s, corr):
 
 
 def synth_logit_numpy(cols, corr, v, m, logit, dense):
-    """Twin of ``_nb_synth_logit``: with ``d = cols - corr``, ``logit += v_j * (d_j - m_j)``
-    for j in order, then ``logit = -logit``; ``dense`` = ``d.T`` in float32."""
-    d = cols - corr
-    dense[...] = d.T
-    for j in range(d.shape[0]):
-        logit += v[j] * (d[j] - m[j])
+    """Twin of ``_nb_synth_logit``: ``cols`` becomes ``d = cols - corr``, ``logit += v_j *
+    (d_j - m_j)`` for j in order, then ``logit = -logit``; ``dense`` = ``d.T`` in float32."""
+    cols -= corr
+    dense[...] = cols.T
+    for j in range(cols.shape[0]):
+        logit += v[j] * (cols[j] - m[j])
     np.negative(logit, out=logit)
 
 
@@ -126,8 +126,8 @@ def synth_rows(*args) -> None:
     (their scale), offsets (F,) int64, fused (ids + offsets when True), bias; out: ou
     (nd, n) float64 ``= 1 - u`` of each dense cell (exact: u is a multiple of 2**-53),
     column by column (so the NumPy passes over it, and ``synth_logit``'s, run along rows),
-    ids (n, F) int64, logit (n,) float64
-    ``= bias + the planted field weights``, ulab (n,) float64 the label's uniform.
+    ids (n, F) int64, logit (n,) float64 ``= bias + the planted field weights``, ulab (n,)
+    float64 the label's uniform.
     """
     if _active():
         _nb_synth_rows(*args)
@@ -147,9 +147,10 @@ def log1p_args(cols, s, corr) -> None:
 
 
 def synth_logit(cols, corr, v, m, logit, dense) -> None:
-    """With ``d = cols - corr``: ``logit[i] += sum_j v[j] * (d[j, i] - m[j])``, added one j
-    at a time in order, then negated (``logit`` becomes ``-logit``, for ``exp``); and
-    ``dense[i, j] = d[j, i]`` in float32: cols, corr (nd, n) float64, dense (n, nd)."""
+    """``cols`` becomes the dense values ``d = cols - corr``; ``logit[i] += sum_j v[j] *
+    (d[j, i] - m[j])``, added one j at a time in order, then negated (``logit`` becomes
+    ``-logit``, for ``exp``); and ``dense[i, j] = d[j, i]`` in float32: cols, corr (nd, n)
+    float64, dense (n, nd)."""
     if (_active() and cols.flags.c_contiguous and corr.flags.c_contiguous
             and dense.flags.c_contiguous):
         _nb_synth_logit(cols, corr, v, m, logit, dense)

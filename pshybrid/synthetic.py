@@ -17,8 +17,8 @@ Generation rule (``F`` sparse fields of cardinalities ``C_f``, ``n_dense`` dense
 - **Dense** j: ``d_j = log1p(s_j * E)``, ``E = -log(1 - u)`` (``log1p(Exponential(s_j))``,
   by inversion), ``s_j = 10 ** (2 j / max(1, n_dense - 1))``; in float64 with NumPy's
   ``log`` (``1 - u`` is exact), ``log1p(y)`` as ``log(w) - ((w - 1) - y) / w``, ``w = 1 + y``
-  (one ``log``: NumPy's ``log1p`` is not vectorised on most CPUs, and was 2/3 of the
-  stream's time); delivered as float32.
+  (NumPy's ``log1p`` costs twice its ``log`` on CPUs without AVX-512: docs/benchmarks.md);
+  delivered as float32.
 - **Sparse** f with ``C = C_f <= 2**20``: exact truncated Zipf, ``P(id = i) ∝ (i + 1) ** -zipf``
   for ``i < C``, by Walker alias tables (``alias_table``) drawn with integers only. A draw
   from a table of ``n`` cells by a uint64 ``z``::
