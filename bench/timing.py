@@ -4,7 +4,7 @@ import re
 import statistics
 import time
 
-from pshybrid.report import PHASES
+from pshybrid.timers import PHASES
 from pshybrid.timers import Timers
 
 

@@ -27,11 +27,10 @@ from .errors import ConfigError
 from .models import MODELS
 from .optim import SLOTS
 from .registry import MODES, cache_serves, parse_consistency
+from .summary import reads_note
 from .tboard import TensorBoard
 from .threads import rank_server_threads
 
-PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server_apply", "wait",
-          "eval")  # server_apply: on workers only with --placement colocated
 # --progress auto: a rank whose parent is one of these proxies (or a launcher itself) prints a
 # bar when the launcher a generation or two up has a terminal as its stdout.
 PROXIES = ("hydra_pmi_proxy", "orted", "prted")
@@ -266,7 +265,7 @@ class Reporter:
             f"{_num(summary['final_loss'])} (base-rate logloss "
             f"{_num(summary['base_rate_logloss'])})  workers {self.W} servers "
             f"{summary['servers']}" + (f"  |  {split}" if split else "")
-            + _slowest(summary) + "\n")
+            + reads_note(summary) + _slowest(summary) + "\n")
         if (kept := self.best_checkpoint()) is not None:
             self.out.write(f"best evaluated checkpoint: {kept}\n")
         self.out.flush()
@@ -402,15 +401,17 @@ def _idle_notes(cfg, schema, steps: int, n_rows: int | None, auto: bool) -> list
 
 
 def _hot_notes(cfg, rows: int) -> list[str]:
-    """The plan's notes on a hot-row cache or replicated set larger than the tables, and
-    on a cache that can never serve (or serves once) under the consistency given."""
+    """The plan's notes on a hot-row cache or replicated set larger than the tables, on a
+    cache that can never serve (or serves once) under the consistency given, and on a bound
+    beyond ssp:1 (or asp) without a cache, which only a cache uses."""
     out = []
     for option, n in (("--cache-rows", cfg.cache_rows), ("--replicate-rows", cfg.replicate_rows)):
         if n > rows:
             out.append(f"  note: {option} {n:,} is more than the tables' {rows:,} rows: every "
                        "worker allocates and keeps up all of them; a few % of the rows (the "
                        "hottest) is what pays")
-    if cfg.cache_rows and parse_consistency(cfg.consistency).bound in (0, 1):
+    bound = parse_consistency(cfg.consistency).bound
+    if cfg.cache_rows and bound in (0, 1):
         out.append(f"  note: --cache-rows {cfg.cache_rows} under --consistency "
                    f"{cfg.consistency}: " + (
                        "no cached row is ever served (a cache serves under ssp:K with K >= "
@@ -418,6 +419,10 @@ def _hot_notes(cfg, rows: int) -> list[str]:
                            cfg.consistency) else
                        "a cached row serves only the step after the start or a checkpoint "
                        "(a cache serves every step under ssp:K with K >= 2, or asp)"))
+    if not cfg.cache_rows and (bound is None or bound >= 2):
+        out.append(f"  note: --consistency {cfg.consistency} without --cache-rows: the run is "
+                   "ssp:1's (every read pulled one step ahead; the rest of the bound is the "
+                   "cache's)")
     return out
 
 

@@ -19,7 +19,7 @@ from .batches import read_ids
 from .data import EVAL_BATCH
 from .errors import PshybridError
 from .metrics import auc, logloss_from_logits
-from .report import PHASES
+from .timers import PHASES
 
 
 class TrainingDiverged(PshybridError):

@@ -9,8 +9,7 @@ from statistics import median
 import numpy as np
 
 from .batches import global_batch
-from .report import PHASES
-from .timers import OWN_WORK  # (the slowest worker's is what the others wait for)
+from .timers import OWN_WORK, PHASES  # (OWN_WORK: the slowest worker's, which others wait for)
 
 
 def _base_rate_logloss(p: float) -> float:
@@ -56,6 +55,15 @@ def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
         summary["auc"] = evals[-1]["auc"]
         summary["eval_logloss"] = evals[-1]["logloss"]
     return summary
+
+
+def reads_note(summary: dict) -> str:
+    """The done line's note of the workers' embedding reads (``--consistency ssp:K|asp``,
+    ``--cache-rows``): the share the cache served and the staleness read."""
+    r = summary.get("reads")
+    return "" if not r else (f"  |  reads: {r['cache_hit_rate']:.1%} from the cache, "
+                             f"staleness mean {r['mean_staleness']:.2f}, max "
+                             f"{r['max_staleness']}")
 
 
 def _reads(reads: list, steps_run: int) -> dict:

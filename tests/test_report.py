@@ -201,7 +201,21 @@ def test_banner_notes_a_cache_that_can_never_serve(consistency, noted):
         "no cached row is ever served (a cache serves under ssp:K with K >= 2, or asp); it "
         "only costs its upkeep"))
     assert (note in banner(cfg, topo(1, 1), SCHEMA, 10).splitlines()) == noted
-    assert "--cache-rows" not in banner(replace(cfg, cache_rows=0), topo(1, 1), SCHEMA, 10)
+    assert "note: --cache-rows" not in banner(replace(cfg, cache_rows=0), topo(1, 1), SCHEMA, 10)
+
+
+@pytest.mark.parametrize("consistency, noted", [("bsp", False), ("ssp:0", False),
+                                                ("ssp:1", False), ("ssp:2", True),
+                                                ("ssp:40", True), ("asp", True)])
+def test_banner_notes_a_bound_that_only_a_cache_uses(consistency, noted):
+    """Without --cache-rows, reads are stale by the pull-ahead's one step alone: a bound
+    beyond ssp:1 (or asp) runs as ssp:1 (tests/test_stale_mpi.py runs both): the plan says
+    so; with a cache, and at a bound of 1 or less, nothing is said."""
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,), consistency=consistency)
+    note = (f"  note: --consistency {consistency} without --cache-rows: the run is ssp:1's "
+            "(every read pulled one step ahead; the rest of the bound is the cache's)")
+    assert (note in banner(cfg, topo(1, 1), SCHEMA, 10).splitlines()) == noted
+    assert note not in banner(replace(cfg, cache_rows=500), topo(1, 1), SCHEMA, 10)
 
 
 @pytest.mark.parametrize("option", ["cache_rows", "replicate_rows"])
@@ -407,6 +421,27 @@ def test_the_plan_notes_steps_that_epochs_replace():
     assert notes == ["  note: --steps 10 does nothing in this run: --epochs decides the steps"]
     assert idle_notes(banner(replace(cfg, steps=2000), topo(1, 1), SCHEMA, 128,
                              n_rows=4096)) == []
+
+
+@pytest.mark.parametrize("reads", [None, {"cache_hit_rate": 0.18125, "mean_staleness": 1.354,
+                                            "max_staleness": 4}])
+def test_the_done_line_shows_the_reads_of_a_stale_run(reads):
+    """With ``reads`` in the summary (ssp:K, asp, a cache) the done line shows the cache's
+    share, the mean and the largest staleness, as the summary holds them; without, nothing
+    (bsp without a cache: every read pulled at its step)."""
+    out = io.StringIO()
+    summary = {"summary": True, "mode": "hybrid", "model": "wdl", "steps": 10,
+               "steps_run": 10, "samples_per_s": 1.0, "final_loss": 0.5,
+               "base_rate_logloss": 0.6, "servers": 0, "workers": 1, "seconds": 2.0,
+               "phase_fraction": {}, "slowest_worker": {"worker": 0, "rank": 0,
+                                                        "own_seconds": 1.0,
+                                                        "median_own_seconds": 1.0}}
+    Reporter(TrainConfig(progress="lines"), out, 1, 10).close(
+        summary if reads is None else {**summary, "reads": reads})
+    done = next(line for line in out.getvalue().splitlines() if line.startswith("done: "))
+    assert ("reads:" in done) == (reads is not None), done
+    assert reads is None or done.endswith(
+        "  |  reads: 18.1% from the cache, staleness mean 1.35, max 4"), done
 
 
 @pytest.mark.parametrize("workers,own,median,named", [

@@ -15,7 +15,7 @@ sys.path.insert(0, BENCH)
 import scaling as sc  # noqa: E402
 
 SAMPLE = os.path.join(BENCH, "sample_modes.json")
-from pshybrid.report import PHASES  # noqa: E402  (what modes_bench records per step)
+from pshybrid.timers import PHASES  # noqa: E402  (what modes_bench records per step)
 
 
 def fake_run(modes=("hybrid", "ps", "allreduce", "compute"), W0=2, U=1000.0, P=100_000,

@@ -181,6 +181,26 @@ def test_checkpoint_is_a_bsp_point_resume_continues_exactly(comm, mpi_tmp_path, 
     assert_all(comm, ok, msg)
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("consistency", ["ssp:4", "asp"])
+def test_a_bound_beyond_one_without_a_cache_is_ssp_1(comm, consistency):
+    """Without --cache-rows only the pull-ahead is stale: ssp:K (K >= 2) and asp end with
+    ssp:1's parameters, bit for bit (same-node reads: deterministic), and differ from
+    bsp's; the plan's note (``report._hot_notes``) says so."""
+    cfg = replace(BASE, servers=1, steps=8, shared_memory="on", consistency=consistency)
+    got, one = run(cfg, comm), run(replace(cfg, consistency="ssp:1"), comm)
+    bsp = run(replace(cfg, consistency="bsp"), comm)
+    ok, msg = True, ""
+    if comm.rank == 0:
+        if rel_err(got.table, one.table) or rel_err(got.dense, one.dense):
+            ok, msg = False, f"{consistency} without a cache is not ssp:1's run"
+        elif rel_err(got.table, bsp.table) < 1e-9:
+            ok, msg = False, "ssp:1 gave bsp's parameters: nothing was stale"
+        elif got.summary["reads"]["max_staleness"] != 1:
+            ok, msg = False, f"reported reads: {got.summary['reads']}"
+    assert_all(comm, ok, msg)
+
+
 @pytest.mark.parametrize("n", [64, 4096], ids=["small-cache", "large-cache"])  # both paths
 def test_row_cache_admits_each_slots_best_candidate(n):
     """``RowCache.admit`` == the per-slot rule written out (the most frequent candidate, a
