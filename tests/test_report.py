@@ -423,6 +423,18 @@ def test_the_plan_notes_steps_that_epochs_replace():
                              n_rows=4096)) == []
 
 
+@pytest.mark.parametrize("consistency, cache, said", [
+    ("bsp", 0, ""), ("bsp", 300, "; --consistency bsp, a 300-row cache a worker"),
+    ("ssp:4", 0, "; --consistency ssp:4"), ("asp", 2000, "; --consistency asp, a 2,000-row "
+                                           "cache a worker")])
+def test_the_plan_names_a_consistency_or_cache_off_the_default(consistency, cache, said):
+    """The plan's batch line ends with the consistency and the cache where either is not
+    the default (bsp, none): the console showed neither."""
+    cfg = TrainConfig(embedding_dim=4, mlp=(8,), consistency=consistency, cache_rows=cache)
+    line = banner(cfg, topo(1, 1), SCHEMA, 10).splitlines()[1]
+    assert line == "  global batch 128 = 1 worker x --batch-size 128; 10 steps" + said, line
+
+
 @pytest.mark.parametrize("reads", [None, {"cache_hit_rate": 0.18125, "mean_staleness": 1.354,
                                             "max_staleness": 4}])
 def test_the_done_line_shows_the_reads_of_a_stale_run(reads):
