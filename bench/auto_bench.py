@@ -84,6 +84,8 @@ def main(argv=None) -> int:
                     help="leave out the --replicate-rows alternatives (faster)")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
+    if a.steps <= a.warmup:  # (every rank alike, before any collective: was a hang)
+        ap.error(f"--steps {a.steps} leaves no timed step after --warmup {a.warmup}")
     check_outputs(ap, a.json)
     comm = MPI.COMM_WORLD
     w = WORKLOADS[a.workload]
@@ -170,4 +172,6 @@ def report(a, runs, decisions) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pshybrid.launch import run
+
+    sys.exit(run(main))  # an error on one rank ends the whole job, never a hang

@@ -153,6 +153,8 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="the compression cases only")
     a = ap.parse_args(argv)
     b = a.batch_size
+    if a.rows < 2 * b:  # (2 simulated workers: was a ZeroDivisionError after the setup)
+        ap.error(f"--rows {a.rows}: fewer than 2 workers' batches of --batch-size {b}")
     syn = SyntheticCTR(seed=0, cardinalities=tuple(min(c, a.max_cardinality)
                                                    for c in CRITEO_KAGGLE))
     t0 = time.perf_counter()

@@ -204,6 +204,9 @@ def main(argv=None) -> int:
         a.steps = a.steps * len(a.batch_sizes)
     if len(a.steps) != len(a.batch_sizes):
         ap.error("--steps takes one value or one per batch size")
+    rows = sum(min(c, a.max_cardinality) for c in CRITEO_KAGGLE)
+    if a.servers > rows:  # (a datatype per owner a step: 10**8 owners ran for hours)
+        ap.error(f"--servers {a.servers}: more owners than the table's {rows:,} rows")
     results = {}
     for name in a.sections:
         make, show = SECTIONS[name]

@@ -30,7 +30,7 @@ import tempfile
 import time
 
 import numpy as np
-from timing import at_least, description, median_time  # noqa: E402  (bench/timing.py)
+from timing import above, at_least, description, median_time  # noqa: E402  (bench/timing.py)
 
 
 
@@ -103,12 +103,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--batch", type=at_least(1), nargs="+", default=[4096, 26 * 256])
     ap.add_argument("--dim", type=at_least(1), nargs="+", default=[16, 64])
     ap.add_argument("--dtype", nargs="+", default=["float32"], choices=["float32", "float64"])
-    ap.add_argument("--zipf", type=float, nargs="+", default=[1.05, 1.2])
+    ap.add_argument("--zipf", type=above(1), nargs="+", default=[1.05, 1.2])
     ap.add_argument("--rows", type=at_least(1), default=1_000_000)
     ap.add_argument("--servers", type=at_least(1), default=4, help="S for group_by_owner")
     ap.add_argument("--warmup", type=at_least(0), default=3)
     ap.add_argument("--repeat", type=at_least(1), default=30)
-    ap.add_argument("--pad", type=int, default=None, metavar="D",
+    ap.add_argument("--pad", type=at_least(1), default=None, metavar="D",
                     help="compare rows of D floats with the same padded to a multiple of 4")
     ap.add_argument("--rounds", type=at_least(1), default=5, help="--pad: alternating rounds")
     ap.add_argument("--cold", action="store_true",

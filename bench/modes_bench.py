@@ -88,6 +88,7 @@ from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR
 from pshybrid.train import train
 from pshybrid.transport import idle_barrier
 from modes_report import (
+    print_auc,
     print_bytes,
     print_ratios,
     print_reads,
@@ -186,8 +187,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--mlp", default=None, help="hidden sizes (default: the workload's)")
     ap.add_argument("--data", default=None, help="train from this dataset file instead of "
                     "the synthetic stream (pshybrid prep ...)")
-    ap.add_argument("--max-cardinality", type=at_least(1), default=1_000_000)
-    ap.add_argument("--modes", default="hybrid,ps,allreduce,compute")
+    ap.add_argument("--max-cardinality", type=at_least(1), default=1_000_000,
+                    help="cap of each synthetic table (a --data file has its own)")
+    ap.add_argument("--modes", default="hybrid,ps,allreduce,compute",
+                    help="comma list (hybrid and ps need 2 ranks or more)")
     ap.add_argument("--repeat", type=at_least(1), default=3,
                     help="rounds of all modes, interleaved; each mode reports its median run "
                          "(2 shared cores drift by +-10%% between runs)")
@@ -390,13 +393,34 @@ def results_of(b: Bench, runs: dict, plan: BatchPlan, offsets, P: int) -> dict:
     return results
 
 
+def check_args(ap, a, ranks: int) -> None:
+    """Every rank alike, before any collective: one usage error (exit status 2) instead of
+    a traceback after the warm-up; a note of the modes one rank cannot run."""
+    if a.steps <= a.warmup:
+        ap.error(f"--steps {a.steps} leaves no timed step after --warmup {a.warmup}")
+    modes = a.modes.split(",")
+    if unknown := [m for m in modes if m not in MODES]:
+        ap.error(f"--modes: unknown {', '.join(unknown)} (known: {', '.join(MODES)})")
+    for opt, text in (("--mlp", a.mlp or "1"), ("--cache-rows", a.cache_rows)):
+        if not all(x.strip().isdigit() for x in text.split(",")):
+            ap.error(f"{opt} {text}: a comma list of whole numbers")
+    skipped = [m for m in modes if MODES[m].needs_servers] if ranks == 1 and \
+        a.placement != "colocated" else []
+    if skipped == modes:
+        ap.error(f"--modes {a.modes}: every one needs a server rank besides the workers: "
+                 "launch 2 ranks or more (mpiexec -n 3), or add allreduce,compute")
+    if skipped:
+        print(f"note: one rank: {', '.join(skipped)} skipped (a server rank besides the "
+              "workers needed: mpiexec -n 3)", file=sys.stderr)
+    check_outputs(ap, a.json, a.png, [(o, p) for o, p in (("--data", a.data),
+                                                         ("--eval-data", a.eval_data)) if p])
+
+
 def main(argv=None) -> int:
     """Set up, warm up, time every variant, then rank 0 prints and writes."""
     ap = parser()
     a = ap.parse_args(argv)
-    if a.steps <= a.warmup:  # (every rank alike, before any collective)
-        ap.error(f"--steps {a.steps} leaves no timed step after --warmup {a.warmup}")
-    check_outputs(ap, a.json, a.png, [("--data", p) for p in (a.data, a.eval_data) if p])
+    check_args(ap, a, MPI.COMM_WORLD.size)
     b = setup(a)
     P = dense_params(b)
     mode_step.Timers = StepTimers  # every Mode built from here on keeps its steps' phases
@@ -413,6 +437,7 @@ def main(argv=None) -> int:
     print_bytes(b, results)
     print_wire_bytes(results)
     print_reads(results, b.W, 17 * 4)
+    print_auc(b, results)
     print_ratios(b, results, P, dense_allreduce)
     write(b, results, dense_allreduce)
     return 0

@@ -89,7 +89,12 @@ def print_table(b, results: dict, P: int) -> None:
                       if v * 1e3 >= 0.005)
         rss = r["peak_rss_mb"]
         print(f"{m:<{w}}{r['samples_per_s']:>11,.0f}{r['step_seconds_median'] * 1e3:>9.1f}  "
-              f"{ph:<62}{rss['worker']:>6.0f}/{rss['server']:<5.0f}")
+              f"{ph:<62}{rss['worker']:>6.0f}/{server_rss(rss):<5}")
+
+
+def server_rss(rss: dict) -> str:
+    """The servers' peak RSS in MB; '-' for a run without server ranks (was 0 MB)."""
+    return f"{rss['server']:.0f}" if rss.get("server") else "-"
 
 
 def label_width(results: dict) -> int:
@@ -107,6 +112,15 @@ def print_bytes(b, results: dict) -> None:
                 continue  # pulls went through shared memory (shm_read_bytes)
             got = r["bytes_per_step"].get(k, 0.0)
             print(f"  {m:<{w}}{k:<18}{got:>14,.0f}{v:>14,.0f}   {got / v - 1:+.2%}")
+
+
+def print_auc(b, results: dict) -> None:
+    """``--eval-data``: every run's AUC after the same samples, beside hybrid's (the
+    consistency table shows only its own runs'; without one the AUCs were in the JSON only)."""
+    aucs = {k: r["auc"] for k, r in results.items() if r.get("auc") is not None}
+    if aucs:
+        print(f"AUC on {b.a.eval_data} after the same samples: "
+              + ", ".join(f"{k} {v:.4f}" for k, v in aucs.items()))
 
 
 def print_ratios(b, results: dict, P: int, dense_allreduce: float | None) -> None:
@@ -128,7 +142,8 @@ def write(b, results: dict, dense_allreduce: float | None) -> None:
     a = b.a
     write_json(a.json, {"args": vars(a), "results": results, "ranks": b.world.size,
                         "cores_per_rank": rank_cores(), "machine": machine(),
-                        "dense_allreduce_seconds": dense_allreduce})
+                        "dense_allreduce_seconds": dense_allreduce,
+                        "table_rows": int(sum(b.cards))})  # (--data: the file's own)
     try:
         import matplotlib
 

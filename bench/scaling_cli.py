@@ -43,7 +43,7 @@ from scaling_checks import (
     validate,
     validation_summary,
 )
-from timing import check_outputs, description, write_json  # noqa: E402  (bench/timing.py)
+from timing import above, at_least, check_outputs, description, write_json  # noqa: E402
 
 
 def parser() -> argparse.ArgumentParser:
@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--png", help="write a log-log plot here (needs matplotlib)")
     ap.add_argument("--preset", default="eth25,ib100", help=f"comma list of {list(PRESETS)}")
     ap.add_argument("--latency", type=float, help="override the presets' latency (µs)")
-    ap.add_argument("--bandwidth", type=float, help="override the presets' bandwidth (GB/s)")
+    ap.add_argument("--bandwidth", type=above(0), help="override the presets' bandwidth (GB/s)")
     ap.add_argument("--workers-per-node", help="comma list (default: the first run's workers)")
     ap.add_argument("--nodes", default=",".join(map(str, NODES)))
     ap.add_argument("--overlap", action="store_true", help="dense Allreduce behind backward")
@@ -64,18 +64,18 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--ps-local-dense", choices=("share", "full"), default="share",
                     help="ps's measured one-node dense pull/push: the 1/N from the node's "
                          "own server, or all of it, on top of the wire")
-    ap.add_argument("--intra-node", type=float, metavar="GB/s",
+    ap.add_argument("--intra-node", type=above(0), metavar="GB/s",
                     help="the dense bytes that stay on a node at this speed (e.g. NVLink) "
                          "instead of their measured one-node cost")
-    ap.add_argument("--row-width", type=int, default=ROW_WIDTH)
+    ap.add_argument("--row-width", type=at_least(1), default=ROW_WIDTH)
     ap.add_argument("--hit-rate", type=float, default=None, metavar="H",
                     help="add hybrid-ssp: hybrid with this share of rows served by the "
                          "workers' caches (modes_bench's hit rate) and the Get pulled a step "
                          "ahead, behind the compute (--consistency ssp:K); 0 to 1")
-    ap.add_argument("--node-memory", type=float, default=24.0, metavar="GB",
+    ap.add_argument("--node-memory", type=above(0), default=24.0, metavar="GB",
                     help="memory per node for the auto pick's memory check (default 24)")
     cg = ap.add_mutually_exclusive_group()
-    cg.add_argument("--compute-speedup", type=float, metavar="X",
+    cg.add_argument("--compute-speedup", type=above(0), metavar="X",
                     help="GPU-class workers: fwd_bwd and dense_apply divided by X (stated); "
                          "the other worker and server terms from the run's wire-only runs "
                          "(modes_bench --wire-only) where it has them")
@@ -334,12 +334,12 @@ def print_summary(ratios: dict, calib: dict, nodes: list) -> None:
 def memory(run0: dict, c0) -> dict:
     """The table's bytes on an allreduce worker and over the servers, printed."""
     args0 = run0["args"]
-    rows = table_rows(args0["max_cardinality"])
+    rows = run0.get("table_rows") or table_rows(args0["max_cardinality"])  # (older runs)
     slots = len(SLOTS[args0["sparse_optimizer"]])
     tb = rows * c0.E * 4
     mem = dict(table_rows=rows, allreduce_worker_bytes=tb * (1 + slots),
                server_bytes_times_nodes=tb * (1 + slots))
-    print(f"memory: allreduce keeps the whole table ({rows / 1e6:.1f}M rows x {c0.E}) on every "
+    print(f"memory: allreduce keeps the whole table ({rows:,} rows x {c0.E}) on every "
           f"worker: {mem['allreduce_worker_bytes'] / 1e9:.2f} GB with {args0['sparse_optimizer']}"
           f" state, at any N; hybrid/ps: {mem['server_bytes_times_nodes'] / 1e9:.2f} GB / N "
           f"per server")
@@ -442,6 +442,8 @@ def main(argv=None) -> int:
     nodes, given_ks = _counts(ap, a.nodes), _counts(ap, a.workers_per_node)
     if any(n < 1 for n in nodes + given_ks):
         ap.error("--nodes and --workers-per-node: counts of at least 1")
+    if unknown := set(a.preset.split(",")) - set(PRESETS):
+        ap.error(f"--preset: unknown {', '.join(sorted(unknown))} (known: {', '.join(PRESETS)})")
     if a.hit_rate is not None and not 0 <= a.hit_rate <= 1:
         ap.error(f"--hit-rate {a.hit_rate}: a share of the rows, from 0 to 1")
     runs = [(p, _run(ap, p)) for p in a.runs]

@@ -22,7 +22,7 @@ import sys
 from types import SimpleNamespace
 
 import numpy as np
-from timing import at_least, description, median_time  # noqa: E402  (bench/timing.py)
+from timing import above, at_least, description, median_time  # noqa: E402  (bench/timing.py)
 from mpi4py import MPI
 
 from pshybrid import partition
@@ -43,7 +43,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--rows", type=at_least(1), default=1_000_000)
     ap.add_argument("--dim", type=at_least(1), default=64)
     ap.add_argument("--batch", type=at_least(1), default=4096)
-    ap.add_argument("--zipf", type=float, default=1.05)
+    ap.add_argument("--zipf", type=above(1), default=1.05)  # (NumPy's Zipf: a > 1)
     ap.add_argument("--warmup", type=at_least(1), default=5)
     ap.add_argument("--repeat", type=at_least(1), default=30)
     return ap
@@ -188,7 +188,10 @@ def report(a, topo, c, results: dict, init_s: float) -> None:
 
 def main(argv=None) -> int:
     """Build the store, time the RMA path, then two-sided, then rank 0 reports."""
-    a = parser().parse_args(argv)
+    ap = parser()
+    a = ap.parse_args(argv)
+    if MPI.COMM_WORLD.size < 2:  # (was training's advice on --servers and --mode)
+        ap.error("one server and one worker at least: launch 2 ranks (mpiexec -n 2)")
     topo = Topology.create(MPI.COMM_WORLD, 1)
     spec = TableSpec("emb", a.rows, a.dim, "float32")
     t0 = MPI.Wtime()

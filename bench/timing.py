@@ -76,6 +76,7 @@ def check_outputs(parser, json_path=None, image_path=None, inputs=()) -> None:
     non-regular file. Else ``parser.error`` names the option (exit status 2, nothing
     written)."""
     import json
+    import os
 
     from pshybrid import safeio
     from pshybrid.plot import IMAGE_MAGIC
@@ -108,6 +109,9 @@ def check_outputs(parser, json_path=None, image_path=None, inputs=()) -> None:
                    and ext not in IMAGE_FORMATS else
                    safeio.check_output(path, option, inputs, existing=lambda p, w=what, o=ok:
                                        earlier(p, w, o)))
+        folder = os.path.dirname(os.path.abspath(path))
+        if not problem and not os.path.isdir(folder):  # (found after the run, its results lost)
+            problem = f"{path}: no directory {folder} to write it in"
         if problem:
             parser.error(problem if problem.startswith(option) else f"{option}: {problem}")
 
@@ -124,6 +128,22 @@ def at_least(lo: int):
             raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
         if v < lo:
             raise argparse.ArgumentTypeError(f"{v}: must be >= {lo}")
+        return v
+    return parse
+
+
+def above(lo: float):
+    """An argparse ``type``: a number > ``lo`` (a speed-up, a bandwidth), else the option's
+    one-line error (exit status 2) instead of a traceback or a silently ignored value."""
+    import argparse
+
+    def parse(text: str) -> float:
+        try:
+            v = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not v > lo:
+            raise argparse.ArgumentTypeError(f"{v:g}: must be > {lo:g}")
         return v
     return parse
 

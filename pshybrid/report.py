@@ -26,7 +26,7 @@ from .config import TrainConfig, option_flag, shown
 from .errors import ConfigError
 from .models import MODELS
 from .optim import SLOTS
-from .registry import MODES, cache_serves, parse_consistency
+from .registry import MODES, cache_serves, is_synchronous, parse_consistency
 from .summary import reads_note
 from .tboard import TensorBoard
 from .threads import rank_server_threads
@@ -458,7 +458,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
     lines = [f"plan: {cfg.mode} {cfg.model} on {counted(topo.size, 'rank')}, "
              f"{counted(topo.n_nodes, 'node')}: {who}",
              f"  global batch {global_batch(cfg, W):,} = {counted(W, 'worker')} x --batch-size "
-             f"{cfg.batch_size}; {counted(steps, 'step')}" + ("" if cfg.consistency == "bsp"
+             f"{cfg.batch_size}; {counted(steps, 'step')}" + ("" if is_synchronous(cfg.consistency)
              and not cfg.cache_rows else f"; --consistency {cfg.consistency}" + (
                  f", a {cfg.cache_rows:,}-row cache a worker" if cfg.cache_rows else "")),
              f"  tables: {counted(F, 'field')}, {counted(rows, 'row')} x {E} {cfg.dtype} + "

@@ -45,3 +45,16 @@ def comm():
     c = _world().Dup()
     yield c
     c.Free()
+
+
+@pytest.fixture
+def modes_restored():
+    """The mode registry as it was before the test: importing ``bench/modes_bench`` registers
+    its "compute" mode, which no later test may see among the product's modes
+    (``test_architecture``: the docs list exactly the registered ones)."""
+    from pshybrid.registry import MODES
+
+    kept = dict(MODES)
+    yield
+    MODES.clear()
+    MODES.update(kept)

@@ -22,16 +22,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), os.pardir, "bench"))
 import host_bench  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _modes_as_they_were():
-    """modes_bench registers its "compute" mode when imported: gone after each test here, so
-    no later test sees it among the product's modes."""
-    from pshybrid.registry import MODES
-
-    kept = dict(MODES)
-    yield
-    MODES.clear()
-    MODES.update(kept)
+pytestmark = pytest.mark.usefixtures("modes_restored")  # (modes_bench registers "compute")
 
 
 QUICK = ["--batch-sizes", "32", "256", "--steps", "4", "--warmup", "1",
