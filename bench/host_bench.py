@@ -218,4 +218,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pshybrid.launch import run
+
+    sys.exit(run(main))  # (Ctrl-C: one line and status 130, not a traceback)

@@ -212,4 +212,6 @@ def main(argv=None) -> int:
     return 0
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from pshybrid.launch import run
+
+    raise SystemExit(run(main))  # (Ctrl-C: one line and status 130, not a traceback)

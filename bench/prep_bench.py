@@ -177,4 +177,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from pshybrid.launch import run as launched
+
+    sys.exit(launched(main))  # (Ctrl-C: one line and status 130, not a traceback)

@@ -466,8 +466,9 @@ def saturation(nodes, sps, efficiency: float = EFFICIENCY, gain: float = GAIN):
 
 if __name__ == "__main__":
     import scaling
+    from pshybrid.launch import run
 
-    sys.exit(scaling.main())
+    sys.exit(run(scaling.main))  # (Ctrl-C: one line and status 130, not a traceback)
 
 from scaling_checks import (  # noqa: E402
     COUNTERS,
