@@ -216,8 +216,12 @@ def parser() -> argparse.ArgumentParser:
                          "replaced by a zero-cost stand-in, the same pulls, pushes, Allreduce "
                          "and server work without CPU compute beside them (what a GPU "
                          "worker's CPU side sees; bench/scaling.py uses them)")
-    ap.add_argument("--json", default="bench_modes.json")
-    ap.add_argument("--png", default="bench_modes.png")
+    ap.add_argument("--json", default="bench_modes.json",
+                    help="results, always written (an earlier output is replaced; default "
+                         "%(default)s)")
+    ap.add_argument("--png", default="bench_modes.png",
+                    help="each variant's phases, always drawn where matplotlib is (an earlier "
+                         "image is replaced; default %(default)s)")
     return ap
 
 
