@@ -455,12 +455,13 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
         who = f"{counted(W, 'worker')}, no server"
     where = (f"{limits.gib(-(-table // S))} per {'rank' if topo.colocated else 'server'}"
              if sharded else "all of it on every worker")
+    reads = ("" if is_synchronous(cfg.consistency) and not cfg.cache_rows else
+             f"; --consistency {cfg.consistency}"
+             + (f", a {cfg.cache_rows:,}-row cache a worker" if cfg.cache_rows else ""))
     lines = [f"plan: {cfg.mode} {cfg.model} on {counted(topo.size, 'rank')}, "
              f"{counted(topo.n_nodes, 'node')}: {who}",
              f"  global batch {global_batch(cfg, W):,} = {counted(W, 'worker')} x --batch-size "
-             f"{cfg.batch_size}; {counted(steps, 'step')}" + ("" if is_synchronous(cfg.consistency)
-             and not cfg.cache_rows else f"; --consistency {cfg.consistency}" + (
-                 f", a {cfg.cache_rows:,}-row cache a worker" if cfg.cache_rows else "")),
+             f"{cfg.batch_size}; {counted(steps, 'step')}{reads}",
              f"  tables: {counted(F, 'field')}, {counted(rows, 'row')} x {E} {cfg.dtype} + "
              f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
              f"  dense: {counted(P, 'parameter')}; a checkpoint holds about "
