@@ -149,7 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-size", type=at_least(1), default=256)
     ap.add_argument("--steps", type=at_least(1), default=256, help="batches per timed run")
     ap.add_argument("--repeat", type=at_least(1), default=5)
-    ap.add_argument("--max-cardinality", type=at_least(1), default=1_000_000)
+    ap.add_argument("--max-cardinality", type=at_least(1), default=1_000_000,
+                    help="cap of each table, the stream's and the file's")
     ap.add_argument("--quick", action="store_true", help="the compression cases only")
     a = ap.parse_args(argv)
     b = a.batch_size
@@ -164,7 +165,8 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         f = os.path.join(tmp, "syn.h5")
         subprocess.run([sys.executable, "-m", "pshybrid", "prep", "synthetic", f, "--rows",
-                        str(a.rows)], check=True, stdout=subprocess.DEVNULL)
+                        str(a.rows), "--max-cardinality", str(a.max_cardinality)],
+                       check=True, stdout=subprocess.DEVNULL)  # (the stream's tables)
         h5 = H5Dataset(f)
         cases = [] if a.quick else \
             [Case(("synthetic", W, "-", path), data, W, b, False, a.steps)

@@ -111,3 +111,26 @@ def test_eval_data_aucs_are_printed(capsys):
     assert all(f"{k} {r['auc']:.4f}" in out for k, r in results.items() if r["auc"])
     modes_report.print_auc(b, {"hybrid": {"auc": None}})  # (no --eval-data: nothing)
     assert capsys.readouterr().out == ""
+
+
+def test_data_bench_caps_its_file_as_its_stream(monkeypatch):
+    """``data_bench --max-cardinality`` capped the synthetic stream's tables only: the HDF5
+    file beside it had ``prep synthetic``'s default cap, so the two sources differed. Oracle:
+    the file data_bench makes has the stream's cardinalities."""
+    import subprocess
+
+    import data_bench
+    from pshybrid.data import H5Dataset
+    from pshybrid.synthetic import CRITEO_KAGGLE
+
+    real, made = subprocess.run, []
+
+    def prep(cmd, **kw):  # the file made as data_bench asks, then the run stops
+        real(cmd, **kw)
+        made.append(H5Dataset(cmd[cmd.index("synthetic") + 1]).schema.cardinalities)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "run", prep)
+    with pytest.raises(KeyboardInterrupt):
+        data_bench.main(["--rows", "1024", "--max-cardinality", "50", "--quick"])
+    assert tuple(made[0]) == tuple(min(c, 50) for c in CRITEO_KAGGLE)
