@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from pshybrid.registry import is_colocated
 from pshybrid.threads import rank_cores
 from timing import machine, write_json
 from wire import WIRE
@@ -78,7 +79,8 @@ def print_table(b, results: dict, P: int) -> None:
     a, W = b.a, b.W
     print(f"modes benchmark: WDL, 26 tables ({sum(b.cards) / 1e6:.1f}M rows, dim 16), MLP "
           f"{a.mlp} ({P / 1e6:.2f}M dense params), batch {a.batch_size}/worker, {W} workers"
-          f" + {b.world.size - W} server(s) ({a.placement}), {a.steps} steps ({a.warmup} "
+          + (" each owning a shard (colocated)" if is_colocated(a.placement) else
+             f" + {b.world.size - W} server(s) ({a.placement})") + f", {a.steps} steps ({a.warmup} "
           f"warm-up), {a.sparse_optimizer}/adam, median of {a.repeat} interleaved run(s) "
           f"per mode; {machine()}")
     w = label_width(results)
