@@ -108,7 +108,7 @@ def print_bytes(b, results: dict) -> None:
     """Bytes per step per worker: the library's counters beside the analytic formula."""
     print("bytes per step per worker: measured (library counters) vs analytic (from the data)"
           + ("; the analytic pulls and pushes count the --replicate-rows rows too, which "
-             "never travel" if b.a.replicate_rows else ""))
+             "are read locally and summed by an Allreduce" if b.a.replicate_rows else ""))
     w = label_width(results)
     for m, r in results.items():
         for k, v in r["bytes_analytic"].items():
