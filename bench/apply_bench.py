@@ -242,7 +242,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--touched", type=at_least(1), default=65536, help="distinct rows a step")
     ap.add_argument("--repeat", type=at_least(1), default=5, help="steps a round")
     ap.add_argument("--rounds", type=at_least(1), default=7)
-    ap.add_argument("--sweep", action="store_true", help="1 vs 2 threads by touched rows")
+    ap.add_argument("--sweep", action="store_true",
+                    help="1 vs 2 threads by touched rows (instead of --threads)")
     return ap
 
 

@@ -444,6 +444,8 @@ def main(argv=None) -> int:
         ap.error("--nodes and --workers-per-node: counts of at least 1")
     if unknown := set(a.preset.split(",")) - set(PRESETS):
         ap.error(f"--preset: unknown {', '.join(sorted(unknown))} (known: {', '.join(PRESETS)})")
+    if a.latency is not None and not 0 <= a.latency < float("inf"):
+        ap.error(f"--latency {a.latency:g}: microseconds, 0 or more")
     if a.hit_rate is not None and not 0 <= a.hit_rate <= 1:
         ap.error(f"--hit-rate {a.hit_rate}: a share of the rows, from 0 to 1")
     runs = [(p, _run(ap, p)) for p in a.runs]

@@ -48,6 +48,7 @@ def usage_error(capsys, script: str, argv: list) -> str:
     ("scaling", ["run.json", "--preset", "eth100"], "--preset: unknown eth100"),
     ("scaling", ["run.json", "--bandwidth", "0"], "argument --bandwidth"),
     ("scaling", ["run.json", "--compute-speedup", "0"], "argument --compute-speedup"),
+    ("scaling", ["run.json", "--latency", "-1"], "--latency -1"),
 ])
 def test_a_mistake_is_one_usage_error_before_any_work(script, argv, says, capsys):
     assert says in usage_error(capsys, script, argv)
