@@ -143,7 +143,7 @@ def compressed_copies(h5: H5Dataset, tmp: str) -> dict:
     return out
 
 
-def main(argv=None) -> int:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description(__doc__))
     ap.add_argument("--rows", type=at_least(1), default=300_000, help="rows of the HDF5 file")
     ap.add_argument("--batch-size", type=at_least(1), default=256)
@@ -152,6 +152,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-cardinality", type=at_least(1), default=1_000_000,
                     help="cap of each table, the stream's and the file's")
     ap.add_argument("--quick", action="store_true", help="the compression cases only")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = parser()
     a = ap.parse_args(argv)
     b = a.batch_size
     if a.rows < 2 * b:  # (2 simulated workers: was a ZeroDivisionError after the setup)

@@ -49,12 +49,16 @@ def comm():
 
 @pytest.fixture
 def modes_restored():
-    """The mode registry as it was before the test: importing ``bench/modes_bench`` registers
-    its "compute" mode, which no later test may see among the product's modes
-    (``test_architecture``: the docs list exactly the registered ones)."""
+    """The mode and strategy registries as they were before the test: importing
+    ``bench/modes_bench`` registers its "compute" mode and "local" strategies, which no later
+    test may see among the product's (``test_architecture``: the docs list exactly the
+    registered modes; ``test_catalogue``: every strategy is a mode's)."""
+    from pshybrid.modes.dense import DENSE
+    from pshybrid.modes.sparse import SPARSE
     from pshybrid.registry import MODES
 
-    kept = dict(MODES)
+    kept = [(r, dict(r)) for r in (MODES, SPARSE, DENSE)]
     yield
-    MODES.clear()
-    MODES.update(kept)
+    for registry, entries in kept:
+        registry.clear()
+        registry.update(entries)
