@@ -98,7 +98,7 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
                   trials_stopped=trial_s is not None and key is None,
                   measured_step_s=row.get("measured_step"), trial_seconds=trial_s)
     if comm.rank == 0 and out is not None:
-        out.write(describe(record))
+        out.write(describe(record) + idle_servers(cfg, chosen))
         out.flush()
     return chosen, record, (None if opened else data)
 
@@ -155,6 +155,19 @@ def chosen_config(cfg, alt, finite_data: bool = False):
     return c
 
 
+def idle_servers(cfg, chosen) -> str:
+    """The note when ``--servers S`` (S >= 1) was given and the choice has no server rank
+    (allreduce, a colocated placement): the option did nothing, which the fixed modes
+    refuse; else ''."""
+    if not cfg.servers or chosen.servers is not None:
+        return ""
+    shards = MODES[chosen.mode].needs_servers  # (a colocated placement: no server rank)
+    what = f"{chosen.mode} {chosen.placement}" if shards else chosen.mode
+    why = "puts a shard on every rank" if shards else "keeps every table on every worker"
+    return (f"auto: note: --servers {cfg.servers} does nothing in this run: the choice, "
+            f"{what}, {why} (--servers sets the dedicated alternatives' server ranks)\n")
+
+
 def describe(record: dict) -> str:
     """What rank 0 prints: the rates, then every alternative, the chosen one marked."""
     r = record["rates"]
@@ -172,7 +185,7 @@ def describe(record: dict) -> str:
                      "wins)")
     elif record.get("trials_stopped"):
         lines.append(f"auto: a signal stopped the trials after {record['trial_seconds']:.2f} "
-                     "s: the cost model's choice (the run stops at its first step boundary)")
+                     "s: the cost model's choice (the run stops within its first two steps)")
     for x in record["alternatives"]:
         mark = ("  <- chosen" + (" (measured)" if record.get("measured") else "")
                 if x["key"] == record["choice"] else "")

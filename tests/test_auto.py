@@ -534,3 +534,18 @@ def test_auto_refuses_a_python_dataset_as_train_does():
 
     with pytest.raises(ConfigError, match="its schema is not a pshybrid.schema.Schema"):
         train(replace(BASE, mode="auto"), MPI.COMM_SELF, dataset=NoSchema(), out=io.StringIO())
+
+
+@pytest.mark.parametrize("servers", [None, 0, 1])
+def test_servers_the_choice_has_no_use_for_are_noted(servers):
+    """--servers S >= 1 under auto, the choice allreduce or colocated: the run has no server
+    rank (the fixed modes refuse such a --servers), so the printout says it did nothing
+    (it was silent); oracle: the resolved config's servers, every alternative."""
+    cfg = replace(BASE, mode="auto", servers=servers)
+    for alt in planner.alternatives(SHAPE):
+        chosen = auto.chosen_config(cfg, alt)
+        note = auto.idle_servers(cfg, chosen)
+        unused = bool(servers) and chosen.servers is None
+        assert bool(note) == unused, (alt, note)
+        assert not note or (f"--servers {servers} does nothing" in note
+                            and chosen.mode in note and note.endswith("\n"))
