@@ -82,7 +82,7 @@ from pshybrid.models import build_model
 from pshybrid.modes.dense import DENSE, AllreduceDense
 from pshybrid.modes.sparse import SPARSE, ReplicatedSparse
 from pshybrid.modes import step as mode_step
-from pshybrid.registry import MODES, ModeSpec
+from pshybrid.registry import MODES, ModeSpec, consistency_error, refusal
 from pshybrid.schema import field_offsets
 from pshybrid.synthetic import CRITEO_KAGGLE, SyntheticCTR
 from pshybrid.train import train
@@ -397,6 +397,24 @@ def results_of(b: Bench, runs: dict, plan: BatchPlan, offsets, P: int) -> dict:
     return results
 
 
+def check_variants(ap, a, modes: list) -> None:
+    """Each run's --consistency and --cache-rows as ``run_config`` gives them to training,
+    checked as training would (``--consistency ssp2``, or ``ssp:2`` with ``--placement
+    colocated`` or ``--replicate-rows``, ended the job after the warm-up and the first runs)."""
+    for consistency in a.consistency.split(","):  # (a typo: also where no mode runs it)
+        if why := consistency_error(consistency):
+            ap.error(f"--consistency {consistency}: {why}")
+    for mode, consistency, cache_rows, _ in _variants(modes, a.consistency,
+                                                      a.cache_rows).values():
+        on_workers = not MODES[mode].needs_servers
+        placement = "colocated" if a.placement == "colocated" and not on_workers else \
+            "dedicated"
+        servers = 0 if on_workers else (None if placement == "colocated" else 1)
+        replicate = a.replicate_rows if MODES[mode].hot_rows else 0
+        if why := refusal(mode, placement, servers, replicate, consistency, cache_rows, "cpu"):
+            ap.error(f"{why} (the {mode} run of --consistency {consistency})")
+
+
 def check_args(ap, a, ranks: int) -> None:
     """Every rank alike, before any collective: one usage error (exit status 2) instead of
     a traceback after the warm-up; a note of the modes one rank cannot run."""
@@ -416,6 +434,7 @@ def check_args(ap, a, ranks: int) -> None:
     if skipped:
         print(f"note: one rank: {', '.join(skipped)} skipped (a server rank besides the "
               "workers needed: mpiexec -n 3)", file=sys.stderr)
+    check_variants(ap, a, [m for m in modes if m not in skipped])
     check_outputs(ap, a.json, a.png, [(o, p) for o, p in (("--data", a.data),
                                                          ("--eval-data", a.eval_data)) if p])
 
