@@ -3,8 +3,9 @@
 A cluster ends a job with a signal: Slurm's ``--signal=USR1@120``, a preemption's grace
 period or a time limit send SIGTERM (or SIGUSR1) to every rank, or to the launcher, which
 forwards it; a person presses Ctrl-C (SIGINT). For the whole of ``train`` every rank --
-worker or server -- catches SIGUSR1, SIGTERM and SIGINT (``Signals``): the handler only
-records the signal. Then (``Preemption``):
+worker or server -- catches SIGUSR1, SIGTERM and SIGINT (``Signals``; not one it was
+started with ignored, ``stopping.catch``): the handler only records the signal. Then
+(``Preemption``):
 
 - a server that caught one tells every worker (one int each, two-sided) from its loop;
 - at each step boundary the workers agree whether any rank was signalled (an Iallreduce of
@@ -36,6 +37,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
+from . import stopping
 from .modes.servers import TAG_SIGNAL  # (one int32: the signal's number)
 from .transport import release_shared_memory
 
@@ -68,7 +70,7 @@ class Signals:
             return
         if self._depth == 0:
             self.signum, self.signals = None, tuple(signals)
-            self._old = {sig: signal.signal(sig, self._caught) for sig in self.signals}
+            self._old = stopping.catch(self.signals, self._caught)
             self._watch()
         self._depth += 1
 
@@ -77,8 +79,7 @@ class Signals:
             return
         self._depth -= 1
         if self._depth == 0:
-            for sig, old in self._old.items():
-                signal.signal(sig, signal.SIG_DFL if old is None else old)
+            stopping.restore(self._old)
             if self._pipe is not None:  # the watcher reads the end of its pipe and ends
                 signal.set_wakeup_fd(self._old_fd)
                 os.close(self._pipe[1])

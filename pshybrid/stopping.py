@@ -3,7 +3,8 @@ ended by a signal: SIGTERM, SIGHUP and SIGUSR1 (a job's time limit or preemption
 terminal) raise ``SystemExit(128 + signal)`` and SIGINT ``KeyboardInterrupt`` where the
 command is, so that its ``with`` blocks remove their temporary files and nothing is
 published; ``launch.run`` then prints the line and exits with that status (under MPI it
-ends every rank). ``train`` stops at a step boundary instead (``preempt``)."""
+ends every rank). ``train`` stops at a step boundary instead (``preempt``). Neither
+catches a signal the process was started with ignored (``catch``)."""
 
 from __future__ import annotations
 
@@ -31,18 +32,31 @@ def ended_by_signals(func, record=None):
                 record(sig)
             _raise(sig)
 
-        old = {sig: signal.signal(sig, stop) for sig in STOPS}
+        old = catch(STOPS, stop)
         try:
             status = func(args)
         finally:
-            for sig, handler in old.items():
-                signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+            restore(old)
             if record is not None:
                 record(None)
         if got:  # (its exception was swallowed on the way)
             _raise(got[0])
         return status
     return run
+
+
+def catch(signals, handler) -> dict:
+    """``handler`` for each of ``signals`` but one the process was started with ignored
+    (``nohup``'s SIGHUP, the SIGINT of a shell script's background job: the one who started
+    it meant it not to hear that); returns {signal: the handler it replaced}."""
+    return {sig: signal.signal(sig, handler) for sig in signals
+            if signal.getsignal(sig) != signal.SIG_IGN}
+
+
+def restore(old: dict) -> None:
+    """Give back the handlers ``catch`` replaced."""
+    for sig, handler in old.items():
+        signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 def _raise(sig: int):

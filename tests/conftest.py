@@ -8,16 +8,22 @@
   the next test's collective.
 - pytest-timeout (thread method, setup.cfg) ends a stuck rank; tests/run.py puts an
   outer ``timeout`` on every mpiexec.
+- The tests run as from a terminal: a SIGINT that a background launch left ignored (``cmd &``
+  in a script) is heard again, since pshybrid leaves an ignored signal ignored and the
+  signal tests press Ctrl-C at their children.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
 
 sys.path.insert(0, os.path.dirname(__file__))
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _world():
