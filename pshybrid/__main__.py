@@ -2,7 +2,11 @@
 
 import sys
 
-from .threads import apply_thread_limits
+from .procenv import reopen_closed
+
+reopen_closed()  # (before any file is opened: MPI's, the data's)
+
+from .threads import apply_thread_limits  # noqa: E402
 
 apply_thread_limits()  # before NumPy loads its BLAS: one pool of the right size per rank
 

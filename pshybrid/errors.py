@@ -33,24 +33,28 @@ def pipe_closed() -> str:
     """One line for a write to a closed pipe (``BrokenPipeError``: ``train ... | head`` once
     head has its lines), after pointing standard output at /dev/null so that exiting, which
     flushes it, raises no second error."""
-    _to_null(sys.stdout)
+    to_null(sys.stdout)
     return "an output pipe was closed (its reader ended, as | head does once it has its lines)"
 
 
 def say(stream, line: str) -> None:
-    """Write ``line`` to ``stream`` (standard error), unless its reader ended (``2>&1 |
-    head``): then the stream goes to /dev/null, and the exit status alone tells."""
+    """Write ``line`` to ``stream`` (standard error), unless it cannot take it (its reader
+    ended: ``2>&1 | head``; a full disk; no stream): then the stream goes to /dev/null, and
+    the exit status alone tells."""
+    if stream is None:
+        return
     try:
         stream.write(line)
         stream.flush()
-    except BrokenPipeError:
-        _to_null(stream)
+    except OSError:
+        to_null(stream)
 
 
-def _to_null(stream) -> None:
+def to_null(stream) -> None:
+    """Point ``stream``'s descriptor at /dev/null (a stream with none: nothing)."""
     try:
         fd = stream.fileno()
-    except (OSError, ValueError):  # (no descriptor: a capture, a notebook; nothing to point)
+    except (OSError, ValueError, AttributeError):  # (none: a capture, a notebook, no stream)
         return
     null = os.open(os.devnull, os.O_WRONLY)
     os.dup2(null, fd)

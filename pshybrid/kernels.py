@@ -213,12 +213,14 @@ def numba_cache_cold() -> bool:
     """True when this process will compile the CPU kernels: numba serves them and none of
     this package's compiled kernels is cached yet where numba keeps them (its locator's
     directory: the package's ``__pycache__``, or ``NUMBA_CACHE_DIR``'s): a first run in
-    this environment, a few seconds longer. False where numba is missing."""
-    if not numba_active():
+    this environment, a few seconds longer. False where numba is missing, or compiles
+    nothing (``NUMBA_DISABLE_JIT=1``: its kernels are the plain functions)."""
+    py_func = getattr(_nb_gather, "py_func", None)
+    if not numba_active() or py_func is None:
         return False
     from numba.core import caching
 
-    cache = caching.FunctionCache(_nb_gather.py_func)._cache_path
+    cache = caching.FunctionCache(py_func)._cache_path
     return not glob.glob(os.path.join(cache, "kernels.*.nbi"))
 
 

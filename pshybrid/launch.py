@@ -19,6 +19,7 @@ import sys
 import traceback
 from types import SimpleNamespace
 
+from . import procenv
 from .errors import PshybridError, pipe_closed, say
 
 # Set by the MPI launchers (Hydra/MPICH, Open MPI, PMIx/Slurm) in every rank they start.
@@ -88,7 +89,19 @@ def excepthook(exc_type, exc, tb) -> None:
 
 
 def run(main, argv=None) -> int:
-    """Run ``main(argv)`` under the error policy above; return its exit status."""
+    """Run ``main(argv)`` under the error policy above, its standard output ``Guarded``
+    (a failed write: status 1 at the end, not 0); return its exit status."""
+    procenv.reopen_closed()
+    procenv.start_dir()
+    guard = procenv.guard_stdout()
+    try:
+        status = _run(main, argv)
+    finally:
+        failed = procenv.unguard(guard)
+    return 1 if failed is not None and status == 0 else status
+
+
+def _run(main, argv) -> int:
     sys.excepthook = excepthook
     try:
         return main(argv) or 0
@@ -107,6 +120,12 @@ def run(main, argv=None) -> int:
         return _report("pshybrid: error", f": {out_of_memory(exc)}", 2)
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step)
         return _report("pshybrid: interrupted by SIGINT", "", 130)
+    except FileNotFoundError as exc:
+        if procenv.cwd_gone():  # (a relative path, after the directory was removed)
+            return _report("pshybrid: error", f": {exc.strerror}: the working directory was "
+                           "removed: give absolute paths, or start in a directory that stays",
+                           2)
+        excepthook(*sys.exc_info())
     except BaseException as exc:
         if said := unloadable(exc):  # (MPI loaded here: the others may wait, so abort them)
             return _report("pshybrid: error", f": {said}", 2, "mpi4py.MPI" not in sys.modules)
