@@ -48,17 +48,19 @@ def cwd_gone() -> bool:
 
 def reopen_closed() -> None:
     """Open /dev/null on each of descriptors 0-2 the process has not got (the lowest free
-    number: each in turn), and give Python a stream on it where it has none."""
+    number: each in turn), and give Python a stream where it has none: on that descriptor,
+    or, where a file took the number before this call, on a /dev/null of its own."""
     for fd, name, mode in _STREAMS:
         try:
             os.fstat(fd)
+            ours = False
         except OSError:
             got = os.open(os.devnull, os.O_RDWR)
-            if got != fd:  # (not the lowest free: leave it as it was)
+            ours = got == fd
+            if not ours:  # (not the lowest free number: no stream of ours on it)
                 os.close(got)
-                continue
         if getattr(sys, name) is None:
-            setattr(sys, name, open(fd, mode, closefd=False))
+            setattr(sys, name, open(fd, mode, closefd=False) if ours else open(os.devnull, mode))
 
 
 class Guarded:
