@@ -87,7 +87,9 @@ def test_several_csv_inputs_repeat_the_header(tmp_path):
     ("criteo", True, ["--min-count", "2", "--valid-fraction", "0.2"], "-"),  # two: spooled
     ("criteo", True, ["--min-count", "2"], "/dev/stdin"),        # the pipe by its name
     ("csv", False, ["--label", "rating", "--label-threshold", "4", "--sparse", "item,city",
-                    "--dense", "age"], "-")])
+                    "--dense", "age"], "-"),
+    ("csv", True, ["--label", "rating", "--label-threshold", "4", "--sparse", "item,city",
+                   "--dense", "age", "--min-count", "2"], "-")])  # two passes: spooled
 def test_stdin_equals_the_file(tmp_path, gz, command, opts, name):
     text = (CRITEO if command == "criteo" else RATINGS).encode()
     data = gzip.compress(text) if gz else text
@@ -101,6 +103,40 @@ def test_stdin_equals_the_file(tmp_path, gz, command, opts, name):
     assert_same(tmp_path / "pipe.h5", tmp_path / "file.h5")
     if "--valid-fraction" in opts:
         assert_same(tmp_path / "pipe.valid.h5", tmp_path / "file.valid.h5")
+
+
+def _many_rows(n: int) -> str:
+    rng = random.Random(0)
+    return "y,x,c\n" + "".join(f"{rng.randint(0, 1)},{rng.random():.4f},k{rng.randint(0, 999)}\n"
+                                for _ in range(n))
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["text", "gzip"])
+@pytest.mark.parametrize("rows,keep", [(None, None), (400_000, 3 << 19)],
+                         ids=["small", "past-the-kept-bytes"])
+def test_a_csv_read_once_from_stdin_is_not_copied(tmp_path, monkeypatch, gz, rows, keep):
+    """``prep csv -`` in one pass keeps only the bytes its header's read took, to read them
+    again (it copied all of standard input to TMPDIR first: a node's small /tmp ran out);
+    the same file as from the path. Past ``KEEP`` bytes (the rows' pass) they are let go."""
+    from pshybrid.prep import inputs
+
+    if keep:
+        monkeypatch.setattr(inputs._Replay, "KEEP", keep)
+    text = (RATINGS if rows is None else _many_rows(rows)).encode()
+    data = gzip.compress(text) if gz else text
+    assert rows is None or len(data) > keep  # (the header's read took 1 MiB at most)
+    opts = (["--label", "rating", "--label-threshold", "4", "--sparse", "item,city", "--dense",
+             "age"] if rows is None else ["--label", "y", "--dense", "x", "--sparse", "c"])
+    (tmp_path / "in").write_bytes(data)
+    assert run("csv", tmp_path / "in", tmp_path / "file.h5", *opts) == 0
+
+    def copied(*args, **kwargs):
+        raise AssertionError("standard input was copied to a temporary file")
+
+    monkeypatch.setattr(inputs.tempfile, "TemporaryFile", copied)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    assert run("csv", "-", tmp_path / "pipe.h5", *opts) == 0
+    assert_same(tmp_path / "pipe.h5", tmp_path / "file.h5")
 
 
 def hashed(value: bytes, buckets: int) -> int:

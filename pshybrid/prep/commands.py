@@ -73,7 +73,7 @@ def cmd_csv(args) -> int:
     args.input = as_inputs(args.input)
 
     sep = separator(o.sep)
-    with spooled(args.input, True) as spools:   # the header is read before the rows
+    with spooled(args.input, two_passes(o), header=True) as spools:  # (read before the rows)
         parquets = [p for p in args.input if is_parquet(p, spools)]
         if not o.header and parquets:
             raise ConfigError("--no-header: a Parquet input's column names are its header",

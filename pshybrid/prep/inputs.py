@@ -1,7 +1,8 @@
 """The inputs of ``prep``: files or ``-`` (standard input), plain text or gzip told by their
 first two bytes, which are read, looked at and handed back (no seek: a pipe loses nothing).
-Standard input is read once; where it must be read again (a counting pass, a csv header) it
-is first copied into an unnamed temporary file (``spool``)."""
+Standard input is read once; where it must be read again (a counting pass) it is first
+copied into an unnamed temporary file (``spooled``); for a csv header alone, the bytes read
+for it are kept and read again (``_Replay``)."""
 
 from __future__ import annotations
 
@@ -152,16 +153,54 @@ def first_line(path: str, spools: dict | None = None) -> bytes:
         return read_checked(shown_input(path), f.readline, MAX_LINE_BYTES + 1)
 
 
+class _Replay:
+    """Standard input opened again from its start though read once: the bytes read before
+    the last ``seek(0)`` (a header, its first bytes: at most ``KEEP``) are kept and read
+    again, then the stream goes on; past ``KEEP`` they are let go (no more rewinds)."""
+
+    KEEP = MAX_LINE_BYTES + (2 << 20)  # (a longest header, and a buffer's read beyond it)
+
+    def __init__(self, f, head: bytes):
+        self.f, self.kept, self.pos = f, bytearray(head), 0
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        if offset or whence or self.kept is None:
+            raise InputError("<stdin>: read again from its start after more than "
+                             f"{self.KEEP:,} bytes (a header that long?)")
+        self.pos = 0
+        return 0
+
+    def read(self, n: int = -1) -> bytes:
+        if self.kept is not None and self.pos < len(self.kept):
+            out = bytes(self.kept[self.pos:] if n < 0 else self.kept[self.pos:self.pos + n])
+        else:
+            out = self.f.read(n)
+            if self.kept is not None:
+                self.kept += out
+                if len(self.kept) > self.KEEP:
+                    self.kept = None  # (the rows' pass: nothing is read again)
+        self.pos += len(out)
+        return out
+
+
 @contextlib.contextmanager
-def spooled(inputs: list[str], needed: bool):
-    """``{"-": unnamed temporary file holding standard input}`` when ``needed`` and ``-`` is
-    an input (else ``{}``); the file disappears when it is closed, on any exit."""
-    if not needed or STDIN not in inputs:
+def spooled(inputs: list[str], needed: bool, header: bool = False):
+    """``{"-": standard input, readable from its start again}`` where ``-`` is an input:
+    where it is ``needed`` again whole (or is a Parquet file), an unnamed temporary file
+    holding it (gone when closed, on any exit); for a ``header`` alone, a ``_Replay``;
+    else ``{}``."""
+    if STDIN not in inputs or not (needed or header):
         yield {}
+        return
+    stdin = sys.stdin.buffer
+    head = b"" if needed else read_checked(shown_input(STDIN), stdin.read, 4)
+    if not needed and head != parquet.MAGIC:
+        yield {STDIN: _Replay(stdin, head)}
         return
     with tempfile.TemporaryFile() as f:
         try:
-            shutil.copyfileobj(sys.stdin.buffer, f, 1 << 20)
+            f.write(head)
+            shutil.copyfileobj(stdin, f, 1 << 20)
         except OSError as exc:
             raise InputError(f"<stdin>: cannot copy to a temporary file: "
                              f"{exc.strerror or exc}") from None
