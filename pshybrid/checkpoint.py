@@ -112,7 +112,7 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
             "servers": topo.n_servers, "seed": cfg.seed, **_described(cfg),
             "schema": schema.to_dict(), "checksums": CRC_ATTR,
             "shards": [f"shard-{s:05d}.h5" for s in range(max(topo.n_servers, 1))],
-            "cwd": procenv.start_dir()}  # (where relative paths in "config" are from)
+            "cwd": procenv.work_dir()}  # (where relative paths in "config" are from)
     if getattr(cfg, "batch_size", None):  # (a train run's: the rows a step reads, all workers)
         meta["global_batch"] = topo.n_workers * cfg.batch_size
     if data_rows is not None:

@@ -92,19 +92,36 @@ def run(main, argv=None) -> int:
     """Run ``main(argv)`` under the error policy above, its standard output ``Guarded``
     (a failed write: status 1 at the end, not 0); return its exit status."""
     procenv.reopen_closed()
-    procenv.start_dir()
+    procenv.mark_start()
     guard = procenv.guard_stdout()
     try:
         status = _run(main, argv)
+    except SystemExit as exc:  # (--help, --version: their output lost is status 1 too)
+        if exc.code in (0, None) and guard is not None and guard.error is not None:
+            raise SystemExit(1) from None
+        raise
     finally:
         failed = procenv.unguard(guard)
     return 1 if failed is not None and status == 0 else status
 
 
+def _flushed(main, argv) -> int:
+    """``main(argv)``, then standard output flushed, also before a ``SystemExit(0)``
+    (``--help``): a failed write is the guard's to tell, not the interpreter's exit's."""
+    try:
+        status = main(argv) or 0
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            sys.stdout.flush()
+        raise
+    sys.stdout.flush()
+    return status
+
+
 def _run(main, argv) -> int:
     sys.excepthook = excepthook
     try:
-        return main(argv) or 0
+        return _flushed(main, argv)
     except PshybridError as exc:
         return _report("pshybrid: error", f": {exc}", 2, exc.collective)
     except SystemExit as exc:  # (a command ended by a signal: stopping)

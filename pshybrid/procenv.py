@@ -9,9 +9,10 @@ streams and its working directory.
   a reader gone, the ``BrokenPipeError`` that ``launch.run`` answers) says so once on
   standard error, drops the rest and lets the command go on; ``launch.run`` then ends with
   status 1, as a ``--metrics`` file on a full disk does.
-- ``start_dir``: the working directory at the start, read once (a checkpoint records it:
-  relative paths in its options are from there), so a directory removed under a running
-  job costs nothing but its relative paths, which ``cwd_gone`` names.
+- ``work_dir``: the working directory a checkpoint records (relative paths in its options
+  are from there); where it was removed under the running job, the one the run started in
+  (``mark_start``), so such a removal costs nothing but the relative paths, which
+  ``cwd_gone`` names.
 """
 
 from __future__ import annotations
@@ -22,19 +23,25 @@ import sys
 from .errors import say, to_null
 
 _STREAMS = ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w"))
-_START: list = []  # [the working directory at the first start_dir(), or None: gone]
+_START: list = [None]  # [the working directory at the last mark_start(); None: gone]
 
 
-def start_dir() -> str | None:
-    """The working directory this process started in (read at the first call, which
-    ``launch.run`` and ``pshybrid.torch``'s ``init`` make first thing), or None where it was
-    gone already."""
-    if not _START:
-        try:
-            _START.append(os.getcwd())
-        except OSError:
-            _START.append(None)
-    return _START[0]
+def mark_start() -> None:
+    """Note the working directory (``launch.run`` and ``pshybrid.torch``'s ``init`` call it
+    first thing: a run's start)."""
+    try:
+        _START[0] = os.getcwd()
+    except OSError:
+        _START[0] = None
+
+
+def work_dir() -> str | None:
+    """The working directory; where it is gone (removed under the run), the one the run
+    started in, as ``mark_start`` noted it (None: not noted)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return _START[0]
 
 
 def cwd_gone() -> bool:
@@ -71,19 +78,16 @@ class Guarded:
         self.stream, self.error = stream, None
 
     def write(self, text: str) -> int:
-        if self.error is None:
-            try:
-                return self.stream.write(text)
-            except BrokenPipeError:
-                raise
-            except OSError as exc:
-                self._failed(exc)
+        self._try(self.stream.write, text)
         return len(text)
 
     def flush(self) -> None:
+        self._try(self.stream.flush)
+
+    def _try(self, call, *args) -> None:
         if self.error is None:
             try:
-                self.stream.flush()
+                call(*args)
             except BrokenPipeError:
                 raise
             except OSError as exc:

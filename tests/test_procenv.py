@@ -19,8 +19,9 @@ from pshybrid.checkpoint_files import read_latest
 def _run(args, tmp_path, close=(), env=None, stdout=subprocess.PIPE):
     """``args`` in ``tmp_path`` with the descriptors ``close`` closed, as ``cmd >&-``
     leaves them."""
+    base = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # (a user's)
     return subprocess.run(args, cwd=tmp_path, stdout=stdout, stderr=subprocess.PIPE,
-                          text=True, timeout=JOB_TIMEOUT, env=dict(os.environ, **(env or {})),
+                          text=True, timeout=JOB_TIMEOUT, env=dict(base, **(env or {})),
                           preexec_fn=lambda: [os.close(fd) for fd in close])
 
 
@@ -51,14 +52,16 @@ def test_closed_standard_streams_keep_the_documented_statuses(tmp_path):
 
 def test_a_full_standard_output_is_one_warning_and_status_1_with_the_work_done(tmp_path):
     """stdout on a full disk (/dev/full): the run goes on, its checkpoint and outputs are
-    written, one warning says why the status is 1 (a traceback, and train stopped)."""
+    written, one warning says why the status is 1 (a traceback, and train stopped; with
+    Python's buffering, 120 from the interpreter's exit), ``--help``'s too."""
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full")
     with open("/dev/full", "w") as full:
         r = _run(pshybrid("train", "--mode", "allreduce", "--steps", "5", "--checkpoint-dir",
                           "ck"), tmp_path, stdout=full)
         p = _run(pshybrid("prep", "synthetic", "o.h5", "--rows", "100"), tmp_path, stdout=full)
-    for done in (r, p):
+        h = _run(pshybrid("prep", "synthetic", "--help"), tmp_path, stdout=full)
+    for done in (r, p, h):
         lines = done.stderr.strip().splitlines()
         assert done.returncode == 1 and len(lines) == 1, done.stderr
         assert lines[0].startswith("pshybrid: warning: cannot write to standard output "
@@ -75,10 +78,13 @@ def test_a_working_directory_removed_under_the_job(tmp_path):
     code = textwrap.dedent(f"""
         import os, sys
         os.chdir({str(start)!r})
-        from pshybrid import cli, launch, procenv
-        procenv.start_dir()  # (launch.run's first read, then the directory goes)
-        os.rmdir({str(start)!r})
-        sys.exit(launch.run(cli.main, sys.argv[1:]))
+        from pshybrid import cli, launch
+
+        def removed_then_main(argv):  # (after launch.run noted the start)
+            os.rmdir({str(start)!r})
+            return cli.main(argv)
+
+        sys.exit(launch.run(removed_then_main, sys.argv[1:]))
     """)
     for args, status in ((["train", "--mode", "allreduce", "--steps", "4",
                            "--checkpoint-every", "2", "--checkpoint-dir",

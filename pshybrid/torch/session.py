@@ -172,7 +172,7 @@ def init(servers: int | None = None, tables=(), mode: str = "hybrid", seed: int 
     ``timeout`` seconds ends the job naming it (None: it waits for good)."""
     global _session
     comm = MPI.COMM_WORLD if comm is None else comm
-    procenv.start_dir()  # (the checkpoints' record of where relative paths are from)
+    procenv.mark_start()  # (the checkpoints' record of where relative paths are from)
     # (a refused pt.init's hook, left for an uncaught refusal: the one before it)
     prev_hook = getattr(sys.excepthook, "pshybrid_prev", sys.excepthook)
     sys.excepthook = _excepthook(comm, prev_hook)
