@@ -19,7 +19,8 @@ from .schema import field_offsets
 
 
 def _check_out(path: str, out: str, overwrite: bool) -> None:
-    """``out`` may be written by an export of checkpoint ``path`` (``safeio.check_output``)."""
+    """``out`` may be written by an export of checkpoint ``path`` (``safeio.check_output``)
+    and can be (a read-only or full file system is said before the checkpoint is read)."""
     if os.path.isdir(out):
         raise PshybridError(f"export: {out} is a directory; give the output file's name")
     parent = os.path.dirname(os.path.abspath(out))
@@ -30,6 +31,8 @@ def _check_out(path: str, out: str, overwrite: bool) -> None:
                                   safeio.replaceable("export", overwrite))
     if problem:
         raise PshybridError(problem)
+    if problem := safeio.check_writable_dir(parent):  # (the temporary beside it, renamed)
+        raise PshybridError(f"export: {out}: {problem}")
 
 
 def _check_sizes(step_dir: str, out: str, table: int, slots: int) -> None:

@@ -117,3 +117,26 @@ def test_numba_in_interpreter_mode_trains_as_the_compiled_kernels(tmp_path):
         losses.append([json.loads(line)["loss"] for line in m.read_text().splitlines()
                        if '"loss"' in line])
     assert losses[0] and losses[1] == pytest.approx(losses[0], rel=1e-6), losses
+
+
+def test_a_read_only_output_directory_is_said_before_any_work(tmp_path, monkeypatch):
+    """prep's and export's output directory on a read-only file system: one line naming it,
+    before the checkpoint is read (export wrote its temporary, then said the raw OSError;
+    prep said 'permission denied')."""
+    import errno
+
+    from pshybrid import PshybridError, export, safeio
+    from pshybrid.cli import main
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+    monkeypatch.setattr(safeio.tempfile, "TemporaryFile", read_only)
+    said = f"{tmp_path} is not writable ({tmp_path}: {os.strerror(errno.EROFS)})"
+    with pytest.raises(PshybridError) as e:
+        export.export(str(tmp_path / "no-checkpoint"), str(tmp_path / "e.h5"))
+    assert str(e.value) == f"export: {tmp_path / 'e.h5'}: {said}"
+    with pytest.raises(PshybridError) as e:
+        main(["prep", "synthetic", str(tmp_path / "p.h5"), "--rows", "10"])
+    assert str(e.value) == f"OUT {tmp_path / 'p.h5'}: {said}"
+    assert os.listdir(tmp_path) == []

@@ -89,8 +89,8 @@ def check_out(path: str, option: str, overwrite: bool, inputs=()) -> None:
         pass
     except OSError as exc:                          # a name too long, a link loop
         raise InputError(f"{option} {path}: {exc.strerror or exc}") from None
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise InputError(f"{option} {path}: cannot write in directory {d} (permission denied)")
+    if problem := safeio.check_writable_dir(d):  # (the temporary beside it, renamed)
+        raise InputError(f"{option} {path}: {problem}")
     problem = safeio.check_output(path, option, inputs,
                                   existing=safeio.replaceable("prep", overwrite))
     if problem:
