@@ -137,15 +137,13 @@ def _run(main, argv) -> int:
         return _report("pshybrid: error", f": {out_of_memory(exc)}", 2)
     except KeyboardInterrupt:  # Ctrl-C outside a training loop (which stops at a step)
         return _report("pshybrid: interrupted by SIGINT", "", 130)
-    except FileNotFoundError as exc:
-        if procenv.cwd_gone():  # (a relative path, after the directory was removed)
-            return _report("pshybrid: error", f": {exc.strerror}: the working directory was "
-                           "removed: give absolute paths, or start in a directory that stays",
-                           2)
-        excepthook(*sys.exc_info())
     except BaseException as exc:
         if said := unloadable(exc):  # (MPI loaded here: the others may wait, so abort them)
             return _report("pshybrid: error", f": {said}", 2, "mpi4py.MPI" not in sys.modules)
+        if isinstance(exc, FileNotFoundError) and procenv.cwd_gone():  # (a relative path)
+            return _report("pshybrid: error", f": {exc.strerror}: the working directory was "
+                           "removed: give absolute paths, or start in a directory that stays",
+                           2)
         excepthook(*sys.exc_info())
     return 1
 

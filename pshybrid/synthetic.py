@@ -159,18 +159,19 @@ class _Model:
     mean: np.ndarray       # (n_dense,) mean_j
 
 
-def _log1p_parts(ou, neg_scales, corr) -> None:
-    """``ou`` (nd, n): 1 - u of each dense cell -> ``w`` of ``d = log(w) - corr`` (the rule's
-    ``log1p(s_j * E)``); ``corr`` (nd, n) its correction."""
+def _log1p_parts(ou, neg_scales) -> np.ndarray:
+    """``ou`` (nd, n): 1 - u of each dense cell -> ``log(w)`` of ``d = log(w) - corr`` (the
+    rule's ``log1p(s_j * E)``); returns ``corr`` (nd, n), its correction."""
+    corr = np.empty_like(ou)
     np.log(ou, out=ou)  # log(1 - u) = -E
     datakernels.log1p_args(ou, neg_scales, corr)  # w = 1 + s_j E and the correction
     np.log(ou, out=ou)
+    return corr
 
 
 def _dense(ou, neg_scales):
     """The rule's dense values d (nd, n) float64 of the cells whose 1 - u is ``ou``."""
-    corr = np.empty_like(ou)
-    _log1p_parts(ou, neg_scales, corr)
+    corr = _log1p_parts(ou, neg_scales)
     return ou - corr
 
 
@@ -242,8 +243,7 @@ class SyntheticCTR:
                                m.start0, m.size0, m.start1, m.size1, m.p1, m.p2, m.pkey,
                                float(self.field_scale),
                                m.offsets, bool(fused), float(self.bias), ou, ids, logit, ulab)
-        corr = np.empty_like(ou)
-        _log1p_parts(ou, m.neg_scales, corr)
+        corr = _log1p_parts(ou, m.neg_scales)
         datakernels.synth_logit(ou, corr, m.v, m.mean, logit, dense)  # -logit, dense = d.T
         np.exp(logit, out=logit)  # p = 1 / (1 + exp(-logit)), in place
         datakernels.synth_labels(logit, ulab, label)
