@@ -302,7 +302,7 @@ def measure(comm, cfg, model, params, layout, shape, read, cores: int):
         params.zero_grad()
         model.backward(dz * (1.0 / dz.size))
 
-    dense_opt = Optimizer(cfg.dense_optimizer, cfg.sparse_lr, l2=cfg.l2)
+    dense_opt = Optimizer(cfg.dense_optimizer, cfg.dense_rate, l2=cfg.l2)
     state = {k: np.zeros_like(params.flat) for k in dense_opt.slots}
     comm.Barrier()  # every rank computes at once, as in training
     compute = _typical(fwd_bwd)

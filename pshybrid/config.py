@@ -28,7 +28,7 @@ from .checks import (at_least, close_names, decay, finite_positive, hinted_keywo
 from .configout import to_dict, to_toml  # noqa: F401 (config's own API: written out there)
 from .errors import ConfigError
 from .models import MODELS
-from .optim import SCHEDULES, SLOTS, SPARSE_LR
+from .optim import DENSE_LR, SCHEDULES, SLOTS, SPARSE_LR
 from .registry import MODES, PLACEMENTS, consistency_error, refusal
 
 
@@ -315,8 +315,9 @@ class TrainConfig:
     dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
                                   choices=("sgd", "adam"))
     sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows", choices=SLOTS)
-    dense_lr: float | None = option(0.001, "learning rate of the dense parameters (none: --lr)",
-                                    check=non_negative)
+    dense_lr: float | None = option(None, "learning rate of the dense parameters (none: " +
+                                    ", ".join(f"{r:g} with {k}" for k, r in DENSE_LR.items())
+                                    + ")", check=non_negative)
     bucket_mb: float = option(1.0, "Allreduce the dense gradients in buckets of at least this "
                               "many MiB while backward runs (0: one Allreduce after backward; "
                               "GPU workers: cut then, started after the step's one host sync)",
@@ -481,6 +482,11 @@ class TrainConfig:
     def sparse_lr(self) -> float:
         """``--lr``, or where it is none the sparse optimizer's default (``SPARSE_LR``)."""
         return SPARSE_LR[self.sparse_optimizer] if self.lr is None else self.lr
+
+    @property
+    def dense_rate(self) -> float:
+        """``--dense-lr``, or where it is none the dense optimizer's default (``DENSE_LR``)."""
+        return DENSE_LR[self.dense_optimizer] if self.dense_lr is None else self.dense_lr
 
     def stateless(self) -> TrainConfig:
         """This config with optimizers that keep no state (plain SGD, no L2): what scoring

@@ -65,8 +65,13 @@ def needs_weights(kind: str, l2: float) -> bool:
 
 # The embedding rows' learning rate where none is given (``--lr none``): Adam's steps are
 # ~lr whatever the gradient's size, so the rate that suits Adagrad's rows (0.05) is far too
-# large for it (docs/benchmarks.md, "Design measurements behind the code")
-SPARSE_LR = {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001}
+# large for it; plain SGD's steps are lr times the gradient of the batch's mean loss, which
+# a row seen once in a batch of b gets as ~1/b of a sample's, so it needs a larger rate
+# (docs/benchmarks.md, "Design measurements behind the code")
+SPARSE_LR = {"sgd": 0.5, "adagrad": 0.05, "adam": 0.001}
+# The dense parameters' rate where none is given (``--dense-lr none``): 0.001 suits Adam,
+# and left plain SGD's MLP far behind; 0.05 made DCN's cross layers diverge
+DENSE_LR = {"adam": 0.001, "sgd": 0.01}
 SCHEDULES = ("constant", "warmup-linear", "cosine")
 
 

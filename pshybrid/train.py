@@ -220,7 +220,6 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
                           collective=True)  # (every rank reads the same schema)
     xp = _use_gpu(topo) if cfg.device == "cuda" else np
     params.build(xp, np.dtype(cfg.dtype), cfg.seed)
-    dense_lr = cfg.sparse_lr if cfg.dense_lr is None else cfg.dense_lr
     plan = BatchPlan(getattr(data, "n_rows", None), global_batch(cfg, topo.n_workers),
                      cfg.shuffle, cfg.seed)
     hot = (hottest_rows(data, plan, layout, cfg.replicate_rows)
@@ -232,7 +231,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
                 steps_before=checkpoint_files.steps_before(cfg))
     mode = build_mode(cfg.mode, topo, layout, params,
                       Optimizer(opt.sparse_optimizer, cfg.sparse_lr, **rule),
-                      Optimizer(opt.dense_optimizer, dense_lr, **rule), cfg.seed,
+                      Optimizer(opt.dense_optimizer, cfg.dense_rate, **rule), cfg.seed,
                       bucket_bytes=int(cfg.bucket_mb * 2**20),
                       shared_memory=SHARED_MEMORY[cfg.shared_memory],
                       cuda_aware=xp is not np and cuda_aware_mpi(cfg.cuda_aware)[0],  # or staged

@@ -69,9 +69,9 @@ def test_cli_values():
 
 
 def test_the_rows_rate_is_by_the_sparse_optimizer_unless_given(tmp_path):
-    """--lr none (the default): 0.001 for a sparse Adam, 0.05 for SGD and Adagrad; given
-    on the command line or in TOML, it wins; --dense-lr none is that rate. Training steps
-    at it (the metrics' ``lr``: the rows' optimizer's rate at each step)."""
+    """--lr none (the default): 0.05 for Adagrad, 0.001 for a sparse Adam, 0.5 for SGD;
+    given on the command line or in TOML, it wins. Training steps at it (the metrics'
+    ``lr``: the rows' optimizer's rate at each step)."""
     import json
 
     from mpi4py import MPI
@@ -80,18 +80,44 @@ def test_the_rows_rate_is_by_the_sparse_optimizer_unless_given(tmp_path):
 
     assert parse(TrainConfig).lr is None and TrainConfig().sparse_lr == 0.05
     assert parse(TrainConfig, "--sparse-optimizer", "adam").sparse_lr == 0.001
-    assert parse(TrainConfig, "--sparse-optimizer", "sgd").sparse_lr == 0.05
+    assert parse(TrainConfig, "--sparse-optimizer", "sgd").sparse_lr == 0.5
     assert parse(TrainConfig, "--sparse-optimizer", "adam", "--lr", "0.2").sparse_lr == 0.2
     path = toml(tmp_path, 'sparse-optimizer = "adam"\nlr = "none"\n')
     assert parse(TrainConfig, "--config", path).sparse_lr == 0.001
-    for opt, lr, want in (("adam", None, 0.001), ("adagrad", None, 0.05), ("adam", 0.2, 0.2)):
+    for opt, lr, want in (("adam", None, 0.001), ("sgd", None, 0.5), ("adam", 0.2, 0.2)):
         out = tmp_path / f"{opt}-{lr}.jsonl"
         cfg = TrainConfig(mode="allreduce", servers=0, steps=2, batch_size=8, mlp=(4,),
-                          sparse_optimizer=opt, lr=lr, dense_lr=None, log_every=1,
+                          sparse_optimizer=opt, lr=lr, log_every=1,
                           metrics=str(out), progress="none")
         train(cfg, MPI.COMM_SELF)
         rates = [r["lr"] for r in map(json.loads, out.read_text().splitlines()) if "lr" in r]
         assert len(rates) >= 2 and set(rates) == {want}, (opt, lr, rates)
+
+
+@pytest.mark.parametrize("opt, dense_lr, want", [("adam", None, 0.001), ("sgd", None, 0.01),
+                                                 ("sgd", 0.2, 0.2)])
+def test_the_dense_rate_is_by_the_dense_optimizer_unless_given(opt, dense_lr, want):
+    """--dense-lr none (the default): 0.001 for Adam, 0.01 for SGD (not Adam's rate, which
+    left a plain-SGD MLP far behind, nor the rows' rate); given, it wins. Step 1's dense
+    update is proportional to the rate (SGD: lr g; Adam: lr g / (|g| + eps)), so against
+    the same step at rate 1 it is ``want`` times as large."""
+    from mpi4py import MPI
+
+    from pshybrid.train import train
+
+    argv = ["--dense-optimizer", opt] + ([] if dense_lr is None else ["--dense-lr", str(dense_lr)])
+    cfg = parse(TrainConfig, *argv)
+    assert cfg.dense_lr == dense_lr and cfg.dense_rate == want
+
+    def dense(steps, **change):
+        run = dataclasses.replace(cfg, mode="allreduce", servers=0, steps=steps, batch_size=8,
+                                  mlp=(4,), dtype="float64", progress="none", **change)
+        return train(run, MPI.COMM_SELF, collect=True).dense
+
+    w0 = dense(0)
+    moved, unit = dense(1) - w0, dense(1, dense_lr=1.0) - w0
+    seen = unit != 0
+    assert seen.sum() > 10 and np.allclose(moved[seen], want * unit[seen], rtol=1e-6, atol=1e-15)
 
 
 def test_generic_types(tmp_path):
@@ -255,11 +281,11 @@ def test_print_config_prints_the_effective_options_and_trains_nothing(tmp_path, 
     from pshybrid.config import to_toml
 
     (tmp_path / "base.toml").write_text('mlp = [8, 4]\nsteps = 7\nmetrics = "x.jsonl"\n')
-    argv = ["train", "--config", str(tmp_path / "base.toml"), "--steps", "9", "--dense-lr",
+    argv = ["train", "--config", str(tmp_path / "base.toml"), "--steps", "9", "--step-timeout",
             "none", "--metrics", 'a "b"\\c.jsonl', "--print-config"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
-    want = dataclasses.replace(TrainConfig(), mlp=(8, 4), steps=9, dense_lr=None,
+    want = dataclasses.replace(TrainConfig(), mlp=(8, 4), steps=9, step_timeout=None,
                                metrics='a "b"\\c.jsonl')
     assert from_dict(TrainConfig, tomllib.loads(printed), "printed") == want
     assert printed == to_toml(want)

@@ -21,6 +21,7 @@ torch = pytest.importorskip("torch")
 from mpi4py import MPI
 
 import pshybrid.torch as pt
+from pshybrid.optim import SPARSE_LR
 from pshybrid.synthetic import write_synthetic
 from torch_amp import cpu_scaler
 
@@ -174,12 +175,12 @@ def test_state_dict_round_trip_keeps_both_rates(job):
     for g in opt.param_groups:
         g["lr"] = 9.0
     opt.load_state_dict(saved)
-    assert [g["lr"] for g in opt.param_groups] == [0.01, 0.05]  # pt.Table's default lr
+    assert [g["lr"] for g in opt.param_groups] == [0.01, SPARSE_LR["sgd"]]  # pt.Table's default lr
     assert opt.param_groups[0] is inner.param_groups[0] and opt.state is inner.state
 
 
 @pytest.mark.parametrize("optimizer, lr, want", [("adam", None, 0.001), ("adagrad", None, 0.05),
-                                                ("sgd", None, 0.05), ("adam", 0.2, 0.2)])
+                                                ("sgd", None, 0.5), ("adam", 0.2, 0.2)])
 def test_a_tables_rate_defaults_by_its_optimizer(optimizer, lr, want):
     """``pt.Table(lr=None)``: the optimizer's default rate, as ``--lr none`` (0.001 for adam:
     Adagrad's 0.05 is far too large for it); the embeddings' param group steps at it."""
@@ -1074,7 +1075,7 @@ def test_a_grad_scaler_is_refused_without_synchronize_and_a_table_overflow_skips
     scaler.step(opt)
     assert pt.steps_done() == 2 and not torch.equal(lin.weight, weight)
     rows = session().mode.full_table()[1:3, :2] - table[1:3, :2]
-    assert np.allclose(rows, -0.05 * 1.0, rtol=1e-12), rows  # sgd's rate, unscaled gradient
+    assert np.allclose(rows, -SPARSE_LR["sgd"] * 1.0, rtol=1e-12), rows  # unscaled gradient
 
 
 @pytest.mark.parametrize("staged", [False, True], ids=["cpu", "gpu-path"])
@@ -1187,7 +1188,7 @@ def test_a_resume_keeps_each_parameters_own_adam_step(tmp_path):
 def test_a_grad_scaler_step_that_reaches_the_tables_alone(job):
     """With ``find_unused_parameters`` every dense ``.grad`` stays None on a step whose
     loss reaches the tables alone: the scaler found nothing to check and raised ('No inf
-    checks were recorded'). The tables' rows move by the unscaled gradient (sgd, 0.05)."""
+    checks were recorded'). The tables' rows move by the unscaled gradient (sgd, its rate)."""
     from pshybrid.torch.session import session
 
     lin, emb = torch.nn.Linear(3, 1).double(), pt.Embedding("t")
@@ -1202,7 +1203,7 @@ def test_a_grad_scaler_step_that_reaches_the_tables_alone(job):
     scaler.update()
     moved = table[3, :2] - session().mode.full_table()[3, :2]
     assert pt.steps_done() == 1 and torch.equal(lin.weight, weight) and lin.weight.grad is None
-    assert np.allclose(moved, 0.05, rtol=1e-12), moved
+    assert np.allclose(moved, SPARSE_LR["sgd"], rtol=1e-12), moved
 
 
 def test_a_session_catches_the_batch_systems_signals_and_gives_them_back():

@@ -24,9 +24,9 @@ from pshybrid.transport import agree
 class Table:
     """One embedding table: ``rows`` x ``dim`` of ``dtype``, updated where its rows live (the
     servers; colocated, every rank's shard) by ``optimizer`` ("sgd" | "adagrad" | "adam")
-    with learning rate ``lr`` (None: the optimizer's default, ``optim.SPARSE_LR``: 0.001 for
-    adam, else 0.05), adam's ``betas`` and adagrad's and adam's ``eps`` (as torch's, and
-    ``--beta1``, ``--beta2``, ``--eps``)."""
+    with learning rate ``lr`` (None: the optimizer's default, ``optim.SPARSE_LR``: 0.05 for
+    adagrad, 0.001 for adam, 0.5 for sgd), adam's ``betas`` and adagrad's and adam's
+    ``eps`` (as torch's, and ``--beta1``, ``--beta2``, ``--eps``)."""
 
     name: str
     rows: int
