@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
+
+
+def base_rate_logloss(p: float) -> float:
+    """Logloss of always predicting the base rate ``p`` (the mean label): what a model
+    that learned nothing scores (0 with one class)."""
+    return -(p * math.log(p) + (1 - p) * math.log(1 - p)) if 0 < p < 1 else 0.0
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:

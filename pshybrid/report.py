@@ -192,8 +192,11 @@ class Reporter:
             self.out.write("\n")
         a, why = rec["auc"], "NaN logits" if math.isnan(rec["logloss"]) else "one class"
         shown = f"{a:.4f}" if math.isfinite(a) else f"n/a ({why})"  # (written null)
+        base = rec.get("base_rate_logloss")
+        worse = (f" (above the base rate's {base:.4f}: worse than predicting the mean label)"
+                 if math.isfinite(a) and base is not None and rec["logloss"] > base else "")
         self.out.write(f"eval at step {rec['step']}: auc {shown}  logloss "
-                       f"{rec['logloss']:.4f}  ({counted(rec['rows'], 'row')})\n")
+                       f"{rec['logloss']:.4f}{worse}  ({counted(rec['rows'], 'row')})\n")
         self.out.flush()
         self._write(rec)
 

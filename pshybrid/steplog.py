@@ -18,7 +18,7 @@ from .backend import to_host
 from .batches import read_ids
 from .data import EVAL_BATCH
 from .errors import PshybridError
-from .metrics import auc, logloss_from_logits
+from .metrics import auc, base_rate_logloss, logloss_from_logits
 from .timers import PHASES
 
 
@@ -155,7 +155,8 @@ def evaluate(job, step: int) -> None:
     allz, ally = score_rows(job, step)
     if allz is not None:
         rec = {"eval": True, "step": step, "auc": auc(allz, ally),
-               "logloss": logloss_from_logits(allz, ally), "rows": int(allz.size)}
+               "logloss": logloss_from_logits(allz, ally), "rows": int(allz.size),
+               "base_rate_logloss": base_rate_logloss(float(ally.mean())) if ally.size else None}
         job.result.evals.append(rec)
         job.reporter.evaluation(rec)
 

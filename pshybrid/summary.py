@@ -3,18 +3,13 @@ peak memory, gathered to the reporter, and the workers' loss and label totals.""
 
 from __future__ import annotations
 
-import math
 from statistics import median
 
 import numpy as np
 
 from .batches import global_batch
+from .metrics import base_rate_logloss
 from .timers import OWN_WORK, PHASES  # (OWN_WORK: the slowest worker's, which others wait for)
-
-
-def _base_rate_logloss(p: float) -> float:
-    """Logloss of always predicting the base rate ``p``."""
-    return -(p * math.log(p) + (1 - p) * math.log(1 - p)) if 0 < p < 1 else 0.0
 
 
 def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
@@ -34,7 +29,7 @@ def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
         "samples_per_s": steps_run * global_batch(cfg, W) / max(elapsed - worker_t["eval"], 1e-9),
         "seconds": elapsed, "startup_seconds": startup,
         "final_loss": log[-1]["loss"] if log else None, "base_rate": base,
-        "base_rate_logloss": None if base is None else _base_rate_logloss(base),
+        "base_rate_logloss": None if base is None else base_rate_logloss(base),
         "phase_seconds": worker_t,
         "phase_fraction": {k: v / busy for k, v in worker_t.items()},
         "server_apply_seconds": max(server_apply, default=0.0),

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pshybrid.metrics import auc, logloss, logloss_from_logits
+from pshybrid.metrics import auc, base_rate_logloss, logloss, logloss_from_logits
 
 
 def brute_auc(s, y):
@@ -79,3 +79,13 @@ def test_sigmoid_keeps_its_relative_precision_at_both_ends():
     want = np.array([1.0 / (1.0 + math.exp(-v)) if v > -709 else math.exp(v) for v in z])
     np.testing.assert_allclose(sigmoid(z), want, rtol=4e-16, atol=0)
     assert sigmoid(np.float32(-50.0)) > 0 and sigmoid(np.array([1e308]))[0] == 1.0
+
+
+@pytest.mark.parametrize("p", [0.5, 0.3, 0.01])
+def test_the_base_rate_logloss_is_a_constant_predictions(p):
+    """What always predicting the mean label p scores, by the logloss itself: 10,000
+    labels with mean p and the constant logit log(p / (1 - p)); one class scores 0."""
+    y = (np.arange(10_000) < round(p * 10_000)).astype(np.float64)
+    z = np.full(y.size, np.log(p / (1 - p)))
+    assert np.isclose(base_rate_logloss(float(y.mean())), logloss_from_logits(z, y), rtol=1e-12)
+    assert base_rate_logloss(0.0) == base_rate_logloss(1.0) == 0.0

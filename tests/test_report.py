@@ -108,6 +108,21 @@ def test_an_evaluation_of_one_class_says_it_has_no_auc():
                               "eval at step 8: auc 0.7500  logloss 0.5000  (5,003 rows)\n")
 
 
+def test_an_evaluation_worse_than_the_base_rate_says_so():
+    """A logloss above the base rate's (an overfitted model's) is named on the line; at or
+    below it, and where there is no AUC, the line is as before."""
+    out = io.StringIO()
+    rep = Reporter(TrainConfig(progress="lines"), out, 1, 10)
+    for step, loss, auc in ((1, 0.7149, 0.7584), (2, 0.6754, 0.8), (3, 0.5, float("nan"))):
+        rep.evaluation({"eval": True, "step": step, "auc": auc, "logloss": loss, "rows": 40_000,
+                        "base_rate_logloss": 0.6754})
+    assert out.getvalue() == (
+        "eval at step 1: auc 0.7584  logloss 0.7149 (above the base rate's 0.6754: worse than "
+        "predicting the mean label)  (40,000 rows)\n"
+        "eval at step 2: auc 0.8000  logloss 0.6754  (40,000 rows)\n"
+        "eval at step 3: auc n/a (one class)  logloss 0.5000  (40,000 rows)\n")
+
+
 def test_an_evaluation_of_nan_logits_says_so_not_one_class():
     """NaN logits (a diverged model) have no AUC and a NaN logloss: the line names them."""
     out = io.StringIO()

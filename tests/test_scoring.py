@@ -96,6 +96,10 @@ def test_eval_equals_training_eval_and_predict_equals_forward(comm, trained):
         with h5py.File(out, "r") as f:
             logit, s = f["logit"][...], f["score"][...]
         ref = wdl_logits(str(tmp / "x.h5"), dense.astype(np.float64), sparse)
+        p = float(label.astype(np.float64).mean())  # the base rate, from the file's labels
+        for g in [want] + got:
+            ok &= math.isclose(g["base_rate_logloss"],
+                               -(p * math.log(p) + (1 - p) * math.log(1 - p)), rel_tol=1e-12)
         ok &= logit.shape == label.shape and again.summary == {"rows": len(label), "step": 6}
         ok &= bool(np.allclose(logit, ref, rtol=1e-10, atol=1e-12))
         ok &= bool(np.allclose(s, 1 / (1 + np.exp(-ref)), rtol=1e-12))
