@@ -74,10 +74,13 @@ def _check_finite(step: int, sparse: dict, dense) -> PshybridError | None:
 
 
 def _described(cfg) -> dict:
-    """meta.json's account of the run: a ``TrainConfig``'s resolved options (``config``), or
-    what a front end's run says of itself (``cfg.meta()``: ``pshybrid.torch``'s
-    ``front_end`` and ``config``)."""
-    return cfg.meta() if hasattr(cfg, "meta") else {"config": to_dict(cfg)}
+    """meta.json's account of the run: a ``TrainConfig``'s resolved options (``config``) and
+    the learning rates they resolve to (``rates``: ``--lr``, ``--dense-lr`` or their
+    optimizers' defaults), or what a front end's run says of itself (``cfg.meta()``:
+    ``pshybrid.torch``'s ``front_end`` and ``config``)."""
+    if hasattr(cfg, "meta"):
+        return cfg.meta()
+    return {"config": to_dict(cfg), "rates": {"lr": cfg.sparse_lr, "dense_lr": cfg.dense_rate}}
 
 
 def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, dense,

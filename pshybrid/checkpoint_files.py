@@ -286,8 +286,31 @@ def resumed_options(path: str) -> tuple[dict | None, str, str | None]:
         options = {k: v for k, v in meta["config"].items() if k != "resume"}
     except PshybridError as e:
         return None, str(e), None
+    if "rates" not in meta:
+        options = _rates_as_written(options)
     cwd = meta.get("cwd")
     return options, os.path.join(step_dir, "meta.json"), cwd if isinstance(cwd, str) else None
+
+
+# A checkpoint without "rates" was written while --lr none meant 0.05 for sgd and adagrad and
+# 0.001 for adam, --dense-lr none meant --lr, and --dense-lr defaulted to 0.001
+_OLD_LR = {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001}
+
+
+def _rates_as_written(options: dict) -> dict:
+    """The options of a checkpoint written without ``rates``, with the rates its run trained
+    at where they changed meaning since (``--lr none`` with sgd, ``--dense-lr none`` or
+    absent), so that a resume goes on at them."""
+    out, none = dict(options), (None, "none")
+    rows = (_OLD_LR.get(options.get("sparse_optimizer", "adagrad"))
+            if options.get("lr") in none else options.get("lr"))
+    if options.get("lr") in none and options.get("sparse_optimizer") == "sgd":
+        out["lr"] = rows
+    if "dense_lr" not in options:
+        out["dense_lr"] = 0.001
+    elif options["dense_lr"] in none and rows is not None:
+        out["dense_lr"] = rows
+    return out
 
 
 def native_config(meta: dict, where: str) -> TrainConfig:

@@ -885,6 +885,39 @@ def test_resume_takes_the_checkpoints_options_and_names_the_changed_ones(tmp_pat
         assert names and all(np.array_equal(a[n][()], b[n][()]) for n in names)
 
 
+def test_a_checkpoint_without_rates_resumes_at_the_rates_it_trained_at(tmp_path, capsys):
+    """A checkpoint written before the learning rates' defaults went by optimizer for SGD
+    too (its meta.json has no ``rates``) stored ``--lr none`` and ``--dense-lr none``, which
+    then meant 0.05 for sgd rows and ``--lr`` for the dense parameters: resumed, it goes on
+    at them (== the run given them explicitly, bit for bit), not at today's 0.5 and 0.01."""
+    from pshybrid.cli import main
+
+    first = ["--mode", "allreduce", "--servers", "0", "--embedding-dim", "4", "--mlp", "8",
+             "--batch-size", "4", "--seed", "3", "--dtype", "float64", "--progress", "none",
+             "--sparse-optimizer", "sgd", "--dense-optimizer", "sgd"]
+    rates = ["--lr", "0.05", "--dense-lr", "0.05"]
+    old, explicit = tmp_path / "old", tmp_path / "explicit"
+    for ck in (old, explicit):
+        assert main(["train", *first, *rates, "--steps", "4", "--checkpoint-dir", str(ck)]) == 0
+    meta_path = old / "step-4" / "meta.json"  # as the code before wrote it
+    meta = json.loads(meta_path.read_text())
+    assert meta.pop("rates") == {"lr": 0.05, "dense_lr": 0.05}
+    meta["config"].update(lr=None, dense_lr=None)
+    meta_path.write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert main(["train", "--resume", str(old), "--steps", "8"]) == 0
+    said = capsys.readouterr().out
+    assert said.startswith(f"resume: the options of {meta_path}, changed: --steps 8 (was 4)\n")
+    assert main(["train", *first, *rates, "--steps", "8", "--checkpoint-dir", str(explicit),
+                 "--resume", str(explicit)]) == 0
+    export.export(str(old), str(tmp_path / "a.h5"))
+    export.export(str(explicit), str(tmp_path / "b.h5"))
+    with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b:
+        names = []
+        b.visit(lambda n: names.append(n) if isinstance(b[n], h5py.Dataset) else None)
+        assert names and all(np.array_equal(a[n][()], b[n][()]) for n in names)
+
+
 def test_resume_options_are_checked_together_with_the_stored_ones(tmp_path, capsys):
     """``--resume ck --epochs 2``: --epochs needs --data, which only the checkpoint gives;
     checked alone (before the stored options are under it) it used to be refused."""

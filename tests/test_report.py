@@ -113,9 +113,10 @@ def test_an_evaluation_worse_than_the_base_rate_says_so():
     below it, and where there is no AUC, the line is as before."""
     out = io.StringIO()
     rep = Reporter(TrainConfig(progress="lines"), out, 1, 10)
-    for step, loss, auc in ((1, 0.7149, 0.7584), (2, 0.6754, 0.8), (3, 0.5, float("nan"))):
+    for step, loss, auc, base in ((1, 0.7149, 0.7584, 0.6754), (2, 0.6754, 0.8, 0.6754),
+                                  (3, 0.5, float("nan"), 0.0)):  # (3: one class)
         rep.evaluation({"eval": True, "step": step, "auc": auc, "logloss": loss, "rows": 40_000,
-                        "base_rate_logloss": 0.6754})
+                        "base_rate_logloss": base})
     assert out.getvalue() == (
         "eval at step 1: auc 0.7584  logloss 0.7149 (above the base rate's 0.6754: worse than "
         "predicting the mean label)  (40,000 rows)\n"
