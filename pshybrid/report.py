@@ -192,9 +192,8 @@ class Reporter:
             self.out.write("\n")
         a, why = rec["auc"], "NaN logits" if math.isnan(rec["logloss"]) else "one class"
         shown = f"{a:.4f}" if math.isfinite(a) else f"n/a ({why})"  # (written null)
-        base = rec.get("base_rate_logloss")
-        worse = (f" (above the base rate's {base:.4f}: worse than predicting the mean label)"
-                 if math.isfinite(a) and base is not None and rec["logloss"] > base else "")
+        worse = (f" (above the base rate's {b:.4f}: worse than predicting the mean label)"
+                 if math.isfinite(a) and rec["logloss"] > (b := rec["base_rate_logloss"]) else "")
         self.out.write(f"eval at step {rec['step']}: auc {shown}  logloss "
                        f"{rec['logloss']:.4f}{worse}  ({counted(rec['rows'], 'row')})\n")
         self.out.flush()
@@ -372,10 +371,9 @@ def _data_notes(cfg, rows: int, F: int, n_rows: int | None, G: int,
 
 
 def _idle_notes(cfg, schema, steps: int, n_rows: int | None, auto: bool) -> list[str]:
-    """The plan's notes on options set off their defaults that this run never reads (a
-    config file kept across runs, an option meant for another mode or model, a companion
-    option left out), and on a warm-up longer than the run. ``auto``: ``--mode auto``
-    chose ``cfg.mode``."""
+    """The plan's notes on options set off their defaults that this run never reads (a config
+    file kept across runs, an option meant for another mode or model, a companion option left
+    out), and on a warm-up longer than the run. ``auto``: ``--mode auto`` chose ``cfg.mode``."""
     spec, kinds = MODES[cfg.mode], (cfg.sparse_optimizer, cfg.dense_optimizer)
     rules = (("steps", cfg.epochs, "--epochs decides the steps"),
              ("auto_trial_steps", not auto, "trials run under --mode auto only"),

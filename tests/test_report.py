@@ -102,8 +102,10 @@ def test_an_evaluation_of_one_class_says_it_has_no_auc():
     """(It printed ``auc nan ... (1 rows)``.) The record keeps the NaN; --metrics writes null."""
     out = io.StringIO()
     rep = Reporter(TrainConfig(progress="lines"), out, 1, 10)
-    rep.evaluation({"eval": True, "step": 4, "auc": float("nan"), "logloss": 0.25, "rows": 1})
-    rep.evaluation({"eval": True, "step": 8, "auc": 0.75, "logloss": 0.5, "rows": 5003})
+    rep.evaluation({"eval": True, "step": 4, "auc": float("nan"), "logloss": 0.25, "rows": 1,
+                    "base_rate_logloss": 0.0})
+    rep.evaluation({"eval": True, "step": 8, "auc": 0.75, "logloss": 0.5, "rows": 5003,
+                    "base_rate_logloss": 0.6})
     assert out.getvalue() == ("eval at step 4: auc n/a (one class)  logloss 0.2500  (1 row)\n"
                               "eval at step 8: auc 0.7500  logloss 0.5000  (5,003 rows)\n")
 
