@@ -80,7 +80,7 @@ def _described(cfg) -> dict:
     ``pshybrid.torch``'s ``front_end`` and ``config``)."""
     if hasattr(cfg, "meta"):
         return cfg.meta()
-    return {"config": to_dict(cfg), "rates": {"lr": cfg.sparse_lr, "dense_lr": cfg.dense_rate}}
+    return {"config": to_dict(cfg), "rates": cfg.rates()}
 
 
 def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, dense,

@@ -488,6 +488,11 @@ class TrainConfig:
         """``--dense-lr``, or where it is none the dense optimizer's default (``DENSE_LR``)."""
         return DENSE_LR[self.dense_optimizer] if self.dense_lr is None else self.dense_lr
 
+    def rates(self) -> dict:
+        """The learning rates the run steps at (before a schedule's factor): the rows' and the
+        dense parameters', given or their optimizers' defaults (meta.json, --metrics)."""
+        return {"lr": self.sparse_lr, "dense_lr": self.dense_rate}
+
     def stateless(self) -> TrainConfig:
         """This config with optimizers that keep no state (plain SGD, no L2): what scoring
         builds (``train.setup(score=True)``) and sizes (``preflight``)."""

@@ -105,8 +105,8 @@ def config_record(cfg, command: str, start: int, workers: int, servers: int) -> 
     """The first record of a --metrics file, and of each run appending to it."""
     from .config import to_dict
 
-    return {"config": to_dict(cfg), "pshybrid": __version__, "command": command,
-            "start_step": start, "workers": workers, "servers": servers}
+    return {"config": to_dict(cfg), "rates": cfg.rates(), "pshybrid": __version__,
+            "command": command, "start_step": start, "workers": workers, "servers": servers}
 
 
 def in_use(path: str) -> str:

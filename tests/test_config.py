@@ -90,8 +90,10 @@ def test_the_rows_rate_is_by_the_sparse_optimizer_unless_given(tmp_path):
                           sparse_optimizer=opt, lr=lr, log_every=1,
                           metrics=str(out), progress="none")
         train(cfg, MPI.COMM_SELF)
-        rates = [r["lr"] for r in map(json.loads, out.read_text().splitlines()) if "lr" in r]
+        recs = list(map(json.loads, out.read_text().splitlines()))
+        rates = [r["lr"] for r in recs if "lr" in r]
         assert len(rates) >= 2 and set(rates) == {want}, (opt, lr, rates)
+        assert recs[0]["rates"] == {"lr": want, "dense_lr": 0.001}, recs[0]  # (dense adam)
 
 
 @pytest.mark.parametrize("opt, dense_lr, want", [("adam", None, 0.001), ("sgd", None, 0.01),
