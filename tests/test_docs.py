@@ -222,7 +222,8 @@ SUMMARY_KEYS = {"summary", "mode", "model", "steps", "steps_run", "workers", "se
                 "server_apply_seconds", "slowest_worker", "traffic_per_step", "peak_rss_mb",
                 "time", "epoch", "lr"}
 LOG_KEYS = {"step", "loss", "samples_per_s", "seconds", "time", "epoch", "lr"}
-CONFIG_KEYS = {"config", "pshybrid", "command", "start_step", "workers", "servers", "time"}
+CONFIG_KEYS = {"config", "rates", "pshybrid", "command", "start_step", "workers", "servers",
+               "time"}
 
 
 def metrics_as_documented(path, mode: str, steps: list[int]) -> None:
