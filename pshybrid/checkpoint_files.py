@@ -293,18 +293,18 @@ def resumed_options(path: str) -> tuple[dict | None, str, str | None]:
 
 
 # A checkpoint without "rates" was written while --lr none meant 0.05 for sgd and adagrad and
-# 0.001 for adam, --dense-lr none meant --lr, and --dense-lr defaulted to 0.001
+# 0.001 for adam (every model), --dense-lr none meant --lr, and --dense-lr defaulted to 0.001
 _OLD_LR = {"sgd": 0.05, "adagrad": 0.05, "adam": 0.001}
 
 
 def _rates_as_written(options: dict) -> dict:
     """The options of a checkpoint written without ``rates``, with the rates its run trained
-    at where they changed meaning since (``--lr none`` with sgd, ``--dense-lr none`` or
+    at where they may have changed meaning since (``--lr none``, ``--dense-lr none`` or
     absent), so that a resume goes on at them."""
     out, none = dict(options), (None, "none")
     rows = (_OLD_LR.get(options.get("sparse_optimizer", "adagrad"))
             if options.get("lr") in none else options.get("lr"))
-    if options.get("lr") in none and options.get("sparse_optimizer") == "sgd":
+    if options.get("lr") in none and rows is not None:
         out["lr"] = rows
     if "dense_lr" not in options:
         out["dense_lr"] = 0.001

@@ -260,6 +260,13 @@ def from_dict(cls, d: dict, source: str, **checks):
     return _build(cls, *_keyed(cls, d, source), **checks)
 
 
+def _by_optimizer() -> str:
+    """--lr's defaults as --help says them: each optimizer's, and a model's own beside it."""
+    return ", ".join(f"{r:g} with {k}" + "".join(f" ({c.row_rates[k]:g} for {n})" for n, c in
+                                                 MODELS.items() if k in c.row_rates)
+                     for k, r in SPARSE_LR.items())
+
+
 @hinted_keywords
 @dataclass
 class TrainConfig:
@@ -309,9 +316,7 @@ class TrainConfig:
     epochs: int | None = option(None, "number of passes over --data (instead of --steps)",
                                 check=positive)
     lr: float | None = option(None, "learning rate of the embedding rows (sparse optimizer; "
-                              "none: " + ", ".join(f"{r:g} with {k}" for k, r in
-                                                   SPARSE_LR.items()) + ")",
-                              check=non_negative)
+                              f"none: {_by_optimizer()})", check=non_negative)
     dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
                                   choices=("sgd", "adam"))
     sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows", choices=SLOTS)
@@ -478,20 +483,16 @@ class TrainConfig:
                           self.consistency, self.cache_rows, self.device):
             raise _error(why)
 
-    @property
-    def sparse_lr(self) -> float:
-        """``--lr``, or where it is none the sparse optimizer's default (``SPARSE_LR``)."""
-        return SPARSE_LR[self.sparse_optimizer] if self.lr is None else self.lr
-
-    @property
-    def dense_rate(self) -> float:
-        """``--dense-lr``, or where it is none the dense optimizer's default (``DENSE_LR``)."""
-        return DENSE_LR[self.dense_optimizer] if self.dense_lr is None else self.dense_lr
-
     def rates(self) -> dict:
-        """The learning rates the run steps at (before a schedule's factor): the rows' and the
-        dense parameters', given or their optimizers' defaults (meta.json, --metrics)."""
-        return {"lr": self.sparse_lr, "dense_lr": self.dense_rate}
+        """The rows' (``lr``) and dense parameters' (``dense_lr``) rates before a schedule's
+        factor: given, or the defaults (``SPARSE_LR``, a model's ``row_rates``, ``DENSE_LR``)."""
+        rows = MODELS[self.model].row_rates.get(self.sparse_optimizer,
+                                                SPARSE_LR.get(self.sparse_optimizer))
+        dense = DENSE_LR[self.dense_optimizer] if self.dense_lr is None else self.dense_lr
+        return {"lr": rows if self.lr is None else self.lr, "dense_lr": dense}
+
+    sparse_lr = property(lambda self: self.rates()["lr"])
+    dense_rate = property(lambda self: self.rates()["dense_lr"])
 
     def stateless(self) -> TrainConfig:
         """This config with optimizers that keep no state (plain SGD, no L2): what scoring

@@ -69,9 +69,9 @@ def test_cli_values():
 
 
 def test_the_rows_rate_is_by_the_sparse_optimizer_unless_given(tmp_path):
-    """--lr none (the default): 0.05 for Adagrad, 0.001 for a sparse Adam, 0.5 for SGD;
-    given on the command line or in TOML, it wins. Training steps at it (the metrics'
-    ``lr``: the rows' optimizer's rate at each step)."""
+    """--lr none (the default): 0.05 for Adagrad (0.01 with DeepFM), 0.001 for a sparse
+    Adam, 0.5 for SGD; given on the command line or in TOML, it wins. Training steps at it
+    (the metrics' ``lr``: the rows' optimizer's rate at each step)."""
     import json
 
     from mpi4py import MPI
@@ -82,12 +82,16 @@ def test_the_rows_rate_is_by_the_sparse_optimizer_unless_given(tmp_path):
     assert parse(TrainConfig, "--sparse-optimizer", "adam").sparse_lr == 0.001
     assert parse(TrainConfig, "--sparse-optimizer", "sgd").sparse_lr == 0.5
     assert parse(TrainConfig, "--sparse-optimizer", "adam", "--lr", "0.2").sparse_lr == 0.2
+    assert parse(TrainConfig, "--model", "deepfm").sparse_lr == 0.01  # (its own row_rates)
+    assert parse(TrainConfig, "--model", "deepfm", "--sparse-optimizer", "adam").sparse_lr == 0.001
+    assert parse(TrainConfig, "--model", "deepfm", "--lr", "0.05").sparse_lr == 0.05
     path = toml(tmp_path, 'sparse-optimizer = "adam"\nlr = "none"\n')
     assert parse(TrainConfig, "--config", path).sparse_lr == 0.001
-    for opt, lr, want in (("adam", None, 0.001), ("sgd", None, 0.5), ("adam", 0.2, 0.2)):
-        out = tmp_path / f"{opt}-{lr}.jsonl"
-        cfg = TrainConfig(mode="allreduce", servers=0, steps=2, batch_size=8, mlp=(4,),
-                          sparse_optimizer=opt, lr=lr, log_every=1,
+    for model, opt, lr, want in (("wdl", "adam", None, 0.001), ("wdl", "sgd", None, 0.5),
+                                 ("wdl", "adam", 0.2, 0.2), ("deepfm", "adagrad", None, 0.01)):
+        out = tmp_path / f"{model}-{opt}-{lr}.jsonl"
+        cfg = TrainConfig(model=model, mode="allreduce", servers=0, steps=2, batch_size=8,
+                          mlp=(4,), sparse_optimizer=opt, lr=lr, log_every=1,
                           metrics=str(out), progress="none")
         train(cfg, MPI.COMM_SELF)
         recs = list(map(json.loads, out.read_text().splitlines()))
