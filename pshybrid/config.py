@@ -260,11 +260,12 @@ def from_dict(cls, d: dict, source: str, **checks):
     return _build(cls, *_keyed(cls, d, source), **checks)
 
 
-def _by_optimizer() -> str:
-    """--lr's defaults as --help says them: each optimizer's, and a model's own beside it."""
+def _by_optimizer(rates: dict, rows: bool) -> str:
+    """Default ``rates`` as --help says them: each optimizer's, and (``rows``) a model's own
+    beside it (``row_rates``)."""
     return ", ".join(f"{r:g} with {k}" + "".join(f" ({c.row_rates[k]:g} for {n})" for n, c in
-                                                 MODELS.items() if k in c.row_rates)
-                     for k, r in SPARSE_LR.items())
+                                                 MODELS.items() if rows and k in c.row_rates)
+                     for k, r in rates.items())
 
 
 @hinted_keywords
@@ -316,13 +317,12 @@ class TrainConfig:
     epochs: int | None = option(None, "number of passes over --data (instead of --steps)",
                                 check=positive)
     lr: float | None = option(None, "learning rate of the embedding rows (sparse optimizer; "
-                              f"none: {_by_optimizer()})", check=non_negative)
+                              f"none: {_by_optimizer(SPARSE_LR, True)})", check=non_negative)
     dense_optimizer: str = option("adam", "optimizer of the dense (MLP) parameters",
                                   choices=("sgd", "adam"))
     sparse_optimizer: str = option("adagrad", "optimizer of the embedding rows", choices=SLOTS)
-    dense_lr: float | None = option(None, "learning rate of the dense parameters (none: " +
-                                    ", ".join(f"{r:g} with {k}" for k, r in DENSE_LR.items())
-                                    + ")", check=non_negative)
+    dense_lr: float | None = option(None, "learning rate of the dense parameters (none: "
+                                    f"{_by_optimizer(DENSE_LR, False)})", check=non_negative)
     bucket_mb: float = option(1.0, "Allreduce the dense gradients in buckets of at least this "
                               "many MiB while backward runs (0: one Allreduce after backward; "
                               "GPU workers: cut then, started after the step's one host sync)",

@@ -850,6 +850,19 @@ def test_a_resume_from_another_directory_names_the_stored_relative_paths(tmp_pat
         assert notes == (want if where == "b" else []), notes
 
 
+def _same_exports(got_ck, want_ck, tmp_path) -> int:
+    """Both checkpoints exported (to ``tmp_path``): every dataset equal, bit for bit, at the
+    same step, which is returned."""
+    got = export.export(str(got_ck), str(tmp_path / "a.h5"))
+    want = export.export(str(want_ck), str(tmp_path / "b.h5"))
+    assert got["step"] == want["step"]
+    with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b:
+        names = []
+        b.visit(lambda n: names.append(n) if isinstance(b[n], h5py.Dataset) else None)
+        assert names and all(np.array_equal(a[n][()], b[n][()]) for n in names)
+    return got["step"]
+
+
 def test_resume_takes_the_checkpoints_options_and_names_the_changed_ones(tmp_path, capsys):
     """``train --resume DIR --steps 8`` alone trains on the first run's --data with its
     options (what the command line changes is named) == the resume with every option
@@ -876,13 +889,7 @@ def test_resume_takes_the_checkpoints_options_and_names_the_changed_ones(tmp_pat
     assert f"resumed from {tmp_path}/short at step 4" in said
     assert main(["train", *first, "--steps", "8", "--checkpoint-dir", str(tmp_path / "long"),
                  "--resume", str(tmp_path / "long")]) == 0
-    got = export.export(str(tmp_path / "short"), str(tmp_path / "a.h5"))
-    want = export.export(str(tmp_path / "long"), str(tmp_path / "b.h5"))
-    assert got["step"] == want["step"] == 8
-    with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b:
-        names = []
-        b.visit(lambda n: names.append(n) if isinstance(b[n], h5py.Dataset) else None)
-        assert names and all(np.array_equal(a[n][()], b[n][()]) for n in names)
+    assert _same_exports(tmp_path / "short", tmp_path / "long", tmp_path) == 8
 
 
 def test_a_checkpoint_without_rates_resumes_at_the_rates_it_trained_at(tmp_path, capsys):
@@ -910,12 +917,7 @@ def test_a_checkpoint_without_rates_resumes_at_the_rates_it_trained_at(tmp_path,
     assert said.startswith(f"resume: the options of {meta_path}, changed: --steps 8 (was 4)\n")
     assert main(["train", *first, *rates, "--steps", "8", "--checkpoint-dir", str(explicit),
                  "--resume", str(explicit)]) == 0
-    export.export(str(old), str(tmp_path / "a.h5"))
-    export.export(str(explicit), str(tmp_path / "b.h5"))
-    with h5py.File(tmp_path / "a.h5") as a, h5py.File(tmp_path / "b.h5") as b:
-        names = []
-        b.visit(lambda n: names.append(n) if isinstance(b[n], h5py.Dataset) else None)
-        assert names and all(np.array_equal(a[n][()], b[n][()]) for n in names)
+    assert _same_exports(old, explicit, tmp_path) == 8
 
 
 def test_resume_options_are_checked_together_with_the_stored_ones(tmp_path, capsys):
