@@ -44,7 +44,7 @@ FORMAT_VERSION = 1
 TORCH = "torch"  # meta.json's front_end of a pshybrid.torch checkpoint
 MATCH_KEYS = ("model", "embedding_dim", "mlp", "cross_layers", "dtype", "sparse_optimizer",
               "dense_optimizer")
-_CHUNK = 1 << 18
+CHUNK_ROWS = 1 << 18
 STEP_RE = safeio.STEP_RE
 SHARD_RE = re.compile(r"shard-[0-9]{5,}\.h5")
 TEMP_RE = re.compile(r"\.step-[0-9]+\.(?:[A-Za-z0-9_]+\.)?tmp")  # ours, and the old fixed name
@@ -407,7 +407,7 @@ class _Rows:
                              f"{self.want:,} rows{mine}")
 
 
-def _shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
+def shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
     """Check a shard's keys, kinds and shapes; return its row count."""
     want = {"ids", "w", *slots}
     have = set(f.keys())
@@ -449,9 +449,9 @@ def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], o
         sums = Sums(fpath, meta.get("checksums") == CRC_ATTR and verify(i))
         with open_h5(fpath) as f:
             try:
-                n = _shard_layout(fpath, f, width, slots)
-                for a in range(0, n, _CHUNK):
-                    raw = f["ids"][a:a + _CHUNK]
+                n = shard_layout(fpath, f, width, slots)
+                for a in range(0, n, CHUNK_ROWS):
+                    raw = f["ids"][a:a + CHUNK_ROWS]
                     sums.add("ids", raw)
                     ids = raw.astype(np.int64)
                     rows.add(fpath, ids, a)
@@ -461,7 +461,7 @@ def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], o
                         keep = sel.size and (k == "w" or not weights_only)
                         if not (keep or sums.want):
                             continue
-                        v = f[k][a:a + _CHUNK]
+                        v = f[k][a:a + CHUNK_ROWS]
                         sums.add(k, v)
                         if keep:
                             vals[k] = v[sel]

@@ -409,6 +409,46 @@ def test_refused_export_leaves_no_file(ck, tmp_path, case):
     assert os.listdir(outdir) == [] and os.listdir(tmp_path) == ["ck", "out"]
 
 
+def _h5_items(path) -> dict:
+    """Every dataset's (dtype, values) and every attribute of an HDF5 file, by name."""
+    items = {}
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda k, d: items.__setitem__(k, (d.dtype, d[...].tolist()))
+                     if isinstance(d, h5py.Dataset) else None)
+        items.update({f"attr {k}": str(v) for k, v in f.attrs.items()})
+    return items
+
+
+def test_an_export_holds_a_block_of_the_table_at_a_time(ck, tmp_path, monkeypatch):
+    """Shards in training's row order stream a block at a time (here a row: 40 bytes), so
+    a table larger than the memory available exports; a shard in another order (still a
+    valid checkpoint: ids, rows and checksums permuted together) is assembled whole, so
+    the same memory refuses it. Oracle: both exports, memory unlimited, are the same file."""
+    from pshybrid.checksums import CRC_ATTR, crc32
+
+    monkeypatch.setattr(export, "BLOCK_BYTES", 64)
+    shuffled = str(tmp_path / "shuffled")
+    shutil.copytree(ck, shuffled, symlinks=True)
+    with h5py.File(os.path.join(shuffled, "step-4", "shard-00000.h5"), "a") as f:
+        perm = np.random.default_rng(0).permutation(f["ids"].shape[0])
+        for k in f:
+            a = f[k][...][perm]
+            f[k][...] = a
+            f[k].attrs[CRC_ATTR] = crc32(a)
+    monkeypatch.setattr(limits, "available_memory", lambda: 1024)
+    export.export(ck, str(tmp_path / "streamed.h5"))
+    with pytest.raises(PshybridError) as e:
+        export.export(shuffled, str(tmp_path / "whole.h5"))
+    assert re.fullmatch(rf"export of {shuffled}/step-4: the table \(.*, 2 slots\) is assembled "
+                        rf"in memory \({shuffled}/step-4/shard-00000.h5: /ids\[0\] = "
+                        rf"{perm[0]}, not 0, where training writes shard s of n with the rows "
+                        r"s, s \+ n, \.\.\. in order\), which needs .*, .* is available",
+                        str(e.value)), e.value
+    monkeypatch.setattr(limits, "available_memory", lambda: None)
+    export.export(shuffled, str(tmp_path / "whole.h5"))
+    assert _h5_items(tmp_path / "streamed.h5") == _h5_items(tmp_path / "whole.h5")
+
+
 # -- before step 1 ---------------------------------------------------------------------------
 
 def unwritable_dir(tmp_path) -> str:

@@ -122,33 +122,71 @@ def test_reshard_to_other_server_counts(comm, mpi_tmp_path):
     assert_all(comm, ok, msg)
 
 
+def _shards_scattered(step_dir, rows, slots):
+    """{slot: (rows, E)} straight from a checkpoint's shard files (each id's row put in its
+    place): the export's oracle, written without the export's code."""
+    meta = json.load(open(os.path.join(step_dir, "meta.json")))
+    out = {}
+    for name in meta["shards"]:
+        with h5py.File(os.path.join(step_dir, name), "r") as f:
+            ids = f["ids"][...]
+            for k in ("w", *slots):
+                out.setdefault(k, np.full((rows, f[k].shape[1]), np.nan))[ids] = f[k][...]
+    return out
+
+
 @pytest.mark.mpi(min_size=2)
-def test_export_equals_live_rows(comm, mpi_tmp_path):
-    ckpt, out = str(mpi_tmp_path / "ck-export"), str(mpi_tmp_path / "export.h5")
-    cfg = replace(BASE, servers=1, steps=3, sparse_optimizer="adagrad", checkpoint_dir=ckpt)
+@pytest.mark.parametrize("servers,sparse_opt", [(1, "adagrad"), (2, "adam"), (3, "adagrad")])
+def test_export_equals_live_rows(comm, mpi_tmp_path, monkeypatch, servers, sparse_opt):
+    """Oracles: the live table and the shard files read directly. Exported a block at a
+    time: one block, the fewest rows a block holds (one row of each shard) and blocks that
+    cross the fields' boundaries, from 1-3 shards."""
+    if comm.size - servers < 1:
+        pytest.skip(f"{servers} servers need at least {servers + 1} ranks")
+    from pshybrid import export as export_module
+
+    ckpt = str(mpi_tmp_path / f"ck-export-{servers}")
+    cfg = replace(BASE, servers=servers, steps=3, sparse_optimizer=sparse_opt,
+                  checkpoint_dir=ckpt)
     live = run(cfg, comm)
     ok, msg = True, ""
     if comm.rank == 0:
-        export(ckpt, out)
-        cards = DATA.cardinalities
+        cards, slots = DATA.cardinalities, {"adagrad": ("acc",), "adam": ("m", "v")}[sparse_opt]
         offsets = np.concatenate(([0], np.cumsum(cards)[:-1]))
-        with h5py.File(out, "r") as f:
-            assert f.attrs["step"] == 3 and json.loads(f.attrs["config"])["model"] == "wdl"
-            if json.loads(f.attrs["schema"]) != DATA.schema.to_dict() or json.loads(
-                    f.attrs["field_names"]) != [*DATA.schema.dense_names,
-                                                *DATA.schema.sparse_names]:
-                ok, msg = False, f"schema {f.attrs['schema']} != the data's {DATA.schema}"
-            for i, name in enumerate(("C1", "C2", "C3", "C4")):
-                rows = live.table[offsets[i]:offsets[i] + cards[i]]
-                if not (np.array_equal(f[f"embeddings/{name}"][...], rows[:, :4])
-                        and np.array_equal(f[f"linear/{name}"][...], rows[:, 4])
-                        and f[f"optimizer/embeddings/{name}/acc"].shape == rows.shape):
-                    ok, msg = False, f"exported table {name} != live rows"
-            flat = np.concatenate([f[f"dense/{k}"][...].ravel() for k in
-                                   ("wide.dense.weight", "wide.dense.bias")])
-            if not np.array_equal(flat, live.dense[:flat.size]):
-                ok, msg = False, "exported dense != live"
+        files = _shards_scattered(os.path.join(ckpt, "step-3"), sum(cards), slots)
+        for block in (1 << 30, 1, 7 * 5 * 8 * (1 + len(slots))):  # (7 rows of 5 float64)
+            monkeypatch.setattr(export_module, "BLOCK_BYTES", block)
+            out = str(mpi_tmp_path / f"export-{servers}-{block}.h5")
+            export(ckpt, out)
+            with h5py.File(out, "r") as f:
+                ok, msg = _exported_as(f, live, files, cards, offsets, slots, block)
+            if not ok:
+                break
     assert_all(comm, ok, msg)
+
+
+def _exported_as(f, live, files, cards, offsets, slots, block):
+    """(ok, why not): the export ``f`` holds the live rows, the shards' slots, the live
+    dense parameters and the data's schema."""
+    if f.attrs["step"] != 3 or json.loads(f.attrs["config"])["model"] != "wdl":
+        return False, f"block {block}: step or config {f.attrs['step']} {f.attrs['config']}"
+    if json.loads(f.attrs["schema"]) != DATA.schema.to_dict() or json.loads(
+            f.attrs["field_names"]) != [*DATA.schema.dense_names, *DATA.schema.sparse_names]:
+        return False, f"schema {f.attrs['schema']} != the data's {DATA.schema}"
+    for i, name in enumerate(("C1", "C2", "C3", "C4")):
+        span = slice(offsets[i], offsets[i] + cards[i])
+        rows = live.table[span]
+        if not (np.array_equal(f[f"embeddings/{name}"][...], rows[:, :4])
+                and np.array_equal(f[f"linear/{name}"][...], rows[:, 4])):
+            return False, f"block {block}: exported table {name} != live rows"
+        for k in slots:
+            if not np.array_equal(f[f"optimizer/embeddings/{name}/{k}"][...], files[k][span]):
+                return False, f"block {block}: exported {name}/{k} != the shards' rows"
+    flat = np.concatenate([f[f"dense/{k}"][...].ravel() for k in
+                           ("wide.dense.weight", "wide.dense.bias")])
+    if not np.array_equal(flat, live.dense[:flat.size]):
+        return False, "exported dense != live"
+    return True, ""
 
 
 @pytest.mark.mpi(min_size=2)
