@@ -1,6 +1,7 @@
 """``pshybrid export CKPT OUT.h5``: a checkpoint as one plain HDF5 file that any h5py user
 can read (``docs/checkpoints.md``): its dense parameters, every table's rows, optimizer
-state, by name. Reads through ``checkpoint_files`` (every array's checksum verified)."""
+state, by name. Reads through ``checkpoint_files`` (every array's checksum verified); the
+tables go through a block of rows at a time, so its memory does not grow with them."""
 
 from __future__ import annotations
 
