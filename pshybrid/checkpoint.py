@@ -26,8 +26,9 @@ import sys
 import numpy as np
 
 from . import procenv, safeio
-from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, best, check_compatible, has_checksums,
-                               list_steps, read_latest, read_meta, read_shards, resolve)
+from .checkpoint_files import (CHUNK_ROWS, FORMAT_VERSION, TEMP_RE, best, check_compatible,
+                               has_checksums, list_steps, read_latest, read_meta, read_shards,
+                               resolve)
 from .checksums import CRC_ATTR, crc32
 from .config import TrainConfig, to_dict
 from .dense_file import read_dense
@@ -65,9 +66,15 @@ def _remove_stale_temps(root: str) -> None:
 
 # -- writing -------------------------------------------------------------------------------
 
+def _finite(a) -> bool:
+    """Whether every value of ``a`` is finite, checked a chunk of rows at a time (a shard's
+    whole-size bool array was a temporary the memory check does not count)."""
+    return all(np.isfinite(a[i:i + CHUNK_ROWS]).all() for i in range(0, len(a), CHUNK_ROWS))
+
+
 def _check_finite(step: int, sparse: dict, dense) -> PshybridError | None:
-    bad = [k for k, a in sparse.items() if not np.isfinite(a).all()]
-    if dense is not None and not np.isfinite(dense[0]).all():
+    bad = [k for k, a in sparse.items() if not _finite(a)]
+    if dense is not None and not _finite(dense[0]):
         bad.append("dense parameters")
     return PshybridError(f"not finite at step {step}: {', '.join(bad)}; checkpoint not "
                          "written") if bad else None
@@ -83,6 +90,22 @@ def _described(cfg) -> dict:
     return {"config": to_dict(cfg), "rates": cfg.rates()}
 
 
+def _write_ids(f, ids) -> None:
+    """A shard's /ids (int64) and its checksum; a ``range`` made a chunk at a time (an
+    array of a shard's size was a temporary the memory check does not count)."""
+    if not isinstance(ids, range):
+        f["ids"] = ids
+        f["ids"].attrs[CRC_ATTR] = crc32(ids)
+        return
+    d, crc = f.create_dataset("ids", (len(ids),), np.int64), 0
+    for i in range(0, len(ids), CHUNK_ROWS):
+        part = ids[i:i + CHUNK_ROWS]
+        a = np.arange(part.start, part.stop, part.step, dtype=np.int64)
+        d[i:i + a.size] = a
+        crc = crc32(a, crc)
+    d.attrs[CRC_ATTR] = crc
+
+
 def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, dense,
                  data_rows: int | None = None, steps_before: int = 0,
                  evaluation: dict | None = None) -> None:
@@ -93,7 +116,8 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
     if ids is not None:
         shard = os.path.join(tmp, f"shard-{max(topo.server_index, 0):05d}.h5")
         with safeio.h5_file(shard, "x") as f:  # exclusive: never over anything
-            for k, a in (("ids", ids), *sparse.items()):
+            _write_ids(f, ids)
+            for k, a in sparse.items():
                 f[k] = a
                 f[k].attrs[CRC_ATTR] = crc32(a)
         safeio.fsync_file(shard)
@@ -158,7 +182,7 @@ def _failed(root: str, step: int, why: str) -> PshybridError:
 def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridError | None:
     """Whether the disk of ``tmp`` has room for every rank's files of this checkpoint (and
     no file exceeds ``ulimit -f``), found before HDF5 writes anything."""
-    files = [] if ids is None else [ids.nbytes + sum(a.nbytes for a in sparse.values())]
+    files = [] if ids is None else [8 * len(ids) + sum(a.nbytes for a in sparse.values())]
     if dense is not None:
         files.append(dense[0].nbytes * (1 + len(dense[1]))  # (+ 1 KiB of HDF5 a dataset)
                      + sum(a.nbytes + 1024 for a in dense[2].values()))

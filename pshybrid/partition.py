@@ -53,6 +53,13 @@ def shard_ids(rows: int, n_servers: int, server: int) -> np.ndarray:
     return np.arange(server, rows, n_servers, dtype=np.int64)
 
 
+def shard_range(rows: int, n_servers: int, server: int) -> range:
+    """``shard_ids`` as a range: no array of the shard's size (a checkpoint writes a
+    shard's ids a chunk at a time)."""
+    _check(rows, n_servers)
+    return range(server, rows, n_servers)
+
+
 def _per_server(rows: int, n_servers: int) -> int:
     return max(1, -(-rows // n_servers))
 

@@ -449,6 +449,36 @@ def test_an_export_holds_a_block_of_the_table_at_a_time(ck, tmp_path, monkeypatc
     assert _h5_items(tmp_path / "streamed.h5") == _h5_items(tmp_path / "whole.h5")
 
 
+def test_a_checkpoint_write_holds_no_temporary_of_the_tables_size(tmp_path, monkeypatch):
+    """A checkpoint's write made an array of the shard's ids (8 B a row) and a bool array
+    of each slot's size (its finiteness), up to 47% over the shard with plain SGD at a small
+    dim: the memory check before step 1 counts neither, so a run that passed it could fail
+    at its first checkpoint. Oracle: tracemalloc's peak over ``checkpoint.save`` (NumPy's
+    allocations included) against the table's bytes (here 72 MB); the ids written are the
+    table's rows."""
+    import tracemalloc
+
+    peaks, real = [], checkpoint.save
+
+    def measured(*args, **kw):
+        tracemalloc.start()
+        try:
+            return real(*args, **kw)
+        finally:
+            peaks.append(tracemalloc.get_traced_memory()[1])
+            tracemalloc.stop()
+
+    monkeypatch.setattr(checkpoint, "save", measured)
+    rows = 2_000_000 + 5
+    data = SyntheticCTR(seed=5, n_dense=3, cardinalities=(2_000_000, 5), zipf=1.3)
+    ck = tmp_path / "ck"
+    train(replace(BASE, steps=1, checkpoint_dir=str(ck), sparse_optimizer="sgd",
+                  embedding_dim=8), MPI.COMM_SELF, dataset=data, out=io.StringIO())
+    assert len(peaks) == 1 and peaks[0] < 0.1 * rows * 9 * 4, peaks
+    with h5py.File(ck / "step-1" / "shard-00000.h5", "r") as f:
+        assert np.array_equal(f["ids"][...], np.arange(rows)) and f["w"].shape == (rows, 9)
+
+
 # -- before step 1 ---------------------------------------------------------------------------
 
 def unwritable_dir(tmp_path) -> str:

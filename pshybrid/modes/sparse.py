@@ -248,12 +248,14 @@ class ServerSparse(_StagedSums):
 
     # -- checkpoints, tests, export ------------------------------------------------------
     def state(self):
-        """Servers: (global ids (n,), {slot: (n, E)}) of the rows they hold."""
+        """Servers: (global ids (n,): a range, {slot: (n, E)}) of the rows they hold."""
         self.store.win.Sync()  # see the workers' completed Accumulates (direct SGD)
         slots = {"w": self.store.shard(self.name)}
         if self.server_step:
             slots.update({k: self.store.shard(self.name, k) for k in self.opt.slots})
-        return self.store.shard_ids(self.name), slots
+        topo = self.ctx.topo
+        return partition.shard_range(self.layout.table.rows, topo.n_servers,
+                                     topo.server_index), slots
 
     def load_rows(self, ids, values: dict) -> None:
         local = partition.local_row(ids, self.ctx.topo.n_servers)
@@ -361,8 +363,7 @@ class ReplicatedSparse(_StagedSums):
 
     # -- checkpoints, tests, export: every worker holds every row (worker 0 writes them) --
     def state(self):
-        rows = self.table.shape[0]
-        return np.arange(rows, dtype=np.int64), {"w": self.table, **self.state_arrays}
+        return range(self.table.shape[0]), {"w": self.table, **self.state_arrays}
 
     def load_rows(self, ids, values: dict) -> None:
         self.table[ids] = values["w"]
