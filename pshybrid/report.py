@@ -187,16 +187,18 @@ class Reporter:
         self.out.flush()
         self._write(rec)
 
+    def say(self, line: str) -> None:
+        """A line of its own (an open bar's line ended first)."""
+        self.out.write(("\n" if self.bar else "") + line + "\n")
+        self.out.flush()
+
     def evaluation(self, rec: dict) -> None:
-        if self.bar:
-            self.out.write("\n")
         a, why = rec["auc"], "NaN logits" if math.isnan(rec["logloss"]) else "one class"
         shown = f"{a:.4f}" if math.isfinite(a) else f"n/a ({why})"  # (written null)
         worse = (f" (above the base rate's {b:.4f}: worse than predicting the mean label)"
                  if math.isfinite(a) and rec["logloss"] > (b := rec["base_rate_logloss"]) else "")
-        self.out.write(f"eval at step {rec['step']}: auc {shown}  logloss "
-                       f"{rec['logloss']:.4f}{worse}  ({counted(rec['rows'], 'row')})\n")
-        self.out.flush()
+        self.say(f"eval at step {rec['step']}: auc {shown}  logloss "
+                 f"{rec['logloss']:.4f}{worse}  ({counted(rec['rows'], 'row')})")
         self._write(rec)
 
     def stamp(self, rec: dict, step: int) -> None:
@@ -252,8 +254,6 @@ class Reporter:
         sys.stderr.flush()
 
     def close(self, summary: dict) -> None:
-        if self.bar:
-            self.out.write("\n")
         self._write(summary)
         split = "  ".join(f"{k} {v:.0%}" for k, v in summary["phase_fraction"].items()
                           if v >= 0.005 and summary["steps_run"])
@@ -261,13 +261,13 @@ class Reporter:
             per = 1e3 / summary["steps_run"]
             split += (f"  |  wait {summary['phase_seconds']['wait'] * per:.2f} ms/step, "
                       f"servers' apply {summary['server_apply_seconds'] * per:.2f} ms/step")
-        self.out.write(
+        self.say(
             f"done: {summary['mode']} {summary['model']}  {summary['steps']} steps  "
             f"{summary['samples_per_s']:,.0f} samples/s  final loss "
             f"{_num(summary['final_loss'])} (base-rate logloss "
             f"{_num(summary['base_rate_logloss'])})  workers {self.W} servers "
             f"{summary['servers']}" + (f"  |  {split}" if split else "")
-            + reads_note(summary) + _slowest(summary) + "\n")
+            + reads_note(summary) + _slowest(summary))
         if (kept := self.best_checkpoint()) is not None:
             self.out.write(f"best evaluated checkpoint: {kept}\n")
         self.out.flush()

@@ -8,6 +8,7 @@ divergence check, and the exact AUC / logloss of the whole ``--eval-data`` file
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import numpy as np
@@ -18,6 +19,7 @@ from .backend import to_host
 from .batches import read_ids
 from .data import EVAL_BATCH
 from .errors import PshybridError
+from .limits import gib
 from .metrics import auc, base_rate_logloss, logloss_from_logits
 from .timers import PHASES
 
@@ -137,16 +139,37 @@ class StepLog:
             self.read_at = done
             self.acc += (loss_sum, 0.0, label_sum)
 
-    def pause(self, work) -> None:
-        """Run ``work`` (an evaluation) outside the training clock, phases and traffic."""
+    def pause(self, work, phase: str = "eval") -> float:
+        """Run ``work`` (an evaluation, a checkpoint: ``phase``) outside the training clock,
+        phases and traffic; -> its seconds."""
         timers = self.job.mode.timers
         t0, before = time.perf_counter(), dict(timers)
         self.job.not_training(work)
         timers.update(before)  # the eval's pulls count as eval, not as training
         elapsed = time.perf_counter() - t0
-        timers["eval"] += elapsed
-        self.t_log += elapsed  # samples/s excludes evaluation
+        timers[phase] += elapsed
+        self.t_log += elapsed  # samples/s excludes evaluations and checkpoints
         self.t_step += elapsed
+        return elapsed
+
+
+def together(job) -> None:
+    """After an evaluation or a checkpoint: worker 0 ends it alone (the AUC, its report;
+    --keep-last's pruning), which the others waited for inside their next step, whose
+    --step-timeout ended the job; they wait here, in the call's time, which only warns."""
+    job.topo.workers.Barrier()  # Wire: zero-byte barrier over the workers
+
+
+def save(job, log: StepLog, step: int, stopping: bool = False) -> None:
+    """Workers (collective, the servers join through their loop): checkpoint ``step``
+    outside the training clock (phase ``checkpoint``); worker 0 says where, its size and
+    its seconds (``stopping``: a signal's stop, whose line says so instead)."""
+    written = []
+    seconds = log.pause(lambda: (written.append(job.save(step)),
+                                 None if stopping else together(job)), "checkpoint")
+    if job.reporter and not stopping:
+        size = sum(e.stat().st_size for e in os.scandir(written[0]) if e.is_file())
+        job.reporter.say(f"checkpoint {written[0]}: {gib(size)} in {seconds:.1f} s")
 
 
 def evaluate(job, step: int) -> None:

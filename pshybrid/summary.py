@@ -9,7 +9,7 @@ import numpy as np
 
 from .batches import global_batch
 from .metrics import base_rate_logloss
-from .timers import OWN_WORK, PHASES  # (OWN_WORK: the slowest worker's, which others wait for)
+from .timers import OWN_WORK, PHASES, UNTRAINED  # (OWN_WORK: the slowest worker's)
 
 
 def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
@@ -26,7 +26,8 @@ def summarize(cfg, topo, stats, totals, log, evals, steps: int, steps_run: int,
         "summary": True, "mode": cfg.mode, "model": cfg.model, "steps": steps,
         "workers": W, "servers": topo.n_servers, "batch_size": cfg.batch_size,
         "steps_run": steps_run,
-        "samples_per_s": steps_run * global_batch(cfg, W) / max(elapsed - worker_t["eval"], 1e-9),
+        "samples_per_s": steps_run * global_batch(cfg, W) / max(
+            elapsed - sum(worker_t[k] for k in UNTRAINED), 1e-9),
         "seconds": elapsed, "startup_seconds": startup,
         "final_loss": log[-1]["loss"] if log else None, "base_rate": base,
         "base_rate_logloss": None if base is None else base_rate_logloss(base),

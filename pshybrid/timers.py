@@ -9,7 +9,8 @@ from collections import defaultdict
 from .backend import wait_event
 
 PHASES = ("data", "pull", "fwd_bwd", "push", "allreduce", "dense_apply", "server_apply", "wait",
-          "eval")  # server_apply: on workers only with --placement colocated
+          "eval", "checkpoint")  # server_apply: on workers only with --placement colocated
+UNTRAINED = ("eval", "checkpoint")  # outside the training clock: samples/s leaves them out
 # A worker's phases by whom they wait for: its own work (a rank slow in these is the slow
 # one), and the others (the step timer's lines and the summary's slowest worker read them)
 OWN_WORK = ("data", "fwd_bwd", "dense_apply", "server_apply")

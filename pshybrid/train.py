@@ -41,7 +41,8 @@ from .registry import is_colocated
 from .report import Reporter, banner, counted
 from .summary import summarize
 from .stall import FIRST, Pulse, Watch, step_watch
-from .steplog import StepLog, TrainingDiverged, check_loss, evaluate, score_rows  # noqa: F401
+from .steplog import (StepLog, TrainingDiverged, check_loss, evaluate, save,  # noqa: F401
+                      score_rows, together)
 from .threads import rank_cores
 from .topology import SHARED_MEMORY, Topology
 from .transport import abort_on_error, agree, same_arguments
@@ -365,26 +366,18 @@ def loop(job: Job, on_step=None) -> None:
         if job.evdata is not None and ((cfg.eval_every and done % cfg.eval_every == 0)
                                        or done == job.steps):
             with watch.inside("an evaluation", done, ends=False):  # (its length: the file's)
-                log.pause(lambda: (evaluate(job, done), _together(job)))
+                log.pause(lambda: (evaluate(job, done), together(job)))
         if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
                                    or done == job.steps):
             mode.request_checkpoint(done)
             with watch.inside("a checkpoint", done, ends=False):  # (its length: the disk's)
-                job.save(done)
-                _together(job)
+                save(job, log, done)
         if done < job.steps and stop.stop():  # collective: every worker stops here
             upcoming.drop()
             _preempted(job, done, log)
             break
     if job.start >= job.steps and job.evdata is not None:  # resumed at the end (collect=True)
         log.pause(lambda: evaluate(job, job.start))
-
-
-def _together(job: Job) -> None:
-    """After an evaluation or a checkpoint: worker 0 ends it alone (the AUC, its report;
-    --keep-last's pruning), which the others waited for inside their next step, whose
-    --step-timeout ended the job; they wait here, in the call's time, which only warns."""
-    job.topo.workers.Barrier()  # Wire: zero-byte barrier over the workers
 
 
 def _preempted(job: Job, done: int, log) -> None:
@@ -395,11 +388,10 @@ def _preempted(job: Job, done: int, log) -> None:
     if job.cfg.checkpoint_dir and not (every and done % every == 0):
         log.read_back(done)  # GPU: a diverged loss stops the run before it is saved
         job.mode.request_checkpoint(done)
-        job.save(done)
+        save(job, log, done, stopping=True)
     job.result.preempted = done
     if job.reporter:
-        end = "\n" if job.reporter.bar else ""  # (a bar's line is open: end it first)
-        job.reporter.out.write(f"{end}{notice(job.stop.agreed, done, job.cfg.checkpoint_dir)}\n")
+        job.reporter.say(notice(job.stop.agreed, done, job.cfg.checkpoint_dir))
 
 
 def _batches(job: Job):

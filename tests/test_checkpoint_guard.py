@@ -479,6 +479,36 @@ def test_a_checkpoint_write_holds_no_temporary_of_the_tables_size(tmp_path, monk
         assert np.array_equal(f["ids"][...], np.arange(rows)) and f["w"].shape == (rows, 9)
 
 
+def test_a_checkpoint_is_timed_apart_from_training_and_said(tmp_path, monkeypatch):
+    """A checkpoint's write counted as training time: the log after a slow one (here 3 s
+    added to each) and the summary reported rates that fell with the disk, and no line said
+    a checkpoint was written. Oracles: each checkpoint's line names its directory, the size
+    of the files in it and at least the 3 s; the log interval across it took less than the
+    3 s; the summary's rows over its rate leave both writes' 6 s out of ``seconds``, which
+    the phase ``checkpoint`` holds."""
+    real = checkpoint.save
+
+    def slow(*args, **kw):
+        time.sleep(3)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(checkpoint, "save", slow)
+    ck, m = tmp_path / "ck", tmp_path / "m.jsonl"
+    _, out = run(steps=4, log_every=2, checkpoint_dir=str(ck), checkpoint_every=2,
+                 metrics=str(m))
+    for step in (2, 4):
+        d = ck / f"step-{step}"
+        said = [ln.split(" in ") for ln in out.splitlines() if ln.startswith(
+            f"checkpoint {d}: {limits.gib(sum(f.stat().st_size for f in d.iterdir()))} in ")]
+        assert len(said) == 1 and float(said[0][1].removesuffix(" s")) >= 3, out
+    recs = _records(m)
+    logs, summary = [r for r in recs if "loss" in r], recs[-1]
+    assert [r["step"] for r in logs] == [2, 4] and all(
+        2 * BASE.batch_size / r["samples_per_s"] < 3 for r in logs), logs
+    assert summary["phase_seconds"]["checkpoint"] >= 6, summary
+    assert 4 * BASE.batch_size / summary["samples_per_s"] <= summary["seconds"] - 6, summary
+
+
 # -- before step 1 ---------------------------------------------------------------------------
 
 def unwritable_dir(tmp_path) -> str:
