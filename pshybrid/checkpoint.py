@@ -26,14 +26,14 @@ import sys
 import numpy as np
 
 from . import procenv, safeio
-from .checkpoint_files import (CHUNK_ROWS, FORMAT_VERSION, TEMP_RE, best, check_compatible,
-                               has_checksums, list_steps, read_latest, read_meta, read_shards,
-                               resolve)
+from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, best, check_compatible, has_checksums,
+                               list_steps, read_latest, read_meta, resolve)
 from .checksums import CRC_ATTR, crc32
 from .config import TrainConfig, to_dict
 from .dense_file import read_dense
 from .errors import InputError, PshybridError
 from .optim import SLOTS
+from .shard_files import CHUNK_ROWS, read_shards
 from .transport import agree
 
 

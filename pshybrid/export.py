@@ -12,14 +12,14 @@ import os
 import numpy as np
 
 from . import partition, safeio
-from .checkpoint_files import (CHUNK_ROWS, DAMAGE, TORCH, bad_key, has_checksums, is_int,
-                               native_config, open_h5, read_meta, read_shards, resolve,
-                               row_width, shard_layout)
+from .checkpoint_files import (DAMAGE, TORCH, bad_key, has_checksums, is_int, native_config,
+                               open_h5, read_meta, resolve, row_width)
 from .checksums import CRC_ATTR, Sums
 from .dense_file import read_buffers, read_dense, read_param_steps, read_torch_state
 from .errors import InputError, PshybridError
 from .optim import SLOTS
 from .schema import field_offsets
+from .shard_files import CHUNK_ROWS, read_shards, shard_layout
 
 BLOCK_BYTES = 64 << 20  # the table's rows (every slot) an export holds at a time
 

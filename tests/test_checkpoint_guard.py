@@ -509,6 +509,48 @@ def test_a_checkpoint_is_timed_apart_from_training_and_said(tmp_path, monkeypatc
     assert 4 * BASE.batch_size / summary["samples_per_s"] <= summary["seconds"] - 6, summary
 
 
+@pytest.mark.parametrize("n,me", [(1, 0), (3, 1)])
+@pytest.mark.parametrize("prefix", [0, 1, 5, 8, 13, "all"])
+@pytest.mark.parametrize("tail", ["in_order", "reversed", "duplicate", "missing", "foreign",
+                                  "outside"])
+def test_a_readers_ids_are_checked_alike_in_training_order_or_not(n, me, prefix, tail):
+    """A reader's ids skip the sort and the bitset while they come as training writes them
+    (rows me, me + n, ... in order); at the first chunk that does not, the bitset takes the
+    rows so far (a prefix of any length mod 8) and checks on. Oracle, by construction: an
+    in-order prefix of this reader's rows, then a chunk with one fault (or none), gives
+    that fault's error naming the row, or none."""
+    from pshybrid.shard_files import _Rows
+
+    rows = 61
+    mine = list(range(me, rows, n))
+    c = len(mine) if prefix == "all" else prefix
+    rest = mine[c:]
+    chunk, want = {
+        "in_order": (rest, None), "reversed": (rest[::-1], None),
+        "duplicate": ([mine[max(c - 1, 0)]] + rest[1:] + ([mine[0]] if c == 0 else []),
+                      f"holds row {mine[max(c - 1, 0)]} more than once"),
+        "missing": (rest[:-1] if rest else [], f"the shards hold {len(mine) - 1:,} of"),
+        "foreign": (rest + [mine[-1] + 1], "is a row of shard" if n > 1 else "more than once"),
+        "outside": (rest + [rows], f"= {rows} is outside the table's rows"),
+    }[tail]
+    if tail == "missing" and not rest:
+        chunk, want = [], None
+        c -= 1  # (the prefix short of its last row)
+        want = f"the shards hold {c:,} of"
+    if tail == "foreign" and n == 1:
+        chunk = rest + [mine[-1]]  # (every row is this reader's: a repeat instead)
+        want = f"holds row {mine[-1]} more than once"
+    r = _Rows(rows, n, me)
+    got = None
+    try:
+        r.add("f.h5", np.array(mine[:c], np.int64), 0)
+        r.add("f.h5", np.array(chunk, np.int64), c)
+        r.check_complete("ck")
+    except InputError as e:
+        got = str(e)
+    assert (got is None) if want is None else (got is not None and want in got), (got, want)
+
+
 # -- before step 1 ---------------------------------------------------------------------------
 
 def unwritable_dir(tmp_path) -> str:

@@ -22,7 +22,8 @@ from mpi4py import MPI
 
 import pshybrid.torch.preempt as stops
 from pshybrid import checkpoint, procenv
-from pshybrid.checkpoint_files import check_run_dir, read_meta, read_shards, resolve
+from pshybrid.checkpoint_files import check_run_dir, read_meta, resolve
+from pshybrid.shard_files import read_shards
 from pshybrid.errors import ConfigError, InputError, PshybridError
 from pshybrid.layers import ParamSpace
 from pshybrid.modes import build_mode
