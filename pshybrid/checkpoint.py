@@ -22,12 +22,13 @@ import json
 import math
 import os
 import sys
+import time
 
 import numpy as np
 
 from . import procenv, safeio
 from .checkpoint_files import (FORMAT_VERSION, TEMP_RE, best, check_compatible, has_checksums,
-                               list_steps, read_latest, read_meta, resolve)
+                               list_steps, read_latest, read_meta, resolve, step_bytes)
 from .checksums import CRC_ATTR, crc32
 from .config import TrainConfig, to_dict
 from .dense_file import read_dense
@@ -269,15 +270,18 @@ def _point_best(root: str, kept: tuple | None) -> None:
 
 # -- loading -------------------------------------------------------------------------------
 
-def load(path: str, cfg: TrainConfig, topo, mode, params, schema,
-         weights_only: bool = False) -> int:
-    """Load a checkpoint into a freshly built ``mode`` (collective); returns its step. With
+def load(path: str | None, cfg: TrainConfig, topo, mode, params, schema,
+         weights_only: bool = False) -> tuple[int, tuple[int, float] | None]:
+    """Load a checkpoint into a freshly built ``mode`` (collective) -> (its step, (its
+    files' bytes, the seconds the load took)); (0, None) for no ``path``. With
     ``weights_only`` (scoring: a mode built without optimizer state) the optimizer state is
     checked but not loaded."""
-    err, step = None, 0
+    if not path:
+        return 0, None
+    err, step, size, t0 = None, 0, 0, time.perf_counter()
     try:
         step_dir = resolve(path)
-        meta = read_meta(step_dir)
+        meta, size = read_meta(step_dir), step_bytes(step_dir)
         check_compatible(meta, cfg, schema, os.path.join(step_dir, "meta.json"))
         step = int(meta["step"])
         first = topo.rank == topo.worker_ranks[0]
@@ -294,4 +298,4 @@ def load(path: str, cfg: TrainConfig, topo, mode, params, schema,
     except PshybridError as e:
         err = e
     agree(topo.world, err)  # Wire: verdict allgather; nobody pulls before every rank loaded
-    return step
+    return step, (size, time.perf_counter() - t0)

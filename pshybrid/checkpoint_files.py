@@ -191,6 +191,11 @@ def resolve(path: str) -> str:
     raise InputError(f"{path}: not a checkpoint (no 'latest' file and no meta.json){hint}")
 
 
+def step_bytes(step_dir: str) -> int:
+    """The size of the files of checkpoint ``step_dir``."""
+    return sum(e.stat().st_size for e in os.scandir(step_dir) if e.is_file())
+
+
 def bad_key(path: str, key: str, what: str) -> InputError:
     return InputError(f"{path}: {key} {what}")
 

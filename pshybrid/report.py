@@ -209,12 +209,13 @@ class Reporter:
         rec["epoch"] = step / self.steps_per_epoch if self.steps_per_epoch else None
         rec["lr"] = self.lr_at(step) if self.lr_at is not None else None
 
-    def loaded(self, path: str, step: int, how: str) -> None:
-        """The checkpoint ``path`` (at ``step``) loaded: to score (``how`` "eval"), to go on
-        ("resume"), or to start a new run from ("init": ``--init-from``)."""
-        self.out.write(f"loaded {path} (step {step})\n" if how == "eval" else
-                       f"resumed from {path} at step {step}\n" if how == "resume" else
-                       f"started from {path} (its step {step}) at step 0\n")
+    def loaded(self, path: str, step: int, how: str, size: int, seconds: float) -> None:
+        """The checkpoint ``path`` (at ``step``, of ``size`` bytes) loaded in ``seconds``: to
+        score (``how`` "eval"), to go on ("resume"), or to start from ("init": --init-from)."""
+        took = f"{limits.gib(size)} in {seconds:.1f} s"
+        self.out.write(f"loaded {path} (step {step}; {took})\n" if how == "eval" else
+                       f"resumed from {path} at step {step} ({took})\n" if how == "resume" else
+                       f"started from {path} (its step {step}) at step 0 ({took})\n")
 
     def header(self, command: str, start: int, workers: int, servers: int) -> None:
         """Write the run's config record (the first line of the run in --metrics)."""
@@ -261,13 +262,12 @@ class Reporter:
             per = 1e3 / summary["steps_run"]
             split += (f"  |  wait {summary['phase_seconds']['wait'] * per:.2f} ms/step, "
                       f"servers' apply {summary['server_apply_seconds'] * per:.2f} ms/step")
-        self.say(
-            f"done: {summary['mode']} {summary['model']}  {summary['steps']} steps  "
-            f"{summary['samples_per_s']:,.0f} samples/s  final loss "
-            f"{_num(summary['final_loss'])} (base-rate logloss "
-            f"{_num(summary['base_rate_logloss'])})  workers {self.W} servers "
-            f"{summary['servers']}" + (f"  |  {split}" if split else "")
-            + reads_note(summary) + _slowest(summary))
+        self.say(f"done: {summary['mode']} {summary['model']}  {summary['steps']} steps  "
+                 f"{summary['samples_per_s']:,.0f} samples/s  final loss "
+                 f"{_num(summary['final_loss'])} (base-rate logloss "
+                 f"{_num(summary['base_rate_logloss'])})  workers {self.W} servers "
+                 f"{summary['servers']}" + (f"  |  {split}" if split else "")
+                 + reads_note(summary) + _slowest(summary))
         if (kept := self.best_checkpoint()) is not None:
             self.out.write(f"best evaluated checkpoint: {kept}\n")
         self.out.flush()

@@ -8,7 +8,6 @@ divergence check, and the exact AUC / logloss of the whole ``--eval-data`` file
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import numpy as np
@@ -168,8 +167,8 @@ def save(job, log: StepLog, step: int, stopping: bool = False) -> None:
     seconds = log.pause(lambda: (written.append(job.save(step)),
                                  None if stopping else together(job)), "checkpoint")
     if job.reporter and not stopping:
-        size = sum(e.stat().st_size for e in os.scandir(written[0]) if e.is_file())
-        job.reporter.say(f"checkpoint {written[0]}: {gib(size)} in {seconds:.1f} s")
+        job.reporter.say(f"checkpoint {written[0]}: {gib(checkpoint_files.step_bytes(written[0]))} "
+                         f"in {seconds:.1f} s")
 
 
 def evaluate(job, step: int) -> None:

@@ -242,14 +242,15 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
                          plan.steps_per_epoch)
                 if topo.rank == topo.worker_ranks[0] else None)
     begin = cfg.resume or cfg.init_from  # (--init-from: its state, and a new run at step 0)
-    loaded = checkpoint.load(begin, cfg, topo, mode, params, data.schema, score) if begin else 0
+    loaded, took = checkpoint.load(begin, cfg, topo, mode, params, data.schema, score)
     start = 0 if cfg.init_from else loaded
     if reporter:
         reporter.header("eval" if score else "train", start, topo.n_workers, topo.n_servers)
     if topo.is_worker:
         mode.ready()
     if reporter and begin:
-        reporter.loaded(begin, loaded, "eval" if score else "resume" if cfg.resume else "init")
+        reporter.loaded(begin, loaded, "eval" if score else "resume" if cfg.resume else "init",
+                        *took)
     job = Job(cfg, topo, data, evdata, model, layout, params, mode, plan, steps, start, reporter,
               t_begin, TrainResult(topo.role))
     if xp is not np and topo.is_worker and not data.schema.multi_hot:

@@ -509,6 +509,23 @@ def test_a_checkpoint_is_timed_apart_from_training_and_said(tmp_path, monkeypatc
     assert 4 * BASE.batch_size / summary["samples_per_s"] <= summary["seconds"] - 6, summary
 
 
+def test_a_resume_says_the_checkpoints_size_and_its_loads_seconds(ck, monkeypatch):
+    """Oracle: the line after a resume names the checkpoint, the size of its step's files
+    and at least the 1 s added to its shards' read."""
+    real = checkpoint.read_shards
+
+    def slow(*args, **kw):
+        time.sleep(1)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(checkpoint, "read_shards", slow)
+    _, out = run(steps=6, resume=ck)
+    size = limits.gib(sum(f.stat().st_size for f in os.scandir(os.path.join(ck, "step-4"))))
+    said = re.findall(rf"^resumed from {re.escape(ck)} at step 4 \({re.escape(size)} in "
+                      r"([0-9.]+) s\)$", out, re.M)
+    assert len(said) == 1 and float(said[0]) >= 1, out
+
+
 @pytest.mark.parametrize("n,me", [(1, 0), (3, 1)])
 @pytest.mark.parametrize("prefix", [0, 1, 5, 8, 13, "all"])
 @pytest.mark.parametrize("tail", ["in_order", "reversed", "duplicate", "missing", "foreign",
