@@ -5,11 +5,12 @@ Both load the checkpoint as ``--resume`` does (``CKPT``: a checkpoint directory,
 ``latest`` is read, or one ``step-N`` directory; the same checks) into the model its
 ``meta.json`` describes, with every rank a worker that also holds a shard of the table
 (``--placement colocated``: any number of ranks, 1 included), and score the rows as the
-training-time evaluation does (``steplog.score_rows``): batches of ``EVAL_BATCH`` rows from
-row 0, worker w taking batches [C*w/W, C*(w+1)/W) of the C; the logits are gathered to
-worker 0 in row order. ``eval`` reports exact AUC and logloss; ``predict``
+training-time evaluation does (``steplog.worker_logits``): batches of ``EVAL_BATCH`` rows
+from row 0, worker w taking batches [C*w/W, C*(w+1)/W) of the C. ``eval`` gathers the
+logits and labels to worker 0 in row order and reports exact AUC and logloss; ``predict``
 writes one score per row (``/score``: sigmoid of the logit, ``/logit``; float64, in row
-order) to an HDF5 file, atomically, and refuses an existing file unless ``overwrite``.
+order) to an HDF5 file, atomically, worker 0 taking each worker's logits in turn (never
+every row's at once), and refuses an existing file unless ``overwrite``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import io
 import os
 from dataclasses import replace
 
+import numpy as np
 
 from . import checkpoint_files, safeio
 from .config import TrainConfig
@@ -27,8 +29,12 @@ from .files import dataset_paths, open_dataset, taken_in
 from .metrics import sigmoid
 from .preflight import preflight
 from .topology import Topology
-from .train import TrainResult, score_only, score_rows, setup
+from .train import TrainResult, score_only, setup, worker_logits
 from .transport import abort_on_error, agree
+
+
+_PREDICT_TAG = 71  # the workers' logits to worker 0 (``_write``)
+_WRITE_ROWS = 1 << 16  # predict's rows written at a time
 
 
 def _config(ckpt: str, data: str, metrics: str | None) -> TrainConfig:
@@ -109,19 +115,47 @@ def score(ckpt: str, data: str, comm, out: str | None = None, overwrite: bool = 
 
 
 def _write(job, out: str, step_dir: str) -> None:
-    """Workers: gather the logits to worker 0, which writes ``out`` atomically."""
-    z, _ = score_rows(job, job.start)
+    """Workers: worker 0 writes ``out`` atomically, taking the other workers' logits one
+    worker at a time in row order: it holds its own rows' and one other worker's, never
+    every row's."""
+    z = worker_logits(job, job.start)[0]  # (its labels freed)
+    workers = job.topo.workers
+    counts = workers.allgather(z.size)  # Wire: allgather of each worker's row count
     err = None
-    if z is not None:
-        try:
-            with safeio.atomic_output(out) as tmp, safeio.h5_file(tmp, "w") as f:
-                f["score"] = sigmoid(z)
-                f["logit"] = z
-                f.attrs["checkpoint"] = os.path.abspath(step_dir)
-                f.attrs["step"] = job.start
-                f.attrs["data"] = ",".join(map(os.path.abspath, job.data.path.split(",")))
-                f.attrs[safeio.OUTPUT_ATTR] = "predict"
-            job.result.summary = {"rows": int(z.size), "step": job.start}
-        except OSError as e:
-            err = PshybridError(f"{out}: cannot write: {e}")
-    agree(job.topo.workers, err)  # Wire: verdict allgather over the workers
+    if job.topo.worker_index:
+        workers.Send(z, 0, _PREDICT_TAG)  # Wire: its logits (8 B a row) to worker 0, in turn
+    else:
+        err = _write_parts(job, out, step_dir, z, counts)
+    agree(workers, err)  # Wire: verdict allgather over the workers
+
+
+def _write_parts(job, out: str, step_dir: str, z, counts: list[int]) -> PshybridError | None:
+    """Worker 0: ``out`` from its logits ``z`` and each other worker's as they come (every
+    one taken, even after a failed write, so no worker waits in its send)."""
+    workers, taken = job.topo.workers, 1
+
+    def take(w: int):
+        part = np.empty(counts[w])
+        workers.Recv(part, w, _PREDICT_TAG)  # Wire: worker w's logits; it waits for this
+        return part
+
+    try:
+        with safeio.atomic_output(out) as tmp, safeio.h5_file(tmp, "w") as f:
+            n, at = sum(counts), 0
+            score, logit = (f.create_dataset(k, (n,), np.float64) for k in ("score", "logit"))
+            for w, c in enumerate(counts):
+                part, taken = (z if w == 0 else take(w)), w + 1
+                for i in range(0, c, _WRITE_ROWS):  # (sigmoid's temporaries: a chunk's)
+                    p = part[i:i + _WRITE_ROWS]
+                    score[at + i:at + i + p.size], logit[at + i:at + i + p.size] = sigmoid(p), p
+                at += c
+            f.attrs["checkpoint"] = os.path.abspath(step_dir)
+            f.attrs["step"] = job.start
+            f.attrs["data"] = ",".join(map(os.path.abspath, job.data.path.split(",")))
+            f.attrs[safeio.OUTPUT_ATTR] = "predict"
+        job.result.summary = {"rows": n, "step": job.start}
+        return None
+    except OSError as e:
+        for w in range(taken, len(counts)):
+            take(w)
+        return PshybridError(f"{out}: cannot write: {e}")

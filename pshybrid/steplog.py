@@ -185,30 +185,36 @@ def evaluate(job, step: int) -> None:
 
 def score_rows(job, step: int):
     """Workers (collective): the model's logits and the labels of every row of
-    ``job.evdata``, in row order, as float64 on worker 0; (None, None) on the others. The
-    rows go in batches of ``EVAL_BATCH`` from row 0, worker w taking batches ``[C*w/W,
-    C*(w+1)/W)`` of the C: a row is scored in the same batch whatever the worker count, so
-    its logit is the same to the bit (a matrix product's rounding depends on its rows)."""
-    mode, topo, ev = job.mode, job.topo, job.evdata
-    mode.begin(step)  # ps: pull the current dense weights
-    W, w, n = topo.n_workers, topo.worker_index, ev.n_rows
-    C = -(-n // EVAL_BATCH)
-    a, b = (min(n, C * k // W * EVAL_BATCH) for k in (w, w + 1))
-    zs, ys = [np.zeros(0)], [np.zeros(0)]
-    for s in range(a, b, EVAL_BATCH):
-        label, dense, ids, *bags = read_ids(ev, [(s, min(b, s + EVAL_BATCH))],
-                                            job.layout.offsets)
-        dense = mode.xp.asarray(dense.astype(job.cfg.dtype))  # GPU worker: H2D
-        batch = mode.prepare(ids)
-        zs.append(to_host(job.model.forward(dense, mode.lookup(batch), *bags)))
-        batch.release()
-        ys.append(label)
-    z = np.concatenate(zs).astype(np.float64)
-    y = np.concatenate(ys).astype(np.float64)
+    ``job.evdata``, in row order, as float64 on worker 0; (None, None) on the others."""
+    z, y = worker_logits(job, step)
+    topo = job.topo
     counts = np.array(topo.workers.allgather(z.size))
-    root = w == 0
+    root = topo.worker_index == 0
     allz, ally = (np.empty(counts.sum()), np.empty(counts.sum())) if root else (None, None)
     # Wire: Gatherv of logits and labels (8 B each per row) to worker 0; all workers wait.
     topo.workers.Gatherv(z, [allz, counts, MPI.DOUBLE] if root else None, 0)
     topo.workers.Gatherv(y, [ally, counts, MPI.DOUBLE] if root else None, 0)
     return allz, ally
+
+
+def worker_logits(job, step: int):
+    """Workers: the model's logits and the labels (float64) of this worker's rows of
+    ``job.evdata``. The rows go in batches of ``EVAL_BATCH`` from row 0, worker w taking
+    batches ``[C*w/W, C*(w+1)/W)`` of the C: a row is scored in the same batch whatever the
+    worker count, so its logit is the same to the bit (a matrix product's rounding depends
+    on its rows), and worker w's rows follow worker w - 1's."""
+    mode, topo, ev = job.mode, job.topo, job.evdata
+    mode.begin(step)  # ps: pull the current dense weights
+    W, w, n = topo.n_workers, topo.worker_index, ev.n_rows
+    C = -(-n // EVAL_BATCH)
+    a, b = (min(n, C * k // W * EVAL_BATCH) for k in (w, w + 1))
+    z, y = np.empty(b - a), np.empty(b - a)  # (float64, filled batch by batch)
+    for s in range(a, b, EVAL_BATCH):
+        e = min(b, s + EVAL_BATCH)
+        label, dense, ids, *bags = read_ids(ev, [(s, e)], job.layout.offsets)
+        dense = mode.xp.asarray(dense.astype(job.cfg.dtype))  # GPU worker: H2D
+        batch = mode.prepare(ids)
+        z[s - a:e - a] = to_host(job.model.forward(dense, mode.lookup(batch), *bags))
+        batch.release()
+        y[s - a:e - a] = label
+    return z, y

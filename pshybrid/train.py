@@ -42,7 +42,7 @@ from .report import Reporter, banner, counted
 from .summary import summarize
 from .stall import FIRST, Pulse, Watch, step_watch
 from .steplog import (StepLog, TrainingDiverged, check_loss, evaluate, save,  # noqa: F401
-                      score_rows, together)
+                      score_rows, together, worker_logits)
 from .threads import rank_cores
 from .topology import SHARED_MEMORY, Topology
 from .transport import abort_on_error, agree, same_arguments

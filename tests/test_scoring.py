@@ -111,6 +111,44 @@ def test_eval_equals_training_eval_and_predict_equals_forward(comm, trained):
 
 
 @pytest.mark.mpi(min_size=2)
+def test_predict_holds_no_array_of_every_rows_logits(comm, mpi_tmp_path):
+    """predict gathered every row's logit and label to worker 0 and made every row's score
+    beside them (24 B a row on one rank: a scoring file of billions of rows did not fit).
+    Oracles: tracemalloc's peak on worker 0 over predict of 1M rows (NumPy's allocations
+    included) is under 16 B a row (its own rows' logits and labels, then its logits and
+    one other worker's: 16 B a row over the workers; 64 B before, with sigmoid's
+    temporaries); the file == one process's, bit for bit."""
+    import tracemalloc
+
+    from pshybrid.scoring import score
+    from pshybrid.synthetic import write_synthetic
+
+    n = 1_000_000
+    t, v = str(mpi_tmp_path / "tp.h5"), str(mpi_tmp_path / "vp.h5")
+    if comm.rank == 0:
+        write_synthetic(t, 600, seed=4, n_dense=3, cardinalities=(7, 30, 200, 5))
+        write_synthetic(v, n, seed=5, n_dense=3, cardinalities=(7, 30, 200, 5))
+    comm.Barrier()
+    ck = str(mpi_tmp_path / "ckp")
+    train(replace(CFG, servers=1, data=t, eval_every=0, checkpoint_dir=ck), comm,
+          out=io.StringIO())
+    outs = [str(mpi_tmp_path / f"pp{k}.h5") for k in ("all", "one")]
+    if comm.rank == 0:
+        tracemalloc.start()
+    score(ck, v, comm, out=outs[0])
+    ok, msg = True, ""
+    if comm.rank == 0:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        score(ck, v, MPI.COMM_SELF, out=outs[1])  # one process
+        with h5py.File(outs[0], "r") as a, h5py.File(outs[1], "r") as b:
+            same = all(np.array_equal(a[k][...], b[k][...]) for k in ("logit", "score"))
+            ok = same and a["logit"].shape == (n,) and peak < 16 * n
+            msg = f"worker 0's peak {peak / n:.1f} B a row; the file == one process's: {same}"
+    assert_all(comm, ok, msg)
+
+
+@pytest.mark.mpi(min_size=2)
 def test_a_rows_logit_does_not_depend_on_the_worker_count(comm, mpi_tmp_path, monkeypatch):
     """Rows are scored in batches from row 0, each worker taking whole batches: a row is
     scored in the same batch on any number of workers, so its float32 logit is one
