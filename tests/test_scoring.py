@@ -111,13 +111,15 @@ def test_eval_equals_training_eval_and_predict_equals_forward(comm, trained):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_predict_holds_no_array_of_every_rows_logits(comm, mpi_tmp_path):
+def test_predict_holds_no_array_of_every_rows_logits(comm, mpi_tmp_path, monkeypatch):
     """predict gathered every row's logit and label to worker 0 and made every row's score
     beside them (24 B a row on one rank: a scoring file of billions of rows did not fit).
     Oracles: tracemalloc's peak on worker 0 over predict of 1M rows (NumPy's allocations
     included) is under 16 B a row (its own rows' logits and labels, then its logits and
     one other worker's: 16 B a row over the workers; 64 B before, with sigmoid's
-    temporaries); the file == one process's, bit for bit."""
+    temporaries); the file == one process's, bit for bit. A write failing on worker 0 (its
+    first rows) is one error on every worker and no file, the others' logits (4 MB each,
+    past MPI's eager sends) still taken: no worker is left in its send."""
     import tracemalloc
 
     from pshybrid.scoring import score
@@ -146,6 +148,20 @@ def test_predict_holds_no_array_of_every_rows_logits(comm, mpi_tmp_path):
             ok = same and a["logit"].shape == (n,) and peak < 16 * n
             msg = f"worker 0's peak {peak / n:.1f} B a row; the file == one process's: {same}"
     assert_all(comm, ok, msg)
+
+    def full(z):
+        raise OSError(28, "No space left on device")
+
+    from pshybrid import scoring
+    from pshybrid.errors import PshybridError
+    monkeypatch.setattr(scoring, "sigmoid", full)
+    failed = str(mpi_tmp_path / "full.h5")
+    with pytest.raises(PshybridError) as e:
+        score(ck, v, comm, out=failed)
+    comm.Barrier()
+    assert_all(comm, f"{failed}: cannot write: [Errno 28] No space left" in str(e.value)
+               and not any(f.startswith(("full.h5", ".full.h5"))
+                           for f in os.listdir(mpi_tmp_path)), str(e.value))
 
 
 @pytest.mark.mpi(min_size=2)
