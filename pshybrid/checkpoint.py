@@ -92,16 +92,14 @@ def _described(cfg) -> dict:
 
 
 def _write_ids(f, ids) -> None:
-    """A shard's /ids (int64) and its checksum; a ``range`` made a chunk at a time (an
-    array of a shard's size was a temporary the memory check does not count)."""
-    if not isinstance(ids, range):
-        f["ids"] = ids
-        f["ids"].attrs[CRC_ATTR] = crc32(ids)
-        return
+    """A shard's /ids (int64) and its checksum, a chunk at a time: a ``range`` (what the
+    strategies give) is made a chunk at a time (an array of a shard's size was a temporary
+    the memory check does not count)."""
     d, crc = f.create_dataset("ids", (len(ids),), np.int64), 0
     for i in range(0, len(ids), CHUNK_ROWS):
         part = ids[i:i + CHUNK_ROWS]
-        a = np.arange(part.start, part.stop, part.step, dtype=np.int64)
+        a = (np.arange(part.start, part.stop, part.step, dtype=np.int64)
+             if isinstance(part, range) else np.asarray(part, np.int64))
         d[i:i + a.size] = a
         crc = crc32(a, crc)
     d.attrs[CRC_ATTR] = crc

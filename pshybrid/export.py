@@ -12,14 +12,14 @@ import os
 import numpy as np
 
 from . import partition, safeio
-from .checkpoint_files import (DAMAGE, TORCH, bad_key, has_checksums, is_int, native_config,
-                               open_h5, read_meta, resolve, row_width)
+from .checkpoint_files import (DAMAGE, TORCH, has_checksums, is_int, native_config, open_h5,
+                               read_meta, resolve, row_width)
 from .checksums import CRC_ATTR, Sums
 from .dense_file import read_buffers, read_dense, read_param_steps, read_torch_state
 from .errors import InputError, PshybridError
 from .optim import SLOTS
 from .schema import field_offsets
-from .shard_files import CHUNK_ROWS, read_shards, shard_layout
+from .shard_files import CHUNK_ROWS, check_finite, damaged, read_shards, shard_layout
 
 BLOCK_BYTES = 64 << 20  # the table's rows (every slot) an export holds at a time
 
@@ -110,7 +110,7 @@ def _in_order(step_dir: str, meta: dict, E: int, slots: tuple[str, ...]):
                         i = a + int(off[0])
                         return None, f"{fpath}: /ids[{i}] = {raw[off[0]]}, not {s + n * i}"
             except DAMAGE as e:
-                raise InputError(f"{fpath}: corrupt or truncated shard ({e})") from None
+                raise damaged(fpath, e) from None
         found.append((fpath, sums))
     return found, ""
 
@@ -133,13 +133,9 @@ def _blocks(shards, total: int, E: int, dtype, slots: tuple[str, ...]):
                     try:
                         v = f[k][ka:kb]
                     except DAMAGE as e:
-                        raise InputError(f"{fpath}: corrupt or truncated shard ({e})") from None
+                        raise damaged(fpath, e) from None
                     sums.add(k, v)
-                    bad = ~np.isfinite(v).all(1)
-                    if bad.any():
-                        r = ka + int(np.argmax(bad))
-                        raise bad_key(fpath, f"/{k}", f"row {r} (id {s + n * r}) has a "
-                                      "non-finite value")
+                    check_finite(fpath, k, v, lambda i: (ka + i, s + n * (ka + i)))
                     dst[s::n] = v
             yield a, block
         for (fpath, sums), f in zip(shards, files):

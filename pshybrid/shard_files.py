@@ -73,6 +73,20 @@ class _Rows:
                              f"{self.want:,} rows{mine}")
 
 
+def damaged(fpath: str, e: Exception) -> InputError:
+    """A shard h5py could not read (``DAMAGE``), as the error says it."""
+    return InputError(f"{fpath}: corrupt or truncated shard ({e})")
+
+
+def check_finite(fpath: str, key: str, v: np.ndarray, where) -> None:
+    """Raise naming the first row of ``v`` (rows x width) with a NaN or infinity:
+    ``where(i)`` -> (its row in the file, its id) for its index ``i`` in ``v``."""
+    finite = np.isfinite(v)
+    if not finite.all():
+        row, ident = where(int(np.argmax(~finite.reshape(len(v), -1).all(1))))
+        raise bad_key(fpath, f"/{key}", f"row {row} (id {ident}) has a non-finite value")
+
+
 def shard_layout(fpath: str, f, width: int, slots: tuple[str, ...]) -> int:
     """Check a shard's keys, kinds and shapes; return its row count."""
     want = {"ids", "w", *slots}
@@ -131,17 +145,13 @@ def read_shards(step_dir: str, meta: dict, width: int, slots: tuple[str, ...], o
                         sums.add(k, v)
                         if keep:
                             vals[k] = v[sel] if sel.size < ids.size else v
-                            finite = np.isfinite(vals[k])
-                            bad = None if finite.all() else ~finite.reshape(sel.size, -1).all(1)
-                            if bad is not None:
-                                r = a + int(sel[np.argmax(bad)])
-                                raise bad_key(fpath, f"/{k}", f"row {r} (id {ids[r - a]}) has a "
-                                              "non-finite value")
+                            check_finite(fpath, k, vals[k],
+                                         lambda i: (a + int(sel[i]), ids[sel[i]]))
                     if sel.size:
                         take(ids[sel] if sel.size < ids.size else ids, vals)
                 sums.read(f)
             except DAMAGE as e:
-                raise InputError(f"{fpath}: corrupt or truncated shard ({e})") from None
+                raise damaged(fpath, e) from None
         checks.append(sums)
     rows.check_complete(where)
     for sums in checks:  # after the checks that name what is wrong, the checksums

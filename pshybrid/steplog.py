@@ -164,11 +164,16 @@ def save(job, log: StepLog, step: int, stopping: bool = False) -> None:
     outside the training clock (phase ``checkpoint``); worker 0 says where, its size and
     its seconds (``stopping``: a signal's stop, whose line says so instead)."""
     written = []
-    seconds = log.pause(lambda: (written.append(job.save(step)),
-                                 None if stopping else together(job)), "checkpoint")
+
+    def write():
+        written.append(job.save(step))
+        if not stopping:
+            together(job)
+
+    seconds = log.pause(write, "checkpoint")
     if job.reporter and not stopping:
-        job.reporter.say(f"checkpoint {written[0]}: {gib(checkpoint_files.step_bytes(written[0]))} "
-                         f"in {seconds:.1f} s")
+        size = gib(checkpoint_files.step_bytes(written[0]))
+        job.reporter.say(f"checkpoint {written[0]}: {size} in {seconds:.1f} s")
 
 
 def evaluate(job, step: int) -> None:
