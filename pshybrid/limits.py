@@ -7,8 +7,10 @@ counted by registering its layers on a throwaway ``ParamSpace``: nothing is allo
 - worker: the batches in flight (``--prefetch`` ahead + the current one: labels, dense
   features, ids, fused-table ids), the pulled embedding rows of a batch and their gradient,
   the activations (batch x the widths of every layer, forward values and gradients), the
-  dense parameters with their gradient and dense optimizer state, and in ``allreduce`` mode
-  the whole fused table with its optimizer slots plus the exchanged rows of every worker;
+  dense parameters with their gradient and dense optimizer state, with ``--eval-data``
+  every row's logit and label and the exact AUC's temporaries (worker 0's), and in
+  ``allreduce`` mode the whole fused table with its optimizer slots plus the exchanged rows
+  of every worker;
 - server: its shard of the fused table (``ceil(rows / servers)`` rows of width
   ``--embedding-dim`` + the per-id linear weight) with the sparse optimizer's slots, the
   rows and gradient sums every worker sends it in a step, and in ``ps`` mode its shard of
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 from . import safeio
 from .errors import ConfigError
 from .data import EVAL_BATCH
+from .metrics import AUC_BYTES_PER_ROW
 from .optim import SLOTS, needs_weights
 from .registry import DENSE_ROW, MODES
 
@@ -98,7 +101,8 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
              + (" or --cross-layers" if cross else "")),
     ]
     if eval_rows:
-        worker.append(Part("evaluation logits and labels", eval_rows * 16,
+        # worker 0: every row's logit and label (8 B each) and the AUC's temporaries
+        worker.append(Part("evaluation logits, labels and AUC", eval_rows * (16 + AUC_BYTES_PER_ROW),
                            f"{eval_rows:,} rows of --eval-data", "evaluate on a smaller file"))
     if cfg.replicate_rows:
         hot = min(cfg.replicate_rows, int(sum(schema.cardinalities)))

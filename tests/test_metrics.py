@@ -1,4 +1,5 @@
-"""AUC: the O(n log n) reference equals a brute-force pairwise count (ties = 1/2)."""
+"""AUC: the O(n log n) count equals a brute-force pairwise count (ties = 1/2) and the exact
+fraction; its memory and the logloss's stay within what the memory check counts."""
 
 import numpy as np
 import pytest
@@ -19,6 +20,36 @@ def test_auc_equals_brute_force_with_ties(seed):
     y = (rng.random(n) < 0.3).astype(np.float32)
     s = np.round(rng.random(n) + 0.3 * y, 1)  # rounding makes many ties
     assert auc(s, y) == pytest.approx(brute_auc(s, y), abs=1e-12)
+
+
+def test_auc_is_the_exact_ratio_rounded_once_and_its_memory_is_counted(monkeypatch):
+    """The wins and ties counted in integers: the result is the exact fraction of the
+    pairwise count rounded once (ties across -0.0/0.0 and infinities included, chunk
+    boundaries crossed), and auc's and logloss's temporaries stay within
+    metrics.AUC_BYTES_PER_ROW (what the memory check counts for evaluation: the argsort,
+    sorted copy, ranks and masks took 57 B a row, the logloss's whole-array temporaries 25)."""
+    import tracemalloc
+    from fractions import Fraction
+
+    from pshybrid import metrics
+
+    rng = np.random.default_rng(7)
+    n = 3001
+    s = np.round(rng.standard_normal(n), 1)
+    s[rng.integers(0, n, 50)] = rng.choice([np.inf, -np.inf, -0.0, 0.0], 50)
+    y = rng.random(n) < 0.4
+    pos, neg = s[y][:, None], s[~y][None, :]
+    twice = int(2 * (pos > neg).sum() + (pos == neg).sum())
+    monkeypatch.setattr(metrics, "CHUNK", 64)
+    assert auc(s, y) == float(Fraction(twice, 2 * int(y.sum()) * int((~y).sum())))
+    monkeypatch.undo()
+    z, lab = rng.standard_normal(1_000_000), (rng.random(1_000_000) < 0.3).astype(np.float64)
+    for f, most in ((auc, metrics.AUC_BYTES_PER_ROW * z.size), (logloss_from_logits, 2**22)):
+        tracemalloc.start()
+        f(z, lab)
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        assert peak < most, (f.__name__, peak / z.size)
 
 
 def test_auc_edges():

@@ -21,9 +21,11 @@ import pytest
 from mpi4py import MPI
 from mpi_util import SHARED_MEMORY, assert_all
 
+from pshybrid import limits
 from pshybrid.config import TrainConfig
 from pshybrid.data import DatasetWriter
 from pshybrid.optim import Schedule
+from pshybrid.schema import Schema
 from pshybrid.train import train
 
 CFG = TrainConfig(model="wdl", embedding_dim=4, mlp=(8, 6), steps=6, batch_size=16,
@@ -147,6 +149,29 @@ def test_predict_holds_no_array_of_every_rows_logits(comm, mpi_tmp_path, monkeyp
             same = all(np.array_equal(a[k][...], b[k][...]) for k in ("logit", "score"))
             ok = same and a["logit"].shape == (n,) and peak < 16 * n
             msg = f"worker 0's peak {peak / n:.1f} B a row; the file == one process's: {same}"
+    assert_all(comm, ok, msg)
+
+    # eval of the same file: worker 0 holds what the memory check counts for its rows (it
+    # held 73 B a row: 57 of them the AUC's argsort, sorted copy, ranks and masks), and
+    # the AUC is the rank-sum formula's, to the bit, over predict's logits
+    est = limits.estimate(replace(CFG, servers=1), Schema(3, (7, 30, 200, 5)), comm.size - 1,
+                          1, eval_rows=n)
+    counted = next(p.nbytes for p in est["worker"] if p.what.startswith("evaluation"))
+    if comm.rank == 0:
+        tracemalloc.start()
+    got = score(ck, v, comm).evals
+    if comm.rank == 0:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        with h5py.File(outs[0], "r") as a, h5py.File(v, "r") as f:
+            z, y = a["logit"][...], f["label"][...] > 0.5
+        s = np.sort(z)  # average ranks of tied groups, then the positives' rank sum
+        lo, hi = s.searchsorted(z[y], "left"), s.searchsorted(z[y], "right")
+        P, N = int(y.sum()), int((~y).sum())
+        want = (float((lo + hi + 1).sum()) / 2 - P * (P + 1) / 2) / (P * N)
+        ok = got[0]["auc"] == want and peak < counted + 4 * 2**20
+        msg = f"eval: worker 0's peak {peak / n:.1f} B a row, counted {counted / n:.1f}; " \
+              f"auc {got[0]['auc']!r} vs the rank sum's {want!r}"
     assert_all(comm, ok, msg)
 
     def full(z):
