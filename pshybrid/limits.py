@@ -102,7 +102,8 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
     ]
     if eval_rows:
         # worker 0: every row's logit and label (8 B each) and the AUC's temporaries
-        worker.append(Part("evaluation logits, labels and AUC", eval_rows * (16 + AUC_BYTES_PER_ROW),
+        worker.append(Part("evaluation logits, labels and AUC",
+                           eval_rows * (16 + AUC_BYTES_PER_ROW),
                            f"{eval_rows:,} rows of --eval-data", "evaluate on a smaller file"))
     if cfg.replicate_rows:
         hot = min(cfg.replicate_rows, int(sum(schema.cardinalities)))
@@ -232,6 +233,18 @@ def on_host(cfg, est: dict) -> dict:
 def per_rank(est: dict) -> dict:
     """{"worker": bytes, "server": bytes}: the parts of one rank of each role, summed."""
     return {role: sum(p.nbytes for p in est[role]) for role in ("worker", "server")}
+
+
+def memory_line(cfg, schema, topo, eval_rows: int) -> str:
+    """The plan's line on the memory of one worker and one server (a colocated rank holds
+    both), as ``check_sizes`` estimates it (``topo``: its roles' counts and placement)."""
+    per = per_rank(on_host(cfg, estimate(cfg, schema, topo.n_workers, topo.n_servers,
+                                         eval_rows)))
+    w, s = gib(per["worker"]), gib(per["server"])
+    each = (f"{gib(sum(per.values()))} per rank (a worker's {w} + a shard's {s})"
+            if topo.colocated else f"{w} per worker" + f", {s} per server" * bool(topo.n_servers))
+    return (f"  memory (the large arrays, as checked before step 1"
+            f"{'; host only' if cfg.device == 'cuda' else ''}): {each}")
 
 
 def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int | None,

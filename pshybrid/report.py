@@ -340,14 +340,6 @@ def counted(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
-def _memory_line(cfg, schema, W: int, S: int, eval_rows: int) -> str:
-    """The plan's memory of one worker and one server, as ``preflight`` estimates it."""
-    per = limits.per_rank(limits.on_host(cfg, limits.estimate(cfg, schema, W, S, eval_rows)))
-    return (f"  memory (the large arrays, as checked before step 1"
-            f"{'; host only' if cfg.device == 'cuda' else ''}): {limits.gib(per['worker'])} "
-            "per worker" + (f", {limits.gib(per['server'])} per server" if S else ""))
-
-
 def _data_notes(cfg, rows: int, F: int, n_rows: int | None, G: int,
                 ids: int | None) -> list[str]:
     """The plan's lines on the training file: tables larger than its ids (``ids``: their
@@ -467,7 +459,7 @@ def banner(cfg, topo, schema, steps: int, n_rows: int | None = None,
              f"{slots} {cfg.sparse_optimizer} state: {limits.gib(table)}, {where}",
              f"  dense: {counted(P, 'parameter')}; a checkpoint holds about "
              f"{limits.gib(limits.checkpoint_bytes(cfg, schema))}"]
-    lines.append(_memory_line(cfg, schema, W, S, eval_rows))
+    lines.append(limits.memory_line(cfg, schema, topo, eval_rows))
     here = topo.dedicated_servers_on(topo.node_of_rank[topo.server_ranks[0]]) if S else 0
     T, rule = rank_server_threads(cfg.server_threads, here)  # (as on server 0's node)
     holder = ("each rank" if topo.colocated else "each server" if sharded else "each worker")

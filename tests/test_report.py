@@ -10,7 +10,7 @@ import pytest
 
 from pshybrid import kernels
 from pshybrid.config import TrainConfig
-from pshybrid.limits import estimate, gib, model_size
+from pshybrid.limits import estimate, gib, model_size, per_rank
 from pshybrid.report import SLOW_MIN_S, SLOW_RATIO, SLOW_SHARE, Reporter, banner, clock, span
 from pshybrid.schema import Schema
 from pshybrid.threads import rank_server_threads
@@ -77,6 +77,10 @@ def test_banner_placements_and_the_small_data_warning():
     cfg = replace(cfg, mode="hybrid", placement="colocated")
     text = banner(cfg, topo(4, 4, colocated=True), SCHEMA, 10, n_rows=2**20)
     assert "4 workers, each owning a shard" in text and "10.0 MiB per rank" in text
+    # a colocated rank is a worker and a server: its memory is both, said as one figure
+    per = per_rank(estimate(cfg, SCHEMA, 4, 4))
+    assert (f"{gib(per['worker'] + per['server'])} per rank (a worker's {gib(per['worker'])} "
+            f"+ a shard's {gib(per['server'])})") in text and "per worker" not in text
     assert "on each rank's rows" in text
     assert "warning" not in text  # 2 Mi ids: as many as rows
 
