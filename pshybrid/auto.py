@@ -64,7 +64,7 @@ def resolve(cfg, comm, dataset=None, out=None, trial=None):
         finite = getattr(data, "n_rows", None) is not None  # (--epochs counts its rows)
         params = ParamSpace()
         model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,
-                                    cfg.dtype, cfg.cross_layers)
+                                    cfg.dtype, cfg.cross_layers, cfg.pooling, cfg.bottom_mlp)
         nodes = pc.allreduce(int(_local_rank(pc) == 0))
         S = _servers(cfg, data, nodes, pc.size)
         shape, read = id_stats(cfg, data, layout, pc.size, S, nodes, params.size)

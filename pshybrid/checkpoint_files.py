@@ -39,8 +39,8 @@ from .schema import Schema, names_problem
 
 FORMAT_VERSION = 1
 TORCH = "torch"  # meta.json's front_end of a pshybrid.torch checkpoint
-MATCH_KEYS = ("model", "embedding_dim", "mlp", "cross_layers", "dtype", "sparse_optimizer",
-              "dense_optimizer")
+MATCH_KEYS = ("model", "embedding_dim", "mlp", "cross_layers", "bottom_mlp", "dtype",
+              "sparse_optimizer", "dense_optimizer")
 STEP_RE = safeio.STEP_RE
 SHARD_RE = re.compile(r"shard-[0-9]{5,}\.h5")
 TEMP_RE = re.compile(r"\.step-[0-9]+\.(?:[A-Za-z0-9_]+\.)?tmp")  # ours, and the old fixed name
@@ -335,8 +335,8 @@ def native_config(meta: dict, where: str) -> TrainConfig:
 def check_compatible(meta: dict, cfg: TrainConfig, schema, where: str) -> None:
     """Refuse a checkpoint whose model does not match the requested one, naming the key."""
     saved = native_config(meta, where)
-    for key in MATCH_KEYS:  # (--cross-layers: only where the model has cross layers)
-        if key == "cross_layers" and not MODELS[cfg.model].cross_layers:
+    for key in MATCH_KEYS:  # (--cross-layers, --bottom-mlp: only where the model has them)
+        if key in ("cross_layers", "bottom_mlp") and not getattr(MODELS[cfg.model], key):
             continue
         if getattr(saved, key) != getattr(cfg, key):
             raise InputError(f"{where}: checkpoint has {key} = {getattr(saved, key)!r} but this "

@@ -1,17 +1,16 @@
 """Configuration: one dataclass per concern ⇄ command-line options ⇄ TOML file.
 
-Each field of a config dataclass is one option (``batch_size`` → ``--batch-size``) and one
-TOML key (``batch_size`` or ``batch-size``). ``resolve`` starts from the defaults, overlays the
-``--config FILE`` TOML file, then the options given on the command line (the command line
-wins), and validates every field. Field metadata (see ``option``): ``help``, ``choices`` and
-``check(value) -> error string | None``; a dataclass may add ``validate(self)`` for
-cross-field rules. Every error is a ``ConfigError`` naming the option or key; it is
-``collective``: each rank parses the same arguments and reaches the same verdict.
-Supported field types: ``int``, ``float``, ``str``, ``bool`` (``--flag/--no-flag``), the
-``X | None`` of all but bool (``none`` on the command line, ``"none"`` in TOML), and
-``tuple[int, ...]`` (``1024,512,256`` on the command line; an array of integers or that
-string in TOML). ``to_toml`` writes a config as a TOML file that reads back to it, ``to_dict``
-as JSON (both in ``configout``)."""
+Each field of a config dataclass is one option (``batch_size`` → ``--batch-size``) and one TOML
+key (``batch_size`` or ``batch-size``). ``resolve`` starts from the defaults, overlays the
+``--config FILE`` TOML file, then the options given on the command line (the command line wins),
+and validates every field. Field metadata (see ``option``): ``help``, ``choices`` and
+``check(value) -> error string | None``; a dataclass may add ``validate(self)`` for cross-field
+rules. Every error is a ``ConfigError`` naming the option or key; it is ``collective``: each
+rank parses the same arguments and reaches the same verdict. Supported field types: ``int``,
+``float``, ``str``, ``bool`` (``--flag/--no-flag``), the ``X | None`` of all but bool (``none``
+on the command line, ``"none"`` in TOML), and ``tuple[int, ...]`` (``1024,512,256`` on the
+command line; an array of integers or that string in TOML). ``to_toml`` writes a config as a
+TOML file that reads back to it, ``to_dict`` as JSON (both in ``configout``)."""
 
 from __future__ import annotations
 
@@ -274,7 +273,8 @@ class TrainConfig:
     """Options of ``python -m pshybrid train``."""
 
     GROUPS: typing.ClassVar[dict] = {  # (--help's sections; every field is in one)
-        "model": ("model", "embedding_dim", "mlp", "cross_layers", "pooling", "dtype", "seed"),
+        "model": ("model", "embedding_dim", "mlp", "cross_layers", "bottom_mlp", "pooling", "dtype",
+                  "seed"),
         "data": ("data", "batch_size", "steps", "epochs", "shuffle", "eval_data", "eval_every",
                  "prefetch"),
         "optimizers": ("sparse_optimizer", "lr", "dense_optimizer", "dense_lr", "l2",
@@ -285,14 +285,12 @@ class TrainConfig:
         "checkpoints and stalls": ("checkpoint_dir", "checkpoint_every", "keep_last", "resume",
                                    "init_from", "step_timeout"),
         "output": ("progress", "log_every", "metrics", "tensorboard")}
-    # (option, what needs it, the value that does without): refused without it, and
-    # dropped where a layer gives it as none (``layer``)
+    # (option, what needs it, its value without): refused without, dropped by ``layer``'s none
     NEEDS: typing.ClassVar[tuple] = (("data", "epochs", None), ("eval_data", "eval_every", 0),
                                      ("checkpoint_dir", "checkpoint_every", 0),
                                      ("checkpoint_dir", "keep_last", 0))
 
-    model: str = option("wdl", "model architecture",
-                        choices=MODELS)   # the registry itself: a model added later counts
+    model: str = option("wdl", "model architecture", choices=MODELS)  # (live: added ones count)
     mode: str = option("hybrid", "communication: " + "; ".join(
                        f"{m.name}: {m.help}" for m in MODES.values()), choices=MODES)
     servers: int | None = option(None, "number of server ranks (none: one per node)",
@@ -337,9 +335,11 @@ class TrainConfig:
                                         "dedicated server adds its part of the node's spare "
                                         "cores", check=positive)
     embedding_dim: int = option(16, "embedding dimension", check=positive)
-    mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated",
-                                  check=layer_sizes)
+    mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated "
+                                  "(dlrm: its top MLP, over the interaction)", check=layer_sizes)
     cross_layers: int = option(2, "number of cross layers (dcn only)", check=at_least(0))
+    bottom_mlp: tuple[int, ...] = option((64,), "dlrm only: hidden layer sizes of its bottom "
+                                         "MLP, over the dense features", check=layer_sizes)
     seed: int = option(0, "random seed, 0 to 2**32 - 1", check=seed_check)
     consistency: str = option("bsp", "consistency of embedding reads: bsp (every read sees "
                               "every update of the earlier steps), ssp:K (a read at step t "
@@ -422,9 +422,9 @@ class TrainConfig:
     @staticmethod
     def layer(values: dict, given: set, source: str | None = None) -> None:
         """Options given on top of a lower layer (a resumed checkpoint's): ``--steps`` and
-        ``--epochs`` replace each other (both given is refused, naming ``source``, the TOML
-        file that gave them; one given drops the other); ``--mode auto`` given drops a lower
-        layer's placement options at their defaults (a ``--print-config``'s: no choice);
+        ``--epochs`` replace each other (both given is refused, naming ``source``, the TOML file
+        that gave them; one given drops the other); ``--mode auto`` given drops a lower layer's
+        placement options at their defaults (a ``--print-config``'s: no choice);
         ``--checkpoint-dir none`` / ``--eval-data none`` / ``--data none`` given drop the
         options that need them, unless those are given too; ``--resume`` given (not ``none``)
         drops a lower layer's ``--init-from`` (the resumed run's, a --config file's: how it

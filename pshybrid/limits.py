@@ -61,7 +61,8 @@ def _model_shapes(cfg, schema) -> tuple[int, list[tuple[int, ...]], int]:
     params = ParamSpace()
     model = MODELS.get(cfg.model)  # an unknown name: build_model's error
     build_model(cfg.model, schema, cfg.embedding_dim, cfg.mlp, params, cfg.dtype,
-                0 if model and model.cross_layers else cfg.cross_layers)
+                0 if model and model.cross_layers else cfg.cross_layers,
+                bottom_mlp=cfg.bottom_mlp)
     shapes = [params.shape(n) for n in params.names]
     P = params.size + model.counted_params(schema, cfg.embedding_dim, cfg.cross_layers)
     return P, shapes, cfg.embedding_dim + model.wide
@@ -82,6 +83,8 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
     cross = _model(cfg).cross_layers
     if cross:
         net += f", --cross-layers {cfg.cross_layers}"
+    if _model(cfg).bottom_mlp:
+        net += f", --bottom-mlp {','.join(map(str, cfg.bottom_mlp))}"
 
     widths = _activation_widths(cfg, schema, shapes)
     b_act = max(B, min(EVAL_BATCH, eval_rows)) if eval_rows else B

@@ -22,6 +22,7 @@ class CTRModel:
 
     wide = 0
     cross_layers = False  # --cross-layers sizes it (DCN)
+    bottom_mlp = False  # --bottom-mlp sizes it (DLRM)
     row_rates: dict = {}  # --lr none: the rows' rate by optimizer where not optim.SPARSE_LR's
     # True: forward reads only the fused row's first E columns of emb and backward returns
     # demb shaped like emb, zero past E, so a device may carry rows padded to its vector
@@ -156,6 +157,8 @@ class DLRM(CTRModel):
         n = schema.n_sparse + 1
         return n * dim * 2 + n * (n - 1)
 
+    bottom_mlp = True
+
     def __init__(self, schema, dim, mlp, params, bottom: tuple[int, ...] = (64,)):
         super().__init__(schema, dim, mlp, params)
         self.bottom = MLP(params, "bottom", [self.Fd, *bottom, dim], final_activation=True)
@@ -257,13 +260,16 @@ MODELS = Registry({"wdl": WDL, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM})
 
 
 def build_model(name: str, schema: Schema, dim: int, mlp, params: ParamSpace, dtype: str,
-                cross_layers: int = 2, pooling: str = "sum"):
+                cross_layers: int = 2, pooling: str = "sum", bottom_mlp=(64,)):
     """Model ``name`` and its fused sparse table (``FusedTable``); registers the dense
     parameters in ``params``. With multi-hot fields in ``schema``, the model pools them first
-    (``Pooled``, by ``pooling``: sum or mean)."""
+    (``Pooled``, by ``pooling``: sum or mean). ``cross_layers``, ``bottom_mlp``: passed to
+    a model whose class has them (DCN's, DLRM's ``bottom``)."""
     if name not in MODELS:
         raise ConfigError(f"unknown model {name!r}: choose from {sorted(MODELS)}", collective=True)
-    kw = {"cross_layers": cross_layers} if MODELS[name].cross_layers else {}
+    cls = MODELS[name]
+    kw = {k: v for k, v, has in (("cross_layers", cross_layers, cls.cross_layers),
+                                 ("bottom", tuple(bottom_mlp), cls.bottom_mlp)) if has}
     model = MODELS[name](schema, dim, tuple(mlp), params, **kw)
     if schema.multi_hot:
         model = Pooled(model, pooling)

@@ -371,6 +371,8 @@ def _idle_notes(cfg, schema, steps: int, n_rows: int | None, auto: bool) -> list
              ("auto_trial_steps", not auto, "trials run under --mode auto only"),
              ("cross_layers", not MODELS[cfg.model].cross_layers,
               f"--model {cfg.model} has no cross layers"),
+             ("bottom_mlp", not MODELS[cfg.model].bottom_mlp,
+              f"--model {cfg.model} has no bottom MLP"),
              ("cuda_aware", cfg.device != "cuda", "it is read with --device cuda only"),
              ("cuda_graphs", cfg.device != "cuda", "it is read with --device cuda only"),
              ("bucket_mb", not spec.dense_allreduce,

@@ -214,7 +214,7 @@ def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = Fal
     t_begin = time.perf_counter()
     params = ParamSpace()
     model, layout = build_model(cfg.model, data.schema, cfg.embedding_dim, cfg.mlp, params,
-                                cfg.dtype, cfg.cross_layers, cfg.pooling)
+                                cfg.dtype, cfg.cross_layers, cfg.pooling, cfg.bottom_mlp)
     if cfg.device == "cuda" and cfg.cuda_graphs == "on" and data.schema.multi_hot:
         raise ConfigError("--cuda-graphs on: the data has multi-hot fields, whose pooling "
                           "differs batch by batch and cannot be captured; use auto or off",

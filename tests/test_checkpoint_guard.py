@@ -1237,21 +1237,26 @@ def test_the_deepest_checkpoint_path_is_named_as_checkpoints_name_their_files():
     assert len(tmp) >= len(f".step-{2**63}.abcdefgh.tmp")
 
 
-def test_cross_layers_must_match_only_where_the_model_has_them(tmp_path):
-    """A wdl checkpoint resumed with another --cross-layers was refused over an option wdl
-    never reads (the plan notes it as unused). Oracle: wdl resumed with cross_layers 3 ==
-    the run uninterrupted; a dcn checkpoint resumed with another count is refused."""
+@pytest.mark.parametrize("model,key,other", [("dcn", "cross_layers", 3),
+                                             ("dlrm", "bottom_mlp", (8, 4))])
+def test_a_models_own_options_must_match_only_where_the_model_has_them(tmp_path, model, key,
+                                                                       other):
+    """A wdl checkpoint resumed with another --cross-layers (--bottom-mlp) was refused over
+    an option wdl never reads (the plan notes it as unused). Oracle: wdl resumed with
+    another value == the run uninterrupted; a dcn (dlrm) checkpoint resumed with another
+    value is refused, naming it."""
     def trained(**kw):
         return train(replace(BASE, steps=4, **kw), MPI.COMM_SELF, dataset=DATA,
                      out=io.StringIO(), collect=True)
 
     run(steps=2, checkpoint_dir=str(tmp_path / "wdl"))
-    got, want = trained(resume=str(tmp_path / "wdl"), cross_layers=3), trained()
+    got, want = trained(resume=str(tmp_path / "wdl"), **{key: other}), trained()
     assert np.array_equal(got.dense, want.dense) and np.array_equal(got.table, want.table)
-    run(model="dcn", steps=2, checkpoint_dir=str(tmp_path / "dcn"))
-    with pytest.raises(InputError, match="checkpoint has cross_layers = 2 but this run asks "
-                                         "for 3"):
-        run(model="dcn", steps=4, resume=str(tmp_path / "dcn"), cross_layers=3)
+    run(model=model, steps=2, checkpoint_dir=str(tmp_path / model))
+    saved = getattr(BASE, key)
+    with pytest.raises(InputError, match=re.escape(f"checkpoint has {key} = {saved!r} but this "
+                                                   f"run asks for {other!r}")):
+        run(model=model, steps=4, resume=str(tmp_path / model), **{key: other})
 
 
 def test_a_finished_run_leaves_nothing_behind(monkeypatch):

@@ -105,6 +105,18 @@ def test_estimate_counts_dcn_cross_layers_without_registering_them():
     assert dense[1] - dense[0] == 2 * d * 4 * (2 + 2)  # w, b per layer; param, grad, m, v
 
 
+def test_estimate_counts_dlrms_bottom_mlp():
+    """--bottom-mlp 128,64 over the default 64: the layers Fd -> 128 -> 64 -> D instead of
+    Fd -> 64 -> D (weights and biases; param, grad, Adam's m and v, float32)."""
+    est = [estimate(replace(BASE, model="dlrm", bottom_mlp=b), SCHEMA, 1, 1)
+           for b in ((64,), (128, 64))]
+    dense = [next(p.nbytes for p in e["worker"] if p.what.startswith("dense")) for e in est]
+    Fd, D = SCHEMA.n_dense, 16
+    layers = lambda sizes: sum(a * b + b for a, b in zip(sizes, sizes[1:]))  # noqa: E731
+    assert dense[1] - dense[0] == (layers([Fd, 128, 64, D]) - layers([Fd, 64, D])) * 4 * 4
+    assert "--bottom-mlp 128,64" in est[1]["worker"][-1].by
+
+
 def test_available_memory_is_known_here():
     mem = available_memory()
     assert mem is not None and mem > 2**20

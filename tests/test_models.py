@@ -235,7 +235,7 @@ def test_shapes_and_pooled_models_backward_matches_finite_differences(
     schema = Schema(n_dense=n_dense, cardinalities=cards, multi_hot=multi)
     params = ParamSpace()
     model, sparse = models.build_model(name, schema, dim, mlp, params, "float64",
-                                       cross_layers=cross, pooling=pooling)
+                                       cross_layers=cross, pooling=pooling, bottom_mlp=mlp)
     params.build(np, np.float64, seed=1)
     rng = np.random.default_rng(0)
     params.flat[...] = rng.uniform(-0.8, 0.8, params.size)
@@ -301,7 +301,7 @@ def test_one_training_step_is_sgd_on_the_documented_loss(name):
         assert moved > 1e-4 and np.abs(got_ - want).max() < 1e-6 * moved
 
 
-def _doc_forward(name, p, dense, emb, dim, n_mlp):
+def _doc_forward(name, p, dense, emb, dim, n_mlp, n_bottom):
     """docs/models.md's forward passes, each written in the doc's order of evaluation."""
     def mlp(prefix, x, n, final_relu):
         for i in range(n):
@@ -326,7 +326,7 @@ def _doc_forward(name, p, dense, emb, dim, n_mlp):
             x = x0 * (x @ p[f"cross.{l}.weight"])[:, None] + p[f"cross.{l}.bias"] + x
         x = np.concatenate([x, mlp("deep", x0, n_mlp, True)], 1)
         return (x @ p["over.weight"] + p["over.bias"])[:, 0]
-    z = mlp("bottom", dense, 2, True)
+    z = mlp("bottom", dense, n_bottom + 1, True)
     v = np.concatenate([z[:, None], e], 1)
     i, j = np.tril_indices(F + 1, k=-1)
     return mlp("over", np.concatenate([z, (v @ v.transpose(0, 2, 1))[:, i, j]], 1),
@@ -344,7 +344,7 @@ def test_the_documented_forward_passes_are_the_models_to_the_bit(name, dtype, po
     schema, dim, mlp, B = Schema(n_dense=2, cardinalities=(5, 7, 3, 4), multi_hot=2), 3, (4, 3), 6
     params = ParamSpace()
     model, sparse = models.build_model(name, schema, dim, mlp, params, dtype,
-                                       cross_layers=2, pooling=pooling)
+                                       cross_layers=2, pooling=pooling, bottom_mlp=(5, 4))
     params.build(np, np.dtype(dtype), seed=1)
     rng = np.random.default_rng(0)
     params.flat[...] = rng.uniform(-0.8, 0.8, params.size)
@@ -362,7 +362,7 @@ def test_the_documented_forward_passes_are_the_models_to_the_bit(name, dtype, po
             emb[b, 2 + k] = acc / np.dtype(dtype).type(len(bag)) if pooling == "mean" else acc
     p = {n: params.param(n) for n in params.names}
     got = model.forward(dense, flat, lengths)
-    want = _doc_forward(name, p, dense, emb, dim, len(mlp))
+    want = _doc_forward(name, p, dense, emb, dim, len(mlp), 2)
     assert got.dtype == want.dtype == np.dtype(dtype) and np.array_equal(got, want)
 
 

@@ -313,9 +313,9 @@ def test_a_long_run_keeps_a_bounded_log_in_memory(monkeypatch):
     assert len(res.step_seconds) == 7 and res.summary["final_loss"] == res.log[-1]["loss"]
 
 
-IDLE = {"auto_trial_steps": 5, "cross_layers": 3, "cuda_aware": "off",
+IDLE = {"auto_trial_steps": 5, "cross_layers": 3, "bottom_mlp": (8,), "cuda_aware": "off",
         "cuda_graphs": "on", "shared_memory": "off", "pooling": "mean", "shuffle": False}
-IDLE_FLAGS = ("--auto-trial-steps 5", "--cross-layers 3", "--cuda-aware off",
+IDLE_FLAGS = ("--auto-trial-steps 5", "--cross-layers 3", "--bottom-mlp 8", "--cuda-aware off",
               "--cuda-graphs on", "--shared-memory off", "--pooling mean", "--no-shuffle")
 
 
@@ -345,6 +345,8 @@ def test_the_plan_notes_each_option_the_run_never_reads():
                    shared_memory="off", pooling="mean", shuffle=False)
     multi = Schema(n_dense=2, cardinalities=(2**20, 2**20), multi_hot=1)
     assert idle_notes(banner(read, topo(1, 1), multi, 3, n_rows=1000, auto=False)) == []
+    dlrm = replace(read, model="dlrm", cross_layers=2, bottom_mlp=(8,))
+    assert idle_notes(banner(dlrm, topo(1, 1), multi, 3, n_rows=1000, auto=False)) == []
     auto = replace(base, mode="hybrid", auto_trial_steps=5)
     assert idle_notes(banner(auto, topo(1, 1), SCHEMA, 3, auto=True)) == []
 
