@@ -337,7 +337,7 @@ class TrainConfig:
     embedding_dim: int = option(16, "embedding dimension", check=positive)
     mlp: tuple[int, ...] = option((256, 128), "hidden layer sizes of the MLP, comma-separated "
                                   "(dlrm: its top MLP, over the interaction)", check=layer_sizes)
-    cross_layers: int = option(2, "number of cross layers (dcn only)", check=at_least(0))
+    cross_layers: int = option(2, "number of cross layers (dcn, dcnv2)", check=at_least(0))
     bottom_mlp: tuple[int, ...] = option((64,), "dlrm only: hidden layer sizes of its bottom "
                                          "MLP, over the dense features", check=layer_sizes)
     seed: int = option(0, "random seed, 0 to 2**32 - 1", check=seed_check)

@@ -17,7 +17,7 @@ The four inputs are packed into one pinned host buffer (the rows pulled straight
 place there: ``rows_out``) and go to the device in ONE asynchronous copy, into a static
 device buffer of capacity C >= U distinct rows (``capacity``: powers of two from
 ``MIN_CAPACITY``, at most B*F). Where the model allows it
-(``row_padding``: WDL, DeepFM, DCN), the rows are padded with zeros to a whole number of
+(``row_padding``: WDL, DeepFM, DCN, DCN-V2), the rows are padded with zeros to a whole number of
 16-byte vectors on the device (dim 16 + the wide weight: 17 -> 20 float32), so the gather
 and scatter-add kernels take their vector path; the body copies the (C, E) sums out of the
 padded ones. Each capacity's body is

@@ -232,11 +232,15 @@ class FMInteraction:
 class CrossNet:
     """DCN cross layers x_{l+1} = x_0 * (x_l @ w_l)[:, None] + b_l + x_l; x0: (B, d) -> (B, d)."""
 
+    @staticmethod
+    def weight_shape(d: int) -> tuple[int, ...]:
+        return (d,)
+
     def __init__(self, params: ParamSpace, name: str, d: int, n_layers: int):
         self.params = params
         self.names = [(f"{name}.{l}.weight", f"{name}.{l}.bias") for l in range(n_layers)]
         for w, b in self.names:
-            params.add(w, (d,), "xavier_uniform")
+            params.add(w, self.weight_shape(d), "xavier_uniform")
             params.add(b, (d,), "zeros")
 
     def forward(self, x0):
@@ -259,6 +263,38 @@ class CrossNet:
             gw += x.T @ du
             dx0 = dx0 + dy * u[:, None]
             dy = dy + du[:, None] * self.params.param(w)
+            self.params.grads_ready(w, b)
+        return dx0 + dy
+
+
+class CrossNetV2(CrossNet):
+    """DCN-V2 cross layers x_{l+1} = x_0 * (x_l @ W_l + b_l) + x_l, ``W_l`` (d, d) stored
+    (in, out) as ``Linear``'s; x0: (B, d) -> (B, d)."""
+
+    @staticmethod
+    def weight_shape(d: int) -> tuple[int, ...]:
+        return (d, d)
+
+    def forward(self, x0):
+        """x0: (B, d) -> x_L: (B, d)."""
+        self.xs, self.us = [x0], []
+        for w, b in self.names:
+            x = self.xs[-1]
+            u = x @ self.params.param(w) + self.params.param(b)
+            self.us.append(u)
+            self.xs.append(x0 * u + x)
+        return self.xs[-1]
+
+    def backward(self, dy):
+        """dy: (B, d) -> dx0: (B, d), summed over the x_0 term of every layer and the x_l chain."""
+        x0, dx0 = self.xs[0], 0
+        for (w, b), x, u in reversed(list(zip(self.names, self.xs, self.us))):
+            gw, gb = self.params.grad(w), self.params.grad(b)
+            du = dy * x0
+            gb += du.sum(axis=0)
+            gw += x.T @ du
+            dx0 = dx0 + dy * u
+            dy = dy + du @ self.params.param(w).T
             self.params.grads_ready(w, b)
         return dx0 + dy
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from .backend import array_module
 from .errors import ConfigError
-from .layers import (MLP, BagPooling, CrossNet, DotInteraction, FMInteraction, Linear,
-                     ParamSpace)
+from .layers import (MLP, BagPooling, CrossNet, CrossNetV2, DotInteraction, FMInteraction,
+                     Linear, ParamSpace)
 from .schema import FusedTable, Schema
 
 
@@ -115,6 +115,7 @@ class DCN(CTRModel):
 
     cross_layers = True
     row_padding = True  # reads emb[..., :dim]; demb from zeros(emb.shape)
+    cross_net = CrossNet
 
     @classmethod
     def counted_params(cls, schema, dim, cross_layers):
@@ -129,7 +130,7 @@ class DCN(CTRModel):
     def __init__(self, schema, dim, mlp, params, cross_layers: int = 2):
         super().__init__(schema, dim, mlp, params)
         d = self.Fd + self.F * dim
-        self.cross = CrossNet(params, "cross", d, cross_layers)
+        self.cross = self.cross_net(params, "cross", d, cross_layers)
         self.deep = MLP(params, "deep", [d, *mlp], final_activation=True)
         self.out = Linear(params, "over", d + mlp[-1], 1)
 
@@ -145,6 +146,19 @@ class DCN(CTRModel):
         dcat = self.out.backward(dlogits[:, None])
         dx0 = self.cross.backward(dcat[:, :self._d]) + self.deep.backward(dcat[:, self._d:])
         return self._split_deep_grad(dx0, self._shape)
+
+
+class DCNv2(DCN):
+    """DCN-V2 (parallel): DCN with a (d, d) matrix in each cross layer,
+    x_{l+1} = x0 * (x_l @ W_l + b_l) + x_l."""
+
+    cross_net = CrossNetV2
+
+    @classmethod
+    def counted_params(cls, schema, dim, cross_layers):
+        """A cross layer's (d, d) weight and (d,) bias, d the deep input's width."""
+        d = schema.n_dense + schema.n_sparse * dim
+        return (d * d + d) * cross_layers
 
 
 class DLRM(CTRModel):
@@ -256,7 +270,7 @@ class Registry(dict):
     clear = popitem
 
 
-MODELS = Registry({"wdl": WDL, "deepfm": DeepFM, "dcn": DCN, "dlrm": DLRM})
+MODELS = Registry({"wdl": WDL, "deepfm": DeepFM, "dcn": DCN, "dcnv2": DCNv2, "dlrm": DLRM})
 
 
 def build_model(name: str, schema: Schema, dim: int, mlp, params: ParamSpace, dtype: str,

@@ -182,7 +182,7 @@ def test_to_dict_from_dict_round_trip(cls, cfg):
                                                      "--replicate-rows: drop --placement (or "
                                                      "pick a mode)"),  # (its default too)
     (["--model", "bogus"], "prog: argument --model: invalid choice: 'bogus' "
-                           "(choose from 'wdl', 'deepfm', 'dcn', 'dlrm')"),
+                           "(choose from 'wdl', 'deepfm', 'dcn', 'dcnv2', 'dlrm')"),
     (["--epochs", "2"], "--epochs needs --data; the synthetic stream is endless: use --steps"),
     # the tables take the seed's low 32 bits: 2**32 would silently be seed 0
     (["--seed", str(2**32)], "--seed: must be an integer from 0 to 2**32 - 1, got 4294967296"),
@@ -207,7 +207,7 @@ def test_cli_errors(argv, message):
     ("epochs = 1.0\n", "epochs (in {path}): expected an integer, got 1.0"),
     ("mlp = [64, true]\n", "mlp (in {path}): expected an array of integers, got (64, True)"),
     ('mlp = "64,x"\n', "mlp (in {path}): expected comma-separated integers, got '64,x'"),
-    ('model = "bogus"\n', "model (in {path}): must be one of wdl, deepfm, dcn, dlrm, "
+    ('model = "bogus"\n', "model (in {path}): must be one of wdl, deepfm, dcn, dcnv2, dlrm, "
                           "got 'bogus'"),
     ('resume = ""\n', "resume (in {path}): must be a value (or none), got ''"),
     ('checkpoint_dir = ""\n', "checkpoint_dir (in {path}): must be a value (or none), got ''"),

@@ -420,7 +420,7 @@ def test_kernels_module_dispatches_cupy_arrays(cp):
 
 
 # -- layers, models, optimizers: CuPy == NumPy on one step -------------------------------
-@pytest.mark.parametrize("model_name", ["wdl", "deepfm", "dcn", "dlrm"])
+@pytest.mark.parametrize("model_name", ["wdl", "deepfm", "dcn", "dcnv2", "dlrm"])
 def test_model_forward_backward_cupy_equals_numpy(cp, model_name):
     from pshybrid.layers import ParamSpace, bce_with_logits
     from pshybrid.models import build_model
@@ -491,7 +491,7 @@ def test_iallreduce_of_device_buffers(comm):
 
 
 # -- training on the GPU == the NumPy run -------------------------------------------------
-@pytest.mark.parametrize("model", ["wdl", "deepfm", "dcn", "dlrm"])
+@pytest.mark.parametrize("model", ["wdl", "deepfm", "dcn", "dcnv2", "dlrm"])
 def test_train_cuda_graphs_on_equal_off_equal_numpy(cp, model):
     """The step as one CUDA graph (``graphs.DeviceStep``) == kernel by kernel == NumPy."""
     cfg = replace(BASE, model=model, mode="allreduce", servers=0, steps=5)
@@ -504,6 +504,7 @@ def test_train_cuda_graphs_on_equal_off_equal_numpy(cp, model):
 
 TRAIN_CASES = [("wdl", "sgd", "sgd"), ("wdl", "adagrad", "adam"), ("wdl", "adam", "adam"),
                ("deepfm", "adagrad", "adam"), ("dcn", "adagrad", "adam"),
+               ("dcnv2", "adagrad", "adam"),
                ("dlrm", "adam", "sgd")]
 
 

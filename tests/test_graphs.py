@@ -79,7 +79,7 @@ def test_the_stand_in_replays_a_capture_on_its_buffers_and_refuses_host_waits(mo
         fake.cuda.get_current_stream().begin_capture()  # not on the legacy stream
 
 
-@pytest.mark.parametrize("model", ["wdl", "deepfm", "dcn", "dlrm"])
+@pytest.mark.parametrize("model", ["wdl", "deepfm", "dcn", "dcnv2", "dlrm"])
 def test_graphs_equal_eager_equal_numpy_with_fewer_launches(monkeypatch, model):
     from mpi4py import MPI
 

@@ -4,11 +4,14 @@ that scales memory is named when the ranks of a node cannot fit, and sizes that 
 import time
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from pshybrid.config import TrainConfig
 from pshybrid.errors import ConfigError
+from pshybrid.layers import ParamSpace
 from pshybrid.limits import available_memory, check_sizes, estimate
+from pshybrid.models import MODELS, build_model
 from pshybrid.schema import Schema
 from pshybrid.synthetic import SyntheticCTR
 
@@ -97,12 +100,19 @@ def test_cuda_workers_keep_dense_and_activations_off_the_host():
     check_sizes(cfg, SCHEMA, 3, 1, 8 * GiB)
 
 
-def test_estimate_counts_dcn_cross_layers_without_registering_them():
-    e1 = estimate(replace(BASE, model="dcn", cross_layers=1), SCHEMA, 1, 1)
-    e2 = estimate(replace(BASE, model="dcn", cross_layers=2), SCHEMA, 1, 1)
+@pytest.mark.parametrize("model,layer", [("dcn", lambda d: 2 * d),          # w (d,), b (d,)
+                                         ("dcnv2", lambda d: d * d + d)])  # W (d, d), b
+def test_estimate_counts_dcn_cross_layers_without_registering_them(model, layer):
+    e1 = estimate(replace(BASE, model=model, cross_layers=1), SCHEMA, 1, 1)
+    e2 = estimate(replace(BASE, model=model, cross_layers=2), SCHEMA, 1, 1)
     dense = [next(p.nbytes for p in e["worker"] if p.what.startswith("dense")) for e in (e1, e2)]
     d = SCHEMA.n_dense + SCHEMA.n_sparse * 16
-    assert dense[1] - dense[0] == 2 * d * 4 * (2 + 2)  # w, b per layer; param, grad, m, v
+    assert dense[1] - dense[0] == layer(d) * 4 * (2 + 2)  # a layer's param, grad, m, v
+    params = ParamSpace()  # the count == the registered layers' own
+    build_model(model, SCHEMA, 16, BASE.mlp, params, "float32", 2)
+    counted = MODELS[model].counted_params(SCHEMA, 16, 2)
+    assert sum(int(np.prod(params.shape(n))) for n in params.names if n.startswith("cross.")) \
+        == counted
 
 
 def test_estimate_counts_dlrms_bottom_mlp():

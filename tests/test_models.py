@@ -222,7 +222,7 @@ def _fd(f, arr, idxs, h=1e-6):
     return out
 
 
-@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm"])
+@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dcnv2", "dlrm"])
 @pytest.mark.parametrize("n_dense,cards,multi,dim,mlp,cross,pooling", [
     (2, (5,), 0, 1, (1,), 0, "sum"),          # one field, dim 1, one unit, no cross layer
     (0, (5, 7), 0, 2, (3, 2, 2), 3, "sum"),   # no dense feature, three layers
@@ -258,7 +258,7 @@ def test_shapes_and_pooled_models_backward_matches_finite_differences(
                                rtol=1e-5, atol=1e-7)
 
 
-@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm"])
+@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dcnv2", "dlrm"])
 def test_one_training_step_is_sgd_on_the_documented_loss(name):
     """The whole pipeline (data, fused table, lookup, model, loss scale, sparse push, dense
     apply) against docs/models.md alone: one step of plain SGD from the documented
@@ -320,10 +320,13 @@ def _doc_forward(name, p, dense, emb, dim, n_mlp, n_bottom):
             return z
         s = e.sum(1)
         return z + 0.5 * ((s * s).sum(1) - (e * e).sum(axis=(1, 2)))
-    if name == "dcn":
+    if name in ("dcn", "dcnv2"):
         x = x0
         for l in range(2):
-            x = x0 * (x @ p[f"cross.{l}.weight"])[:, None] + p[f"cross.{l}.bias"] + x
+            if name == "dcn":
+                x = x0 * (x @ p[f"cross.{l}.weight"])[:, None] + p[f"cross.{l}.bias"] + x
+            else:
+                x = x0 * (x @ p[f"cross.{l}.weight"] + p[f"cross.{l}.bias"]) + x
         x = np.concatenate([x, mlp("deep", x0, n_mlp, True)], 1)
         return (x @ p["over.weight"] + p["over.bias"])[:, 0]
     z = mlp("bottom", dense, n_bottom + 1, True)
@@ -333,7 +336,7 @@ def _doc_forward(name, p, dense, emb, dim, n_mlp, n_bottom):
                n_mlp + 1, False)[:, 0]
 
 
-@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dlrm"])
+@pytest.mark.parametrize("name", ["wdl", "deepfm", "dcn", "dcnv2", "dlrm"])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("pooling", ["sum", "mean"])
 def test_the_documented_forward_passes_are_the_models_to_the_bit(name, dtype, pooling):

@@ -32,6 +32,7 @@ CASES = ([("wdl", mode, so, do, 1.0, None) for mode in ("hybrid", "ps", "allredu
          + [(m, "hybrid", "adagrad", "adam", 1.0, None) for m in ("deepfm", "dcn", "dlrm")]
          + [("wdl", "hybrid", "adagrad", "adam", 1e-6, None),
             ("dcn", "allreduce", "sgd", "adam", 1e-6, None),
+            ("dcnv2", "hybrid", "adagrad", "adam", 1e-6, None),
             ("dlrm", "hybrid", "adam", "sgd", 1e-6, 2),
             ("wdl", "hybrid", "sgd", "adam", 1.0, 2), ("wdl", "ps", "adagrad", "adam", 1.0, 2)])
 
