@@ -35,6 +35,7 @@ from .transport import abort_on_error, agree
 
 _PREDICT_TAG = 71  # the workers' logits to worker 0 (``_write``)
 _WRITE_ROWS = 1 << 16  # predict's rows written at a time
+_OUT_ROW_BYTES = 16  # predict's file: a float64 score and logit a row
 
 
 def _config(ckpt: str, data: str, metrics: str | None) -> TrainConfig:
@@ -68,6 +69,10 @@ def _open(path: str, topo, out: str | None, overwrite: bool, ckpt: str):
                 problem = (f"lies in DATA's directory {part}, whose *.h5 files are the "
                            "dataset: it would be read as rows the next time; write it "
                            "elsewhere")
+            need = _OUT_ROW_BYTES * n + 2**20  # (a full disk found after scoring every row)
+            if not problem and (room := safeio.room_problem(
+                    safeio.nearest_existing(os.path.dirname(os.path.abspath(out))), need, need)):
+                problem = f"cannot be written: {room}"
             if problem:
                 raise InputError(problem if problem.startswith(out) else f"{out}: {problem}")
     except PshybridError as e:
@@ -155,7 +160,7 @@ def _write_parts(job, out: str, step_dir: str, z, counts: list[int]) -> Pshybrid
             f.attrs[safeio.OUTPUT_ATTR] = "predict"
         job.result.summary = {"rows": n, "step": job.start}
         return None
-    except OSError as e:
+    except (OSError, RuntimeError) as e:  # (h5py's close after a failed write: RuntimeError)
         for w in range(taken, len(counts)):
             take(w)
         return PshybridError(f"{out}: cannot write: {e}")

@@ -11,6 +11,7 @@ import io
 import json
 import math
 import os
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -26,6 +27,7 @@ from pshybrid.config import TrainConfig
 from pshybrid.data import DatasetWriter
 from pshybrid.optim import Schedule
 from pshybrid.schema import Schema
+from pshybrid.scoring import score
 from pshybrid.train import train
 
 CFG = TrainConfig(model="wdl", embedding_dim=4, mlp=(8, 6), steps=6, batch_size=16,
@@ -187,6 +189,43 @@ def test_predict_holds_no_array_of_every_rows_logits(comm, mpi_tmp_path, monkeyp
     assert_all(comm, f"{failed}: cannot write: [Errno 28] No space left" in str(e.value)
                and not any(f.startswith(("full.h5", ".full.h5"))
                            for f in os.listdir(mpi_tmp_path)), str(e.value))
+
+
+def test_predict_refuses_a_file_that_cannot_fit_before_scoring(tmp_path, monkeypatch):
+    """predict found a full disk or a file size limit only when it wrote, after scoring
+    every row (hours on a large file), and then as h5py's RuntimeError: a traceback and
+    MPI_Abort. Oracles: under a file size limit below the file's 16 B a row, the refusal
+    names OUT and the limit, and no row was scored (the scoring function never called);
+    with that check skipped, the write's own failure is one error naming OUT; no file."""
+    import resource
+
+    from pshybrid import scoring
+    from pshybrid.errors import InputError, PshybridError
+    from pshybrid.synthetic import write_synthetic
+
+    t, v, out = (str(tmp_path / f) for f in ("t.h5", "v.h5", "p.h5"))
+    write_synthetic(t, 600, seed=4, n_dense=3, cardinalities=(7, 30, 200, 5))
+    write_synthetic(v, 200_000, seed=5, n_dense=3, cardinalities=(7, 30, 200, 5))
+    ck = str(tmp_path / "ck")
+    train(replace(CFG, placement="colocated", data=t, eval_every=0, checkpoint_dir=ck),
+          MPI.COMM_SELF, out=io.StringIO())
+    scored, real = [], scoring.worker_logits
+    monkeypatch.setattr(scoring, "worker_logits", lambda *a: scored.append(1) or real(*a))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (2**20, hard))  # 1 MiB; the file needs 3.2 MB
+    try:
+        with pytest.raises(InputError, match=re.escape(f"{out}: cannot be written: a file of "
+                                                       "about 4.1 MiB exceeds the file size "
+                                                       "limit (ulimit -f) of 1.0 MiB")):
+            score(ck, v, MPI.COMM_SELF, out=out)
+        assert not scored
+        monkeypatch.setattr(scoring.safeio, "room_problem", lambda *a: None)
+        with pytest.raises(PshybridError, match=re.escape(f"{out}: cannot write: ")):
+            score(ck, v, MPI.COMM_SELF, out=out)
+        assert scored
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(("p.h5", ".p.h5"))]
 
 
 @pytest.mark.mpi(min_size=2)
