@@ -145,9 +145,8 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
         meta["data_rows"] = int(data_rows)
     if steps_before:  # (a run started --init-from: Adam's count goes on from there)
         meta["steps_before"] = int(steps_before)
-    if evaluation is not None:  # (NaN, an AUC of one class: null)
-        meta["eval"] = {k: float(evaluation[k]) if math.isfinite(evaluation[k]) else None
-                        for k in ("auc", "logloss")}
+    if evaluation is not None:
+        meta["eval"] = _eval_fields(evaluation)
     with open(os.path.join(tmp, "meta.json"), "x") as f:
         f.write(json.dumps(meta, indent=1))
         f.flush()
@@ -243,6 +242,33 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema,
             _prune(root, cfg.keep_last, step, kept)
         _remove_stale_temps(root)
     return final
+
+
+def _eval_fields(evaluation: dict) -> dict:
+    """meta.json's ``eval``: the evaluation's AUC and logloss (NaN, an AUC of one class:
+    null)."""
+    return {k: float(evaluation[k]) if math.isfinite(evaluation[k]) else None
+            for k in ("auc", "logloss")}
+
+
+def record_evaluation(root: str, step: int, evaluation: dict, keep_last: int) -> None:
+    """Worker 0, after checkpoint ``step`` was written and then evaluated (the checkpoint
+    first: a failed evaluation keeps the steps): its meta.json gets the evaluation, written
+    as ``latest`` is, ``best`` is pointed again and ``keep_last`` prunes again (the best
+    it kept may be best no more); a failure is a warning."""
+    step_dir = os.path.join(root, f"step-{step}")
+    try:
+        meta = read_meta(step_dir)
+        meta["eval"] = _eval_fields(evaluation)
+        safeio.atomic_write_text(os.path.join(step_dir, "meta.json"), json.dumps(meta, indent=1))
+    except (OSError, PshybridError) as e:
+        sys.stderr.write(f"pshybrid: warning: {step_dir}/meta.json: its evaluation not "
+                         f"recorded ({getattr(e, 'strerror', None) or e})\n")
+        return
+    kept = best(list_steps(root))
+    _point_best(root, kept)
+    if keep_last:
+        _prune(root, keep_last, step, kept)
 
 
 def _point_best(root: str, kept: tuple | None) -> None:

@@ -13,7 +13,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from . import checkpoint_files
+from . import checkpoint, checkpoint_files
 from .backend import to_host
 from .batches import read_ids
 from .data import EVAL_BATCH
@@ -176,14 +176,16 @@ def save(job, log: StepLog, step: int, stopping: bool = False) -> None:
         job.reporter.say(f"checkpoint {written[0]}: {size} in {seconds:.1f} s")
 
 
-def evaluate(job, step: int) -> None:
+def evaluate(job, step: int, saved: bool = False) -> None:
     """Exact AUC and logloss over the whole eval file, scored by ``score_rows``; worker 0
-    reports them."""
+    reports them (``saved``: checkpoint ``step`` was just written, and gets them too)."""
     allz, ally = score_rows(job, step)
     if allz is not None:
         rec = {"eval": True, "step": step, "auc": auc(allz, ally),
                "logloss": logloss_from_logits(allz, ally), "rows": int(allz.size),
                "base_rate_logloss": base_rate_logloss(float(ally.mean())) if ally.size else None}
+        if saved:
+            checkpoint.record_evaluation(job.cfg.checkpoint_dir, step, rec, job.cfg.keep_last)
         job.result.evals.append(rec)
         job.reporter.evaluation(rec)
 

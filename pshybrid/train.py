@@ -364,15 +364,18 @@ def loop(job: Job, on_step=None) -> None:
             log.add(done, loss_sum, None if job.device is not None else label)
         if on_step is not None:
             on_step(done)
-        if job.evdata is not None and ((cfg.eval_every and done % cfg.eval_every == 0)
-                                       or done == job.steps):
-            with watch.inside("an evaluation", done, ends=False):  # (its length: the file's)
-                log.pause(lambda: (evaluate(job, done), together(job)))
-        if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0)
-                                   or done == job.steps):
+        # the checkpoint before the evaluation: one that fails (its memory, its file) ends
+        # the run with the steps kept; the evaluation is added to the checkpoint after
+        saved = cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every
+                                         == 0) or done == job.steps)
+        if saved:
             mode.request_checkpoint(done)
             with watch.inside("a checkpoint", done, ends=False):  # (its length: the disk's)
                 save(job, log, done)
+        if job.evdata is not None and ((cfg.eval_every and done % cfg.eval_every == 0)
+                                       or done == job.steps):
+            with watch.inside("an evaluation", done, ends=False):  # (its length: the file's)
+                log.pause(lambda: (evaluate(job, done, saved), together(job)))
         if done < job.steps and stop.stop():  # collective: every worker stops here
             upcoming.drop()
             _preempted(job, done, log)

@@ -1237,6 +1237,33 @@ def test_the_deepest_checkpoint_path_is_named_as_checkpoints_name_their_files():
     assert len(tmp) >= len(f".step-{2**63}.abcdefgh.tmp")
 
 
+def test_a_failed_evaluation_keeps_its_steps_checkpoint(tmp_path, monkeypatch):
+    """A step's checkpoint is written before that step's evaluation: an evaluation that
+    failed at the last step (out of memory; its file replaced) ended the run before its
+    checkpoint, losing every step since the one before (500 steps in the audit). Oracles:
+    with the AUC failing at step 4, ck/latest names step-4, whose parameters are the
+    uninterrupted run's; a --resume evaluates it then."""
+    from pshybrid import steplog
+    from pshybrid.synthetic import write_synthetic
+
+    ev, ck = str(tmp_path / "ev.h5"), str(tmp_path / "ck")
+    write_synthetic(ev, 64, n_dense=3, cardinalities=DATA.schema.cardinalities, seed=1)
+
+    def fail(*args):
+        raise MemoryError("the evaluation")
+
+    monkeypatch.setattr(steplog, "auc", fail)
+    with pytest.raises(MemoryError):
+        run(steps=4, checkpoint_dir=ck, checkpoint_every=3, eval_data=ev)
+    assert assert_latest_complete(ck) == "step-4"
+    assert "eval" not in checkpoint_files.read_meta(os.path.join(ck, "step-4"))
+    monkeypatch.undo()
+    want, got = (train(replace(BASE, **kw), MPI.COMM_SELF, dataset=DATA, collect=True,
+                       out=io.StringIO()) for kw in ({}, {"resume": ck, "eval_data": ev}))
+    assert np.array_equal(got.dense, want.dense) and np.array_equal(got.table, want.table)
+    assert [e["step"] for e in got.evals] == [4]
+
+
 @pytest.mark.parametrize("model,key,other", [("dcn", "cross_layers", 3),
                                              ("dlrm", "bottom_mlp", (8, 4))])
 def test_a_models_own_options_must_match_only_where_the_model_has_them(tmp_path, model, key,
