@@ -274,3 +274,37 @@ def test_prep_synthetic_caps_criteo_kaggles_cardinalities_not_the_default_table(
             cards.append(tuple(int(c) for c in f.attrs["cardinalities"]))
     assert cards[0] == CRITEO_LIKE
     assert cards[1] == tuple(min(c, 300_000) for c in CRITEO_KAGGLE) and max(cards[1]) == 300_000
+
+
+def test_write_synthetic_holds_9_bytes_a_row_for_the_planted_auc(tmp_path, monkeypatch):
+    """The planted AUC needs every row's probability and label: they were kept as lists of
+    chunks and concatenated (24 B a row held when the AUC began; prep synthetic of 100M
+    rows needed ~8 GB). Oracles: what is held beside the start when the AUC is called,
+    by tracemalloc, is under 10 B a row (float64 probability + bool label), and the
+    attribute is that AUC of the file's own labels and of the stream's probabilities."""
+    import tracemalloc
+
+    import h5py
+
+    from pshybrid import metrics
+    from pshybrid.synthetic import SyntheticCTR, write_synthetic
+
+    n, held, real = 300_000, [], metrics.auc
+
+    def watched(scores, labels):
+        held.append(tracemalloc.get_traced_memory()[0])
+        return real(scores, labels)
+
+    out, kw = str(tmp_path / "s.h5"), dict(seed=2, n_dense=2, cardinalities=(50, 7))
+    write_synthetic(str(tmp_path / "warm.h5"), 2048, chunk=1024, **kw)  # (imports, numba)
+    monkeypatch.setattr(metrics, "auc", watched)
+    tracemalloc.start()
+    try:
+        start = tracemalloc.get_traced_memory()[0]
+        got = write_synthetic(out, n, chunk=1024, **kw)[out][1]
+    finally:
+        tracemalloc.stop()
+    assert (held[0] - start) / n < 10, (held[0] - start) / n
+    p = SyntheticCTR(**kw)._rows(0, n)[3]
+    with h5py.File(out, "r") as f:
+        assert f.attrs["planted_auc"] == got == real(p, f["label"][...])
