@@ -195,6 +195,8 @@ def score_rows(job, step: int):
     ``job.evdata``, in row order, as float64 on worker 0; (None, None) on the others."""
     z, y = worker_logits(job, step)
     topo = job.topo
+    if topo.n_workers == 1:  # (its rows are all of them: no copy beside them)
+        return z, y
     counts = np.array(topo.workers.allgather(z.size))
     root = topo.worker_index == 0
     allz, ally = (np.empty(counts.sum()), np.empty(counts.sum())) if root else (None, None)

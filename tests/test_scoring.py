@@ -228,6 +228,31 @@ def test_predict_refuses_a_file_that_cannot_fit_before_scoring(tmp_path, monkeyp
     assert not [f for f in os.listdir(tmp_path) if f.startswith(("p.h5", ".p.h5"))]
 
 
+def test_one_worker_evaluates_within_what_the_memory_check_counts(tmp_path):
+    """Alone, a worker gathered its own logits and labels into a copy of them (32 B a row
+    before the AUC's 10, the check counting 26). Oracle: tracemalloc's peak over eval of
+    1M rows on one rank is within the estimate's part (+ 1 MiB; 32.2 B a row before)."""
+    import tracemalloc
+
+    from pshybrid.synthetic import write_synthetic
+
+    n, t, v = 1_000_000, str(tmp_path / "t.h5"), str(tmp_path / "v.h5")
+    write_synthetic(t, 600, seed=4, n_dense=3, cardinalities=(7, 30, 200, 5))
+    write_synthetic(v, n, seed=5, n_dense=3, cardinalities=(7, 30, 200, 5))
+    ck = str(tmp_path / "ck")
+    train(replace(CFG, placement="colocated", data=t, eval_every=0, checkpoint_dir=ck),
+          MPI.COMM_SELF, out=io.StringIO())
+    est = limits.estimate(CFG, Schema(3, (7, 30, 200, 5)), 1, 1, eval_rows=n)
+    counted = next(p.nbytes for p in est["worker"] if p.what.startswith("evaluation"))
+    tracemalloc.start()
+    try:
+        got = score(ck, v, MPI.COMM_SELF).evals
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert got[0]["rows"] == n and peak < counted + 2**20, (peak / n, counted / n)
+
+
 @pytest.mark.mpi(min_size=2)
 def test_a_rows_logit_does_not_depend_on_the_worker_count(comm, mpi_tmp_path, monkeypatch):
     """Rows are scored in batches from row 0, each worker taking whole batches: a row is
