@@ -12,23 +12,32 @@ import numpy as np
 from .read import Rows
 
 
+MERGE_AT = 1 << 20  # block counts pending before a merge, at least (else: as many as counted)
+
+
 class _IdTable:
     """``(field, uint64 key)`` → int64 id, 1 where absent: open addressing (linear probing,
-    load <= 1/4) in NumPy arrays, filled and read a whole array of keys at a time."""
+    load 1/4 to 1/2) in NumPy arrays, filled and read a whole array of keys at a time. A
+    slot holds the field in its smallest type, the key and the id (int32 where ids fit;
+    0: a free slot, ids being >= 2): 13 B, 26 to 52 B a key."""
 
     def __init__(self, fields: np.ndarray, keys: np.ndarray, ids: np.ndarray):
-        bits = max(4 * len(keys), 8).bit_length()
+        bits = max(2 * len(keys), 8).bit_length()
         self.mask, self.shift = (1 << bits) - 1, np.uint64(64 - bits)
-        self.fields = np.full(1 << bits, -1, np.int32)               # -1: a free slot
-        self.keys, self.ids = np.zeros(1 << bits, np.uint64), np.ones(1 << bits, np.int64)
-        slot, todo = self._slot(fields, keys), np.arange(len(keys))
+        self.fields = np.zeros(1 << bits, fields.dtype)
+        self.keys = np.zeros(1 << bits, np.uint64)
+        self.ids = np.zeros(1 << bits, np.int32 if ids.max(initial=0) < 2**31 else np.int64)
+        # the keys still to place (todo) beside their next slot (at), as narrow as they fit
+        small = np.int32 if max(len(keys), 1 << bits) < 2**31 else np.int64
+        todo, at = np.arange(len(keys), dtype=small), self._slot(fields, keys).astype(small)
         while len(todo):
-            free = todo[self.fields[slot[todo]] < 0]
-            won, first = np.unique(slot[free], return_index=True)   # one key per free slot
-            new = free[first]
+            free = np.flatnonzero(self.ids[at] == 0)
+            won, first = np.unique(at[free], return_index=True)   # one key per free slot
+            new = todo[free[first]]
             self.fields[won], self.keys[won], self.ids[won] = fields[new], keys[new], ids[new]
-            todo = np.setdiff1d(todo, new, assume_unique=True)
-            slot[todo] = (slot[todo] + 1) & self.mask
+            left = np.ones(len(todo), bool)
+            left[free[first]] = False
+            todo, at = todo[left], (at[left] + 1) & self.mask
 
     def _slot(self, fields: np.ndarray, keys: np.ndarray) -> np.ndarray:
         mixed = keys ^ (fields.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F))
@@ -40,10 +49,10 @@ class _IdTable:
         todo = np.arange(len(keys))
         while len(todo):
             at = slot[todo]
-            f = self.fields[at]
-            hit = (f == fields[todo]) & (self.keys[at] == keys[todo])
+            used = self.ids[at] != 0
+            hit = used & (self.fields[at] == fields[todo]) & (self.keys[at] == keys[todo])
             out[todo[hit]] = self.ids[at[hit]]
-            todo = todo[~hit & (f >= 0)]
+            todo = todo[~hit & used]
             slot[todo] = (slot[todo] + 1) & self.mask
         return out
 
@@ -58,8 +67,11 @@ class Vocabulary:
         """``min_count`` None: ``load`` gives the ids (no counting)."""
         self.min_count = min_count
         self.fields = np.arange(n_fields, dtype=np.min_scalar_type(max(n_fields - 1, 0)))
-        self.counts = (self.fields[:0], np.zeros(0, np.uint64), np.zeros(0, np.int64))
-        self.pending = []                   # per block: (field, key, count) to merge
+        # per field: its short values' sorted keys and their counts (16 B a distinct value),
+        # and the blocks' (keys, counts) not merged into them yet
+        self.counts = [(np.zeros(0, np.uint64), np.zeros(0, np.int64))] * n_fields
+        self.pending = [[] for _ in range(n_fields)]
+        self.n_counted = self.n_pending = 0
         self.long = [{} for _ in range(n_fields)]
 
     def count(self, rows: Rows) -> None:
@@ -68,34 +80,38 @@ class Vocabulary:
             return
         short = (rows.L > 0) & (rows.L <= 8)
         keys = np.sort(np.where(short, rows.block.packed(rows.s, rows.L), 0), axis=0)
-        fields = np.repeat(self.fields, len(keys))
-        field, key, count = _runs(fields, keys.T.ravel(), np.ones(keys.size, np.int64))
-        self.pending.append((field[key != 0], key[key != 0], count[key != 0]))  # 0: not short
-        if sum(len(k) for _, k, _ in self.pending) > max(len(self.counts[1]), 1 << 20):
+        for f, column in enumerate(keys.T):  # (each sorted: its runs are its values)
+            key, count = _runs(column, np.ones(len(column), np.int64))
+            self.pending[f].append((key[key != 0], count[key != 0]))  # 0: not short
+            self.n_pending += int(np.count_nonzero(key))
+        if self.n_pending > max(self.n_counted, MERGE_AT):
             self._merge()
         for _, f, v in _long_values(rows):
             self.long[f][v] = self.long[f].get(v, 0) + 1
 
     def _merge(self) -> None:
-        """Fold the pending block counts into ``counts``: (field, key, count) sorted."""
-        field, key, count = (np.concatenate(a) for a in zip(self.counts, *self.pending))
-        order = np.argsort(key)
-        order = order[np.argsort(field[order], kind="stable")]   # a radix sort: small ints
-        self.counts, self.pending = _runs(field[order], key[order], count[order]), []
+        """Fold the pending block counts into ``counts``, a field at a time (the merge's
+        temporaries are one field's); a stable sort of sorted runs merges them."""
+        for f, parts in enumerate(self.pending):
+            if parts:
+                key = np.concatenate([self.counts[f][0], *(k for k, _ in parts)])
+                count = np.concatenate([self.counts[f][1], *(c for _, c in parts)])
+                self.pending[f] = []
+                order = np.argsort(key, kind="stable")
+                self.counts[f] = _runs(key[order], count[order])
+        self.n_counted, self.n_pending = sum(len(k) for k, _ in self.counts), 0
 
     def finish(self) -> None:
         """Assign the ids: one ``_IdTable`` for the short values, a dict per field for long."""
         if self.min_count is None:
             return
         self._merge()
-        field, key, count = self.counts
         self.cardinalities, self.long_ids, self.kept = [], [], []
         table = [(self.fields[:0], np.zeros(0, np.uint64), np.zeros(0, np.int64))]
         for f, long in enumerate(self.long):
-            lo, hi = np.searchsorted(field, [f, f + 1])
-            keys = key[lo:hi]
+            keys, count = self.counts[f]
             values = np.concatenate([keys.view("S8"), np.array(list(long), "S")])  # the bytes
-            counts = np.concatenate([count[lo:hi], np.fromiter(long.values(), np.int64)])
+            counts = np.concatenate([count, np.fromiter(long.values(), np.int64)])
             kept = np.flatnonzero(counts >= self.min_count)
             ids = np.ones(len(values), np.int64)
             order = kept[np.lexsort((values[kept], -counts[kept]))]
@@ -131,12 +147,12 @@ class Vocabulary:
         return out
 
 
-def _runs(field: np.ndarray, key: np.ndarray, count: np.ndarray):
-    """``(field, key, count)`` summed over runs of equal (field, key), in arrays sorted so."""
+def _runs(key: np.ndarray, count: np.ndarray):
+    """``(key, count)`` summed over runs of equal keys, in arrays sorted by key."""
     new = np.ones(len(key), bool)
-    new[1:] = (key[1:] != key[:-1]) | (field[1:] != field[:-1])
+    new[1:] = key[1:] != key[:-1]
     start = np.flatnonzero(new)
-    return field[start], key[start], np.add.reduceat(count, start) if len(start) else count
+    return key[start], np.add.reduceat(count, start) if len(start) else count
 
 
 def _long_values(rows: Rows) -> list[tuple[int, int, bytes]]:
