@@ -107,7 +107,7 @@ def _write_ids(f, ids) -> None:
 
 def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, dense,
                  data_rows: int | None = None, steps_before: int = 0,
-                 evaluation: dict | None = None) -> None:
+                 evaluation: dict | None = None, scanned: list | None = None) -> None:
     """This rank's files of checkpoint ``step`` in ``tmp``: its shard (holders of sparse
     rows), dense.h5 and meta.json (worker 0, which has ``dense``; ``data_rows``: the rows of
     the run's ``--data``, whose order depends on them; ``steps_before``: the optimizers'
@@ -147,6 +147,8 @@ def _write_files(tmp: str, step: int, cfg, topo, params, schema, ids, sparse, de
         meta["steps_before"] = int(steps_before)
     if evaluation is not None:
         meta["eval"] = _eval_fields(evaluation)
+    if scanned:
+        meta["scanned"] = [list(map(int, k)) for k in scanned]
     with open(os.path.join(tmp, "meta.json"), "x") as f:
         f.write(json.dumps(meta, indent=1))
         f.flush()
@@ -191,12 +193,14 @@ def _room(tmp: str, root: str, step: int, topo, ids, sparse, dense) -> PshybridE
 
 
 def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema,
-         data_rows: int | None = None, evaluation: dict | None = None) -> str:
+         data_rows: int | None = None, evaluation: dict | None = None,
+         scanned: list | None = None) -> str:
     """Write checkpoint ``step`` under ``root`` (collective over ``topo.world``); ``cfg``:
     the run's ``TrainConfig``, or a front end's run (``mode``, ``seed``, ``keep_last`` and
     ``meta()``: ``pshybrid.torch.restore.TorchRun``); ``data_rows``: the rows of a finite
     ``--data`` (a resume on another count reads other rows, ``preflight``); ``evaluation``:
-    worker 0's of this step (its ``auc`` and ``logloss`` go into meta.json). A write
+    worker 0's of this step (its ``auc`` and ``logloss`` go into meta.json); ``scanned``:
+    the ``scan_keys`` of the data files its run scanned (a resume skips them unchanged). A write
     that fails (a full disk) removes the temporary directory and raises one
     ``PshybridError`` on every rank; ``latest`` keeps naming the previous checkpoint."""
     writer_rank = topo.worker_ranks[0]
@@ -216,7 +220,7 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema,
         err = None
         try:
             _write_files(tmp, step, cfg, topo, params, schema, ids, sparse, dense, data_rows,
-                         mode.sparse.opt.steps_before, evaluation)
+                         mode.sparse.opt.steps_before, evaluation, scanned)
         except (OSError, RuntimeError) as e:  # RuntimeError: h5py's, on a full disk
             err = _failed(root, step, str(getattr(e, "strerror", None) or e))
         agree(topo.world, err)  # Wire: every file is on disk before the rename

@@ -204,6 +204,18 @@ def is_int(v) -> bool:
     return type(v) is int
 
 
+def scanned_before(path: str | None) -> frozenset:
+    """The ``scan_keys`` of the data files the run of checkpoint ``path`` (``--resume``,
+    ``--init-from``) scanned, from its meta.json (empty where it has none, or it cannot be
+    read: ``preflight`` names that)."""
+    try:
+        keys = read_meta(resolve(path)).get("scanned", []) if path else []
+    except PshybridError:
+        return frozenset()
+    return frozenset(tuple(k) for k in keys if isinstance(k, list) and len(k) == 3
+                     and all(is_int(v) for v in k))
+
+
 def read_meta(step_dir: str) -> dict:
     """meta.json, with every field pshybrid reads checked (types, the step, shard names
     that stay inside ``step_dir``, the schema)."""

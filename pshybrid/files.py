@@ -139,6 +139,9 @@ class H5Files:
         """The first compressed file's filter, None if none is."""
         return next((d.compression for d in self.parts if d.compression), None)
 
+    def scan_keys(self) -> list[tuple[int, int, int]]:
+        return [k for d in self.parts for k in d.scan_keys()]
+
     def validate(self, start: int, stop: int) -> None:
         for d, a, b in self._pieces(start, stop):
             d.validate(a, b)

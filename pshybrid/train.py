@@ -203,9 +203,11 @@ class Job:
         """Collective: write checkpoint ``step`` (servers join through their loop), with
         worker 0's evaluation of that step, if any."""
         ev = next((e for e in self.result.evals[-1:] if e["step"] == step), None)
+        scanned = [k for d in (self.data, self.evdata) for k in getattr(d, "scan_keys",
+                                                                        list)()]
         return checkpoint.save(self.cfg.checkpoint_dir, step, self.cfg, self.topo, self.mode,
                                self.params, self.data.schema, getattr(self.data, "n_rows", None),
-                               ev)
+                               ev, scanned)
 
 
 def setup(cfg: TrainConfig, topo: Topology, data, evdata, out, score: bool = False) -> Job:
@@ -284,6 +286,7 @@ def _open_data(cfg, topo, dataset, opened):
     the rows) with one shared verdict, before the first step. Returns (train, eval)."""
     err = data = evdata = None
     try:
+        skip = checkpoint_files.scanned_before(cfg.resume or cfg.init_from)
         data = training_data(cfg, dataset, opened)
         if cfg.eval_data:
             if dataset is None and cfg.data:
@@ -304,8 +307,9 @@ def _open_data(cfg, topo, dataset, opened):
                 raise InputError(f"{getattr(d, 'path', 'the dataset')}: {counted(n, 'row')}"
                                  f", fewer than one global batch ({W} x --batch-size "
                                  f"{cfg.batch_size} = {G})")
-            if topo.is_worker and hasattr(d, "validate"):  # each worker scans its share
-                W, w = topo.n_workers, topo.worker_index
+            keys = set(getattr(d, "scan_keys", list)())  # (the resumed run scanned these)
+            if topo.is_worker and hasattr(d, "validate") and not (keys and keys <= skip):
+                W, w = topo.n_workers, topo.worker_index  # each worker scans its share
                 d.validate(n * w // W, n * (w + 1) // W)
     except PshybridError as e:
         err = e

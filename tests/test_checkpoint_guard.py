@@ -1264,6 +1264,43 @@ def test_a_failed_evaluation_keeps_its_steps_checkpoint(tmp_path, monkeypatch):
     assert [e["step"] for e in got.evals] == [4]
 
 
+def test_a_resume_scans_no_data_file_its_run_scanned_unchanged(tmp_path, monkeypatch):
+    """Every start scanned every row of --data and --eval-data (a multi-TB dataset read
+    whole at each requeue). A checkpoint records the files its run scanned (inode, size,
+    modification time) and a resume, eval or predict on them unchanged scans none. Oracles:
+    the scans counted (none at the resume and eval; the touched file alone after a touch);
+    the recorded keys are the files' own; the resumed run == the uninterrupted one."""
+    from pshybrid.data import H5Dataset
+    from pshybrid.scoring import score
+    from pshybrid.synthetic import write_synthetic
+
+    t, ev, ck = str(tmp_path / "t.h5"), str(tmp_path / "ev.h5"), str(tmp_path / "ck")
+    for path, seed in ((t, 1), (ev, 2)):
+        write_synthetic(path, 256, n_dense=3, cardinalities=DATA.schema.cardinalities,
+                        seed=seed)
+    scans, real = [], H5Dataset.validate
+    monkeypatch.setattr(H5Dataset, "validate", lambda d, a, b: scans.append(d.path) or
+                        real(d, a, b))
+    cfg = dict(data=t, eval_data=ev, checkpoint_dir=ck, checkpoint_every=2)
+    train(replace(BASE, steps=2, **cfg), MPI.COMM_SELF, out=io.StringIO())
+    assert sorted(scans) == [ev, t]
+    st = [os.stat(p) for p in (t, ev)]
+    assert checkpoint_files.read_meta(os.path.join(ck, "step-2"))["scanned"] == [
+        [s.st_ino, s.st_size, s.st_mtime_ns] for s in st]
+    scans.clear()
+    got = train(replace(BASE, steps=4, resume=ck, **cfg), MPI.COMM_SELF, collect=True,
+                out=io.StringIO())
+    score(ck, ev, MPI.COMM_SELF)
+    assert scans == []
+    want = train(replace(BASE, steps=4, data=t), MPI.COMM_SELF, collect=True,
+                 out=io.StringIO())
+    assert np.array_equal(got.dense, want.dense) and np.array_equal(got.table, want.table)
+    os.utime(t, ns=(st[0].st_atime_ns, st[0].st_mtime_ns + 10**9))  # touched
+    scans.clear()
+    train(replace(BASE, steps=6, resume=ck, **cfg), MPI.COMM_SELF, out=io.StringIO())
+    assert scans == [t]
+
+
 @pytest.mark.parametrize("model,key,other", [("dcn", "cross_layers", 3),
                                              ("dlrm", "bottom_mlp", (8, 4))])
 def test_a_models_own_options_must_match_only_where_the_model_has_them(tmp_path, model, key,
