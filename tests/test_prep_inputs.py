@@ -355,6 +355,45 @@ def test_parquet_equals_the_same_table_as_csv(tmp_path, monkeypatch):
     assert_same(tmp_path / "m.h5", tmp_path / "cc.h5")
 
 
+def test_parquet_is_read_a_row_group_at_a_time(tmp_path, monkeypatch):
+    """A Parquet file of 40 row groups is read holding about one row group beyond what its
+    CSV twin's prep holds, and gives the twin's file. Oracle: tracemalloc's peak over each
+    prep (Python's and NumPy's allocations: the column chunks pyarrow reads through a Python
+    file object are Python bytes, which Arrow's memory pool does not count). pyarrow's
+    default pre_buffer read every row group's chunks ahead and held them to the end: the
+    peak grew with the file (here ~10 MB over the twin's, against a bound of 3 row groups
+    uncompressed, ~1 MB)."""
+    import tracemalloc
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pcsv = pytest.importorskip("pyarrow.csv")
+    from pshybrid.prep import parquet
+
+    monkeypatch.setattr(parquet, "BATCH", 1000)     # a batch within one row group
+    rng = np.random.default_rng(5)
+    n = 200_000
+    table = pa.table({"y": rng.integers(0, 2, n), "x": rng.random(n),
+                      **{f"c{i}": pa.array(rng.integers(0, 2 ** 32, n)).cast(pa.string())
+                         for i in range(4)}})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=n // 40)
+    pcsv.write_csv(table, tmp_path / "t.csv", pcsv.WriteOptions(quoting_style="none",
+                                                                 quoting_header="none"))
+    meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    group = max(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    opts = ["--label", "y", "--dense", "x", "--sparse", "c0,c1,c2,c3", "--buckets", "1000"]
+    peaks = {}
+    for name in ("t.csv", "t.parquet"):
+        tracemalloc.start()
+        try:
+            assert run("csv", tmp_path / name, tmp_path / f"{name}.h5", *opts) == 0
+            peaks[name] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peaks["t.parquet"] - peaks["t.csv"] < 3 * group, (peaks, group)
+    assert_same(tmp_path / "t.parquet.h5", tmp_path / "t.csv.h5")
+
+
 def test_a_parquet_header_is_quoted_as_a_csv_writer_quotes_it(tmp_path):
     """Column names that need quotes (a comma, a double quote) are quoted as a CSV input's
     are (Python's csv module, pandas: only those names), so that the two inputs still mix:
