@@ -16,7 +16,7 @@ from .hashing import Hashing
 from .inputs import STDIN, shown_input
 from .multihot import items
 from .options import DEFAULT_BUCKETS, TableOptions
-from .read import Table, Tally, scan
+from .read import Table, Tally, check_inputs, scan
 from .vocabulary import Vocabulary, digest, read_vocabulary
 from .write import SplitWriter, check_out, split_sizes, valid_path
 
@@ -31,6 +31,7 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
     check_out(out, "OUT", o.overwrite, named)
     valid = valid_path(out, o, named)
     names = t.sparse_names
+    check_inputs(t)   # (each input opened: a bad later one fails before any pass)
     # The files first: an OUT that cannot be made fails before a pass over IN.
     with SplitWriter(out, valid, t.dense_names, names[:n_single], names[n_single:],
                      o.compression) as w:
