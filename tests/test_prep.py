@@ -965,3 +965,52 @@ def test_vocabulary_ids_and_memory(monkeypatch):
             got = voc.encode(rows(keys))[:, f]
             assert got.tolist() == [0 if k % 7 == 0 else want.get(int(k), 1) for k in keys[:, f]]
         assert voc.cardinalities[f] == 2 + len(kept)
+
+
+# -- room for the second pass --------------------------------------------------------------
+
+@pytest.mark.parametrize("limit", ["disk", "ulimit -f"])
+@pytest.mark.parametrize("opts", [["--min-count", "2"],
+                                  ["--min-count", "1", "--valid-fraction", "0.25"]],
+                         ids=["vocabulary", "vocabulary+split"])
+def test_a_second_pass_without_room_is_refused_before_it_writes(tmp_path, monkeypatch, opts,
+                                                                limit):
+    """After the first pass the files' size is known: a disk (or ``ulimit -f``) without room
+    for them is refused then, naming them, before the second pass writes a row (it failed
+    only as pass 2 wrote: 13.7 s into a 2M-row run). Oracles: the files' real size, written
+    where there is room: room 3% short of it is refused, 3% over it passes (the estimate is
+    within 3%); no row reaches ``DatasetWriter.append`` in a refused run, and nothing is
+    left. A compressed file is not checked: its size is known only once written."""
+    import resource
+    from types import SimpleNamespace
+
+    from pshybrid.data import DatasetWriter
+
+    src = write(tmp_path / "in.tsv", CRITEO * 1000)          # 20,000 rows
+    files = [tmp_path / "out.h5"] + [tmp_path / "out.valid.h5"] * ("--valid-fraction" in opts)
+    assert run("criteo", src, files[0], *opts) == 0
+    sizes = [os.path.getsize(f) for f in files]
+    need = max(sizes) if limit == "ulimit -f" else sum(sizes)
+    appended = []
+    real_append, real_limit = DatasetWriter.append, resource.getrlimit
+    monkeypatch.setattr(DatasetWriter, "append",
+                        lambda w, *a: appended.append(w.path) or real_append(w, *a))
+
+    def room(n: int) -> None:
+        if limit == "disk":
+            monkeypatch.setattr(os, "statvfs", lambda p: SimpleNamespace(f_bavail=n, f_frsize=1))
+        else:
+            monkeypatch.setattr(resource, "getrlimit", lambda r: (n, n) if
+                                r == resource.RLIMIT_FSIZE else real_limit(r))
+
+    before = listing(tmp_path)
+    room(int(need * 0.97))
+    with pytest.raises(InputError) as e:
+        run("criteo", src, files[0], *opts, "--overwrite")
+    assert appended == [] and listing(tmp_path) == before
+    why = "file size limit (ulimit -f)" if limit == "ulimit -f" else "free (No space left"
+    assert f"OUT {files[0]} (" in str(e.value) and why in str(e.value), e.value
+    assert run("criteo", src, files[0], *opts, "--overwrite", "--compression", "lzf") == 0
+    room(int(need * 1.03))
+    assert run("criteo", src, files[0], *opts, "--overwrite") == 0
+    assert appended and [os.path.getsize(f) for f in files] == sizes

@@ -279,10 +279,15 @@ CASES: dict[str, Case] = {
                               needle="out.h5: cannot write: File too large"),
     "full-disk-tiny": Case(table_argv(), {"in.tsv": BIG}, fsize=100,  # (the probe, first)
                            needle="full-disk-tiny is not writable"),
+    # two passes: refused after the first, before the second writes (the rows are known)
     "full-disk-split": Case(table_argv("--valid-fraction", "0.5"), {"in.tsv": BIG},
-                            fsize=64 << 10),
+                            fsize=64 << 10, needle="(ulimit -f) of 64.0 KiB (File too large); "
+                            "found before the second pass"),
     "full-disk-vocabulary": Case(table_argv("--min-count", "2"), {"in.tsv": BIG},
-                                 fsize=64 << 10),
+                                 fsize=64 << 10, needle="found before the second pass"),
+    "full-disk-split-lzf": Case(table_argv("--valid-fraction", "0.5", "--compression", "lzf"),
+                                {"in.tsv": BIG}, fsize=64 << 10,   # (not checked: written)
+                                needle="out.h5: cannot write: File too large"),
     "full-disk-csv": Case(["csv", "in.csv", "out.h5", "--label", "y", "--dense", "x",
                            "--sparse", "c"], {"in.csv": CSV_BIG}, fsize=4 << 10),
     "full-disk-synthetic": Case(["synthetic", "out.h5", "--rows", "20000",

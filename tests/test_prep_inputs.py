@@ -18,6 +18,7 @@ from test_prep import CRITEO, RATINGS
 
 from pshybrid.cli import main
 from pshybrid.errors import ConfigError, InputError
+from pshybrid.prep import convert
 from pshybrid.prep import read as prep_read
 
 
@@ -79,6 +80,55 @@ def test_several_csv_inputs_repeat_the_header(tmp_path):
     with pytest.raises(InputError, match="c.csv:1: the header differs from the first "):
         run("csv", tmp_path / "a.csv", tmp_path / "c.csv", tmp_path / "bad.h5", *opts)
     assert not (tmp_path / "bad.h5").exists()
+
+
+def _second_input(case: str, d) -> str:
+    """A bad second input named ``case`` made in ``d``: its name."""
+    if case == "missing":
+        return str(d / "nope.tsv")
+    if case == "directory":
+        (d / "sub").mkdir()
+        return str(d / "sub")
+    if case == "io-error":                   # (opens, then its first read fails: EIO)
+        return "/proc/self/mem"
+    if case == "gzip":
+        (d / "bad.gz").write_bytes(b"\x1f\x8b" + bytes(range(256)))
+        return str(d / "bad.gz")
+    if case == "parquet":
+        pa, pq = pytest.importorskip("pyarrow"), pytest.importorskip("pyarrow.parquet")
+        pq.write_table(pa.table({"user": ["u1"], "rating": [5]}), d / "t.parquet")
+        return str(d / "t.parquet")
+    (d / "other.csv").write_text("other," + RATINGS)              # case "header"
+    return str(d / "other.csv")
+
+
+@pytest.mark.parametrize("command, case", [
+    ("criteo", "missing"), ("criteo", "directory"), ("criteo", "io-error"),
+    ("criteo", "gzip"), ("criteo", "parquet"), ("csv", "header"), ("csv", "parquet")])
+def test_a_bad_later_input_fails_before_the_first_is_read(tmp_path, monkeypatch, command,
+                                                          case):
+    """Every input is opened (and a csv header compared) before the first pass: a bad
+    second input fails with the reader's own message before a row of the first is parsed
+    (before, after the whole first input: hours on a large dataset), and nothing is left.
+    Oracles: the row parser is never called; the message equals the reader's, taken from
+    the same run with the early check skipped."""
+    first = tmp_path / "first"
+    first.write_text(CRITEO if command == "criteo" else RATINGS)
+    argv = [command, first, _second_input(case, tmp_path), tmp_path / "out.h5"]
+    if command == "csv":
+        argv += ["--label", "rating", "--label-threshold", "4", "--sparse", "user"]
+    made = set(tmp_path.iterdir())
+    parsed = []
+    real = prep_read.parse
+    monkeypatch.setattr(prep_read, "parse", lambda t, data: parsed.append(1) or real(t, data))
+    with pytest.raises(InputError) as early:
+        run(*argv)
+    assert parsed == [] and set(tmp_path.iterdir()) == made
+    monkeypatch.setattr(convert, "check_inputs", lambda t: None)   # the reader alone
+    with pytest.raises(InputError) as late:
+        run(*argv)
+    assert parsed and str(early.value) == str(late.value), (early.value, late.value)
+    assert set(tmp_path.iterdir()) == made
 
 
 @pytest.mark.parametrize("command,gz,opts,name", [
@@ -353,6 +403,45 @@ def test_parquet_equals_the_same_table_as_csv(tmp_path, monkeypatch):
     assert run("csv", tmp_path / "t.csv", tmp_path / "t.parquet", tmp_path / "m.h5", *opts) == 0
     assert run("csv", tmp_path / "twice.csv", tmp_path / "cc.h5", *opts) == 0
     assert_same(tmp_path / "m.h5", tmp_path / "cc.h5")
+
+
+def test_parquet_is_read_a_row_group_at_a_time(tmp_path, monkeypatch):
+    """A Parquet file of 40 row groups is read holding about one row group beyond what its
+    CSV twin's prep holds, and gives the twin's file. Oracle: tracemalloc's peak over each
+    prep (Python's and NumPy's allocations: the column chunks pyarrow reads through a Python
+    file object are Python bytes, which Arrow's memory pool does not count). pyarrow's
+    default pre_buffer read every row group's chunks ahead and held them to the end: the
+    peak grew with the file (here ~10 MB over the twin's, against a bound of 3 row groups
+    uncompressed, ~1 MB)."""
+    import tracemalloc
+
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    pcsv = pytest.importorskip("pyarrow.csv")
+    from pshybrid.prep import parquet
+
+    monkeypatch.setattr(parquet, "BATCH", 1000)     # a batch within one row group
+    rng = np.random.default_rng(5)
+    n = 200_000
+    table = pa.table({"y": rng.integers(0, 2, n), "x": rng.random(n),
+                      **{f"c{i}": pa.array(rng.integers(0, 2 ** 32, n)).cast(pa.string())
+                         for i in range(4)}})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=n // 40)
+    pcsv.write_csv(table, tmp_path / "t.csv", pcsv.WriteOptions(quoting_style="none",
+                                                                 quoting_header="none"))
+    meta = pq.ParquetFile(tmp_path / "t.parquet").metadata
+    group = max(meta.row_group(i).total_byte_size for i in range(meta.num_row_groups))
+    opts = ["--label", "y", "--dense", "x", "--sparse", "c0,c1,c2,c3", "--buckets", "1000"]
+    peaks = {}
+    for name in ("t.csv", "t.parquet"):
+        tracemalloc.start()
+        try:
+            assert run("csv", tmp_path / name, tmp_path / f"{name}.h5", *opts) == 0
+            peaks[name] = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peaks["t.parquet"] - peaks["t.csv"] < 3 * group, (peaks, group)
+    assert_same(tmp_path / "t.parquet.h5", tmp_path / "t.csv.h5")
 
 
 def test_a_parquet_header_is_quoted_as_a_csv_writer_quotes_it(tmp_path):

@@ -16,7 +16,7 @@ from .hashing import Hashing
 from .inputs import STDIN, shown_input
 from .multihot import items
 from .options import DEFAULT_BUCKETS, TableOptions
-from .read import Table, Tally, scan
+from .read import Table, Tally, check_inputs, scan
 from .vocabulary import Vocabulary, digest, read_vocabulary
 from .write import SplitWriter, check_out, split_sizes, valid_path
 
@@ -31,19 +31,16 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
     check_out(out, "OUT", o.overwrite, named)
     valid = valid_path(out, o, named)
     names = t.sparse_names
+    check_inputs(t)   # (each input opened: a bad later one fails before any pass)
     # The files first: an OUT that cannot be made fails before a pass over IN.
     with SplitWriter(out, valid, t.dense_names, names[:n_single], names[n_single:],
                      o.compression) as w:
         rows = None
         if valid is not None or o.min_count is not None:
-            tally = Tally(t.paths[0], o.skip_bad_lines)
-            for r in scan(t, o.max_rows, tally, f"prep {command}: pass 1/2 (count)"):
-                for enc, part in zip(encoders, _parts(t, r)):
-                    enc.count(part)
-            rows = rows_read(tally, t)
-            for enc in encoders:
-                enc.finish()
+            rows, items = _count(command, t, o, encoders)
             w.n_train = split_sizes(rows, o)
+            kept = [k for enc in encoders for k in getattr(enc, "kept", ())]  # (vocabulary)
+            w.check_room(rows, items, kept)   # (the disk, before pass 2 writes a row)
         tally = Tally(t.paths[0], o.skip_bad_lines)
         title = f"prep {command}: {'write' if rows is None else 'pass 2/2 (write)'}"
         for r in scan(t, o.max_rows, tally, title):
@@ -71,6 +68,22 @@ def run_table(command: str, t: Table, out: str, o: TableOptions) -> int:
           f"skipped; cardinalities {cards or '(none)'}; {dt:.2f} s, "
           f"{tally.rows / max(dt, 1e-9):,.0f} rows/s", flush=True)
     return 0
+
+
+def _count(command: str, t: Table, o: TableOptions, encoders: list) -> tuple[int, list[int]]:
+    """Pass 1: the encoders' counts (a vocabulary's ids), finished; the rows read (an
+    InputError if none) and each multi-hot field's items in all."""
+    tally, items = Tally(t.paths[0], o.skip_bad_lines), [0] * len(t.multi_sep)
+    for r in scan(t, o.max_rows, tally, f"prep {command}: pass 1/2 (count)"):
+        parts = _parts(t, r)
+        for enc, part in zip(encoders, parts):
+            enc.count(part)
+        for k, part in enumerate(parts[1:]):
+            items[k] += int(part.lengths.sum())
+    rows = rows_read(tally, t)
+    for enc in encoders:
+        enc.finish()
+    return rows, items
 
 
 def _warn_oversized(command: str, table_rows: int, ids: int, o: TableOptions) -> None:

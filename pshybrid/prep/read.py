@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import InputError
 from .block import Block, split_lines
-from .inputs import MAX_LINE_BYTES, open_input, read_checked, shown_input
+from .inputs import MAX_LINE_BYTES, STDIN, open_input, read_checked, shown_input
 from .quoted import outside, split_quoted
 
 BLOCK_BYTES = 2 << 20      # read size: a block holds ~9k Criteo lines
@@ -274,6 +274,24 @@ def _block(t: Table, first: int, data: bytes, max_rows: int | None, tally: Tally
         tally.bad_line(first + (i if line_of is None else int(line_of[i])), why(i), len(bad))
     tally.rows += len(good)
     return rows.take(slice(len(good))) if len(good) else None, again
+
+
+def check_inputs(t: Table) -> None:
+    """Open every input but standard input as ``blocks`` will and, with a header, compare
+    its first line with the first input's as ``scan`` will: a later input that is missing,
+    not a regular file, unreadable, a Parquet file to ``prep criteo``, a gzip whose start
+    does not decompress, or of another header fails in the reader's words before the first
+    pass reads a row, not when the scan reaches it (hours into a large dataset). Standard
+    input can be read once: it is checked as it is read. A first line the reader would call
+    too long is left to it."""
+    for path in t.paths:
+        if path == STDIN:
+            continue
+        name = shown_input(path)
+        with open_input(path, t.spools, t.parquet) as f:
+            line = read_checked(name, f.readline, MAX_LINE_BYTES + 1) if t.header else b""
+        if line.endswith(b"\n") or 0 < len(line) <= MAX_LINE_BYTES:   # (b"": no rows)
+            _check_header(t, line, name)
 
 
 def _check_header(t: Table, line: bytes, name: str) -> None:

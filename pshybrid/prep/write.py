@@ -1,4 +1,5 @@
-"""Writing OUT (and the validation file): both published together at the end, or neither."""
+"""Writing OUT (and the validation file): both published together at the end, or neither;
+their room checked before a second pass writes (``check_room``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import stat
 import numpy as np
 
 from .. import safeio
-from ..data import DatasetWriter
+from ..data import CHUNK_ROWS, DatasetWriter
 from ..errors import ConfigError, InputError
 from .options import SplitOptions
 
@@ -25,6 +26,7 @@ class SplitWriter:
                  multi_hot_names=(), compression: str = "none"):
         self.n_train: int | None = None
         self.rows = [0, 0]
+        self.compression = compression
         self.ids = 0  # the ids written, multi-hot items each one
         args = (dense_names, sparse_names, multi_hot_names, compression)
         self.writers = [DatasetWriter(out, *args)]
@@ -58,6 +60,20 @@ class SplitWriter:
                 if name in seps:
                     w.f[f"vocabulary/{name}"].attrs["separator"] = seps[name]
 
+    def check_room(self, rows: int, items: list[int], kept: list) -> None:
+        """Refuse, before the second pass writes a row, ``rows`` rows (``n_train`` of them to
+        OUT) that its disk or ``ulimit -f`` has no room for (``check_room``): each file's size
+        from ``file_bytes``, each multi-hot field's ``items`` (in all) shared in proportion to
+        the rows, every file storing the vocabulary ``kept`` ((bytes, offsets) a field).
+        Not for a compressed file, whose size is not known before it is written."""
+        if self.compression != "none":
+            return
+        parts = [rows] if self.n_train is None else [self.n_train, rows - self.n_train]
+        stored = sum(a.nbytes for field in kept for a in field)
+        check_room([(option, w.path, n, file_bytes(n, len(w.dense_names), len(w.sparse_names),
+                                                   [m * n // rows for m in items]) + stored)
+                    for option, w, n in zip(("OUT", "--valid-out"), self.writers, parts)])
+
     def close(self, cardinalities, **attrs) -> None:
         for w in self.writers:
             w.finish(cardinalities, **attrs, **PREP_OUTPUT)
@@ -71,6 +87,34 @@ class SplitWriter:
         if exc_type is not None:
             for w in self.writers:
                 w.abort()
+
+
+def file_bytes(rows: int, n_dense: int, n_sparse: int, items: list[int]) -> int:
+    """The data bytes of an uncompressed dataset file of ``rows`` rows as ``DatasetWriter``
+    lays it out: a float32 label, ``n_dense`` float32 and ``n_sparse`` int64 values a row,
+    each multi-hot field's ``items`` int64 values and rows + 1 int64 offsets; each dataset
+    in whole chunks of CHUNK_ROWS entries (HDF5 allocates an uncompressed chunk whole)."""
+    def chunked(n: int, width: int) -> int:
+        return -(-n // CHUNK_ROWS) * CHUNK_ROWS * width
+
+    return (chunked(rows, 4 * (1 + n_dense) + 8 * n_sparse)
+            + sum(chunked(m, 8) + chunked(rows + 1, 8) for m in items))
+
+
+def check_room(files: list[tuple[str, str, int, int]]) -> None:
+    """Refuse files ``(option, path, rows, bytes)`` that would not fit where they go: each
+    file's bytes against ``ulimit -f``, those of the files on one disk together against its
+    free space (``safeio.room_problem``), naming the file(s), the bytes and the room."""
+    where = [os.path.dirname(os.path.abspath(path)) for _, path, _, _ in files]
+    disks = [os.stat(d).st_dev for d in where]
+    for f, d, disk in zip(files, where, disks):
+        same = [g for g, other in zip(files, disks) if other == disk]
+        for total, biggest, named in ((0, f[3], [f]), (sum(g[3] for g in same), 0, same)):
+            if problem := safeio.room_problem(d, total, biggest):  # (ulimit -f, the disk)
+                raise InputError(" and ".join(f"{o} {p} ({n:,} rows)" for o, p, n, _ in named)
+                                 + f": cannot be written: {problem}; found before the second "
+                                 "pass, nothing written (--compression lzf or gzip writes a "
+                                 "smaller file)")
 
 
 def check_out(path: str, option: str, overwrite: bool, inputs=()) -> None:
