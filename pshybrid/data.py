@@ -487,11 +487,6 @@ class H5Dataset:
         return self._read(lambda: (self.f["label"][start:stop], self.f["dense"][start:stop],
                                    self.f["sparse"][start:stop]))
 
-    def scan_keys(self) -> list[tuple[int, int, int]]:
-        """(inode, size, modification time in ns) of the file as opened: what a checkpoint
-        records of the files its run scanned (a resume on them unchanged scans none)."""
-        return [(self.stamp[1], self.stamp[2], self.stamp[3])]
-
     def validate(self, start: int, stop: int) -> None:
         """Scan rows ``[start, stop)`` in chunks; raise ``InputError`` naming the file, the
         key and the first bad row: labels outside {0, 1}, NaN/inf dense values, sparse ids

@@ -38,6 +38,13 @@ def taken_in(out: str, spec: str) -> str | None:
                  and os.path.isdir(part) and os.path.realpath(part) == where), None)
 
 
+def scan_keys(d) -> list[tuple[int, int, int]]:
+    """(inode, size, modification time in ns) of each file of dataset ``d`` as opened (none
+    for a Python dataset): what a checkpoint records of the files its run scanned, which a
+    resume on them unchanged scans no more."""
+    return [tuple(p.stamp[1:4]) for p in getattr(d, "parts", [d]) if hasattr(p, "stamp")]
+
+
 def not_trained_on(eval_spec: str, data_spec: str) -> None:
     """An InputError if a file of --eval-data comes into --data through a directory (its
     ``*.h5`` take in the ``OUT.valid.h5`` that ``prep --valid-fraction`` writes beside OUT);
@@ -138,9 +145,6 @@ class H5Files:
     def compression(self) -> str | None:
         """The first compressed file's filter, None if none is."""
         return next((d.compression for d in self.parts if d.compression), None)
-
-    def scan_keys(self) -> list[tuple[int, int, int]]:
-        return [k for d in self.parts for k in d.scan_keys()]
 
     def validate(self, start: int, stop: int) -> None:
         for d, a, b in self._pieces(start, stop):

@@ -26,7 +26,7 @@ from .backend import to_device
 from .config import TrainConfig, from_dict, to_dict
 from .batches import (BatchPlan, Upcoming, global_batch, prefetch, training_data,
                       worker_batches)
-from .files import not_trained_on, open_dataset
+from .files import not_trained_on, open_dataset, scan_keys
 from .graphs import DeviceStep
 from .devices import cuda_aware_mpi, pick_device
 from .errors import ConfigError, InputError, PshybridError
@@ -203,8 +203,7 @@ class Job:
         """Collective: write checkpoint ``step`` (servers join through their loop), with
         worker 0's evaluation of that step, if any."""
         ev = next((e for e in self.result.evals[-1:] if e["step"] == step), None)
-        scanned = [k for d in (self.data, self.evdata) for k in getattr(d, "scan_keys",
-                                                                        list)()]
+        scanned = [k for d in (self.data, self.evdata) for k in scan_keys(d)]
         return checkpoint.save(self.cfg.checkpoint_dir, step, self.cfg, self.topo, self.mode,
                                self.params, self.data.schema, getattr(self.data, "n_rows", None),
                                ev, scanned)
@@ -307,7 +306,7 @@ def _open_data(cfg, topo, dataset, opened):
                 raise InputError(f"{getattr(d, 'path', 'the dataset')}: {counted(n, 'row')}"
                                  f", fewer than one global batch ({W} x --batch-size "
                                  f"{cfg.batch_size} = {G})")
-            keys = set(getattr(d, "scan_keys", list)())  # (the resumed run scanned these)
+            keys = set(scan_keys(d))  # (a resumed run's, scanned as they are: skipped)
             if topo.is_worker and hasattr(d, "validate") and not (keys and keys <= skip):
                 W, w = topo.n_workers, topo.worker_index  # each worker scans its share
                 d.validate(n * w // W, n * (w + 1) // W)
