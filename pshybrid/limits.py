@@ -8,7 +8,7 @@ counted by registering its layers on a throwaway ``ParamSpace``: nothing is allo
   features, ids, fused-table ids), the pulled embedding rows of a batch and their gradient,
   the activations (batch x the widths of every layer, forward values and gradients), the
   dense parameters with their gradient and dense optimizer state, with ``--eval-data``
-  every row's logit and label and the exact AUC's temporaries (worker 0's), and in
+  its rows' logits and labels (worker 0: every row's, and the exact AUC's sort), and in
   ``allreduce`` mode the whole fused table with its optimizer slots plus the exchanged rows
   of every worker;
 - server: its shard of the fused table (``ceil(rows / servers)`` rows of width
@@ -69,7 +69,8 @@ def _model_shapes(cfg, schema) -> tuple[int, list[tuple[int, ...]], int]:
 
 
 def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) -> dict:
-    """{"worker": [Part...], "server": [Part...]}: the large arrays of one rank of each role."""
+    """{"worker": [Part...], "server": [Part...], "first": [Part...]}: the large arrays of
+    one rank of each role ("first": worker 0's beyond a worker's: the evaluation's)."""
     s = 8 if cfg.dtype == "float64" else 4
     B, F, Fd, D = cfg.batch_size, schema.n_sparse, schema.n_dense, cfg.embedding_dim
     W, S = max(n_workers, 1), n_servers
@@ -103,11 +104,13 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
              f"{P:,} parameters: {net}", "lower --mlp or --embedding-dim"
              + (" or --cross-layers" if cross else "")),
     ]
-    if eval_rows:
-        # worker 0: every row's logit and label (8 B each) and the AUC's temporaries
-        worker.append(Part("evaluation logits, labels and AUC",
-                           eval_rows * (16 + AUC_BYTES_PER_ROW),
-                           f"{eval_rows:,} rows of --eval-data", "evaluate on a smaller file"))
+    first = []  # worker 0's beyond a worker's
+    if eval_rows:  # a worker's rows' logits and labels (8 B each); worker 0 takes every
+        share = 16 * -(-eval_rows // W)  # row's and sorts them for the AUC (peak: 26 B a row)
+        by, advice = f"{eval_rows:,} rows of --eval-data", "evaluate on a smaller file"
+        worker.append(Part("evaluation logits and labels", share, by, advice))
+        first.append(Part("evaluation: every row's logit, label and the AUC's sort (worker 0)",
+                          eval_rows * (16 + AUC_BYTES_PER_ROW) - share, by, advice))
     if cfg.replicate_rows:
         hot = min(cfg.replicate_rows, int(sum(schema.cardinalities)))
         slots = len(SLOTS[cfg.sparse_optimizer])
@@ -119,7 +122,7 @@ def estimate(cfg, schema, n_workers: int, n_servers: int, eval_rows: int = 0) ->
                            f"--cache-rows {cfg.cache_rows} x --embedding-dim {D}",
                            "lower --cache-rows"))
     server = _table_parts(cfg, schema, worker, W, S, E, s, P, cards, net)
-    return {"worker": worker, "server": server}
+    return {"worker": worker, "server": server, "first": first}
 
 
 def model_size(cfg, schema) -> tuple[int, int]:
@@ -234,8 +237,9 @@ def on_host(cfg, est: dict) -> dict:
 
 
 def per_rank(est: dict) -> dict:
-    """{"worker": bytes, "server": bytes}: the parts of one rank of each role, summed."""
-    return {role: sum(p.nbytes for p in est[role]) for role in ("worker", "server")}
+    """{"worker": bytes, "server": bytes, "first": bytes}: the parts of one rank of each
+    role, summed ("first": worker 0's beyond a worker's)."""
+    return {role: sum(p.nbytes for p in est[role]) for role in ("worker", "server", "first")}
 
 
 def memory_line(cfg, schema, topo, eval_rows: int) -> str:
@@ -244,18 +248,20 @@ def memory_line(cfg, schema, topo, eval_rows: int) -> str:
     per = per_rank(on_host(cfg, estimate(cfg, schema, topo.n_workers, topo.n_servers,
                                          eval_rows)))
     w, s = gib(per["worker"]), gib(per["server"])
-    each = (f"{gib(sum(per.values()))} per rank (a worker's {w} + a shard's {s})"
+    each = (f"{gib(per['worker'] + per['server'])} per rank (a worker's {w} + a shard's {s})"
             if topo.colocated else f"{w} per worker" + f", {s} per server" * bool(topo.n_servers))
+    if per["first"]:
+        each += f"; worker 0 {gib(per['first'])} more (the evaluation)"
     return (f"  memory (the large arrays, as checked before step 1"
             f"{'; host only' if cfg.device == 'cuda' else ''}): {each}")
 
 
 def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int | None,
                 workers_here: int | None = None, servers_here: int | None = None,
-                eval_rows: int = 0, node: str = "this node") -> dict:
+                eval_rows: int = 0, node: str = "this node", first_here: bool = True) -> dict:
     """Raise ``ConfigError`` (collective) if ``workers_here`` workers and ``servers_here``
-    servers (default: the whole job, on one node: ``node`` names it) need more than
-    ``memory_bytes``; the
+    servers (default: the whole job, on one node: ``node`` names it; ``first_here``: worker
+    0 among them) need more than ``memory_bytes``; the
     message names the largest part, the options that set it and what to change.
     ``memory_bytes`` None (unknown): nothing is refused. Returns the estimate."""
     est = estimate(cfg, schema, n_workers, n_servers, eval_rows)
@@ -265,11 +271,11 @@ def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int |
     ns = n_servers if servers_here is None else servers_here
     est = on_host(cfg, est)
     per = per_rank(est)
-    need = nw * per["worker"] + ns * per["server"]
+    need = nw * per["worker"] + ns * per["server"] + first_here * per["first"]
     if need <= memory_bytes:
         return est
-    count = {"worker": nw, "server": ns}
-    role, part = max(((r, p) for r in ("worker", "server") for p in est[r] if count[r]),
+    count = {"worker": nw, "server": ns, "first": int(first_here)}
+    role, part = max(((r, p) for r in count for p in est[r] if count[r]),
                      key=lambda rp: count[rp[0]] * rp[1].nbytes)
     ranks = " and ".join(f"{n} {r}{'s' if n != 1 else ''}" for r, n in
                          (("worker", nw), ("server", ns)) if n)
@@ -277,7 +283,8 @@ def check_sizes(cfg, schema, n_workers: int, n_servers: int, memory_bytes: int |
         f"not enough memory: the {ranks} on {node} need{'s' if nw + ns == 1 else ''} at "
         f"least {gib(need)} but "
         f"{gib(memory_bytes)} is available; the largest part is the {part.what}, "
-        f"{gib(part.nbytes)} per {role}, set by {part.by}: {part.advice}", collective=True)
+        f"{gib(part.nbytes)}{'' if role == 'first' else f' per {role}'}, set by {part.by}: "
+        f"{part.advice}", collective=True)
 
 
 WINDOW_PARTS = ("shard of the embedding table", "shard of the dense table")  # MPI windows
@@ -311,12 +318,14 @@ def check_shared_memory(est: dict, servers_here: int, shared: bool,
             f"them from files there): {problem}; {SHM_WAYS_OUT}", collective=True)
 
 
-def check_address_space(est: dict, worker: bool, server: bool, node_windows: int) -> None:
+def check_address_space(est: dict, worker: bool, server: bool, node_windows: int,
+                        first: bool = False) -> None:
     """Raise ``ConfigError`` if this rank's large arrays (a worker's, a server's, both for a
     colocated rank; and the ``node_windows`` bytes of its node's shards, which the MPI
     library maps into every rank there, shared window or not) do not fit what ``ulimit -v``
-    leaves this process (its limit less what it maps already); nothing where there is no
-    such limit. A rank checks itself: the verdict is agreed by the caller."""
+    leaves this process (its limit less what it maps already; ``first``: worker 0, which
+    holds the evaluation's rows); nothing where there is no such limit. A rank checks
+    itself: the verdict is agreed by the caller."""
     import resource
 
     limit = resource.getrlimit(resource.RLIMIT_AS)[0]
@@ -324,7 +333,8 @@ def check_address_space(est: dict, worker: bool, server: bool, node_windows: int
     if limit == resource.RLIM_INFINITY or used is None:
         return
     per = per_rank(est)
-    need = per["worker"] * worker + per["server"] * server  # (its own shard: counted once)
+    need = per["worker"] * worker + per["server"] * server + per["first"] * first  # (its own
+    # shard: counted once)
     need += node_windows - server * window_bytes(est)
     if need > limit - used:
         raise ConfigError(

@@ -121,14 +121,17 @@ def _check_resources(cfg, topo, schema, eval_rows: int, score: bool) -> None:
     workers, servers = roles_per_node(topo.node_of_rank, topo.worker_ranks,
                                       topo.server_ranks)[topo.node_of_rank[topo.rank]]
     node = f"node {topo.node_names[topo.node_of_rank[topo.rank]]}"  # (others print rank 0's)
+    here = topo.node_of_rank[topo.rank]
+    first_here = topo.node_of_rank[topo.worker_ranks[0]] == here  # (worker 0: every eval row)
     est = limits.check_sizes(cfg.stateless() if score else cfg, schema, topo.n_workers,
                              topo.n_servers, limits.available_memory(), workers, servers,
-                             eval_rows, node)
+                             eval_rows, node, first_here)
     shared = limits.window_bytes(est) > 0 and shared_window(SHARED_MEMORY[cfg.shared_memory],
                                                            topo.n_nodes)  # (no windows: no)
     limits.check_shared_memory(est, servers, shared, node)
     limits.check_address_space(est, topo.is_worker, topo.rank in topo.server_ranks,
-                               servers * limits.window_bytes(est))
+                               servers * limits.window_bytes(est),
+                               topo.rank == topo.worker_ranks[0])
     if cfg.checkpoint_dir and not score:  # (one checkpoint at least: else none is ever kept)
         problem = safeio.room_problem(safeio.nearest_existing(cfg.checkpoint_dir),
                                       limits.checkpoint_bytes(cfg, schema),

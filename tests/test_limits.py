@@ -346,3 +346,23 @@ def test_a_window_refused_for_another_reason_than_memory_names_its_way_out(
             transport.allocate_window(3 << 20, None, shared)
         assert "this rank's 3.0 MiB window of the tables' shard (" in str(e.value), e.value
         assert (hint in str(e.value)) == (expect is PshybridError), e.value
+
+
+def test_only_worker_0_is_charged_every_evaluation_row():
+    """Worker 0 gathers every --eval-data row's logit and label and sorts them for the AUC
+    (26 B a row); the other workers hold their own rows' (16 B a row over the W). The check
+    charged 26 B a row to every worker: 8 workers evaluating 200M rows on a node of 20 GiB
+    were refused ('need at least 39.4 GiB'), needing ~8. Oracles: the parts' bytes by the
+    rule; that job fits; the node without worker 0 needs worker 0's extra less."""
+    from pshybrid.limits import per_rank
+
+    n, W = 200_000_000, 8
+    est = check_sizes(BASE, SCHEMA, W, 1, 20 * GiB, eval_rows=n)  # (no refusal)
+    ev = {r: sum(p.nbytes for p in parts if p.what.startswith("evaluation"))
+          for r, parts in est.items()}
+    assert ev == {"worker": 16 * -(-n // W), "server": 0, "first": 26 * n - 16 * -(-n // W)}
+    per = per_rank(est)
+    need = W * per["worker"] + per["server"]
+    with pytest.raises(ConfigError, match="the largest part is the evaluation: every row's"):
+        check_sizes(BASE, SCHEMA, W, 1, need + per["first"] - 1, eval_rows=n)
+    check_sizes(BASE, SCHEMA, W, 1, need, eval_rows=n, first_here=False)

@@ -61,9 +61,13 @@ def test_banner_names_the_roles_the_global_batch_and_the_bytes():
     # --eval-data's rows: the logits it keeps and its larger activation batch, as checked
     big = {r: sum(p.nbytes for p in parts) for r, parts in estimate(
         cfg, SCHEMA, 3, 2, eval_rows=10**7).items()}
-    assert big["worker"] > per["worker"] + 16 * 10**7 - 1
-    assert f"{gib(big['worker'])} per worker" in banner(cfg, topo(3, 2), SCHEMA, 500,
-                                                       eval_rows=10**7)
+    ev = {r: sum(p.nbytes for p in parts if p.what.startswith("evaluation"))
+          for r, parts in estimate(cfg, SCHEMA, 3, 2, eval_rows=10**7).items()}
+    assert ev["worker"] == 16 * -(-10**7 // 3) and big["worker"] > per["worker"] + ev["worker"]
+    assert ev["first"] + ev["worker"] == 26 * 10**7 and big["first"] == ev["first"]  # worker 0
+    assert (f"{gib(big['worker'])} per worker, {gib(big['server'])} per server; worker 0 "
+            f"{gib(big['first'])} more (the evaluation)") in banner(cfg, topo(3, 2), SCHEMA,
+                                                                    500, eval_rows=10**7)
 
 
 def test_banner_placements_and_the_small_data_warning():
