@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import h5py
 import numpy as np
 
 from .data import H5Dataset
@@ -38,11 +39,31 @@ def taken_in(out: str, spec: str) -> str | None:
                  and os.path.isdir(part) and os.path.realpath(part) == where), None)
 
 
+def scan_key(d) -> tuple[int, int, int] | None:
+    """(inode, size, modification time in ns) of dataset file ``d`` as opened: what a
+    checkpoint records of a file its run scanned, which a resume on it unchanged scans no
+    more. None where a key it reads lies in another file (an external link, external
+    storage, a virtual dataset: changed unseen) or for a Python dataset: always scanned."""
+    if not hasattr(d, "stamp") or d.linked:
+        return None
+    outside = []
+    d.f.visititems(lambda name, o: outside.append(name) if isinstance(o, h5py.Dataset) and (
+        o.external or o.is_virtual) else None)
+    return None if outside else tuple(d.stamp[1:4])
+
+
 def scan_keys(d) -> list[tuple[int, int, int]]:
-    """(inode, size, modification time in ns) of each file of dataset ``d`` as opened (none
-    for a Python dataset): what a checkpoint records of the files its run scanned, which a
-    resume on them unchanged scans no more."""
-    return [tuple(p.stamp[1:4]) for p in getattr(d, "parts", [d]) if hasattr(p, "stamp")]
+    """``scan_key`` of each file of dataset ``d`` that has one."""
+    return [k for p in getattr(d, "parts", [d]) if (k := scan_key(p)) is not None]
+
+
+def validate_unscanned(d, start: int, stop: int, skip=frozenset()) -> None:
+    """``validate`` rows ``[start, stop)`` of dataset ``d``, but not those of a file whose
+    ``scan_key`` is in ``skip`` (a resumed run's checkpoint's: scanned, unchanged since)."""
+    for p, a, b in d._pieces(start, stop) if hasattr(d, "parts") else [(d, start, stop)]:
+        key = scan_key(p)
+        if key is None or key not in skip:
+            p.validate(a, b)
 
 
 def not_trained_on(eval_spec: str, data_spec: str) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 from . import checkpoint_files, safeio
 from .config import TrainConfig
 from .errors import InputError, PshybridError
-from .files import dataset_paths, open_dataset, scan_keys, taken_in
+from .files import dataset_paths, open_dataset, taken_in, validate_unscanned
 from .metrics import sigmoid
 from .preflight import preflight
 from .topology import Topology
@@ -59,8 +59,8 @@ def _open(path: str, topo, out: str | None, overwrite: bool, ckpt: str):
         if data.n_rows == 0:
             raise InputError(f"{path}: holds no rows: nothing to score")
         n, W, w = data.n_rows, topo.n_workers, topo.worker_index
-        if not set(scan_keys(data)) <= checkpoint_files.scanned_before(ckpt):
-            data.validate(n * w // W, n * (w + 1) // W)  # (else its run scanned it as it is)
+        validate_unscanned(data, n * w // W, n * (w + 1) // W,  # (its run's files: skipped)
+                           checkpoint_files.scanned_before(ckpt))
         if out is not None and topo.rank == 0:
             problem = (safeio.check_output(out, "", [("DATA", p) for p in dataset_paths(path)],
                                            [ckpt],

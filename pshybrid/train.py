@@ -26,7 +26,7 @@ from .backend import to_device
 from .config import TrainConfig, from_dict, to_dict
 from .batches import (BatchPlan, Upcoming, global_batch, prefetch, training_data,
                       worker_batches)
-from .files import not_trained_on, open_dataset, scan_keys
+from .files import not_trained_on, open_dataset, scan_keys, validate_unscanned
 from .graphs import DeviceStep
 from .devices import cuda_aware_mpi, pick_device
 from .errors import ConfigError, InputError, PshybridError
@@ -306,10 +306,9 @@ def _open_data(cfg, topo, dataset, opened):
                 raise InputError(f"{getattr(d, 'path', 'the dataset')}: {counted(n, 'row')}"
                                  f", fewer than one global batch ({W} x --batch-size "
                                  f"{cfg.batch_size} = {G})")
-            keys = set(scan_keys(d))  # (a resumed run's, scanned as they are: skipped)
-            if topo.is_worker and hasattr(d, "validate") and not (keys and keys <= skip):
-                W, w = topo.n_workers, topo.worker_index  # each worker scans its share
-                d.validate(n * w // W, n * (w + 1) // W)
+            if topo.is_worker and hasattr(d, "validate"):  # each worker scans its share
+                W, w = topo.n_workers, topo.worker_index  # (a resumed run's files: skipped)
+                validate_unscanned(d, n * w // W, n * (w + 1) // W, skip)
     except PshybridError as e:
         err = e
     agree(topo.world, err)  # Wire: allgather of each rank's verdict; everyone raises the same

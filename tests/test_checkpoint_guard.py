@@ -1301,6 +1301,54 @@ def test_a_resume_scans_no_data_file_its_run_scanned_unchanged(tmp_path, monkeyp
     assert scans == [t]
 
 
+def test_the_resume_skip_is_per_file_and_never_for_keys_stored_elsewhere(tmp_path,
+                                                                       monkeypatch):
+    """A resume skips the scan file by file (a day's file added to --data rescanned every
+    other), and never skips a file whose keys lie in another file (an external link,
+    external storage: that file may change unseen, and the rows are not checked again
+    when read: a replaced link target's ids went into the next field's rows). Oracles: the
+    scans counted; ``files.scan_key`` of each kind of file."""
+    import h5py
+
+    from pshybrid import files
+    from pshybrid.data import H5Dataset
+    from pshybrid.synthetic import write_synthetic
+
+    a, b, ck = str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), str(tmp_path / "ck")
+    for path, seed in ((a, 1), (b, 2)):
+        write_synthetic(path, 128, n_dense=3, cardinalities=DATA.schema.cardinalities,
+                        seed=seed)
+    scans, real = [], H5Dataset.validate
+    monkeypatch.setattr(H5Dataset, "validate", lambda d, lo, hi: scans.append(d.path) or
+                        real(d, lo, hi))
+    cfg = dict(data=f"{a},{b}", checkpoint_dir=ck, checkpoint_every=2)
+    train(replace(BASE, steps=2, **cfg), MPI.COMM_SELF, out=io.StringIO())
+    st = os.stat(b)
+    os.utime(b, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+    scans.clear()
+    train(replace(BASE, steps=4, resume=ck, **cfg), MPI.COMM_SELF, out=io.StringIO())
+    assert scans == [b]
+    linked, stored = str(tmp_path / "linked.h5"), str(tmp_path / "stored.h5")
+    with h5py.File(a, "r") as src:
+        for path in (linked, stored):
+            with h5py.File(path, "w") as f:
+                f.attrs.update(src.attrs)
+                f["label"], f["dense"] = src["label"][...], src["dense"][...]
+                if path == linked:
+                    f["sparse"] = h5py.ExternalLink(a, "/sparse")
+                else:  # (the ids' bytes in a raw file of their own)
+                    ids = src["sparse"][...]
+                    ids.tofile(str(tmp_path / "ids.bin"))
+                    f.create_dataset("sparse", ids.shape, ids.dtype,
+                                     external=[(str(tmp_path / "ids.bin"), 0, ids.nbytes)])
+    for path, want in ((a, True), (linked, False), (stored, False)):
+        d = H5Dataset(path)
+        try:
+            assert (files.scan_key(d) is not None) == want, path
+        finally:
+            d.close()
+
+
 @pytest.mark.parametrize("model,key,other", [("dcn", "cross_layers", 3),
                                              ("dlrm", "bottom_mlp", (8, 4))])
 def test_a_models_own_options_must_match_only_where_the_model_has_them(tmp_path, model, key,
