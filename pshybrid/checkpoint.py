@@ -7,7 +7,8 @@ worker 0 ``dense.h5`` and ``meta.json``, each file created exclusively, flushed 
 fsync'ed; after everyone is done worker 0 renames the directory to ``step-N`` (never over
 anything) and only then replaces ``latest`` (a fresh temporary, fsync, rename). A job
 killed at any moment leaves ``latest`` naming a complete checkpoint. Parameters are checked
-finite first. Pruning (``--keep-last``) only removes real step directories older than the
+finite first. The step's evaluation, run after it, replaces its ``meta.json`` as ``latest``
+is replaced (``record_evaluation``). Pruning (``--keep-last``) only removes real step directories older than the
 one just written, never the one ``latest`` names (``safeio`` for the file rules).
 
 Resume reads ``latest`` (or a given ``step-N``); each server takes the rows it owns under

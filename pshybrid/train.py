@@ -201,7 +201,8 @@ class Job:
 
     def save(self, step: int) -> str:
         """Collective: write checkpoint ``step`` (servers join through their loop), with
-        worker 0's evaluation of that step, if any."""
+        worker 0's evaluation of that step where it ran before (a signal's stop after an
+        evaluated step: the loop's checkpoints come before their evaluation)."""
         ev = next((e for e in self.result.evals[-1:] if e["step"] == step), None)
         scanned = [k for d in (self.data, self.evdata) for k in scan_keys(d)]
         return checkpoint.save(self.cfg.checkpoint_dir, step, self.cfg, self.topo, self.mode,
