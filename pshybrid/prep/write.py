@@ -70,9 +70,12 @@ class SplitWriter:
             return
         parts = [rows] if self.n_train is None else [self.n_train, rows - self.n_train]
         stored = sum(a.nbytes for field in kept for a in field)
-        check_room([(option, w.path, n, file_bytes(n, len(w.dense_names), len(w.sparse_names),
-                                                   [m * n // rows for m in items]) + stored)
-                    for option, w, n in zip(("OUT", "--valid-out"), self.writers, parts)])
+        sizes = [file_bytes(n, len(w.dense_names), len(w.sparse_names),
+                            [m * n // rows for m in items]) + stored
+                 for w, n in zip(self.writers, parts)]  # (1-4% under the files written:
+        check_room([(option, w.path, n, b + b // 20 + MARGIN)  # 5% + 1 MiB more, so one
+                    for option, w, n, b in zip(("OUT", "--valid-out"), self.writers, parts,
+                                               sizes)])  # refused late is rarer still)
 
     def close(self, cardinalities, **attrs) -> None:
         for w in self.writers:
@@ -99,6 +102,9 @@ def file_bytes(rows: int, n_dense: int, n_sparse: int, items: list[int]) -> int:
 
     return (chunked(rows, 4 * (1 + n_dense) + 8 * n_sparse)
             + sum(chunked(m, 8) + chunked(rows + 1, 8) for m in items))
+
+
+MARGIN = 1 << 20  # check_room's bytes beyond a file's estimate (and 5%)
 
 
 def check_room(files: list[tuple[str, str, int, int]]) -> None:
