@@ -151,6 +151,37 @@ def test_criteo_hashing_exact(tmp_path, monkeypatch, capsys, gz, block):
     assert "prep criteo: 20 rows -> " in capsys.readouterr().out
 
 
+def test_a_files_reads_run_one_ahead_on_a_thread_that_ends_with_the_run(tmp_path,
+                                                                       monkeypatch):
+    """A gzip (or any file) input is read and decompressed on a thread of its own one
+    block ahead of the parsing, so both cores work; live standard input stays in the
+    caller's thread (a pipe's read may wait without end). Oracles: every block read of a
+    gzip file ran on the read-ahead thread and the file is the one-block run's; a bad line
+    ends the run with its error while a read is pending, and no read-ahead thread is left."""
+    import threading
+
+    from pshybrid.prep import inputs
+
+    readers, real = [], inputs.read_checked
+
+    def recorded(name, read, n):
+        if n == prep_read.BLOCK_BYTES:
+            readers.append(threading.current_thread().name)
+        return real(name, read, n)
+
+    monkeypatch.setattr(inputs, "read_checked", recorded)
+    monkeypatch.setattr(prep_read, "BLOCK_BYTES", 100)  # many blocks
+    src = write(tmp_path / "in.tsv.gz", CRITEO, True)
+    assert run("criteo", src, tmp_path / "out.h5", "--buckets", "1000") == 0
+    assert len(readers) > 10 and all(r.startswith("prep-read") for r in readers), readers
+    np.testing.assert_array_equal(read(tmp_path / "out.h5")[2], expected_hashed([1000] * 26))
+    lines = CRITEO.splitlines(keepends=True)
+    bad = write(tmp_path / "bad.tsv.gz", "".join(lines[:12] + ["x\n"] + lines[12:]), True)
+    with pytest.raises(InputError, match=r"bad.tsv.gz:13: "):
+        main(["prep", "criteo", bad, str(tmp_path / "b.h5"), "--buckets", "1000"])
+    assert not [t for t in threading.enumerate() if t.name.startswith("prep-read")]
+
+
 @pytest.mark.parametrize("fmt", ["criteo", "synthetic"])
 def test_an_existing_out_is_replaced_only_with_overwrite_and_only_if_prep_wrote_it(tmp_path,
                                                                                   fmt):

@@ -6,6 +6,7 @@ for it are kept and read again (``_Replay``)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import gzip
 import io
@@ -113,6 +114,35 @@ def open_input(path: str, spools: dict | None = None, parquet_text: bool = False
                 yield g if first == BOM else io.BufferedReader(_Prefixed(first, g), 1 << 20)
         else:
             yield raw
+
+
+@contextlib.contextmanager
+def reads(path: str, spools: dict | None, f, n: int):
+    """A function giving ``f.read(n)`` call after call, failures as ``read_checked``'s. For a
+    file (not live standard input) each read runs on a thread of its own one call ahead, so
+    a gzip decompresses (zlib lets go of the GIL), a Parquet file converts and a disk reads
+    while the caller parses the bytes before. A pipe's read may wait without end: standard
+    input is read in the caller's thread, so nothing waits on it at an exit."""
+    name = shown_input(path)
+    if path == STDIN and path not in (spools or {}):
+        yield lambda: read_checked(name, f.read, n)
+        return
+    pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prep-read")
+    pending = pool.submit(read_checked, name, f.read, n)
+
+    def take() -> bytes:
+        nonlocal pending
+        chunk = pending.result()  # (the read's InputError, raised here)
+        pending = pool.submit(read_checked, name, f.read, n) if chunk else None
+        return chunk
+
+    try:
+        yield take
+    finally:
+        if pending is not None:  # (the file closes after: its read ends first)
+            with contextlib.suppress(Exception):
+                pending.result()
+        pool.shutdown()
 
 
 def is_parquet(path: str, spools: dict | None) -> bool:

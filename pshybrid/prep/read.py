@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import InputError
 from .block import Block, split_lines
-from .inputs import MAX_LINE_BYTES, STDIN, open_input, read_checked, shown_input
+from .inputs import MAX_LINE_BYTES, STDIN, open_input, read_checked, reads, shown_input
 from .quoted import outside, split_quoted
 
 BLOCK_BYTES = 2 << 20      # read size: a block holds ~9k Criteo lines
@@ -180,10 +180,9 @@ def blocks(path: str, tally: Tally, spools: dict | None = None, quote: int | Non
     are read again as lines of their own (one stray quote costs one line). ``parquet``: as
     ``inputs.open_input``."""
     line, rem, skipping, again = 1, b"", False, False
-    name = shown_input(path)
-    with open_input(path, spools, parquet) as f:
+    with open_input(path, spools, parquet) as f, reads(path, spools, f, BLOCK_BYTES) as read:
         while True:
-            chunk = b"" if again else read_checked(name, f.read, BLOCK_BYTES)
+            chunk = b"" if again else read()
             end, again = not chunk and not again, False
             # (at the end, a last line without its LF gets one)
             buf = rem + (chunk or b"\n" * (end and rem[-1:] not in (b"", b"\n")))
