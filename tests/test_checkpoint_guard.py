@@ -1264,23 +1264,31 @@ def test_a_failed_evaluation_keeps_its_steps_checkpoint(tmp_path, monkeypatch):
     assert [e["step"] for e in got.evals] == [4]
 
 
+def _files_counting_scans(paths, monkeypatch) -> list:
+    """Synthetic dataset files at ``paths`` (256 rows each, seeds 1, 2, ...); -> the list
+    every later ``H5Dataset.validate`` appends its file's path to."""
+    from pshybrid.data import H5Dataset
+    from pshybrid.synthetic import write_synthetic
+
+    for seed, path in enumerate(paths, 1):
+        write_synthetic(path, 256, n_dense=3, cardinalities=DATA.schema.cardinalities,
+                        seed=seed)
+    scans, real = [], H5Dataset.validate
+    monkeypatch.setattr(H5Dataset, "validate", lambda d, a, b: scans.append(d.path) or
+                        real(d, a, b))
+    return scans
+
+
 def test_a_resume_scans_no_data_file_its_run_scanned_unchanged(tmp_path, monkeypatch):
     """Every start scanned every row of --data and --eval-data (a multi-TB dataset read
     whole at each requeue). A checkpoint records the files its run scanned (inode, size,
     modification time) and a resume, eval or predict on them unchanged scans none. Oracles:
     the scans counted (none at the resume and eval; the touched file alone after a touch);
     the recorded keys are the files' own; the resumed run == the uninterrupted one."""
-    from pshybrid.data import H5Dataset
     from pshybrid.scoring import score
-    from pshybrid.synthetic import write_synthetic
 
     t, ev, ck = str(tmp_path / "t.h5"), str(tmp_path / "ev.h5"), str(tmp_path / "ck")
-    for path, seed in ((t, 1), (ev, 2)):
-        write_synthetic(path, 256, n_dense=3, cardinalities=DATA.schema.cardinalities,
-                        seed=seed)
-    scans, real = [], H5Dataset.validate
-    monkeypatch.setattr(H5Dataset, "validate", lambda d, a, b: scans.append(d.path) or
-                        real(d, a, b))
+    scans = _files_counting_scans((t, ev), monkeypatch)
     cfg = dict(data=t, eval_data=ev, checkpoint_dir=ck, checkpoint_every=2)
     train(replace(BASE, steps=2, **cfg), MPI.COMM_SELF, out=io.StringIO())
     assert sorted(scans) == [ev, t]
@@ -1312,15 +1320,9 @@ def test_the_resume_skip_is_per_file_and_never_for_keys_stored_elsewhere(tmp_pat
 
     from pshybrid import files
     from pshybrid.data import H5Dataset
-    from pshybrid.synthetic import write_synthetic
 
     a, b, ck = str(tmp_path / "a.h5"), str(tmp_path / "b.h5"), str(tmp_path / "ck")
-    for path, seed in ((a, 1), (b, 2)):
-        write_synthetic(path, 128, n_dense=3, cardinalities=DATA.schema.cardinalities,
-                        seed=seed)
-    scans, real = [], H5Dataset.validate
-    monkeypatch.setattr(H5Dataset, "validate", lambda d, lo, hi: scans.append(d.path) or
-                        real(d, lo, hi))
+    scans = _files_counting_scans((a, b), monkeypatch)
     cfg = dict(data=f"{a},{b}", checkpoint_dir=ck, checkpoint_every=2)
     train(replace(BASE, steps=2, **cfg), MPI.COMM_SELF, out=io.StringIO())
     st = os.stat(b)
