@@ -7,9 +7,10 @@ worker 0 ``dense.h5`` and ``meta.json``, each file created exclusively, flushed 
 fsync'ed; after everyone is done worker 0 renames the directory to ``step-N`` (never over
 anything) and only then replaces ``latest`` (a fresh temporary, fsync, rename). A job
 killed at any moment leaves ``latest`` naming a complete checkpoint. Parameters are checked
-finite first. The step's evaluation, run after it, replaces its ``meta.json`` as ``latest``
-is replaced (``record_evaluation``). Pruning (``--keep-last``) only removes real step directories older than the
-one just written, never the one ``latest`` names (``safeio`` for the file rules).
+finite first. The step's evaluation, run after it, replaces its ``meta.json`` as
+``latest`` is replaced (``record_evaluation``). Pruning (``--keep-last``) only removes real
+step directories older than the one just written, never the one ``latest`` names
+(``safeio`` for the file rules).
 
 Resume reads ``latest`` (or a given ``step-N``); each server takes the rows it owns under
 the *current* partition from whichever shard files hold them, in chunks, so a checkpoint
@@ -239,14 +240,20 @@ def save(root: str, step: int, cfg: TrainConfig, topo, mode, params, schema,
             safeio.remove_tree(tmp)  # no partial step directory is left behind
         raise
     if writer:
-        # (every step's meta.json read once, for both)
-        kept = best(list_steps(root)) if evaluation is not None or cfg.keep_last else None
-        if evaluation is not None:
-            _point_best(root, kept)
-        if cfg.keep_last:
-            _prune(root, cfg.keep_last, step, kept)
+        _tidy(root, step, cfg.keep_last, evaluation is not None)
         _remove_stale_temps(root)
     return final
+
+
+def _tidy(root: str, step: int, keep_last: int, evaluated: bool) -> None:
+    """Worker 0, after checkpoint ``step`` was written (``evaluated``: or its evaluation
+    recorded): ``best`` pointed again, ``--keep-last`` pruning, which keeps the best (every
+    step's meta.json read once, for both)."""
+    kept = best(list_steps(root)) if evaluated or keep_last else None
+    if evaluated:
+        _point_best(root, kept)
+    if keep_last:
+        _prune(root, keep_last, step, kept)
 
 
 def _eval_fields(evaluation: dict) -> dict:
@@ -270,10 +277,7 @@ def record_evaluation(root: str, step: int, evaluation: dict, keep_last: int) ->
         sys.stderr.write(f"pshybrid: warning: {step_dir}/meta.json: its evaluation not "
                          f"recorded ({getattr(e, 'strerror', None) or e})\n")
         return
-    kept = best(list_steps(root))
-    _point_best(root, kept)
-    if keep_last:
-        _prune(root, keep_last, step, kept)
+    _tidy(root, step, keep_last, True)
 
 
 def _point_best(root: str, kept: tuple | None) -> None:

@@ -333,8 +333,8 @@ def check_address_space(est: dict, worker: bool, server: bool, node_windows: int
     if limit == resource.RLIM_INFINITY or used is None:
         return
     per = per_rank(est)
-    need = per["worker"] * worker + per["server"] * server + per["first"] * first  # (its own
-    # shard: counted once)
+    # (a colocated rank's own shard: counted once, below)
+    need = per["worker"] * worker + per["server"] * server + per["first"] * first
     need += node_windows - server * window_bytes(est)
     if need > limit - used:
         raise ConfigError(

@@ -70,12 +70,13 @@ class SplitWriter:
             return
         parts = [rows] if self.n_train is None else [self.n_train, rows - self.n_train]
         stored = sum(a.nbytes for field in kept for a in field)
+        # (the estimate is 1-4% under the file written: 5% and MARGIN more, so that no run
+        # passes here to fail in the second pass)
         sizes = [file_bytes(n, len(w.dense_names), len(w.sparse_names),
                             [m * n // rows for m in items]) + stored
-                 for w, n in zip(self.writers, parts)]  # (1-4% under the files written:
-        check_room([(option, w.path, n, b + b // 20 + MARGIN)  # 5% + 1 MiB more, so one
-                    for option, w, n, b in zip(("OUT", "--valid-out"), self.writers, parts,
-                                               sizes)])  # refused late is rarer still)
+                 for w, n in zip(self.writers, parts)]
+        check_room([(option, w.path, n, b + b // 20 + MARGIN) for option, w, n, b
+                    in zip(("OUT", "--valid-out"), self.writers, parts, sizes)])
 
     def close(self, cardinalities, **attrs) -> None:
         for w in self.writers:
